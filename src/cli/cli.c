@@ -1,0 +1,110 @@
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/suggest.h"
+
+static int option_index(const cli_option *opts, int n, const char *key, size_t key_len) {
+    for (int i = 0; i < n; i++)
+        if (strlen(opts[i].key) == key_len && strncmp(opts[i].key, key, key_len) == 0) return i;
+    return -1;
+}
+
+static int unknown_option(const cli_option *opts, int n, const char *arg, size_t key_len,
+                          ct_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%.*s", (int)(key_len < 127 ? key_len : 127), arg);
+    const char *names[64];
+    for (int i = 0; i < n && i < 64; i++) names[i] = opts[i].key;
+    const char *close = suggest_closest(key, names, n < 64 ? n : 64);
+    if (close) return ct_fail(err, "unknown option --%s (did you mean --%s?)", key, close);
+    return ct_fail(err, "unknown option --%s (see --help)", key);
+}
+
+int cli_parse(cli_args *a, const cli_option *opts, int n_opts, int argc, char **argv,
+              int max_positional, ct_error *err) {
+    memset(a, 0, sizeof *a);
+    if (n_opts > 64) return ct_fail(err, "internal: too many options (%d > 64)", n_opts);
+    a->opts = opts;
+    a->n_opts = n_opts;
+    for (int i = 0; i < n_opts; i++) a->values[i] = opts[i].default_value;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') {
+            if (a->n_positional >= max_positional || a->n_positional >= 16)
+                return ct_fail(err, "unexpected argument '%s'", arg);
+            a->positional[a->n_positional++] = arg;
+            continue;
+        }
+        const char *key = arg + 2, *eq = strchr(key, '=');
+        size_t key_len = eq ? (size_t)(eq - key) : strlen(key);
+        int k = option_index(opts, n_opts, key, key_len);
+        if (k < 0) return unknown_option(opts, n_opts, key, key_len, err);
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else if (opts[k].is_flag) {
+            value = "true";
+        } else {
+            if (i + 1 >= argc) return ct_fail(err, "option --%s needs a value", opts[k].key);
+            value = argv[++i];
+        }
+        if (opts[k].is_flag && strcmp(value, "true") != 0 && strcmp(value, "false") != 0)
+            return ct_fail(err, "option --%s: expected true or false, found '%s'", opts[k].key,
+                           value);
+        if (a->given[k]) return ct_fail(err, "option --%s given twice", opts[k].key);
+        a->values[k] = value;
+        a->given[k] = true;
+    }
+    return 0;
+}
+
+bool cli_wants_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
+    return false;
+}
+
+const char *cli_str(const cli_args *a, const char *key) {
+    int k = option_index(a->opts, a->n_opts, key, strlen(key));
+    return k < 0 ? NULL : a->values[k];
+}
+
+int cli_int(int64_t *out, const cli_args *a, const char *key, ct_error *err) {
+    const char *s = cli_str(a, key);
+    if (!s) return ct_fail(err, "option --%s is required", key);
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0')
+        return ct_fail(err, "option --%s: expected an integer, found '%s'", key, s);
+    *out = v;
+    return 0;
+}
+
+bool cli_flag(const cli_args *a, const char *key) {
+    const char *s = cli_str(a, key);
+    return s && strcmp(s, "true") == 0;
+}
+
+void cli_print_help(const char *usage, const char *summary, const cli_option *opts,
+                    int n_opts) {
+    printf("usage: %s\n\n%s\n\noptions:\n", usage, summary);
+    for (int i = 0; i < n_opts; i++) {
+        char left[96];
+        snprintf(left, sizeof left, "--%s%s", opts[i].key, opts[i].is_flag ? "" : " VALUE");
+        printf("  %-34s %s", left, opts[i].help);
+        if (opts[i].default_value && !opts[i].is_flag)
+            printf(" (default: %s)", opts[i].default_value);
+        printf("\n");
+    }
+    printf("  %-34s %s\n", "--help", "show this help");
+}
+
+int cli_report(const ct_error *err) {
+    fprintf(stderr, "ctitan: error: %s\n", err->msg);
+    return 1;
+}

@@ -1,0 +1,40 @@
+// The CLI: one binary, one entry point per subcommand (src/cli/cmd_*.c), and one option
+// parser shared by all of them. Options take `--key=value` and `--key value` alike; an unknown
+// option is an error that suggests the closest valid one.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef struct cli_option {
+    const char *key;           // "model.hf_path" (given as --model.hf_path)
+    const char *default_value; // NULL = no default; for flags "false"
+    const char *help;
+    bool is_flag;              // takes no value: --json (or --json=true/false)
+} cli_option;
+
+typedef struct cli_args {
+    const cli_option *opts;
+    int n_opts;
+    const char *values[64];     // per option; default_value when not given
+    bool given[64];
+    const char *positional[16];
+    int n_positional;
+} cli_args;
+
+// Parses argv[0..argc) (the words after the subcommand). `max_positional` bounds the
+// non-option words. `--help` is handled by the caller (see cli_wants_help).
+int cli_parse(cli_args *a, const cli_option *opts, int n_opts, int argc, char **argv,
+              int max_positional, ct_error *err);
+bool cli_wants_help(int argc, char **argv);
+const char *cli_str(const cli_args *a, const char *key);
+int cli_int(int64_t *out, const cli_args *a, const char *key, ct_error *err);
+bool cli_flag(const cli_args *a, const char *key);
+void cli_print_help(const char *usage, const char *summary, const cli_option *opts, int n_opts);
+// Prints "ctitan: error: <msg>" to stderr and returns the exit code 1.
+int cli_report(const ct_error *err);
+
+// Subcommands. Each returns the process exit code.
+int cmd_verify(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);

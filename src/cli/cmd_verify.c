@@ -1,0 +1,211 @@
+// ctitan verify: one forward and backward pass of an HF Qwen3 folder on a token stream, so a
+// user can compare the first-step loss and gradient norm with PyTorch / transformers.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "core/sysmem.h"
+#include "io/npy.h"
+#include "model/hf_adapter.h"
+
+static const cli_option verify_options[] = {
+    {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
+    {"training.dataset_path", NULL, "token stream (.npy of uint16/int32/uint32/int64)", false},
+    {"training.seq_len", "2048", "tokens per sample T (each sample reads T+1 tokens)", false},
+    {"training.local_batch_size", "8", "samples B in the batch", false},
+    {"json", "false", "end the output with one JSON object of the results", true},
+};
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double grad_global_norm(const qwen3_model *m) {
+    double sum = 0;
+    for (size_t i = 0; i < m->num_params; i++) sum += (double)m->grad_mem[i] * m->grad_mem[i];
+    return sqrt(sum);
+}
+
+// Refuses a config that cannot fit before allocating anything.
+static int check_fits(const qwen3_config *c, int B, int T, const char *dir, ct_error *err) {
+    if (T > c->max_position_embeddings)
+        return ct_fail(err,
+                       "training.seq_len %d exceeds max_position_embeddings %d of %s/config.json",
+                       T, c->max_position_embeddings, dir);
+    qwen3_memory mem = qwen3_memory_plan(c, B, T);
+    uint64_t need = mem.params + mem.grads + mem.activations;
+    uint64_t avail = sysmem_available_bytes();
+    if (avail && need > avail)
+        return ct_fail(err,
+                       "%s with batch %d x seq_len %d needs %.2f GiB (params %.2f, grads %.2f, "
+                       "activations %.2f) but only %.2f GiB of memory is available",
+                       dir, B, T, need / 1073741824.0, mem.params / 1073741824.0,
+                       mem.grads / 1073741824.0, mem.activations / 1073741824.0,
+                       avail / 1073741824.0);
+    return 0;
+}
+
+static void print_key_report(const hf_load_report *r) {
+    printf("keys: loaded %d, missing %d, unexpected %d\n", r->n_loaded, r->n_missing,
+           r->n_unexpected);
+    for (int i = 0; i < r->n_missing; i++) printf("  missing: %s\n", r->missing[i]);
+    for (int i = 0; i < r->n_unexpected; i++) printf("  unexpected: %s\n", r->unexpected[i]);
+}
+
+static cJSON *string_array(char **items, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateString(items[i]));
+    return a;
+}
+
+typedef struct verify_result {
+    double loss, grad_norm, forward_s, backward_s;
+    int64_t n_valid;
+} verify_result;
+
+static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, const char *dir,
+                      const char *data_path, int B, int T, ct_error *err) {
+    char cfg_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    qwen3_config cfg;
+    if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
+    if (check_fits(&cfg, B, T, dir, err) != 0) return -1;
+
+    npy_tokens tokens;
+    if (npy_open(&tokens, data_path, err) != 0) return -1;
+    size_t window = (size_t)T + 1, need = (size_t)B * window;
+    if (tokens.count < need) {
+        npy_close(&tokens);
+        return ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu",
+                       data_path, (unsigned long long)tokens.count, B, T, need);
+    }
+    int32_t *stream = malloc(need * sizeof *stream);
+    int32_t *inputs = malloc((size_t)B * T * sizeof *inputs);
+    int32_t *targets = malloc((size_t)B * T * sizeof *targets);
+    int rc = -1;
+    if (!stream || !inputs || !targets) {
+        ct_fail(err, "out of memory for %zu tokens", need);
+        goto done;
+    }
+    if (npy_read(stream, &tokens, 0, need, cfg.vocab_size, err) != 0) goto done;
+    for (int b = 0; b < B; b++) { // sample b = tokens [b*(T+1), (b+1)*(T+1))
+        memcpy(inputs + (size_t)b * T, stream + b * window, T * sizeof *inputs);
+        memcpy(targets + (size_t)b * T, stream + b * window + 1, T * sizeof *targets);
+    }
+
+    st_set set;
+    if (st_set_open(&set, dir, err) != 0) goto done;
+    rc = qwen3_init(m, &cfg, NULL, err);
+    if (rc == 0) rc = hf_load_weights(m, rep, &set, dir, err);
+    st_set_close(&set);
+    if (rc == 0) rc = qwen3_plan(m, B, T, err);
+    if (rc != 0) goto done;
+
+    double t0 = seconds_now();
+    double loss_sum = qwen3_forward(m, inputs, targets, &res->n_valid);
+    double t1 = seconds_now();
+    if (res->n_valid == 0) {
+        rc = ct_fail(err, "%s: no valid targets in the batch", data_path);
+        goto done;
+    }
+    qwen3_zero_grad(m);
+    qwen3_backward(m, 1.0f / (float)res->n_valid);
+    res->forward_s = t1 - t0;
+    res->backward_s = seconds_now() - t1;
+    res->loss = loss_sum / (double)res->n_valid;
+    res->grad_norm = grad_global_norm(m);
+    rc = 0;
+done:
+    free(stream);
+    free(inputs);
+    free(targets);
+    npy_close(&tokens);
+    return rc;
+}
+
+int cmd_verify(int argc, char **argv) {
+    const int n_opts = sizeof verify_options / sizeof verify_options[0];
+    if (cli_wants_help(argc, argv)) {
+        cli_print_help("ctitan verify --model.hf_path DIR --training.dataset_path TOKENS.npy "
+                       "[--training.seq_len T] [--training.local_batch_size B] [--json]",
+                       "Loads an HF Qwen3 folder, takes the first B windows of T+1 tokens "
+                       "(input: first T,\nlabels: last T) and runs one forward and backward "
+                       "pass in fp32. Prints the loss,\nthe global gradient L2 norm, the "
+                       "parameter count, key report, source dtype and peak memory.",
+                       verify_options, n_opts);
+        return 0;
+    }
+    ct_error err;
+    cli_args args;
+    int64_t B, T;
+    if (cli_parse(&args, verify_options, n_opts, argc, argv, 0, &err) != 0 ||
+        cli_int(&B, &args, "training.local_batch_size", &err) != 0 ||
+        cli_int(&T, &args, "training.seq_len", &err) != 0)
+        return cli_report(&err);
+    const char *dir = cli_str(&args, "model.hf_path");
+    const char *data = cli_str(&args, "training.dataset_path");
+    if (!dir || !data) {
+        ct_fail(&err, "verify needs --%s", !dir ? "model.hf_path" : "training.dataset_path");
+        return cli_report(&err);
+    }
+    if (B < 1 || B > 1 << 20 || T < 1 || T > 1 << 24) {
+        ct_fail(&err, "training.local_batch_size (%lld) and training.seq_len (%lld) must be "
+                "positive and sane", (long long)B, (long long)T);
+        return cli_report(&err);
+    }
+
+    qwen3_model m = {0};
+    hf_load_report rep = {0};
+    verify_result res = {0};
+    int rc = verify_run(&res, &m, &rep, dir, data, (int)B, (int)T, &err);
+    if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(&rep);
+    if (rc != 0) {
+        qwen3_free(&m);
+        hf_report_free(&rep);
+        return cli_report(&err);
+    }
+    double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
+    qwen3_memory plan = qwen3_memory_plan(&m.cfg, (int)B, (int)T);
+    double plan_mib = (plan.params + plan.grads + plan.activations) / 1048576.0;
+    printf("model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n", dir,
+           m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,
+           m.cfg.num_key_value_heads, m.cfg.head_dim, m.cfg.vocab_size,
+           m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
+    printf("source dtype: %s%s (%d file(s)); computed in fp32\n", dtype_name(rep.source_dtype),
+           rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
+    printf("params: %zu\n", m.num_params);
+    printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B,
+           (long long)T, data, (long long)res.n_valid);
+    printf("loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
+    printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3,
+           res.backward_s * 1e3);
+    printf("memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib, plan_mib);
+    if (cli_flag(&args, "json")) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "loss", res.loss);
+        cJSON_AddNumberToObject(o, "grad_norm", res.grad_norm);
+        cJSON_AddNumberToObject(o, "num_params", (double)m.num_params);
+        cJSON_AddNumberToObject(o, "n_valid", (double)res.n_valid);
+        cJSON_AddNumberToObject(o, "loaded", rep.n_loaded);
+        cJSON_AddItemToObject(o, "missing", string_array(rep.missing, rep.n_missing));
+        cJSON_AddItemToObject(o, "unexpected", string_array(rep.unexpected, rep.n_unexpected));
+        cJSON_AddStringToObject(o, "source_dtype", dtype_name(rep.source_dtype));
+        cJSON_AddNumberToObject(o, "peak_rss_mib", peak_mib);
+        cJSON_AddNumberToObject(o, "forward_ms", res.forward_s * 1e3);
+        cJSON_AddNumberToObject(o, "backward_ms", res.backward_s * 1e3);
+        char *text = cJSON_PrintUnformatted(o);
+        printf("%s\n", text);
+        cJSON_free(text);
+        cJSON_Delete(o);
+    }
+    qwen3_free(&m);
+    hf_report_free(&rep);
+    return 0;
+}

@@ -1,0 +1,53 @@
+// ctitan: one launcher, one subcommand per file (src/cli/cmd_*.c).
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/suggest.h"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    {"verify", cmd_verify, "one forward+backward of an HF model on tokens: loss, grad norm"},
+    {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
+};
+static const int n_subcommands = sizeof subcommands / sizeof subcommands[0];
+
+static void print_usage(void) {
+    printf("ctitan %s: train Qwen3 models in C\n\n"
+           "usage: ctitan SUBCOMMAND [--key=value | --key value ...]\n\nsubcommands:\n",
+           CTITAN_VERSION);
+    for (int i = 0; i < n_subcommands; i++)
+        printf("  %-10s %s\n", subcommands[i].name, subcommands[i].summary);
+    printf("\n  ctitan SUBCOMMAND --help   lists that subcommand's options and defaults\n"
+           "  ctitan --version          prints the version\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        print_usage();
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("ctitan %s\n", CTITAN_VERSION);
+        return 0;
+    }
+    for (int i = 0; i < n_subcommands; i++)
+        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].run(argc - 2, argv + 2);
+
+    const char *names[16];
+    for (int i = 0; i < n_subcommands; i++) names[i] = subcommands[i].name;
+    const char *close = suggest_closest(argv[1], names, n_subcommands);
+    ct_error err;
+    if (close)
+        ct_fail(&err, "unknown subcommand '%s' (did you mean '%s'?)", argv[1], close);
+    else
+        ct_fail(&err, "unknown %s '%s' (see ctitan --help)",
+                argv[1][0] == '-' ? "option" : "subcommand", argv[1]);
+    return cli_report(&err);
+}

@@ -1,0 +1,15 @@
+// Errors carry context: file, tensor or key, expected vs found.
+// Library functions return 0 on success and -1 on failure, filling a ct_error;
+// only the CLI prints and exits.
+#pragma once
+#include <stdarg.h>
+
+typedef struct ct_error {
+    char msg[1024];
+} ct_error;
+
+// Sets err->msg (if err is non-NULL) and returns -1, so callers can `return ct_fail(...)`.
+int ct_fail(ct_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ct_vfail(ct_error *err, const char *fmt, va_list ap);
+// Prepends "prefix: " to an existing message and returns -1 (adds outer context).
+int ct_wrap(ct_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,0 +1,29 @@
+// .npy token streams: 1-D integer arrays (uint16, int32, uint32, int64), little-endian, C order.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef struct npy_tokens {
+    char *path;
+    void *map;
+    size_t map_size;
+    const unsigned char *data;
+    char descr[8]; // "<u2", "<i4", "<u4", "<i8"
+    size_t elem_size;
+    uint64_t count;
+} npy_tokens;
+
+// mmaps and validates; any other dtype, shape, byte order or Fortran order is an error.
+int npy_open(npy_tokens *t, const char *path, ct_error *err);
+// Validates an in-memory .npy image (the same checks as npy_open; `name` is used in messages).
+// t->data points into `buf`, which must outlive `t`. Used by fuzzing and tests.
+int npy_parse(npy_tokens *t, const void *buf, size_t size, const char *name, ct_error *err);
+void npy_close(npy_tokens *t);
+// Copies tokens [start, start+n) as int32. Values outside [0, vocab_size) are an error
+// naming the file and index (vocab_size <= 0 disables the check).
+int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_t vocab_size,
+             ct_error *err);
+// Writes a 1-D array (descr "<u2", "<i4", "<u4" or "<i8") atomically; for tools and tests.
+int npy_write(const char *path, const int64_t *values, size_t n, const char *descr, ct_error *err);

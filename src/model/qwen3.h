@@ -1,0 +1,85 @@
+// One Qwen3 decoder (dense today; MoE blocks slot in per layer), forward and backward on fp32
+// planned buffers. The model knows tensors by their Hugging Face names through `params`;
+// it knows nothing about files or processes.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/qwen3_config.h"
+#include "ops/ops.h"
+
+#define QWEN3_IGNORE_INDEX (-100)
+
+// A named parameter tensor: a view into the contiguous parameter buffer.
+typedef struct qwen3_param {
+    char name[96]; // HF name, e.g. "model.layers.3.self_attn.q_proj.weight"
+    int ndim;      // 1 or 2
+    int64_t shape[2];
+    size_t offset; // in floats, into param_mem (and grad_mem)
+    size_t numel;
+} qwen3_param;
+
+typedef struct qwen3_layer_weights {
+    float *input_norm;         // (C)
+    float *wq, *wk, *wv;       // (NH*D, C), (NKV*D, C), (NKV*D, C)
+    float *bq, *bk, *bv, *bo;  // (NH*D), (NKV*D), (NKV*D), (C); NULL without attention_bias
+    float *q_norm, *k_norm;    // (D), shared by all heads
+    float *wo;                 // (C, NH*D)
+    float *post_norm;          // (C)
+    float *w_gate, *w_up;      // (F, C)
+    float *w_down;             // (C, F)
+} qwen3_layer_weights;
+
+typedef struct qwen3_weights {
+    float *embed;      // (V, C)
+    qwen3_layer_weights *layers;
+    float *final_norm; // (C)
+    float *lm_head;    // (V, C); the same pointer as embed when tied
+} qwen3_weights;
+
+typedef struct qwen3_model {
+    qwen3_config cfg;
+    const ct_ops *ops;
+
+    qwen3_param *params; // fixed order: embed, layers 0..L-1, final norm, lm_head (if untied)
+    int n_params;
+    size_t num_params;   // total floats in param_mem
+    float *param_mem;
+    float *grad_mem;     // same layout as param_mem
+    qwen3_weights w;     // named pointers into param_mem
+    qwen3_weights g;     // the same names into grad_mem
+
+    // Activations, planned by qwen3_plan for a (B, T) batch; no allocation inside a step.
+    int B, T;
+    float *act_mem;
+    size_t act_floats;
+    void *acts;     // layout private to qwen3.c
+    float *logits;  // (B, T, V), valid after qwen3_forward
+} qwen3_model;
+
+// Bytes the model needs for a (B, T) step: parameters, gradients and activations.
+typedef struct qwen3_memory {
+    size_t params, grads, activations;
+} qwen3_memory;
+qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T);
+
+// Builds the parameter table and allocates params + grads (zeroed). ops: NULL = built-in CPU.
+int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
+// Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
+int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);
+void qwen3_free(qwen3_model *m);
+
+// Deterministic init from a seed: weights normal(0, 0.02), biases 0, norm weights 1.
+void qwen3_init_random(qwen3_model *m, uint64_t seed);
+const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name);
+
+// inputs, targets: (B, T) token ids; targets == -100 are ignored; targets NULL = logits only.
+// Returns the sum of per-token cross-entropy over valid targets; *n_valid (if non-NULL) gets
+// their count. Loss = sum / n_valid (global count under data parallelism).
+double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                     int64_t *n_valid);
+void qwen3_zero_grad(qwen3_model *m);
+// Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
+// forward. loss_scale is 1/n_valid for the mean loss.
+void qwen3_backward(qwen3_model *m, float loss_scale);

@@ -1,0 +1,58 @@
+// The op table: every numerical kernel the model calls goes through one ct_ops. The built-in
+// CPU table is the reference; faster variants, user plugins and a GPU backend provide other
+// tables without touching the model code.
+//
+// Conventions (llm.c style): outputs first, then inputs, then sizes. All tensors are dense,
+// row-major fp32. Gradients of parameters ACCUMULATE (+=), so tied weights and gradient
+// accumulation work; gradients of inputs are OVERWRITTEN (=).
+#pragma once
+#include <stdint.h>
+
+typedef struct ct_ops {
+    const char *name;
+
+    // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be NULL.
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
+    // dinp(N,C) = dout @ weight (dinp may be NULL: not needed); dweight += dout^T @ inp;
+    // dbias += column sums of dout (dbias may be NULL).
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+
+    // out(N,C) = weight * inp * rstd, rstd(N) = 1/sqrt(mean(inp^2) + eps), in fp32.
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+
+    // HF rotate_half RoPE over x(B,T,H,D) at positions 0..T-1; cos/sin are (T, D/2) tables.
+    // out may alias inp. Backward applies the inverse rotation to dout.
+    void (*rope_forward)(float *out, const float *inp, const float *cos, const float *sin, int B,
+                         int T, int H, int D);
+    void (*rope_backward)(float *dinp, const float *dout, const float *cos, const float *sin,
+                          int B, int T, int H, int D);
+
+    // Causal softmax attention with GQA: q(B,T,NH,D), k,v(B,T,NKV,D) -> out(B,T,NH,D).
+    // Query head h reads kv head h / (NH/NKV). Scale D^-0.5. probs(B,NH,T,T) is saved for
+    // backward.
+    void (*attention_forward)(float *out, float *probs, const float *q, const float *k,
+                              const float *v, int B, int T, int NH, int NKV, int D);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                               const float *probs, const float *q, const float *k,
+                               const float *v, int B, int T, int NH, int NKV, int D);
+
+    // out(n) = silu(gate) * up, elementwise over n values.
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n);
+
+    // losses(N) = -log softmax(logits(N,V))[target]; 0 where target == -100.
+    void (*cross_entropy_forward)(float *losses, const float *logits, const int32_t *targets,
+                                  int N, int V);
+    // dlogits(N,V) = scale * (softmax - onehot), 0 rows for ignored targets. May alias logits.
+    void (*cross_entropy_backward)(float *dlogits, const float *logits, const int32_t *targets,
+                                   float scale, int N, int V);
+} ct_ops;
+
+// The built-in CPU table (BLAS for matmuls, OpenMP for the rest).
+extern const ct_ops ct_ops_cpu;
