@@ -28,3 +28,5 @@ int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bo
                     const char *file, ct_error *err);
 // A JSON number that is an exact non-negative integer below 2^53 (for offsets and shapes).
 bool json_is_uint(const cJSON *item, uint64_t *out);
+// "a string", "an array", ... for messages ("nothing" for NULL).
+const char *json_type_name(const cJSON *item);

@@ -1,0 +1,167 @@
+#include "io/json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define JSON_FILE_MAX (512u << 20) // tokenizer.json is ~11 MB; anything near this is not config
+
+int file_read_all(char **out, size_t *len, const char *path, size_t max_bytes, ct_error *err) {
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0) {
+        int e = errno;
+        fclose(fp);
+        return ct_fail(err, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return ct_fail(err, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        fclose(fp);
+        return ct_fail(err, "%s: file is %lld bytes, more than the limit of %zu", path,
+                       (long long)st.st_size, max_bytes);
+    }
+    size_t size = (size_t)st.st_size;
+    char *buf = malloc(size + 1);
+    if (!buf) {
+        fclose(fp);
+        return ct_fail(err, "%s: out of memory reading %zu bytes", path, size);
+    }
+    size_t got = fread(buf, 1, size, fp);
+    int read_err = ferror(fp) ? errno : 0;
+    fclose(fp);
+    if (got != size) {
+        free(buf);
+        if (read_err) return ct_fail(err, "%s: read failed: %s", path, strerror(read_err));
+        return ct_fail(err, "%s: expected %zu bytes, read %zu (file changed while reading?)", path,
+                       size, got);
+    }
+    buf[size] = '\0';
+    *out = buf;
+    if (len) *len = size;
+    return 0;
+}
+
+int json_parse(cJSON **out, const char *text, size_t len, const char *what, ct_error *err) {
+    *out = cJSON_ParseWithLength(text, len);
+    if (*out) return 0;
+    const char *at = cJSON_GetErrorPtr();
+    size_t off = (at && at >= text && at <= text + len) ? (size_t)(at - text) : len;
+    int line = 1, col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    return ct_fail(err, "%s: invalid JSON at byte %zu (line %d, column %d)", what, off, line, col);
+}
+
+int json_parse_file(cJSON **out, const char *path, ct_error *err) {
+    char *text;
+    size_t len;
+    *out = NULL;
+    if (file_read_all(&text, &len, path, JSON_FILE_MAX, err) != 0) return -1;
+    int rc = json_parse(out, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+const char *json_type_name(const cJSON *item) {
+    if (!item) return "nothing";
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsNull(item)) return "null";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsObject(item)) return "an object";
+    return "an invalid value";
+}
+
+// Looks `key` up; returns 1 if present and not null, 0 if absent and optional, -1 if required
+// and absent.
+static int json_lookup(const cJSON **item, const cJSON *obj, const char *key, bool required,
+                       const char *file, ct_error *err) {
+    *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (*item && !cJSON_IsNull(*item)) return 1;
+    if (required) return ct_fail(err, "%s: missing required key \"%s\"", file, key);
+    return 0;
+}
+
+int json_get_int(int64_t *out, const cJSON *obj, const char *key, bool required, int64_t min,
+                 int64_t max, const char *file, ct_error *err) {
+    const cJSON *item;
+    int found = json_lookup(&item, obj, key, required, file, err);
+    if (found <= 0) return found;
+    if (!cJSON_IsNumber(item))
+        return ct_fail(err, "%s: key \"%s\": expected an integer, found %s", file, key,
+                       json_type_name(item));
+    double d = item->valuedouble;
+    // 2^63 is exactly representable; anything at or beyond it does not fit an int64.
+    if (d != floor(d) || d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+        return ct_fail(err, "%s: key \"%s\": expected an integer, found %.17g", file, key, d);
+    int64_t v = (int64_t)d;
+    if (v < min || v > max)
+        return ct_fail(err, "%s: key \"%s\": expected an integer in [%lld, %lld], found %lld", file,
+                       key, (long long)min, (long long)max, (long long)v);
+    *out = v;
+    return 0;
+}
+
+int json_get_double(double *out, const cJSON *obj, const char *key, bool required, const char *file,
+                    ct_error *err) {
+    const cJSON *item;
+    int found = json_lookup(&item, obj, key, required, file, err);
+    if (found <= 0) return found;
+    if (!cJSON_IsNumber(item))
+        return ct_fail(err, "%s: key \"%s\": expected a number, found %s", file, key,
+                       json_type_name(item));
+    *out = item->valuedouble;
+    return 0;
+}
+
+int json_get_bool(bool *out, const cJSON *obj, const char *key, bool required, const char *file,
+                  ct_error *err) {
+    const cJSON *item;
+    int found = json_lookup(&item, obj, key, required, file, err);
+    if (found <= 0) return found;
+    if (!cJSON_IsBool(item))
+        return ct_fail(err, "%s: key \"%s\": expected true or false, found %s", file, key,
+                       json_type_name(item));
+    *out = cJSON_IsTrue(item);
+    return 0;
+}
+
+int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bool required,
+                    const char *file, ct_error *err) {
+    const cJSON *item;
+    int found = json_lookup(&item, obj, key, required, file, err);
+    if (found <= 0) return found;
+    if (!cJSON_IsString(item))
+        return ct_fail(err, "%s: key \"%s\": expected a string, found %s", file, key,
+                       json_type_name(item));
+    size_t n = strlen(item->valuestring);
+    if (n >= cap)
+        return ct_fail(err, "%s: key \"%s\": string of %zu bytes is longer than the limit of %zu",
+                       file, key, n, cap ? cap - 1 : 0);
+    memcpy(out, item->valuestring, n + 1);
+    return 0;
+}
+
+bool json_is_uint(const cJSON *item, uint64_t *out) {
+    if (!cJSON_IsNumber(item)) return false;
+    double d = item->valuedouble;
+    if (!(d >= 0) || d >= 9007199254740992.0 || d != floor(d)) return false;
+    if (out) *out = (uint64_t)d;
+    return true;
+}

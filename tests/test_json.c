@@ -1,0 +1,101 @@
+// json helpers: whole-file reads, parse errors with byte offsets, typed getters.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "io/json.h"
+
+static void test_files(const char *tmp) {
+    char p[1024], *buf = NULL;
+    size_t len = 0;
+    ct_error err = {{0}};
+    snprintf(p, sizeof p, "%s/a.json", tmp);
+    FILE *fp = fopen(p, "wb");
+    fputs("{\"a\": 1,\n \"b\": [1, 2,]}", fp);
+    fclose(fp);
+    CHECK(file_read_all(&buf, &len, p, 100, &err) == 0 && len == 23 && buf[23] == '\0', "read: %s",
+          err.msg);
+    free(buf);
+    CHECK(file_read_all(&buf, &len, p, 10, &err) == -1 && strstr(err.msg, p) &&
+              strstr(err.msg, "23 bytes"),
+          "size cap: %s", err.msg);
+    CHECK(file_read_all(&buf, &len, "/nonexistent/x.json", 10, &err) == -1 &&
+              strstr(err.msg, "/nonexistent/x.json") && strstr(err.msg, "No such file"),
+          "missing: %s", err.msg);
+    CHECK(file_read_all(&buf, &len, tmp, 10, &err) == -1 && strstr(err.msg, "not a regular file"),
+          "folder: %s", err.msg);
+    cJSON *j = NULL;
+    CHECK(json_parse_file(&j, p, &err) == -1 && strstr(err.msg, p) &&
+              strstr(err.msg, "byte 21 (line 2, column 13)"),
+          "syntax error position: %s", err.msg);
+    CHECK(json_parse(&j, "[1] x", 3, "mem", &err) == 0 && cJSON_IsArray(j),
+          "length-bounded parse ignores what follows");
+    cJSON_Delete(j);
+    CHECK(json_parse(&j, "", 0, "empty", &err) == -1 && strstr(err.msg, "empty: invalid JSON"),
+          "empty text: %s", err.msg);
+}
+
+static void test_getters(void) {
+    const char *text = "{\"i\": 42, \"neg\": -7, \"f\": 1.5, \"big\": 1e300, \"b\": true, "
+                       "\"s\": \"hello\", \"n\": null, \"arr\": [1]}";
+    cJSON *j = NULL;
+    ct_error err = {{0}};
+    CHECK(json_parse(&j, text, strlen(text), "cfg.json", &err) == 0, "parse");
+    int64_t i = -1;
+    CHECK(json_get_int(&i, j, "i", true, 0, 100, "cfg.json", &err) == 0 && i == 42, "int");
+    CHECK(json_get_int(&i, j, "neg", true, -10, 10, "cfg.json", &err) == 0 && i == -7, "neg int");
+    CHECK(json_get_int(&i, j, "i", true, 0, 10, "cfg.json", &err) == -1 &&
+              strstr(err.msg, "cfg.json") && strstr(err.msg, "\"i\"") &&
+              strstr(err.msg, "[0, 10]") && strstr(err.msg, "42"),
+          "range: %s", err.msg);
+    CHECK(json_get_int(&i, j, "f", true, 0, 10, "cfg.json", &err) == -1 && strstr(err.msg, "1.5"),
+          "fraction: %s", err.msg);
+    CHECK(json_get_int(&i, j, "big", true, 0, 10, "cfg.json", &err) == -1, "huge: %s", err.msg);
+    CHECK(json_get_int(&i, j, "s", true, 0, 10, "cfg.json", &err) == -1 &&
+              strstr(err.msg, "found a string"),
+          "type: %s", err.msg);
+    i = 5;
+    CHECK(json_get_int(&i, j, "missing", false, 0, 10, "cfg.json", &err) == 0 && i == 5,
+          "optional missing leaves the value");
+    CHECK(json_get_int(&i, j, "n", false, 0, 10, "cfg.json", &err) == 0 && i == 5,
+          "optional null leaves the value");
+    CHECK(json_get_int(&i, j, "missing", true, 0, 10, "cfg.json", &err) == -1 &&
+              strstr(err.msg, "cfg.json: missing required key \"missing\""),
+          "required: %s", err.msg);
+    double d = 0;
+    CHECK(json_get_double(&d, j, "f", true, "cfg.json", &err) == 0 && d == 1.5, "double");
+    CHECK(json_get_double(&d, j, "b", true, "cfg.json", &err) == -1 &&
+              strstr(err.msg, "found a boolean"),
+          "double type: %s", err.msg);
+    bool b = false;
+    CHECK(json_get_bool(&b, j, "b", true, "cfg.json", &err) == 0 && b, "bool");
+    CHECK(json_get_bool(&b, j, "i", true, "cfg.json", &err) == -1 && strstr(err.msg, "\"i\""),
+          "bool type: %s", err.msg);
+    char s[8];
+    CHECK(json_get_string(s, sizeof s, j, "s", true, "cfg.json", &err) == 0 &&
+              strcmp(s, "hello") == 0,
+          "string");
+    CHECK(json_get_string(s, 4, j, "s", true, "cfg.json", &err) == -1 && strstr(err.msg, "limit"),
+          "string too long: %s", err.msg);
+    CHECK(json_get_string(s, sizeof s, j, "arr", true, "cfg.json", &err) == -1 &&
+              strstr(err.msg, "found an array"),
+          "string type: %s", err.msg);
+    cJSON_Delete(j);
+
+    const char *nums = "[0, 3, 9007199254740991, 9007199254740992, -1, 2.5, \"4\", 1e400]";
+    CHECK(json_parse(&j, nums, strlen(nums), "nums", &err) == 0, "parse nums");
+    const bool ok[8] = {true, true, true, false, false, false, false, false};
+    for (int k = 0; k < 8; k++) {
+        uint64_t u = 0;
+        CHECK(json_is_uint(cJSON_GetArrayItem(j, k), &u) == ok[k], "json_is_uint item %d", k);
+        if (k == 2) CHECK(u == 9007199254740991ull, "2^53-1");
+    }
+    cJSON_Delete(j);
+}
+
+int main(void) {
+    test_files(check_env("CTITAN_TMP"));
+    test_getters();
+    return check_summary();
+}
