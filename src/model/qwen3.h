@@ -21,18 +21,18 @@ typedef struct qwen3_param {
 } qwen3_param;
 
 typedef struct qwen3_layer_weights {
-    float *input_norm;         // (C)
-    float *wq, *wk, *wv;       // (NH*D, C), (NKV*D, C), (NKV*D, C)
-    float *bq, *bk, *bv, *bo;  // (NH*D), (NKV*D), (NKV*D), (C); NULL without attention_bias
-    float *q_norm, *k_norm;    // (D), shared by all heads
-    float *wo;                 // (C, NH*D)
-    float *post_norm;          // (C)
-    float *w_gate, *w_up;      // (F, C)
-    float *w_down;             // (C, F)
+    float *input_norm;        // (C)
+    float *wq, *wk, *wv;      // (NH*D, C), (NKV*D, C), (NKV*D, C)
+    float *bq, *bk, *bv, *bo; // (NH*D), (NKV*D), (NKV*D), (C); NULL without attention_bias
+    float *q_norm, *k_norm;   // (D), shared by all heads
+    float *wo;                // (C, NH*D)
+    float *post_norm;         // (C)
+    float *w_gate, *w_up;     // (F, C)
+    float *w_down;            // (C, F)
 } qwen3_layer_weights;
 
 typedef struct qwen3_weights {
-    float *embed;      // (V, C)
+    float *embed; // (V, C)
     qwen3_layer_weights *layers;
     float *final_norm; // (C)
     float *lm_head;    // (V, C); the same pointer as embed when tied
@@ -44,25 +44,31 @@ typedef struct qwen3_model {
 
     qwen3_param *params; // fixed order: embed, layers 0..L-1, final norm, lm_head (if untied)
     int n_params;
-    size_t num_params;   // total floats in param_mem
+    size_t num_params; // total floats in param_mem
     float *param_mem;
-    float *grad_mem;     // same layout as param_mem
-    qwen3_weights w;     // named pointers into param_mem
-    qwen3_weights g;     // the same names into grad_mem
+    float *grad_mem; // same layout as param_mem
+    qwen3_weights w; // named pointers into param_mem
+    qwen3_weights g; // the same names into grad_mem
 
     // Activations, planned by qwen3_plan for a (B, T) batch; no allocation inside a step.
     int B, T;
     float *act_mem;
     size_t act_floats;
-    void *acts;     // layout private to qwen3.c
-    float *logits;  // (B, T, V), valid after qwen3_forward
+    void *acts;    // layout private to src/model (qwen3_internal.h)
+    float *logits; // (B, T, V), valid after qwen3_forward until qwen3_backward, which
+                   // reuses the buffer for the logits' gradient
 } qwen3_model;
 
 // Bytes the model needs for a (B, T) step: parameters, gradients and activations.
 typedef struct qwen3_memory {
     size_t params, grads, activations;
 } qwen3_memory;
+// These are exactly the sizes of param_mem, grad_mem and the activation buffers (act_mem plus
+// the saved token ids) that qwen3_init + qwen3_plan allocate with the built-in CPU ops; the
+// small bookkeeping structs (parameter table, pointer arrays) are not counted.
 qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T);
+// The same for another op table (its attention kernel sizes its own state and scratch).
+qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T);
 
 // Builds the parameter table and allocates params + grads (zeroed). ops: NULL = built-in CPU.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
@@ -74,12 +80,19 @@ void qwen3_free(qwen3_model *m);
 void qwen3_init_random(qwen3_model *m, uint64_t seed);
 const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name);
 
-// inputs, targets: (B, T) token ids; targets == -100 are ignored; targets NULL = logits only.
-// Returns the sum of per-token cross-entropy over valid targets; *n_valid (if non-NULL) gets
-// their count. Loss = sum / n_valid (global count under data parallelism).
+// Checks n token ids: inputs in [0, vocab_size), targets (may be NULL) too or -100. The error
+// names the position and value. qwen3_forward runs the same check.
+int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                       int64_t n, ct_error *err);
+
+// inputs, targets: (B, T) token ids; targets == -100 are ignored; targets NULL = logits only
+// (returns 0). Returns the sum of per-token cross-entropy over valid targets; *n_valid (if
+// non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
+// Returns NAN (and computes nothing) if a token id is out of range or qwen3_plan was not run.
 double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                      int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
-// forward. loss_scale is 1/n_valid for the mean loss.
+// forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
+// forward with targets before it does nothing.
 void qwen3_backward(qwen3_model *m, float loss_scale);

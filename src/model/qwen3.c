@@ -1,0 +1,192 @@
+// The Qwen3 decoder, forward and backward, as Hugging Face's modeling_qwen3.py computes it.
+// Every number is produced by an op from m->ops; this file only wires the blocks. Shapes use
+// N = B*T tokens, C hidden, NH/NKV query/kv heads of D, F the MLP width, V the vocabulary.
+//
+// Forward of one layer (HF Qwen3DecoderLayer):
+//   x2 = x  + o_proj(attention(rope(q_norm(q_proj(ln1))), rope(k_norm(k_proj(ln1))), v_proj(ln1)))
+//   y  = x2 + down_proj(silu(gate_proj(ln2)) * up_proj(ln2)),   ln1 = norm1(x), ln2 = norm2(x2)
+// Backward keeps one running gradient of the residual stream (dresid) and adds each block's
+// contribution to it.
+#include <math.h>
+#include <string.h>
+
+#include "model/qwen3.h"
+#include "model/qwen3_internal.h"
+
+typedef struct dims {
+    int B, T, N, C, NH, NKV, D, F, V;
+} dims;
+
+static dims model_dims(const qwen3_model *m) {
+    const qwen3_config *c = &m->cfg;
+    return (dims){.B = m->B,
+                  .T = m->T,
+                  .N = m->B * m->T,
+                  .C = c->hidden_size,
+                  .NH = c->num_attention_heads,
+                  .NKV = c->num_key_value_heads,
+                  .D = c->head_dim,
+                  .F = c->intermediate_size,
+                  .V = c->vocab_size};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)).
+
+static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
+                                    qwen3_layer_acts *a, const qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    const int QD = d.NH * d.D, KVD = d.NKV * d.D;
+    op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C,
+                        m->cfg.rms_norm_eps);
+    op->matmul_forward(a->q, a->ln1, w->wq, w->bq, d.N, d.C, QD);  // (N,NH*D)
+    op->matmul_forward(a->k, a->ln1, w->wk, w->bk, d.N, d.C, KVD); // (N,NKV*D)
+    op->matmul_forward(a->v, a->ln1, w->wv, w->bv, d.N, d.C, KVD); // (N,NKV*D)
+    // q_norm/k_norm: one (D) weight, each head's vector its own row; then RoPE in place.
+    op->rmsnorm_forward(a->qr, a->q_rstd, a->q, w->q_norm, d.N * d.NH, d.D, m->cfg.rms_norm_eps);
+    op->rmsnorm_forward(a->kr, a->k_rstd, a->k, w->k_norm, d.N * d.NKV, d.D, m->cfg.rms_norm_eps);
+    op->rope_forward(a->qr, a->qr, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.D);
+    op->rope_forward(a->kr, a->kr, s->rope_cos, s->rope_sin, d.B, d.T, d.NKV, d.D);
+    op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    op->matmul_forward(a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    op->add(a->resid2, a->resid, a->resid2, (int64_t)d.N * d.C);
+}
+
+// On entry s->dresid is the gradient of a->resid2; on exit, of a->resid.
+static void attention_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+                                     qwen3_layer_weights *g, const qwen3_layer_acts *a,
+                                     qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    const int QD = d.NH * d.D, KVD = d.NKV * d.D;
+    op->matmul_backward(s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
+    op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->att, a->qr, a->kr,
+                           a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    op->rope_backward(s->dq, s->dq, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.D);
+    op->rope_backward(s->dk, s->dk, s->rope_cos, s->rope_sin, d.B, d.T, d.NKV, d.D);
+    op->rmsnorm_backward(s->dq, g->q_norm, s->dq, a->q, w->q_norm, a->q_rstd, d.N * d.NH, d.D);
+    op->rmsnorm_backward(s->dk, g->k_norm, s->dk, a->k, w->k_norm, a->k_rstd, d.N * d.NKV, d.D);
+    // ln1 feeds three projections: sum their input gradients.
+    op->matmul_backward(s->dln, g->wq, g->bq, s->dq, a->ln1, w->wq, d.N, d.C, QD);
+    op->matmul_backward(s->dtmp, g->wk, g->bk, s->dk, a->ln1, w->wk, d.N, d.C, KVD);
+    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
+    op->matmul_backward(s->dtmp, g->wv, g->bv, s->dv, a->ln1, w->wv, d.N, d.C, KVD);
+    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
+    op->rmsnorm_backward(s->dtmp, g->input_norm, s->dln, a->resid, w->input_norm, a->ln1_rstd, d.N,
+                         d.C);
+    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense MLP block: out (N,C) = a->resid2 + down(silu(gate(ln2)) * up(ln2)), ln2 =
+// post_attention_layernorm(a->resid2). A sparse (MoE) layer replaces this pair of functions.
+
+static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
+                              qwen3_layer_acts *a, float *out) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C,
+                        m->cfg.rms_norm_eps);
+    op->matmul_forward(a->gate, a->ln2, w->w_gate, NULL, d.N, d.C, d.F); // (N,F)
+    op->matmul_forward(a->up, a->ln2, w->w_up, NULL, d.N, d.C, d.F);     // (N,F)
+    op->swiglu_forward(a->h, a->gate, a->up, (int64_t)d.N * d.F);
+    op->matmul_forward(out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    op->add(out, a->resid2, out, (int64_t)d.N * d.C);
+}
+
+// On entry s->dresid is the gradient of the block output; on exit, of a->resid2.
+static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+                               qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    op->matmul_backward(s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
+    float *dgate = s->dh; // in place: dh is not needed once dgate and dup are known
+    op->swiglu_backward(dgate, s->dup, s->dh, a->gate, a->up, (int64_t)d.N * d.F);
+    op->matmul_backward(s->dln, g->w_gate, NULL, dgate, a->ln2, w->w_gate, d.N, d.C, d.F);
+    op->matmul_backward(s->dtmp, g->w_up, NULL, s->dup, a->ln2, w->w_up, d.N, d.C, d.F);
+    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
+    op->rmsnorm_backward(s->dtmp, g->post_norm, s->dln, a->resid2, w->post_norm, a->ln2_rstd, d.N,
+                         d.C);
+    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                       int64_t n, ct_error *err) {
+    const int V = m->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return ct_fail(err, "input token %d at position %lld is outside the vocabulary [0, %d)",
+                           inputs[i], (long long)i, V);
+        if (targets && targets[i] != QWEN3_IGNORE_INDEX && (targets[i] < 0 || targets[i] >= V))
+            return ct_fail(err,
+                           "target %d at position %lld is outside the vocabulary [0, %d) and is "
+                           "not %d (ignore)",
+                           targets[i], (long long)i, V, QWEN3_IGNORE_INDEX);
+    }
+    return 0;
+}
+
+double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                     int64_t *n_valid) {
+    qwen3_acts *s = m->acts;
+    if (n_valid) *n_valid = 0;
+    if (!s) return NAN;
+    s->have_targets = false;
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    const int L = m->cfg.num_hidden_layers;
+    if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
+    memcpy(s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
+
+    op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
+    for (int l = 0; l < L; l++) {
+        qwen3_layer_acts *a = &s->layers[l];
+        float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
+        attention_block_forward(m, &m->w.layers[l], a, s);
+        mlp_block_forward(m, &m->w.layers[l], a, out);
+    }
+    op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
+                        m->cfg.rms_norm_eps);
+    op->matmul_forward(s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V); // (N,V)
+    if (!targets) return 0.0;
+
+    memcpy(s->targets, targets, (size_t)d.N * sizeof(int32_t));
+    op->cross_entropy_forward(s->losses, s->logits, s->targets, d.N, d.V);
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int i = 0; i < d.N; i++) {
+        if (s->targets[i] == QWEN3_IGNORE_INDEX) continue;
+        sum += s->losses[i];
+        count++;
+    }
+    if (n_valid) *n_valid = count;
+    s->have_targets = true;
+    return sum;
+}
+
+void qwen3_zero_grad(qwen3_model *m) {
+    memset(m->grad_mem, 0, m->num_params * sizeof(float));
+}
+
+void qwen3_backward(qwen3_model *m, float loss_scale) {
+    qwen3_acts *s = m->acts;
+    if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    float *dlogits = s->logits; // in place; m->logits holds gradients from here on
+    op->cross_entropy_backward(dlogits, s->logits, s->targets, loss_scale, d.N, d.V);
+    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
+    op->matmul_backward(s->dln, m->g.lm_head, NULL, dlogits, s->lnf, m->w.lm_head, d.N, d.C, d.V);
+    op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
+                         s->lnf_rstd, d.N, d.C);
+    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
+        const qwen3_layer_acts *a = &s->layers[l];
+        mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+        attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+    }
+    op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
+    s->have_targets = false; // the logits buffer now holds gradients
+}

@@ -1,0 +1,52 @@
+// Private to src/model/qwen3*.c: the activation layout behind qwen3_model.acts, shared by the
+// layout code (qwen3_layout.c) and the forward/backward (qwen3.c).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/qwen3.h"
+
+// N = B*T tokens. Everything a layer's backward reads, saved by its forward.
+typedef struct qwen3_layer_acts {
+    float *resid;          // (N,C) layer input: the residual stream
+    float *ln1, *ln1_rstd; // (N,C), (N) input_layernorm
+    float *q;              // (N,NH*D) q_proj output, before q_norm
+    float *k, *v;          // (N,NKV*D) k_proj (before k_norm), v_proj outputs
+    float *q_rstd;         // (N*NH) q_norm, one per head
+    float *k_rstd;         // (N*NKV)
+    float *qr;             // (B,T,NH,D) q after q_norm and RoPE: what attention reads
+    float *kr;             // (B,T,NKV,D)
+    float *att;            // attention state, ops->attention_state_floats()
+    float *atty;           // (N,NH*D) attention output, o_proj input
+    float *resid2;         // (N,C) resid + o_proj(atty)
+    float *ln2, *ln2_rstd; // (N,C), (N) post_attention_layernorm
+    float *gate, *up;      // (N,F) gate_proj, up_proj outputs
+    float *h;              // (N,F) silu(gate) * up, down_proj input
+} qwen3_layer_acts;
+
+typedef struct qwen3_acts {
+    qwen3_layer_acts *layers;   // L entries
+    float *rope_cos, *rope_sin; // (T, D/2)
+    float *resid_out;           // (N,C) output of the last layer
+    float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
+    float *logits;              // (N,V); backward turns it into dlogits in place
+    float *losses;              // (N) per-token cross-entropy
+    // Gradient scratch, reused by every layer (backward visits one layer at a time).
+    float *dresid;      // (N,C) gradient of the residual stream
+    float *dln, *dtmp;  // (N,C) gradient of a norm output; a second contribution to sum in
+    float *dq, *datty;  // (N,NH*D)
+    float *dk, *dv;     // (N,NKV*D)
+    float *dh, *dup;    // (N,F) gradient of h (then of gate, in place); of up
+    float *att_scratch; // ops->attention_scratch_floats()
+    // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
+    // buffers may be gone.
+    int32_t *inputs, *targets;
+    bool have_targets; // the last forward computed a loss, so backward has something to do
+} qwen3_acts;
+
+// Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL
+// when counting) and returns the floats needed. The same walk sizes and carves, so the plan
+// and the allocation cannot disagree.
+size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
+                         int B, int T);

@@ -1,0 +1,371 @@
+// Where everything lives: the parameter table (HF names, one contiguous buffer, llm.c style),
+// the activation plan, allocation, and the deterministic random init. The arithmetic is in
+// qwen3.c.
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/qwen3.h"
+#include "model/qwen3_internal.h"
+
+// ---------------------------------------------------------------------------------------------
+// An op table must provide every op the model calls (plugins fill their own tables).
+
+static int model_check_ops(const ct_ops *o, ct_error *err) {
+    const struct {
+        const char *name;
+        int present;
+    } fns[] = {
+        {"embedding_forward", o->embedding_forward != NULL},
+        {"embedding_backward", o->embedding_backward != NULL},
+        {"add", o->add != NULL},
+        {"matmul_forward", o->matmul_forward != NULL},
+        {"matmul_backward", o->matmul_backward != NULL},
+        {"rmsnorm_forward", o->rmsnorm_forward != NULL},
+        {"rmsnorm_backward", o->rmsnorm_backward != NULL},
+        {"rope_forward", o->rope_forward != NULL},
+        {"rope_backward", o->rope_backward != NULL},
+        {"attention_state_floats", o->attention_state_floats != NULL},
+        {"attention_scratch_floats", o->attention_scratch_floats != NULL},
+        {"attention_forward", o->attention_forward != NULL},
+        {"attention_backward", o->attention_backward != NULL},
+        {"swiglu_forward", o->swiglu_forward != NULL},
+        {"swiglu_backward", o->swiglu_backward != NULL},
+        {"cross_entropy_forward", o->cross_entropy_forward != NULL},
+        {"cross_entropy_backward", o->cross_entropy_backward != NULL},
+    };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+        if (!fns[i].present)
+            return ct_fail(err, "op table '%s' has no %s", o->name ? o->name : "?", fns[i].name);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters. One walk in HF order serves three purposes: counting (table and base NULL),
+// filling the table and the named pointers into param_mem, and the same pointers into grad_mem.
+
+typedef struct param_walk {
+    qwen3_param *table; // NULL: do not record names
+    float *base;        // NULL: do not make pointers
+    int n;              // tensors so far
+    size_t off;         // floats so far
+} param_walk;
+
+// cols == 0 for a 1-D tensor of `rows` values.
+static float *param_add(param_walk *pw, const char *name, int64_t rows, int64_t cols) {
+    const size_t numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    if (pw->table) {
+        qwen3_param *p = &pw->table[pw->n];
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->ndim = cols ? 2 : 1;
+        p->shape[0] = rows;
+        p->shape[1] = cols;
+        p->offset = pw->off;
+        p->numel = numel;
+    }
+    float *ptr = pw->base ? pw->base + pw->off : NULL;
+    pw->n++;
+    pw->off += numel;
+    return ptr;
+}
+
+// w (may be NULL) receives the named pointers; w->layers must hold L entries.
+static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_config *c) {
+    const int C = c->hidden_size, F = c->intermediate_size, D = c->head_dim;
+    const int QD = c->num_attention_heads * D, KVD = c->num_key_value_heads * D;
+    const bool bias = c->attention_bias;
+    qwen3_weights dummy;
+    qwen3_layer_weights dl;
+    if (!w) w = &dummy;
+    char name[96];
+
+    w->embed = param_add(pw, "model.embed_tokens.weight", c->vocab_size, C);
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        qwen3_layer_weights *lw = w == &dummy ? &dl : &w->layers[i];
+#define P(suffix, rows, cols)                                                                      \
+    (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), param_add(pw, name, rows, cols))
+        lw->input_norm = P("input_layernorm.weight", C, 0);
+        lw->wq = P("self_attn.q_proj.weight", QD, C);
+        lw->bq = bias ? P("self_attn.q_proj.bias", QD, 0) : NULL;
+        lw->wk = P("self_attn.k_proj.weight", KVD, C);
+        lw->bk = bias ? P("self_attn.k_proj.bias", KVD, 0) : NULL;
+        lw->wv = P("self_attn.v_proj.weight", KVD, C);
+        lw->bv = bias ? P("self_attn.v_proj.bias", KVD, 0) : NULL;
+        lw->wo = P("self_attn.o_proj.weight", C, QD);
+        lw->bo = bias ? P("self_attn.o_proj.bias", C, 0) : NULL;
+        lw->q_norm = P("self_attn.q_norm.weight", D, 0);
+        lw->k_norm = P("self_attn.k_norm.weight", D, 0);
+        lw->post_norm = P("post_attention_layernorm.weight", C, 0);
+        lw->w_gate = P("mlp.gate_proj.weight", F, C);
+        lw->w_up = P("mlp.up_proj.weight", F, C);
+        lw->w_down = P("mlp.down_proj.weight", C, F);
+#undef P
+    }
+    w->final_norm = param_add(pw, "model.norm.weight", C, 0);
+    w->lm_head =
+        c->tie_word_embeddings ? w->embed : param_add(pw, "lm_head.weight", c->vocab_size, C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: a bump allocator over one buffer. Every piece starts on a 64-byte boundary.
+
+typedef struct carve {
+    float *base; // NULL: count only
+    size_t off;
+} carve;
+
+static float *carve_take(carve *cv, size_t n) {
+    float *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += (n + 15) / 16 * 16;
+    return p;
+}
+
+size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
+                         int B, int T) {
+    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
+    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
+    const size_t D = cfg->head_dim, V = cfg->vocab_size;
+    const int nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
+    carve cv = {base, 0};
+    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+        qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
+        la->resid = carve_take(&cv, N * C);
+        la->ln1 = carve_take(&cv, N * C);
+        la->ln1_rstd = carve_take(&cv, N);
+        la->q = carve_take(&cv, N * NH * D);
+        la->k = carve_take(&cv, N * NKV * D);
+        la->v = carve_take(&cv, N * NKV * D);
+        la->q_rstd = carve_take(&cv, N * NH);
+        la->k_rstd = carve_take(&cv, N * NKV);
+        la->qr = carve_take(&cv, N * NH * D);
+        la->kr = carve_take(&cv, N * NKV * D);
+        la->att = carve_take(&cv, ops->attention_state_floats(B, T, nh, nkv, (int)D));
+        la->atty = carve_take(&cv, N * NH * D);
+        la->resid2 = carve_take(&cv, N * C);
+        la->ln2 = carve_take(&cv, N * C);
+        la->ln2_rstd = carve_take(&cv, N);
+        la->gate = carve_take(&cv, N * F);
+        la->up = carve_take(&cv, N * F);
+        la->h = carve_take(&cv, N * F);
+    }
+    a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
+    a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
+    a->resid_out = carve_take(&cv, N * C);
+    a->lnf = carve_take(&cv, N * C);
+    a->lnf_rstd = carve_take(&cv, N);
+    a->logits = carve_take(&cv, N * V);
+    a->losses = carve_take(&cv, N);
+    a->dresid = carve_take(&cv, N * C);
+    a->dln = carve_take(&cv, N * C);
+    a->dtmp = carve_take(&cv, N * C);
+    a->dq = carve_take(&cv, N * NH * D);
+    a->datty = carve_take(&cv, N * NH * D);
+    a->dk = carve_take(&cv, N * NKV * D);
+    a->dv = carve_take(&cv, N * NKV * D);
+    a->dh = carve_take(&cv, N * F);
+    a->dup = carve_take(&cv, N * F);
+    a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
+    return cv.off;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static size_t model_count_params(const qwen3_config *cfg, int *n_tensors) {
+    param_walk pw = {0};
+    param_walk_model(&pw, NULL, cfg);
+    if (n_tensors) *n_tensors = pw.n;
+    return pw.off;
+}
+
+static size_t model_token_bytes(int B, int T) {
+    return 2 * (size_t)B * T * sizeof(int32_t);
+}
+
+qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T) {
+    qwen3_memory mem = {0};
+    const size_t np = model_count_params(cfg, NULL);
+    mem.params = np * sizeof(float);
+    mem.grads = np * sizeof(float);
+    qwen3_acts a = {0};
+    mem.activations =
+        qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T) * sizeof(float) +
+        model_token_bytes(B, T);
+    return mem;
+}
+
+qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T) {
+    return qwen3_memory_plan_ops(cfg, &ct_ops_cpu, B, T);
+}
+
+int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err) {
+    memset(m, 0, sizeof *m);
+    if (!ops) ops = &ct_ops_cpu;
+    if (qwen3_config_validate(cfg, "qwen3_init: config", err) || model_check_ops(ops, err))
+        return -1;
+    m->cfg = *cfg;
+    m->ops = ops;
+    const int L = cfg->num_hidden_layers;
+    m->num_params = model_count_params(cfg, &m->n_params);
+    const size_t bytes = m->num_params * sizeof(float);
+    m->params = calloc((size_t)m->n_params, sizeof *m->params);
+    m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
+    m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
+    m->param_mem = calloc(m->num_params, sizeof(float));
+    m->grad_mem = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->w.layers || !m->g.layers || !m->param_mem || !m->grad_mem) {
+        qwen3_free(m);
+        return ct_fail(err,
+                       "qwen3_init: out of memory allocating %zu parameters (%zu bytes for "
+                       "weights + %zu bytes for gradients)",
+                       bytes / sizeof(float), bytes, bytes);
+    }
+    param_walk pw = {.table = m->params, .base = m->param_mem};
+    param_walk_model(&pw, &m->w, cfg);
+    param_walk gw = {.base = m->grad_mem};
+    param_walk_model(&gw, &m->g, cfg);
+    return 0;
+}
+
+// RoPE tables exactly as HF builds them in fp32: inv_freq = 1 / theta^(2i/D) (float pow),
+// angle = float(pos) * inv_freq rounded to fp32, cos/sin of that fp32 angle.
+static void model_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        const float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)D);
+        for (int t = 0; t < T; t++) {
+            const float angle = (float)t * inv_freq;
+            cos_t[(size_t)t * half + i] = (float)cos((double)angle);
+            sin_t[(size_t)t * half + i] = (float)sin((double)angle);
+        }
+    }
+}
+
+static void model_free_acts(qwen3_model *m) {
+    qwen3_acts *a = m->acts;
+    if (a) {
+        free(a->layers);
+        free(a->inputs);
+        free(a->targets);
+        free(a);
+    }
+    free(m->act_mem);
+    m->acts = NULL;
+    m->act_mem = NULL;
+    m->act_floats = 0;
+    m->logits = NULL;
+    m->B = m->T = 0;
+}
+
+int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
+    const qwen3_config *c = &m->cfg;
+    model_free_acts(m);
+    if (B < 1 || T < 1)
+        return ct_fail(err, "qwen3_plan: batch %d x seq_len %d must both be positive", B, T);
+    if (T > c->max_position_embeddings)
+        return ct_fail(err, "seq_len %d exceeds max_position_embeddings %d", T,
+                       c->max_position_embeddings);
+    // The ops index rows with int: the most rows any op sees is B*T*NH (q_norm).
+    if ((int64_t)B * T * c->num_attention_heads > INT_MAX)
+        return ct_fail(err, "qwen3_plan: batch %d x seq_len %d x %d heads exceeds %d rows", B, T,
+                       c->num_attention_heads, INT_MAX);
+    qwen3_acts *a = calloc(1, sizeof *a);
+    if (!a) return ct_fail(err, "qwen3_plan: out of memory");
+    m->acts = a;
+    const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T);
+    a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
+    a->inputs = calloc((size_t)B * T, sizeof(int32_t));
+    a->targets = calloc((size_t)B * T, sizeof(int32_t));
+    m->act_mem = calloc(floats, sizeof(float));
+    if (!a->layers || !a->inputs || !a->targets || !m->act_mem) {
+        model_free_acts(m);
+        return ct_fail(err,
+                       "qwen3_plan: out of memory allocating %zu bytes of activations for "
+                       "batch %d x seq_len %d",
+                       floats * sizeof(float) + model_token_bytes(B, T), B, T);
+    }
+    m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T);
+    model_rope_tables(a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
+    m->B = B;
+    m->T = T;
+    m->logits = a->logits;
+    return 0;
+}
+
+void qwen3_free(qwen3_model *m) {
+    model_free_acts(m);
+    free(m->params);
+    free(m->w.layers);
+    free(m->g.layers);
+    free(m->param_mem);
+    free(m->grad_mem);
+    memset(m, 0, sizeof *m);
+}
+
+const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++) {
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    }
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random init: splitmix64 seeds one xoshiro256** stream per tensor, so a tensor's values
+// depend only on (seed, its index) and tensors can be filled in parallel.
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl64(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t xoshiro_next(uint64_t st[4]) {
+    const uint64_t result = rotl64(st[1] * 5, 7) * 9, t = st[1] << 17;
+    st[2] ^= st[0];
+    st[3] ^= st[1];
+    st[1] ^= st[2];
+    st[0] ^= st[3];
+    st[2] ^= t;
+    st[3] = rotl64(st[3], 45);
+    return result;
+}
+
+// Uniform in (0, 1]: 53 random bits, never 0 so log() is finite.
+static double xoshiro_uniform(uint64_t st[4]) {
+    return ((double)(xoshiro_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+static void fill_normal(float *x, size_t n, float stddev, uint64_t seed) {
+    uint64_t sm = seed, st[4];
+    for (int i = 0; i < 4; i++) st[i] = splitmix64(&sm);
+    const double two_pi = 6.283185307179586476925;
+    for (size_t i = 0; i < n; i += 2) { // Box-Muller: two normals per pair of uniforms
+        const double r = sqrt(-2.0 * log(xoshiro_uniform(st)));
+        const double th = two_pi * xoshiro_uniform(st);
+        x[i] = (float)(stddev * r * cos(th));
+        if (i + 1 < n) x[i + 1] = (float)(stddev * r * sin(th));
+    }
+}
+
+void qwen3_init_random(qwen3_model *m, uint64_t seed) {
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        float *x = m->param_mem + p->offset;
+        const size_t len = strlen(p->name);
+        if (p->ndim == 2) {
+            fill_normal(x, p->numel, 0.02f, seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
+        } else {
+            // 1-D tensors are biases (0) or norm weights (1).
+            const bool is_bias = len >= 5 && strcmp(p->name + len - 5, ".bias") == 0;
+            for (size_t j = 0; j < p->numel; j++) x[j] = is_bias ? 0.0f : 1.0f;
+        }
+    }
+}

@@ -1,0 +1,51 @@
+// The built-in CPU kernels behind ct_ops_cpu, one family per file. Declared here so the table in
+// ops_cpu.c can list them; everything else reaches them through ct_ops.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+// Column sums (bias, norm weight, embedding grads) are parallelised over blocks of this many
+// columns (one 64-byte cache line), each block summing its rows serially in row order: the
+// result does not depend on the thread count, and no two threads write one cache line.
+#define CPU_COL_BLOCK 16
+
+// Loops touching fewer values than this run on one thread: waking a team costs more than the
+// work (and on a loaded machine a barrier can wait a whole time slice). Every loop gives the
+// same bits on one thread as on many, so the switch does not affect results.
+#define CPU_PAR_MIN 32768
+
+void cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N, int C);
+void cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int C);
+void cpu_add(float *out, const float *a, const float *b, int64_t n);
+
+void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                        int C, int OC);
+void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int N, int C, int OC);
+
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                         int C, float eps);
+void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, const float *rstd, int N, int C);
+
+void cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int B,
+                      int T, int H, int D);
+void cpu_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin, int B,
+                       int T, int H, int D);
+
+size_t cpu_attention_state_floats(int B, int T, int NH, int NKV, int D);
+size_t cpu_attention_scratch_floats(int B, int T, int NH, int NKV, int D);
+void cpu_attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                           int B, int T, int NH, int NKV, int D);
+void cpu_attention_backward(float *dq, float *dk, float *dv, float *dscores, const float *dout,
+                            const float *probs, const float *q, const float *k, const float *v,
+                            int B, int T, int NH, int NKV, int D);
+
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                         const float *up, int64_t n);
+
+void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+                               int V);
+void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
+                                float scale, int N, int V);

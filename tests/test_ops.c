@@ -1,0 +1,609 @@
+// Every op of the CPU table against a naive double-precision reference: forwards compared
+// directly, backwards against central finite differences of the double reference forward.
+//
+// Tolerances: the ops compute in fp32 (with some double sums), so a forward is within a few
+// fp32 ulps of the double result: rel L2 1e-6 (2e-6 for attention: two GEMMs and a softmax).
+// Finite differences of a double function with h = 1e-6 are accurate to ~1e-9, so the backward
+// tolerance (rel L2 1e-5) is set by the fp32 backward, not by the differencing.
+#include <omp.h>
+#include <string.h>
+
+#include "check.h"
+#include "ops/ops.h"
+
+static const ct_ops *ops = &ct_ops_cpu;
+
+// ---- small helpers --------------------------------------------------------------------------
+
+static uint64_t rng_state = 0x1234567887654321ull;
+
+static float frand(float lo, float hi) { // xorshift64*, uniform in [lo, hi)
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    const uint64_t r = rng_state * 0x2545F4914F6CDD1Dull;
+    return lo + (hi - lo) * (float)((double)(r >> 11) / 9007199254740992.0);
+}
+
+static float *frand_array(size_t n, float lo, float hi) {
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = frand(lo, hi);
+    return x;
+}
+
+static double *to_double(const float *x, size_t n) {
+    double *y = malloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+static float *to_float(const double *x, size_t n) {
+    float *y = malloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+    return y;
+}
+
+static double rel_l2_fd(const float *a, const double *b, size_t n) {
+    float *bf = to_float(b, n);
+    const double e = check_rel_l2(a, bf, n);
+    free(bf);
+    return e;
+}
+
+// ---- finite differences ---------------------------------------------------------------------
+// A reference forward maps double inputs in[0..n_in) to out; fd_grad differentiates
+// sum(out * R) with respect to in[which], visiting every `stride`-th element (the others are
+// copied from `analytic` so a rel-L2 comparison only sees the sampled ones).
+
+typedef void (*ref_fn)(double *out, double *const *in, const void *ctx);
+
+typedef struct fd_problem {
+    ref_fn fwd;
+    const void *ctx;
+    double *in[4];
+    size_t in_n[4];
+    size_t out_n;
+} fd_problem;
+
+static double fd_objective(const fd_problem *p, const double *R, double *out) {
+    p->fwd(out, p->in, p->ctx);
+    double s = 0;
+    for (size_t i = 0; i < p->out_n; i++) s += out[i] * R[i];
+    return s;
+}
+
+static void fd_grad(double *g, const fd_problem *p, int which, const double *R, size_t stride,
+                    const float *analytic) {
+    const double h = 1e-6;
+    double *out = malloc(p->out_n * sizeof *out);
+    double *x = p->in[which];
+    for (size_t i = 0; i < p->in_n[which]; i++) {
+        if (i % stride != 0) {
+            g[i] = analytic[i];
+            continue;
+        }
+        const double x0 = x[i];
+        x[i] = x0 + h;
+        const double fp = fd_objective(p, R, out);
+        x[i] = x0 - h;
+        const double fm = fd_objective(p, R, out);
+        x[i] = x0;
+        g[i] = (fp - fm) / (2 * h);
+    }
+    free(out);
+}
+
+// Checks an op's gradient `got` for input `which` against finite differences.
+static void check_grad(const char *what, const float *got, const fd_problem *p, int which,
+                       const double *R, size_t stride, double tol) {
+    double *g = malloc(p->in_n[which] * sizeof *g);
+    fd_grad(g, p, which, R, stride, got);
+    const double e = rel_l2_fd(got, g, p->in_n[which]);
+    CHECK(e < tol, "%s: gradient rel L2 %.3g >= %.3g", what, e, tol);
+    free(g);
+}
+
+// ---- matmul ---------------------------------------------------------------------------------
+
+typedef struct mm_ctx {
+    int N, C, OC, has_bias;
+} mm_ctx;
+
+static void ref_matmul(double *out, double *const *in, const void *vctx) {
+    const mm_ctx *c = vctx;
+    const double *x = in[0], *w = in[1], *b = in[2];
+    for (int n = 0; n < c->N; n++) {
+        for (int o = 0; o < c->OC; o++) {
+            double s = c->has_bias ? b[o] : 0.0;
+            for (int i = 0; i < c->C; i++) s += x[n * c->C + i] * w[o * c->C + i];
+            out[n * c->OC + o] = s;
+        }
+    }
+}
+
+static void test_matmul(int N, int C, int OC, int has_bias) {
+    mm_ctx ctx = {N, C, OC, has_bias};
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *x = frand_array(nx, -1, 1), *w = frand_array(nw, -1, 1), *b = frand_array(OC, -1, 1);
+    float *out = malloc(no * sizeof *out);
+    ops->matmul_forward(out, x, w, has_bias ? b : NULL, N, C, OC);
+    fd_problem p = {ref_matmul,
+                    &ctx,
+                    {to_double(x, nx), to_double(w, nw), to_double(b, OC)},
+                    {nx, nw, (size_t)OC},
+                    no};
+    double *ref = malloc(no * sizeof *ref);
+    ref_matmul(ref, p.in, &ctx);
+    double e = rel_l2_fd(out, ref, no);
+    CHECK(e < 1e-6, "matmul fwd N%d C%d OC%d bias%d: rel L2 %.3g", N, C, OC, has_bias, e);
+
+    // Backward: parameter grads accumulate onto what is there, input grads are overwritten.
+    float *R = frand_array(no, -1, 1), *dx = frand_array(nx, 5, 6);
+    float *dw0 = frand_array(nw, -1, 1), *db0 = frand_array(OC, -1, 1);
+    float *dw = malloc(nw * sizeof *dw), *db = malloc(OC * sizeof *db);
+    memcpy(dw, dw0, nw * sizeof *dw);
+    memcpy(db, db0, OC * sizeof *db);
+    ops->matmul_backward(dx, dw, has_bias ? db : NULL, R, x, w, N, C, OC);
+    for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
+    for (int i = 0; i < OC; i++) db[i] -= db0[i];
+    double *Rd = to_double(R, no);
+    char what[64];
+    snprintf(what, sizeof what, "matmul bwd N%d C%d OC%d dinp", N, C, OC);
+    check_grad(what, dx, &p, 0, Rd, 1, 1e-5);
+    snprintf(what, sizeof what, "matmul bwd N%d C%d OC%d dweight", N, C, OC);
+    check_grad(what, dw, &p, 1, Rd, 1, 1e-5);
+    if (has_bias) {
+        snprintf(what, sizeof what, "matmul bwd N%d C%d OC%d dbias", N, C, OC);
+        check_grad(what, db, &p, 2, Rd, 1, 1e-5);
+    } else {
+        CHECK(check_max_abs(db, (float[64]){0}, OC) == 0, "matmul: dbias touched without bias");
+    }
+    // dinp NULL: only the weight gradient.
+    float *dw2 = calloc(nw, sizeof *dw2);
+    ops->matmul_backward(NULL, dw2, NULL, R, x, w, N, C, OC);
+    CHECK(check_rel_l2(dw2, dw, nw) < 1e-6, "matmul bwd with dinp NULL differs");
+
+    for (int i = 0; i < 3; i++) free(p.in[i]);
+    free(x), free(w), free(b), free(out), free(ref), free(R), free(dx), free(dw0), free(db0);
+    free(dw), free(db), free(Rd), free(dw2);
+}
+
+// ---- rmsnorm --------------------------------------------------------------------------------
+
+typedef struct rn_ctx {
+    int N, C;
+    double eps;
+} rn_ctx;
+
+static void ref_rmsnorm(double *out, double *const *in, const void *vctx) {
+    const rn_ctx *c = vctx;
+    const double *x = in[0], *w = in[1];
+    for (int n = 0; n < c->N; n++) {
+        double ss = 0;
+        for (int i = 0; i < c->C; i++) ss += x[n * c->C + i] * x[n * c->C + i];
+        const double r = 1.0 / sqrt(ss / c->C + c->eps);
+        for (int i = 0; i < c->C; i++) out[n * c->C + i] = w[i] * x[n * c->C + i] * r;
+    }
+}
+
+static void test_rmsnorm(int N, int C) {
+    rn_ctx ctx = {N, C, 1e-6};
+    const size_t nx = (size_t)N * C;
+    float *x = frand_array(nx, -2, 2), *w = frand_array(C, 0.5f, 1.5f);
+    float *out = malloc(nx * sizeof *out), *rstd = malloc(N * sizeof *rstd);
+    ops->rmsnorm_forward(out, rstd, x, w, N, C, 1e-6f);
+    fd_problem p = {ref_rmsnorm, &ctx, {to_double(x, nx), to_double(w, C)}, {nx, (size_t)C}, nx};
+    double *ref = malloc(nx * sizeof *ref);
+    ref_rmsnorm(ref, p.in, &ctx);
+    double e = rel_l2_fd(out, ref, nx);
+    CHECK(e < 1e-6, "rmsnorm fwd N%d C%d: rel L2 %.3g", N, C, e);
+
+    float *R = frand_array(nx, -1, 1), *dx = malloc(nx * sizeof *dx);
+    float *dw0 = frand_array(C, -1, 1), *dw = malloc(C * sizeof *dw);
+    memcpy(dw, dw0, C * sizeof *dw);
+    ops->rmsnorm_backward(dx, dw, R, x, w, rstd, N, C);
+    for (int i = 0; i < C; i++) dw[i] -= dw0[i];
+    double *Rd = to_double(R, nx);
+    char what[64];
+    snprintf(what, sizeof what, "rmsnorm bwd N%d C%d dinp", N, C);
+    check_grad(what, dx, &p, 0, Rd, 1, 1e-5);
+    snprintf(what, sizeof what, "rmsnorm bwd N%d C%d dweight", N, C);
+    check_grad(what, dw, &p, 1, Rd, 1, 1e-5);
+    // dinp may alias dout (the model normalises q/k gradients in place).
+    float *dw2 = calloc(C, sizeof *dw2);
+    ops->rmsnorm_backward(R, dw2, R, x, w, rstd, N, C);
+    CHECK(memcmp(R, dx, nx * sizeof *dx) == 0, "rmsnorm bwd in place differs");
+    CHECK(check_rel_l2(dw2, dw, C) < 1e-6, "rmsnorm bwd in place: dweight differs");
+
+    for (int i = 0; i < 2; i++) free(p.in[i]);
+    free(x), free(w), free(out), free(rstd), free(ref), free(R), free(dx), free(dw0), free(dw);
+    free(Rd), free(dw2);
+}
+
+// ---- rope -----------------------------------------------------------------------------------
+
+typedef struct rope_ctx {
+    int B, T, H, D;
+    const double *cos, *sin; // (T, D/2)
+} rope_ctx;
+
+static void ref_rope(double *out, double *const *in, const void *vctx) {
+    const rope_ctx *c = vctx;
+    const int half = c->D / 2;
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++)
+            for (int h = 0; h < c->H; h++) {
+                const size_t base = (((size_t)b * c->T + t) * c->H + h) * c->D;
+                const double *x = in[0] + base;
+                for (int d = 0; d < c->D; d++) {
+                    const int i = d % half;
+                    const double co = c->cos[t * half + i], si = c->sin[t * half + i];
+                    // rotate_half(x) = cat(-x2, x1)
+                    const double rot = d < half ? -x[d + half] : x[d - half];
+                    out[base + d] = x[d] * co + rot * si;
+                }
+            }
+}
+
+static void test_rope(int B, int T, int H, int D) {
+    const int half = D / 2;
+    float *cosf_t = malloc((size_t)T * half * sizeof(float));
+    float *sinf_t = malloc((size_t)T * half * sizeof(float));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const float ang = (float)t / powf(10000.0f, (float)(2 * i) / (float)D);
+            cosf_t[t * half + i] = cosf(ang);
+            sinf_t[t * half + i] = sinf(ang);
+        }
+    double *cd = to_double(cosf_t, (size_t)T * half), *sd = to_double(sinf_t, (size_t)T * half);
+    rope_ctx ctx = {B, T, H, D, cd, sd};
+    const size_t n = (size_t)B * T * H * D;
+    float *x = frand_array(n, -1, 1), *out = malloc(n * sizeof *out);
+    ops->rope_forward(out, x, cosf_t, sinf_t, B, T, H, D);
+    fd_problem p = {ref_rope, &ctx, {to_double(x, n)}, {n}, n};
+    double *ref = malloc(n * sizeof *ref);
+    ref_rope(ref, p.in, &ctx);
+    const double e = rel_l2_fd(out, ref, n);
+    CHECK(e < 1e-6, "rope fwd B%d T%d H%d D%d: rel L2 %.3g", B, T, H, D, e);
+    // Position 0 is the identity.
+    CHECK(memcmp(out, x, (size_t)H * D * sizeof *x) == 0, "rope at position 0 is not identity");
+    // In place gives the same result.
+    float *y = malloc(n * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    ops->rope_forward(y, y, cosf_t, sinf_t, B, T, H, D);
+    CHECK(memcmp(y, out, n * sizeof *y) == 0, "rope fwd in place differs");
+
+    float *R = frand_array(n, -1, 1), *dx = malloc(n * sizeof *dx);
+    ops->rope_backward(dx, R, cosf_t, sinf_t, B, T, H, D);
+    double *Rd = to_double(R, n);
+    char what[64];
+    snprintf(what, sizeof what, "rope bwd B%d T%d H%d D%d", B, T, H, D);
+    check_grad(what, dx, &p, 0, Rd, 1, 1e-5);
+    ops->rope_backward(R, R, cosf_t, sinf_t, B, T, H, D);
+    CHECK(memcmp(R, dx, n * sizeof *dx) == 0, "rope bwd in place differs");
+
+    free(p.in[0]);
+    free(cosf_t), free(sinf_t), free(cd), free(sd), free(x), free(out), free(ref), free(y);
+    free(R), free(dx), free(Rd);
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+typedef struct att_ctx {
+    int B, T, NH, NKV, D;
+    double *probs; // optional: the reference probabilities (B,NH,T,T), zeros above diagonal
+} att_ctx;
+
+static void ref_attention(double *out, double *const *in, const void *vctx) {
+    const att_ctx *c = vctx;
+    const double *q = in[0], *k = in[1], *v = in[2];
+    const int T = c->T, D = c->D, rep = c->NH / c->NKV;
+    const double scale = 1.0 / sqrt((double)D);
+    double *s = malloc((size_t)T * sizeof *s);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *qt = q + (((size_t)b * T + t) * c->NH + h) * D;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double *kj = k + (((size_t)b * T + j) * c->NKV + h / rep) * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += qt[d] * kj[d];
+                    s[j] = dot * scale;
+                    m = s[j] > m ? s[j] : m;
+                }
+                for (int j = 0; j <= t; j++) sum += (s[j] = exp(s[j] - m));
+                double *o = out + (((size_t)b * T + t) * c->NH + h) * D;
+                for (int d = 0; d < D; d++) o[d] = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double pj = s[j] / sum;
+                    const double *vj = v + (((size_t)b * T + j) * c->NKV + h / rep) * D;
+                    for (int d = 0; d < D; d++) o[d] += pj * vj[d];
+                    if (c->probs) c->probs[(((size_t)b * c->NH + h) * T + t) * T + j] = pj;
+                }
+                if (c->probs)
+                    for (int j = t + 1; j < T; j++)
+                        c->probs[(((size_t)b * c->NH + h) * T + t) * T + j] = 0;
+            }
+    free(s);
+}
+
+// stride > 1 samples the finite differences (long sequences).
+static void test_attention(int B, int T, int NH, int NKV, int D, size_t stride) {
+    const size_t nq = (size_t)B * T * NH * D, nkv = (size_t)B * T * NKV * D;
+    const size_t np = ops->attention_state_floats(B, T, NH, NKV, D);
+    const size_t ns = ops->attention_scratch_floats(B, T, NH, NKV, D);
+    CHECK(np == (size_t)B * NH * T * T && ns == np, "attention state/scratch sizes %zu %zu", np,
+          ns);
+    // Scores of order 1 so the softmax is far from uniform.
+    float *q = frand_array(nq, -1.5f, 1.5f), *k = frand_array(nkv, -1.5f, 1.5f);
+    float *v = frand_array(nkv, -1, 1);
+    float *out = malloc(nq * sizeof *out), *probs = malloc(np * sizeof *probs);
+    ops->attention_forward(out, probs, q, k, v, B, T, NH, NKV, D);
+
+    double *ref_probs = malloc(np * sizeof *ref_probs), *ref = malloc(nq * sizeof *ref);
+    att_ctx ctx = {B, T, NH, NKV, D, ref_probs};
+    fd_problem p = {ref_attention,
+                    &ctx,
+                    {to_double(q, nq), to_double(k, nkv), to_double(v, nkv)},
+                    {nq, nkv, nkv},
+                    nq};
+    ref_attention(ref, p.in, &ctx);
+    ctx.probs = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "attention B%d T%d NH%d NKV%d D%d", B, T, NH, NKV, D);
+    double e = rel_l2_fd(out, ref, nq);
+    CHECK(e < 2e-6, "%s fwd: rel L2 %.3g", what, e);
+    e = rel_l2_fd(probs, ref_probs, np);
+    CHECK(e < 2e-6, "%s probs: rel L2 %.3g", what, e);
+    int masked_ok = 1;
+    for (size_t r = 0; r < (size_t)B * NH * T; r++)
+        for (int j = (int)(r % T) + 1; j < T; j++) masked_ok &= probs[r * T + j] == 0.0f;
+    CHECK(masked_ok, "%s: probabilities above the diagonal are not 0", what);
+
+    float *R = frand_array(nq, -1, 1), *scratch = malloc(ns * sizeof *scratch);
+    float *dq = frand_array(nq, 5, 6), *dk = frand_array(nkv, 5, 6), *dv = frand_array(nkv, 5, 6);
+    ops->attention_backward(dq, dk, dv, scratch, R, probs, q, k, v, B, T, NH, NKV, D);
+    double *Rd = to_double(R, nq);
+    char w2[128];
+    snprintf(w2, sizeof w2, "%s dq", what);
+    check_grad(w2, dq, &p, 0, Rd, stride, 1e-5);
+    snprintf(w2, sizeof w2, "%s dk", what);
+    check_grad(w2, dk, &p, 1, Rd, stride, 1e-5);
+    snprintf(w2, sizeof w2, "%s dv", what);
+    check_grad(w2, dv, &p, 2, Rd, stride, 1e-5);
+
+    // Bit-identical on a second run (kv gradients summed over heads in a fixed order).
+    float *dq2 = malloc(nq * sizeof *dq2), *dk2 = malloc(nkv * sizeof *dk2);
+    float *dv2 = malloc(nkv * sizeof *dv2);
+    ops->attention_backward(dq2, dk2, dv2, scratch, R, probs, q, k, v, B, T, NH, NKV, D);
+    CHECK(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) && !memcmp(dv, dv2, nkv * 4),
+          "%s: backward not deterministic", what);
+
+    for (int i = 0; i < 3; i++) free(p.in[i]);
+    free(q), free(k), free(v), free(out), free(probs), free(ref_probs), free(ref), free(R);
+    free(scratch), free(dq), free(dk), free(dv), free(Rd), free(dq2), free(dk2), free(dv2);
+}
+
+// ---- swiglu ---------------------------------------------------------------------------------
+
+static void ref_swiglu(double *out, double *const *in, const void *vctx) {
+    const size_t n = *(const size_t *)vctx;
+    for (size_t i = 0; i < n; i++) out[i] = in[0][i] / (1.0 + exp(-in[0][i])) * in[1][i];
+}
+
+static void test_swiglu(size_t n) {
+    float *g = frand_array(n, -6, 6), *u = frand_array(n, -2, 2), *out = malloc(n * sizeof *out);
+    ops->swiglu_forward(out, g, u, (int64_t)n);
+    fd_problem p = {ref_swiglu, &n, {to_double(g, n), to_double(u, n)}, {n, n}, n};
+    double *ref = malloc(n * sizeof *ref);
+    ref_swiglu(ref, p.in, &n);
+    const double e = rel_l2_fd(out, ref, n);
+    CHECK(e < 1e-6, "swiglu fwd n%zu: rel L2 %.3g", n, e);
+
+    float *R = frand_array(n, -1, 1), *dg = malloc(n * sizeof *dg), *du = malloc(n * sizeof *du);
+    ops->swiglu_backward(dg, du, R, g, u, (int64_t)n);
+    double *Rd = to_double(R, n);
+    check_grad("swiglu bwd dgate", dg, &p, 0, Rd, 1, 1e-5);
+    check_grad("swiglu bwd dup", du, &p, 1, Rd, 1, 1e-5);
+    // dgate may alias dout (the model reuses dh for dgate).
+    float *du2 = malloc(n * sizeof *du2);
+    ops->swiglu_backward(R, du2, R, g, u, (int64_t)n);
+    CHECK(!memcmp(R, dg, n * 4) && !memcmp(du2, du, n * 4), "swiglu bwd in place differs");
+
+    // Saturated gates: no NaN/inf where exp(-g) overflows.
+    float ge[4] = {-100.0f, 100.0f, -88.0f, 89.0f}, ue[4] = {1, 1, 1, 1}, oe[4], dge[4], due[4];
+    ops->swiglu_forward(oe, ge, ue, 4);
+    ops->swiglu_backward(dge, due, ue, ge, ue, 4);
+    int finite = 1;
+    for (int i = 0; i < 4; i++) finite &= isfinite(oe[i]) && isfinite(dge[i]) && isfinite(due[i]);
+    CHECK(finite && oe[1] == 100.0f && fabsf(oe[0]) < 1e-30f && dge[1] == 1.0f,
+          "swiglu saturation: out %g %g dgate %g", oe[0], oe[1], dge[1]);
+
+    for (int i = 0; i < 2; i++) free(p.in[i]);
+    free(g), free(u), free(out), free(ref), free(R), free(dg), free(du), free(Rd), free(du2);
+}
+
+// ---- cross entropy --------------------------------------------------------------------------
+
+typedef struct ce_ctx {
+    int N, V;
+    const int32_t *targets;
+    double scale;
+} ce_ctx;
+
+// out[n] = scale * loss_n, so the FD objective with R = 1 is the scaled loss sum.
+static void ref_ce(double *out, double *const *in, const void *vctx) {
+    const ce_ctx *c = vctx;
+    for (int n = 0; n < c->N; n++) {
+        const double *x = in[0] + (size_t)n * c->V;
+        if (c->targets[n] == -100) {
+            out[n] = 0;
+            continue;
+        }
+        double m = x[0], s = 0;
+        for (int i = 1; i < c->V; i++) m = x[i] > m ? x[i] : m;
+        for (int i = 0; i < c->V; i++) s += exp(x[i] - m);
+        out[n] = c->scale * (log(s) + m - x[c->targets[n]]);
+    }
+}
+
+static void test_cross_entropy(int N, int V, float spread) {
+    int32_t *t = malloc(N * sizeof *t);
+    for (int n = 0; n < N; n++) t[n] = (n * 7 + 3) % V;
+    t[N / 2] = -100; // an ignored target
+    const size_t nl = (size_t)N * V;
+    float *x = frand_array(nl, -spread, spread), *loss = malloc(N * sizeof *loss);
+    ops->cross_entropy_forward(loss, x, t, N, V);
+    ce_ctx ctx = {N, V, t, 1.0};
+    fd_problem p = {ref_ce, &ctx, {to_double(x, nl)}, {nl}, (size_t)N};
+    double *ref = malloc(N * sizeof *ref);
+    ref_ce(ref, p.in, &ctx);
+    double e = rel_l2_fd(loss, ref, N);
+    CHECK(e < 1e-6, "cross entropy fwd N%d V%d spread %g: rel L2 %.3g", N, V, spread, e);
+    CHECK(loss[N / 2] == 0.0f, "ignored target has loss %g", loss[N / 2]);
+
+    const float scale = 0.37f;
+    ctx.scale = scale;
+    double *ones = malloc(N * sizeof *ones);
+    for (int n = 0; n < N; n++) ones[n] = 1.0;
+    float *dx = malloc(nl * sizeof *dx);
+    ops->cross_entropy_backward(dx, x, t, scale, N, V);
+    char what[64];
+    snprintf(what, sizeof what, "cross entropy bwd N%d V%d", N, V);
+    check_grad(what, dx, &p, 0, ones, 1, 1e-5);
+    int zero_row = 1;
+    for (int i = 0; i < V; i++) zero_row &= dx[(size_t)(N / 2) * V + i] == 0.0f;
+    CHECK(zero_row, "ignored target has a nonzero gradient row");
+    // dlogits may alias logits.
+    ops->cross_entropy_backward(x, x, t, scale, N, V);
+    CHECK(memcmp(x, dx, nl * sizeof *dx) == 0, "cross entropy bwd in place differs");
+
+    free(p.in[0]);
+    free(t), free(x), free(loss), free(ref), free(ones), free(dx);
+}
+
+// ---- embedding and add ----------------------------------------------------------------------
+
+static void test_embedding(int N, int V, int C) {
+    int32_t *ids = malloc(N * sizeof *ids);
+    for (int n = 0; n < N; n++) ids[n] = (n * 5) % V; // repeats when N > V
+    ids[N - 1] = ids[0];
+    float *table = frand_array((size_t)V * C, -1, 1), *out = malloc((size_t)N * C * 4);
+    ops->embedding_forward(out, ids, table, N, C);
+    int same = 1;
+    for (int n = 0; n < N; n++)
+        same &= !memcmp(out + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
+    CHECK(same, "embedding fwd is not a row gather");
+
+    float *dout = frand_array((size_t)N * C, -1, 1), *dt = frand_array((size_t)V * C, -1, 1);
+    double *ref = to_double(dt, (size_t)V * C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) ref[(size_t)ids[n] * C + c] += dout[(size_t)n * C + c];
+    ops->embedding_backward(dt, dout, ids, N, C);
+    const double e = rel_l2_fd(dt, ref, (size_t)V * C);
+    CHECK(e < 1e-6, "embedding bwd N%d V%d C%d: rel L2 %.3g", N, V, C, e);
+    free(ids), free(table), free(out), free(dout), free(dt), free(ref);
+}
+
+static void test_add(void) {
+    float a[37], b[37], out[37];
+    for (int i = 0; i < 37; i++) a[i] = frand(-1, 1), b[i] = frand(-1, 1);
+    ops->add(out, a, b, 37);
+    int ok = 1;
+    for (int i = 0; i < 37; i++) ok &= out[i] == a[i] + b[i];
+    ops->add(a, a, b, 37); // aliasing
+    ok &= !memcmp(a, out, sizeof a);
+    CHECK(ok, "add");
+}
+
+// Loops are split over rows (independent) or over column blocks that each sum their rows in
+// order, so every OpenMP op gives the same bits on 1 thread as on 3; shapes are large enough
+// to take the parallel branch (CPU_PAR_MIN).
+enum { TI_N = 96, TI_C = 1040, TI_V = 700, TI_OC = 400, TI_H = 4, TI_D = 64, TI_T = 48 };
+enum { TI_OUTPUTS = 10 };
+
+static void thread_invariance_run(float *r[TI_OUTPUTS], const float *x, const float *w,
+                                  const float *dy, const float *g, const float *u, const float *lg,
+                                  const int32_t *ids, const int32_t *tg, const float *cs,
+                                  const float *sn, const float *q) {
+    const int N = TI_N, C = TI_C, V = TI_V;
+    const size_t nc = (size_t)N * C;
+    float *rstd = malloc(N * sizeof *rstd);
+    ops->rmsnorm_forward(r[0], rstd, x, w, N, C, 1e-6f);
+    ops->rmsnorm_backward(r[1], r[2], dy, x, w, rstd, N, C);
+    ops->swiglu_forward(r[3], g, u, (int64_t)nc);
+    ops->swiglu_backward(r[4], r[5], dy, g, u, (int64_t)nc);
+    ops->cross_entropy_forward(r[6], lg, tg, N, V);
+    ops->cross_entropy_backward(r[7], lg, tg, 0.5f, N, V);
+    ops->embedding_backward(r[8], dy, ids, N, C);
+    ops->rope_forward(r[9], q, cs, sn, 2, TI_T, TI_H, TI_D);
+    free(rstd);
+}
+
+static void test_thread_invariance(void) {
+    const int N = TI_N, C = TI_C, V = TI_V;
+    const size_t nc = (size_t)N * C, nq = (size_t)2 * TI_T * TI_H * TI_D;
+    const size_t sizes[TI_OUTPUTS] = {nc, nc, C, nc, nc, nc, N, (size_t)N * V, 50 * (size_t)C, nq};
+    const char *names[TI_OUTPUTS] = {
+        "rmsnorm fwd", "rmsnorm dinp",  "rmsnorm dweight",   "swiglu fwd",    "swiglu dgate",
+        "swiglu dup",  "cross entropy", "cross entropy bwd", "embedding bwd", "rope"};
+    float *x = frand_array(nc, -1, 1), *w = frand_array(C, 0.5f, 1.5f);
+    float *dy = frand_array(nc, -1, 1), *g = frand_array(nc, -4, 4), *u = frand_array(nc, -1, 1);
+    float *lg = frand_array((size_t)N * V, -5, 5), *q = frand_array(nq, -1, 1);
+    float *cs = frand_array(TI_T * TI_D / 2, -1, 1), *sn = frand_array(TI_T * TI_D / 2, -1, 1);
+    int32_t ids[TI_N], tg[TI_N];
+    for (int n = 0; n < N; n++) ids[n] = (n * 13) % 50, tg[n] = n % 7 ? (n * 31) % V : -100;
+    float *res[2][TI_OUTPUTS];
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < TI_OUTPUTS; i++) res[run][i] = calloc(sizes[i], sizeof(float));
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        thread_invariance_run(res[run], x, w, dy, g, u, lg, ids, tg, cs, sn, q);
+    }
+    omp_set_num_threads(2);
+    for (int i = 0; i < TI_OUTPUTS; i++) {
+        CHECK(memcmp(res[0][i], res[1][i], sizes[i] * sizeof(float)) == 0,
+              "%s: 1 vs 3 threads differ", names[i]);
+        free(res[0][i]), free(res[1][i]);
+    }
+    // matmul's bias gradient (OpenMP) with BLAS for the rest: same bits on 1 or 3 threads.
+    float *wt = frand_array((size_t)TI_OC * C, -1, 1),
+          *dout = frand_array((size_t)N * TI_OC, -1, 1);
+    float *db[2], *dw[2];
+    for (int run = 0; run < 2; run++) {
+        db[run] = calloc(TI_OC, sizeof(float));
+        dw[run] = calloc((size_t)TI_OC * C, sizeof(float));
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        ops->matmul_backward(NULL, dw[run], db[run], dout, x, wt, N, C, TI_OC);
+    }
+    omp_set_num_threads(2);
+    CHECK(memcmp(db[0], db[1], TI_OC * sizeof(float)) == 0, "matmul dbias: 1 vs 3 threads");
+    for (int run = 0; run < 2; run++) free(db[run]), free(dw[run]);
+    free(x), free(w), free(dy), free(g), free(u), free(lg), free(q), free(cs), free(sn);
+    free(wt), free(dout);
+}
+
+int main(void) {
+    CHECK(ops->name && strcmp(ops->name, "cpu") == 0, "table name");
+    test_matmul(7, 5, 3, 1);
+    test_matmul(33, 17, 19, 0);
+    test_matmul(1, 40, 35, 1); // one row; more than two column blocks of bias
+    test_rmsnorm(7, 13);
+    test_rmsnorm(5, 37); // three column blocks for dweight
+    test_rmsnorm(1, 4);
+    test_rope(2, 5, 3, 6);
+    test_rope(1, 1, 2, 4);               // T = 1
+    test_attention(2, 5, 3, 3, 4, 1);    // GQA ratio 1
+    test_attention(2, 7, 4, 2, 6, 1);    // ratio 2
+    test_attention(1, 6, 6, 2, 8, 1);    // ratio 3
+    test_attention(2, 1, 3, 1, 4, 1);    // T = 1
+    test_attention(1, 5, 2, 2, 3, 1);    // odd head_dim
+    test_attention(1, 300, 2, 1, 4, 37); // several 128-row blocks, partial last block
+    test_swiglu(37);
+    test_cross_entropy(5, 11, 3.0f);
+    test_cross_entropy(3, 1000, 30.0f); // a wide row, large logits
+    test_embedding(9, 4, 37);
+    test_add();
+    test_thread_invariance();
+    return check_summary();
+}
