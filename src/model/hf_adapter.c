@@ -1,0 +1,259 @@
+// HF folder <-> model. Native names are HF names today, so loading is a walk over the model's
+// parameter table with a lookup by name; the checks are what make it safe: shapes, dtypes,
+// missing and unexpected keys, all named.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/hf_adapter.h"
+
+static int str_ptr_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int report_add(char ***list, int *n, const char *name, ct_error *err) {
+    char **grown = realloc(*list, (size_t)(*n + 1) * sizeof *grown);
+    char *copy = strdup(name);
+    if (!grown || !copy) {
+        free(copy);
+        if (grown) *list = grown;
+        return ct_fail(err, "out of memory listing tensor names");
+    }
+    grown[*n] = copy;
+    *list = grown;
+    (*n)++;
+    return 0;
+}
+
+void hf_report_free(hf_load_report *r) {
+    for (int i = 0; i < r->n_missing; i++) free(r->missing[i]);
+    for (int i = 0; i < r->n_unexpected; i++) free(r->unexpected[i]);
+    free(r->missing);
+    free(r->unexpected);
+    memset(r, 0, sizeof *r);
+}
+
+static void shape_str(char *out, size_t cap, const int64_t *shape, int ndim) {
+    size_t used = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < ndim && used < cap; d++)
+        used +=
+            (size_t)snprintf(out + used, cap - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < cap) snprintf(out + used, cap - used, "]");
+}
+
+// Loads one parameter from its tensor on disk, after checking shape and dtype.
+static int load_param(float *dst, const qwen3_param *p, const st_tensor *t, const char *source,
+                      ct_error *err) {
+    bool same = t->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+    if (!same) {
+        char want[64], got[160];
+        shape_str(want, sizeof want, p->shape, p->ndim);
+        shape_str(got, sizeof got, t->shape, t->ndim);
+        return ct_fail(err, "%s: tensor \"%s\": expected shape %s, found %s", source, p->name, want,
+                       got);
+    }
+    if (st_tensor_to_f32(dst, t, err) != 0) return ct_wrap(err, "%s", source);
+    return 0;
+}
+
+// "a, b, c (and 7 more)" within the error message's room.
+static int missing_error(const hf_load_report *r, const char *source, ct_error *err) {
+    char list[768];
+    size_t used = 0;
+    int shown = 0;
+    list[0] = '\0';
+    for (; shown < r->n_missing; shown++) {
+        size_t need = strlen(r->missing[shown]) + 2;
+        if (used + need + 24 >= sizeof list) break;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", shown ? ", " : "",
+                                 r->missing[shown]);
+    }
+    if (shown < r->n_missing)
+        snprintf(list + used, sizeof list - used, " (and %d more)", r->n_missing - shown);
+    return ct_fail(err, "%s: %d tensor(s) the model needs are missing: %s", source, r->n_missing,
+                   list);
+}
+
+int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const char *source,
+                    ct_error *err) {
+    memset(r, 0, sizeof *r);
+    r->n_files = s->n_files;
+    int rc = 0;
+    bool have_dtype = false;
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const qwen3_param *p = &m->params[i];
+        const st_tensor *t = st_set_find(s, p->name);
+        if (!t) {
+            rc = report_add(&r->missing, &r->n_missing, p->name, err);
+            continue;
+        }
+        rc = load_param(m->param_mem + p->offset, p, t, source, err);
+        if (rc != 0) break;
+        r->n_loaded++;
+        if (!have_dtype) {
+            r->source_dtype = t->dtype;
+            have_dtype = true;
+        } else if (t->dtype != r->source_dtype) {
+            r->mixed_dtypes = true;
+        }
+    }
+    if (rc != 0) return -1;
+
+    // Unexpected: on disk, unknown to the model. Both name lists sorted, then merged, so a
+    // 100k-tensor MoE checkpoint costs n log n, not n^2.
+    const char **names = malloc(((size_t)m->n_params + 1) * sizeof *names);
+    if (!names) return ct_fail(err, "%s: out of memory", source);
+    for (int i = 0; i < m->n_params; i++) names[i] = m->params[i].name;
+    qsort(names, (size_t)m->n_params, sizeof *names, str_ptr_cmp);
+    int j = 0;
+    for (int i = 0; i < s->n_tensors && rc == 0; i++) {
+        const char *name = s->by_name[i]->name;
+        while (j < m->n_params && strcmp(names[j], name) < 0) j++;
+        if (j == m->n_params || strcmp(names[j], name) != 0)
+            rc = report_add(&r->unexpected, &r->n_unexpected, name, err);
+    }
+    free(names);
+    if (rc != 0) return -1;
+    if (r->n_missing > 0) return missing_error(r, source, err);
+    return 0;
+}
+
+static void path_join(char *out, size_t cap, const char *dir, const char *name) {
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_ops *ops,
+                   ct_error *err) {
+    char cfg_path[4096];
+    qwen3_config cfg;
+    st_set set;
+    memset(m, 0, sizeof *m);
+    memset(r, 0, sizeof *r);
+    path_join(cfg_path, sizeof cfg_path, dir, "config.json");
+    if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
+    if (st_set_open(&set, dir, err) != 0) return -1;
+    int rc = qwen3_init(m, &cfg, ops, err);
+    if (rc == 0) rc = hf_load_weights(m, r, &set, dir, err);
+    st_set_close(&set);
+    if (rc != 0) {
+        // The report stays for the caller to print; the half-built model does not.
+        qwen3_free(m);
+        memset(m, 0, sizeof *m);
+    }
+    return rc;
+}
+
+// mkdir -p
+static int make_dirs(const char *dir, ct_error *err) {
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof path) return ct_fail(err, "bad folder name \"%s\"", dir);
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0') continue;
+        char c = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            return ct_fail(err, "%s: cannot create folder: %s", path, strerror(errno));
+        path[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ct_fail(err, "%s: exists and is not a folder", dir);
+    return 0;
+}
+
+// HF's save_pretrained walks the state_dict in module order, and sharding follows that walk:
+// embed_tokens, then per layer self_attn (q, k, v, o with their biases, q_norm, k_norm), mlp
+// (gate, up, down), input_layernorm, post_attention_layernorm; then norm, lm_head. Saving in
+// the same order gives the same shards as transformers would write.
+static const char *const hf_layer_order[] = {
+    "self_attn.q_proj.weight", "self_attn.q_proj.bias",   "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",
+    "self_attn.o_proj.weight", "self_attn.o_proj.bias",   "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight",
+};
+
+typedef struct save_item {
+    st_entry e;
+    long long key[3]; // (group, layer, position); unknown names keep their table order
+} save_item;
+
+static void save_rank(long long key[3], const char *name, int index) {
+    const int n_known = (int)(sizeof hf_layer_order / sizeof hf_layer_order[0]);
+    int layer, used = 0;
+    key[0] = 3, key[1] = 0, key[2] = index;
+    if (strcmp(name, "model.embed_tokens.weight") == 0) {
+        key[0] = 0;
+    } else if (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        key[0] = 1, key[1] = layer, key[2] = n_known + index;
+        for (int k = 0; k < n_known; k++)
+            if (strcmp(name + used, hf_layer_order[k]) == 0) key[2] = k;
+    } else if (strcmp(name, "model.norm.weight") == 0) {
+        key[0] = 2;
+    } else if (strcmp(name, "lm_head.weight") == 0) {
+        key[0] = 4;
+    }
+}
+
+static int save_item_cmp(const void *a, const void *b) {
+    const save_item *x = a, *y = b;
+    for (int i = 0; i < 3; i++)
+        if (x->key[i] != y->key[i]) return x->key[i] < y->key[i] ? -1 : 1;
+    return 0;
+}
+
+static const char *torch_dtype_name(ct_dtype dtype) {
+    switch (dtype) {
+    case CT_BF16:
+        return "bfloat16";
+    case CT_F16:
+        return "float16";
+    default:
+        return "float32";
+    }
+}
+
+int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64_t max_shard_bytes,
+                   ct_error *err) {
+    if (dtype != CT_F32 && dtype != CT_BF16 && dtype != CT_F16)
+        return ct_fail(err, "%s: cannot save weights as %s (expected F32, BF16 or F16)", dir,
+                       dtype_name(dtype));
+    if (make_dirs(dir, err) != 0) return -1;
+    qwen3_config cfg = m->cfg;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", torch_dtype_name(dtype));
+    char cfg_path[4096];
+    path_join(cfg_path, sizeof cfg_path, dir, "config.json");
+    if (qwen3_config_save(&cfg, cfg_path, err) != 0) return -1;
+
+    save_item *items = calloc((size_t)m->n_params + 1, sizeof *items);
+    st_entry *entries = calloc((size_t)m->n_params + 1, sizeof *entries);
+    if (!items || !entries) {
+        free(items);
+        free(entries);
+        return ct_fail(err, "%s: out of memory", dir);
+    }
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        // A tied head is the embedding; HF checkpoints leave it out.
+        if (cfg.tie_word_embeddings && strcmp(p->name, "lm_head.weight") == 0) continue;
+        st_entry *e = &items[n].e;
+        e->name = p->name;
+        e->data = m->param_mem + p->offset;
+        e->ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
+        save_rank(items[n].key, p->name, i);
+        n++;
+    }
+    qsort(items, (size_t)n, sizeof *items, save_item_cmp);
+    for (int i = 0; i < n; i++) entries[i] = items[i].e;
+    free(items);
+    int rc = st_write_folder(dir, entries, n, dtype, max_shard_bytes, err);
+    free(entries);
+    return rc;
+}
