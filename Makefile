@@ -1,5 +1,6 @@
 # Thin wrapper over CMake + ctest. `make` builds; `make check` installs missing packages,
-# builds, and runs every test twice: once optimised, once under ASan+UBSan; then fuzzes briefly.
+# fuzzes the parsers briefly, then builds and runs every test twice: optimised, then under
+# ASan+UBSan.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
@@ -14,10 +15,11 @@ all:
 deps:
 	./scripts/install-deps
 
+# The fuzzers run first so that the last lines printed are ctest's summary.
 check: deps
+	./scripts/run-fuzz $(FUZZ_SECONDS)
 	$(MAKE) check-fast
 	$(MAKE) check-asan
-	./scripts/run-fuzz $(FUZZ_SECONDS)
 
 check-fast: all
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
