@@ -38,3 +38,4 @@ int cli_report(const ct_error *err);
 // Subcommands. Each returns the process exit code.
 int cmd_verify(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);

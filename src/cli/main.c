@@ -14,6 +14,7 @@ typedef struct subcommand {
 static const subcommand subcommands[] = {
     {"verify", cmd_verify, "one forward+backward of an HF model on tokens: loss, grad norm"},
     {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
+    {"tokenize", cmd_tokenize, "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
 };
 static const int n_subcommands = sizeof subcommands / sizeof subcommands[0];
 

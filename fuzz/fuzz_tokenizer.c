@@ -1,0 +1,87 @@
+// libFuzzer target for the tokenizer (src/text). The first byte picks what the rest is:
+//   even: text for the real Qwen3 tokenizer. Encoding must succeed exactly when the bytes are
+//         valid UTF-8; after repair (the documented rule) it must succeed, and decoding the ids
+//         must give back the NFC form of the repaired text.
+//   odd:  a tokenizer.json. Loading must succeed or fail with a message; a loaded one encodes.
+// The real tokenizer is read once from $CTITAN_TOKENIZER_DIR, else from the assets folder that
+// scripts/fetch-assets fills.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/normalize.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+#ifndef CTITAN_ASSETS_DIR
+#define CTITAN_ASSETS_DIR "assets"
+#endif
+
+static tokenizer *qwen;
+static tok_encoder *enc;
+static nfc_scratch nfc;
+static tok_ids ids;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *dir = getenv("CTITAN_TOKENIZER_DIR");
+    ct_error err;
+    if (!dir) dir = CTITAN_ASSETS_DIR "/qwen3-tokenizer";
+    if (tok_load(&qwen, dir, &err) != 0 || tok_encoder_new(&enc, qwen, &err) != 0) {
+        fprintf(stderr,
+                "fuzz_tokenizer: %s (run scripts/fetch-assets, or set "
+                "CTITAN_TOKENIZER_DIR)\n",
+                err.msg);
+        exit(1);
+    }
+    return 0;
+}
+
+static void fuzz_text(const char *data, size_t size) {
+    ct_error err;
+    bool valid = utf8_valid_prefix(data, size) == size;
+    ids.n = 0;
+    if ((tok_encode(enc, &ids, data, size, &err) == 0) != valid) abort();
+    char *fixed = malloc(utf8_repair_bound(size) + 1);
+    size_t n = utf8_repair(fixed, data, size, NULL);
+    if (utf8_valid_prefix(fixed, n) != n) abort();
+    ids.n = 0;
+    if (tok_encode(enc, &ids, fixed, n, &err) != 0) abort();
+    char *back;
+    size_t back_n;
+    if (tok_decode(qwen, &back, &back_n, ids.v, ids.n, false, &err) != 0) abort();
+    const char *norm;
+    size_t norm_n;
+    if (nfc_apply(&norm, &norm_n, &nfc, fixed, n, &err) != 0) abort();
+    if (back_n != norm_n || memcmp(back, norm, norm_n) != 0) abort();
+    free(back);
+    free(fixed);
+}
+
+static void fuzz_json(const char *data, size_t size) {
+    ct_error err;
+    tokenizer *t;
+    if (tok_load_json(&t, data, size, NULL, 0, "fuzz.json", &err) != 0) {
+        if (!err.msg[0]) abort(); // a failure always says why
+        return;
+    }
+    tok_encoder *e;
+    tok_ids out = {0};
+    if (tok_encoder_new(&e, t, &err) == 0) {
+        tok_encode(e, &out, "Hello, world! <|im_end|> 123", 28, &err);
+        tok_encoder_free(e);
+    }
+    tok_ids_free(&out);
+    tok_free(t);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    if (data[0] & 1)
+        fuzz_json((const char *)data + 1, size - 1);
+    else
+        fuzz_text((const char *)data + 1, size - 1);
+    return 0;
+}
