@@ -13,14 +13,6 @@ static const cli_option inspect_options[] = {
     {"json", "false", "print one JSON object (tensors and totals) instead of a table", true},
 };
 
-static void shape_string(char *out, size_t cap, const st_tensor *t) {
-    size_t used = (size_t)snprintf(out, cap, "[");
-    for (int d = 0; d < t->ndim && used < cap; d++)
-        used += (size_t)snprintf(out + used, cap - used, "%s%lld", d ? ", " : "",
-                                 (long long)t->shape[d]);
-    if (used < cap) snprintf(out + used, cap - used, "]");
-}
-
 // A folder with config.json gets its architecture summarised and validated too.
 static int inspect_config(const char *path, bool json, ct_error *err) {
     char cfg_path[4096];
@@ -33,8 +25,8 @@ static int inspect_config(const char *path, bool json, ct_error *err) {
     if (!json)
         printf("config: Qwen3 hidden %d, layers %d, heads %d/%d kv, head_dim %d, ffn %d, "
                "vocab %d, %s embeddings, dtype %s\n",
-               c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-               c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size,
+               c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+               c.head_dim, c.intermediate_size, c.vocab_size,
                c.tie_word_embeddings ? "tied" : "untied", c.torch_dtype);
     return 0;
 }
@@ -77,8 +69,8 @@ int cmd_inspect(int argc, char **argv) {
             cJSON_AddItemToArray(list, item);
         } else {
             char shape[160];
-            shape_string(shape, sizeof shape, t);
-            printf("%-60s %-5s %s\n", t->name, dtype_name(t->dtype), shape);
+            printf("%-60s %-5s %s\n", t->name, dtype_name(t->dtype),
+                   st_shape_str(shape, sizeof shape, t->shape, t->ndim));
         }
         total_elems += t->numel;
         total_bytes += t->end - t->begin;
@@ -94,8 +86,8 @@ int cmd_inspect(int argc, char **argv) {
         cJSON_free(text);
     } else {
         printf("total: %d tensors, %llu elements (%.3f M), %llu bytes, %d file(s);", set.n_tensors,
-               (unsigned long long)total_elems, total_elems / 1e6,
-               (unsigned long long)total_bytes, set.n_files);
+               (unsigned long long)total_elems, total_elems / 1e6, (unsigned long long)total_bytes,
+               set.n_files);
         for (int t = 0; t < CT_DTYPE_COUNT; t++)
             if (per_dtype[t])
                 printf(" %s %llu", dtype_name((ct_dtype)t), (unsigned long long)per_dtype[t]);

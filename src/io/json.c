@@ -5,31 +5,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fs.h"
 
 #define JSON_FILE_MAX (512u << 20) // tokenizer.json is ~11 MB; anything near this is not config
 
 int file_read_all(char **out, size_t *len, const char *path, size_t max_bytes, ct_error *err) {
     *out = NULL;
     if (len) *len = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0) {
+    int fd;
+    size_t size;
+    if (fs_open_regular(&fd, &size, path, err) != 0) return -1;
+    if (size > max_bytes) {
+        close(fd);
+        return ct_fail(err, "%s: file is %zu bytes, more than the limit of %zu", path, size,
+                       max_bytes);
+    }
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
         int e = errno;
-        fclose(fp);
-        return ct_fail(err, "cannot stat %s: %s", path, strerror(e));
+        close(fd);
+        return ct_fail(err, "cannot open %s: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return ct_fail(err, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max_bytes) {
-        fclose(fp);
-        return ct_fail(err, "%s: file is %lld bytes, more than the limit of %zu", path,
-                       (long long)st.st_size, max_bytes);
-    }
-    size_t size = (size_t)st.st_size;
     char *buf = malloc(size + 1);
     if (!buf) {
         fclose(fp);

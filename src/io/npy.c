@@ -3,16 +3,12 @@
 // can be: a 1-D little-endian integer array in C order.
 #include "io/npy.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "core/fs.h"
 #include "io/atomic.h"
 
 #define NPY_MAGIC "\x93NUMPY"
@@ -233,43 +229,22 @@ int npy_parse(npy_tokens *t, const void *buf, size_t size, const char *name, ct_
 }
 
 int npy_open(npy_tokens *t, const char *path, ct_error *err) {
+    void *map;
+    size_t size;
     memset(t, 0, sizeof *t);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ct_fail(err, "cannot stat %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ct_fail(err, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = NULL;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return ct_fail(err, "%s: mmap of %zu bytes failed: %s", path, size, strerror(e));
-        }
-    }
-    close(fd);
-    t->path = strdup(path);
-    t->map = map;
-    t->map_size = size;
-    if (!t->path || npy_validate(t, map ? map : (const void *)"", size, err) != 0) {
-        if (!t->path) ct_fail(err, "%s: out of memory", path);
-        npy_close(t);
+    if (fs_map_readonly(&map, &size, path, err) != 0) return -1;
+    // A 0-byte file has no mapping; it is validated (and refused) as an empty buffer.
+    if (npy_parse(t, map ? map : (const void *)"", size, path, err) != 0) {
+        fs_unmap(map, size);
         return -1;
     }
+    t->map = map;
+    t->map_size = size;
     return 0;
 }
 
 void npy_close(npy_tokens *t) {
-    if (t->map) munmap(t->map, t->map_size);
+    fs_unmap(t->map, t->map_size);
     free(t->path);
     memset(t, 0, sizeof *t);
 }

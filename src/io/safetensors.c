@@ -2,16 +2,12 @@
 // mmap path (st_open) and the in-memory path (st_parse, used by the fuzzer) go through.
 #include "io/safetensors.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "core/fs.h"
 #include "io/json.h"
 #include "io/safetensors_internal.h"
 
@@ -60,8 +56,7 @@ static uint64_t read_le64(const unsigned char *p) {
     return v;
 }
 
-// Formats a shape as "[2, 3]" for messages.
-static const char *shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+const char *st_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && k < cap; d++)
         k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -153,7 +148,7 @@ static int st_parse_entry(st_tensor *t, const char *path, const cJSON *e, uint64
     char sbuf[256];
     if (st_shape_numel(&t->numel, &bytes, t->shape, ndim, t->dtype) != 0)
         return ct_fail(err, "%s: tensor \"%s\": shape %s of %s has too many elements", path, name,
-                       shape_str(sbuf, sizeof sbuf, t->shape, ndim), dtype->valuestring);
+                       st_shape_str(sbuf, sizeof sbuf, t->shape, ndim), dtype->valuestring);
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
         !json_is_uint(offs->child, &t->begin) || !json_is_uint(offs->child->next, &t->end))
         return ct_fail(err,
@@ -170,7 +165,7 @@ static int st_parse_entry(st_tensor *t, const char *path, const cJSON *e, uint64
                        "%llu (shape %s of %s)",
                        path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
                        (unsigned long long)(t->end - t->begin), (unsigned long long)bytes,
-                       shape_str(sbuf, sizeof sbuf, t->shape, ndim), dtype->valuestring);
+                       st_shape_str(sbuf, sizeof sbuf, t->shape, ndim), dtype->valuestring);
     if (t->end > data_size)
         return ct_fail(err,
                        "%s: tensor \"%s\": data_offsets [%llu, %llu] run past the data region "
@@ -296,38 +291,17 @@ int st_parse(st_file *f, const void *buf, size_t size, const char *name, ct_erro
 }
 
 int st_open(st_file *f, const char *path, ct_error *err) {
+    void *map;
+    size_t size;
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ct_fail(err, "cannot stat %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ct_fail(err, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = NULL;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return ct_fail(err, "%s: mmap of %zu bytes failed: %s", path, size, strerror(e));
-        }
-    }
-    close(fd);
-    f->path = strdup(path);
-    f->map = map;
-    f->map_size = size;
-    if (!f->path || st_validate(f, map ? map : (const void *)"", size, err) != 0) {
-        if (!f->path) ct_fail(err, "%s: out of memory", path);
-        st_close(f);
+    if (fs_map_readonly(&map, &size, path, err) != 0) return -1;
+    // A 0-byte file has no mapping; it is validated (and refused) as an empty buffer.
+    if (st_parse(f, map ? map : (const void *)"", size, path, err) != 0) {
+        fs_unmap(map, size);
         return -1;
     }
+    f->map = map;
+    f->map_size = size;
     return 0;
 }
 
@@ -336,7 +310,7 @@ void st_close(st_file *f) {
         for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
         free(f->tensors);
     }
-    if (f->map) munmap(f->map, f->map_size);
+    fs_unmap(f->map, f->map_size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }

@@ -41,6 +41,9 @@ int st_open(st_file *f, const char *path, ct_error *err);
 int st_parse(st_file *f, const void *buf, size_t size, const char *name, ct_error *err);
 void st_close(st_file *f);
 const st_tensor *st_file_find(const st_file *f, const char *name);
+// Formats a shape as "[2, 3]" into buf[cap] (truncated if it does not fit); returns buf, so it
+// can go straight into a message.
+const char *st_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
 // One tensor to write: fp32 data, converted to the output dtype on write.
 typedef struct st_entry {

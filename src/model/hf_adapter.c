@@ -1,12 +1,11 @@
 // HF folder <-> model. Native names are HF names today, so loading is a walk over the model's
 // parameter table with a lookup by name; the checks are what make it safe: shapes, dtypes,
 // missing and unexpected keys, all named.
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "core/fs.h"
 #include "model/hf_adapter.h"
 
 static int str_ptr_cmp(const void *a, const void *b) {
@@ -35,14 +34,6 @@ void hf_report_free(hf_load_report *r) {
     memset(r, 0, sizeof *r);
 }
 
-static void shape_str(char *out, size_t cap, const int64_t *shape, int ndim) {
-    size_t used = (size_t)snprintf(out, cap, "[");
-    for (int d = 0; d < ndim && used < cap; d++)
-        used +=
-            (size_t)snprintf(out + used, cap - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < cap) snprintf(out + used, cap - used, "]");
-}
-
 // Loads one parameter from its tensor on disk, after checking shape and dtype.
 static int load_param(float *dst, const qwen3_param *p, const st_tensor *t, const char *source,
                       ct_error *err) {
@@ -50,10 +41,9 @@ static int load_param(float *dst, const qwen3_param *p, const st_tensor *t, cons
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
         char want[64], got[160];
-        shape_str(want, sizeof want, p->shape, p->ndim);
-        shape_str(got, sizeof got, t->shape, t->ndim);
-        return ct_fail(err, "%s: tensor \"%s\": expected shape %s, found %s", source, p->name, want,
-                       got);
+        return ct_fail(err, "%s: tensor \"%s\": expected shape %s, found %s", source, p->name,
+                       st_shape_str(want, sizeof want, p->shape, p->ndim),
+                       st_shape_str(got, sizeof got, t->shape, t->ndim));
     }
     if (st_tensor_to_f32(dst, t, err) != 0) return ct_wrap(err, "%s", source);
     return 0;
@@ -146,26 +136,6 @@ int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_
     return rc;
 }
 
-// mkdir -p
-static int make_dirs(const char *dir, ct_error *err) {
-    char path[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof path) return ct_fail(err, "bad folder name \"%s\"", dir);
-    memcpy(path, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (path[i] != '/' && path[i] != '\0') continue;
-        char c = path[i];
-        path[i] = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST)
-            return ct_fail(err, "%s: cannot create folder: %s", path, strerror(errno));
-        path[i] = c;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return ct_fail(err, "%s: exists and is not a folder", dir);
-    return 0;
-}
-
 // HF's save_pretrained walks the state_dict in module order, and sharding follows that walk:
 // embed_tokens, then per layer self_attn (q, k, v, o with their biases, q_norm, k_norm), mlp
 // (gate, up, down), input_layernorm, post_attention_layernorm; then norm, lm_head. Saving in
@@ -223,7 +193,7 @@ int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64
     if (dtype != CT_F32 && dtype != CT_BF16 && dtype != CT_F16)
         return ct_fail(err, "%s: cannot save weights as %s (expected F32, BF16 or F16)", dir,
                        dtype_name(dtype));
-    if (make_dirs(dir, err) != 0) return -1;
+    if (fs_mkdirs(dir, err) != 0) return -1;
     qwen3_config cfg = m->cfg;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", torch_dtype_name(dtype));
     char cfg_path[4096];

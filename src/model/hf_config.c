@@ -14,16 +14,6 @@
 #include "io/json.h"
 #include "model/qwen3_config.h"
 
-static const char *json_kind(const cJSON *item) {
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsNull(item)) return "null";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsObject(item)) return "an object";
-    return "an invalid value";
-}
-
 static const char *const moe_message = "is not supported yet (MoE arrives in a later release)";
 
 // `architectures`, if present, must list Qwen3ForCausalLM.
@@ -32,7 +22,7 @@ static int config_check_architectures(const cJSON *root, const char *path, ct_er
     if (!a || cJSON_IsNull(a)) return 0;
     if (!cJSON_IsArray(a))
         return ct_fail(err, "%s: key \"architectures\": expected an array of strings, found %s",
-                       path, json_kind(a));
+                       path, json_type_name(a));
     const cJSON *it;
     const char *first = NULL;
     bool moe = false;
@@ -41,7 +31,7 @@ static int config_check_architectures(const cJSON *root, const char *path, ct_er
             return ct_fail(err,
                            "%s: key \"architectures\": expected an array of strings, found an "
                            "element that is %s",
-                           path, json_kind(it));
+                           path, json_type_name(it));
         if (strcmp(it->valuestring, "Qwen3ForCausalLM") == 0) return 0;
         if (strcmp(it->valuestring, "Qwen3MoeForCausalLM") == 0) moe = true;
         if (!first) first = it->valuestring;
@@ -81,7 +71,7 @@ static int config_check_unsupported(const cJSON *root, const char *path, ct_erro
                                "%s: key \"layer_types\": sliding-window attention is not "
                                "supported (expected \"full_attention\" for layer %d, found %s%s%s)",
                                path, i, cJSON_IsString(it) ? "\"" : "",
-                               cJSON_IsString(it) ? it->valuestring : json_kind(it),
+                               cJSON_IsString(it) ? it->valuestring : json_type_name(it),
                                cJSON_IsString(it) ? "\"" : "");
             i++;
         }
@@ -91,7 +81,7 @@ static int config_check_unsupported(const cJSON *root, const char *path, ct_erro
         return ct_fail(err,
                        "%s: key \"rope_scaling\": rope_scaling is not supported (expected "
                        "null, found %s)",
-                       path, json_kind(rs));
+                       path, json_type_name(rs));
     char act[32] = "silu";
     if (json_get_string(act, sizeof act, root, "hidden_act", false, path, err) != 0) return -1;
     if (strcmp(act, "silu") != 0)
@@ -112,7 +102,7 @@ static int config_read_rope(double *theta, const cJSON *root, const char *path, 
     if (!rp || cJSON_IsNull(rp)) return 0;
     if (!cJSON_IsObject(rp))
         return ct_fail(err, "%s: key \"rope_parameters\": expected an object, found %s", path,
-                       json_kind(rp));
+                       json_type_name(rp));
     char type[32] = "default";
     if (json_get_string(type, sizeof type, rp, "rope_type", false, path, err) != 0)
         return ct_wrap(err, "key \"rope_parameters\"");
@@ -153,7 +143,7 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
     memset(c, 0, sizeof *c);
     if (!cJSON_IsObject(root)) {
         ct_fail(err, "%s: expected a JSON object at the top level, found %s", path,
-                json_kind(root));
+                json_type_name(root));
         goto done;
     }
     if (config_check_architectures(root, path, err) != 0 ||
