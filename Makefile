@@ -35,9 +35,21 @@ check-asan:
 fuzz:
 	./scripts/run-fuzz $(FUZZ_SECONDS)
 
+# The demo trains configs/debugmodel.toml from scratch on real text with the real Qwen3
+# tokenizer, then plots the loss curve. A previous demo run is removed first.
+DEMO_DIR ?= runs/debugmodel
 demo: deps all
-	@echo "make demo: training arrives with the trainer (issue 4); for now this verifies a tiny"
-	@echo "model end to end. Try: ./$(BUILD)/ctitan --help"
+	./scripts/fetch-assets
+	rm -rf $(DEMO_DIR)
+	./$(BUILD)/ctitan train --config configs/debugmodel.toml --job.dump_folder $(DEMO_DIR)
+	./$(BUILD)/ctitan plot --input $(DEMO_DIR)
+	@echo
+	@echo "demo outputs in $(DEMO_DIR)/:"
+	@echo "  metrics.jsonl    one JSON line per logged step"
+	@echo "  loss.png         the loss curve"
+	@echo "  config.toml      the effective config"
+	@echo "  checkpoint/      resumable checkpoints (rerun the same train command to resume)"
+	@echo "  hf/              the final model as a Hugging Face folder (bf16 + tokenizer)"
 
 bench: all
 	/usr/bin/python3 bench/forward_backward.py

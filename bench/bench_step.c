@@ -7,11 +7,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <cblas.h>
-
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "train/metrics.h"
 
 static double now(void) {
     struct timespec ts;
@@ -20,20 +19,13 @@ static double now(void) {
 }
 
 static int bench_sgemm(int n, int repeats) {
-    float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4),
-          *c = malloc((size_t)n * n * 4);
-    if (!a || !b || !c) return 1;
-    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.1f;
-    double best = 1e30;
-    for (int r = 0; r < repeats; r++) {
-        double t0 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
-                    n);
-        double dt = now() - t0;
-        if (dt < best) best = dt;
+    double gflops = metrics_sgemm_gflops(n, repeats);
+    if (gflops <= 0) {
+        fprintf(stderr, "bench_step: sgemm %d x %d, %d repeats: bad size or out of memory\n", n, n,
+                repeats);
+        return 1;
     }
-    printf("{\"sgemm_n\":%d,\"sgemm_gflops\":%.2f}\n", n, 2.0 * n * n * (double)n / best / 1e9);
-    free(a), free(b), free(c);
+    printf("{\"sgemm_n\":%d,\"sgemm_gflops\":%.2f}\n", n, gflops);
     return 0;
 }
 
@@ -78,7 +70,8 @@ static int bench_model(const char *dir, const char *tokens_path, int B, int T, i
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "sgemm") == 0) return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
+        return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
     if (argc == 7 && strcmp(argv[1], "step") == 0)
         return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
     fprintf(stderr, "usage: bench_step sgemm N REPEATS | step HF_DIR TOKENS.npy B T STEPS\n");

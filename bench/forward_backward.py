@@ -38,7 +38,11 @@ def write_model(folder, seed):
     import safetensors_ref
     v = dict(GEOMETRY)
     cfg = make_ref.model_cfg(v)
-    params = make_ref.make_params(cfg, torch.Generator().manual_seed(seed))
+    # A trained-model-like scale (normal(0, 0.02) matrices, unit norms), so the loss starts
+    # near log(V) as a real first step would.
+    gen = torch.Generator().manual_seed(seed)
+    params = {n: torch.ones(s) if len(s) == 1 else 0.02 * torch.randn(s, generator=gen)
+              for n, s in qwen3_ref.param_shapes(cfg)}
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         conf = make_ref.hf_config(v)

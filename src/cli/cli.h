@@ -36,6 +36,9 @@ void cli_print_help(const char *usage, const char *summary, const cli_option *op
 int cli_report(const ct_error *err);
 
 // Subcommands. Each returns the process exit code.
+int cmd_train(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_export(int argc, char **argv);

@@ -12,9 +12,12 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand subcommands[] = {
+    {"train", cmd_train, "train the model a config describes (HF folder or native flavor)"},
     {"verify", cmd_verify, "one forward+backward of an HF model on tokens: loss, grad norm"},
+    {"plot", cmd_plot, "draw a run's loss curve (metrics.jsonl) as a PNG with gnuplot"},
     {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
     {"tokenize", cmd_tokenize, "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
+    {"export", cmd_export, "a training checkpoint as a Hugging Face folder (for transformers)"},
 };
 static const int n_subcommands = sizeof subcommands / sizeof subcommands[0];
 

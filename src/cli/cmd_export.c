@@ -1,0 +1,125 @@
+// ctitan export: a training checkpoint as a Hugging Face folder that transformers loads.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "model/hf_adapter.h"
+#include "train/checkpoint.h"
+
+static const cli_option export_options[] = {
+    {"checkpoint", NULL,
+     "a checkpoint folder (step-N), or a folder of them (the newest complete one is used)", false},
+    {"output", NULL, "the Hugging Face folder to write (created if needed)", false},
+    {"dtype", "float32", "weights dtype: float32, bfloat16 or float16", false},
+    {"max-shard-size", "5GB",
+     "shard the weights above this size, as HF (500MB, 5GB, 2GiB; 0 = one file)", false},
+    {"tokenizer", NULL,
+     "folder with tokenizer.json to copy (default: the run's model.tokenizer_path)", false},
+};
+
+static void print_notes(ckpt_notes *notes) {
+    for (int i = 0; i < notes->n; i++) fprintf(stderr, "ctitan: warning: %s\n", notes->msgs[i]);
+    ckpt_notes_free(notes);
+}
+
+static bool same_folder(const char *a, const char *b) {
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+// DIR is a checkpoint (it has state.json) or holds step-N folders.
+static int resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *err) {
+    char state[4096];
+    struct stat sb;
+    snprintf(state, sizeof state, "%s/state.json", given);
+    if (stat(state, &sb) == 0) {
+        if (snprintf(dir, cap, "%s", given) >= (int)cap) return ct_fail(err, "path too long");
+        return 0;
+    }
+    if (stat(given, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ct_fail(err, "--checkpoint %s: no such folder", given);
+    ckpt_notes notes = {0};
+    int found = ckpt_find_latest(dir, cap, NULL, given, NULL, &notes, err);
+    print_notes(&notes);
+    if (found < 0) return -1;
+    if (found == 0)
+        return ct_fail(err,
+                       "--checkpoint %s: not a checkpoint (no state.json) and holds no "
+                       "complete step-N checkpoint",
+                       given);
+    return 0;
+}
+
+static int export_run(const cli_args *args, ct_error *err) {
+    const char *given = cli_str(args, "checkpoint"), *out = cli_str(args, "output");
+    if (!given) return ct_fail(err, "export needs --checkpoint DIR");
+    if (!out) return ct_fail(err, "export needs --output HFDIR");
+    ct_dtype dtype;
+    uint64_t shard;
+    if (ckpt_parse_dtype(&dtype, cli_str(args, "dtype"), err) != 0) return ct_wrap(err, "--dtype");
+    if (ckpt_parse_size(&shard, cli_str(args, "max-shard-size"), err) != 0)
+        return ct_wrap(err, "--max-shard-size");
+
+    char dir[4096], cfg_path[4200];
+    if (resolve_checkpoint(dir, sizeof dir, given, err) != 0) return -1;
+    if (same_folder(dir, out))
+        return ct_fail(err, "--output %s is the checkpoint folder itself; choose another folder",
+                       out);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    qwen3_config cfg;
+    if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
+    qwen3_model m;
+    if (qwen3_init(&m, &cfg, NULL, err) != 0) return -1;
+    train_state st;
+    char *toml = NULL;
+    int rc = ckpt_load(dir, &m, NULL, NULL, 0, &st, &toml, err);
+    char tok_dir[4096];
+    if (cli_str(args, "tokenizer"))
+        snprintf(tok_dir, sizeof tok_dir, "%s", cli_str(args, "tokenizer"));
+    else
+        ckpt_tokenizer_dir(tok_dir, sizeof tok_dir, toml);
+    free(toml);
+    int n_tok = rc == 0 ? ckpt_export_hf(&m, out, dtype, shard, tok_dir, err) : -1;
+    size_t n_params = m.num_params;
+    qwen3_free(&m);
+    if (n_tok < 0) return -1;
+
+    char index[4200];
+    struct stat sb;
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", out);
+    bool sharded = stat(index, &sb) == 0;
+    printf("exported step %lld of %s (%zu parameters) to %s: config.json, %s as %s\n",
+           (long long)st.step, dir, n_params, out,
+           sharded ? "sharded safetensors with model.safetensors.index.json" : "model.safetensors",
+           cli_str(args, "dtype"));
+    if (n_tok > 0)
+        printf("tokenizer: %d file(s) from %s\n", n_tok, tok_dir);
+    else
+        fprintf(stderr,
+                "ctitan: warning: no tokenizer.json in %s: the export has no tokenizer files "
+                "(pass --tokenizer DIR)\n",
+                tok_dir);
+    return 0;
+}
+
+int cmd_export(int argc, char **argv) {
+    const int n_opts = sizeof export_options / sizeof export_options[0];
+    if (cli_wants_help(argc, argv)) {
+        cli_print_help("ctitan export --checkpoint DIR --output HFDIR [--dtype bfloat16|float16|"
+                       "float32] [--max-shard-size SIZE] [--tokenizer DIR]",
+                       "Writes a training checkpoint as a Hugging Face folder: config.json, the "
+                       "weights as\nsafetensors (sharded with an index above --max-shard-size) "
+                       "and the tokenizer files.\nThe checkpoint is fully verified first "
+                       "(sizes, checksums, tensor names and shapes).",
+                       export_options, n_opts);
+        return 0;
+    }
+    ct_error err;
+    cli_args args;
+    if (cli_parse(&args, export_options, n_opts, argc, argv, 0, &err) != 0 ||
+        export_run(&args, &err) != 0)
+        return cli_report(&err);
+    return 0;
+}

@@ -1,0 +1,461 @@
+// Reading a dataset into one token stream (see dataset.h).
+//
+// The work is a list of units in stream order: a .npy file, a piece of a .txt document, or a
+// .jsonl line. Units are encoded in batches (bounding the temporary ids to about BATCH_BYTES of
+// text) by OpenMP threads, each appending to its own id buffer; then the batch is copied into
+// the stream in unit order, so the result is the same for any thread count and schedule.
+#include "data/dataset.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fs.h"
+#include "data/jsonl.h"
+#include "io/npy.h"
+#include "text/utf8.h"
+
+#define BATCH_BYTES (64u << 20)  // text per encode batch
+#define PIECE_BYTES (256u << 10) // a long .txt document is cut into pieces of about this size
+
+typedef enum { SRC_TXT, SRC_JSONL, SRC_NPY } src_kind;
+
+typedef struct src_file {
+    char *path;
+    src_kind kind;
+    const char *text; // the mapped file, or `repaired` (SRC_TXT, SRC_JSONL)
+    size_t len;
+    void *map;
+    size_t map_len;
+    char *repaired;      // a .txt with invalid UTF-8, repaired as a whole before it is cut
+    uint64_t n_replaced; // in `repaired`
+    uint64_t first_bad;  // byte offset of the first replacement in the file
+    npy_tokens npy;      // SRC_NPY
+    bool npy_open;
+} src_file;
+
+typedef struct unit {
+    uint32_t file;
+    bool doc_end;  // the last unit of a text document: <|endoftext|> follows
+    const char *p; // the text (a .txt piece, or a .jsonl line before parsing)
+    size_t len;
+    uint64_t where;      // .jsonl: 1-based line; .txt: byte offset of the piece
+    uint64_t n_replaced; // invalid UTF-8 sequences repaired in this .jsonl line
+    int thread;          // whose ids buffer holds the result
+    size_t ids_off, n_ids;
+} unit;
+
+// Cache-line aligned: each thread grows its ids.n for every word, and two workers sharing a
+// line would make the threads take turns.
+typedef struct __attribute__((aligned(64))) worker {
+    tok_encoder *enc;
+    tok_ids ids; // the units this thread encoded in the current batch, back to back
+    char *fixed; // a .jsonl text with invalid UTF-8, repaired
+    size_t fixed_cap;
+    size_t err_unit; // the first unit (in stream order) that failed, SIZE_MAX if none
+    ct_error err;
+} worker;
+
+typedef struct reader {
+    token_stream *s;
+    const tokenizer *tok;
+    int32_t vocab_size, eos;
+    src_file *files;
+    size_t n_files;
+    unit *units;
+    size_t n_units, cap_units;
+    size_t cap_tokens;
+} reader;
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int kind_of(src_kind *kind, const char *name) {
+    if (ends_with(name, ".txt"))
+        *kind = SRC_TXT;
+    else if (ends_with(name, ".jsonl"))
+        *kind = SRC_JSONL;
+    else if (ends_with(name, ".npy"))
+        *kind = SRC_NPY;
+    else
+        return -1;
+    return 0;
+}
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int add_file(reader *r, const char *path, src_kind kind, ct_error *err) {
+    src_file *f = realloc(r->files, (r->n_files + 1) * sizeof *f);
+    if (!f) return ct_fail(err, "%s: out of memory", path);
+    r->files = f;
+    f += r->n_files;
+    memset(f, 0, sizeof *f);
+    f->kind = kind;
+    if (!(f->path = strdup(path))) return ct_fail(err, "%s: out of memory", path);
+    r->n_files++;
+    return 0;
+}
+
+// The dataset's files: path itself, or its .txt/.jsonl/.npy entries in sorted name order.
+static int list_files(reader *r, const char *path, ct_error *err) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
+    src_kind kind;
+    if (!S_ISDIR(sb.st_mode)) {
+        if (kind_of(&kind, path) != 0)
+            return ct_fail(err, "%s: expected a .txt, .jsonl or .npy file, or a folder of them",
+                           path);
+        return add_file(r, path, kind, err);
+    }
+    DIR *d = opendir(path);
+    if (!d) return ct_fail(err, "cannot open folder %s: %s", path, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        if (e->d_name[0] == '.' || kind_of(&kind, e->d_name) != 0) continue;
+        char **grown = realloc(names, (n + 1) * sizeof *names);
+        if (!grown || !(grown[n] = strdup(e->d_name))) rc = ct_fail(err, "%s: out of memory", path);
+        if (grown) names = grown;
+        if (rc == 0) n++;
+    }
+    closedir(d);
+    if (names) qsort(names, n, sizeof *names, cmp_names);
+    size_t plen = strlen(path);
+    bool slash = plen && path[plen - 1] == '/';
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char *full = malloc(plen + strlen(names[i]) + 2);
+        if (!full) {
+            rc = ct_fail(err, "%s: out of memory", path);
+            break;
+        }
+        sprintf(full, "%s%s%s", path, slash ? "" : "/", names[i]);
+        // Sub-folders named like data files (and other non-files) are skipped, not read.
+        if (stat(full, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            kind_of(&kind, names[i]);
+            rc = add_file(r, full, kind, err);
+        }
+        free(full);
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (rc == 0 && r->n_files == 0)
+        rc = ct_fail(err, "%s: the folder has no .txt, .jsonl or .npy files", path);
+    return rc;
+}
+
+// Maps a text file read-only; a 0-byte file is an error.
+static int map_text(src_file *f, ct_error *err) {
+    if (fs_map_readonly(&f->map, &f->map_len, f->path, err) != 0) return -1;
+    if (f->map_len == 0) return ct_fail(err, "%s: the file is empty", f->path);
+    f->text = f->map;
+    f->len = f->map_len;
+    return 0;
+}
+
+static int add_unit(reader *r, unit u, ct_error *err) {
+    if (r->n_units == r->cap_units) {
+        size_t cap = r->cap_units ? 2 * r->cap_units : 1024;
+        unit *grown = realloc(r->units, cap * sizeof *grown);
+        if (!grown) return ct_fail(err, "out of memory listing the documents of the dataset");
+        r->units = grown;
+        r->cap_units = cap;
+    }
+    r->units[r->n_units++] = u;
+    return 0;
+}
+
+// Opens file fi and appends its units.
+static int plan_file(reader *r, uint32_t fi, ct_error *err) {
+    src_file *f = &r->files[fi];
+    if (f->kind == SRC_NPY) {
+        struct stat sb;
+        if (stat(f->path, &sb) == 0 && sb.st_size == 0)
+            return ct_fail(err, "%s: the file is empty", f->path);
+        if (npy_open(&f->npy, f->path, err) != 0) return -1;
+        f->npy_open = true;
+        if (f->npy.count == 0) return ct_fail(err, "%s: the file is empty (0 tokens)", f->path);
+        return add_unit(r, (unit){.file = fi}, err);
+    }
+    if (!r->tok)
+        return ct_fail(err,
+                       "%s: a text file needs a tokenizer (only .npy token files can be "
+                       "read without one)",
+                       f->path);
+    if (map_text(f, err) != 0) return -1;
+    if (f->kind == SRC_TXT) {
+        size_t bad = utf8_valid_prefix(f->text, f->len);
+        if (bad < f->len) {
+            size_t n_bad;
+            if (!(f->repaired = malloc(utf8_repair_bound(f->len))))
+                return ct_fail(err, "%s: out of memory repairing invalid UTF-8", f->path);
+            f->len = utf8_repair(f->repaired, f->text, f->len, &n_bad);
+            f->text = f->repaired;
+            f->n_replaced = n_bad;
+            f->first_bad = bad;
+        }
+        size_t max_cuts = f->len / PIECE_BYTES + 1;
+        size_t *cuts = malloc(max_cuts * sizeof *cuts);
+        if (!cuts) return ct_fail(err, "%s: out of memory", f->path);
+        size_t k = tok_cut_points(r->tok, cuts, max_cuts, f->text, f->len, PIECE_BYTES);
+        int rc = 0;
+        for (size_t i = 0, from = 0; i <= k && rc == 0; i++) {
+            size_t to = i < k ? cuts[i] : f->len;
+            unit u = {.file = fi,
+                      .doc_end = i == k,
+                      .p = f->text + from,
+                      .len = to - from,
+                      .where = from};
+            rc = add_unit(r, u, err);
+            from = to;
+        }
+        free(cuts);
+        return rc;
+    }
+    size_t before = r->n_units;
+    uint64_t line = 1;
+    for (size_t pos = 0; pos < f->len; line++) {
+        const char *p = f->text + pos, *nl = memchr(p, '\n', f->len - pos);
+        size_t take = nl ? (size_t)(nl - p) + 1 : f->len - pos, n = nl ? take - 1 : take;
+        if (n && p[n - 1] == '\r') n--;
+        pos += take;
+        if (n == 0) continue; // blank lines are not documents
+        if (add_unit(r, (unit){.file = fi, .doc_end = true, .p = p, .len = n, .where = line},
+                     err) != 0)
+            return -1;
+    }
+    if (r->n_units == before)
+        return ct_fail(err, "%s: no documents (every line is blank)", f->path);
+    return 0;
+}
+
+static void fail_unit(worker *w, size_t ui, const unit *u, const src_file *f, const char *msg) {
+    if (ui >= w->err_unit) return;
+    w->err_unit = ui;
+    if (f->kind == SRC_JSONL)
+        ct_fail(&w->err, "%s:%llu: %s", f->path, (unsigned long long)u->where, msg);
+    else
+        ct_fail(&w->err, "%s: in the text from byte %llu: %s", f->path,
+                (unsigned long long)u->where, msg);
+}
+
+static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
+    const char *text = u->p;
+    size_t len = u->len;
+    cJSON *json = NULL;
+    ct_error err;
+    u->ids_off = w->ids.n;
+    u->n_ids = 0;
+    if (f->kind == SRC_JSONL) {
+        if (jsonl_text(&json, &text, &len, u->p, u->len, &err) != 0) {
+            fail_unit(w, ui, u, f, err.msg);
+            return;
+        }
+        if (utf8_valid_prefix(text, len) < len) {
+            size_t need = utf8_repair_bound(len), n_bad;
+            if (need > w->fixed_cap) {
+                free(w->fixed);
+                w->fixed = malloc(need);
+                w->fixed_cap = w->fixed ? need : 0;
+            }
+            if (!w->fixed) {
+                fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
+                cJSON_Delete(json);
+                return;
+            }
+            len = utf8_repair(w->fixed, text, len, &n_bad);
+            text = w->fixed;
+            u->n_replaced = n_bad;
+        }
+    }
+    if (tok_encode(w->enc, &w->ids, text, len, &err) != 0) fail_unit(w, ui, u, f, err.msg);
+    u->n_ids = w->ids.n - u->ids_off;
+    cJSON_Delete(json);
+}
+
+static int reserve_tokens(reader *r, size_t more, ct_error *err) {
+    token_stream *s = r->s;
+    if (more <= r->cap_tokens - s->n_tokens) return 0;
+    if (more > SIZE_MAX / sizeof(int32_t) / 2 - s->n_tokens)
+        return ct_fail(err, "dataset %s: too many tokens", s->path);
+    size_t cap = r->cap_tokens ? r->cap_tokens : 1 << 16;
+    while (cap - s->n_tokens < more) cap *= 2;
+    int32_t *grown = realloc(s->tokens, cap * sizeof *grown);
+    if (!grown) return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, cap);
+    s->tokens = grown;
+    r->cap_tokens = cap;
+    return 0;
+}
+
+// Copies unit ui's ids (and <|endoftext|> after a document) into the stream.
+static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
+    token_stream *s = r->s;
+    const unit *u = &r->units[ui];
+    const src_file *f = &r->files[u->file];
+    if (f->kind == SRC_NPY) {
+        if (f->npy.count > SIZE_MAX || reserve_tokens(r, (size_t)f->npy.count, err) != 0)
+            return ct_fail(err, "%s: %llu tokens do not fit in memory", f->path,
+                           (unsigned long long)f->npy.count);
+        if (npy_read(s->tokens + s->n_tokens, &f->npy, 0, (size_t)f->npy.count, r->vocab_size,
+                     err) != 0)
+            return -1;
+        s->n_tokens += (size_t)f->npy.count;
+        return 0;
+    }
+    const int32_t *ids = ws[u->thread].ids.v + u->ids_off;
+    if (reserve_tokens(r, u->n_ids + 1, err) != 0) return -1;
+    for (size_t i = 0; i < u->n_ids; i++) {
+        if (r->vocab_size > 0 && ids[i] >= r->vocab_size) {
+            const char *str = tok_token_str(r->tok, ids[i]);
+            return ct_fail(err, "%s%s%llu: token id %d (%s) is outside the model's vocab_size %d",
+                           f->path, f->kind == SRC_JSONL ? ":" : ": in the text from byte ",
+                           (unsigned long long)u->where, ids[i], str ? str : "?", r->vocab_size);
+        }
+        s->tokens[s->n_tokens++] = ids[i];
+    }
+    if (u->doc_end) {
+        s->tokens[s->n_tokens++] = r->eos;
+        s->n_docs++;
+    }
+    return 0;
+}
+
+// Encodes every unit in batches on `threads` threads and fills the stream in unit order.
+// threads = 0 when there is no text: the .npy files are only appended.
+static int encode_all(reader *r, int threads, ct_error *err) {
+    worker *ws = NULL;
+    int rc = 0;
+    if (threads > 0) {
+        ws = aligned_alloc(64, (size_t)threads * sizeof *ws);
+        if (!ws) return ct_fail(err, "out of memory");
+        memset(ws, 0, (size_t)threads * sizeof *ws);
+        for (int i = 0; i < threads && rc == 0; i++) rc = tok_encoder_new(&ws[i].enc, r->tok, err);
+    }
+    for (size_t u0 = 0, u1; rc == 0 && u0 < r->n_units; u0 = u1) {
+        size_t bytes = 0;
+        for (u1 = u0; u1 < r->n_units && (u1 == u0 || bytes < BATCH_BYTES); u1++)
+            bytes += r->units[u1].len;
+        for (int t = 0; t < threads; t++) {
+            ws[t].ids.n = 0;
+            ws[t].err_unit = SIZE_MAX;
+        }
+        if (threads > 0) {
+            // Chunks of neighbouring units: short .jsonl lines share cache lines of `units`,
+            // and single-line chunks would have threads writing to the same line.
+            int chunk = (int)((u1 - u0) / ((size_t)threads * 64) + 1);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(threads)
+            for (size_t i = u0; i < u1; i++) {
+                unit *u = &r->units[i];
+                const src_file *f = &r->files[u->file];
+                if (f->kind == SRC_NPY) continue;
+                int t = omp_get_thread_num();
+                u->thread = t;
+                encode_unit(&ws[t], u, i, f);
+            }
+        }
+        // The units before the first failed one (in stream order, whichever thread met it)
+        // are appended, since they can fail too (an id beyond vocab_size): the error reported
+        // is the first in the stream, for any thread count.
+        size_t first = u1;
+        const worker *failed = NULL;
+        for (int t = 0; t < threads; t++) {
+            if (ws[t].err_unit < first) {
+                first = ws[t].err_unit;
+                failed = &ws[t];
+            }
+        }
+        for (size_t i = u0; i < first && rc == 0; i++) rc = append_unit(r, ws, i, err);
+        if (rc == 0 && failed) rc = ct_fail(err, "%s", failed->err.msg);
+    }
+    for (int t = 0; t < threads; t++) {
+        tok_encoder_free(ws[t].enc);
+        tok_ids_free(&ws[t].ids);
+        free(ws[t].fixed);
+    }
+    free(ws);
+    return rc;
+}
+
+// The count of U+FFFD replacements and, in `warning`, where the first one was. Units are in
+// stream order and every file has at least one, so the first hit below is the first in the
+// stream: a .txt file is repaired as a whole (counted at its first unit), a .jsonl by line.
+static void note_replacements(reader *r) {
+    token_stream *s = r->s;
+    const src_file *first = NULL;
+    uint64_t where = 0;
+    for (size_t i = 0; i < r->n_units; i++) {
+        const unit *u = &r->units[i];
+        const src_file *f = &r->files[u->file];
+        uint64_t n = u->n_replaced, at = u->where;
+        if (f->kind == SRC_TXT && u->where == 0) n = f->n_replaced, at = f->first_bad;
+        s->n_replaced += n;
+        if (n && !first) first = f, where = at;
+    }
+    if (first)
+        snprintf(s->warning, sizeof s->warning,
+                 "%s: %llu invalid UTF-8 sequence(s) replaced by U+FFFD; the first in %s at %s "
+                 "%llu",
+                 s->path, (unsigned long long)s->n_replaced, first->path,
+                 first->kind == SRC_JSONL ? "line" : "byte offset", (unsigned long long)where);
+}
+
+static void reader_free(reader *r) {
+    for (size_t i = 0; i < r->n_files; i++) {
+        src_file *f = &r->files[i];
+        fs_unmap(f->map, f->map_len);
+        free(f->repaired);
+        if (f->npy_open) npy_close(&f->npy);
+        free(f->path);
+    }
+    free(r->files);
+    free(r->units);
+}
+
+int stream_open(token_stream *s, const char *path, const tokenizer *tok, int32_t vocab_size,
+                int threads, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    if (!(s->path = strdup(path))) return ct_fail(err, "%s: out of memory", path);
+    reader r = {.s = s, .tok = tok, .vocab_size = vocab_size, .eos = -1};
+    int rc = list_files(&r, path, err);
+    for (size_t i = 0; i < r.n_files && rc == 0; i++) rc = plan_file(&r, (uint32_t)i, err);
+    bool text = false;
+    for (size_t i = 0; i < r.n_files; i++) text |= r.files[i].kind != SRC_NPY;
+    if (rc == 0 && text) {
+        r.eos = tok_eos_id(tok);
+        if (r.eos < 0)
+            rc = ct_fail(err,
+                         "%s: the tokenizer has no <|endoftext|> or eos_token to end "
+                         "documents with",
+                         path);
+        else if (vocab_size > 0 && r.eos >= vocab_size)
+            rc = ct_fail(err, "%s: the end-of-document id %d is outside the model's vocab_size %d",
+                         path, r.eos, vocab_size);
+    }
+    if (threads <= 0) threads = omp_get_max_threads();
+    if (rc == 0) rc = encode_all(&r, text ? threads : 0, err);
+    if (rc == 0) {
+        s->n_files = r.n_files;
+        note_replacements(&r);
+        // Give back the growth slack: the stream lives as long as training does.
+        int32_t *fit = s->n_tokens ? realloc(s->tokens, s->n_tokens * sizeof *fit) : NULL;
+        if (fit) s->tokens = fit;
+    }
+    reader_free(&r);
+    if (rc != 0) stream_free(s);
+    return rc;
+}
+
+void stream_free(token_stream *s) {
+    free(s->tokens);
+    free(s->path);
+    memset(s, 0, sizeof *s);
+}

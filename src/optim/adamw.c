@@ -1,0 +1,115 @@
+// AdamW, following torch 1.13's _single_tensor_adamw operation by operation in fp32. The two
+// moment updates use fmaf because torch's vectorised CPU kernels for add(alpha=) and addcmul
+// fuse the multiply-add (Vectorized fmadd); with them ctitan's step is bit-identical to torch's
+// on the same inputs (tests/test_optim.c checks this against tests/ref/train_ref.py's data).
+#include "optim/adamw.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int adamw_init(adamw *o, size_t n, ct_error *err) {
+    memset(o, 0, sizeof *o);
+    if (n == 0) return ct_fail(err, "adamw: no parameters to optimize");
+    o->m = calloc(n, sizeof *o->m);
+    o->v = calloc(n, sizeof *o->v);
+    if (!o->m || !o->v) {
+        adamw_free(o);
+        return ct_fail(err, "adamw: out of memory for the moments of %zu parameters (%.2f GiB)", n,
+                       2.0 * (double)n * sizeof(float) / (1 << 30));
+    }
+    o->n = n;
+    return 0;
+}
+
+void adamw_free(adamw *o) {
+    free(o->m);
+    free(o->v);
+    free(o->no_decay);
+    memset(o, 0, sizeof *o);
+}
+
+int adamw_exclude_decay(adamw *o, size_t offset, size_t numel, ct_error *err) {
+    if (numel == 0) return 0;
+    if (offset > o->n || numel > o->n - offset)
+        return ct_fail(err, "adamw: no-decay range [%zu, %zu) is outside the %zu parameters",
+                       offset, offset + numel, o->n);
+    int at = 0; // insertion point keeping the ranges sorted by offset
+    while (at < o->n_no_decay && o->no_decay[at].offset < offset) at++;
+    const adamw_range *prev = at > 0 ? &o->no_decay[at - 1] : NULL;
+    const adamw_range *next = at < o->n_no_decay ? &o->no_decay[at] : NULL;
+    if ((prev && prev->offset + prev->numel > offset) || (next && offset + numel > next->offset))
+        return ct_fail(err, "adamw: no-decay range [%zu, %zu) overlaps one already set", offset,
+                       offset + numel);
+    adamw_range *grown = realloc(o->no_decay, (o->n_no_decay + 1) * sizeof *grown);
+    if (!grown) return ct_fail(err, "adamw: out of memory");
+    o->no_decay = grown;
+    memmove(grown + at + 1, grown + at, (o->n_no_decay - at) * sizeof *grown);
+    grown[at] = (adamw_range){offset, numel};
+    o->n_no_decay++;
+    return 0;
+}
+
+bool adamw_param_decays(const char *name, int ndim) {
+    return ndim >= 2 && !strstr(name, "embed_tokens");
+}
+
+// The per-step scalars, each a Python float in torch rounded to fp32 where it meets a tensor.
+typedef struct adamw_coeffs {
+    float decay_mul;     // 1 - lr*wd
+    float beta1, one_b1; // beta1, 1 - beta1
+    float beta2, one_b2; // beta2, 1 - beta2
+    float bc2_sqrt;      // sqrt(1 - beta2^step)
+    float eps;
+    float neg_step_size; // -lr / (1 - beta1^step)
+} adamw_coeffs;
+
+// Elements [lo, hi), shared out over the threads of the enclosing parallel region.
+static void adamw_update(float *p, const float *g, float *m, float *v, size_t lo, size_t hi,
+                         bool decay, const adamw_coeffs *k) {
+#pragma omp for schedule(static) nowait
+    for (size_t i = lo; i < hi; i++) {
+        float pi = p[i], gi = g[i];
+        if (decay) pi = pi * k->decay_mul;
+        float mi = fmaf(gi, k->one_b1, m[i] * k->beta1);
+        float vi = fmaf(k->one_b2 * gi, gi, v[i] * k->beta2);
+        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi + (k->neg_step_size * mi) / denom;
+    }
+}
+
+void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr) {
+    o->step++;
+    double step = (double)o->step;
+    double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
+    adamw_coeffs k = {
+        .decay_mul = (float)(1.0 - lr * h->weight_decay),
+        .beta1 = (float)h->beta1,
+        .one_b1 = (float)(1.0 - h->beta1),
+        .beta2 = (float)h->beta2,
+        .one_b2 = (float)(1.0 - h->beta2),
+        .bc2_sqrt = (float)sqrt(bc2),
+        .eps = (float)h->eps,
+        .neg_step_size = (float)-(lr / bc1),
+    };
+    // Multiplying by 1 - lr*0 is the identity, so decay off equals torch's weight_decay=0 group.
+    bool decay = h->weight_decay != 0.0;
+    float *m = o->m, *v = o->v;
+    const adamw_range *nd = o->no_decay;
+    int n_nd = o->n_no_decay;
+    size_t n = o->n;
+#pragma omp parallel
+    {
+        size_t at = 0;
+        for (int r = 0; r <= n_nd; r++) {
+            size_t end = r < n_nd ? nd[r].offset : n;
+            adamw_update(params, grads, m, v, at, end, decay, &k);
+            if (r < n_nd) {
+                adamw_update(params, grads, m, v, end, end + nd[r].numel, false, &k);
+                at = end + nd[r].numel;
+            }
+        }
+    }
+}

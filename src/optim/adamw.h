@@ -1,0 +1,51 @@
+// AdamW as torch.optim.AdamW computes it (torch 1.13, the single-tensor path, fp32), so the
+// PyTorch reference and ctitan take the same steps. State lives in two buffers laid out like the
+// parameters, plus the step count; a checkpoint saves m, v and step.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef struct adamw_hparams {
+    double beta1, beta2; // torchtitan: (0.9, 0.95)
+    double eps;          // 1e-8
+    double weight_decay; // decoupled: p *= 1 - lr * weight_decay before the Adam update
+} adamw_hparams;
+
+// Elements [offset, offset + numel) of the parameter buffer.
+typedef struct adamw_range {
+    size_t offset, numel;
+} adamw_range;
+
+typedef struct adamw {
+    size_t n;     // floats in params, grads, m and v
+    float *m;     // exp_avg (n), zero at init
+    float *v;     // exp_avg_sq (n), zero at init
+    int64_t step; // steps taken; adamw_step increments it first, so bias corrections start at 1
+    adamw_range *no_decay; // sorted, disjoint ranges that get no weight decay
+    int n_no_decay;
+} adamw;
+
+// Allocates m and v (zeroed) for n parameters; step 0; every element decays.
+int adamw_init(adamw *o, size_t n, ct_error *err);
+void adamw_free(adamw *o);
+// Excludes [offset, offset + numel) from weight decay (a second torch param group with
+// weight_decay 0). Ranges may come in any order; overlapping or out of bounds is an error.
+// Called at setup, never inside a step.
+int adamw_exclude_decay(adamw *o, size_t offset, size_t numel, ct_error *err);
+// The rule for optimizer.decay_norms_and_embeddings = false: a tensor decays unless it is 1-D
+// (norm weights, biases) or an embedding (its name contains "embed_tokens"). A tied lm_head is
+// the embedding, so it does not decay either.
+bool adamw_param_decays(const char *name, int ndim);
+
+// One step at learning rate lr over all n elements, in torch's order:
+//   step += 1
+//   p *= 1 - lr*wd                                (skipped for excluded ranges)
+//   m = m*beta1 + (1-beta1)*g                     (the add fused, like torch's vector kernel)
+//   v = v*beta2 + ((1-beta2)*g)*g                 (fused likewise)
+//   p += (-lr/(1-beta1^step) * m) / (sqrt(v)/sqrt(1-beta2^step) + eps)
+// Scalars are formed in double and rounded to float once, as torch does with Python floats.
+// Element-wise over OpenMP threads, so the result does not depend on the thread count.
+void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr);

@@ -1,0 +1,45 @@
+// Global-norm clipping. The norm is accumulated in double (torch sums per-tensor fp32 norms; the
+// two agree to ~1e-7 relative) over chunks fixed by n alone, so the value is reproducible for
+// any OpenMP thread count, which exact resume needs.
+#include "optim/clip.h"
+
+#include <math.h>
+
+#define CLIP_MAX_CHUNKS 4096
+#define CLIP_MIN_CHUNK ((size_t)1 << 16)
+
+double clip_sum_squares(const float *g, size_t n) {
+    size_t chunk = (n + CLIP_MAX_CHUNKS - 1) / CLIP_MAX_CHUNKS;
+    if (chunk < CLIP_MIN_CHUNK) chunk = CLIP_MIN_CHUNK;
+    size_t n_chunks = (n + chunk - 1) / chunk;
+    double part[CLIP_MAX_CHUNKS];
+#pragma omp parallel for schedule(static) if (n_chunks > 1)
+    for (size_t c = 0; c < n_chunks; c++) {
+        size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+        double s = 0;
+        for (size_t i = lo; i < hi; i++) s += (double)g[i] * (double)g[i];
+        part[c] = s;
+    }
+    double total = 0;
+    for (size_t c = 0; c < n_chunks; c++) total += part[c];
+    return total;
+}
+
+float clip_coefficient(double total_norm, double max_norm) {
+    if (!(max_norm > 0) || !isfinite(total_norm)) return 1.0f;
+    // torch: max_norm / (total_norm + 1e-6) on an fp32 tensor is reciprocal() * max_norm.
+    float coef = (1.0f / ((float)total_norm + 1e-6f)) * (float)max_norm;
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+void clip_scale(float *g, size_t n, float coef) {
+    if (coef == 1.0f) return;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) g[i] *= coef;
+}
+
+double clip_grad_norm(float *g, size_t n, double max_norm) {
+    double norm = sqrt(clip_sum_squares(g, n));
+    clip_scale(g, n, clip_coefficient(norm, max_norm));
+    return norm;
+}

@@ -1,0 +1,103 @@
+// Checkpoints that resume bit for bit, written so that a crash at any moment leaves the previous
+// one loadable, and the export of one as a Hugging Face folder.
+//
+// Layout: <root>/step-<N>/ (root = <job.dump_folder>/<checkpoint.folder>) holds
+//   model.safetensors      F32, HF names (no lm_head.weight when tied)
+//   config.json            HF; with model.safetensors it is a loadable HF folder
+//   optimizer.safetensors  F32 "exp_avg.<HF name>" and "exp_avg_sq.<HF name>"
+//   config.toml            the run's effective config, as given to ckpt_save
+//   state.json             train_state, format and ctitan version, and every other file's byte
+//                          size and XXH64 checksum
+// A save writes everything into step-<N>.tmp-<pid>/, fsyncs each file and the folder, renames it
+// to step-<N> and fsyncs the root. Folders named step-*.tmp-* are never read, only cleaned up.
+//
+// The optimizer is passed as plain moment buffers (the layout of qwen3_model.param_mem) and the
+// config as TOML text, so this module depends on neither the optimizer nor the config code.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/qwen3.h"
+#include "train/train_state.h"
+
+#define CKPT_FORMAT 1 // state.json "format"; a checkpoint of another format is not loaded
+
+// Things the caller should log (library code prints nothing): checkpoints skipped as corrupt or
+// incomplete, stale temporary folders removed, old checkpoints pruned. Each message names the
+// folder. Start zeroed; ckpt_notes_free releases it.
+typedef struct ckpt_notes {
+    char **msgs;
+    int n;
+} ckpt_notes;
+void ckpt_notes_free(ckpt_notes *notes);
+
+// out = "<root>/step-<step>". Fails only if it does not fit in cap.
+int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err);
+
+// Writes <root>/step-<st->step> atomically (creating root if needed); a complete folder of the
+// same step is replaced. exp_avg and exp_avg_sq hold n == m->num_params floats each.
+// config_toml is the effective config (may not be NULL). Refuses, writing nothing, if any
+// parameter or moment is NaN or infinite (the error names the tensor and element).
+int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, const float *exp_avg_sq,
+              size_t n, const train_state *st, const char *config_toml, ct_error *err);
+
+// keep_latest_k > 0: among the step-<N> folders with N <= newest_step, keeps step-<newest_step>
+// and the keep_latest_k - 1 newest others; deletes the older ones (each renamed to a temporary
+// name first, so an interrupted delete never looks like a checkpoint). Folders of later steps
+// are left alone. keep_latest_k <= 0 keeps all. Call after a successful ckpt_save.
+int ckpt_prune(const char *root, int keep_latest_k, int64_t newest_step, ckpt_notes *notes,
+               ct_error *err);
+
+// Removes step-*.tmp-* folders that interrupted saves or prunes left behind, unless the process
+// that made one is still running (another live run's save in progress). Call once at start.
+// A missing root is not an error. notes (may be NULL) gets one line per folder removed.
+int ckpt_clean_stale(const char *root, ckpt_notes *notes, ct_error *err);
+
+// Checks one checkpoint folder without loading anything: state.json parses and has this
+// format, its step matches the folder name, every listed file exists with its size and XXH64,
+// the safetensors files are valid. With m (may be NULL): every tensor matches the model's
+// names, shapes and dtype F32, with nothing missing or extra. st (may be NULL) gets the state.
+int ckpt_verify(const char *dir, const qwen3_model *m, train_state *st, ct_error *err);
+
+// Loads the checkpoint in `dir` into m (already built with the run's architecture), the moments
+// (n == m->num_params floats each; both NULL to load the model only) and *st. *config_toml (if
+// non-NULL) gets the saved config.toml text (malloc'd, the caller frees). Everything is
+// verified as ckpt_verify does before anything is copied: on error, m and the moments are
+// untouched.
+int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t n,
+              train_state *st, char **config_toml, ct_error *err);
+
+// Resume: loads the newest complete checkpoint under root, as ckpt_load. A corrupt or
+// incomplete one is added to notes and skipped for the previous one. A complete one that does
+// not match the model (another architecture) is an error, not skipped. Returns 1 when loaded
+// (dir_out gets its folder), 0 when root holds no loadable checkpoint, -1 on error.
+int ckpt_resume(char *dir_out, size_t cap, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
+                size_t n, train_state *st, char **config_toml, const char *root, ckpt_notes *notes,
+                ct_error *err);
+
+// The newest complete checkpoint under root, checked as ckpt_verify does (against m, if
+// non-NULL), skipping corrupt ones into notes. Returns 1 (dir_out and *st set, st may be NULL),
+// 0 when there is none, -1 on error.
+int ckpt_find_latest(char *dir_out, size_t cap, train_state *st, const char *root,
+                     const qwen3_model *m, ckpt_notes *notes, ct_error *err);
+
+// --- export (src/train/checkpoint_export.c)
+
+// "float32" | "bfloat16" | "float16" (as checkpoint.export_dtype and torch_dtype spell them).
+int ckpt_parse_dtype(ct_dtype *out, const char *name, ct_error *err);
+// A shard size as HF's max_shard_size: bytes ("1000"), or an integer with a unit, decimal
+// (KB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB), case-insensitive. "0" = one file.
+int ckpt_parse_size(uint64_t *bytes, const char *text, ct_error *err);
+// The tokenizer folder of a run from its config.toml text: [model] tokenizer_path; when that is
+// empty or absent, [model] hf_path if backend = "hf", else "assets/qwen3-tokenizer" (the
+// config's defaults). A minimal lookup of string values, not a TOML parser.
+void ckpt_tokenizer_dir(char *out, size_t cap, const char *config_toml);
+// Writes an HF folder: config.json and the weights as dtype (F32, BF16, F16), sharded above
+// max_shard_bytes (0 = one file) with an index, then copies the tokenizer files
+// (tokenizer.json, tokenizer_config.json, and vocab.json, merges.txt, special_tokens_map.json
+// when present) from tokenizer_dir (NULL = none). Returns the number of tokenizer files copied
+// (0: none found, for the caller to warn about), or -1.
+int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
+                   uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err);

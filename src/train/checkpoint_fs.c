@@ -1,0 +1,252 @@
+// The checksum and the filesystem steps behind crash-safe checkpoints.
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fs.h"
+#include "io/atomic.h"
+#include "train/checkpoint_internal.h"
+
+// --- XXH64, from the xxHash specification (doc/xxhash_spec.md): four 64-bit lanes over 32-byte
+// stripes, then the tail, then an avalanche. Chosen over FNV-1a because it runs at memory speed,
+// so verifying a multi-GB checkpoint costs about as much as reading it.
+
+#define P1 0x9E3779B185EBCA87ull
+#define P2 0xC2B2AE3D27D4EB4Full
+#define P3 0x165667B19E3779F9ull
+#define P4 0x85EBCA77C2B2AE63ull
+#define P5 0x27D4EB2F165667C5ull
+
+static inline uint64_t rotl64(uint64_t x, int r) {
+    return (x << r) | (x >> (64 - r));
+}
+
+// Little-endian loads through memcpy: any alignment, no aliasing issues.
+static inline uint64_t read64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline uint32_t read32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t xxh_round(uint64_t acc, uint64_t input) {
+    acc += input * P2;
+    return rotl64(acc, 31) * P1;
+}
+
+static inline uint64_t xxh_merge(uint64_t acc, uint64_t v) {
+    acc ^= xxh_round(0, v);
+    return acc * P1 + P4;
+}
+
+uint64_t ckpt_xxh64(const void *data, size_t len, uint64_t seed) {
+    const unsigned char *p = data, *end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        for (const unsigned char *limit = end - 32; p <= limit; p += 32) {
+            v1 = xxh_round(v1, read64(p));
+            v2 = xxh_round(v2, read64(p + 8));
+            v3 = xxh_round(v3, read64(p + 16));
+            v4 = xxh_round(v4, read64(p + 24));
+        }
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xxh_merge(h, v1);
+        h = xxh_merge(h, v2);
+        h = xxh_merge(h, v3);
+        h = xxh_merge(h, v4);
+    } else {
+        h = seed + P5;
+    }
+    h += (uint64_t)len;
+    for (; end - p >= 8; p += 8) h = rotl64(h ^ xxh_round(0, read64(p)), 27) * P1 + P4;
+    if (end - p >= 4) {
+        h = rotl64(h ^ (uint64_t)read32(p) * P1, 23) * P2 + P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ (uint64_t)*p * P5, 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err) {
+    void *map;
+    size_t n;
+    if (fs_map_readonly(&map, &n, path, err) != 0) return -1;
+    if (map) madvise(map, n, MADV_SEQUENTIAL); // read once, front to back
+    *hash = ckpt_xxh64(map ? map : (const void *)"", n, 0);
+    *size = n;
+    fs_unmap(map, n);
+    return 0;
+}
+
+// --- folders and durability
+
+int ckpt_fsync_path(const char *path, bool is_dir, ct_error *err) {
+    int fd = open(path, O_RDONLY | (is_dir ? O_DIRECTORY : 0));
+    if (fd < 0) return ct_fail(err, "%s: cannot open to sync: %s", path, strerror(errno));
+    int rc = 0;
+    // A folder on a filesystem that cannot fsync folders (EINVAL) has nothing more to make
+    // durable; every other failure means the data may not be on disk.
+    if (fsync(fd) != 0 && !(is_dir && (errno == EINVAL || errno == ENOTSUP)))
+        rc = ct_fail(err, "%s: fsync failed: %s", path, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+int ckpt_fsync_folder(const char *dir, ct_error *err) {
+    DIR *d = opendir(dir);
+    if (!d) return ct_fail(err, "%s: cannot list folder: %s", dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        if (de->d_name[0] == '.') continue;
+        char path[8192];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) rc = ckpt_fsync_path(path, false, err);
+    }
+    closedir(d);
+    return rc == 0 ? ckpt_fsync_path(dir, true, err) : -1;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)ftw;
+    int rc = flag == FTW_DP ? rmdir(path) : unlink(path);
+    return rc != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int ckpt_rmtree(const char *path, ct_error *err) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return 0;
+        return ct_fail(err, "%s: %s", path, strerror(errno));
+    }
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return ct_fail(err, "%s: cannot remove: %s", path, strerror(errno));
+    return 0;
+}
+
+int ckpt_write_text(const char *path, const char *text, size_t len, ct_error *err) {
+    atomic_file af;
+    if (atomic_open(&af, path, err) != 0) return -1;
+    if (atomic_write(&af, text, len, err) != 0) {
+        atomic_abort(&af);
+        return -1;
+    }
+    return atomic_commit(&af, err);
+}
+
+// --- names
+
+// Parses the digits at s into *v (at least one, no sign, no overflow); *end after them.
+static bool parse_digits(const char *s, int64_t *v, const char **end) {
+    int64_t x = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (x > (INT64_MAX - (*p - '0')) / 10) return false;
+        x = x * 10 + (*p - '0');
+    }
+    if (p == s) return false;
+    *v = x;
+    *end = p;
+    return true;
+}
+
+bool ckpt_parse_step_name(const char *name, int64_t *step) {
+    const char *end;
+    return strncmp(name, "step-", 5) == 0 && parse_digits(name + 5, step, &end) && *end == '\0';
+}
+
+bool ckpt_parse_tmp_name(const char *name, long *pid) {
+    int64_t step, p;
+    const char *end;
+    if (strncmp(name, "step-", 5) != 0 || !parse_digits(name + 5, &step, &end)) return false;
+    if (strncmp(end, ".tmp-", 5) != 0 || !parse_digits(end + 5, &p, &end)) return false;
+    *pid = (long)p;
+    return true;
+}
+
+static int step_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+int ckpt_list_steps(int64_t **steps, int *n, const char *root, ct_error *err) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(root);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return ct_fail(err, "%s: cannot list folder: %s", root, strerror(errno));
+    }
+    int cap = 0, rc = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        int64_t step;
+        if (!ckpt_parse_step_name(de->d_name, &step)) continue;
+        char path[8192];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+        if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *grown = realloc(*steps, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                rc = ct_fail(err, "%s: out of memory listing checkpoints", root);
+                break;
+            }
+            *steps = grown;
+        }
+        (*steps)[(*n)++] = step;
+    }
+    closedir(d);
+    if (rc != 0) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n > 1) qsort(*steps, (size_t)*n, sizeof **steps, step_desc);
+    return 0;
+}
+
+// --- notes
+
+void ckpt_note(ckpt_notes *notes, const char *fmt, ...) {
+    if (!notes) return;
+    char buf[1280];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *copy = strdup(buf);
+    char **grown = copy ? realloc(notes->msgs, (size_t)(notes->n + 1) * sizeof *grown) : NULL;
+    if (!grown) { // a note lost to out-of-memory is not worth failing a checkpoint for
+        free(copy);
+        return;
+    }
+    grown[notes->n++] = copy;
+    notes->msgs = grown;
+}
+
+void ckpt_notes_free(ckpt_notes *notes) {
+    for (int i = 0; i < notes->n; i++) free(notes->msgs[i]);
+    free(notes->msgs);
+    notes->msgs = NULL;
+    notes->n = 0;
+}

@@ -1,0 +1,164 @@
+// The training configuration: torchtitan's sections and key names, read from an optional TOML
+// file and `--section.key=value` / `--section.key value` command-line overrides.
+//
+// One key table (config.c) drives loading, printing, --help, hashing and "did you mean"
+// suggestions, so a key exists in exactly one place. Precedence: defaults < TOML file <
+// command line. Every error names where the value came from (FILE:LINE or the command-line
+// option) and the key.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/error.h"
+
+#define CT_CONFIG_PATH_MAX 1024
+#define CT_CONFIG_NAME_MAX 64
+
+typedef struct ct_config_job {
+    char dump_folder[CT_CONFIG_PATH_MAX]; // every output of the run goes under it
+    char description[256];
+} ct_config_job;
+
+typedef struct ct_config_model {
+    char backend[CT_CONFIG_NAME_MAX]; // "native" (a flavor) | "hf" (a Hugging Face folder)
+    char flavor[CT_CONFIG_NAME_MAX];  // native flavor name: "debugmodel", "0.6B", ...
+    char hf_path[CT_CONFIG_PATH_MAX]; // backend=hf: folder with config.json + safetensors
+    // Folder with tokenizer.json. Resolved at load: hf_path for backend=hf, else
+    // "assets/qwen3-tokenizer", unless given.
+    char tokenizer_path[CT_CONFIG_PATH_MAX];
+    // Overrides of the flavor's architecture (native only); 0 = keep the flavor's value.
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, max_seq_len;
+    int tie_embeddings; // -1 = the flavor's, 0 = untied, 1 = tied
+} ct_config_model;
+
+typedef struct ct_config_training {
+    char dataset_path[CT_CONFIG_PATH_MAX]; // .txt, .jsonl, .npy or a folder of them
+    int local_batch_size;
+    int global_batch_size; // -1 = local_batch_size * data-parallel degree (no accumulation)
+    int seq_len;
+    int steps;
+    double max_norm; // global grad-norm clip; 0 = off
+    bool shuffle;
+    int max_skipped_steps; // non-finite steps in a row before the run stops with an error
+    bool allow_overcommit; // train even when the memory estimate exceeds available memory
+    char mixed_precision_param[CT_CONFIG_NAME_MAX]; // "float32" (the only CPU choice)
+} ct_config_training;
+
+typedef struct ct_config_optimizer {
+    char name[CT_CONFIG_NAME_MAX]; // "AdamW"
+    double lr, beta1, beta2, eps, weight_decay;
+    // true: every parameter decays (torchtitan); false: 1-D norm weights, biases and the
+    // embedding are excluded.
+    bool decay_norms_and_embeddings;
+} ct_config_optimizer;
+
+typedef struct ct_config_lr_scheduler {
+    int warmup_steps;   // lr factor (step+1)/warmup_steps while step < warmup_steps
+    double decay_ratio; // decay over the last round(decay_ratio*steps) steps; 0 = no decay
+    char decay_type[CT_CONFIG_NAME_MAX]; // "linear" | "sqrt" | "cosine"
+    double min_lr_factor;                // the factor decay ends at
+} ct_config_lr_scheduler;
+
+typedef struct ct_config_checkpoint {
+    bool enable;
+    char folder[CT_CONFIG_PATH_MAX]; // relative to job.dump_folder
+    int interval;                    // save every `interval` steps
+    int keep_latest_k;               // 0 = keep all
+    char initial_load_path[CT_CONFIG_PATH_MAX];
+    bool initial_load_in_hf;               // initial_load_path is a Hugging Face folder
+    bool last_save_in_hf;                  // the final save is an HF export in export_dtype
+    char export_dtype[CT_CONFIG_NAME_MAX]; // "float32" | "bfloat16" | "float16"
+} ct_config_checkpoint;
+
+typedef struct ct_config_metrics {
+    int log_freq;
+    double peak_gflops; // per-worker peak for MFU; 0 = measure an sgemm once at start
+} ct_config_metrics;
+
+typedef struct ct_config_validation {
+    bool enable;
+    char dataset_path[CT_CONFIG_PATH_MAX];
+    int freq;  // validate every `freq` steps
+    int steps; // batches per validation; -1 = the whole split
+} ct_config_validation;
+
+typedef struct ct_config_debug {
+    int64_t seed; // weights init and data shuffle
+} ct_config_debug;
+
+typedef struct ct_config_parallelism {
+    int data_parallel_shard_degree; // -1 = all ranks
+} ct_config_parallelism;
+
+typedef struct ct_config {
+    ct_config_job job;
+    ct_config_model model;
+    ct_config_training training;
+    ct_config_optimizer optimizer;
+    ct_config_lr_scheduler lr_scheduler;
+    ct_config_checkpoint checkpoint;
+    ct_config_metrics metrics;
+    ct_config_validation validation;
+    ct_config_debug debug;
+    ct_config_parallelism parallelism;
+} ct_config;
+
+// Every key's default. The struct is zeroed first, so two configs with equal values compare
+// equal with memcmp.
+void config_defaults(ct_config *c);
+
+// Defaults, then the TOML file, then the command line. The file is argv's `--config FILE` (or
+// `--config=FILE`, anywhere in argv) if present, else toml_path_or_NULL. argv holds the words
+// after the subcommand; every other word must be `--section.key=value` or `--section.key value`
+// (a boolean key alone means true). Ends with config_validate's checks, whose messages then say
+// where the offending value came from.
+int config_load(ct_config *c, const char *toml_path_or_NULL, int argc, char **argv, ct_error *err);
+
+// Cross-key checks that need no model: choices, ranges, global_batch_size a multiple of
+// local_batch_size * data-parallel degree, decay_ratio in [0,1], warmup + decay steps <= steps,
+// backend=hf needs hf_path, ...
+int config_validate(const ct_config *c, ct_error *err);
+
+// The full effective config, every key, as TOML that config_load reads back to an equal struct.
+// Returns -1 if the stream reports a write error.
+int config_write_toml(const ct_config *c, FILE *f);
+// config_write_toml into `path`, atomically (temp file, fsync, rename).
+int config_save(const ct_config *c, const char *path, ct_error *err);
+
+// FNV-1a 64 over the keys that change the math: model.*, training.* except steps and the
+// run-control keys (max_skipped_steps, allow_overcommit), optimizer.*, lr_scheduler.*,
+// debug.seed. A resume under a different hash trains a different run.
+uint64_t config_hash(const ct_config *c);
+
+// `ctitan train --help`: every key with its type, default and help.
+void config_print_help(FILE *f);
+
+// The decay phase's length in steps: round-half-even(decay_ratio * steps), as torchtitan's
+// Python round(); 0 when decay_ratio is 0.
+int config_decay_steps(const ct_config *c);
+
+// The key table, for callers that list or look up keys.
+typedef enum config_type {
+    CONFIG_STR,
+    CONFIG_INT,   // int
+    CONFIG_INT64, // int64_t
+    CONFIG_FLOAT, // double
+    CONFIG_BOOL,
+    CONFIG_TRISTATE, // int -1/0/1, written as "auto"/false/true
+} config_type;
+
+typedef struct config_key {
+    const char *section, *key;
+    config_type type;
+    size_t offset, size; // where the value lives in ct_config, and its size (string capacity)
+    const char *def;     // the default, as a command-line value
+    const char *choices; // CONFIG_STR: allowed values separated by '|', or NULL for any
+    bool hashed;         // part of config_hash
+    const char *help;
+} config_key;
+
+const config_key *config_keys(int *n);
+// The key "section.key", or NULL.
+const config_key *config_find_key(const char *full_name);

@@ -1,0 +1,220 @@
+// Cross-key checks of a training config that need no model. Each failure names the keys and
+// their values, and starts with where the first user-set one came from (FILE:LINE or the
+// command-line option), so a user knows which line to edit.
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "train/config_internal.h"
+
+typedef struct vctx {
+    const config_origins *o;
+    ct_error *err;
+} vctx;
+
+static const char *origin_of(const vctx *v, const char *key) {
+    if (!key || !v->o) return NULL;
+    int i = config_key_index(key, strlen(key));
+    return i >= 0 && v->o->where[i][0] ? v->o->where[i] : NULL;
+}
+
+static int vfail(const vctx *v, const char *k1, const char *k2, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int vfail(const vctx *v, const char *k1, const char *k2, const char *fmt, ...) {
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *where = origin_of(v, k1);
+    if (!where) where = origin_of(v, k2);
+    return ct_fail(v->err, "%s: %s", where ? where : "config", msg);
+}
+
+#define NEED(cond, k1, k2, ...)                                                                    \
+    do {                                                                                           \
+        if (!(cond)) return vfail(&v, k1, k2, __VA_ARGS__);                                        \
+    } while (0)
+
+int config_decay_steps(const ct_config *c) {
+    // nearbyint rounds half to even in the default rounding mode, like Python's round().
+    double d = nearbyint(c->lr_scheduler.decay_ratio * (double)c->training.steps);
+    return d > 0 && d < 2e9 ? (int)d : 0;
+}
+
+// What every key allows on its own: choices and finite floats.
+static int check_keys(const ct_config *c, const vctx *vp) {
+    vctx v = *vp;
+    int n;
+    const config_key *keys = config_keys(&n);
+    for (int i = 0; i < n; i++) {
+        const config_key *k = &keys[i];
+        const char *p = (const char *)c + k->offset;
+        char full[160];
+        snprintf(full, sizeof full, "%s.%s", k->section, k->key);
+        if (k->type == CONFIG_STR && k->choices) {
+            const char *close;
+            char choices[256];
+            config_choices_text(choices, sizeof choices, k);
+            NEED(config_choice_ok(k, p, &close), full, NULL, "%s = \"%s\"; expected %s", full, p,
+                 choices);
+        }
+        if (k->type == CONFIG_FLOAT)
+            NEED(isfinite(*(const double *)p), full, NULL, "%s is not a finite number", full);
+        if (k->type == CONFIG_TRISTATE) {
+            int t = *(const int *)p;
+            NEED(t >= -1 && t <= 1, full, NULL, "%s = %d; expected -1 (auto), 0 or 1", full, t);
+        }
+    }
+    return 0;
+}
+
+static int check_model(const ct_config_model *m, const vctx *vp) {
+    vctx v = *vp;
+    const struct {
+        const char *key;
+        int value;
+    } overrides[] = {
+        {"model.n_layers", m->n_layers},     {"model.dim", m->dim},
+        {"model.n_heads", m->n_heads},       {"model.n_kv_heads", m->n_kv_heads},
+        {"model.head_dim", m->head_dim},     {"model.ffn_dim", m->ffn_dim},
+        {"model.vocab_size", m->vocab_size}, {"model.max_seq_len", m->max_seq_len},
+    };
+    bool hf = strcmp(m->backend, "hf") == 0;
+    if (hf) {
+        NEED(m->hf_path[0], "model.backend", "model.hf_path",
+             "model.backend = \"hf\" needs model.hf_path (a folder with config.json and "
+             "*.safetensors)");
+        for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; i++)
+            NEED(overrides[i].value == 0, overrides[i].key, "model.backend",
+                 "%s = %d overrides a native flavor's architecture; with model.backend = \"hf\" "
+                 "the architecture comes from %s/config.json",
+                 overrides[i].key, overrides[i].value, m->hf_path);
+        NEED(m->tie_embeddings == -1, "model.tie_embeddings", "model.backend",
+             "model.tie_embeddings overrides a native flavor's architecture; with model.backend "
+             "= \"hf\" it comes from %s/config.json",
+             m->hf_path);
+    } else {
+        NEED(m->flavor[0], "model.flavor", NULL, "model.flavor is empty; name a native flavor");
+        NEED(!m->hf_path[0], "model.hf_path", "model.backend",
+             "model.hf_path is set but model.backend = \"native\": set model.backend = \"hf\" to "
+             "train that folder, or checkpoint.initial_load_path with "
+             "checkpoint.initial_load_in_hf = true to start the flavor from it");
+        for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; i++)
+            NEED(overrides[i].value >= 0, overrides[i].key, NULL,
+                 "%s = %d; expected a positive size, or 0 to keep the flavor's", overrides[i].key,
+                 overrides[i].value);
+    }
+    NEED(m->tokenizer_path[0], "model.tokenizer_path", NULL, "model.tokenizer_path is empty");
+    return 0;
+}
+
+static int check_training(const ct_config *c, const vctx *vp) {
+    vctx v = *vp;
+    const ct_config_training *t = &c->training;
+    int dp = c->parallelism.data_parallel_shard_degree;
+    NEED(t->dataset_path[0], "training.dataset_path", NULL,
+         "training.dataset_path is not set: point it at a .txt, .jsonl or .npy file, or a "
+         "folder of them");
+    NEED(t->local_batch_size >= 1, "training.local_batch_size", NULL,
+         "training.local_batch_size = %d; expected at least 1", t->local_batch_size);
+    NEED(t->seq_len >= 1, "training.seq_len", NULL, "training.seq_len = %d; expected at least 1",
+         t->seq_len);
+    NEED(t->steps >= 1, "training.steps", NULL, "training.steps = %d; expected at least 1",
+         t->steps);
+    NEED(dp == -1 || dp >= 1, "parallelism.data_parallel_shard_degree", NULL,
+         "parallelism.data_parallel_shard_degree = %d; expected -1 (all ranks) or at least 1", dp);
+    int g = t->global_batch_size;
+    NEED(g == -1 || g >= 1, "training.global_batch_size", NULL,
+         "training.global_batch_size = %d; expected -1 (local_batch_size * data-parallel "
+         "degree) or at least 1",
+         g);
+    if (g > 0) {
+        int64_t unit = (int64_t)t->local_batch_size * (dp > 0 ? dp : 1);
+        NEED(g % unit == 0, "training.global_batch_size", "training.local_batch_size",
+             "training.global_batch_size = %d is not a multiple of training.local_batch_size "
+             "(%d) * parallelism.data_parallel_shard_degree (%d) = %lld",
+             g, t->local_batch_size, dp, (long long)unit);
+    }
+    NEED(t->max_norm >= 0, "training.max_norm", NULL,
+         "training.max_norm = %g; expected 0 (off) or a positive norm", t->max_norm);
+    NEED(t->max_skipped_steps >= 0, "training.max_skipped_steps", NULL,
+         "training.max_skipped_steps = %d; expected 0 or more", t->max_skipped_steps);
+    NEED(strcmp(t->mixed_precision_param, "float32") == 0, "training.mixed_precision_param", NULL,
+         "training.mixed_precision_param = \"%s\" is not supported on CPU; use \"float32\"",
+         t->mixed_precision_param);
+    return 0;
+}
+
+static int check_optim(const ct_config *c, const vctx *vp) {
+    vctx v = *vp;
+    const ct_config_optimizer *o = &c->optimizer;
+    const ct_config_lr_scheduler *s = &c->lr_scheduler;
+    // The ranges torch.optim.AdamW accepts.
+    NEED(o->lr >= 0, "optimizer.lr", NULL, "optimizer.lr = %g; expected 0 or more", o->lr);
+    NEED(o->eps >= 0, "optimizer.eps", NULL, "optimizer.eps = %g; expected 0 or more", o->eps);
+    NEED(o->beta1 >= 0 && o->beta1 < 1, "optimizer.beta1", NULL,
+         "optimizer.beta1 = %g; expected a value in [0, 1)", o->beta1);
+    NEED(o->beta2 >= 0 && o->beta2 < 1, "optimizer.beta2", NULL,
+         "optimizer.beta2 = %g; expected a value in [0, 1)", o->beta2);
+    NEED(o->weight_decay >= 0, "optimizer.weight_decay", NULL,
+         "optimizer.weight_decay = %g; expected 0 or more", o->weight_decay);
+    NEED(s->warmup_steps >= 0, "lr_scheduler.warmup_steps", NULL,
+         "lr_scheduler.warmup_steps = %d; expected 0 or more", s->warmup_steps);
+    NEED(s->decay_ratio >= 0 && s->decay_ratio <= 1, "lr_scheduler.decay_ratio", NULL,
+         "lr_scheduler.decay_ratio = %g; expected a value in [0, 1]", s->decay_ratio);
+    NEED(s->min_lr_factor >= 0 && s->min_lr_factor <= 1, "lr_scheduler.min_lr_factor", NULL,
+         "lr_scheduler.min_lr_factor = %g; expected a value in [0, 1]", s->min_lr_factor);
+    int decay = config_decay_steps(c);
+    NEED((int64_t)s->warmup_steps + decay <= c->training.steps, "lr_scheduler.warmup_steps",
+         "training.steps",
+         "lr_scheduler.warmup_steps (%d) + decay steps (%d = round(lr_scheduler.decay_ratio %g * "
+         "training.steps)) exceed training.steps (%d)",
+         s->warmup_steps, decay, s->decay_ratio, c->training.steps);
+    return 0;
+}
+
+static int check_rest(const ct_config *c, const vctx *vp) {
+    vctx v = *vp;
+    const ct_config_checkpoint *k = &c->checkpoint;
+    const ct_config_validation *val = &c->validation;
+    NEED(c->job.dump_folder[0], "job.dump_folder", NULL,
+         "job.dump_folder is empty: the run needs a folder for its outputs");
+    NEED(k->folder[0], "checkpoint.folder", NULL, "checkpoint.folder is empty");
+    NEED(k->interval >= 1, "checkpoint.interval", NULL,
+         "checkpoint.interval = %d; expected at least 1", k->interval);
+    NEED(k->keep_latest_k >= 0, "checkpoint.keep_latest_k", NULL,
+         "checkpoint.keep_latest_k = %d; expected 0 (keep all) or more", k->keep_latest_k);
+    NEED(!k->initial_load_in_hf || k->initial_load_path[0], "checkpoint.initial_load_in_hf",
+         "checkpoint.initial_load_path",
+         "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (the HF folder)");
+    NEED(!k->last_save_in_hf || k->enable, "checkpoint.last_save_in_hf", "checkpoint.enable",
+         "checkpoint.last_save_in_hf = true needs checkpoint.enable = true");
+    NEED(c->metrics.log_freq >= 1, "metrics.log_freq", NULL,
+         "metrics.log_freq = %d; expected at least 1", c->metrics.log_freq);
+    NEED(c->metrics.peak_gflops >= 0, "metrics.peak_gflops", NULL,
+         "metrics.peak_gflops = %g; expected 0 (measure) or a positive peak",
+         c->metrics.peak_gflops);
+    NEED(val->freq >= 1, "validation.freq", NULL, "validation.freq = %d; expected at least 1",
+         val->freq);
+    NEED(val->steps == -1 || val->steps >= 1, "validation.steps", NULL,
+         "validation.steps = %d; expected -1 (the whole split) or at least 1", val->steps);
+    NEED(!val->enable || val->dataset_path[0], "validation.enable", "validation.dataset_path",
+         "validation.enable = true needs validation.dataset_path");
+    NEED(c->debug.seed >= 0, "debug.seed", NULL, "debug.seed = %lld; expected 0 or more",
+         (long long)c->debug.seed);
+    return 0;
+}
+
+int config_check(const ct_config *c, const config_origins *o, ct_error *err) {
+    vctx v = {o, err};
+    if (check_keys(c, &v) != 0 || check_model(&c->model, &v) != 0 || check_training(c, &v) != 0 ||
+        check_optim(c, &v) != 0 || check_rest(c, &v) != 0)
+        return -1;
+    return 0;
+}
+
+int config_validate(const ct_config *c, ct_error *err) {
+    return config_check(c, NULL, err);
+}

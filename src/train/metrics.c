@@ -1,0 +1,106 @@
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+
+int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, ct_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dump_folder);
+    m->out = out;
+    m->jsonl = fopen(path, "a");
+    if (!m->jsonl) return ct_fail(err, "%s: cannot open for appending: %s", path, strerror(errno));
+    return 0;
+}
+
+static void format_duration(char *buf, size_t cap, double s) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+}
+
+// NaN and inf are not JSON: write null.
+static void json_number(FILE *f, const char *key, double v, const char *fmt) {
+    fprintf(f, ",\"%s\":", key);
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
+void metrics_write(metrics_log *m, const metrics_row *r) {
+    char eta[32];
+    format_duration(eta, sizeof eta, r->eta_s);
+    if (m->out) {
+        fprintf(m->out,
+                "step %6lld/%lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %7.0f  "
+                "tflops %6.3f  mfu %5.1f%%  mem %.2f GiB  eta %s",
+                (long long)r->step, (long long)r->steps, r->loss, r->grad_norm, r->lr, r->tps,
+                r->tflops, 100 * r->mfu, r->memory_peak_gib, eta);
+        if (r->skipped) fprintf(m->out, "  skipped %lld", (long long)r->skipped);
+        fputc('\n', m->out);
+        fflush(m->out);
+    }
+    if (m->jsonl) {
+        // %.17g round-trips the double exactly: the resume test compares losses bit for bit.
+        fprintf(m->jsonl, "{\"step\":%lld", (long long)r->step);
+        json_number(m->jsonl, "loss", r->loss, "%.17g");
+        json_number(m->jsonl, "grad_norm", r->grad_norm, "%.17g");
+        json_number(m->jsonl, "lr", r->lr, "%.17g");
+        json_number(m->jsonl, "tps", r->tps, "%.1f");
+        json_number(m->jsonl, "tflops", r->tflops, "%.4f");
+        json_number(m->jsonl, "mfu", r->mfu, "%.5f");
+        json_number(m->jsonl, "memory_peak_gib", r->memory_peak_gib, "%.4f");
+        json_number(m->jsonl, "time_s", r->time_s, "%.3f");
+        json_number(m->jsonl, "eta_s", r->eta_s, "%.1f");
+        fprintf(m->jsonl, ",\"skipped\":%lld}\n", (long long)r->skipped);
+        fflush(m->jsonl);
+    }
+}
+
+void metrics_close(metrics_log *m) {
+    if (m->jsonl) fclose(m->jsonl);
+    m->jsonl = NULL;
+}
+
+double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
+    double C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    double q = (double)c->num_attention_heads * c->head_dim;
+    double kv = (double)c->num_key_value_heads * c->head_dim;
+    double per_layer = C * q + 2 * C * kv + q * C + 3 * C * F;
+    double n = c->num_hidden_layers * per_layer + V * C; // lm_head (tied or not) counts once
+    return 6 * n + 12.0 * c->num_hidden_layers * q * seq_len;
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double metrics_sgemm_gflops(int n, int repeats) {
+    if (n < 1 || repeats < 1) return 0;
+    size_t nn = (size_t)n * (size_t)n;
+    float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b), *c = malloc(nn * sizeof *c);
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 13) * 0.01f;
+        // The best run, not the mean: the first pays for thread start-up and page faults.
+        for (int r = 0; r < repeats; r++) {
+            double t0 = seconds();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                        c, n);
+            double rate = 2.0 * n * n * (double)n / (seconds() - t0) / 1e9;
+            if (rate > best) best = rate;
+        }
+    }
+    free(a), free(b), free(c);
+    return best;
+}

@@ -1,0 +1,36 @@
+// What the user sees of a run: one readable line per logged step, and the same fields as one
+// JSON object per line in <dump_folder>/metrics.jsonl.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/error.h"
+#include "model/qwen3_config.h"
+
+typedef struct metrics_row {
+    int64_t step, steps; // 1-based step just finished, total steps
+    double loss, grad_norm, lr;
+    double tps;         // tokens per second per worker, over the steps since the last log
+    double tflops, mfu; // achieved model TFLOP/s, and its fraction of the peak
+    double memory_peak_gib;
+    double time_s; // wall time since the run (or resume) started
+    double eta_s;
+    int64_t skipped; // steps skipped so far for a non-finite loss or gradient
+} metrics_row;
+
+typedef struct metrics_log {
+    FILE *out;   // the readable lines (stdout)
+    FILE *jsonl; // <dump_folder>/metrics.jsonl, appended on resume
+} metrics_log;
+
+int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, ct_error *err);
+void metrics_write(metrics_log *m, const metrics_row *r);
+void metrics_close(metrics_log *m);
+
+// Model FLOPs per token as torchtitan counts them: 6*N + 12*L*NH*D*T, where N counts the
+// parameters in matmuls (a tied embedding once, as lm_head; an untied input embedding not).
+double metrics_flops_per_token(const qwen3_config *c, int seq_len);
+// The best rate of `repeats` OpenBLAS sgemms of n x n by n x n, in GFLOP/s (0 if n or repeats
+// is below 1, or out of memory). With n = 1024 it is the MFU denominator the trainer measures;
+// bench_step reports it for any n.
+double metrics_sgemm_gflops(int n, int repeats);

@@ -1,0 +1,24 @@
+// The training loop: whatever the config describes (an HF folder or a native flavor), the same
+// steps: data -> forward/backward (with gradient accumulation) -> clip -> AdamW -> metrics,
+// validation and checkpoints; resume from the newest complete checkpoint.
+#pragma once
+#include <signal.h>
+#include <stdio.h>
+
+#include "core/error.h"
+#include "model/qwen3_config.h"
+#include "train/config.h"
+
+typedef struct train_options {
+    FILE *log;                          // progress lines (stdout from the CLI)
+    volatile sig_atomic_t *stop_flag;   // set by SIGINT/SIGTERM: checkpoint now and return 0
+} train_options;
+
+// The architecture a config describes: backend=hf reads hf_path/config.json, backend=native
+// takes the flavor with the model.* overrides applied.
+int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err);
+
+// Runs the training job; returns 0 when it finished or was stopped cleanly (a checkpoint was
+// written), -1 with err set otherwise. Refuses before any work when seq_len exceeds the
+// model's positions or the memory estimate does not fit (unless training.allow_overcommit).
+int train_run(const ct_config *c, const train_options *opt, ct_error *err);

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""The PyTorch reference for training (torch.optim.AdamW, torch.nn.utils.clip_grad_norm_,
+LambdaLR with torchtitan's linear_warmup_stable_decay), for tests/test_train_parity.c and
+tests/test_optim.c. make_ref.py calls write_all(DIR); alone: train_ref.py --out DIR.
+
+DIR/train/index.json            {"cases": [names]}
+DIR/train/<case>/hf/            the initial weights: config.json + model.safetensors (F32)
+DIR/train/<case>/tokens.npy     the token stream (<i4)
+DIR/train/<case>/meta.json      the run's settings and, per step, "loss", "grad_norm" (before
+                                clipping), "lr" and "clipped"
+DIR/train/<case>/final.safetensors  F32: the weights after the last step under their HF names,
+                                and "exp_avg.<name>", "exp_avg_sq.<name>" (the optimizer state)
+DIR/train/schedules.json        LambdaLR's learning rates for steps 0..steps over many settings
+DIR/train/adamw.safetensors     single AdamW steps on one tensor: "p0" and, for run r and step
+                                k, "g.r.k" (input), "p.r.k", "m.r.k", "v.r.k" (torch's results)
+DIR/train/adamw.json            the settings of those runs; "fused": whether this torch's CPU
+                                kernels fuse the multiply-add in the moment updates (then ctitan
+                                must agree bit for bit)
+
+Data (torchtitan): step s uses global samples g = s*G .. s*G+G-1 with G = B*accum; sample g is
+tokens[g*(T+1) : (g+1)*(T+1)], inputs its first T, targets its last T; micro-batch j holds samples
+s*G + j*B ..; then every target [g, t] listed in meta["ignore"] is -100. The loss of a step is
+(sum of token cross-entropies over all micro-batches) / (valid targets in the whole step), and
+each micro-batch backpropagates its own share of it, so accumulation adds up to exactly that.
+"""
+import argparse
+import functools
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen3_ref  # noqa: E402
+import safetensors_ref  # noqa: E402
+
+# Clipping is on in the first two cases, with max_norm set so that some steps clip and some do
+# not (train_case checks both happen, and that no norm lies too near max_norm). The cases cover
+# constant LR and warmup + cosine (the issue's parity runs), sqrt decay, tied and untied heads,
+# biases, GQA/MQA, gradient accumulation with and without ignored targets, and weight decay off
+# for norms, biases and embeddings. A case without ignored targets is also a plain `ctitan train`
+# run (backend hf on hf/, dataset tokens.npy, shuffle off) whose metrics must match its log.
+CASES = [
+    dict(name="const_clip_tied_bias", V=96, C=32, F=64, L=2, NH=4, NKV=2, D=8, tied=True,
+         bias=True, B=2, T=8, accum=1, steps=5, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, wd=0.1,
+         max_norm=7.2, warmup=0, decay_ratio=0.0, decay_type="linear", min_lr_factor=0.0,
+         decay_all=True, ignore=[]),
+    dict(name="warmup_cosine_clip_accum_untied", V=112, C=24, F=48, L=2, NH=3, NKV=3, D=8,
+         tied=False, bias=False, B=1, T=12, accum=3, steps=5, lr=3e-3, betas=(0.9, 0.95),
+         eps=1e-8, wd=0.1, max_norm=2.5, warmup=2, decay_ratio=0.6, decay_type="cosine",
+         min_lr_factor=0.1, decay_all=False, ignore=[]),
+    dict(name="sqrt_noclip_mqa_tied_ignore", V=80, C=32, F=40, L=2, NH=4, NKV=1, D=12,
+         tied=True, bias=False, B=2, T=6, accum=2, steps=5, lr=4e-3, betas=(0.85, 0.99), eps=1e-8,
+         wd=0.01, max_norm=0.0, warmup=1, decay_ratio=0.8, decay_type="sqrt", min_lr_factor=0.0,
+         decay_all=True, ignore=[[0, 3], [1, 0], [1, 5], [7, 2], [13, 5], [19, 0]]),
+]
+
+# (steps, warmup_steps, decay_ratio, decay_type, min_lr_factor) for schedules.json: constant,
+# warmup only, each decay alone and after warmup, warmup clamped to steps, decay clamped to
+# steps - warmup, and Python's round-half-even on steps * decay_ratio (2.5 -> 2, 3.5 -> 4).
+SCHEDULES = [
+    (10, 0, 0.0, "linear", 0.0),
+    (10, 3, 0.0, "cosine", 0.0),
+    (10, 0, 0.5, "linear", 0.0),
+    (10, 0, 0.5, "sqrt", 0.0),
+    (10, 0, 0.5, "cosine", 0.0),
+    (12, 3, 0.4, "linear", 0.1),
+    (12, 3, 0.4, "sqrt", 0.25),
+    (12, 3, 0.4, "cosine", 0.1),
+    (10, 20, 0.3, "cosine", 0.0),
+    (10, 6, 0.6, "linear", 0.0),
+    (5, 1, 0.5, "linear", 0.0),
+    (7, 0, 0.5, "cosine", 0.05),
+    (1, 0, 1.0, "cosine", 0.0),
+    (1, 1, 0.0, "linear", 0.0),
+    (200, 20, 1.0, "cosine", 0.1),
+]
+
+
+def decay_steps_of(steps, warmup, decay_ratio):
+    """build_lr_schedulers' phase lengths (torchtitan; decay_ratio 0 = no decay)."""
+    warmup = min(int(warmup), steps)
+    decay = round(steps * decay_ratio)
+    if warmup + decay > steps:
+        decay = steps - warmup
+    # torchtitan adds a virtual last step so the last real step is not at the floor.
+    stable = steps + 1 - warmup - decay
+    return warmup, stable, decay
+
+
+def linear_warmup_stable_decay(current_step, warmup_steps, stable_steps, decay_steps,
+                               lr_decay_type, min_lr_factor):
+    """torchtitan's LambdaLR factor, as in torchtitan/components/lr_scheduler.py."""
+    warmup_stable_steps = warmup_steps + stable_steps
+    if current_step < warmup_steps:
+        current_step += 1
+        curr_adjustment = float(current_step / warmup_steps)
+    elif current_step < warmup_stable_steps:
+        curr_adjustment = 1.0
+    else:
+        current_step += 1
+        progress = float(current_step - warmup_stable_steps) / decay_steps
+        if lr_decay_type == "linear":
+            curr_adjustment = 1 - progress
+        elif lr_decay_type == "sqrt":
+            curr_adjustment = 1 - math.sqrt(progress)
+        elif lr_decay_type == "cosine":
+            curr_adjustment = 0.5 * (1.0 + math.cos(math.pi * progress))
+        else:
+            raise ValueError(lr_decay_type)
+        curr_adjustment = min_lr_factor + (1 - min_lr_factor) * curr_adjustment
+    return curr_adjustment
+
+
+def make_scheduler(opt, steps, warmup, decay_ratio, decay_type, min_lr_factor):
+    w, s, d = decay_steps_of(steps, warmup, decay_ratio)
+    fn = functools.partial(linear_warmup_stable_decay, warmup_steps=w, stable_steps=s,
+                           decay_steps=d, lr_decay_type=decay_type, min_lr_factor=min_lr_factor)
+    return torch.optim.lr_scheduler.LambdaLR(opt, fn)
+
+
+def write_schedules(d):
+    out = []
+    base_lr = 3e-4
+    for steps, warmup, ratio, kind, min_f in SCHEDULES:
+        p = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([p], lr=base_lr)
+        sched = make_scheduler(opt, steps, warmup, ratio, kind, min_f)
+        lrs = []
+        for i in range(steps + 1):  # through the virtual step at index `steps`
+            lrs.append(opt.param_groups[0]["lr"])
+            if i < steps:
+                opt.step()
+                sched.step()
+        out.append(dict(lr=base_lr, steps=steps, warmup_steps=warmup, decay_ratio=ratio,
+                        decay_type=kind, min_lr_factor=min_f, lrs=lrs))
+    with open(os.path.join(d, "schedules.json"), "w") as f:
+        json.dump({"schedules": out}, f, indent=1)
+        f.write("\n")
+
+
+def torch_fuses_fma():
+    """Whether torch's CPU add(alpha=) rounds once (a fused multiply-add, as its AVX2 kernels
+    do): with a = b = 1 + 2^-12, a*b = 1 + 2^-11 + 2^-24 loses its last bit in fp32."""
+    x = torch.full((64,), -1.0)
+    b = torch.full((64,), 1.0 + 2.0 ** -12)
+    x.add_(b, alpha=1.0 + 2.0 ** -12)
+    return bool((x == 2.0 ** -11 + 2.0 ** -24).all())
+
+
+def write_adamw(d, gen):
+    """A few AdamW steps on one odd-sized tensor (vector body and scalar tail), torch's results
+    after each; run 0 decays, run 1 has weight_decay 0; the LR changes between steps."""
+    n = 1003
+    p0 = torch.randn(n, generator=gen) * 0.5
+    # Gradients across magnitudes, including exact zeros and values near eps.
+    scales = torch.tensor([1e-9, 1e-6, 1e-3, 1.0, 30.0])
+    entries = [("p0", p0)]
+    runs = []
+    for r, (wd, betas, eps, lrs) in enumerate([(0.1, (0.9, 0.95), 1e-8, [1e-3, 3e-3, 2e-3, 5e-4]),
+                                               (0.0, (0.8, 0.999), 1e-6, [1e-2, 1e-2, 5e-3])]):
+        p = p0.clone().requires_grad_(True)
+        opt = torch.optim.AdamW([p], lr=lrs[0], betas=betas, eps=eps, weight_decay=wd)
+        for k, lr in enumerate(lrs):
+            g = torch.randn(n, generator=gen) * scales[torch.arange(n) % len(scales)]
+            g[torch.arange(n) % 17 == 0] = 0.0
+            opt.param_groups[0]["lr"] = lr
+            p.grad = g.clone()
+            opt.step()
+            st = opt.state[p]
+            entries += [("g.%d.%d" % (r, k), g), ("p.%d.%d" % (r, k), p.detach().clone()),
+                        ("m.%d.%d" % (r, k), st["exp_avg"].clone()),
+                        ("v.%d.%d" % (r, k), st["exp_avg_sq"].clone())]
+        runs.append(dict(weight_decay=wd, beta1=betas[0], beta2=betas[1], eps=eps, lrs=lrs))
+    safetensors_ref.write_file(os.path.join(d, "adamw.safetensors"), entries, "F32")
+    with open(os.path.join(d, "adamw.json"), "w") as f:
+        json.dump(dict(n=n, runs=runs, fused=torch_fuses_fma()), f, indent=2)
+        f.write("\n")
+
+
+def model_cfg(c):
+    return {
+        "vocab_size": c["V"], "hidden_size": c["C"], "intermediate_size": c["F"],
+        "num_hidden_layers": c["L"], "num_attention_heads": c["NH"],
+        "num_key_value_heads": c["NKV"], "head_dim": c["D"], "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": c["tied"], "attention_bias": c["bias"],
+    }
+
+
+def param_decays(name, ndim):
+    """decay_norms_and_embeddings = false: no decay for 1-D tensors (norms, biases) and the
+    embedding (ctitan's adamw_param_decays)."""
+    return ndim >= 2 and "embed_tokens" not in name
+
+
+def step_batches(tokens, c, s):
+    """[(inputs, targets)] for the micro-batches of 0-based step s, ignores applied."""
+    B, T, G = c["B"], c["T"], c["B"] * c["accum"]
+    ignore = {(g, t) for g, t in c["ignore"]}
+    out = []
+    for j in range(c["accum"]):
+        first = s * G + j * B
+        inp, tgt = qwen3_ref.windows(tokens[first * (T + 1):], B, T)
+        for b in range(B):
+            for t in range(T):
+                if (first + b, t) in ignore:
+                    tgt[b, t] = qwen3_ref.IGNORE_INDEX
+        out.append((inp, tgt))
+    return out
+
+
+def train_case(d, c, gen, make_ref):
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(os.path.join(d, "hf"))
+    cfg = model_cfg(c)
+    order = [n for n, _ in qwen3_ref.param_shapes(cfg)]
+    params = make_ref.make_params(cfg, gen)
+    hfc = make_ref.hf_config(dict(c, dtype="F32", eps=cfg["rms_norm_eps"],
+                                  theta=cfg["rope_theta"]))
+    with open(os.path.join(d, "hf", "config.json"), "w") as f:
+        json.dump(hfc, f, indent=2, sort_keys=True)
+        f.write("\n")
+    safetensors_ref.write_file(os.path.join(d, "hf", "model.safetensors"),
+                               [(n, params[n]) for n in order], "F32")
+    G, T, steps = c["B"] * c["accum"], c["T"], c["steps"]
+    tokens = torch.randint(0, c["V"], (steps * G * (T + 1) + 5,), generator=gen).numpy()
+    np.save(os.path.join(d, "tokens.npy"), tokens.astype("<i4"))
+
+    ps = {n: params[n].clone().requires_grad_(True) for n in order}
+    plist = [ps[n] for n in order]
+    decay = [ps[n] for n in order if c["decay_all"] or param_decays(n, ps[n].dim())]
+    keep = [ps[n] for n in order if not (c["decay_all"] or param_decays(n, ps[n].dim()))]
+    groups = [{"params": decay}] + ([{"params": keep, "weight_decay": 0.0}] if keep else [])
+    opt = torch.optim.AdamW(groups, lr=c["lr"], betas=c["betas"], eps=c["eps"],
+                            weight_decay=c["wd"])
+    sched = make_scheduler(opt, steps, c["warmup"], c["decay_ratio"], c["decay_type"],
+                           c["min_lr_factor"])
+    max_norm = c["max_norm"]
+    log = []
+    for s in range(steps):
+        lr = opt.param_groups[0]["lr"]
+        opt.zero_grad(set_to_none=False)
+        batches = step_batches(tokens, c, s)
+        n_valid = sum(int((t != qwen3_ref.IGNORE_INDEX).sum()) for _, t in batches)
+        loss_sum = 0.0
+        for inp, tgt in batches:
+            logits = qwen3_ref.forward(ps, cfg, inp)
+            ce = F.cross_entropy(logits.reshape(-1, c["V"]), tgt.reshape(-1),
+                                 ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
+            (ce / n_valid).backward()
+            loss_sum += float(ce)
+        norm = float(torch.norm(torch.stack([torch.norm(p.grad.detach()) for p in plist])))
+        if max_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(plist, max_norm))
+        opt.step()
+        sched.step()
+        log.append(dict(loss=loss_sum / n_valid, grad_norm=norm, lr=lr, n_valid=n_valid,
+                        clipped=bool(max_norm > 0 and norm > max_norm)))
+
+    if max_norm > 0:
+        # Both branches of clipping, each decided with room to spare against float noise.
+        clipped = [e["clipped"] for e in log]
+        near = [e["grad_norm"] for e in log if abs(e["grad_norm"] - max_norm) < 1e-3 * max_norm]
+        if all(clipped) or not any(clipped) or near:
+            raise RuntimeError("%s: max_norm %g clips steps %s, norms %s" % (
+                c["name"], max_norm, clipped, [e["grad_norm"] for e in log]))
+    final = [(n, ps[n].detach()) for n in order]
+    for n in order:
+        st = opt.state[ps[n]]
+        final += [("exp_avg." + n, st["exp_avg"]), ("exp_avg_sq." + n, st["exp_avg_sq"])]
+    safetensors_ref.write_file(os.path.join(d, "final.safetensors"), final, "F32")
+    meta = {k: c[k] for k in ("name", "B", "T", "accum", "steps", "lr", "eps", "warmup",
+                              "decay_ratio", "decay_type", "min_lr_factor", "ignore")}
+    meta.update(beta1=c["betas"][0], beta2=c["betas"][1], weight_decay=c["wd"],
+                max_norm=max_norm, decay_norms_and_embeddings=c["decay_all"], params=order,
+                log=log)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    return meta
+
+
+def write_all(out, quiet=False):
+    import make_ref  # its model init and config.json; imported late, it imports this module
+
+    d = os.path.join(out, "train")
+    os.makedirs(d, exist_ok=True)
+    gen = torch.Generator().manual_seed(4321)
+    write_schedules(d)
+    write_adamw(d, gen)
+    names = []
+    for c in CASES:
+        meta = train_case(os.path.join(d, c["name"]), c, gen, make_ref)
+        names.append(c["name"])
+        if not quiet:
+            print("train %-32s losses %s" % (c["name"], " ".join(
+                "%.5f" % e["loss"] for e in meta["log"])))
+    with open(os.path.join(d, "index.json"), "w") as f:
+        json.dump({"cases": names}, f, indent=2)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    write_all(args.out, args.quiet)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,618 @@
+// Checkpoints (src/train/checkpoint.h):
+//  1. XXH64 gives the published reference values;
+//  2. save -> load is bitwise for the model, both moments, train_state and config.toml (tied,
+//     untied, with biases), and the folder is a loadable HF folder with no missing/unexpected keys;
+//  3. a model of another architecture is an error naming the tensor, never "skipped";
+//  4. saving a step that exists replaces it; keep_latest_k prunes only older ones;
+//  5. every kind of corrupt or incomplete checkpoint (truncated file, flipped byte, missing or
+//     unparsable state.json, renamed folder, missing file) is reported and skipped for the
+//     previous one, and a failed load leaves the model untouched;
+//  6. a NaN or inf anywhere is refused and nothing is written;
+//  7. stale temporary folders of dead processes are removed, a live process's are kept;
+//  8. SIGKILL at random moments of a save loop always leaves a checkpoint that loads, with the
+//     values of its own step.
+#include <inttypes.h>
+#include <signal.h>
+#include <dirent.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "ckpt_util.h"
+#include "core/fs.h"
+#include "io/json.h"
+#include "model/hf_adapter.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_internal.h"
+
+static const char *tmp_dir;
+
+static void test_xxh64(void) {
+    static const struct {
+        const char *text;
+        uint64_t seed, want;
+    } v[] = {
+        {"", 0, 0xEF46DB3751D8E999ull},
+        {"", 1, 0xD5AFBA1336A3BE4Bull},
+        {"a", 0, 0xD24EC4F1A98C6E5Bull},
+        {"abc", 0, 0x44BC2CF5AD770999ull},
+        {"asdf", 0, 0x415872F599CEA71Eull},
+        {"Call me Ishmael.", 0, 0x6D04390FC9D61A90ull},
+        {"Nobody inspects the spammish repetition", 0, 0xFBCEA83C8A378BF1ull},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        uint64_t h = ckpt_xxh64(v[i].text, strlen(v[i].text), v[i].seed);
+        CHECK(h == v[i].want, "XXH64(\"%s\", %" PRIu64 ") = %016" PRIx64 ", want %016" PRIx64,
+              v[i].text, v[i].seed, h, v[i].want);
+    }
+    // The file path agrees with the memory path, across stripe and tail boundaries.
+    char path[4096], buf[1000];
+    for (int i = 0; i < (int)sizeof buf; i++) buf[i] = (char)(i * 7 + 3);
+    snprintf(path, sizeof path, "%s/hash.bin", tmp_dir);
+    for (size_t n = 0; n <= sizeof buf; n += 37) {
+        FILE *f = fopen(path, "wb");
+        fwrite(buf, 1, n, f);
+        fclose(f);
+        uint64_t h = 0, size = 0;
+        ct_error err = {{0}};
+        CHECK(ckpt_hash_file(&h, &size, path, &err) == 0 && size == n && h == ckpt_xxh64(buf, n, 0),
+              "hash of a %zu-byte file: %s", n, err.msg);
+    }
+}
+
+static train_state sample_state(int64_t step) {
+    train_state st = {.step = step,
+                      .opt_step = step - 1,
+                      .samples_seen = 4503599627370000ull + (uint64_t)step, // near 2^52
+                      .config_hash = 0xFEDCBA9876543210ull ^ (uint64_t)step,
+                      .skipped_in_row = 1,
+                      .time_s = 12.345678901234567 * (double)step};
+    return st;
+}
+
+static const char *const toml_text =
+    "# effective config\n[job]\ndump_folder = \"./out\"\n\n[model]\ntokenizer_path = "
+    "\"assets/qwen3-tokenizer\"\nflavor = \"debugmodel\" # \xc3\xa9\n";
+
+// A model and its moments filled for `step`, so any checkpoint's content can be predicted.
+typedef struct run {
+    qwen3_model m;
+    float *m1, *m2;
+} run;
+
+static bool run_init(run *r, const qwen3_config *c) {
+    memset(r, 0, sizeof *r);
+    if (!tiny_model(&r->m, c, 0)) return false;
+    r->m1 = malloc(r->m.num_params * sizeof(float));
+    r->m2 = malloc(r->m.num_params * sizeof(float));
+    return r->m1 && r->m2;
+}
+
+static void run_fill(run *r, int64_t step) {
+    tiny_fill(r->m.param_mem, r->m.num_params, 3 * (uint64_t)step);
+    tiny_fill(r->m1, r->m.num_params, 3 * (uint64_t)step + 1);
+    tiny_fill_positive(r->m2, r->m.num_params, 3 * (uint64_t)step + 2);
+}
+
+static void run_free(run *r) {
+    qwen3_free(&r->m);
+    free(r->m1);
+    free(r->m2);
+}
+
+static int save_step(run *r, const char *root, int64_t step) {
+    ct_error err = {{0}};
+    run_fill(r, step);
+    train_state st = sample_state(step);
+    int rc = ckpt_save(root, &r->m, r->m1, r->m2, r->m.num_params, &st, toml_text, &err);
+    CHECK(rc == 0, "save step %" PRId64 ": %s", step, err.msg);
+    return rc;
+}
+
+static bool same_floats(const float *a, const float *b, size_t n) {
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+static bool same_state(const train_state *a, const train_state *b) {
+    return a->step == b->step && a->opt_step == b->opt_step && a->samples_seen == b->samples_seen &&
+           a->config_hash == b->config_hash && a->skipped_in_row == b->skipped_in_row &&
+           memcmp(&a->time_s, &b->time_s, sizeof a->time_s) == 0;
+}
+
+// Loads `dir` into a second run and checks it holds exactly step's values.
+static void check_holds_step(const char *dir, const qwen3_config *c, int64_t step,
+                             const char *what) {
+    run want, got;
+    ct_error err = {{0}};
+    if (!run_init(&want, c) || !run_init(&got, c)) return;
+    run_fill(&want, step);
+    train_state st;
+    char *toml = NULL;
+    int rc = ckpt_load(dir, &got.m, got.m1, got.m2, got.m.num_params, &st, &toml, &err);
+    CHECK(rc == 0, "%s: load: %s", what, err.msg);
+    if (rc == 0) {
+        train_state ws = sample_state(step);
+        CHECK(same_floats(got.m.param_mem, want.m.param_mem, want.m.num_params),
+              "%s: parameters differ", what);
+        CHECK(same_floats(got.m1, want.m1, want.m.num_params), "%s: exp_avg differs", what);
+        CHECK(same_floats(got.m2, want.m2, want.m.num_params), "%s: exp_avg_sq differs", what);
+        CHECK(same_state(&st, &ws), "%s: train_state differs (step %" PRId64 ")", what, st.step);
+        CHECK(toml && strcmp(toml, toml_text) == 0, "%s: config.toml differs", what);
+    }
+    free(toml);
+    run_free(&want);
+    run_free(&got);
+}
+
+static void test_roundtrip(bool tied, bool bias) {
+    char root[4096], dir[4200], what[64];
+    snprintf(what, sizeof what, "roundtrip tied=%d bias=%d", tied, bias);
+    snprintf(root, sizeof root, "%s/rt_%d%d", tmp_dir, tied, bias);
+    qwen3_config c = tiny_config(tied, bias, 2, 40);
+    run r;
+    if (!run_init(&r, &c) || save_step(&r, root, 7) != 0) return;
+    snprintf(dir, sizeof dir, "%s/step-7", root);
+    check_holds_step(dir, &c, 7, what);
+
+    // model.safetensors + config.json are an HF folder.
+    qwen3_model h;
+    hf_load_report rep;
+    ct_error err = {{0}};
+    int rc = hf_load_folder(&h, &rep, dir, NULL, &err);
+    CHECK(rc == 0, "%s: hf_load_folder: %s", what, err.msg);
+    if (rc == 0) {
+        CHECK(rep.n_missing == 0 && rep.n_unexpected == 0 && rep.source_dtype == CT_F32,
+              "%s: HF load missing %d unexpected %d", what, rep.n_missing, rep.n_unexpected);
+        CHECK(h.cfg.tie_word_embeddings == tied && h.cfg.attention_bias == bias, "%s: config.json",
+              what);
+        CHECK(h.num_params == r.m.num_params &&
+                  same_floats(h.param_mem, r.m.param_mem, r.m.num_params),
+              "%s: HF-loaded weights differ", what);
+        qwen3_free(&h);
+    }
+    hf_report_free(&rep);
+
+    // Verify and find agree, and nothing but step-7 is in root.
+    train_state st;
+    char found[4096];
+    ckpt_notes notes = {0};
+    CHECK(ckpt_verify(dir, &r.m, &st, &err) == 0 && st.step == 7, "%s: verify: %s", what, err.msg);
+    CHECK(ckpt_find_latest(found, sizeof found, &st, root, &r.m, &notes, &err) == 1 &&
+              strcmp(found, dir) == 0 && notes.n == 0,
+          "%s: find_latest: %s", what, err.msg);
+    int64_t *steps;
+    int n;
+    CHECK(ckpt_list_steps(&steps, &n, root, &err) == 0 && n == 1 && steps[0] == 7,
+          "%s: root holds %d checkpoints", what, n);
+    free(steps);
+
+    // Model only (export's path): the moments are not needed.
+    run other;
+    if (run_init(&other, &c)) {
+        CHECK(ckpt_load(dir, &other.m, NULL, NULL, 0, NULL, NULL, &err) == 0 &&
+                  same_floats(other.m.param_mem, r.m.param_mem, r.m.num_params),
+              "%s: model-only load: %s", what, err.msg);
+        run_free(&other);
+    }
+    run_free(&r);
+}
+
+// A checkpoint of another architecture is the caller's error, not a corrupt folder to skip.
+static void test_mismatch(void) {
+    char root[4096], dir[4200], out[4096];
+    snprintf(root, sizeof root, "%s/mismatch", tmp_dir);
+    qwen3_config c = tiny_config(false, false, 2, 40);
+    run r;
+    if (!run_init(&r, &c) || save_step(&r, root, 3) != 0) return;
+    snprintf(dir, sizeof dir, "%s/step-3", root);
+    const struct {
+        qwen3_config c;
+        const char *want;
+    } cases[] = {
+        {tiny_config(false, false, 3, 40), "model.layers.2."}, // more layers: missing
+        {tiny_config(false, false, 1, 40), "model.layers.1."}, // fewer: extra tensors
+        {tiny_config(false, false, 2, 48), "expected F32 [48, 16]"},
+        {tiny_config(true, false, 2, 40), "lm_head.weight"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run o;
+        if (!run_init(&o, &cases[i].c)) continue;
+        tiny_fill(o.m.param_mem, o.m.num_params, 99);
+        float before = o.m.param_mem[0];
+        ct_error err = {{0}};
+        train_state st;
+        ckpt_notes notes = {0};
+        int rc = ckpt_resume(out, sizeof out, &o.m, o.m1, o.m2, o.m.num_params, &st, NULL, root,
+                             &notes, &err);
+        CHECK(rc == -1 && strstr(err.msg, cases[i].want) && strstr(err.msg, "step-3") &&
+                  notes.n == 0,
+              "mismatch %zu: rc %d, notes %d: %s", i, rc, notes.n, err.msg);
+        CHECK(o.m.param_mem[0] == before, "mismatch %zu: model changed by a failed load", i);
+        CHECK(ckpt_verify(dir, &o.m, NULL, &err) == -1, "mismatch %zu: verify passed", i);
+        ckpt_notes_free(&notes);
+        run_free(&o);
+    }
+    // A moment buffer of the wrong size is refused before anything is read.
+    ct_error err = {{0}};
+    CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params - 1, NULL, NULL, &err) == -1 &&
+              strstr(err.msg, "floats per moment"),
+          "wrong moment size: %s", err.msg);
+    CHECK(ckpt_load(dir, &r.m, r.m1, NULL, r.m.num_params, NULL, NULL, &err) == -1,
+          "one moment only was accepted");
+    run_free(&r);
+}
+
+static void test_replace_and_prune(void) {
+    char root[4096], dir[4200], path[4400];
+    snprintf(root, sizeof root, "%s/prune", tmp_dir);
+    qwen3_config c = tiny_config(false, true, 1, 32);
+    run r;
+    if (!run_init(&r, &c)) return;
+    ct_error err = {{0}};
+    ckpt_notes notes = {0};
+    for (int64_t s = 1; s <= 5; s++) {
+        if (save_step(&r, root, s) != 0) break;
+        CHECK(ckpt_prune(root, 2, s, &notes, &err) == 0, "prune after %" PRId64 ": %s", s, err.msg);
+    }
+    int64_t *steps;
+    int n;
+    CHECK(ckpt_list_steps(&steps, &n, root, &err) == 0 && n == 2 && steps[0] == 5 && steps[1] == 4,
+          "keep_latest_k=2 left %d checkpoints", n);
+    free(steps);
+    CHECK(notes.n == 3 && strstr(notes.msgs[0], "step-1"), "prune notes: %d", notes.n);
+    ckpt_notes_free(&notes);
+
+    // A newer folder (not ours) is left alone; the one just written is never removed.
+    if (save_step(&r, root, 9) == 0 && save_step(&r, root, 6) == 0) {
+        CHECK(ckpt_prune(root, 1, 6, NULL, &err) == 0, "prune: %s", err.msg);
+        CHECK(ckpt_list_steps(&steps, &n, root, &err) == 0 && n == 2 && steps[0] == 9 &&
+                  steps[1] == 6,
+              "prune with a newer folder left %d", n);
+        free(steps);
+    }
+    // keep_latest_k = 0 keeps everything.
+    CHECK(ckpt_prune(root, 0, 6, NULL, &err) == 0 && ckpt_list_steps(&steps, &n, root, &err) == 0 &&
+              n == 2,
+          "keep_latest_k=0 removed checkpoints");
+    free(steps);
+
+    // Saving step 6 again replaces it whole, leaving no temporary folder behind.
+    snprintf(dir, sizeof dir, "%s/step-6", root);
+    snprintf(path, sizeof path, "%s/stray.txt", dir);
+    write_file_text(path, "left from before");
+    run_fill(&r, 8); // different values, same step number
+    train_state st = sample_state(6);
+    CHECK(ckpt_save(root, &r.m, r.m1, r.m2, r.m.num_params, &st, toml_text, &err) == 0,
+          "replace: %s", err.msg);
+    CHECK(!file_exists_at(path), "replacing step-6 merged into the old folder");
+    run want;
+    if (run_init(&want, &c)) {
+        run_fill(&want, 8);
+        CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params, NULL, NULL, &err) == 0 &&
+                  same_floats(r.m.param_mem, want.m.param_mem, r.m.num_params) &&
+                  same_floats(r.m2, want.m2, r.m.num_params),
+              "replaced step-6 does not hold the new values: %s", err.msg);
+        run_free(&want);
+    }
+    DIR *d = opendir(root);
+    int stray = 0;
+    for (struct dirent *de; d && (de = readdir(d));) stray += strstr(de->d_name, ".tmp-") != NULL;
+    if (d) closedir(d);
+    CHECK(stray == 0, "%d temporary folders left in %s", stray, root);
+    run_free(&r);
+}
+
+typedef bool (*damage_fn)(const char *dir);
+
+static bool truncate_model(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    return truncate(p, file_size_at(p) / 2) == 0;
+}
+static bool flip_optimizer(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    return flip_byte(p, file_size_at(p) - 5); // in the data: the header still parses
+}
+static bool flip_config_toml(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/config.toml", dir);
+    return flip_byte(p, 3);
+}
+static bool remove_state(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    return unlink(p) == 0;
+}
+static bool garble_state(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    return truncate(p, file_size_at(p) / 2) == 0;
+}
+static bool remove_config_json(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return unlink(p) == 0;
+}
+static bool old_format(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    char *text = NULL;
+    size_t len;
+    ct_error err;
+    if (file_read_all(&text, &len, p, 1 << 20, &err) != 0) return false;
+    char *f = strstr(text, "\"format\":\t1");
+    if (f) f[10] = '7';
+    bool ok = f && write_file_text(p, text);
+    free(text);
+    return ok;
+}
+// The folder of step 20 renamed to step-25: its state.json disagrees with its name.
+static bool rename_folder(const char *dir) {
+    char to[4300];
+    snprintf(to, sizeof to, "%.*s25", (int)strlen(dir) - 2, dir);
+    return rename(dir, to) == 0;
+}
+
+static void test_corrupt(void) {
+    static const struct {
+        const char *name;
+        damage_fn damage;
+        const char *want; // in the note
+    } cases[] = {
+        {"truncated model", truncate_model, "bytes, state.json lists"},
+        {"flipped optimizer byte", flip_optimizer, "XXH64"},
+        {"flipped config.toml byte", flip_config_toml, "XXH64"},
+        {"no state.json", remove_state, "incomplete"},
+        {"half a state.json", garble_state, "state.json"},
+        {"missing config.json", remove_config_json, "missing"},
+        {"unknown format", old_format, "format 7"},
+        {"renamed folder", rename_folder, "folder name"},
+    };
+    qwen3_config c = tiny_config(true, false, 2, 40);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char root[4096], dir[4200], good[4200], out[4096];
+        snprintf(root, sizeof root, "%s/corrupt_%zu", tmp_dir, i);
+        snprintf(dir, sizeof dir, "%s/step-20", root);
+        snprintf(good, sizeof good, "%s/step-10", root);
+        run r;
+        if (!run_init(&r, &c)) continue;
+        if (save_step(&r, root, 10) != 0 || save_step(&r, root, 20) != 0) {
+            run_free(&r);
+            continue;
+        }
+        CHECK(cases[i].damage(dir), "%s: could not damage the checkpoint", cases[i].name);
+
+        // A direct load of the damaged folder fails and changes nothing.
+        ct_error err = {{0}};
+        tiny_fill(r.m.param_mem, r.m.num_params, 12345);
+        tiny_fill(r.m1, r.m.num_params, 12346);
+        run snap;
+        if (run_init(&snap, &c)) {
+            memcpy(snap.m.param_mem, r.m.param_mem, r.m.num_params * sizeof(float));
+            memcpy(snap.m1, r.m1, r.m.num_params * sizeof(float));
+            if (file_exists_at(dir)) {
+                CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params, NULL, NULL, &err) == -1,
+                      "%s: the damaged checkpoint loaded", cases[i].name);
+                CHECK(same_floats(r.m.param_mem, snap.m.param_mem, r.m.num_params) &&
+                          same_floats(r.m1, snap.m1, r.m.num_params),
+                      "%s: a failed load changed the model or moments", cases[i].name);
+            }
+            run_free(&snap);
+        }
+
+        // Resume skips it for step-10, and says why.
+        ckpt_notes notes = {0};
+        train_state st;
+        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+                             &notes, &err);
+        CHECK(rc == 1 && strcmp(out, good) == 0 && st.step == 10, "%s: resume rc %d (%s): %s",
+              cases[i].name, rc, rc == 1 ? out : "", err.msg);
+        CHECK(notes.n == 1 && strstr(notes.msgs[0], cases[i].want) &&
+                  strstr(notes.msgs[0], "skipping checkpoint"),
+              "%s: notes %d: %s", cases[i].name, notes.n, notes.n ? notes.msgs[0] : "");
+        ckpt_notes_free(&notes);
+        check_holds_step(good, &c, 10, cases[i].name);
+        CHECK(ckpt_find_latest(out, sizeof out, &st, root, NULL, NULL, &err) == 1 && st.step == 10,
+              "%s: find_latest did not skip it", cases[i].name);
+
+        // With step-10 damaged the same way there is nothing to resume from.
+        if (i != 7 && cases[i].damage(good)) {
+            rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+                             &notes, &err);
+            CHECK(rc == 0 && notes.n == 2, "%s: all damaged: rc %d, notes %d", cases[i].name, rc,
+                  notes.n);
+            ckpt_notes_free(&notes);
+        }
+        run_free(&r);
+    }
+    // An empty or missing root has nothing to resume from, and that is not an error.
+    char root[4096], out[4096];
+    ct_error err = {{0}};
+    snprintf(root, sizeof root, "%s/no_such_root", tmp_dir);
+    CHECK(ckpt_find_latest(out, sizeof out, NULL, root, NULL, NULL, &err) == 0, "missing root: %s",
+          err.msg);
+}
+
+static void test_refuse_nonfinite(void) {
+    char root[4096];
+    snprintf(root, sizeof root, "%s/nan", tmp_dir);
+    qwen3_config c = tiny_config(false, false, 1, 32);
+    run r;
+    if (!run_init(&r, &c)) return;
+    run_fill(&r, 1);
+    const qwen3_param *p = &r.m.params[3];
+    const struct {
+        float *buf;
+        float v;
+        const char *want;
+    } cases[] = {
+        {r.m.param_mem, NAN, "parameter"},
+        {r.m1, INFINITY, "exp_avg of"},
+        {r.m2, -INFINITY, "exp_avg_sq of"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_fill(&r, 1);
+        cases[i].buf[p->offset + 2] = cases[i].v;
+        train_state st = sample_state(1);
+        ct_error err = {{0}};
+        int rc = ckpt_save(root, &r.m, r.m1, r.m2, r.m.num_params, &st, toml_text, &err);
+        CHECK(rc == -1 && strstr(err.msg, cases[i].want) && strstr(err.msg, p->name) &&
+                  strstr(err.msg, "element 2"),
+              "non-finite %zu: rc %d: %s", i, rc, err.msg);
+    }
+    CHECK(!file_exists_at(root), "a refused save created %s", root);
+    run_free(&r);
+}
+
+// A process that has exited (its pid is free, for now).
+static long dead_pid(void) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    waitpid(pid, NULL, 0);
+    return (long)pid;
+}
+
+static void test_clean_stale(void) {
+    char root[4096], path[4300], file[4400];
+    snprintf(root, sizeof root, "%s/stale", tmp_dir);
+    fs_mkdirs(root, NULL);
+    const long pids[] = {dead_pid(), (long)getpid(), (long)getppid()};
+    const bool removed[] = {true, true, false}; // the parent (ctest) is alive
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/step-30.tmp-%ld%s", root, pids[i], i == 1 ? ".old" : "");
+        mkdir(path, 0777);
+        snprintf(file, sizeof file, "%s/model.safetensors", path);
+        write_file_text(file, "partial");
+    }
+    snprintf(path, sizeof path, "%s/notes.txt", root); // not ours: untouched
+    write_file_text(path, "x");
+    ckpt_notes notes = {0};
+    ct_error err = {{0}};
+    CHECK(ckpt_clean_stale(root, &notes, &err) == 0, "clean_stale: %s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/step-30.tmp-%ld%s", root, pids[i], i == 1 ? ".old" : "");
+        CHECK(file_exists_at(path) != removed[i], "stale folder of pid %ld %s", pids[i],
+              removed[i] ? "kept" : "removed");
+    }
+    snprintf(path, sizeof path, "%s/notes.txt", root);
+    CHECK(file_exists_at(path), "clean_stale removed an unrelated file");
+    CHECK(notes.n == 3, "clean_stale notes: %d", notes.n);
+    ckpt_notes_free(&notes);
+    // A half-written temporary folder is never taken for a checkpoint.
+    char out[4096];
+    CHECK(ckpt_find_latest(out, sizeof out, NULL, root, NULL, NULL, &err) == 0,
+          "a temporary folder was found as a checkpoint");
+    CHECK(ckpt_clean_stale(root, NULL, &err) == 0, "second clean: %s", err.msg);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static qwen3_config kill_config(void) {
+    return tiny_config(false, true, 3, 512);
+}
+
+// The saver process (this binary run as `--saver ROOT FIRST_STEP FD`): saves FIRST_STEP,
+// FIRST_STEP+1, ... keeping 2, until killed; writes one byte to FD once it is about to start.
+// A fresh process rather than a fork, so no OpenMP thread pool is inherited.
+static int saver_main(char **argv) {
+    qwen3_config c = kill_config();
+    run r;
+    if (!run_init(&r, &c)) return 3;
+    int fd = atoi(argv[4]);
+    if (write(fd, "r", 1) != 1) return 3;
+    close(fd);
+    for (int64_t s = atoll(argv[3]);; s++) {
+        run_fill(&r, s);
+        train_state st = sample_state(s);
+        if (ckpt_save(argv[2], &r.m, r.m1, r.m2, r.m.num_params, &st, toml_text, NULL) != 0 ||
+            ckpt_prune(argv[2], 2, s, NULL, NULL) != 0)
+            return 3;
+    }
+}
+
+// Whatever moment of a save (or prune) SIGKILL lands on, the next run cleans up and resumes
+// from a complete checkpoint that holds exactly its own step's values.
+static void test_kill_during_save(void) {
+    char root[4096], out[4096];
+    snprintf(root, sizeof root, "%s/kill", tmp_dir);
+    ckpt_rmtree(root, NULL);
+    qwen3_config c = kill_config(); // ~70k floats: a save takes milliseconds
+    run r;
+    if (!run_init(&r, &c) || save_step(&r, root, 1) != 0) return;
+    double t0 = now_s();
+    if (save_step(&r, root, 2) != 0) return;
+    double save_s = now_s() - t0;
+    srand((unsigned)time(NULL));
+    int64_t last = 2, resumed_newer = 0;
+    for (int trial = 0; trial < 12; trial++) {
+        int fds[2];
+        char first[32], fd_arg[16];
+        if (pipe(fds) != 0) break;
+        snprintf(first, sizeof first, "%" PRId64, last + 1);
+        snprintf(fd_arg, sizeof fd_arg, "%d", fds[1]);
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            execl("/proc/self/exe", "test_checkpoint", "--saver", root, first, fd_arg,
+                  (char *)NULL);
+            _exit(4);
+        }
+        close(fds[1]);
+        char ready;
+        CHECK(read(fds[0], &ready, 1) == 1, "trial %d: the saver did not start", trial);
+        close(fds[0]);
+        // Anywhere within the first few saves.
+        double wait_s = save_s * (0.1 + 8.0 * rand() / (double)RAND_MAX);
+        struct timespec ts = {(time_t)wait_s, (long)((wait_s - (time_t)wait_s) * 1e9)};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        CHECK(WIFSIGNALED(status), "trial %d: the saver exited by itself (%d)", trial,
+              WEXITSTATUS(status));
+
+        ct_error err = {{0}};
+        ckpt_notes notes = {0};
+        CHECK(ckpt_clean_stale(root, &notes, &err) == 0, "trial %d: clean: %s", trial, err.msg);
+        ckpt_notes_free(&notes);
+        train_state st;
+        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+                             &notes, &err);
+        CHECK(rc == 1 && notes.n == 0, "trial %d: resume rc %d, notes %d: %s %s", trial, rc,
+              notes.n, err.msg, notes.n ? notes.msgs[0] : "");
+        ckpt_notes_free(&notes);
+        if (rc != 1) break;
+        CHECK(st.step >= last, "trial %d: resumed step %" PRId64 " < %" PRId64, trial, st.step,
+              last);
+        resumed_newer += st.step > last;
+        check_holds_step(out, &c, st.step, "after SIGKILL");
+        last = st.step;
+    }
+    printf("SIGKILL during saves: %d trials, %" PRId64 " resumed a newer step, last step %" PRId64
+           " (a save takes %.1f ms)\n",
+           12, resumed_newer, last, save_s * 1e3);
+    CHECK(resumed_newer > 0, "no trial got past its first save: the test killed too early");
+    run_free(&r);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--saver") == 0) return saver_main(argv);
+    tmp_dir = check_env("CTITAN_TMP");
+    ckpt_rmtree(tmp_dir, NULL); // a fresh folder: earlier runs' checkpoints would change counts
+    fs_mkdirs(tmp_dir, NULL);
+    test_xxh64();
+    test_roundtrip(false, false);
+    test_roundtrip(true, false);
+    test_roundtrip(false, true);
+    test_mismatch();
+    test_replace_and_prune();
+    test_corrupt();
+    test_refuse_nonfinite();
+    test_clean_stale();
+    test_kill_during_save();
+    return check_summary();
+}

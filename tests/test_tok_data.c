@@ -1,0 +1,355 @@
+// Text datasets through the real Qwen3 tokenizer (assets/): .txt, .jsonl, folders, invalid
+// UTF-8, thread-count independence, and the text error classes. Each stream is compared with a
+// plain single-encoder tok_encode of the same documents, <|endoftext|> after each.
+#include <stdint.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "check.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "io/json.h"
+#include "io/npy.h"
+#include "text/tokenizer.h"
+
+#define VOCAB 151936 // Qwen3's embedding rows
+
+static const char *tmp;
+static tokenizer *tok;
+static tok_encoder *enc;
+static int32_t eos;
+
+static char *tmp_path(const char *name) {
+    static char buf[8][1024];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, sizeof buf[0], "%s/%s", tmp, name);
+    return p;
+}
+
+static void write_bytes(const char *path, const char *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "setup: cannot write %s\n", path);
+        exit(2);
+    }
+}
+
+static void write_file(const char *path, const char *text) {
+    write_bytes(path, text, strlen(text));
+}
+
+static char *read_file(const char *path, size_t *len) {
+    char *text;
+    ct_error err;
+    if (file_read_all(&text, len, path, (size_t)1 << 30, &err) != 0) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        exit(2);
+    }
+    return text;
+}
+
+static void push_id(tok_ids *ids, int32_t id) {
+    if (ids->n == ids->cap) {
+        ids->cap = ids->cap ? 2 * ids->cap : 1024;
+        if (!(ids->v = realloc(ids->v, ids->cap * sizeof *ids->v))) exit(2);
+    }
+    ids->v[ids->n++] = id;
+}
+
+// The reference: one document's ids from a single encoder, then <|endoftext|>.
+static void ref_doc(tok_ids *ids, const char *text, size_t len) {
+    ct_error err;
+    if (tok_encode(enc, ids, text, len, &err) != 0) {
+        fprintf(stderr, "reference encode: %s\n", err.msg);
+        exit(2);
+    }
+    push_id(ids, eos);
+}
+
+static bool same_ids(const token_stream *s, const tok_ids *want, const char *what) {
+    size_t first = 0;
+    while (first < s->n_tokens && first < want->n && s->tokens[first] == want->v[first]) first++;
+    bool ok = s->n_tokens == want->n && first == want->n;
+    CHECK(ok, "%s: %zu tokens vs %zu expected, first difference at %zu", what, s->n_tokens, want->n,
+          first);
+    return ok;
+}
+
+static void open_ok(token_stream *s, const char *path, int threads) {
+    ct_error err = {{0}};
+    int rc = stream_open(s, path, tok, VOCAB, threads, &err);
+    CHECK(rc == 0, "%s (%d threads): %s", path, threads, err.msg);
+}
+
+static void check_open_fails(const char *path, int32_t vocab, int threads, const char *a,
+                             const char *b) {
+    token_stream s;
+    ct_error err = {{0}};
+    CHECK(stream_open(&s, path, tok, vocab, threads, &err) != 0,
+          "%s opened, expected an error about \"%s\"", path, a);
+    CHECK(strstr(err.msg, a) != NULL, "message \"%s\" lacks \"%s\"", err.msg, a);
+    if (b) CHECK(strstr(err.msg, b) != NULL, "message \"%s\" lacks \"%s\"", err.msg, b);
+    stream_free(&s);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// A .txt is one document, and a long one is encoded in pieces on several threads: the ids
+// must equal one encoder's ids of the whole file, for every thread count.
+static void test_txt(const char *assets) {
+    char src[1024];
+    snprintf(src, sizeof src, "%s/corpus/nlp-corpus.txt", assets);
+    size_t len;
+    char *all = read_file(src, &len);
+    // About 1.5 MB (several 256 KiB pieces), ending at a line end.
+    size_t n = len < 1500000 ? len : 1500000;
+    while (n < len && all[n - 1] != '\n') n++;
+    char *p = tmp_path("long.txt");
+    write_bytes(p, all, n);
+    tok_ids want = {0};
+    ref_doc(&want, all, n);
+    free(all);
+    for (int threads = 1; threads <= 3; threads++) {
+        token_stream s;
+        double t0 = now();
+        open_ok(&s, p, threads);
+        double secs = now() - t0;
+        same_ids(&s, &want, "long.txt");
+        CHECK(s.n_docs == 1 && s.n_files == 1 && s.n_replaced == 0 && !s.warning[0], "%llu docs",
+              (unsigned long long)s.n_docs);
+        CHECK(s.n_tokens > 300000 && s.tokens[s.n_tokens - 1] == eos, "%zu tokens", s.n_tokens);
+        printf("long.txt: %zu bytes, %zu tokens in %.2f s on %d thread(s)\n", n, s.n_tokens, secs,
+               threads);
+        stream_free(&s);
+    }
+    tok_ids_free(&want);
+    // The demo's small file.
+    snprintf(src, sizeof src, "%s/corpus/small.txt", assets);
+    char *small = read_file(src, &len);
+    tok_ids w2 = {0};
+    ref_doc(&w2, small, len);
+    token_stream s;
+    open_ok(&s, src, 2);
+    same_ids(&s, &w2, "small.txt");
+    stream_free(&s);
+    tok_ids_free(&w2);
+    free(small);
+}
+
+// .jsonl: one document per non-empty line, the "text" field decoded by an independent cJSON
+// parse here.
+static void test_jsonl(const char *assets) {
+    char src[1024];
+    snprintf(src, sizeof src, "%s/corpus/nlp-corpus.jsonl", assets);
+    size_t len;
+    char *all = read_file(src, &len);
+    // The first 3000 lines, with blank lines and a CRLF ending mixed in.
+    size_t pos = 0;
+    int lines = 0;
+    FILE *f = fopen(tmp_path("part.jsonl"), "wb");
+    tok_ids want = {0};
+    while (pos < len && lines < 3000) {
+        char *nl = memchr(all + pos, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - (all + pos)) : len - pos;
+        fwrite(all + pos, 1, n, f);
+        fputs(lines % 97 == 5 ? "\r\n" : "\n", f);
+        if (lines % 113 == 7) fputs("\n", f);
+        cJSON *j = cJSON_ParseWithLength(all + pos, n);
+        const char *text = cJSON_GetObjectItemCaseSensitive(j, "text")->valuestring;
+        ref_doc(&want, text, strlen(text));
+        cJSON_Delete(j);
+        pos += n + 1;
+        lines++;
+    }
+    fclose(f);
+    free(all);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        token_stream s;
+        open_ok(&s, tmp_path("part.jsonl"), threads);
+        same_ids(&s, &want, "part.jsonl");
+        CHECK(s.n_docs == 3000, "%llu documents", (unsigned long long)s.n_docs);
+        stream_free(&s);
+    }
+    tok_ids_free(&want);
+
+    // Escapes, non-ASCII, an empty text (a document of just <|endoftext|>), an added token in
+    // the text (matched whole, as HF does), extra fields, a last line without \n.
+    const char *docs[] = {"Tab\there, quote \" and \\ slash / é 中文 😀", "", "a<|im_end|>b",
+                          "line one\nline two"};
+    write_file(tmp_path("misc.jsonl"),
+               "{\"text\": \"Tab\\there, quote \\\" and \\\\ slash \\/ \\u00e9 中文 "
+               "\\ud83d\\ude00\"}\n"
+               "{\"id\": 7, \"text\": \"\"}\n"
+               "{\"text\": \"a<|im_end|>b\", \"meta\": {\"text\": 1}}\n"
+               "{\"text\": \"line one\\nline two\"}");
+    tok_ids w2 = {0};
+    for (int i = 0; i < 4; i++) ref_doc(&w2, docs[i], strlen(docs[i]));
+    token_stream s;
+    open_ok(&s, tmp_path("misc.jsonl"), 2);
+    same_ids(&s, &w2, "misc.jsonl");
+    CHECK(s.n_docs == 4, "%llu documents", (unsigned long long)s.n_docs);
+    CHECK(s.n_tokens > 3 && s.tokens[0] != eos, "first token");
+    stream_free(&s);
+    tok_ids_free(&w2);
+}
+
+// A folder mixes .txt, .jsonl and .npy in sorted name order; .npy ids are used as is.
+static void test_folder(void) {
+    char *dir = tmp_path("mixed");
+    mkdir(dir, 0755);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/b.jsonl", dir);
+    write_file(p, "{\"text\": \"second file, first doc\"}\n{\"text\": \"second doc\"}\n");
+    snprintf(p, sizeof p, "%s/a.txt", dir);
+    write_file(p, "The first file.\nIts second line.\n");
+    snprintf(p, sizeof p, "%s/c.npy", dir);
+    int64_t raw[] = {1, 2, 3, 151935};
+    ct_error err;
+    CHECK(npy_write(p, raw, 4, "<u4", &err) == 0, "%s", err.msg);
+    snprintf(p, sizeof p, "%s/readme.md", dir);
+    write_file(p, "ignored");
+    tok_ids want = {0};
+    const char *a = "The first file.\nIts second line.\n";
+    ref_doc(&want, a, strlen(a));
+    ref_doc(&want, "second file, first doc", 22);
+    ref_doc(&want, "second doc", 10);
+    for (int i = 0; i < 4; i++) push_id(&want, (int32_t)raw[i]);
+    token_stream s;
+    open_ok(&s, dir, 2);
+    same_ids(&s, &want, "mixed folder");
+    CHECK(s.n_files == 3 && s.n_docs == 3, "%llu files, %llu docs", (unsigned long long)s.n_files,
+          (unsigned long long)s.n_docs);
+    // The loader over a text stream: window 0 is the first seq_len+1 ids.
+    data_loader l;
+    CHECK(loader_init(&l, &s, 8, false, 0, &err) == 0, "%s", err.msg);
+    int32_t in[8], tg[8];
+    loader_sample(&l, in, tg, 0);
+    CHECK(memcmp(in, want.v, sizeof in) == 0 && memcmp(tg, want.v + 1, sizeof tg) == 0, "window 0");
+    loader_free(&l);
+    CHECK(loader_init(&l, &s, (int)s.n_tokens, false, 0, &err) != 0, "too few tokens");
+    CHECK(strstr(err.msg, "mixed has") && strstr(err.msg, "fewer than seq_len+1"), "%s", err.msg);
+    stream_free(&s);
+    tok_ids_free(&want);
+}
+
+// Invalid UTF-8 is replaced by U+FFFD per maximal ill-formed subsequence (Python's
+// errors="replace"), counted, and the first one located in the warning.
+static void test_invalid_utf8(void) {
+    const char bad[] = "ab\xff"
+                       "cd \xe2\x82 x \xc3"; // 0xFF, a truncated 3-byte, a lone lead at the end
+    write_bytes(tmp_path("bad.txt"), bad, sizeof bad - 1);
+    const char *fixed = "ab\xEF\xBF\xBD"
+                        "cd \xEF\xBF\xBD x \xEF\xBF\xBD";
+    tok_ids want = {0};
+    ref_doc(&want, fixed, strlen(fixed));
+    token_stream s;
+    open_ok(&s, tmp_path("bad.txt"), 2);
+    same_ids(&s, &want, "bad.txt");
+    CHECK(s.n_replaced == 3, "%llu replaced", (unsigned long long)s.n_replaced);
+    CHECK(strstr(s.warning, "3 invalid UTF-8") && strstr(s.warning, "bad.txt at byte offset 2"),
+          "warning: %s", s.warning);
+    stream_free(&s);
+    tok_ids_free(&want);
+    // In a .jsonl the raw bytes sit inside the JSON string; the warning names the line.
+    const char jl[] = "{\"text\": \"fine\"}\n{\"text\": \"x\xfey\"}\n{\"text\": \"\xc0\xaf\"}\n";
+    write_bytes(tmp_path("bad.jsonl"), jl, sizeof jl - 1);
+    tok_ids w2 = {0};
+    ref_doc(&w2, "fine", 4);
+    ref_doc(&w2, "x\xEF\xBF\xBDy", 5);
+    ref_doc(&w2, "\xEF\xBF\xBD\xEF\xBF\xBD", 6); // C0 AF: two ill-formed bytes
+    for (int threads = 1; threads <= 2; threads++) {
+        open_ok(&s, tmp_path("bad.jsonl"), threads);
+        same_ids(&s, &w2, "bad.jsonl");
+        CHECK(s.n_replaced == 3 && strstr(s.warning, "bad.jsonl at line 2"), "%llu: %s",
+              (unsigned long long)s.n_replaced, s.warning);
+        stream_free(&s);
+    }
+    tok_ids_free(&w2);
+}
+
+static void test_errors(void) {
+    write_file(tmp_path("empty.txt"), "");
+    check_open_fails(tmp_path("empty.txt"), VOCAB, 2, "empty.txt", "empty");
+    write_file(tmp_path("empty.jsonl"), "");
+    check_open_fails(tmp_path("empty.jsonl"), VOCAB, 2, "empty.jsonl", "empty");
+    write_file(tmp_path("blank.jsonl"), "\n\r\n\n");
+    check_open_fails(tmp_path("blank.jsonl"), VOCAB, 2, "blank.jsonl", "no documents");
+    check_open_fails(tmp_path("nope.jsonl"), VOCAB, 2, "nope.jsonl", "No such file");
+    write_file(tmp_path("notext.jsonl"),
+               "{\"text\": \"ok\"}\n\n{\"content\": \"no text key\"}\n{\"text\": \"ok\"}\n");
+    check_open_fails(tmp_path("notext.jsonl"), VOCAB, 2, "notext.jsonl:3:", "no \"text\" field");
+    write_file(tmp_path("number.jsonl"), "{\"text\": \"ok\"}\n{\"text\": 42}\n");
+    check_open_fails(tmp_path("number.jsonl"), VOCAB, 2,
+                     "number.jsonl:2:", "\"text\" is a number, expected a string");
+    write_file(tmp_path("array.jsonl"), "[\"text\"]\n");
+    check_open_fails(tmp_path("array.jsonl"), VOCAB, 2,
+                     "array.jsonl:1:", "expected a JSON object, found an array");
+    write_file(tmp_path("broken.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"unterminated}\n");
+    check_open_fails(tmp_path("broken.jsonl"), VOCAB, 2, "broken.jsonl:2:", "invalid JSON");
+    write_file(tmp_path("nul.jsonl"), "{\"text\": \"a\\u0000b\"}\n");
+    check_open_fails(tmp_path("nul.jsonl"), VOCAB, 2, "nul.jsonl:1:", "NUL");
+    // The first bad line in file order is reported, whatever the thread count.
+    FILE *f = fopen(tmp_path("late.jsonl"), "wb");
+    for (int i = 1; i <= 2000; i++)
+        fputs(i == 1500 || i == 1900 ? "{\"txt\": 1}\n" : "{\"text\": \"fine text\"}\n", f);
+    fclose(f);
+    for (int threads = 1; threads <= 3; threads++)
+        check_open_fails(tmp_path("late.jsonl"), VOCAB, threads, "late.jsonl:1500:", "no \"text\"");
+    // An id beyond the model's vocabulary (<|im_end|> = 151645 with vocab_size 151644, which
+    // still holds <|endoftext|> = 151643), and an <|endoftext|> beyond it.
+    write_file(tmp_path("words.jsonl"), "{\"text\": \"a\"}\n{\"text\": \"hi<|im_end|>\"}\n");
+    CHECK(tok_token_id(tok, "<|im_end|>") == 151645, "<|im_end|> id");
+    check_open_fails(tmp_path("words.jsonl"), 151644, 2,
+                     "words.jsonl:2: token id 151645 (<|im_end|>)",
+                     "outside the model's vocab_size 151644");
+    check_open_fails(tmp_path("words.jsonl"), 1000, 2, "end-of-document id 151643",
+                     "vocab_size 1000");
+    // Parse errors and id errors are found in different passes; the first in the file wins.
+    write_file(tmp_path("order1.jsonl"), "{\"text\": \"a\"}\n{\"text\": \"<|im_end|>\"}\n{\n");
+    write_file(tmp_path("order2.jsonl"), "{\"text\": \"a\"}\n{\n{\"text\": \"<|im_end|>\"}\n");
+    for (int threads = 1; threads <= 2; threads++) {
+        check_open_fails(tmp_path("order1.jsonl"), 151644, threads, "order1.jsonl:2: token id",
+                         NULL);
+        check_open_fails(tmp_path("order2.jsonl"), 151644, threads, "order2.jsonl:2: invalid",
+                         NULL);
+    }
+    // A folder reports the file at fault.
+    char *dir = tmp_path("faulty");
+    mkdir(dir, 0755);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/1.txt", dir);
+    write_file(p, "good");
+    snprintf(p, sizeof p, "%s/2.jsonl", dir);
+    write_file(p, "{\"text\": \"good\"}\n{}\n");
+    check_open_fails(dir, VOCAB, 2, "2.jsonl:2:", "no \"text\" field");
+}
+
+int main(void) {
+    tmp = check_env("CTITAN_TMP");
+    const char *assets = check_env("CTITAN_ASSETS_DIR");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/qwen3-tokenizer", assets);
+    ct_error err;
+    if (tok_load(&tok, dir, &err) != 0 || tok_encoder_new(&enc, tok, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    eos = tok_eos_id(tok);
+    CHECK(eos == 151643, "<|endoftext|> is %d", eos);
+    test_txt(assets);
+    test_jsonl(assets);
+    test_folder();
+    test_invalid_utf8();
+    test_errors();
+    tok_encoder_free(enc);
+    tok_free(tok);
+    return check_summary();
+}

@@ -1,0 +1,563 @@
+// The training config: defaults, TOML + command-line precedence, every error class (naming
+// FILE:LINE or the option, and the key, with suggestions), cross-key checks, the write -> load
+// round trip, the hash, and every shipped configs/*.toml.
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "train/config.h"
+
+static const char *tmp_dir;
+
+static const char *write_file(const char *name, const char *text) {
+    static char path[8][1024];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 1024, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(p, "wb");
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
+
+// config_load with a NULL-terminated argv.
+static int load(ct_config *c, const char *toml, ct_error *err, ...) {
+    char *argv[32];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, err);
+    for (char *a; (a = va_arg(ap, char *)) && argc < 32;) argv[argc++] = a;
+    va_end(ap);
+    return config_load(c, toml, argc, argv, err);
+}
+
+// Loads and expects failure with every fragment in the message.
+static void expect_fail(const char *what, const char *toml, char **argv, int argc, ...) {
+    ct_config c;
+    ct_error err = {{0}};
+    if (config_load(&c, toml, argc, argv, &err) == 0) {
+        CHECK(0, "%s: loaded, expected an error", what);
+        return;
+    }
+    va_list ap;
+    va_start(ap, argc);
+    for (const char *frag; (frag = va_arg(ap, const char *));)
+        CHECK(strstr(err.msg, frag) != NULL, "%s: message lacks '%s': %s", what, frag, err.msg);
+    va_end(ap);
+}
+
+#define ARGV(...) (char *[]){__VA_ARGS__}, (int)(sizeof((char *[]){__VA_ARGS__}) / sizeof(char *))
+#define NOARGS NULL, 0
+
+static const char *base_toml =
+    "[training]\ndataset_path = \"data.txt\"\nsteps = 1000\n"; // the one key with no default
+
+static void test_defaults(void) {
+    ct_config c;
+    config_defaults(&c);
+    CHECK(strcmp(c.job.dump_folder, "./outputs") == 0, "job.dump_folder");
+    CHECK(strcmp(c.model.backend, "native") == 0 && strcmp(c.model.flavor, "debugmodel") == 0,
+          "model backend/flavor");
+    CHECK(strcmp(c.model.tokenizer_path, "assets/qwen3-tokenizer") == 0,
+          "native tokenizer_path: %s", c.model.tokenizer_path);
+    CHECK(c.model.n_layers == 0 && c.model.vocab_size == 0 && c.model.tie_embeddings == -1,
+          "no overrides");
+    CHECK(c.training.local_batch_size == 8 && c.training.global_batch_size == -1 &&
+              c.training.seq_len == 2048 && c.training.steps == 10000 &&
+              c.training.max_norm == 1.0 && c.training.shuffle &&
+              c.training.max_skipped_steps == 3 && !c.training.allow_overcommit &&
+              strcmp(c.training.mixed_precision_param, "float32") == 0,
+          "training defaults");
+    CHECK(strcmp(c.optimizer.name, "AdamW") == 0 && c.optimizer.lr == 8e-4 &&
+              c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.95 && c.optimizer.eps == 1e-8 &&
+              c.optimizer.weight_decay == 0.1 && c.optimizer.decay_norms_and_embeddings,
+          "optimizer defaults (torchtitan's)");
+    CHECK(c.lr_scheduler.warmup_steps == 200 && c.lr_scheduler.decay_ratio == 0.0 &&
+              strcmp(c.lr_scheduler.decay_type, "linear") == 0 &&
+              c.lr_scheduler.min_lr_factor == 0.0,
+          "lr_scheduler defaults");
+    CHECK(c.checkpoint.enable && strcmp(c.checkpoint.folder, "checkpoint") == 0 &&
+              c.checkpoint.interval == 500 && c.checkpoint.keep_latest_k == 10 &&
+              !c.checkpoint.initial_load_path[0] && !c.checkpoint.initial_load_in_hf &&
+              !c.checkpoint.last_save_in_hf && strcmp(c.checkpoint.export_dtype, "float32") == 0,
+          "checkpoint defaults");
+    CHECK(c.metrics.log_freq == 10 && c.metrics.peak_gflops == 0.0, "metrics defaults");
+    CHECK(!c.validation.enable && c.validation.freq == 500 && c.validation.steps == 10,
+          "validation defaults");
+    CHECK(c.debug.seed == 0 && c.parallelism.data_parallel_shard_degree == 1, "debug/parallelism");
+    ct_error err = {{0}};
+    CHECK(config_validate(&c, &err) == -1 &&
+              strcmp(err.msg, "config: training.dataset_path is not set: point it at a .txt, "
+                              ".jsonl or .npy file, or a folder of them") == 0,
+          "defaults lack a dataset: %s", err.msg);
+    ct_config d;
+    CHECK(load(&d, NULL, &err, "--training.dataset_path=x", NULL) == 0, "load: %s", err.msg);
+    snprintf(c.training.dataset_path, sizeof c.training.dataset_path, "x");
+    CHECK(memcmp(&c, &d, sizeof c) == 0, "config_load with no file equals config_defaults");
+    int n;
+    const config_key *keys = config_keys(&n);
+    CHECK(n >= 50 && keys[0].section && strcmp(keys[0].section, "job") == 0, "key table (%d)", n);
+    CHECK(config_find_key("training.steps") &&
+              config_find_key("training.steps")->type == CONFIG_INT,
+          "find training.steps");
+    CHECK(config_find_key("training") == NULL && config_find_key("training.step") == NULL,
+          "find misses");
+}
+
+static void test_precedence(void) {
+    const char *path = write_file("p.toml", "# precedence\n"
+                                            "[training]\n"
+                                            "dataset_path = \"corpus\"\n"
+                                            "steps = 1000\n"
+                                            "seq_len = 64\n"
+                                            "max_norm = 2      # an integer is fine for a float\n"
+                                            "[model]\n"
+                                            "backend = \"hf\"\n"
+                                            "hf_path = 'models/q'\n");
+    ct_config c;
+    ct_error err = {{0}};
+    CHECK(load(&c, NULL, &err, "--config", path, "--training.steps=50", "--training.seq_len", "32",
+               "--lr_scheduler.warmup_steps=0", "--model.backend=native",
+               "--model.hf_path=", "--model.tie_embeddings", "false", "--optimizer.lr", "1e-3",
+               "--training.allow_overcommit", "--training.shuffle", "false", "--debug.seed=7",
+               "--job.description", "a b \"c\"", NULL) == 0,
+          "load: %s", err.msg);
+    CHECK(c.training.steps == 50 && c.training.seq_len == 32, "command line beats the file");
+    CHECK(strcmp(c.training.dataset_path, "corpus") == 0 && c.training.max_norm == 2.0,
+          "file beats defaults");
+    CHECK(c.model.tie_embeddings == 0 && c.optimizer.lr == 1e-3 && c.training.allow_overcommit &&
+              !c.training.shuffle && c.debug.seed == 7,
+          "overrides applied");
+    CHECK(strcmp(c.job.description, "a b \"c\"") == 0, "strings verbatim: %s", c.job.description);
+    CHECK(strcmp(c.model.tokenizer_path, "assets/qwen3-tokenizer") == 0,
+          "tokenizer resolved after overrides: %s", c.model.tokenizer_path);
+
+    // --config anywhere; it wins over the path argument.
+    const char *other = write_file("o.toml", "[training]\ndataset_path = 'other'\n");
+    CHECK(load(&c, other, &err, "--training.steps=300", "--config=", NULL) == -1,
+          "--config= with an empty path fails");
+    CHECK(load(&c, other, &err, "--training.steps=300", NULL) == 0 &&
+              strcmp(c.training.dataset_path, "other") == 0,
+          "path argument: %s", err.msg);
+    CHECK(load(&c, other, &err, "--config", path, NULL) == 0 &&
+              strcmp(c.training.dataset_path, "corpus") == 0 &&
+              strcmp(c.model.tokenizer_path, "models/q") == 0,
+          "--config wins; backend=hf tokenizer defaults to hf_path: %s", err.msg);
+    const char *tri_bool = write_file("trib.toml", "[training]\ndataset_path = 'd'\n"
+                                                   "[model]\ntie_embeddings = true\n");
+    CHECK(load(&c, tri_bool, &err, NULL) == 0 && c.model.tie_embeddings == 1,
+          "tristate from a TOML bool: %s", err.msg);
+
+    const char *tri = write_file("tri.toml", "[training]\ndataset_path = 'd'\n"
+                                             "[model]\ntie_embeddings = \"auto\"\n");
+    CHECK(load(&c, tri, &err, NULL) == 0 && c.model.tie_embeddings == -1, "tristate auto");
+    CHECK(load(&c, tri, &err, "--model.tie_embeddings", "true", NULL) == 0 &&
+              c.model.tie_embeddings == 1,
+          "tristate on the command line");
+    CHECK(load(&c, tri, &err, "--model.tie_embeddings", NULL) == 0 && c.model.tie_embeddings == 1,
+          "tristate bare flag");
+    CHECK(load(&c, tri, &err, "--model.tokenizer_path=/tok", "--model.backend=native", NULL) == 0 &&
+              strcmp(c.model.tokenizer_path, "/tok") == 0,
+          "explicit tokenizer_path kept");
+    CHECK(load(&c, tri, &err, "--training.global_batch_size", "-16", NULL) == -1 &&
+              strstr(err.msg, "command line --training.global_batch_size: "
+                              "training.global_batch_size = -16"),
+          "a negative value after a space is a value: %s", err.msg);
+}
+
+static void test_file_errors(void) {
+    const char *p;
+    char want[1200];
+#define FILE_FAIL(name, text, line, ...)                                                           \
+    do {                                                                                           \
+        p = write_file(name, text);                                                                \
+        snprintf(want, sizeof want, "%s:%d: ", p, line);                                           \
+        expect_fail(name, p, NOARGS, want, __VA_ARGS__, NULL);                                     \
+    } while (0)
+    FILE_FAIL("sec.toml", "[training]\ndataset_path = 'd'\n\n[trainig]\nsteps = 1\n", 4,
+              "unknown section [trainig] (did you mean [training]?)");
+    FILE_FAIL("sec2.toml", "[profiling]\n", 1, "unknown section [profiling]");
+    FILE_FAIL("key.toml", "[training]\ndataset_path = 'd'\nstpes = 5\n", 3,
+              "unknown key 'stpes' in [training] (did you mean steps?)");
+    FILE_FAIL("key2.toml", "[training]\nseed = 5\n", 2,
+              "unknown key 'seed' in [training] (it belongs in [debug])");
+    FILE_FAIL("root.toml", "steps = 5\n", 1, "key 'steps' is outside any [section]",
+              "(it belongs in [training])");
+    FILE_FAIL("type1.toml", "[training]\nsteps = \"100\"\n", 2,
+              "training.steps: expected an integer, found a string (\"100\")");
+    FILE_FAIL("type2.toml", "[training]\nsteps = 1.5\n", 2,
+              "training.steps: expected an integer, found a float (1.5)");
+    FILE_FAIL("type3.toml", "[optimizer]\nlr = true\n", 2,
+              "optimizer.lr: expected a number, found a boolean (true)");
+    FILE_FAIL("type4.toml", "[training]\nshuffle = 1\n", 2,
+              "training.shuffle: expected true or false, found an integer (1)");
+    FILE_FAIL("type5.toml", "[job]\ndump_folder = ['a']\n", 2,
+              "job.dump_folder: expected a string, found an array of 1 values");
+    FILE_FAIL("type6.toml", "[model]\ntie_embeddings = 'yes'\n", 2,
+              "model.tie_embeddings: expected true, false or \"auto\"");
+    FILE_FAIL("choice.toml", "[model]\nbackend = \"hff\"\n", 2,
+              "model.backend: expected one of \"native\", \"hf\", found \"hff\" (did you mean "
+              "\"hf\"?)");
+    FILE_FAIL("choice2.toml", "[lr_scheduler]\ndecay_type = 'cos'\n", 2,
+              "expected one of \"linear\", \"sqrt\", \"cosine\", found \"cos\"");
+    FILE_FAIL("range.toml", "[training]\nsteps = 3000000000\n", 2,
+              "training.steps: 3000000000 does not fit in an int");
+    char longv[1200] = "[model]\nflavor = '";
+    memset(longv + strlen(longv), 'x', 100);
+    strcat(longv, "'\n");
+    FILE_FAIL("long.toml", longv, 2, "model.flavor: the value is 100 bytes long; at most 63 fit");
+    FILE_FAIL("syntax.toml", "[training]\nsteps = 10 20\n", 2, "expected end of line");
+    FILE_FAIL("dup.toml", "[training]\nsteps = 1\nsteps = 2\n", 3, "defined twice");
+    FILE_FAIL("utf8.toml", "[job]\ndescription = '\xfe'\n", 2, "invalid UTF-8 at byte 21");
+    expect_fail("missing file", "/nonexistent/cfg.toml", NOARGS, "/nonexistent/cfg.toml", NULL);
+#undef FILE_FAIL
+}
+
+static void test_cli_errors(void) {
+    const char *base = write_file("base.toml", base_toml);
+    expect_fail("unknown option", base, ARGV("--training.stpes=5"),
+                "command line: unknown option --training.stpes (did you mean --training.steps?)",
+                NULL);
+    expect_fail("no section", base, ARGV("--steps", "5"),
+                "unknown option --steps (did you mean --training.steps?)", NULL);
+    expect_fail("bad section", base, ARGV("--trainig.steps=5"),
+                "unknown option --trainig.steps (did you mean --training.steps?)", NULL);
+    expect_fail("wrong section", base, ARGV("--training.seed=5"),
+                "unknown option --training.seed (did you mean --debug.seed?)", NULL);
+    expect_fail("nothing close", base, ARGV("--zzzzzzzz=1"),
+                "unknown option --zzzzzzzz (see ctitan train --help)", NULL);
+    expect_fail("type", base, ARGV("--training.steps=abc"),
+                "command line --training.steps: training.steps: expected an integer, found "
+                "'abc'",
+                NULL);
+    expect_fail("number syntax", base, ARGV("--training.steps=007"),
+                "command line --training.steps: expected a number, found '007' (leading zeros",
+                NULL);
+    expect_fail("word for float", base, ARGV("--optimizer.lr=fast"),
+                "command line --optimizer.lr: optimizer.lr: expected a number, found 'fast'", NULL);
+    expect_fail("float for int", base, ARGV("--training.steps", "2.5"),
+                "command line --training.steps: training.steps: expected an integer, found a "
+                "float (2.5)",
+                NULL);
+    expect_fail("inf", base, ARGV("--optimizer.lr=inf"), "command line --optimizer.lr",
+                "inf and nan are not allowed", NULL);
+    expect_fail("bool", base, ARGV("--training.shuffle=yes"), "command line --training.shuffle",
+                "found 'yes'", NULL);
+    expect_fail("choice", base, ARGV("--checkpoint.export_dtype=bf16"),
+                "command line --checkpoint.export_dtype: checkpoint.export_dtype: expected one "
+                "of \"float32\", \"bfloat16\", \"float16\", found \"bf16\"",
+                NULL);
+    expect_fail("missing value", base, ARGV("--training.steps"),
+                "command line: --training.steps needs a value", NULL);
+    expect_fail("value is an option", base, ARGV("--training.steps", "--debug.seed=1"),
+                "--training.steps needs a value", NULL);
+    expect_fail("positional", base, ARGV("extra"), "command line: unexpected argument 'extra'",
+                NULL);
+    expect_fail("twice", base, ARGV("--training.steps=1", "--training.steps=2"),
+                "command line --training.steps: given twice", NULL);
+    expect_fail("config twice", NULL, ARGV("--config", (char *)base, "--config=x"),
+                "--config given twice", NULL);
+    expect_fail("config without file", NULL, ARGV("--config"), "--config needs a file", NULL);
+    expect_fail("invalid UTF-8", base, ARGV("--job.description=a\xff"),
+                "command line --job.description: invalid UTF-8 at byte 1", NULL);
+}
+
+static void test_checks(void) {
+    char want[1200];
+    const char *p = write_file("gbs.toml", "[training]\n"
+                                           "dataset_path = 'd'\n"
+                                           "local_batch_size = 4\n"
+                                           "global_batch_size = 6\n");
+    snprintf(want, sizeof want,
+             "%s:4: training.global_batch_size = 6 is not a multiple of "
+             "training.local_batch_size (4) * "
+             "parallelism.data_parallel_shard_degree (1) = 4",
+             p);
+    expect_fail("global batch", p, NOARGS, want, NULL);
+    ct_config c;
+    ct_error err = {{0}};
+    CHECK(load(&c, p, &err, "--training.global_batch_size=8", NULL) == 0, "8 = 2 x 4: %s", err.msg);
+    expect_fail(
+        "global batch x dp", p,
+        ARGV("--training.global_batch_size=8", "--parallelism.data_parallel_shard_degree=3"),
+        "command line --training.global_batch_size: training.global_batch_size = 8 is "
+        "not a multiple",
+        "= 12", NULL);
+    p = write_file("ok.toml", "[training]\ndataset_path = 'd'\nlocal_batch_size = 4\n");
+    // The location is the first user-set key: steps on the command line, warmup a default.
+    expect_fail("warmup > steps", p, ARGV("--training.steps=100"),
+                "command line --training.steps: lr_scheduler.warmup_steps (200) + decay steps (0 "
+                "= round(lr_scheduler.decay_ratio 0 * training.steps)) exceed training.steps (100)",
+                NULL);
+    expect_fail("warmup + decay > steps", p,
+                ARGV("--training.steps=100", "--lr_scheduler.warmup_steps=90",
+                     "--lr_scheduler.decay_ratio=0.2"),
+                "command line --lr_scheduler.warmup_steps: lr_scheduler.warmup_steps (90) + "
+                "decay steps (20 ",
+                NULL);
+    CHECK(load(&c, p, &err, "--training.steps=100", "--lr_scheduler.warmup_steps=80",
+               "--lr_scheduler.decay_ratio=0.2", NULL) == 0,
+          "warmup + decay == steps is fine: %s", err.msg);
+    expect_fail("hf without path", p, ARGV("--model.backend=hf"),
+                "command line --model.backend: model.backend = \"hf\" needs model.hf_path", NULL);
+    expect_fail("hf override", p,
+                ARGV("--model.backend=hf", "--model.hf_path=/m", "--model.n_layers=2"),
+                "command line --model.n_layers: model.n_layers = 2 overrides a native flavor's "
+                "architecture; with model.backend = \"hf\" the architecture comes from "
+                "/m/config.json",
+                NULL);
+    expect_fail("native with hf_path", p, ARGV("--model.hf_path=/m"),
+                "command line --model.hf_path: model.hf_path is set but model.backend = "
+                "\"native\"",
+                NULL);
+    expect_fail("negative override", p, ARGV("--model.dim=-4"), "model.dim = -4", NULL);
+    expect_fail("empty flavor", p, ARGV("--model.flavor="), "model.flavor is empty", NULL);
+    expect_fail("decay ratio", p, ARGV("--lr_scheduler.decay_ratio=1.5"),
+                "lr_scheduler.decay_ratio = 1.5; expected a value in [0, 1]", NULL);
+    expect_fail("min lr", p, ARGV("--lr_scheduler.min_lr_factor=-0.1"),
+                "lr_scheduler.min_lr_factor = -0.1", NULL);
+    expect_fail("beta1", p, ARGV("--optimizer.beta1=1"), "optimizer.beta1 = 1; expected", NULL);
+    expect_fail("lr", p, ARGV("--optimizer.lr=-1e-3"), "optimizer.lr = -0.001", NULL);
+    expect_fail("steps", p, ARGV("--training.steps=0"), "training.steps = 0; expected at least 1",
+                NULL);
+    expect_fail("seq_len", p, ARGV("--training.seq_len=0"), "training.seq_len = 0", NULL);
+    expect_fail("max_norm", p, ARGV("--training.max_norm=-1"), "training.max_norm = -1", NULL);
+    expect_fail("bf16 params", p, ARGV("--training.mixed_precision_param=bfloat16"),
+                "\"bfloat16\" is not supported on CPU", NULL);
+    expect_fail("initial hf", p, ARGV("--checkpoint.initial_load_in_hf"),
+                "command line --checkpoint.initial_load_in_hf: checkpoint.initial_load_in_hf = "
+                "true needs checkpoint.initial_load_path",
+                NULL);
+    expect_fail("last save without checkpoints", p,
+                ARGV("--checkpoint.last_save_in_hf", "--checkpoint.enable=false"),
+                "checkpoint.last_save_in_hf = true needs checkpoint.enable = true", NULL);
+    expect_fail("interval", p, ARGV("--checkpoint.interval=0"), "checkpoint.interval = 0", NULL);
+    expect_fail("keep", p, ARGV("--checkpoint.keep_latest_k=-1"), "checkpoint.keep_latest_k = -1",
+                NULL);
+    expect_fail("log_freq", p, ARGV("--metrics.log_freq=0"), "metrics.log_freq = 0", NULL);
+    expect_fail("validation path", p, ARGV("--validation.enable"),
+                "validation.enable = true needs validation.dataset_path", NULL);
+    expect_fail("validation steps", p, ARGV("--validation.steps=0"), "validation.steps = 0", NULL);
+    CHECK(load(&c, p, &err, "--validation.steps=-1", NULL) == 0, "validation.steps = -1: %s",
+          err.msg);
+    expect_fail("seed", p, ARGV("--debug.seed=-1"), "debug.seed = -1", NULL);
+    expect_fail("dp", p, ARGV("--parallelism.data_parallel_shard_degree=0"),
+                "parallelism.data_parallel_shard_degree = 0", NULL);
+    expect_fail("dump folder", p, ARGV("--job.dump_folder="), "job.dump_folder is empty", NULL);
+    const char *f = write_file("lr.toml", "[training]\ndataset_path = 'd'\n\n[optimizer]\n"
+                                          "lr = -1.0\n");
+    snprintf(want, sizeof want, "%s:5: optimizer.lr = -1; expected 0 or more", f);
+    expect_fail("location of a file value", f, NOARGS, want, NULL);
+
+    // Programmatic configs get the same checks, without locations.
+    config_defaults(&c);
+    snprintf(c.training.dataset_path, sizeof c.training.dataset_path, "d");
+    CHECK(config_validate(&c, &err) == 0, "valid: %s", err.msg);
+    snprintf(c.lr_scheduler.decay_type, sizeof c.lr_scheduler.decay_type, "cosin");
+    CHECK(config_validate(&c, &err) == -1 &&
+              strcmp(err.msg, "config: lr_scheduler.decay_type = \"cosin\"; expected one of "
+                              "\"linear\", \"sqrt\", \"cosine\"") == 0,
+          "choices re-checked: %s", err.msg);
+    snprintf(c.lr_scheduler.decay_type, sizeof c.lr_scheduler.decay_type, "cosine");
+    c.optimizer.lr = NAN;
+    CHECK(config_validate(&c, &err) == -1 && strstr(err.msg, "optimizer.lr is not a finite"),
+          "nan: %s", err.msg);
+}
+
+static void test_decay_steps(void) {
+    ct_config c;
+    config_defaults(&c);
+    struct {
+        int steps;
+        double ratio;
+        int want;
+    } cases[] = {{10, 0.25, 2}, {10, 0.35, 4}, {10, 0.0, 0}, {300, 0.2, 60},
+                 {7, 1.0, 7},   {2, 0.25, 0},  {6, 0.25, 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        c.training.steps = cases[i].steps;
+        c.lr_scheduler.decay_ratio = cases[i].ratio;
+        CHECK(config_decay_steps(&c) == cases[i].want, "round(%g * %d) = %d, got %d",
+              cases[i].ratio, cases[i].steps, cases[i].want, config_decay_steps(&c));
+    }
+}
+
+// Writes `c`, loads the text back, and compares the structs byte for byte.
+static void check_round_trip(const ct_config *c, const char *what) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/rt.toml", tmp_dir);
+    ct_error err = {{0}};
+    CHECK(config_save(c, path, &err) == 0, "%s: save: %s", what, err.msg);
+    ct_config back;
+    int rc = load(&back, path, &err, NULL);
+    CHECK(rc == 0, "%s: reload: %s", what, err.msg);
+    CHECK(rc == 0 && memcmp(c, &back, sizeof back) == 0, "%s: reload differs", what);
+    CHECK(rc == 0 && config_hash(c) == config_hash(&back), "%s: hash differs", what);
+}
+
+static void test_round_trip(void) {
+    ct_config c;
+    ct_error err = {{0}};
+    const char *p =
+        write_file("many.toml", "[job]\ndump_folder = \"runs/a \\\"b\\\" \\\\c\"\n"
+                                "description = \"tab\\there, caf\\u00e9 \\U0001F600\"\n"
+                                "[model]\nflavor = \"0.6B\"\nn_layers = 2\ndim = 64\n"
+                                "tie_embeddings = false\n"
+                                "[training]\ndataset_path = 'C:\\data'\nlocal_batch_size = 3\n"
+                                "global_batch_size = 12\nseq_len = 17\nsteps = 1_000\n"
+                                "max_norm = 0.1\nshuffle = false\n"
+                                "[optimizer]\nlr = 3.3333333333333335e-4\nbeta2 = 0.999\n"
+                                "eps = 1e-300\nweight_decay = 0\n"
+                                "decay_norms_and_embeddings = false\n"
+                                "[lr_scheduler]\nwarmup_steps = 7\ndecay_ratio = 0.3\n"
+                                "decay_type = 'sqrt'\nmin_lr_factor = 0.125\n"
+                                "[checkpoint]\nenable = true\ninterval = 3\nkeep_latest_k = 0\n"
+                                "initial_load_path = '/hf/x'\ninitial_load_in_hf = true\n"
+                                "last_save_in_hf = true\nexport_dtype = 'float16'\n"
+                                "[metrics]\nlog_freq = 1\npeak_gflops = 123.456\n"
+                                "[validation]\nenable = true\ndataset_path = 'v.jsonl'\n"
+                                "freq = 5\nsteps = -1\n"
+                                "[debug]\nseed = 9007199254740993\n"
+                                "[parallelism]\ndata_parallel_shard_degree = 2\n");
+    CHECK(load(&c, p, &err, NULL) == 0, "load many: %s", err.msg);
+    CHECK(strcmp(c.job.dump_folder, "runs/a \"b\" \\c") == 0 && c.model.n_layers == 2 &&
+              c.model.tie_embeddings == 0 && c.training.steps == 1000 &&
+              c.debug.seed == 9007199254740993LL && c.optimizer.eps == 1e-300,
+          "values as written");
+    check_round_trip(&c, "non-default config");
+    config_defaults(&c);
+    snprintf(c.training.dataset_path, sizeof c.training.dataset_path, "d");
+    check_round_trip(&c, "defaults");
+
+    // Every key is written, under its section.
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CHECK(config_write_toml(&c, f) == 0, "write");
+    fclose(f);
+    int n, missing = 0;
+    const config_key *keys = config_keys(&n);
+    for (int i = 0; i < n; i++) {
+        char sec[96], line[128];
+        snprintf(sec, sizeof sec, "\n[%s]\n", keys[i].section);
+        snprintf(line, sizeof line, "\n%s = ", keys[i].key);
+        const char *s = strstr(text, sec);
+        if (!s || !strstr(s, line)) missing++;
+    }
+    CHECK(missing == 0, "%d keys missing from the written config", missing);
+    CHECK(strstr(text, "\ntie_embeddings = \"auto\"\n") && strstr(text, "\nlr = 0.0008\n"),
+          "readable forms:\n%s", text);
+    free(text);
+}
+
+static void test_hash(void) {
+    ct_config a, b;
+    config_defaults(&a);
+    b = a;
+    uint64_t h = config_hash(&a);
+    CHECK(h == config_hash(&b) && h != 0, "equal configs hash equal");
+    b.training.steps = 5, b.metrics.log_freq = 1, b.checkpoint.interval = 1;
+    snprintf(b.job.dump_folder, sizeof b.job.dump_folder, "elsewhere");
+    b.training.allow_overcommit = true, b.validation.enable = true;
+    CHECK(config_hash(&b) == h, "steps, logging, checkpointing and paths of outputs do not count");
+    b = a, b.optimizer.lr = 8.000000000000001e-4;
+    CHECK(config_hash(&b) != h, "lr counts (to the last bit)");
+    b = a, b.debug.seed = 1;
+    CHECK(config_hash(&b) != h, "seed counts");
+    b = a, b.training.shuffle = false;
+    CHECK(config_hash(&b) != h, "shuffle counts");
+    b = a, b.model.n_layers = 1;
+    CHECK(config_hash(&b) != h, "model counts");
+    b = a, b.lr_scheduler.warmup_steps = 1;
+    CHECK(config_hash(&b) != h, "schedule counts");
+    b = a, snprintf(b.training.dataset_path, sizeof b.training.dataset_path, "x");
+    CHECK(config_hash(&b) != h, "dataset counts");
+}
+
+static void test_help(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    config_print_help(f);
+    fclose(f);
+    int n, missing = 0;
+    const config_key *keys = config_keys(&n);
+    for (int i = 0; i < n; i++) {
+        char opt[128];
+        snprintf(opt, sizeof opt, "--%s.%s=", keys[i].section, keys[i].key);
+        if (!strstr(text, opt)) missing++;
+    }
+    CHECK(missing == 0, "%d keys missing from --help", missing);
+    CHECK(strstr(text, "--optimizer.lr=FLOAT") && strstr(text, "(default: 8e-4)") &&
+              strstr(text, "one of \"native\", \"hf\""),
+          "help details");
+    free(text);
+}
+
+static void test_shipped(const char *src) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/configs", src);
+    DIR *d = opendir(dir);
+    CHECK(d != NULL, "opendir %s", dir);
+    if (!d) return;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".toml") != 0) continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ct_config c;
+        ct_error err = {{0}};
+        CHECK(load(&c, path, &err, NULL) == 0, "%s: %s", e->d_name, err.msg);
+        n++;
+    }
+    closedir(d);
+    CHECK(n >= 4, "found %d shipped configs", n);
+
+    ct_config c;
+    ct_error err = {{0}};
+    char path[2048];
+    snprintf(path, sizeof path, "%s/debugmodel.toml", dir);
+    CHECK(load(&c, path, &err, NULL) == 0, "debugmodel: %s", err.msg);
+    CHECK(strcmp(c.model.backend, "native") == 0 && strcmp(c.model.flavor, "debugmodel") == 0 &&
+              strcmp(c.training.dataset_path, "assets/corpus/nlp-corpus.jsonl") == 0 &&
+              c.training.local_batch_size == 2 && c.training.seq_len == 128 &&
+              c.training.steps == 300 && c.optimizer.lr == 2e-3 &&
+              c.lr_scheduler.warmup_steps == 20 && c.lr_scheduler.decay_ratio == 0.2 &&
+              strcmp(c.lr_scheduler.decay_type, "cosine") == 0 && c.checkpoint.interval == 100 &&
+              c.checkpoint.keep_latest_k == 2 && c.checkpoint.last_save_in_hf &&
+              strcmp(c.checkpoint.export_dtype, "bfloat16") == 0 && c.metrics.log_freq == 10 &&
+              strcmp(c.job.dump_folder, "./runs/debugmodel") == 0,
+          "the demo recipe");
+    // The recipes differ only where they mean to: 4B native vs 4B from an HF folder.
+    ct_config native, hf;
+    snprintf(path, sizeof path, "%s/qwen3_4b.toml", dir);
+    CHECK(load(&native, path, &err, NULL) == 0, "4b: %s", err.msg);
+    snprintf(path, sizeof path, "%s/hf_qwen3_4b.toml", dir);
+    CHECK(load(&hf, path, &err, "--model.hf_path=/models/Qwen3-4B", NULL) == 0, "hf 4b: %s",
+          err.msg);
+    CHECK(strcmp(native.model.flavor, "4B") == 0 && strcmp(hf.model.backend, "hf") == 0 &&
+              strcmp(hf.model.tokenizer_path, "/models/Qwen3-4B") == 0,
+          "model sections");
+    CHECK(native.training.seq_len == hf.training.seq_len &&
+              native.training.steps == hf.training.steps &&
+              native.checkpoint.interval == hf.checkpoint.interval,
+          "same structure");
+}
+
+int main(void) {
+    tmp_dir = check_env("CTITAN_TMP");
+    test_defaults();
+    test_precedence();
+    test_file_errors();
+    test_cli_errors();
+    test_checks();
+    test_decay_steps();
+    test_round_trip();
+    test_hash();
+    test_help();
+    test_shipped(check_env("CTITAN_SOURCE_DIR"));
+    return check_summary();
+}

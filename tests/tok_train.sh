@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# `ctitan train` end to end on the real Qwen3 tokenizer and real text (nlp-corpus): the
+# random-init loss, bit-exact resume (after SIGTERM, with shuffle on), SIGKILL at random moments
+# during checkpoint writes, export round trips, and one clear error per config/data/memory
+# error class.
+set -u
+: "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+expect_err() { # NAME PATTERN CMD...: exit 1 with one 'ctitan: error:' line matching PATTERN
+  local name=$1 pattern=$2; shift 2
+  local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
+  if [ $rc -eq 1 ] && [ "$(grep -c '^ctitan: error:' <<<"$out")" -eq 1 ] &&
+     grep -qE -- "$pattern" <<<"$out"; then ok; else bad "$name (rc $rc): $out"; fi
+}
+
+ct=$CTITAN_BIN
+tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
+tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
+text=$CTITAN_ASSETS_DIR/corpus/small.txt
+# A small native run: the real vocabulary (151936) on a 2-layer body; shuffle on.
+# train_args DUMP [--key value ...] sets ARGS: the options given replace the defaults below.
+# train DUMP [...] runs it; background runs use "$ct" train "${ARGS[@]}" & so $! is ctitan.
+train_args() {
+  local dump=$1; shift
+  declare -A opt=(
+    [model.flavor]=debugmodel [model.n_layers]=2 [model.tokenizer_path]=$tokdir
+    [training.dataset_path]=$text [training.seq_len]=32 [training.local_batch_size]=2
+    [training.steps]=8 [training.shuffle]=true [lr_scheduler.warmup_steps]=2
+    [lr_scheduler.decay_ratio]=0.5 [lr_scheduler.decay_type]=cosine [optimizer.lr]=3e-3
+    [metrics.log_freq]=1 [metrics.peak_gflops]=100 [checkpoint.interval]=2
+    [checkpoint.keep_latest_k]=2 [debug.seed]=7 [job.dump_folder]=$dump)
+  while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
+  ARGS=()
+  for k in "${!opt[@]}"; do ARGS+=("--$k" "${opt[$k]}"); done
+}
+train() { train_args "$@"; "$ct" train "${ARGS[@]}"; }
+losses() { "$CTITAN_PYTHON" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(" ".join(repr(r["loss"]) for r in rows if "loss" in r))' "$1/metrics.jsonl"; }
+
+# --- a straight run
+if train "$tmp/straight" --checkpoint.last_save_in_hf true --checkpoint.export_dtype bfloat16 \
+  >"$tmp/straight.log" 2>&1; then ok; else bad "straight run: $(tail -5 "$tmp/straight.log")"; fi
+straight=$(losses "$tmp/straight")
+[ "$(wc -w <<<"$straight")" -eq 8 ] && ok || bad "straight run logged: $straight"
+
+# --- random-init first-step loss lies in [ln V, ln V + 1]
+"$CTITAN_PYTHON" - "$straight" <<'PY' && ok || bad "first-step loss out of range: $straight"
+import math, sys
+first = float(sys.argv[1].split()[0])
+sys.exit(0 if math.log(151936) <= first <= math.log(151936) + 1 else 1)
+PY
+# the loss falls
+"$CTITAN_PYTHON" -c 'import sys; l=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if l[-1] < l[0] - 0.5 else 1)' "$straight" &&
+  ok || bad "loss did not fall: $straight"
+
+# --- same config, same seed: bit-identical losses
+train "$tmp/again" >/dev/null 2>&1
+[ "$(losses "$tmp/again")" = "$straight" ] && ok || bad "rerun differs: $(losses "$tmp/again") vs $straight"
+
+# --- stop with SIGTERM after a checkpoint, resume: the losses of every step are bit-identical
+train_args "$tmp/resumed"
+"$ct" train "${ARGS[@]}" >"$tmp/resumed.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q "checkpoint: saved step" "$tmp/resumed.log" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $pid 2>/dev/null
+wait $pid; rc=$?
+[ $rc -eq 0 ] && ok || bad "SIGTERM exit code $rc: $(tail -3 "$tmp/resumed.log")"
+grep -qE "stopped by signal at step [0-9]+" "$tmp/resumed.log" && ok || bad "no 'stopped by signal' line"
+train "$tmp/resumed" >"$tmp/resumed2.log" 2>&1 && ok || bad "resume run failed: $(tail -3 "$tmp/resumed2.log")"
+grep -q "resumed from" "$tmp/resumed2.log" && ok || bad "did not resume: $(head -20 "$tmp/resumed2.log")"
+[ "$(losses "$tmp/resumed")" = "$straight" ] && ok || bad "resumed losses $(losses "$tmp/resumed") != $straight"
+
+# --- SIGKILL at random moments (checkpoints every step): the newest complete checkpoint loads,
+# and the finished run has the straight run's losses
+for trial in 1 2 3 4; do
+  d=$tmp/killed$trial
+  train_args "$d" --checkpoint.interval 1
+  "$ct" train "${ARGS[@]}" >"$d.log" 2>&1 &
+  pid=$!
+  sleep "0.$(( (RANDOM % 9) + 1 ))"
+  kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+  if train "$d" --checkpoint.interval 1 >"$d.2.log" 2>&1; then ok; else bad "trial $trial: resume after SIGKILL failed: $(tail -3 "$d.2.log")"; fi
+  # the rows logged before the kill may include steps whose checkpoint never completed:
+  # keep, for each step, the last row logged
+  got=$("$CTITAN_PYTHON" -c '
+import json, sys
+rows = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r: rows[r["step"]] = r["loss"]
+print(" ".join(repr(rows[k]) for k in sorted(rows)))' "$d/metrics.jsonl")
+  [ "$got" = "$straight" ] && ok || bad "trial $trial losses $got != $straight"
+  ls -d "$d"/checkpoint/*.tmp-* >/dev/null 2>&1 && bad "trial $trial left a temporary folder" || ok
+done
+
+# --- keep_latest_k = 2
+[ "$(ls -d "$tmp/straight/checkpoint"/step-* | wc -l)" -eq 2 ] && ok || bad "keep_latest_k: $(ls "$tmp/straight/checkpoint")"
+
+# --- export: F32 gives the checkpoint's exact loss in verify; BF16 stores BF16; no missing keys
+"$CTITAN_PYTHON" -c "import numpy as np, sys; np.save(sys.argv[1], np.arange(200, 1200, dtype=np.int32) * 97 % 151643)" "$tmp/tokens.npy"
+vf() { "$ct" verify --model.hf_path "$1" --training.dataset_path "$tmp/tokens.npy" --training.seq_len 16 --training.local_batch_size 2 --json | tail -n 1; }
+ck=$tmp/straight/checkpoint/step-8
+"$ct" export --checkpoint "$ck" --output "$tmp/export32" --dtype float32 >/dev/null 2>&1 && ok || bad "export f32"
+"$ct" export --checkpoint "$ck" --output "$tmp/export16" --dtype bfloat16 >/dev/null 2>&1 && ok || bad "export bf16"
+a=$(vf "$ck"); b=$(vf "$tmp/export32")
+"$CTITAN_PYTHON" -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); sys.exit(0 if a["loss"]==b["loss"] and b["missing"]==[] and b["unexpected"]==[] else 1)' "$a" "$b" &&
+  ok || bad "export f32 round trip: $a vs $b"
+"$ct" inspect "$tmp/export16" | grep -q "model.embed_tokens.weight *BF16" && ok || bad "bf16 export dtype"
+[ -f "$tmp/export16/tokenizer.json" ] && ok || bad "export has no tokenizer.json"
+"$ct" inspect "$tmp/straight/hf" | grep -q "model.embed_tokens.weight *BF16" && ok || bad "last_save_in_hf export"
+
+# --- initial_load_path: start from the exported HF folder; its first loss is far below a fresh one
+train "$tmp/fromhf" --checkpoint.initial_load_path "$tmp/export32" --checkpoint.initial_load_in_hf true \
+  --training.steps 2 --lr_scheduler.warmup_steps 0 --lr_scheduler.decay_ratio 0 --checkpoint.enable false \
+  >"$tmp/fromhf.log" 2>&1 && ok || bad "initial_load_path run: $(tail -3 "$tmp/fromhf.log")"
+grep -q "weights: $tmp/export32" "$tmp/fromhf.log" && ok || bad "initial_load_path not used"
+"$CTITAN_PYTHON" -c 'import sys; a=float(sys.argv[1].split()[0]); b=float(sys.argv[2].split()[-1]); sys.exit(0 if a < b + 0.5 and a < 11.5 else 1)' \
+  "$(losses "$tmp/fromhf")" "$straight" && ok || bad "loaded model's loss $(losses "$tmp/fromhf") vs trained $straight"
+
+# --- validation rows, epochs, plot
+train "$tmp/val" --validation.enable true --validation.dataset_path "$text" --validation.freq 2 \
+  --validation.steps 2 --checkpoint.enable false --training.dataset_path "$CTITAN_ASSETS_DIR/corpus/nlp-corpus.txt" \
+  >"$tmp/val.log" 2>&1 && ok || bad "validation run: $(tail -3 "$tmp/val.log")"
+[ "$(grep -c '"val_loss"' "$tmp/val/metrics.jsonl")" -eq 4 ] && ok || bad "validation rows: $(grep -c val_loss "$tmp/val/metrics.jsonl")"
+grep -q "perplexity" "$tmp/val.log" && ok || bad "no validation line"
+head -c 1000 "$text" >"$tmp/tiny.txt"   # a few windows only: several epochs in 8 steps
+train "$tmp/epochs" --training.dataset_path "$tmp/tiny.txt" --checkpoint.enable false >"$tmp/epochs.log" 2>&1 &&
+  grep -q "data: epoch 1 begins" "$tmp/epochs.log" && ok || bad "epoch rollover not logged: $(grep data: "$tmp/epochs.log")"
+"$ct" plot --input "$tmp/val" >/dev/null 2>&1 && [ -s "$tmp/val/loss.png" ] && ok || bad "plot"
+
+# --- non-finite steps are skipped, then the run stops with an error; nothing NaN is saved
+expect_err nonfinite 'non-finite steps in a row' train "$tmp/nan" --optimizer.lr 1e30 \
+  --training.max_skipped_steps 2 --lr_scheduler.warmup_steps 0 --lr_scheduler.decay_ratio 0 \
+  --checkpoint.enable false --training.max_norm 0
+
+# --- errors: config, data, memory
+printf '[training]\nseq_len = 32\nstepz = 4\n' >"$tmp/typo.toml"
+expect_err unknown_key 'typo.toml:3.*stepz.*did you mean.*steps' "$ct" train --config "$tmp/typo.toml"
+printf '[training]\nseq_len = "long"\n' >"$tmp/type.toml"
+expect_err wrong_type 'type.toml:2.*seq_len' "$ct" train --config "$tmp/type.toml"
+expect_err unknown_option 'training.lr' "$ct" train --training.lr 3
+expect_err missing_data 'no_such_file.txt' train "$tmp/e1" --training.dataset_path "$tmp/no_such_file.txt"
+: >"$tmp/empty.txt"
+expect_err empty_data 'empty.txt' train "$tmp/e2" --training.dataset_path "$tmp/empty.txt"
+printf '{"text": "fine"}\n{"txt": "no text"}\n' >"$tmp/notext.jsonl"
+expect_err jsonl_no_text 'notext.jsonl:2' train "$tmp/e3" --training.dataset_path "$tmp/notext.jsonl"
+"$CTITAN_PYTHON" -c "import numpy as np, sys; np.save(sys.argv[1], np.full(1000, 151936, np.int64))" "$tmp/oov.npy"
+expect_err npy_out_of_vocab 'oov.npy.*151936' train "$tmp/e4" --training.dataset_path "$tmp/oov.npy"
+expect_err seq_over_positions 'seq_len 50000 exceeds' train "$tmp/e5" --training.seq_len 50000
+expect_err memory_refusal 'needs about [0-9.]+ GiB.*allow_overcommit' train "$tmp/e6" --model.flavor 32B --model.n_layers 0
+expect_err batch_divisibility 'global_batch_size' train "$tmp/e7" --training.global_batch_size 3
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
