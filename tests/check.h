@@ -8,16 +8,16 @@
 
 static int check_passed, check_failed;
 
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (cond) {                                                                               \
-            check_passed++;                                                                       \
-        } else {                                                                                  \
-            check_failed++;                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                       \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fputc('\n', stderr);                                                                  \
-        }                                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 // An environment variable set by tests/CMakeLists.txt (CTITAN_REF_DIR, CTITAN_TMP, ...).

@@ -75,7 +75,8 @@ static void test_bad_configs(void) {
                 "\"vocab_size\"", "expected a positive integer, found 0");
     expect_fail("negative_layers",
                 "{\"vocab_size\": 8, \"hidden_size\": 32, "
-                "\"intermediate_size\": 64, \"num_hidden_layers\": -2, \"num_attention_heads\": 4, \"num_key_value_heads\": 4}",
+                "\"intermediate_size\": 64, \"num_hidden_layers\": -2, \"num_attention_heads\": 4, "
+                "\"num_key_value_heads\": 4}",
                 "\"num_hidden_layers\"", "found -2");
     expect_fail("huge_int",
                 "{\"vocab_size\": 1e12, \"hidden_size\": 32, "
@@ -122,17 +123,19 @@ static void test_bad_configs(void) {
                 "\"architectures\"", "not supported yet (MoE arrives in a later release)");
     expect_fail("moe_model_type", "{" BASE_KEYS_NKV ", \"model_type\": \"qwen3_moe\"}",
                 "\"model_type\"", "not supported yet (MoE arrives in a later release)");
-    expect_fail("llama_model_type", "{" BASE_KEYS_NKV ", \"model_type\": \"llama\"}", "\"model_type\"",
-                "unsupported model_type \"llama\"");
+    expect_fail("llama_model_type", "{" BASE_KEYS_NKV ", \"model_type\": \"llama\"}",
+                "\"model_type\"", "unsupported model_type \"llama\"");
     expect_fail("llama_architecture",
                 "{" BASE_KEYS_NKV ", \"architectures\": "
                 "[\"LlamaForCausalLM\"]}",
                 "\"architectures\"", "LlamaForCausalLM");
-    expect_fail("architectures_type", "{" BASE_KEYS_NKV ", \"architectures\": \"Qwen3ForCausalLM\"}",
-                "\"architectures\"", "array");
+    expect_fail("architectures_type",
+                "{" BASE_KEYS_NKV ", \"architectures\": \"Qwen3ForCausalLM\"}", "\"architectures\"",
+                "array");
     expect_fail("gelu", "{" BASE_KEYS_NKV ", \"hidden_act\": \"gelu\"}", "\"hidden_act\"", "gelu");
     expect_fail("eps_zero", "{" BASE_KEYS_NKV ", \"rms_norm_eps\": 0}", "\"rms_norm_eps\"", NULL);
-    expect_fail("theta_negative", "{" BASE_KEYS_NKV ", \"rope_theta\": -1}", "\"rope_theta\"", NULL);
+    expect_fail("theta_negative", "{" BASE_KEYS_NKV ", \"rope_theta\": -1}", "\"rope_theta\"",
+                NULL);
     expect_fail("max_pos_zero", "{" BASE_KEYS_NKV ", \"max_position_embeddings\": 0}",
                 "\"max_position_embeddings\"", NULL);
 
@@ -153,8 +156,8 @@ static void test_good_configs(void) {
     int rc = load_text(&c, &err, "minimal",
                        "{\"vocab_size\": 128, \"hidden_size\": 32, \"intermediate_size\": 64, "
                        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-                       "\"num_key_value_heads\": null, \"head_dim\": null}", path,
-                       sizeof path);
+                       "\"num_key_value_heads\": null, \"head_dim\": null}",
+                       path, sizeof path);
     CHECK(rc == 0, "minimal: %s", err.msg);
     CHECK(c.num_key_value_heads == 4 && c.head_dim == 8 && c.rms_norm_eps == 1e-6f &&
               c.rope_theta == 10000.0 && c.max_position_embeddings == 32768 &&
@@ -172,8 +175,8 @@ static void test_good_configs(void) {
           "absent sizes: rc %d nkv %d hd %d (%s)", rc, c.num_key_value_heads, c.head_dim, err.msg);
     expect_fail("absent_nkv_not_dividing",
                 "{\"vocab_size\": 128, \"hidden_size\": 32, \"intermediate_size\": 64, "
-                "\"num_hidden_layers\": 2, \"num_attention_heads\": 4}", "\"num_key_value_heads\" is absent",
-                "set it explicitly");
+                "\"num_hidden_layers\": 2, \"num_attention_heads\": 4}",
+                "\"num_key_value_heads\" is absent", "set it explicitly");
 
     // Qwen3-0.6B's config.json as published (informational keys and nulls included).
     rc =

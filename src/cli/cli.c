@@ -90,8 +90,7 @@ bool cli_flag(const cli_args *a, const char *key) {
     return s && strcmp(s, "true") == 0;
 }
 
-void cli_print_help(const char *usage, const char *summary, const cli_option *opts,
-                    int n_opts) {
+void cli_print_help(const char *usage, const char *summary, const cli_option *opts, int n_opts) {
     printf("usage: %s\n\n%s\n\noptions:\n", usage, summary);
     for (int i = 0; i < n_opts; i++) {
         char left[96];

@@ -11,13 +11,13 @@ typedef struct cli_option {
     const char *key;           // "model.hf_path" (given as --model.hf_path)
     const char *default_value; // NULL = no default; for flags "false"
     const char *help;
-    bool is_flag;              // takes no value: --json (or --json=true/false)
+    bool is_flag; // takes no value: --json (or --json=true/false)
 } cli_option;
 
 typedef struct cli_args {
     const cli_option *opts;
     int n_opts;
-    const char *values[64];     // per option; default_value when not given
+    const char *values[64]; // per option; default_value when not given
     bool given[64];
     const char *positional[16];
     int n_positional;

@@ -36,7 +36,8 @@ static int write_series(FILE *train, FILE *val, const char *path, int *n_val, ct
             return ct_fail(err, "%s:%d: not a metrics row (a JSON object with \"step\")", path,
                            lineno);
         }
-        if (cJSON_IsNumber(loss)) fprintf(train, "%g %.9g\n", step->valuedouble, loss->valuedouble), n++;
+        if (cJSON_IsNumber(loss))
+            fprintf(train, "%g %.9g\n", step->valuedouble, loss->valuedouble), n++;
         if (cJSON_IsNumber(vloss))
             fprintf(val, "%g %.9g\n", step->valuedouble, vloss->valuedouble), (*n_val)++;
         cJSON_Delete(row);
@@ -51,7 +52,8 @@ int cmd_plot(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         cli_print_help("ctitan plot --input RUN_DIR|metrics.jsonl [--output loss.png]",
                        "Draws the loss curve of a run (and its validation loss) as a PNG, with "
-                       "gnuplot.", plot_options, n_opts);
+                       "gnuplot.",
+                       plot_options, n_opts);
         return 0;
     }
     ct_error err;
@@ -94,7 +96,9 @@ int cmd_plot(int argc, char **argv) {
                     "set title 'ctitan: %s'\nset xlabel 'step'\nset ylabel 'loss'\nset grid\n"
                     "plot '%s' using 1:2 with lines lw 2 title 'train loss'",
                     output, metrics, train_path);
-            if (n_val) fprintf(gp, ", '%s' using 1:2 with linespoints lw 2 title 'validation loss'", val_path);
+            if (n_val)
+                fprintf(gp, ", '%s' using 1:2 with linespoints lw 2 title 'validation loss'",
+                        val_path);
             fprintf(gp, "\n");
             int status = pclose(gp);
             if (status != 0 || stat(output, &sb) != 0 || sb.st_size == 0)

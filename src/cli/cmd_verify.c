@@ -156,8 +156,10 @@ int cmd_verify(int argc, char **argv) {
         return cli_report(&err);
     }
     if (B < 1 || B > 1 << 20 || T < 1 || T > 1 << 24) {
-        ct_fail(&err, "training.local_batch_size (%lld) and training.seq_len (%lld) must be "
-                "positive and sane", (long long)B, (long long)T);
+        ct_fail(&err,
+                "training.local_batch_size (%lld) and training.seq_len (%lld) must be "
+                "positive and sane",
+                (long long)B, (long long)T);
         return cli_report(&err);
     }
 
@@ -181,11 +183,10 @@ int cmd_verify(int argc, char **argv) {
     printf("source dtype: %s%s (%d file(s)); computed in fp32\n", dtype_name(rep.source_dtype),
            rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
     printf("params: %zu\n", m.num_params);
-    printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B,
-           (long long)T, data, (long long)res.n_valid);
+    printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B, (long long)T,
+           data, (long long)res.n_valid);
     printf("loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
-    printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3,
-           res.backward_s * 1e3);
+    printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3, res.backward_s * 1e3);
     printf("memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib, plan_mib);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();

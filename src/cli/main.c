@@ -16,7 +16,8 @@ static const subcommand subcommands[] = {
     {"verify", cmd_verify, "one forward+backward of an HF model on tokens: loss, grad norm"},
     {"plot", cmd_plot, "draw a run's loss curve (metrics.jsonl) as a PNG with gnuplot"},
     {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
-    {"tokenize", cmd_tokenize, "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
+    {"tokenize", cmd_tokenize,
+     "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
     {"export", cmd_export, "a training checkpoint as a Hugging Face folder (for transformers)"},
 };
 static const int n_subcommands = sizeof subcommands / sizeof subcommands[0];
@@ -42,7 +43,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (int i = 0; i < n_subcommands; i++)
-        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].run(argc - 2, argv + 2);
+        if (strcmp(argv[1], subcommands[i].name) == 0)
+            return subcommands[i].run(argc - 2, argv + 2);
 
     const char *names[16];
     for (int i = 0; i < n_subcommands; i++) names[i] = subcommands[i].name;

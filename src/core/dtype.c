@@ -6,14 +6,18 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_table[CT_DTYPE_COUNT] = {
-    [CT_F32] = {"F32", 4}, [CT_F16] = {"F16", 2}, [CT_BF16] = {"BF16", 2}, [CT_F64] = {"F64", 8},
-    [CT_I64] = {"I64", 8}, [CT_I32] = {"I32", 4}, [CT_I16] = {"I16", 2},   [CT_I8] = {"I8", 1},
-    [CT_U64] = {"U64", 8}, [CT_U32] = {"U32", 4}, [CT_U16] = {"U16", 2},   [CT_U8] = {"U8", 1},
+    [CT_F32] = {"F32", 4},   [CT_F16] = {"F16", 2}, [CT_BF16] = {"BF16", 2}, [CT_F64] = {"F64", 8},
+    [CT_I64] = {"I64", 8},   [CT_I32] = {"I32", 4}, [CT_I16] = {"I16", 2},   [CT_I8] = {"I8", 1},
+    [CT_U64] = {"U64", 8},   [CT_U32] = {"U32", 4}, [CT_U16] = {"U16", 2},   [CT_U8] = {"U8", 1},
     [CT_BOOL] = {"BOOL", 1},
 };
 
-size_t dtype_size(ct_dtype t) { return t < CT_DTYPE_COUNT ? dtype_table[t].size : 0; }
-const char *dtype_name(ct_dtype t) { return t < CT_DTYPE_COUNT ? dtype_table[t].name : "?"; }
+size_t dtype_size(ct_dtype t) {
+    return t < CT_DTYPE_COUNT ? dtype_table[t].size : 0;
+}
+const char *dtype_name(ct_dtype t) {
+    return t < CT_DTYPE_COUNT ? dtype_table[t].name : "?";
+}
 
 int dtype_from_name(ct_dtype *out, const char *name) {
     for (int t = 0; t < CT_DTYPE_COUNT; t++) {
@@ -36,7 +40,9 @@ static float bits_f32(uint32_t u) {
     return f;
 }
 
-float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float bf16_to_f32(uint16_t h) {
+    return bits_f32((uint32_t)h << 16);
+}
 
 uint16_t f32_to_bf16(float f) {
     uint32_t u = f32_bits(f);
@@ -61,7 +67,7 @@ uint16_t f32_to_f16(float f) {
     uint32_t u = f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u; // NaN
+    if (a > 0x7f800000u) return sign | 0x7e00u;  // NaN
     if (a >= 0x477ff000u) return sign | 0x7c00u; // rounds to >= 65520: inf
     if (a < 0x38800000u) {
         // result is subnormal (or zero) in f16: round a * 2^24 to an integer, ties to even

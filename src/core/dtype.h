@@ -30,7 +30,8 @@ uint16_t f32_to_bf16(float f); // round to nearest even; NaN stays NaN
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f); // round to nearest even; overflow to inf
 
-// Converts n elements of type `t` (F32, BF16, F16 or F64) at src to fp32. Returns -1 for other types.
+// Converts n elements of type `t` (F32, BF16, F16 or F64) at src to fp32. Returns -1 for other
+// types.
 int dtype_to_f32(float *dst, const void *src, ct_dtype t, size_t n);
 // Converts n fp32 values to F32, BF16 or F16 at dst. Returns -1 for other types.
 int dtype_from_f32(void *dst, const float *src, ct_dtype t, size_t n);

@@ -19,8 +19,8 @@ int json_parse_file(cJSON **out, const char *path, ct_error *err);
 // A present key of the wrong type or out of range is an error naming `file` and `key`.
 int json_get_int(int64_t *out, const cJSON *obj, const char *key, bool required, int64_t min,
                  int64_t max, const char *file, ct_error *err);
-int json_get_double(double *out, const cJSON *obj, const char *key, bool required,
-                    const char *file, ct_error *err);
+int json_get_double(double *out, const cJSON *obj, const char *key, bool required, const char *file,
+                    ct_error *err);
 int json_get_bool(bool *out, const cJSON *obj, const char *key, bool required, const char *file,
                   ct_error *err);
 // Copies a string value into out[cap].

@@ -14,12 +14,9 @@ typedef struct flavor {
 } flavor;
 
 static const flavor flavors[] = {
-    {"debugmodel", 128, 512, 4, 4, 2, 64, true},
-    {"0.6B", 1024, 3072, 28, 16, 8, 128, true},
-    {"1.7B", 2048, 6144, 28, 16, 8, 128, true},
-    {"4B", 2560, 9728, 36, 32, 8, 128, true},
-    {"8B", 4096, 12288, 36, 32, 8, 128, false},
-    {"14B", 5120, 17408, 40, 40, 8, 128, false},
+    {"debugmodel", 128, 512, 4, 4, 2, 64, true}, {"0.6B", 1024, 3072, 28, 16, 8, 128, true},
+    {"1.7B", 2048, 6144, 28, 16, 8, 128, true},  {"4B", 2560, 9728, 36, 32, 8, 128, true},
+    {"8B", 4096, 12288, 36, 32, 8, 128, false},  {"14B", 5120, 17408, 40, 40, 8, 128, false},
     {"32B", 5120, 25600, 64, 64, 8, 128, false},
 };
 #define N_FLAVORS ((int)(sizeof flavors / sizeof flavors[0]))
@@ -60,6 +57,7 @@ int flavor_lookup(qwen3_config *c, const char *name, ct_error *err) {
         strcat(list, i ? ", " : "");
         strcat(list, names[i]);
     }
-    if (close) return ct_fail(err, "unknown model.flavor \"%s\" (did you mean \"%s\"?)", name, close);
+    if (close)
+        return ct_fail(err, "unknown model.flavor \"%s\" (did you mean \"%s\"?)", name, close);
     return ct_fail(err, "unknown model.flavor \"%s\"; known: %s", name, list);
 }

@@ -32,6 +32,6 @@ int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_
                    ct_error *err);
 // Writes DIR/config.json and the weights (no lm_head.weight when tied) as `dtype`
 // (F32, BF16, F16), sharded by max_shard_bytes (0 = one file). Creates DIR if needed.
-int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
-                   uint64_t max_shard_bytes, ct_error *err);
+int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64_t max_shard_bytes,
+                   ct_error *err);
 void hf_report_free(hf_load_report *r);

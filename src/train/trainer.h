@@ -10,8 +10,8 @@
 #include "train/config.h"
 
 typedef struct train_options {
-    FILE *log;                          // progress lines (stdout from the CLI)
-    volatile sig_atomic_t *stop_flag;   // set by SIGINT/SIGTERM: checkpoint now and return 0
+    FILE *log;                        // progress lines (stdout from the CLI)
+    volatile sig_atomic_t *stop_flag; // set by SIGINT/SIGTERM: checkpoint now and return 0
 } train_options;
 
 // The architecture a config describes: backend=hf reads hf_path/config.json, backend=native
