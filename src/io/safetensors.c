@@ -8,47 +8,11 @@
 #include <string.h>
 
 #include "core/fs.h"
+#include "core/utf8.h"
 #include "io/json.h"
 #include "io/safetensors_internal.h"
 
 #define ST_META_KEY "__metadata__"
-
-size_t st_utf8_decode(uint32_t *cp, const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t v, min;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    } else if ((c & 0xe0) == 0xc0) {
-        len = 2, v = c & 0x1f, min = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-        len = 3, v = c & 0x0f, min = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-        len = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (len > n) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3f);
-    }
-    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return 0;
-    *cp = v;
-    return len;
-}
-
-size_t st_utf8_check(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    uint32_t cp;
-    while (i < n) {
-        size_t k = st_utf8_decode(&cp, s + i, n - i);
-        if (!k) return i;
-        i += k;
-    }
-    return n;
-}
 
 static uint64_t read_le64(const unsigned char *p) {
     uint64_t v = 0;
@@ -226,7 +190,7 @@ static int st_validate(st_file *f, const unsigned char *buf, size_t size, ct_err
                        path, (unsigned long long)n, size - 8);
     f->header_len = n;
     const char *hdr = (const char *)buf + 8;
-    size_t bad = st_utf8_check((const unsigned char *)hdr, n);
+    size_t bad = utf8_valid_prefix(hdr, n);
     if (bad != n) return ct_fail(err, "%s: header is not valid UTF-8 at byte %zu", path, bad);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(hdr, n, &end, 0);

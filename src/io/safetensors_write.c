@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/utf8.h"
 #include "io/atomic.h"
 #include "io/safetensors.h"
 #include "io/safetensors_internal.h"
@@ -80,8 +81,8 @@ static void sb_py_json_str(strbuf *b, const char *s) {
     size_t n = strlen(s), i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t k = st_utf8_decode(&cp, p + i, n - i);
-        i += k ? k : 1; // names are validated as UTF-8 before we get here
+        int k = utf8_decode(&cp, p + i, n - i);
+        i += k > 0 ? (size_t)k : 1; // names are validated as UTF-8 before we get here
         const char *shortform = cp == '"'    ? "\\\""
                                 : cp == '\\' ? "\\\\"
                                 : cp == '\b' ? "\\b"
@@ -129,7 +130,7 @@ static int st_check_entries(st_item *items, st_item *sorted, const st_entry *ent
         size_t len = strlen(e->name);
         if (strcmp(e->name, "__metadata__") == 0)
             return ct_fail(err, "%s: tensor name \"__metadata__\" is reserved", path);
-        if (st_utf8_check((const unsigned char *)e->name, len) != len)
+        if (utf8_valid_prefix(e->name, len) != len)
             return ct_fail(err, "%s: tensor \"%s\": name is not valid UTF-8", path, e->name);
         if (e->ndim < 0 || e->ndim > ST_MAX_DIMS)
             return ct_fail(err, "%s: tensor \"%s\": ndim %d, expected 0..%d", path, e->name,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/utf8.h"
 #include "io/json.h"
 
 #define TOML_MAX_FILE_BYTES (16u << 20)
@@ -119,26 +120,10 @@ static int toml_check_bytes(const char *text, size_t len, const char *name, bool
             i++;
             continue;
         }
-        size_t n;
-        uint32_t cp, min;
-        if ((c & 0xE0) == 0xC0) {
-            n = 2, cp = c & 0x1F, min = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 3, cp = c & 0x0F, min = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            return utf8_fail(name, i, line, err);
-        }
-        if (i + n > len) return utf8_fail(name, i, line, err);
-        for (size_t k = 1; k < n; k++) {
-            unsigned char d = (unsigned char)text[i + k];
-            if ((d & 0xC0) != 0x80) return utf8_fail(name, i, line, err);
-            cp = cp << 6 | (d & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return utf8_fail(name, i, line, err);
-        i += n;
+        uint32_t cp;
+        int n = utf8_decode(&cp, (const unsigned char *)text + i, len - i);
+        if (n < 0) return utf8_fail(name, i, line, err);
+        i += (size_t)n;
     }
     return 0;
 }
@@ -170,29 +155,6 @@ static int hex_value(char c) {
     return -1;
 }
 
-static size_t utf8_encode(char out[4], uint32_t cp) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | cp >> 12);
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | cp >> 18);
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 // \uXXXX or \UXXXXXXXX, cursor just past the 'u'/'U'.
 static int lex_unicode_escape(toml_lex *l, toml_buf *b, int digits) {
     uint32_t cp = 0;
@@ -209,7 +171,7 @@ static int lex_unicode_escape(toml_lex *l, toml_buf *b, int digits) {
                         cp == 0 ? " (NUL is not supported in strings)" : "");
     l->p += digits;
     char enc[4];
-    if (buf_push(b, enc, utf8_encode(enc, cp)) != 0) return lex_fail(l, "out of memory");
+    if (buf_push(b, enc, (size_t)utf8_encode(enc, cp)) != 0) return lex_fail(l, "out of memory");
     return 0;
 }
 

@@ -1,4 +1,4 @@
-// UTF-8: validation, decoding and the one rule for invalid input.
+// UTF-8: the one rule for invalid input (the primitives are in core/utf8.h).
 //
 // The rule: the tokenizer itself only takes valid UTF-8 (tok_encode rejects anything else with
 // the byte offset). Readers of user files (ctitan tokenize) repair input with utf8_repair, which
@@ -10,16 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/utf8.h" // utf8_decode, utf8_valid_prefix, utf8_encode
+
 #define UTF8_REPLACEMENT "\xEF\xBF\xBD" // U+FFFD
 
-// Decodes the code point at s[0..n), n > 0. Returns its length (1..4) and sets *cp; for an
-// ill-formed start returns minus the length of the maximal ill-formed subsequence (-1..-3),
-// the unit that utf8_repair replaces by one U+FFFD.
-int utf8_decode(uint32_t *cp, const unsigned char *s, size_t n);
-// Offset of the first ill-formed byte, or n when all of s is valid UTF-8.
-size_t utf8_valid_prefix(const char *s, size_t n);
-// Writes the UTF-8 form of cp (< 0x110000, not a surrogate) to out; returns 1..4.
-int utf8_encode(char out[4], uint32_t cp);
 // Copies s to out with every maximal ill-formed subsequence replaced by U+FFFD. out must hold
 // utf8_repair_bound(n) bytes. Returns the output length; *n_replaced counts the replacements.
 size_t utf8_repair(char *out, const char *s, size_t n, size_t *n_replaced);

@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "core/utf8.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
 #include "train/checkpoint_internal.h"
@@ -72,23 +73,6 @@ static const char *skip_ws(const char *p) {
     return p;
 }
 
-// Appends code point cp as UTF-8.
-static size_t put_utf8(char *out, uint32_t cp) {
-    if (cp < 0x80) return out[0] = (char)cp, 1;
-    if (cp < 0x800) return out[0] = (char)(0xc0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3f)), 2;
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 // Parses a basic ("...") or literal ('...') string at p into out. False if it is not one.
 static bool parse_string(char *out, size_t cap, const char *p) {
     char q = *p++;
@@ -121,7 +105,7 @@ static bool parse_string(char *out, size_t cap, const char *p) {
                          (uint32_t)(isdigit((unsigned char)*p) ? *p - '0' : (*p | 0x20) - 'a' + 10);
                 }
                 if (cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000)) return false;
-                k = put_utf8(buf, cp);
+                k = (size_t)utf8_encode(buf, cp);
             } else {
                 return false;
             }

@@ -1,0 +1,91 @@
+#include "core/utf8.h"
+
+#include <string.h>
+
+// Well-formed sequences, Unicode Table 3-7. The second byte's range depends on the first byte;
+// this is what excludes overlongs (C0, C1, E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and
+// code points above U+10FFFF (F4 90.., F5..FF).
+int utf8_decode(uint32_t *cp, const unsigned char *s, size_t n) {
+    unsigned char b = s[0];
+    if (b < 0x80) {
+        *cp = b;
+        return 1;
+    }
+    int len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    uint32_t c;
+    if (b >= 0xC2 && b <= 0xDF) {
+        len = 2;
+        c = b & 0x1F;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+        len = 3;
+        c = b & 0x0F;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        len = 4;
+        c = b & 0x07;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+    } else {
+        return -1;
+    }
+    for (int i = 1; i < len; i++) {
+        // A missing or wrong continuation ends the maximal subpart before this byte.
+        if ((size_t)i >= n) return -i;
+        unsigned char t = s[i];
+        if (t < lo || t > hi) return -i;
+        lo = 0x80;
+        hi = 0xBF;
+        c = c << 6 | (t & 0x3F);
+    }
+    *cp = c;
+    return len;
+}
+
+size_t utf8_valid_prefix(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        // ASCII runs dominate real text: check 8 bytes at a time.
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, u + i, 8);
+            if (w & 0x8080808080808080ull) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int len = utf8_decode(&cp, u + i, n - i);
+        if (len < 0) return i;
+        i += (size_t)len;
+    }
+    return n;
+}
+
+int utf8_encode(char out[4], uint32_t cp) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12);
+        out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18);
+    out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
