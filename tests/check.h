@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
+#include "io/json.h"
+
 static int check_passed, check_failed;
 
 #define CHECK(cond, ...)                                                                           \
@@ -53,4 +56,23 @@ static inline double check_max_abs(const float *a, const float *b, size_t n) {
         if (d > m || isnan(d)) m = isnan(d) ? INFINITY : d;
     }
     return m;
+}
+
+// Whole-file byte equality (files up to 256 MiB).
+static inline bool check_files_equal(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    ct_error err = {{0}};
+    bool same = file_read_all(&x, &nx, a, 1u << 28, &err) == 0 &&
+                file_read_all(&y, &ny, b, 1u << 28, &err) == 0 && nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// v as it reads back after storing it as dt (F32, BF16 or F16).
+static inline float check_round_as(float v, ct_dtype dt) {
+    if (dt == CT_BF16) return bf16_to_f32(f32_to_bf16(v));
+    if (dt == CT_F16) return f16_to_f32(f32_to_f16(v));
+    return v;
 }

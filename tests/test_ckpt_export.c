@@ -114,22 +114,6 @@ static int run_cli(char *out, size_t cap, const char *args) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static bool files_equal(const char *a, const char *b) {
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    ct_error err = {{0}};
-    bool same = file_read_all(&x, &nx, a, 1u << 26, &err) == 0 &&
-                file_read_all(&y, &ny, b, 1u << 26, &err) == 0 && nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-static float round_as(float v, ct_dtype dt) {
-    if (dt == CT_BF16) return bf16_to_f32(f32_to_bf16(v));
-    if (dt == CT_F16) return f16_to_f32(f32_to_f16(v));
-    return v;
-}
 
 // A model a trainer could have produced: random init, then norms and biases moved off 1 and 0.
 static bool trained_like(qwen3_model *m, const qwen3_config *c, uint64_t seed) {
@@ -201,7 +185,7 @@ static void check_export(const char *out, const qwen3_model *want, ct_dtype dt, 
           "%s: config.json (torch_dtype %s)", what, h.cfg.torch_dtype);
     size_t bad = 0;
     for (size_t i = 0; i < want->num_params && h.num_params == want->num_params; i++) {
-        float w = round_as(want->param_mem[i], dt);
+        float w = check_round_as(want->param_mem[i], dt);
         bad += memcmp(&w, &h.param_mem[i], sizeof w) != 0;
     }
     CHECK(h.num_params == want->num_params && bad == 0, "%s: %zu values differ", what, bad);
@@ -209,7 +193,7 @@ static void check_export(const char *out, const qwen3_model *want, ct_dtype dt, 
     for (int i = 0; i < 2 && tok_dir; i++) {
         snprintf(path, sizeof path, "%s/%s", out, tok_files[i]);
         snprintf(src, sizeof src, "%s/%s", tok_dir, tok_files[i]);
-        CHECK(files_equal(path, src), "%s: %s not copied", what, tok_files[i]);
+        CHECK(check_files_equal(path, src), "%s: %s not copied", what, tok_files[i]);
     }
 
     // Same logits in PyTorch as in C on the exported weights.

@@ -27,22 +27,6 @@ static bool file_exists(const char *dir, const char *name) {
     return stat(p, &st) == 0;
 }
 
-static bool files_equal(const char *a, const char *b) {
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    ct_error err = {{0}};
-    bool same = file_read_all(&x, &nx, a, 1u << 28, &err) == 0 &&
-                file_read_all(&y, &ny, b, 1u << 28, &err) == 0 && nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-static float round_as(float v, ct_dtype dt) {
-    if (dt == CT_BF16) return bf16_to_f32(f32_to_bf16(v));
-    if (dt == CT_F16) return f16_to_f32(f32_to_f16(v));
-    return v;
-}
 
 static void check_config_equal(const qwen3_config *a, const qwen3_config *b, const char *what) {
     CHECK(a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
@@ -97,7 +81,7 @@ static void roundtrip_one(const qwen3_model *m, const char *orig_dir, const char
                 continue;
             }
             for (size_t k = 0; k < p->numel; k++) {
-                float want = round_as(m->param_mem[p->offset + k], dt);
+                float want = check_round_as(m->param_mem[p->offset + k], dt);
                 if (memcmp(&want, &m2.param_mem[q->offset + k], 4) != 0) bad++;
             }
         }
@@ -161,7 +145,7 @@ static void same_bytes_as_reference(const char *variant) {
         char a[8192], b[8192];
         snprintf(a, sizeof a, "%s/%s", out, f ? f : "");
         snprintf(b, sizeof b, "%s/%s", hf, f ? f : "");
-        CHECK(f && files_equal(a, b), "%s: %s differs from the reference writer's", variant,
+        CHECK(f && check_files_equal(a, b), "%s: %s differs from the reference writer's", variant,
               f ? f : "?");
         n++;
     }
@@ -169,7 +153,7 @@ static void same_bytes_as_reference(const char *variant) {
         char a[8192], b[8192];
         snprintf(a, sizeof a, "%s/model.safetensors.index.json", out);
         snprintf(b, sizeof b, "%s/model.safetensors.index.json", hf);
-        CHECK(files_equal(a, b), "%s: index differs from the reference writer's", variant);
+        CHECK(check_files_equal(a, b), "%s: index differs from the reference writer's", variant);
         char extra[64];
         snprintf(extra, sizeof extra, "model-%05d-of-%05d.safetensors", n + 1, n + 1);
         CHECK(!file_exists(out, extra), "%s: more shards than the reference", variant);
@@ -224,10 +208,10 @@ static void save_is_idempotent(const qwen3_model *m) {
     CHECK(rc == 0, "idempotence: %s", err.msg);
     snprintf(fa, sizeof fa, "%s/model.safetensors", a);
     snprintf(fb, sizeof fb, "%s/model.safetensors", b);
-    CHECK(rc == 0 && files_equal(fa, fb), "BF16 save -> load -> save changed the bytes");
+    CHECK(rc == 0 && check_files_equal(fa, fb), "BF16 save -> load -> save changed the bytes");
     snprintf(fa, sizeof fa, "%s/config.json", a);
     snprintf(fb, sizeof fb, "%s/config.json", b);
-    CHECK(rc == 0 && files_equal(fa, fb), "config.json save -> load -> save changed the bytes");
+    CHECK(rc == 0 && check_files_equal(fa, fb), "config.json save -> load -> save changed the bytes");
 }
 
 int main(void) {
