@@ -223,6 +223,50 @@ static void test_adamw_no_decay(void) {
     CHECK(adamw_param_decays("lm_head.weight", 2), "untied lm_head decays");
 }
 
+// ZeRO-1: AdamW over shards of the buffer, each with its own moments, gives exactly the full
+// optimizer's result, with no-decay ranges that straddle shard boundaries.
+static void test_adamw_shards(void) {
+    enum { N = 1001 };
+    static float p0[N], g[N], full[N], sharded[N];
+    uint64_t s = 5;
+    for (int i = 0; i < N; i++) p0[i] = frand(&s), g[i] = frand(&s);
+    adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.3};
+    const size_t nd[][2] = {{0, 10}, {320, 50}, {660, 20}, {990, 11}}; // crosses 333 and 667
+    ct_error err;
+    adamw whole;
+    CHECK(adamw_init(&whole, N, &err) == 0, "%s", err.msg);
+    for (int r = 0; r < 4; r++) adamw_exclude_decay(&whole, nd[r][0], nd[r][1], &err);
+    memcpy(full, p0, sizeof p0), memcpy(sharded, p0, sizeof p0);
+    const size_t cut[] = {0, 333, 667, 667, N}; // shard 2 is empty
+    adamw part[4];
+    for (int k = 0; k < 4; k++) {
+        CHECK(adamw_init_shard(&part[k], N, cut[k], cut[k + 1] - cut[k], &err) == 0, "%s", err.msg);
+        for (int r = 0; r < 4; r++)
+            CHECK(adamw_exclude_decay(&part[k], nd[r][0], nd[r][1], &err) == 0, "%s", err.msg);
+    }
+    CHECK(part[1].n_no_decay == 2 && part[1].no_decay[0].offset == 0 &&
+              part[1].no_decay[0].numel == 37 && part[1].no_decay[1].offset == 327 &&
+              part[1].no_decay[1].numel == 7,
+          "shard 1 keeps [333, 370) and [660, 667) as [0, 37) and [327, 334)");
+    for (int t = 0; t < 3; t++) {
+        adamw_step(&whole, full, g, &h, 1e-2);
+        for (int k = 0; k < 4; k++) adamw_step(&part[k], sharded, g, &h, 1e-2);
+    }
+    CHECK(count_bit_diffs(full, sharded, N) == 0, "sharded AdamW differs from the whole");
+    int bad = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t n = cut[k + 1] - cut[k];
+        bad += count_bit_diffs(part[k].m, whole.m + cut[k], n) +
+               count_bit_diffs(part[k].v, whole.v + cut[k], n);
+        CHECK(part[k].step == 3, "every shard counts the steps");
+        adamw_free(&part[k]);
+    }
+    CHECK(bad == 0, "%d moment elements differ", bad);
+    CHECK(adamw_init_shard(&part[0], N, 1000, 2, &err) != 0 && strstr(err.msg, "outside"),
+          "shard past the end refused: %s", err.msg);
+    adamw_free(&whole);
+}
+
 // LambdaLR's learning rates over every step of each setting in schedules.json: the same double
 // expressions, the same libm, so equality is exact.
 static void test_schedule_vs_torch(const char *ref) {
@@ -374,6 +418,7 @@ int main(void) {
     test_adamw_vs_torch(ref);
     test_adamw_vs_double();
     test_adamw_no_decay();
+    test_adamw_shards();
     test_schedule_vs_torch(ref);
     test_schedule_by_hand();
     test_clip();

@@ -9,15 +9,25 @@
 #include <string.h>
 
 int adamw_init(adamw *o, size_t n, ct_error *err) {
+    return adamw_init_shard(o, n, 0, n, err);
+}
+
+int adamw_init_shard(adamw *o, size_t total, size_t base, size_t n, ct_error *err) {
     memset(o, 0, sizeof *o);
-    if (n == 0) return ct_fail(err, "adamw: no parameters to optimize");
-    o->m = calloc(n, sizeof *o->m);
-    o->v = calloc(n, sizeof *o->v);
+    if (total == 0) return ct_fail(err, "adamw: no parameters to optimize");
+    if (base > total || n > total - base)
+        return ct_fail(err, "adamw: shard [%zu, %zu) is outside the %zu parameters", base, base + n,
+                       total);
+    // One element at least, so that an empty shard still has valid (unused) buffers.
+    o->m = calloc(n ? n : 1, sizeof *o->m);
+    o->v = calloc(n ? n : 1, sizeof *o->v);
     if (!o->m || !o->v) {
         adamw_free(o);
         return ct_fail(err, "adamw: out of memory for the moments of %zu parameters (%.2f GiB)", n,
                        2.0 * (double)n * sizeof(float) / (1 << 30));
     }
+    o->total = total;
+    o->base = base;
     o->n = n;
     return 0;
 }
@@ -31,9 +41,15 @@ void adamw_free(adamw *o) {
 
 int adamw_exclude_decay(adamw *o, size_t offset, size_t numel, ct_error *err) {
     if (numel == 0) return 0;
-    if (offset > o->n || numel > o->n - offset)
+    if (offset > o->total || numel > o->total - offset)
         return ct_fail(err, "adamw: no-decay range [%zu, %zu) is outside the %zu parameters",
-                       offset, offset + numel, o->n);
+                       offset, offset + numel, o->total);
+    // The part inside the shard, relative to its start.
+    size_t lo = offset > o->base ? offset : o->base;
+    size_t hi = offset + numel < o->base + o->n ? offset + numel : o->base + o->n;
+    if (lo >= hi) return 0;
+    offset = lo - o->base;
+    numel = hi - lo;
     int at = 0; // insertion point keeping the ranges sorted by offset
     while (at < o->n_no_decay && o->no_decay[at].offset < offset) at++;
     const adamw_range *prev = at > 0 ? &o->no_decay[at - 1] : NULL;
@@ -97,6 +113,8 @@ void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams
     // Multiplying by 1 - lr*0 is the identity, so decay off equals torch's weight_decay=0 group.
     bool decay = h->weight_decay != 0.0;
     float *m = o->m, *v = o->v;
+    params += o->base;
+    grads += o->base;
     const adamw_range *nd = o->no_decay;
     int n_nd = o->n_no_decay;
     size_t n = o->n;

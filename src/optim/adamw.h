@@ -20,19 +20,25 @@ typedef struct adamw_range {
 } adamw_range;
 
 typedef struct adamw {
-    size_t n;     // floats in params, grads, m and v
+    size_t total; // floats in the parameter and gradient buffers
+    size_t base;  // the state covers elements [base, base + n) of them (a ZeRO-1 shard)
+    size_t n;     // floats in m and v
     float *m;     // exp_avg (n), zero at init
     float *v;     // exp_avg_sq (n), zero at init
     int64_t step; // steps taken; adamw_step increments it first, so bias corrections start at 1
-    adamw_range *no_decay; // sorted, disjoint ranges that get no weight decay
+    adamw_range *no_decay; // sorted, disjoint ranges (relative to base) with no weight decay
     int n_no_decay;
 } adamw;
 
 // Allocates m and v (zeroed) for n parameters; step 0; every element decays.
 int adamw_init(adamw *o, size_t n, ct_error *err);
+// The same for the shard [base, base + n) of a buffer of `total` floats (n may be 0 on a rank
+// whose shard is empty).
+int adamw_init_shard(adamw *o, size_t total, size_t base, size_t n, ct_error *err);
 void adamw_free(adamw *o);
-// Excludes [offset, offset + numel) from weight decay (a second torch param group with
-// weight_decay 0). Ranges may come in any order; overlapping or out of bounds is an error.
+// Excludes [offset, offset + numel) of the whole buffer from weight decay (a second torch param
+// group with weight_decay 0); only its part inside the shard is kept. Ranges may come in any
+// order; overlapping or outside the buffer is an error.
 // Called at setup, never inside a step.
 int adamw_exclude_decay(adamw *o, size_t offset, size_t numel, ct_error *err);
 // The rule for optimizer.decay_norms_and_embeddings = false: a tensor decays unless it is 1-D
@@ -40,7 +46,8 @@ int adamw_exclude_decay(adamw *o, size_t offset, size_t numel, ct_error *err);
 // the embedding, so it does not decay either.
 bool adamw_param_decays(const char *name, int ndim);
 
-// One step at learning rate lr over all n elements, in torch's order:
+// One step at learning rate lr over the n elements of the shard (params and grads are the whole
+// buffers), in torch's order:
 //   step += 1
 //   p *= 1 - lr*wd                                (skipped for excluded ranges)
 //   m = m*beta1 + (1-beta1)*g                     (the add fused, like torch's vector kernel)
