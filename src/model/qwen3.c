@@ -182,11 +182,17 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     op->matmul_backward(s->dln, m->g.lm_head, NULL, dlogits, s->lnf, m->w.lm_head, d.N, d.C, d.V);
     op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
                          s->lnf_rstd, d.N, d.C);
+    // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
+    // suffix of the buffer (a tied head is the embedding, final only at the very end).
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
     for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
         mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+        if (m->grad_ready)
+            m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.layers[l].input_norm - m->grad_mem));
     }
     op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     s->have_targets = false; // the logits buffer now holds gradients
 }

@@ -57,6 +57,12 @@ typedef struct qwen3_model {
     void *acts;    // layout private to src/model (qwen3_internal.h)
     float *logits; // (B, T, V), valid after qwen3_forward until qwen3_backward, which
                    // reuses the buffer for the logits' gradient
+
+    // Optional (NULL = none): qwen3_backward calls grad_ready(ctx, from) each time the gradients
+    // of every parameter at offsets >= from are final: after the head, after each layer, and
+    // last with from = 0. A data-parallel caller starts reducing them while the backward goes on.
+    void (*grad_ready)(void *ctx, size_t from);
+    void *grad_ready_ctx;
 } qwen3_model;
 
 // Bytes the model needs for a (B, T) step: parameters, gradients and activations.
