@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz demo bench format clean
+.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -53,6 +53,10 @@ demo: deps all
 
 bench: all
 	/usr/bin/python3 bench/forward_backward.py
+
+# Data-parallel training over real OpenMPI ranks (np1 vs np2, overlap, ZeRO-1 vs replicated).
+bench-dp: all
+	/usr/bin/python3 bench/dp.py --build $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

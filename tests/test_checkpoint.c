@@ -11,6 +11,11 @@
 //  7. stale temporary folders of dead processes are removed, a live process's are kept;
 //  8. SIGKILL at random moments of a save loop always leaves a checkpoint that loads, with the
 //     values of its own step.
+//  9. optimizer shards: saved as 1, 3 (unequal, boundaries inside tensors) or 4 (one empty)
+//     shards, any flat range loads back bitwise, whatever the number of loading ranges; a
+//     missing, flipped or lying shard is skipped; shards that do not tile are refused at
+//     commit; NaN in a shard is refused at write, naming the flat element.
+// 10. a checkpoint of another format (1, or unknown) is an error, never skipped.
 #include <inttypes.h>
 #include <signal.h>
 #include <dirent.h>
@@ -127,7 +132,7 @@ static void check_holds_step(const char *dir, const qwen3_config *c, int64_t ste
     run_fill(&want, step);
     train_state st;
     char *toml = NULL;
-    int rc = ckpt_load(dir, &got.m, got.m1, got.m2, got.m.num_params, &st, &toml, &err);
+    int rc = ckpt_load(dir, &got.m, got.m1, got.m2, 0, got.m.num_params, &st, &toml, &err);
     CHECK(rc == 0, "%s: load: %s", what, err.msg);
     if (rc == 0) {
         train_state ws = sample_state(step);
@@ -188,7 +193,7 @@ static void test_roundtrip(bool tied, bool bias) {
     // Model only (export's path): the moments are not needed.
     run other;
     if (run_init(&other, &c)) {
-        CHECK(ckpt_load(dir, &other.m, NULL, NULL, 0, NULL, NULL, &err) == 0 &&
+        CHECK(ckpt_load(dir, &other.m, NULL, NULL, 0, 0, NULL, NULL, &err) == 0 &&
                   same_floats(other.m.param_mem, r.m.param_mem, r.m.num_params),
               "%s: model-only load: %s", what, err.msg);
         run_free(&other);
@@ -221,7 +226,7 @@ static void test_mismatch(void) {
         ct_error err = {{0}};
         train_state st;
         ckpt_notes notes = {0};
-        int rc = ckpt_resume(out, sizeof out, &o.m, o.m1, o.m2, o.m.num_params, &st, NULL, root,
+        int rc = ckpt_resume(out, sizeof out, &o.m, o.m1, o.m2, 0, o.m.num_params, &st, NULL, root,
                              &notes, &err);
         CHECK(rc == -1 && strstr(err.msg, cases[i].want) && strstr(err.msg, "step-3") &&
                   notes.n == 0,
@@ -231,13 +236,15 @@ static void test_mismatch(void) {
         ckpt_notes_free(&notes);
         run_free(&o);
     }
-    // A moment buffer of the wrong size is refused before anything is read.
+    // A moment range past the model's parameters is refused before anything is read.
     ct_error err = {{0}};
-    CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params - 1, NULL, NULL, &err) == -1 &&
-              strstr(err.msg, "floats per moment"),
-          "wrong moment size: %s", err.msg);
-    CHECK(ckpt_load(dir, &r.m, r.m1, NULL, r.m.num_params, NULL, NULL, &err) == -1,
+    CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, 1, r.m.num_params, NULL, NULL, &err) == -1 &&
+              strstr(err.msg, "runs past"),
+          "range past the end: %s", err.msg);
+    CHECK(ckpt_load(dir, &r.m, r.m1, NULL, 0, r.m.num_params, NULL, NULL, &err) == -1,
           "one moment only was accepted");
+    CHECK(ckpt_load(dir, &r.m, NULL, NULL, 0, 5, NULL, NULL, &err) == -1,
+          "a range without buffers was accepted");
     run_free(&r);
 }
 
@@ -287,7 +294,7 @@ static void test_replace_and_prune(void) {
     run want;
     if (run_init(&want, &c)) {
         run_fill(&want, 8);
-        CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params, NULL, NULL, &err) == 0 &&
+        CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, 0, r.m.num_params, NULL, NULL, &err) == 0 &&
                   same_floats(r.m.param_mem, want.m.param_mem, r.m.num_params) &&
                   same_floats(r.m2, want.m2, r.m.num_params),
               "replaced step-6 does not hold the new values: %s", err.msg);
@@ -310,7 +317,7 @@ static bool truncate_model(const char *dir) {
 }
 static bool flip_optimizer(const char *dir) {
     char p[4300];
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    snprintf(p, sizeof p, "%s/optimizer-00000-of-00001.safetensors", dir);
     return flip_byte(p, file_size_at(p) - 5); // in the data: the header still parses
 }
 static bool flip_config_toml(const char *dir) {
@@ -333,24 +340,62 @@ static bool remove_config_json(const char *dir) {
     snprintf(p, sizeof p, "%s/config.json", dir);
     return unlink(p) == 0;
 }
-static bool old_format(const char *dir) {
+// Rewrites state.json's "format" (one digit, as cJSON prints it: "format":<tab>2).
+static bool set_format(const char *dir, char digit) {
     char p[4300];
     snprintf(p, sizeof p, "%s/state.json", dir);
     char *text = NULL;
     size_t len;
     ct_error err;
     if (file_read_all(&text, &len, p, 1 << 20, &err) != 0) return false;
-    char *f = strstr(text, "\"format\":\t1");
-    if (f) f[10] = '7';
+    char *f = strstr(text, "\"format\":\t2");
+    if (f) f[10] = digit;
     bool ok = f && write_file_text(p, text);
     free(text);
     return ok;
+}
+static bool unknown_format(const char *dir) {
+    return set_format(dir, '7');
+}
+static bool format_one(const char *dir) {
+    return set_format(dir, '1');
 }
 // The folder of step 20 renamed to step-25: its state.json disagrees with its name.
 static bool rename_folder(const char *dir) {
     char to[4300];
     snprintf(to, sizeof to, "%.*s25", (int)strlen(dir) - 2, dir);
     return rename(dir, to) == 0;
+}
+
+// A checkpoint of another format is an error for verify, load, find and resume: skipping it
+// would let the run start over and overwrite the other version's steps.
+static void test_other_format(damage_fn damage, const char *want) {
+    char root[4096], dir[4200], out[4096];
+    snprintf(root, sizeof root, "%s/other_format_%c", tmp_dir, damage == format_one ? '1' : '7');
+    snprintf(dir, sizeof dir, "%s/step-20", root);
+    qwen3_config c = tiny_config(true, false, 2, 42);
+    run r;
+    if (!run_init(&r, &c)) return;
+    if (save_step(&r, root, 10) == 0 && save_step(&r, root, 20) == 0) {
+        CHECK(damage(dir), "%s: could not rewrite the format", want);
+        ct_error err = {{0}};
+        ckpt_notes notes = {0};
+        train_state st;
+        CHECK(ckpt_verify(dir, NULL, NULL, &err) == -1 && strstr(err.msg, want), "verify: %s",
+              err.msg);
+        CHECK(ckpt_load(dir, &r.m, NULL, NULL, 0, 0, NULL, NULL, &err) == -1 &&
+                  strstr(err.msg, want),
+              "load: %s", err.msg);
+        CHECK(ckpt_find_latest(out, sizeof out, &st, root, NULL, &notes, &err) == -1 &&
+                  strstr(err.msg, want),
+              "find_latest: %s", err.msg);
+        CHECK(ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL, root,
+                          &notes, &err) == -1 &&
+                  strstr(err.msg, want) && notes.n == 0,
+              "resume: %s (%d notes)", err.msg, notes.n);
+        ckpt_notes_free(&notes);
+    }
+    run_free(&r);
 }
 
 static void test_corrupt(void) {
@@ -365,7 +410,6 @@ static void test_corrupt(void) {
         {"no state.json", remove_state, "incomplete"},
         {"half a state.json", garble_state, "state.json"},
         {"missing config.json", remove_config_json, "missing"},
-        {"unknown format", old_format, "format 7"},
         {"renamed folder", rename_folder, "folder name"},
     };
     qwen3_config c = tiny_config(true, false, 2, 40);
@@ -391,7 +435,7 @@ static void test_corrupt(void) {
             memcpy(snap.m.param_mem, r.m.param_mem, r.m.num_params * sizeof(float));
             memcpy(snap.m1, r.m1, r.m.num_params * sizeof(float));
             if (file_exists_at(dir)) {
-                CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, r.m.num_params, NULL, NULL, &err) == -1,
+                CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, 0, r.m.num_params, NULL, NULL, &err) == -1,
                       "%s: the damaged checkpoint loaded", cases[i].name);
                 CHECK(same_floats(r.m.param_mem, snap.m.param_mem, r.m.num_params) &&
                           same_floats(r.m1, snap.m1, r.m.num_params),
@@ -403,7 +447,7 @@ static void test_corrupt(void) {
         // Resume skips it for step-10, and says why.
         ckpt_notes notes = {0};
         train_state st;
-        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL, root,
                              &notes, &err);
         CHECK(rc == 1 && strcmp(out, good) == 0 && st.step == 10, "%s: resume rc %d (%s): %s",
               cases[i].name, rc, rc == 1 ? out : "", err.msg);
@@ -416,8 +460,8 @@ static void test_corrupt(void) {
               "%s: find_latest did not skip it", cases[i].name);
 
         // With step-10 damaged the same way there is nothing to resume from.
-        if (i != 7 && cases[i].damage(good)) {
-            rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+        if (cases[i].damage != rename_folder && cases[i].damage(good)) {
+            rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL, root,
                              &notes, &err);
             CHECK(rc == 0 && notes.n == 2, "%s: all damaged: rc %d, notes %d", cases[i].name, rc,
                   notes.n);
@@ -431,6 +475,331 @@ static void test_corrupt(void) {
     snprintf(root, sizeof root, "%s/no_such_root", tmp_dir);
     CHECK(ckpt_find_latest(out, sizeof out, NULL, root, NULL, NULL, &err) == 0, "missing root: %s",
           err.msg);
+}
+
+// ---------------------------------------------------------------- optimizer shards
+
+#define TAG 4242L // any tag will do: one "run" of ranks shares it
+
+// Shard boundaries for n parameters: 3 unequal shards, neither boundary on a tensor start.
+static void three_sizes(size_t sizes[3], const qwen3_model *m) {
+    size_t n = m->num_params, a = n / 3 + 5, b = n / 3 - 7;
+    for (int i = 0; i < m->n_params; i++) { // move a boundary off a tensor start
+        if (m->params[i].offset == a) a++;
+        if (m->params[i].offset == a + b) b++;
+    }
+    sizes[0] = a;
+    sizes[1] = b;
+    sizes[2] = n - a - b;
+}
+
+// What the ranks of a data-parallel save do, from one process: begin, one shard per "rank",
+// commit. sizes[i] elements each, in order.
+static int save_sharded(run *r, const char *root, int64_t step, const size_t *sizes, int n) {
+    ct_error err = {{0}};
+    run_fill(r, step);
+    train_state st = sample_state(step);
+    char tmp[4200];
+    ckpt_shard_info info[8];
+    int rc = ckpt_begin(root, step, TAG, &err);
+    if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, step, TAG, &err);
+    size_t off = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = ckpt_write_optimizer_shard(tmp, i, n, off, sizes[i], r->m.num_params, r->m1 + off,
+                                        r->m2 + off, &info[i], &err);
+        off += sizes[i];
+    }
+    if (rc == 0) rc = ckpt_commit(root, TAG, &r->m, info, n, &st, toml_text, &err);
+    CHECK(rc == 0, "sharded save of step %" PRId64 " (%d shards): %s", step, n, err.msg);
+    return rc;
+}
+
+// Loads [offset, offset + numel) of dir's moments and checks them against step's values.
+static void check_range(const char *dir, const qwen3_config *c, int64_t step, size_t offset,
+                        size_t numel, const char *what) {
+    run want, got;
+    if (!run_init(&want, c) || !run_init(&got, c)) return;
+    run_fill(&want, step);
+    ct_error err = {{0}};
+    train_state st;
+    int rc = ckpt_load(dir, &got.m, got.m1, got.m2, offset, numel, &st, NULL, &err);
+    CHECK(rc == 0, "%s [%zu, +%zu): load: %s", what, offset, numel, err.msg);
+    if (rc == 0) {
+        CHECK(same_floats(got.m.param_mem, want.m.param_mem, want.m.num_params) &&
+                  same_floats(got.m1, want.m1 + offset, numel) &&
+                  same_floats(got.m2, want.m2 + offset, numel),
+              "%s [%zu, +%zu): values differ", what, offset, numel);
+        train_state ws = sample_state(step);
+        CHECK(same_state(&st, &ws), "%s: train_state differs", what);
+    }
+    run_free(&want);
+    run_free(&got);
+}
+
+// The number of shards state.json lists, and that every shard is in its "files".
+static int listed_shards(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    cJSON *o = NULL;
+    ct_error err;
+    if (json_parse_file(&o, p, &err) != 0) return -1;
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "optimizer_shards");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+    int n = cJSON_GetArraySize(list), in_files = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, files) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(f, "name"));
+        in_files += name && strncmp(name, "optimizer-", 10) == 0;
+    }
+    cJSON_Delete(o);
+    return in_files == n ? n : -1;
+}
+
+static void test_shards(void) {
+    char root[4096], dir[4200], out[4096];
+    qwen3_config c = tiny_config(false, true, 2, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    size_t n = r.m.num_params, s3[3];
+    three_sizes(s3, &r.m);
+    CHECK(n % 3 != 0, "num_params %zu divides by 3: pick another tiny config", n);
+
+    // One shard and three: the same ranges read back bitwise.
+    const size_t one[1] = {n};
+    const size_t *layouts[2] = {one, s3};
+    const int counts[2] = {1, 3};
+    for (int l = 0; l < 2; l++) {
+        snprintf(root, sizeof root, "%s/shards_%d", tmp_dir, counts[l]);
+        snprintf(dir, sizeof dir, "%s/step-5", root);
+        if (save_sharded(&r, root, 5, layouts[l], counts[l]) != 0) continue;
+        CHECK(listed_shards(dir) == counts[l], "%d shards: state.json lists %d", counts[l],
+              listed_shards(dir));
+        ct_error err = {{0}};
+        CHECK(ckpt_verify(dir, &r.m, NULL, &err) == 0, "%d shards: verify: %s", counts[l], err.msg);
+        check_holds_step(dir, &c, 5, "sharded save");
+        check_range(dir, &c, 5, 0, n, "whole");
+        check_range(dir, &c, 5, 0, 17, "[0, k)");
+        check_range(dir, &c, 5, s3[0] - 3, s3[1] + 6, "across two shard boundaries");
+        check_range(dir, &c, 5, n - 1, 1, "last element");
+        check_range(dir, &c, 5, 0, 0, "empty range");
+        // Resharding: saved by 3 "ranks", resumed by 2, by 1 (above) and by 4.
+        for (int m = 2; m <= 4; m += 2) {
+            for (int k = 0; k < m; k++) {
+                size_t lo = n * (size_t)k / (size_t)m, hi = n * (size_t)(k + 1) / (size_t)m;
+                check_range(dir, &c, 5, lo, hi - lo, m == 2 ? "as 2 ranges" : "as 4 ranges");
+            }
+        }
+        // Resume reads a range too.
+        run got, want;
+        if (run_init(&got, &c) && run_init(&want, &c)) {
+            run_fill(&want, 5);
+            ckpt_notes notes = {0};
+            size_t lo = n / 2, len = n - n / 2;
+            int rc = ckpt_resume(out, sizeof out, &got.m, got.m1, got.m2, lo, len, NULL, NULL, root,
+                                 &notes, &err);
+            CHECK(rc == 1 && notes.n == 0 && same_floats(got.m1, want.m1 + lo, len) &&
+                      same_floats(got.m2, want.m2 + lo, len),
+                  "%d shards: resume of a range: rc %d: %s", counts[l], rc, err.msg);
+            ckpt_notes_free(&notes);
+            run_free(&got);
+            run_free(&want);
+        }
+    }
+
+    // An empty shard (more ranks than elements in a range) is allowed.
+    snprintf(root, sizeof root, "%s/shards_empty", tmp_dir);
+    snprintf(dir, sizeof dir, "%s/step-6", root);
+    const size_t four[4] = {s3[0], 0, s3[1], s3[2]};
+    if (save_sharded(&r, root, 6, four, 4) == 0) {
+        ct_error err = {{0}};
+        CHECK(ckpt_verify(dir, &r.m, NULL, &err) == 0, "empty shard: verify: %s", err.msg);
+        check_range(dir, &c, 6, s3[0] - 1, 2, "around an empty shard");
+    }
+    run_free(&r);
+}
+
+// Steps 10 and 20 saved in 3 shards; damage(step-20) must make resume skip it for step-10 with
+// a note holding `want`. shard0_ok: a load of shard 0's range alone still works.
+static void expect_skipped(const char *name, damage_fn damage, const char *want, bool shard0_ok) {
+    char root[4096], dir[4200], good[4200], out[4096];
+    snprintf(root, sizeof root, "%s/shard_err_%s", tmp_dir, name);
+    snprintf(dir, sizeof dir, "%s/step-20", root);
+    snprintf(good, sizeof good, "%s/step-10", root);
+    qwen3_config c = tiny_config(true, false, 2, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    size_t s3[3];
+    three_sizes(s3, &r.m);
+    if (save_sharded(&r, root, 10, s3, 3) == 0 && save_sharded(&r, root, 20, s3, 3) == 0) {
+        CHECK(damage(dir), "%s: could not damage the checkpoint", name);
+        ct_error err = {{0}};
+        CHECK(ckpt_verify(dir, NULL, NULL, &err) == -1 && strstr(err.msg, want), "%s: verify: %s",
+              name, err.msg);
+        ckpt_notes notes = {0};
+        train_state st;
+        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL, root,
+                             &notes, &err);
+        CHECK(rc == 1 && strcmp(out, good) == 0 && st.step == 10, "%s: resume rc %d: %s", name, rc,
+              err.msg);
+        CHECK(notes.n == 1 && strstr(notes.msgs[0], want) &&
+                  strstr(notes.msgs[0], "skipping checkpoint"),
+              "%s: notes %d: %s", name, notes.n, notes.n ? notes.msgs[0] : "");
+        ckpt_notes_free(&notes);
+        // A range that needs only shard 0 still loads: ckpt_load reads (and checks) only the
+        // shards it needs; resume checks all of them.
+        if (shard0_ok) check_range(dir, &c, 20, 0, s3[0], name);
+        run_free(&r);
+        if (!run_init(&r, &c)) return;
+        tiny_fill(r.m1, r.m.num_params, 777);
+        float before = r.m1[0];
+        CHECK(ckpt_load(dir, &r.m, r.m1, r.m2, 0, r.m.num_params, NULL, NULL, &err) == -1 &&
+                  strstr(err.msg, want) && r.m1[0] == before,
+              "%s: full load: %s", name, err.msg);
+    }
+    run_free(&r);
+}
+
+static bool remove_shard1(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/optimizer-00001-of-00003.safetensors", dir);
+    return unlink(p) == 0;
+}
+static bool flip_shard2(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/optimizer-00002-of-00003.safetensors", dir);
+    return flip_byte(p, file_size_at(p) - 5);
+}
+
+// A shard whose own metadata disagrees with state.json (written with an offset one too far, and
+// reported to commit with the right one): its checksum matches, the content does not.
+static void test_shard_metadata_lies(void) {
+    char root[4096], dir[4200], tmp[4200];
+    snprintf(root, sizeof root, "%s/shard_lies", tmp_dir);
+    snprintf(dir, sizeof dir, "%s/step-3", root);
+    qwen3_config c = tiny_config(false, false, 1, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    size_t s3[3];
+    three_sizes(s3, &r.m);
+    run_fill(&r, 3);
+    train_state st = sample_state(3);
+    ct_error err = {{0}};
+    ckpt_shard_info info[3];
+    int rc = ckpt_begin(root, 3, TAG, &err);
+    if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, 3, TAG, &err);
+    size_t off = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        rc = ckpt_write_optimizer_shard(tmp, i, 3, off + (i == 1), s3[i], r.m.num_params,
+                                        r.m1 + off, r.m2 + off, &info[i], &err);
+        off += s3[i];
+    }
+    info[1].offset = s3[0];
+    if (rc == 0) rc = ckpt_commit(root, TAG, &r.m, info, 3, &st, toml_text, &err);
+    CHECK(rc == 0, "lying shard: save: %s", err.msg);
+    ckpt_notes notes = {0};
+    char out[4096];
+    rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, NULL, NULL, root, &notes,
+                     &err);
+    CHECK(rc == 0 && notes.n == 1 && strstr(notes.msgs[0], "optimizer-00001-of-00003") &&
+              strstr(notes.msgs[0], "__metadata__ offset"),
+          "lying shard: resume rc %d, notes %d: %s", rc, notes.n, notes.n ? notes.msgs[0] : "");
+    ckpt_notes_free(&notes);
+    run_free(&r);
+}
+
+// Commit refuses shards that leave a gap, overlap or stop short, and removes the folder.
+static void test_commit_tiling(void) {
+    char root[4096], tmp[4200];
+    snprintf(root, sizeof root, "%s/tiling", tmp_dir);
+    qwen3_config c = tiny_config(false, false, 1, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    size_t n = r.m.num_params, s3[3];
+    three_sizes(s3, &r.m);
+    run_fill(&r, 4);
+    train_state st = sample_state(4);
+    const struct {
+        long delta1, delta2; // shift of shard 1's offset, change of shard 2's size
+        const char *want;
+    } cases[] = {
+        {+1, 0, "leave a gap"},
+        {-1, 0, "overlap"},
+        {0, -1, "cover [0, "},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ct_error err = {{0}};
+        ckpt_shard_info info[3];
+        size_t off[3] = {0, s3[0] + (size_t)cases[k].delta1, s3[0] + s3[1]};
+        size_t len[3] = {s3[0], s3[1], s3[2] + (size_t)cases[k].delta2};
+        if (cases[k].delta1) len[1] = off[2] - off[1];
+        int rc = ckpt_begin(root, 4, TAG, &err);
+        if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, 4, TAG, &err);
+        for (int i = 0; i < 3 && rc == 0; i++)
+            rc = ckpt_write_optimizer_shard(tmp, i, 3, off[i], len[i], n, r.m1 + off[i],
+                                            r.m2 + off[i], &info[i], &err);
+        CHECK(rc == 0, "tiling %zu: writing: %s", k, err.msg);
+        if (rc != 0) continue;
+        rc = ckpt_commit(root, TAG, &r.m, info, 3, &st, toml_text, &err);
+        CHECK(rc == -1 && strstr(err.msg, cases[k].want) &&
+                  (k == 2 || strstr(err.msg, "optimizer-00001-of-00003")),
+              "tiling %zu: commit rc %d: %s", k, rc, err.msg);
+        CHECK(!file_exists_at(tmp), "tiling %zu: the temporary folder was left", k);
+    }
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/step-4", root);
+    CHECK(!file_exists_at(dir), "a refused commit made %s", dir);
+    // A shard reported but not in the folder (another filesystem): refused at commit.
+    ct_error err = {{0}};
+    ckpt_shard_info info;
+    int rc = ckpt_begin(root, 4, TAG, &err);
+    if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, 4, TAG, &err);
+    if (rc == 0) rc = ckpt_write_optimizer_shard(tmp, 0, 1, 0, n, n, r.m1, r.m2, &info, &err);
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s", tmp, info.file);
+    if (rc == 0) unlink(p);
+    CHECK(rc == 0 && ckpt_commit(root, TAG, &r.m, &info, 1, &st, toml_text, &err) == -1 &&
+              strstr(err.msg, "optimizer-00000-of-00001.safetensors: missing"),
+          "commit with a missing shard: %s", err.msg);
+    // ckpt_abandon removes a save's folder.
+    CHECK(ckpt_begin(root, 4, TAG, &err) == 0 && file_exists_at(tmp), "begin: %s", err.msg);
+    ckpt_abandon(root, 4, TAG);
+    CHECK(!file_exists_at(tmp), "abandon left %s", tmp);
+    run_free(&r);
+}
+
+// NaN or inf in a shard's moments is refused at write, naming the flat element.
+static void test_shard_nonfinite(void) {
+    char root[4096], tmp[4200];
+    snprintf(root, sizeof root, "%s/shard_nan", tmp_dir);
+    float a[64], b[64];
+    tiny_fill(a, 64, 1);
+    tiny_fill_positive(b, 64, 2);
+    ct_error err = {{0}};
+    ckpt_shard_info info;
+    CHECK(ckpt_begin(root, 1, TAG, &err) == 0 &&
+              ckpt_tmp_path(tmp, sizeof tmp, root, 1, TAG, &err) == 0,
+          "begin: %s", err.msg);
+    for (int k = 0; k < 2; k++) {
+        float *x = k ? b : a;
+        float saved = x[5];
+        x[5] = k ? INFINITY : NAN;
+        int rc = ckpt_write_optimizer_shard(tmp, 1, 2, 100, 64, 1000, a, b, &info, &err);
+        CHECK(rc == -1 && strstr(err.msg, k ? "exp_avg_sq" : "exp_avg") &&
+                  strstr(err.msg, "flat element 105") &&
+                  strstr(err.msg, "optimizer-00001-of-00002.safetensors"),
+              "non-finite shard %d: rc %d: %s", k, rc, err.msg);
+        x[5] = saved;
+    }
+    char p[4300];
+    snprintf(p, sizeof p, "%s/optimizer-00001-of-00002.safetensors", tmp);
+    CHECK(!file_exists_at(p), "a refused shard was written");
+    // Bad arguments: a range past total, a shard index out of range.
+    CHECK(ckpt_write_optimizer_shard(tmp, 1, 2, 990, 64, 1000, a, b, &info, &err) == -1 &&
+              strstr(err.msg, "does not fit"),
+          "range past total: %s", err.msg);
+    CHECK(ckpt_write_optimizer_shard(tmp, 2, 2, 0, 64, 1000, a, b, &info, &err) == -1,
+          "shard 2 of 2 was accepted");
+    ckpt_abandon(root, 1, TAG);
 }
 
 static void test_refuse_nonfinite(void) {
@@ -580,7 +949,7 @@ static void test_kill_during_save(void) {
         CHECK(ckpt_clean_stale(root, &notes, &err) == 0, "trial %d: clean: %s", trial, err.msg);
         ckpt_notes_free(&notes);
         train_state st;
-        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, r.m.num_params, &st, NULL, root,
+        int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL, root,
                              &notes, &err);
         CHECK(rc == 1 && notes.n == 0, "trial %d: resume rc %d, notes %d: %s %s", trial, rc,
               notes.n, err.msg, notes.n ? notes.msgs[0] : "");
@@ -611,6 +980,17 @@ int main(int argc, char **argv) {
     test_mismatch();
     test_replace_and_prune();
     test_corrupt();
+    test_shards();
+    expect_skipped("missing", remove_shard1,
+                   "optimizer-00001-of-00003.safetensors: missing (state.json lists it)", true);
+    expect_skipped("flipped", flip_shard2, "optimizer-00002-of-00003.safetensors: XXH64", true);
+    test_other_format(unknown_format, "step-20/state.json: checkpoint format 7, this ctitan reads "
+                                      "format 2; resume it with the ctitan that wrote it");
+    test_other_format(format_one, "checkpoint format 1 (written before ctitan had sharded "
+                                  "optimizer state), this ctitan reads format 2");
+    test_shard_metadata_lies();
+    test_commit_tiling();
+    test_shard_nonfinite();
     test_refuse_nonfinite();
     test_clean_stale();
     test_kill_during_save();

@@ -87,7 +87,10 @@ static void test_defaults(void) {
     CHECK(c.metrics.log_freq == 10 && c.metrics.peak_gflops == 0.0, "metrics defaults");
     CHECK(!c.validation.enable && c.validation.freq == 500 && c.validation.steps == 10,
           "validation defaults");
-    CHECK(c.debug.seed == 0 && c.parallelism.data_parallel_shard_degree == 1, "debug/parallelism");
+    CHECK(c.debug.seed == 0 && c.parallelism.data_parallel_shard_degree == -1 &&
+              c.parallelism.data_parallel_replicate_degree == 1 && c.comm.overlap &&
+              c.comm.train_timeout_seconds == 100 && strcmp(c.debug.fault, "none") == 0,
+          "debug/parallelism/comm");
     ct_error err = {{0}};
     CHECK(config_validate(&c, &err) == -1 &&
               strcmp(err.msg, "config: training.dataset_path is not set: point it at a .txt, "
@@ -273,8 +276,7 @@ static void test_checks(void) {
                                            "global_batch_size = 6\n");
     snprintf(want, sizeof want,
              "%s:4: training.global_batch_size = 6 is not a multiple of "
-             "training.local_batch_size (4) * "
-             "parallelism.data_parallel_shard_degree (1) = 4",
+             "training.local_batch_size (4)",
              p);
     expect_fail("global batch", p, NOARGS, want, NULL);
     ct_config c;
@@ -346,6 +348,19 @@ static void test_checks(void) {
     expect_fail("seed", p, ARGV("--debug.seed=-1"), "debug.seed = -1", NULL);
     expect_fail("dp", p, ARGV("--parallelism.data_parallel_shard_degree=0"),
                 "parallelism.data_parallel_shard_degree = 0", NULL);
+    expect_fail("replicate", p, ARGV("--parallelism.data_parallel_replicate_degree=0"),
+                "parallelism.data_parallel_replicate_degree = 0; expected at least 1", NULL);
+    expect_fail("hsdp", p,
+                ARGV("--parallelism.data_parallel_replicate_degree=2",
+                     "--parallelism.data_parallel_shard_degree=2"),
+                "not both (HSDP)", NULL);
+    expect_fail("threads", p, ARGV("--parallelism.threads_per_rank=-1"),
+                "parallelism.threads_per_rank = -1", NULL);
+    expect_fail("timeout", p, ARGV("--comm.train_timeout_seconds=0"),
+                "comm.train_timeout_seconds = 0; expected a positive number", NULL);
+    expect_fail("bucket", p, ARGV("--comm.bucket_cap_mb=-1"), "comm.bucket_cap_mb = -1", NULL);
+    expect_fail("fault", p, ARGV("--debug.fault=segfault"), "debug.fault", NULL);
+    expect_fail("fault step", p, ARGV("--debug.fault_step=0"), "debug.fault_step = 0", NULL);
     expect_fail("dump folder", p, ARGV("--job.dump_folder="), "job.dump_folder is empty", NULL);
     const char *f = write_file("lr.toml", "[training]\ndataset_path = 'd'\n\n[optimizer]\n"
                                           "lr = -1.0\n");

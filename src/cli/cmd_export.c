@@ -74,7 +74,7 @@ static int export_run(const cli_args *args, ct_error *err) {
     if (qwen3_init(&m, &cfg, NULL, err) != 0) return -1;
     train_state st;
     char *toml = NULL;
-    int rc = ckpt_load(dir, &m, NULL, NULL, 0, &st, &toml, err);
+    int rc = ckpt_load(dir, &m, NULL, NULL, 0, 0, &st, &toml, err);
     char tok_dir[4096];
     if (cli_str(args, "tokenizer"))
         snprintf(tok_dir, sizeof tok_dir, "%s", cli_str(args, "tokenizer"));

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dist/dist.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -12,6 +13,26 @@ static volatile sig_atomic_t stop_requested;
 static void on_stop_signal(int sig) {
     (void)sig;
     stop_requested = 1;
+}
+
+// The exit of every rank. An error all ranks agreed on is printed once, by rank 0; an error of
+// this rank alone is printed here and ends the whole job at once, so that no rank waits out its
+// comm timeout for a partner that is gone.
+static int finish(dist *d, const ct_error *err) {
+    if (!err) {
+        dist_finalize(d);
+        return 0;
+    }
+    if (d->size > 1 && !d->failure_agreed) {
+        if (strncmp(err->msg, "rank ", 5) == 0)
+            fprintf(stderr, "ctitan: error: %s\n", err->msg);
+        else
+            fprintf(stderr, "ctitan: error: rank %d: %s\n", d->rank, err->msg);
+        dist_abort(d, 1);
+    }
+    if (d->rank == 0) cli_report(err);
+    dist_finalize(d);
+    return 1;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -28,7 +49,13 @@ int cmd_train(int argc, char **argv) {
     }
     ct_config cfg;
     ct_error err;
-    if (config_load(&cfg, NULL, argc, argv, &err) != 0) return cli_report(&err);
+    dist d;
+    if (dist_init(&d, &err) != 0) return cli_report(&err);
+    // Every rank reads the same config, so every rank fails alike: rank 0 says why.
+    if (config_load(&cfg, NULL, argc, argv, &err) != 0) {
+        d.failure_agreed = true;
+        return finish(&d, &err);
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -36,7 +63,6 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    train_options opt = {.log = stdout, .stop_flag = &stop_requested};
-    if (train_run(&cfg, &opt, &err) != 0) return cli_report(&err);
-    return 0;
+    train_options opt = {.log = stdout, .stop_flag = &stop_requested, .dist = &d};
+    return finish(&d, train_run(&cfg, &opt, &err) == 0 ? NULL : &err);
 }

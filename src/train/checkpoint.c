@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/fs.h"
+#include "io/atomic.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "model/hf_adapter.h"
@@ -29,11 +30,15 @@
 #define STATE_MAX_BYTES (16u << 20)
 #define JSON_MAX_UINT 9007199254740992.0 // 2^53: integers above lose precision in JSON
 
-enum { F_MODEL, F_OPTIM, F_CONFIG_JSON, F_CONFIG_TOML, N_FILES };
-static const char *const file_names[N_FILES] = {"model.safetensors", "optimizer.safetensors",
-                                                "config.json", "config.toml"};
+enum { F_MODEL, F_CONFIG_JSON, F_CONFIG_TOML, N_FILES };
+static const char *const file_names[N_FILES] = {"model.safetensors", "config.json", "config.toml"};
 
-static const char *const moment_prefix[2] = {"exp_avg.", "exp_avg_sq."};
+#define SHARD_FORMAT "ctitan-optimizer-shard"
+#define MAX_SHARDS 99999 // five digits in the file name
+
+static void shard_name(char out[64], int shard, int n_shards) {
+    snprintf(out, 64, "optimizer-%05d-of-%05d.safetensors", shard, n_shards);
+}
 
 int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
     int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);
@@ -67,32 +72,82 @@ static int check_finite(const qwen3_model *m, const float *buf, const char *what
     return 0;
 }
 
-static int write_moments(const char *path, const qwen3_model *m, const float *exp_avg,
-                         const float *exp_avg_sq, ct_error *err) {
-    int n = 2 * m->n_params;
-    st_entry *e = calloc((size_t)n + 1, sizeof *e);
-    char(*names)[sizeof m->params[0].name + 16] = calloc((size_t)n + 1, sizeof *names);
-    if (!e || !names) {
-        free(e);
-        free(names);
-        return ct_fail(err, "%s: out of memory", path);
+// The first non-finite element of a shard's moments, as an error naming its flat index.
+static int check_finite_flat(const float *x, size_t n, size_t offset, const char *what,
+                             const char *path, ct_error *err) {
+    size_t first = SIZE_MAX;
+#pragma omp parallel for reduction(min : first) schedule(static)
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(x[k]) && k < first) first = k;
+    if (first != SIZE_MAX)
+        return ct_fail(err,
+                       "%s: refusing to save a checkpoint: optimizer %s holds %g at flat element "
+                       "%zu (the previous checkpoint is kept)",
+                       path, what, (double)x[first], offset + first);
+    return 0;
+}
+
+int ckpt_tmp_path(char *out, size_t cap, const char *root, int64_t step, long tag, ct_error *err) {
+    int n = snprintf(out, cap, "%s/step-%" PRId64 ".tmp-%ld", root, step, tag);
+    if (n < 0 || (size_t)n >= cap) return ct_fail(err, "%s: checkpoint path too long", root);
+    return 0;
+}
+
+// The header of a shard: two 1-D F32 tensors and the range they hold, padded so the data region
+// starts 8-byte aligned. Returns its length (excluding the 8-byte length field).
+static size_t shard_header(char *h, size_t cap, size_t offset, size_t numel, size_t total) {
+    unsigned long long b = (unsigned long long)numel * sizeof(float);
+    int n = snprintf(h, cap,
+                     "{\"__metadata__\":{\"format\":\"" SHARD_FORMAT "\",\"offset\":\"%zu\","
+                     "\"numel\":\"%zu\",\"total\":\"%zu\"},"
+                     "\"exp_avg\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[0,%llu]},"
+                     "\"exp_avg_sq\":{\"dtype\":\"F32\",\"shape\":[%zu],"
+                     "\"data_offsets\":[%llu,%llu]}}",
+                     offset, numel, total, numel, b, numel, b, 2 * b);
+    size_t len = (size_t)n;
+    while ((8 + len) % 8 != 0) h[len++] = ' ';
+    return len;
+}
+
+int ckpt_write_optimizer_shard(const char *tmp, int shard, int n_shards, size_t offset,
+                               size_t numel, size_t total, const float *exp_avg,
+                               const float *exp_avg_sq, ckpt_shard_info *info, ct_error *err) {
+    char name[64], path[4096];
+    if (n_shards < 1 || n_shards > MAX_SHARDS || shard < 0 || shard >= n_shards)
+        return ct_fail(err, "%s: optimizer shard %d of %d: expected 0 <= shard < n_shards <= %d",
+                       tmp, shard, n_shards, MAX_SHARDS);
+    shard_name(name, shard, n_shards);
+    if (join(path, sizeof path, tmp, name, err) != 0) return -1;
+    if ((double)total >= JSON_MAX_UINT / 8 || offset > total || numel > total - offset)
+        return ct_fail(err, "%s: range [%zu, %zu + %zu) does not fit in %zu parameters", path,
+                       offset, offset, numel, total);
+    if (numel > 0 && (!exp_avg || !exp_avg_sq))
+        return ct_fail(err, "%s: %zu elements to write but no moment buffers", path, numel);
+    if (numel > 0 && (check_finite_flat(exp_avg, numel, offset, "exp_avg", path, err) != 0 ||
+                      check_finite_flat(exp_avg_sq, numel, offset, "exp_avg_sq", path, err) != 0))
+        return -1;
+
+    char h[512];
+    size_t hlen = shard_header(h, sizeof h - 8, offset, numel, total);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    atomic_file af; // temp file, fsync, rename: the shard is durable once this returns
+    if (atomic_open(&af, path, err) != 0) return -1;
+    // F32 goes out as is: the host is little-endian (as safetensors_write.c assumes).
+    int rc = atomic_write(&af, len8, 8, err);
+    if (rc == 0) rc = atomic_write(&af, h, hlen, err);
+    if (rc == 0 && numel > 0) rc = atomic_write(&af, exp_avg, numel * sizeof(float), err);
+    if (rc == 0 && numel > 0) rc = atomic_write(&af, exp_avg_sq, numel * sizeof(float), err);
+    if (rc != 0) {
+        atomic_abort(&af);
+        return -1;
     }
-    const float *bufs[2] = {exp_avg, exp_avg_sq};
-    for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < m->n_params; i++) {
-            const qwen3_param *p = &m->params[i];
-            int j = k * m->n_params + i;
-            snprintf(names[j], sizeof names[j], "%s%s", moment_prefix[k], p->name);
-            e[j].name = names[j];
-            e[j].data = bufs[k] + p->offset;
-            e[j].ndim = p->ndim;
-            for (int d = 0; d < p->ndim; d++) e[j].shape[d] = p->shape[d];
-        }
-    }
-    int rc = st_write(path, e, n, CT_F32, err);
-    free(e);
-    free(names);
-    return rc;
+    if (atomic_commit(&af, err) != 0) return -1;
+    memset(info, 0, sizeof *info);
+    snprintf(info->file, sizeof info->file, "%s", name);
+    info->offset = offset;
+    info->numel = numel;
+    return ckpt_hash_file(&info->xxh64, &info->bytes, path, err);
 }
 
 static void hex64(char out[17], uint64_t v) {
@@ -107,8 +162,20 @@ static void add_u64(cJSON *o, const char *key, uint64_t v) {
     cJSON_AddRawToObject(o, key, num);
 }
 
-// state.json: the train_state and, for each other file, its size and XXH64.
-static int write_state(const char *dir, const train_state *st, ct_error *err) {
+static void add_file(cJSON *files, const char *name, uint64_t bytes, uint64_t h) {
+    char hex[17];
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "name", name);
+    add_u64(f, "bytes", bytes);
+    hex64(hex, h);
+    cJSON_AddStringToObject(f, "xxh64", hex);
+    cJSON_AddItemToArray(files, f);
+}
+
+// state.json: the train_state, each other file's size and XXH64 (the shards' as their writers
+// reported them: rank 0 does not read the other ranks' shards again), and the shard list.
+static int write_state(const char *dir, const train_state *st, const ckpt_shard_info *shards,
+                       int n_shards, ct_error *err) {
     if ((double)st->samples_seen >= JSON_MAX_UINT || st->step < 0 || st->opt_step < 0 ||
         (double)st->step >= JSON_MAX_UINT || (double)st->opt_step >= JSON_MAX_UINT)
         return ct_fail(err,
@@ -135,13 +202,16 @@ static int write_state(const char *dir, const train_state *st, ct_error *err) {
         uint64_t h, size;
         rc = join(path, sizeof path, dir, file_names[i], err);
         if (rc == 0) rc = ckpt_hash_file(&h, &size, path, err);
-        if (rc != 0) break;
-        cJSON *f = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", file_names[i]);
-        cJSON_AddNumberToObject(f, "bytes", (double)size);
-        hex64(hex, h);
-        cJSON_AddStringToObject(f, "xxh64", hex);
-        cJSON_AddItemToArray(files, f);
+        if (rc == 0) add_file(files, file_names[i], size, h);
+    }
+    cJSON *list = cJSON_AddArrayToObject(o, "optimizer_shards");
+    for (int i = 0; i < n_shards && rc == 0; i++) {
+        add_file(files, shards[i].file, shards[i].bytes, shards[i].xxh64);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "file", shards[i].file);
+        add_u64(e, "offset", shards[i].offset);
+        add_u64(e, "numel", shards[i].numel);
+        cJSON_AddItemToArray(list, e);
     }
     char *text = rc == 0 ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
@@ -153,24 +223,6 @@ static int write_state(const char *dir, const train_state *st, ct_error *err) {
     if (rc == 0) rc = ckpt_write_text(path, text, len + 1, err);
     cJSON_free(text);
     return rc;
-}
-
-// Everything into `tmp`, then made durable.
-static int save_into(const char *tmp, const qwen3_model *m, const float *exp_avg,
-                     const float *exp_avg_sq, const train_state *st, const char *config_toml,
-                     ct_error *err) {
-    char path[4096];
-    if (mkdir(tmp, 0777) != 0)
-        return ct_fail(err, "%s: cannot create folder: %s", tmp, strerror(errno));
-    if (hf_save_folder(m, tmp, CT_F32, 0, err) != 0) return -1; // config.json + model
-    if (join(path, sizeof path, tmp, file_names[F_OPTIM], err) != 0 ||
-        write_moments(path, m, exp_avg, exp_avg_sq, err) != 0)
-        return -1;
-    if (join(path, sizeof path, tmp, file_names[F_CONFIG_TOML], err) != 0 ||
-        ckpt_write_text(path, config_toml, strlen(config_toml), err) != 0)
-        return -1;
-    if (write_state(tmp, st, err) != 0) return -1;
-    return ckpt_fsync_folder(tmp, err);
 }
 
 // The parent of `dir` is made durable after `dir` was created in it.
@@ -186,34 +238,86 @@ static int fsync_parent(const char *dir, ct_error *err) {
     return ckpt_fsync_path(parent, true, err);
 }
 
-int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, const float *exp_avg_sq,
-              size_t n, const train_state *st, const char *config_toml, ct_error *err) {
-    if (!exp_avg || !exp_avg_sq || !config_toml)
-        return ct_fail(err, "%s: ckpt_save needs both moments and the config text", root);
-    if (n != m->num_params)
-        return ct_fail(err, "%s: optimizer state has %zu floats per moment, the model %zu", root, n,
-                       m->num_params);
-    if (st->step < 0 || st->opt_step < 0)
-        return ct_fail(err, "%s: cannot save step %" PRId64 " (optimizer step %" PRId64 ")", root,
-                       st->step, st->opt_step);
-    if (check_finite(m, m->param_mem, "parameter", err) != 0 ||
-        check_finite(m, exp_avg, "optimizer exp_avg of", err) != 0 ||
-        check_finite(m, exp_avg_sq, "optimizer exp_avg_sq of", err) != 0)
-        return -1;
-
+int ckpt_begin(const char *root, int64_t step, long tag, ct_error *err) {
+    char tmp[4200], aside[4300];
+    if (step < 0) return ct_fail(err, "%s: cannot save step %" PRId64, root, step);
+    if (ckpt_tmp_path(tmp, sizeof tmp, root, step, tag, err) != 0) return -1;
+    snprintf(aside, sizeof aside, "%s.old", tmp);
     struct stat sb;
     bool root_new = stat(root, &sb) != 0;
     if (fs_mkdirs(root, err) != 0) return -1;
     if (root_new && fsync_parent(root, err) != 0) return -1;
-
-    char final[4096], tmp[4200], aside[4200];
-    if (ckpt_step_path(final, sizeof final, root, st->step, err) != 0) return -1;
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", final, (long)getpid());
-    snprintf(aside, sizeof aside, "%s.tmp-%ld.old", final, (long)getpid());
     // Our own leftovers from a failed save (or an earlier process with our pid).
     if (ckpt_rmtree(tmp, err) != 0 || ckpt_rmtree(aside, err) != 0) return -1;
+    if (mkdir(tmp, 0777) != 0)
+        return ct_fail(err, "%s: cannot create folder: %s", tmp, strerror(errno));
+    return 0;
+}
 
-    int rc = save_into(tmp, m, exp_avg, exp_avg_sq, st, config_toml, err);
+void ckpt_abandon(const char *root, int64_t step, long tag) {
+    char tmp[4200];
+    if (ckpt_tmp_path(tmp, sizeof tmp, root, step, tag, NULL) == 0) ckpt_rmtree(tmp, NULL);
+}
+
+// What ckpt_commit checks before writing: the shards tile [0, num_params) in order under their
+// own names, each is in `tmp` with the size its writer reported, and the parameters are finite.
+static int check_commit(const char *tmp, const qwen3_model *m, const ckpt_shard_info *shards,
+                        int n_shards, bool check_params, ct_error *err) {
+    if (n_shards < 1 || n_shards > MAX_SHARDS || !shards)
+        return ct_fail(err, "%s: %d optimizer shards, expected 1 to %d", tmp, n_shards, MAX_SHARDS);
+    uint64_t end = 0;
+    for (int i = 0; i < n_shards; i++) {
+        const ckpt_shard_info *s = &shards[i];
+        char want[64], path[4300];
+        shard_name(want, i, n_shards);
+        if (strncmp(s->file, want, sizeof s->file) != 0)
+            return ct_fail(err, "%s: optimizer shard %d of %d is \"%.64s\", expected \"%s\"", tmp,
+                           i, n_shards, s->file, want);
+        if (join(path, sizeof path, tmp, want, err) != 0) return -1;
+        if (s->offset != end)
+            return ct_fail(err,
+                           "%s: starts at flat element %" PRIu64 ", expected %" PRIu64
+                           " where the previous shard ends (the shards %s)",
+                           path, s->offset, end, s->offset < end ? "overlap" : "leave a gap");
+        if (s->numel > m->num_params - end)
+            return ct_fail(err,
+                           "%s: range [%" PRIu64 ", %" PRIu64 " + %" PRIu64
+                           ") runs past the model's %zu parameters",
+                           path, s->offset, s->offset, s->numel, m->num_params);
+        end += s->numel;
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            return ct_fail(err, "%s: missing (its writer reported it): %s", path, strerror(errno));
+        if ((uint64_t)sb.st_size != s->bytes)
+            return ct_fail(err, "%s: %lld bytes, its writer reported %" PRIu64, path,
+                           (long long)sb.st_size, s->bytes);
+    }
+    if (end != m->num_params)
+        return ct_fail(err,
+                       "%s: the optimizer shards cover [0, %" PRIu64 "), the model has %zu "
+                       "parameters",
+                       tmp, end, m->num_params);
+    return check_params ? check_finite(m, m->param_mem, "parameter", err) : 0;
+}
+
+static int commit(const char *root, long tag, const qwen3_model *m, const ckpt_shard_info *shards,
+                  int n_shards, const train_state *st, const char *config_toml, bool check_params,
+                  ct_error *err) {
+    char final[4096], tmp[4200], aside[4300], path[4400];
+    if (st->step < 0 || st->opt_step < 0)
+        return ct_fail(err, "%s: cannot save step %" PRId64 " (optimizer step %" PRId64 ")", root,
+                       st->step, st->opt_step);
+    if (ckpt_step_path(final, sizeof final, root, st->step, err) != 0 ||
+        ckpt_tmp_path(tmp, sizeof tmp, root, st->step, tag, err) != 0)
+        return -1;
+    snprintf(aside, sizeof aside, "%s.old", tmp);
+    int rc = config_toml ? 0 : ct_fail(err, "%s: no config text to save", tmp);
+    if (rc == 0) rc = check_commit(tmp, m, shards, n_shards, check_params, err);
+    if (rc == 0) rc = hf_save_folder(m, tmp, CT_F32, 0, err); // config.json + model
+    if (rc == 0) rc = join(path, sizeof path, tmp, file_names[F_CONFIG_TOML], err);
+    if (rc == 0) rc = ckpt_write_text(path, config_toml, strlen(config_toml), err);
+    if (rc == 0) rc = write_state(tmp, st, shards, n_shards, err);
+    if (rc == 0) rc = ckpt_fsync_folder(tmp, err);
     if (rc != 0) {
         ct_wrap(err, "saving checkpoint %s", final);
         ckpt_rmtree(tmp, NULL);
@@ -221,6 +325,7 @@ int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, cons
     }
     // A folder of the same step (a run resumed from an older one) is moved aside, not merged
     // into: until the rename below, the older checkpoints are the newest complete ones.
+    struct stat sb;
     bool replaced = false;
     if (lstat(final, &sb) == 0) {
         if (rename(final, aside) != 0) {
@@ -243,6 +348,39 @@ int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, cons
     return 0;
 }
 
+int ckpt_commit(const char *root, long tag, const qwen3_model *m, const ckpt_shard_info *shards,
+                int n_shards, const train_state *st, const char *config_toml, ct_error *err) {
+    return commit(root, tag, m, shards, n_shards, st, config_toml, true, err);
+}
+
+int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, const float *exp_avg_sq,
+              size_t n, const train_state *st, const char *config_toml, ct_error *err) {
+    if (!exp_avg || !exp_avg_sq || !config_toml)
+        return ct_fail(err, "%s: ckpt_save needs both moments and the config text", root);
+    if (n != m->num_params)
+        return ct_fail(err, "%s: optimizer state has %zu floats per moment, the model %zu", root, n,
+                       m->num_params);
+    if (st->step < 0 || st->opt_step < 0)
+        return ct_fail(err, "%s: cannot save step %" PRId64 " (optimizer step %" PRId64 ")", root,
+                       st->step, st->opt_step);
+    // Checked here, per tensor, so that the error names the tensor and nothing is written.
+    if (check_finite(m, m->param_mem, "parameter", err) != 0 ||
+        check_finite(m, exp_avg, "optimizer exp_avg of", err) != 0 ||
+        check_finite(m, exp_avg_sq, "optimizer exp_avg_sq of", err) != 0)
+        return -1;
+    long tag = (long)getpid();
+    char tmp[4200];
+    ckpt_shard_info info;
+    if (ckpt_tmp_path(tmp, sizeof tmp, root, st->step, tag, err) != 0 ||
+        ckpt_begin(root, st->step, tag, err) != 0)
+        return -1;
+    if (ckpt_write_optimizer_shard(tmp, 0, 1, 0, n, n, exp_avg, exp_avg_sq, &info, err) != 0) {
+        ckpt_abandon(root, st->step, tag);
+        return ct_wrap(err, "saving checkpoint step %" PRId64 " in %s", st->step, root);
+    }
+    return commit(root, tag, m, &info, 1, st, config_toml, false, err);
+}
+
 // ---------------------------------------------------------------- verify
 
 typedef struct file_sum {
@@ -254,7 +392,12 @@ typedef struct ckpt_view {
     const char *dir;
     train_state st;
     file_sum files[N_FILES];
-    st_file model, optim; // open (mmap'd) after view_open
+    ckpt_shard_info *shards; // state.json's list, in order, tiling [0, total)
+    int n_shards;
+    uint64_t total;
+    st_file model;     // open (mmap'd) after view_open
+    st_file *optim;    // [n_shards]; one with a path is open and checked
+    bool other_format; // state.json is of another format: an error, never skipped
 } ckpt_view;
 
 // An error that marks the checkpoint corrupt rather than failing the caller.
@@ -289,29 +432,89 @@ static int get_uint(uint64_t *out, const cJSON *o, const char *key, const char *
     return 0;
 }
 
-static int parse_files(file_sum *files, const cJSON *arr, const char *path, ct_error *err) {
+// "optimizer_shards": every entry under its own name, in order, tiling [0, total).
+static int parse_shards(ckpt_view *v, const cJSON *arr, const char *path, ct_error *err) {
+    if (!cJSON_IsArray(arr))
+        return ct_fail(err, "%s: \"optimizer_shards\": expected an array, found %s", path,
+                       json_type_name(arr));
+    int n = cJSON_GetArraySize(arr);
+    if (n < 1 || n > MAX_SHARDS)
+        return ct_fail(err, "%s: \"optimizer_shards\" has %d entries, expected 1 to %d", path, n,
+                       MAX_SHARDS);
+    v->shards = calloc((size_t)n, sizeof *v->shards);
+    v->optim = calloc((size_t)n, sizeof *v->optim);
+    if (!v->shards || !v->optim) return ct_fail(err, "%s: out of memory", path);
+    v->n_shards = n;
+    uint64_t end = 0;
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        ckpt_shard_info *s = &v->shards[i];
+        const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "file"));
+        shard_name(s->file, i, n);
+        if (!file || strcmp(file, s->file) != 0)
+            return ct_fail(err, "%s: optimizer_shards[%d]: file \"%s\", expected \"%s\"", path, i,
+                           file ? file : "(none)", s->file);
+        if (get_uint(&s->offset, it, "offset", path, err) != 0 ||
+            get_uint(&s->numel, it, "numel", path, err) != 0)
+            return ct_wrap(err, "optimizer_shards[%d]", i);
+        if (s->offset != end)
+            return ct_fail(err,
+                           "%s: optimizer_shards[%d] (%s) starts at %" PRIu64 ", expected %" PRIu64
+                           " where the previous one ends (the shards do not tile)",
+                           path, i, s->file, s->offset, end);
+        end += s->numel; // both below 2^53: no overflow
+        if ((double)end >= JSON_MAX_UINT)
+            return ct_fail(err, "%s: optimizer_shards cover more than 2^53 elements", path);
+        i++;
+    }
+    v->total = end;
+    return 0;
+}
+
+static int parse_files(ckpt_view *v, const cJSON *arr, const char *path, ct_error *err) {
     if (!cJSON_IsArray(arr)) return ct_fail(err, "%s: \"files\" must be an array", path);
     bool seen[N_FILES] = {false};
+    bool *seen_shard = calloc((size_t)v->n_shards, sizeof *seen_shard);
+    if (!seen_shard) return ct_fail(err, "%s: out of memory", path);
+    int rc = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, arr) {
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "name"));
         const char *hex = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "xxh64"));
-        int k = -1;
-        for (int i = 0; i < N_FILES && name; i++)
+        int k = -1, s = -1;
+        for (int i = 0; i < N_FILES && name && k < 0; i++)
             if (strcmp(name, file_names[i]) == 0) k = i;
-        if (k < 0) continue; // a file this version does not know: not needed to resume
+        for (int i = 0; i < v->n_shards && name && k < 0 && s < 0; i++)
+            if (strcmp(name, v->shards[i].file) == 0) s = i;
+        if (k < 0 && s < 0) continue; // a file this version does not know: not needed to resume
         uint64_t bytes, h;
-        if (get_uint(&bytes, it, "bytes", path, err) != 0) return -1;
-        if (!parse_hex64(&h, hex))
-            return ct_fail(err, "%s: %s: \"xxh64\" must be 16 lowercase hex digits", path, name);
-        snprintf(files[k].name, sizeof files[k].name, "%s", name);
-        files[k].bytes = bytes;
-        files[k].xxh64 = h;
-        seen[k] = true;
+        if (get_uint(&bytes, it, "bytes", path, err) != 0) {
+            rc = -1;
+            break;
+        }
+        if (!parse_hex64(&h, hex)) {
+            rc = ct_fail(err, "%s: %s: \"xxh64\" must be 16 lowercase hex digits", path, name);
+            break;
+        }
+        if (k >= 0) {
+            snprintf(v->files[k].name, sizeof v->files[k].name, "%s", name);
+            v->files[k].bytes = bytes;
+            v->files[k].xxh64 = h;
+            seen[k] = true;
+        } else {
+            v->shards[s].bytes = bytes;
+            v->shards[s].xxh64 = h;
+            seen_shard[s] = true;
+        }
     }
-    for (int i = 0; i < N_FILES; i++)
-        if (!seen[i]) return ct_fail(err, "%s: \"files\" does not list %s", path, file_names[i]);
-    return 0;
+    for (int i = 0; i < N_FILES && rc == 0; i++)
+        if (!seen[i]) rc = ct_fail(err, "%s: \"files\" does not list %s", path, file_names[i]);
+    for (int i = 0; i < v->n_shards && rc == 0; i++)
+        if (!seen_shard[i])
+            rc = ct_fail(err, "%s: \"files\" does not list %s", path, v->shards[i].file);
+    free(seen_shard);
+    return rc;
 }
 
 static int parse_state(ckpt_view *v, const char *text, size_t len, const char *path,
@@ -323,9 +526,16 @@ static int parse_state(ckpt_view *v, const char *text, size_t len, const char *p
     double time_s = 0;
     char hash[32] = "";
     int rc = json_get_int(&format, o, "format", true, 1, INT32_MAX, path, err);
-    if (rc == 0 && format != CKPT_FORMAT)
-        rc = ct_fail(err, "%s: checkpoint format %" PRId64 ", this ctitan reads format %d", path,
-                     format, CKPT_FORMAT);
+    // Another format is not damage: skipping it for an older checkpoint, or starting afresh,
+    // would let this run overwrite the other version's steps.
+    v->other_format = rc == 0 && format != CKPT_FORMAT;
+    if (v->other_format)
+        rc = ct_fail(err,
+                     "%s: checkpoint format %" PRId64 "%s, this ctitan reads format %d; resume it "
+                     "with the ctitan that wrote it, or train into a new job.dump_folder",
+                     path, format,
+                     format == 1 ? " (written before ctitan had sharded optimizer state)" : "",
+                     CKPT_FORMAT);
     if (rc == 0) rc = get_uint(&step, o, "step", path, err);
     if (rc == 0) rc = get_uint(&opt_step, o, "optimizer_step", path, err);
     if (rc == 0) rc = get_uint(&samples, o, "samples_seen", path, err);
@@ -335,7 +545,8 @@ static int parse_state(ckpt_view *v, const char *text, size_t len, const char *p
     if (rc == 0 && !parse_hex64(&v->st.config_hash, hash))
         rc = ct_fail(err, "%s: \"config_hash\" must be 16 lowercase hex digits", path);
     if (rc == 0)
-        rc = parse_files(v->files, cJSON_GetObjectItemCaseSensitive(o, "files"), path, err);
+        rc = parse_shards(v, cJSON_GetObjectItemCaseSensitive(o, "optimizer_shards"), path, err);
+    if (rc == 0) rc = parse_files(v, cJSON_GetObjectItemCaseSensitive(o, "files"), path, err);
     cJSON_Delete(o);
     if (rc != 0) return -1;
     v->st.step = (int64_t)step;
@@ -359,39 +570,124 @@ static bool folder_step(const char *dir, int64_t *step) {
     return ckpt_parse_step_name(base, step);
 }
 
-// Checks one listed file's size and checksum; safetensors files are opened (and validated) and
-// hashed through their mapping, which stays open for the copy.
-static int check_file(ckpt_view *v, int k, ct_error *err) {
+// Checks a listed file's size and checksum. A safetensors file (sf non-NULL) is opened (and
+// validated) and hashed through its mapping, which stays open for the copy.
+static int check_sum(const char *dir, const char *name, uint64_t bytes, uint64_t xxh64, st_file *sf,
+                     ct_error *err) {
     char path[4096];
-    const file_sum *f = &v->files[k];
-    if (join(path, sizeof path, v->dir, f->name, err) != 0) return -1;
+    if (join(path, sizeof path, dir, name, err) != 0) return -1;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return corrupt(err, "%s: missing (state.json lists it): %s", path, strerror(errno));
-    if ((uint64_t)sb.st_size != f->bytes)
+    if ((uint64_t)sb.st_size != bytes)
         return corrupt(err, "%s: %lld bytes, state.json lists %" PRIu64 " (truncated or replaced)",
-                       path, (long long)sb.st_size, f->bytes);
+                       path, (long long)sb.st_size, bytes);
     uint64_t h, size;
-    st_file *sf = k == F_MODEL ? &v->model : k == F_OPTIM ? &v->optim : NULL;
     if (sf) {
         if (st_open(sf, path, err) != 0) return CK_CORRUPT;
         h = ckpt_xxh64(sf->map, sf->map_size, 0);
     } else if (ckpt_hash_file(&h, &size, path, err) != 0) {
         return CK_CORRUPT;
     }
-    if (h != f->xxh64)
+    if (h != xxh64) {
+        if (sf) st_close(sf);
         return corrupt(
             err, "%s: XXH64 %016" PRIx64 ", state.json lists %016" PRIx64 " (the file is corrupt)",
-            path, h, f->xxh64);
+            path, h, xxh64);
+    }
+    return 0;
+}
+
+// A decimal string of the shard's __metadata__ equal to state.json's value.
+static int check_meta_uint(const cJSON *meta, const char *key, uint64_t want, const char *path,
+                           ct_error *err) {
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, key));
+    uint64_t v = 0;
+    bool ok = s && *s && strlen(s) <= 19;
+    for (const char *p = s; ok && *p; p++) {
+        ok = *p >= '0' && *p <= '9';
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (!ok)
+        return corrupt(err, "%s: __metadata__ \"%s\": expected a decimal string, found %s", path,
+                       key, s ? s : "nothing");
+    if (v != want)
+        return corrupt(err,
+                       "%s: __metadata__ %s %" PRIu64 ", state.json lists %" PRIu64
+                       " (the shard is not the one state.json describes)",
+                       path, key, v, want);
+    return 0;
+}
+
+// The shard's metadata and tensors agree with state.json: its format, range and total, and
+// exactly "exp_avg" and "exp_avg_sq", F32 of shape [numel].
+static int check_shard_content(const st_file *f, const ckpt_shard_info *s, uint64_t total,
+                               ct_error *err) {
+    cJSON *h = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)f->header_len);
+    if (!h) return ct_fail(err, "%s: out of memory parsing the header", f->path);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
+    const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "format"));
+    int rc = 0;
+    if (!format || strcmp(format, SHARD_FORMAT) != 0)
+        rc = corrupt(err, "%s: __metadata__ format \"%s\", expected \"" SHARD_FORMAT "\"", f->path,
+                     format ? format : "(none)");
+    if (rc == 0) rc = check_meta_uint(meta, "offset", s->offset, f->path, err);
+    if (rc == 0) rc = check_meta_uint(meta, "numel", s->numel, f->path, err);
+    if (rc == 0) rc = check_meta_uint(meta, "total", total, f->path, err);
+    cJSON_Delete(h);
+    if (rc != 0) return rc;
+    static const char *const names[2] = {"exp_avg", "exp_avg_sq"}; // sorted, as f->tensors
+    for (int k = 0; k < 2; k++) {
+        const st_tensor *t = k < f->n_tensors ? &f->tensors[k] : NULL;
+        if (f->n_tensors != 2 || strcmp(t->name, names[k]) != 0)
+            return corrupt(err, "%s: expected exactly the tensors \"exp_avg\" and \"exp_avg_sq\"",
+                           f->path);
+        if (t->dtype != CT_F32 || t->ndim != 1 || (uint64_t)t->shape[0] != s->numel) {
+            char got[160];
+            return corrupt(err, "%s: tensor \"%s\": expected F32 [%" PRIu64 "], found %s %s",
+                           f->path, t->name, s->numel, dtype_name(t->dtype),
+                           st_shape_str(got, sizeof got, t->shape, t->ndim));
+        }
+    }
+    return 0;
+}
+
+static int check_shard(ckpt_view *v, int i, ct_error *err) {
+    st_file *f = &v->optim[i];
+    if (f->path) return 0; // checked already
+    const ckpt_shard_info *s = &v->shards[i];
+    int rc = check_sum(v->dir, s->file, s->bytes, s->xxh64, f, err);
+    if (rc == 0) rc = check_shard_content(f, s, v->total, err);
+    if (rc != 0) st_close(f);
+    return rc;
+}
+
+static bool overlaps(const ckpt_shard_info *s, size_t offset, size_t numel) {
+    return s->numel > 0 && numel > 0 && s->offset < offset + numel && offset < s->offset + s->numel;
+}
+
+// The shards that overlap [offset, offset + numel), or all of them.
+static int check_shards(ckpt_view *v, bool all, size_t offset, size_t numel, ct_error *err) {
+    for (int i = 0; i < v->n_shards; i++) {
+        if (!all && !overlaps(&v->shards[i], offset, numel)) continue;
+        int rc = check_shard(v, i, err);
+        if (rc != 0) return rc;
+    }
     return 0;
 }
 
 static void view_close(ckpt_view *v) {
     st_close(&v->model);
-    st_close(&v->optim);
+    for (int i = 0; v->optim && i < v->n_shards; i++) st_close(&v->optim[i]);
+    free(v->optim);
+    free(v->shards);
+    v->optim = NULL;
+    v->shards = NULL;
+    v->n_shards = 0;
 }
 
-// Integrity of the folder: 0, CK_CORRUPT, or -1. On 0 the safetensors files are open.
+// Integrity of state.json and the files other than the shards: 0, CK_CORRUPT, or -1. On 0
+// model.safetensors is open; on error the view is closed.
 static int view_open(ckpt_view *v, const char *dir, ct_error *err) {
     memset(v, 0, sizeof *v);
     v->dir = dir;
@@ -405,107 +701,127 @@ static int view_open(ckpt_view *v, const char *dir, ct_error *err) {
     char *text = NULL;
     size_t len = 0;
     if (file_read_all(&text, &len, path, STATE_MAX_BYTES, err) != 0) return CK_CORRUPT;
-    int rc = parse_state(v, text, len, path, err);
+    int rc = parse_state(v, text, len, path, err) == 0 ? 0 : v->other_format ? -1 : CK_CORRUPT;
     free(text);
-    if (rc != 0) return CK_CORRUPT;
     int64_t named;
-    if (folder_step(dir, &named) && named != v->st.step)
-        return corrupt(err, "%s: state.json says step %" PRId64 ", the folder name %" PRId64, dir,
-                       v->st.step, named);
-    for (int k = 0; k < N_FILES; k++) {
-        rc = check_file(v, k, err);
-        if (rc != 0) {
-            view_close(v);
-            return rc;
-        }
+    if (rc == 0 && folder_step(dir, &named) && named != v->st.step)
+        rc = corrupt(err, "%s: state.json says step %" PRId64 ", the folder name %" PRId64, dir,
+                     v->st.step, named);
+    for (int k = 0; k < N_FILES && rc == 0; k++) {
+        const file_sum *f = &v->files[k];
+        rc = check_sum(dir, f->name, f->bytes, f->xxh64, k == F_MODEL ? &v->model : NULL, err);
     }
-    return 0;
+    if (rc != 0) view_close(v);
+    return rc;
 }
 
-// The tensors of f are exactly the model's parameters under each prefix (prefix + HF name),
-// F32, same shapes. A difference is not corruption: the checkpoint belongs to another
-// architecture.
-static int match_tensors(const st_file *f, const qwen3_model *m, const char *const *prefixes,
-                         int n_prefixes, ct_error *err) {
-    char name[192];
-    for (int k = 0; k < n_prefixes; k++) {
-        for (int i = 0; i < m->n_params; i++) {
-            const qwen3_param *p = &m->params[i];
-            snprintf(name, sizeof name, "%s%s", prefixes[k], p->name);
-            const st_tensor *t = st_file_find(f, name);
-            if (!t)
-                return ct_fail(err,
-                               "%s: no tensor \"%s\", which the model has (a checkpoint of "
-                               "another architecture?)",
-                               f->path, name);
-            bool same = t->ndim == p->ndim && t->dtype == CT_F32;
-            for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
-            if (!same) {
-                char want[64], got[160];
-                return ct_fail(err, "%s: tensor \"%s\": expected F32 %s (the model's), found %s %s",
-                               f->path, name, st_shape_str(want, sizeof want, p->shape, p->ndim),
-                               dtype_name(t->dtype),
-                               st_shape_str(got, sizeof got, t->shape, t->ndim));
-            }
+// The tensors of f are exactly the model's parameters, F32, same shapes. A difference is not
+// corruption: the checkpoint belongs to another architecture.
+static int match_tensors(const st_file *f, const qwen3_model *m, ct_error *err) {
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        const st_tensor *t = st_file_find(f, p->name);
+        if (!t)
+            return ct_fail(err,
+                           "%s: no tensor \"%s\", which the model has (a checkpoint of "
+                           "another architecture?)",
+                           f->path, p->name);
+        bool same = t->ndim == p->ndim && t->dtype == CT_F32;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same) {
+            char want[64], got[160];
+            return ct_fail(err, "%s: tensor \"%s\": expected F32 %s (the model's), found %s %s",
+                           f->path, p->name, st_shape_str(want, sizeof want, p->shape, p->ndim),
+                           dtype_name(t->dtype), st_shape_str(got, sizeof got, t->shape, t->ndim));
         }
     }
     // All were found and names are unique, so equal counts mean there is nothing else.
-    if (f->n_tensors == n_prefixes * m->n_params) return 0;
+    if (f->n_tensors == m->n_params) return 0;
     for (int i = 0; i < f->n_tensors; i++) {
-        const char *tn = f->tensors[i].name;
-        bool known = false;
-        for (int k = 0; k < n_prefixes && !known; k++) {
-            size_t pl = strlen(prefixes[k]);
-            known = strncmp(tn, prefixes[k], pl) == 0 && qwen3_find_param(m, tn + pl);
-        }
-        if (!known)
+        if (!qwen3_find_param(m, f->tensors[i].name))
             return ct_fail(err,
                            "%s: tensor \"%s\" is not a parameter of the model (a checkpoint of "
                            "another architecture?)",
-                           f->path, tn);
+                           f->path, f->tensors[i].name);
     }
     return 0;
 }
 
+// The model matches m (else -1: another architecture); with `moments`, the shards cover its
+// parameters (else corrupt: the model matched, so state.json's shard list is wrong).
 static int view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err) {
-    static const char *const no_prefix[1] = {""};
-    if (match_tensors(&v->model, m, no_prefix, 1, err) != 0) return -1;
-    return moments ? match_tensors(&v->optim, m, moment_prefix, 2, err) : 0;
+    if (match_tensors(&v->model, m, err) != 0) return -1;
+    if (moments && v->total != m->num_params)
+        return corrupt(err,
+                       "%s/%s: optimizer_shards cover %" PRIu64 " elements, the model has %zu "
+                       "parameters",
+                       v->dir, STATE_NAME, v->total, m->num_params);
+    return 0;
 }
 
-int ckpt_verify(const char *dir, const qwen3_model *m, train_state *st, ct_error *err) {
+// ckpt_verify and ckpt_find_latest: every file, every shard.
+static int verify_checked(const char *dir, const qwen3_model *m, train_state *st, ct_error *err) {
     ckpt_view v;
-    if (view_open(&v, dir, err) != 0) return -1;
-    int rc = m ? view_match(&v, m, true, err) : 0;
+    int rc = view_open(&v, dir, err);
+    if (rc != 0) return rc;
+    if (m) rc = view_match(&v, m, true, err);
+    if (rc == 0) rc = check_shards(&v, true, 0, 0, err);
     if (rc == 0 && st) *st = v.st;
     view_close(&v);
     return rc;
 }
 
+int ckpt_verify(const char *dir, const qwen3_model *m, train_state *st, ct_error *err) {
+    return verify_checked(dir, m, st, err) == 0 ? 0 : -1;
+}
+
 // ---------------------------------------------------------------- load
 
-static void copy_tensors(float *dst, const st_file *f, const qwen3_model *m, const char *prefix) {
-    char name[192];
+static void copy_model(float *dst, const st_file *f, const qwen3_model *m) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        const st_tensor *t = st_file_find(f, name); // present, F32, right shape: checked
+        const st_tensor *t = st_file_find(f, p->name); // present, F32, right shape: checked
         memcpy(dst + p->offset, t->data, p->numel * sizeof(float));
     }
 }
 
-// ckpt_load, returning CK_CORRUPT when the folder (not the caller) is at fault.
+// dst[k] = moment (k = 0: exp_avg, 1: exp_avg_sq) at flat element offset + k, from the shards
+// (all overlapping ones open and checked).
+static void copy_moments(float *exp_avg, float *exp_avg_sq, const ckpt_view *v, size_t offset,
+                         size_t numel) {
+    for (int i = 0; i < v->n_shards; i++) {
+        const ckpt_shard_info *s = &v->shards[i];
+        if (!overlaps(s, offset, numel)) continue;
+        size_t lo = s->offset > offset ? s->offset : offset;
+        size_t hi = s->offset + s->numel < offset + numel ? s->offset + s->numel : offset + numel;
+        const st_file *f = &v->optim[i];
+        float *dst[2] = {exp_avg, exp_avg_sq};
+        for (int k = 0; k < 2; k++) // tensors sorted: exp_avg, exp_avg_sq
+            memcpy(dst[k] + (lo - offset), (const float *)f->tensors[k].data + (lo - s->offset),
+                   (hi - lo) * sizeof(float));
+    }
+}
+
+// ckpt_load, returning CK_CORRUPT when the folder (not the caller) is at fault. all_shards:
+// verify every shard, not only those the range needs.
 static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
-                        size_t n, train_state *st, char **config_toml, ct_error *err) {
+                        size_t offset, size_t numel, bool all_shards, train_state *st,
+                        char **config_toml, ct_error *err) {
     if (!exp_avg != !exp_avg_sq)
         return ct_fail(err, "%s: load both optimizer moments or neither", dir);
-    if (exp_avg && n != m->num_params)
-        return ct_fail(err, "%s: optimizer state has %zu floats per moment, the model %zu", dir, n,
-                       m->num_params);
+    if (!exp_avg && numel != 0)
+        return ct_fail(err, "%s: %zu optimizer elements asked for but no moment buffers given", dir,
+                       numel);
+    if (offset > m->num_params || numel > m->num_params - offset)
+        return ct_fail(err,
+                       "%s: optimizer range [%zu, %zu + %zu) runs past the model's %zu "
+                       "parameters",
+                       dir, offset, offset, numel, m->num_params);
     ckpt_view v;
     int rc = view_open(&v, dir, err);
     if (rc != 0) return rc;
-    rc = view_match(&v, m, exp_avg != NULL, err);
+    rc = view_match(&v, m, exp_avg != NULL || all_shards, err);
+    if (rc == 0 && (exp_avg || all_shards)) rc = check_shards(&v, all_shards, offset, numel, err);
     char *toml = NULL;
     if (rc == 0 && config_toml) {
         char path[4096];
@@ -514,11 +830,8 @@ static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *
         if (rc == 0) rc = file_read_all(&toml, &len, path, STATE_MAX_BYTES, err);
     }
     if (rc == 0) {
-        copy_tensors(m->param_mem, &v.model, m, "");
-        if (exp_avg) {
-            copy_tensors(exp_avg, &v.optim, m, moment_prefix[0]);
-            copy_tensors(exp_avg_sq, &v.optim, m, moment_prefix[1]);
-        }
+        copy_model(m->param_mem, &v.model, m);
+        if (exp_avg) copy_moments(exp_avg, exp_avg_sq, &v, offset, numel);
         if (st) *st = v.st;
         if (config_toml) *config_toml = toml;
     }
@@ -526,9 +839,12 @@ static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *
     return rc;
 }
 
-int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t n,
-              train_state *st, char **config_toml, ct_error *err) {
-    return load_checked(dir, m, exp_avg, exp_avg_sq, n, st, config_toml, err) == 0 ? 0 : -1;
+int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t offset,
+              size_t numel, train_state *st, char **config_toml, ct_error *err) {
+    return load_checked(dir, m, exp_avg, exp_avg_sq, offset, numel, false, st, config_toml, err) ==
+                   0
+               ? 0
+               : -1;
 }
 
 // ---------------------------------------------------------------- find, resume
@@ -574,13 +890,7 @@ typedef struct find_ctx {
 
 static int try_verify(const char *dir, void *ctx, ct_error *err) {
     find_ctx *c = ctx;
-    ckpt_view v;
-    int rc = view_open(&v, dir, err);
-    if (rc != 0) return rc;
-    if (c->m) rc = view_match(&v, c->m, true, err);
-    if (rc == 0 && c->st) *c->st = v.st;
-    view_close(&v);
-    return rc;
+    return verify_checked(dir, c->m, c->st, err);
 }
 
 int ckpt_find_latest(char *dir_out, size_t cap, train_state *st, const char *root,
@@ -592,20 +902,22 @@ int ckpt_find_latest(char *dir_out, size_t cap, train_state *st, const char *roo
 typedef struct resume_ctx {
     qwen3_model *m;
     float *exp_avg, *exp_avg_sq;
-    size_t n;
+    size_t offset, numel;
     train_state *st;
     char **config_toml;
 } resume_ctx;
 
 static int try_load(const char *dir, void *ctx, ct_error *err) {
     resume_ctx *c = ctx;
-    return load_checked(dir, c->m, c->exp_avg, c->exp_avg_sq, c->n, c->st, c->config_toml, err);
+    // Every shard: ranks reading different ranges must skip the same folders.
+    return load_checked(dir, c->m, c->exp_avg, c->exp_avg_sq, c->offset, c->numel, true, c->st,
+                        c->config_toml, err);
 }
 
 int ckpt_resume(char *dir_out, size_t cap, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
-                size_t n, train_state *st, char **config_toml, const char *root, ckpt_notes *notes,
-                ct_error *err) {
-    resume_ctx c = {m, exp_avg, exp_avg_sq, n, st, config_toml};
+                size_t offset, size_t numel, train_state *st, char **config_toml, const char *root,
+                ckpt_notes *notes, ct_error *err) {
+    resume_ctx c = {m, exp_avg, exp_avg_sq, offset, numel, st, config_toml};
     return walk_newest(dir_out, cap, root, try_load, &c, notes, err);
 }
 

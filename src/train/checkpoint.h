@@ -4,15 +4,26 @@
 // Layout: <root>/step-<N>/ (root = <job.dump_folder>/<checkpoint.folder>) holds
 //   model.safetensors      F32, HF names (no lm_head.weight when tied)
 //   config.json            HF; with model.safetensors it is a loadable HF folder
-//   optimizer.safetensors  F32 "exp_avg.<HF name>" and "exp_avg_sq.<HF name>"
-//   config.toml            the run's effective config, as given to ckpt_save
-//   state.json             train_state, format and ctitan version, and every other file's byte
-//                          size and XXH64 checksum
-// A save writes everything into step-<N>.tmp-<pid>/, fsyncs each file and the folder, renames it
-// to step-<N> and fsyncs the root. Folders named step-*.tmp-* are never read, only cleaned up.
+//   optimizer-<r>-of-<n>.safetensors (r, n: 5 digits)  one per shard: 1-D F32 "exp_avg" and
+//                          "exp_avg_sq", elements [offset, offset + numel) of the flat layout of
+//                          qwen3_model.param_mem; __metadata__ format "ctitan-optimizer-shard",
+//                          offset, numel, total (decimal strings). The shards, in order, tile
+//                          [0, num_params); a shard may be empty (numel 0).
+//   config.toml            the run's effective config, as given to ckpt_save / ckpt_commit
+//   state.json             train_state, format and ctitan version, every other file's byte size
+//                          and XXH64, and "optimizer_shards": [{file, offset, numel}] in order
+// A save writes everything into step-<N>.tmp-<tag>/ (tag: the saving process's pid, rank 0's
+// under data parallelism), fsyncs each file and the folder, renames it to step-<N> and fsyncs the
+// root. Folders named step-*.tmp-* are never read, only cleaned up.
 //
-// The optimizer is passed as plain moment buffers (the layout of qwen3_model.param_mem) and the
-// config as TOML text, so this module depends on neither the optimizer nor the config code.
+// Shards make a checkpoint independent of the number of ranks: N ranks each write the moments
+// they own (ZeRO-1), and M ranks each load any flat range, from whichever shards overlap it.
+// This module knows nothing of MPI; a data-parallel save is, across ranks:
+//   rank 0: ckpt_begin -> barrier -> every rank: ckpt_write_optimizer_shard -> gather the
+//   ckpt_shard_info on rank 0 -> rank 0: ckpt_commit (or ckpt_abandon if any rank failed).
+//
+// The optimizer is passed as plain moment buffers and the config as TOML text, so this module
+// depends on neither the optimizer nor the config code.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +33,9 @@
 #include "model/qwen3.h"
 #include "train/train_state.h"
 
-#define CKPT_FORMAT 1 // state.json "format"; a checkpoint of another format is not loaded
+// state.json "format"; a checkpoint of another format is not loaded (format 1 had one
+// optimizer.safetensors with a tensor per parameter).
+#define CKPT_FORMAT 2
 
 // Things the caller should log (library code prints nothing): checkpoints skipped as corrupt or
 // incomplete, stale temporary folders removed, old checkpoints pruned. Each message names the
@@ -36,17 +49,52 @@ void ckpt_notes_free(ckpt_notes *notes);
 // out = "<root>/step-<step>". Fails only if it does not fit in cap.
 int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err);
 
-// Writes <root>/step-<st->step> atomically (creating root if needed); a complete folder of the
-// same step is replaced. exp_avg and exp_avg_sq hold n == m->num_params floats each.
-// config_toml is the effective config (may not be NULL). Refuses, writing nothing, if any
-// parameter or moment is NaN or infinite (the error names the tensor and element).
+// One optimizer shard as written, for state.json: its file name (in the step folder), its flat
+// range, the file's size and XXH64.
+typedef struct ckpt_shard_info {
+    char file[64];
+    uint64_t offset, numel, bytes, xxh64;
+} ckpt_shard_info;
+
+// out = "<root>/step-<step>.tmp-<tag>", the folder a save writes into. Fails only if it does not
+// fit in cap.
+int ckpt_tmp_path(char *out, size_t cap, const char *root, int64_t step, long tag, ct_error *err);
+
+// Rank 0, before any shard is written: creates root (fsyncing its parent if new), removes
+// leftovers of this exact temporary name (and of its ".old" companion), creates the folder.
+int ckpt_begin(const char *root, int64_t step, long tag, ct_error *err);
+
+// Every rank, after ckpt_begin: writes optimizer-<shard>-of-<n_shards>.safetensors into tmp (the
+// folder of ckpt_tmp_path), fsynced. exp_avg and exp_avg_sq hold elements [offset, offset+numel)
+// of the flat layout (may be NULL when numel is 0); total is the model's num_params. Refuses,
+// writing nothing, a NaN or infinite moment (the error names its flat index). Fills *info.
+int ckpt_write_optimizer_shard(const char *tmp, int shard, int n_shards, size_t offset,
+                               size_t numel, size_t total, const float *exp_avg,
+                               const float *exp_avg_sq, ckpt_shard_info *info, ct_error *err);
+
+// Rank 0, once every shard's info is gathered (shards[r] from rank r): checks the shards tile
+// [0, m->num_params) in order and are in the folder with their sizes, refuses NaN or infinite
+// parameters (naming the tensor), writes model.safetensors, config.json, config.toml and
+// state.json into the folder of ckpt_tmp_path(root, st->step, tag), fsyncs it and renames it to
+// step-<st->step> (a complete folder of the same step is replaced), then fsyncs root. On failure
+// the temporary folder is removed and the previous checkpoints are untouched.
+int ckpt_commit(const char *root, long tag, const qwen3_model *m, const ckpt_shard_info *shards,
+                int n_shards, const train_state *st, const char *config_toml, ct_error *err);
+
+// Best-effort removal of a save's temporary folder (a rank failed between begin and commit).
+void ckpt_abandon(const char *root, int64_t step, long tag);
+
+// Single process: ckpt_begin, one shard of everything, ckpt_commit, with tag = getpid().
+// exp_avg and exp_avg_sq hold n == m->num_params floats each. config_toml is the effective
+// config (may not be NULL). Refuses, writing nothing, if any parameter or moment is NaN or
+// infinite (the error names the tensor and element).
 int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, const float *exp_avg_sq,
               size_t n, const train_state *st, const char *config_toml, ct_error *err);
 
 // keep_latest_k > 0: among the step-<N> folders with N <= newest_step, keeps step-<newest_step>
 // and the keep_latest_k - 1 newest others; deletes the older ones (each renamed to a temporary
 // name first, so an interrupted delete never looks like a checkpoint). Folders of later steps
-// are left alone. keep_latest_k <= 0 keeps all. Call after a successful ckpt_save.
+// are left alone. keep_latest_k <= 0 keeps all. Call after a successful ckpt_save or ckpt_commit.
 int ckpt_prune(const char *root, int keep_latest_k, int64_t newest_step, ckpt_notes *notes,
                ct_error *err);
 
@@ -56,26 +104,32 @@ int ckpt_prune(const char *root, int keep_latest_k, int64_t newest_step, ckpt_no
 int ckpt_clean_stale(const char *root, ckpt_notes *notes, ct_error *err);
 
 // Checks one checkpoint folder without loading anything: state.json parses and has this
-// format, its step matches the folder name, every listed file exists with its size and XXH64,
-// the safetensors files are valid. With m (may be NULL): every tensor matches the model's
-// names, shapes and dtype F32, with nothing missing or extra. st (may be NULL) gets the state.
+// format, its step matches the folder name, its shards tile [0, total), every listed file exists
+// with its size and XXH64, the safetensors files are valid and every shard's metadata and
+// shapes agree with state.json. With m (may be NULL): model.safetensors matches the model's
+// names, shapes and dtype F32, with nothing missing or extra, and the shards cover
+// m->num_params. st (may be NULL) gets the state.
 int ckpt_verify(const char *dir, const qwen3_model *m, train_state *st, ct_error *err);
 
-// Loads the checkpoint in `dir` into m (already built with the run's architecture), the moments
-// (n == m->num_params floats each; both NULL to load the model only) and *st. *config_toml (if
-// non-NULL) gets the saved config.toml text (malloc'd, the caller frees). Everything is
-// verified as ckpt_verify does before anything is copied: on error, m and the moments are
-// untouched.
-int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t n,
-              train_state *st, char **config_toml, ct_error *err);
+// Loads the checkpoint in `dir` into m (already built with the run's architecture), *st, and the
+// moments: exp_avg and exp_avg_sq receive elements [offset, offset + numel) of the flat layout,
+// read from whichever shards overlap that range (any range: the number of loading ranks need
+// not be the number that saved). Both NULL with numel 0 loads the model only. *config_toml (if
+// non-NULL) gets the saved config.toml text (malloc'd, the caller frees). state.json,
+// model.safetensors and the shards read are verified as ckpt_verify does before anything is
+// copied: on error, m and the moments are untouched.
+int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t offset,
+              size_t numel, train_state *st, char **config_toml, ct_error *err);
 
 // Resume: loads the newest complete checkpoint under root, as ckpt_load. A corrupt or
-// incomplete one is added to notes and skipped for the previous one. A complete one that does
-// not match the model (another architecture) is an error, not skipped. Returns 1 when loaded
-// (dir_out gets its folder), 0 when root holds no loadable checkpoint, -1 on error.
+// incomplete one is added to notes and skipped for the previous one. Every shard is verified,
+// not only those read, so that ranks loading different ranges skip the same folders and agree
+// on the checkpoint. A complete one that does not match the model (another architecture) is an
+// error, not skipped. Returns 1 when loaded (dir_out gets its folder), 0 when root holds no
+// loadable checkpoint, -1 on error.
 int ckpt_resume(char *dir_out, size_t cap, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
-                size_t n, train_state *st, char **config_toml, const char *root, ckpt_notes *notes,
-                ct_error *err);
+                size_t offset, size_t numel, train_state *st, char **config_toml, const char *root,
+                ckpt_notes *notes, ct_error *err);
 
 // The newest complete checkpoint under root, checked as ckpt_verify does (against m, if
 // non-NULL), skipping corrupt ones into notes. Returns 1 (dir_out and *st set, st may be NULL),

@@ -50,8 +50,9 @@ static const config_key config_table[] = {
 
     KEY(training, dataset_path, CONFIG_STR, "", NULL, true,
         "training data: a .txt, .jsonl (\"text\" field) or .npy file, or a folder of them"),
-    KEY(training, local_batch_size, CONFIG_INT, "8", NULL, true,
-        "sequences per worker per micro-step"),
+    KEY(training, local_batch_size, CONFIG_INT, "8", NULL, false,
+        "sequences per worker per micro-step (not hashed: a resume may split the same global "
+        "batch differently)"),
     KEY(training, global_batch_size, CONFIG_INT, "-1", NULL, true,
         "sequences per optimizer step over all workers; a multiple of local_batch_size * "
         "data-parallel degree gives gradient accumulation (-1: no accumulation)"),
@@ -115,9 +116,31 @@ static const config_key config_table[] = {
         "batches per validation (-1: the whole split)"),
 
     KEY(debug, seed, CONFIG_INT64, "0", NULL, true, "seed for weight init and data shuffling"),
+    KEY(debug, fault, CONFIG_STR, "none", "none|bad_token|nan|exit|hang", false,
+        "inject a failure on debug.fault_rank at debug.fault_step (tests of failure handling)"),
+    KEY(debug, fault_rank, CONFIG_INT, "0", NULL, false, "the rank debug.fault hits"),
+    KEY(debug, fault_step, CONFIG_INT, "1", NULL, false, "the step (from 1) debug.fault hits"),
 
-    KEY(parallelism, data_parallel_shard_degree, CONFIG_INT, "1", NULL, false,
-        "data-parallel workers (-1: all ranks)"),
+    KEY(parallelism, data_parallel_shard_degree, CONFIG_INT, "-1", NULL, false,
+        "ranks that shard the optimizer state, ZeRO-1 (-1: every rank not used by "
+        "data_parallel_replicate_degree)"),
+    KEY(parallelism, data_parallel_replicate_degree, CONFIG_INT, "1", NULL, false,
+        "ranks that each hold the whole optimizer state, DDP (shard * replicate = ranks)"),
+    KEY(parallelism, threads_per_rank, CONFIG_INT, "0", NULL, false,
+        "OpenMP and BLAS threads per rank (0: OMP_NUM_THREADS if set, else the node's cores "
+        "divided among its ranks)"),
+
+    KEY(comm, init_timeout_seconds, CONFIG_FLOAT, "300", NULL, false,
+        "deadline of each wait between ranks during start-up"),
+    KEY(comm, train_timeout_seconds, CONFIG_FLOAT, "100", NULL, false,
+        "deadline of each wait between ranks during a training step"),
+    KEY(comm, checkpoint_timeout_seconds, CONFIG_FLOAT, "1800", NULL, false,
+        "deadline of each wait between ranks around a checkpoint save or export"),
+    KEY(comm, bucket_cap_mb, CONFIG_FLOAT, "25", NULL, false,
+        "gradient bucket size in MiB (as DDP's bucket_cap_mb)"),
+    KEY(comm, overlap, CONFIG_BOOL, "true", NULL, false,
+        "start each bucket's reduction during the backward, as soon as its gradients are "
+        "final"),
 };
 
 #define N_KEYS ((int)(sizeof config_table / sizeof config_table[0]))

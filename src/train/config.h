@@ -85,12 +85,26 @@ typedef struct ct_config_validation {
 } ct_config_validation;
 
 typedef struct ct_config_debug {
-    int64_t seed; // weights init and data shuffle
+    int64_t seed;                   // weights init and data shuffle
+    char fault[CT_CONFIG_NAME_MAX]; // injected failure for tests: none|bad_token|nan|exit|hang
+    int fault_rank, fault_step;     // where (rank) and when (1-based step) it happens
 } ct_config_debug;
 
+// Data parallelism over the ranks of mpirun/srun. shard * replicate = ranks; one of them is 1.
 typedef struct ct_config_parallelism {
-    int data_parallel_shard_degree; // -1 = all ranks
+    int data_parallel_shard_degree;     // ranks sharing the optimizer state (ZeRO-1); -1 = all
+    int data_parallel_replicate_degree; // ranks holding a full replica of it (DDP)
+    int threads_per_rank; // OpenMP and BLAS threads; 0 = OMP_NUM_THREADS, else cores / ranks
 } ct_config_parallelism;
+
+// Collectives (torchtitan's [comm] keys, plus ctitan's bucketing and overlap).
+typedef struct ct_config_comm {
+    double init_timeout_seconds;       // start-up: loading, first agreement
+    double train_timeout_seconds;      // any wait inside a training step
+    double checkpoint_timeout_seconds; // waits around a checkpoint save or export
+    double bucket_cap_mb;              // gradient bucket size, as DDP's bucket_cap_mb
+    bool overlap;                      // reduce buckets during the backward
+} ct_config_comm;
 
 typedef struct ct_config {
     ct_config_job job;
@@ -103,6 +117,7 @@ typedef struct ct_config {
     ct_config_validation validation;
     ct_config_debug debug;
     ct_config_parallelism parallelism;
+    ct_config_comm comm;
 } ct_config;
 
 // Every key's default. The struct is zeroed first, so two configs with equal values compare

@@ -125,17 +125,36 @@ static int check_training(const ct_config *c, const vctx *vp) {
          t->steps);
     NEED(dp == -1 || dp >= 1, "parallelism.data_parallel_shard_degree", NULL,
          "parallelism.data_parallel_shard_degree = %d; expected -1 (all ranks) or at least 1", dp);
+    int rep = c->parallelism.data_parallel_replicate_degree;
+    NEED(rep >= 1, "parallelism.data_parallel_replicate_degree", NULL,
+         "parallelism.data_parallel_replicate_degree = %d; expected at least 1", rep);
+    NEED(rep == 1 || dp == 1 || dp == -1, "parallelism.data_parallel_replicate_degree",
+         "parallelism.data_parallel_shard_degree",
+         "parallelism.data_parallel_replicate_degree = %d with data_parallel_shard_degree = %d: "
+         "ctitan shards the optimizer over all ranks or replicates it on all, not both (HSDP); "
+         "set one of them to 1",
+         rep, dp);
+    NEED(c->parallelism.threads_per_rank >= 0, "parallelism.threads_per_rank", NULL,
+         "parallelism.threads_per_rank = %d; expected 0 (automatic) or more",
+         c->parallelism.threads_per_rank);
+    if (rep > 1) dp = rep; // the data-parallel degree when it is known from the config
     int g = t->global_batch_size;
     NEED(g == -1 || g >= 1, "training.global_batch_size", NULL,
          "training.global_batch_size = %d; expected -1 (local_batch_size * data-parallel "
          "degree) or at least 1",
          g);
-    if (g > 0) {
-        int64_t unit = (int64_t)t->local_batch_size * (dp > 0 ? dp : 1);
+    if (g > 0 && dp > 0) {
+        int64_t unit = (int64_t)t->local_batch_size * dp;
         NEED(g % unit == 0, "training.global_batch_size", "training.local_batch_size",
              "training.global_batch_size = %d is not a multiple of training.local_batch_size "
-             "(%d) * parallelism.data_parallel_shard_degree (%d) = %lld",
+             "(%d) * the data-parallel degree (%d) = %lld",
              g, t->local_batch_size, dp, (long long)unit);
+    } else if (g > 0) { // the degree is the rank count, checked when the ranks are known
+        NEED(g % t->local_batch_size == 0, "training.global_batch_size",
+             "training.local_batch_size",
+             "training.global_batch_size = %d is not a multiple of training.local_batch_size "
+             "(%d)",
+             g, t->local_batch_size);
     }
     NEED(t->max_norm >= 0, "training.max_norm", NULL,
          "training.max_norm = %g; expected 0 (off) or a positive norm", t->max_norm);
@@ -204,6 +223,21 @@ static int check_rest(const ct_config *c, const vctx *vp) {
          "validation.enable = true needs validation.dataset_path");
     NEED(c->debug.seed >= 0, "debug.seed", NULL, "debug.seed = %lld; expected 0 or more",
          (long long)c->debug.seed);
+    NEED(c->debug.fault_rank >= 0, "debug.fault_rank", NULL,
+         "debug.fault_rank = %d; expected 0 or more", c->debug.fault_rank);
+    NEED(c->debug.fault_step >= 1, "debug.fault_step", NULL,
+         "debug.fault_step = %d; expected 1 or more", c->debug.fault_step);
+    const ct_config_comm *cm = &c->comm;
+    const struct {
+        const char *key;
+        double value;
+    } positive[] = {{"comm.init_timeout_seconds", cm->init_timeout_seconds},
+                    {"comm.train_timeout_seconds", cm->train_timeout_seconds},
+                    {"comm.checkpoint_timeout_seconds", cm->checkpoint_timeout_seconds},
+                    {"comm.bucket_cap_mb", cm->bucket_cap_mb}};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+        NEED(positive[i].value > 0, positive[i].key, NULL, "%s = %g; expected a positive number",
+             positive[i].key, positive[i].value);
     return 0;
 }
 

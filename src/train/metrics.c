@@ -44,6 +44,9 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
                 "tflops %6.3f  mfu %5.1f%%  mem %.2f GiB  eta %s",
                 (long long)r->step, (long long)r->steps, r->loss, r->grad_norm, r->lr, r->tps,
                 r->tflops, 100 * r->mfu, r->memory_peak_gib, eta);
+        if (r->ranks > 1)
+            fprintf(m->out, "  ranks %d  total tps %.0f  comm %.1f ms (%.1f%%)", r->ranks,
+                    r->tps_total, 1e3 * r->comm_s, 100 * r->comm_share);
         if (r->skipped) fprintf(m->out, "  skipped %lld", (long long)r->skipped);
         fputc('\n', m->out);
         fflush(m->out);
@@ -55,6 +58,10 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
         json_number(m->jsonl, "grad_norm", r->grad_norm, "%.17g");
         json_number(m->jsonl, "lr", r->lr, "%.17g");
         json_number(m->jsonl, "tps", r->tps, "%.1f");
+        json_number(m->jsonl, "tps_total", r->tps_total, "%.1f");
+        fprintf(m->jsonl, ",\"ranks\":%d", r->ranks);
+        json_number(m->jsonl, "comm_s", r->comm_s, "%.6f");
+        json_number(m->jsonl, "comm_share", r->comm_share, "%.5f");
         json_number(m->jsonl, "tflops", r->tflops, "%.4f");
         json_number(m->jsonl, "mfu", r->mfu, "%.5f");
         json_number(m->jsonl, "memory_peak_gib", r->memory_peak_gib, "%.4f");

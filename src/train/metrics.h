@@ -10,7 +10,11 @@
 typedef struct metrics_row {
     int64_t step, steps; // 1-based step just finished, total steps
     double loss, grad_norm, lr;
-    double tps;         // tokens per second per worker, over the steps since the last log
+    double tps;       // tokens per second per worker, over the steps since the last log
+    double tps_total; // the same over all ranks
+    int ranks;
+    double comm_s;      // per step: seconds spent in MPI calls and waits (not overlapped)
+    double comm_share;  // comm_s as a fraction of the step time
     double tflops, mfu; // achieved model TFLOP/s, and its fraction of the peak
     double memory_peak_gib;
     double time_s; // wall time since the run (or resume) started

@@ -1,20 +1,27 @@
 #include "train/trainer.h"
 
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
 
 #include "core/fs.h"
 #include "core/sysmem.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "dist/grad_sync.h"
 #include "model/flavors.h"
 #include "model/hf_adapter.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_internal.h"
 #include "train/metrics.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -23,7 +30,11 @@
 // nothing.
 typedef struct trainer {
     const ct_config *cfg;
-    FILE *log;
+    FILE *log;      // rank 0: the caller's stream; other ranks: /dev/null (owned)
+    dist *d;        // the ranks (a world of one without a launcher)
+    grad_sync sync; // gradient reduction and, with ZeRO-1, the parameter all-gather
+    bool shard;     // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
+    long save_tag;  // rank 0's pid: names the temporary folder every rank saves into
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -32,11 +43,13 @@ typedef struct trainer {
     token_stream train_data, val_data;
     data_loader train_loader, val_loader;
     bool has_val;
-    int B, T, accum;           // micro-batch, sequence length, micro-batches per step
-    int32_t *inputs, *targets; // (accum*B, T): the whole step's samples
+    int B, T, accum;           // micro-batch, sequence length, micro-batches per step per rank
+    int global_batch;          // sequences per step over all ranks: accum * B * ranks
+    int32_t *inputs, *targets; // (accum*B, T): this rank's samples of the step
     train_state state;
     char ckpt_root[4096];
-    char *config_toml; // the effective config, saved in every checkpoint
+    char *config_toml;    // the effective config, saved in every checkpoint
+    uint64_t config_hash; // of the effective config, with the global batch resolved
     double flops_per_token, peak_gflops;
     metrics_log metrics;
 } trainer;
@@ -75,6 +88,74 @@ int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
     return qwen3_config_validate(out, source, err);
 }
 
+static bool is_root(const trainer *t) {
+    return t->d->rank == 0;
+}
+
+// The ranks' shape: ZeRO-1 over all of them or a replica on each, and the global batch split
+// into per-rank micro-batches. The config's -1s are resolved against the rank count here.
+static int setup_parallel(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    int P = t->d->size, rep = c->parallelism.data_parallel_replicate_degree;
+    int shard = c->parallelism.data_parallel_shard_degree;
+    if (shard == -1) shard = P % rep == 0 ? P / rep : -1;
+    if (shard < 1 || (int64_t)shard * rep != P)
+        return ct_fail(
+            err,
+            "parallelism.data_parallel_shard_degree (%d) * data_parallel_replicate_degree "
+            "(%d) must equal the number of ranks, %d",
+            c->parallelism.data_parallel_shard_degree, rep, P);
+    t->shard = shard > 1;
+    int64_t per_pass = (int64_t)t->B * P; // sequences of one micro-batch on every rank
+    int64_t global = c->training.global_batch_size > 0 ? c->training.global_batch_size : per_pass;
+    if (global % per_pass != 0)
+        return ct_fail(err,
+                       "training.global_batch_size = %lld is not a multiple of "
+                       "training.local_batch_size (%d) * %d ranks = %lld",
+                       (long long)global, t->B, P, (long long)per_pass);
+    t->global_batch = (int)global;
+    t->accum = (int)(global / per_pass);
+    // The hash sees the global batch, not how ranks and accumulation split it, so a run saved
+    // with N ranks resumes with M.
+    ct_config eff = *c;
+    eff.training.global_batch_size = t->global_batch;
+    t->config_hash = config_hash(&eff);
+    return 0;
+}
+
+// OpenMP and OpenBLAS threads of this rank: the config, else OMP_NUM_THREADS, else the node's
+// cores shared among its ranks (never more than the cores the launcher bound us to).
+static void setup_threads(trainer *t) {
+    const ct_config *c = t->cfg;
+    int n = c->parallelism.threads_per_rank;
+    const char *env = getenv("OMP_NUM_THREADS");
+    char why[160];
+    if (n > 0) {
+        snprintf(why, sizeof why, "parallelism.threads_per_rank");
+    } else if (env && atoi(env) > 0) {
+        n = atoi(env);
+        snprintf(why, sizeof why, "OMP_NUM_THREADS");
+    } else {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores > 0 ? cores : 1) / t->d->local_size;
+        if (n < 1) n = 1;
+        snprintf(why, sizeof why, "%ld cores / %d ranks on this node", cores, t->d->local_size);
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < n) {
+            n = CPU_COUNT(&set);
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     ", bound to %d by the launcher (mpirun --bind-to none lifts that)", n);
+        }
+    }
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+    fprintf(t->log, "parallel: %d rank(s), %s; %d thread(s) per rank (%s)\n", t->d->size,
+            t->d->size == 1 ? "no data parallelism"
+            : t->shard      ? "ZeRO-1: optimizer state sharded over all ranks"
+                            : "replicated optimizer state (DDP)",
+            n, why);
+}
+
 // Pre-run validation: everything that can be refused is refused before any work. The memory
 // estimate is printed in any case.
 static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
@@ -83,22 +164,25 @@ static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
         return ct_fail(err, "training.seq_len %d exceeds the model's max_position_embeddings %d",
                        c->training.seq_len, mc->max_position_embeddings);
     qwen3_memory mem = qwen3_memory_plan(mc, t->B, t->T);
-    double optim = 2.0 * (double)mem.params; // AdamW's two moments, fp32 like the params
+    // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
+    double optim = 2.0 * (double)mem.params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
     double total = (double)mem.params + mem.grads + optim + mem.activations + batch;
+    double node = total * t->d->local_size; // the ranks on a node share its memory
     uint64_t avail = sysmem_available_bytes();
     fprintf(t->log,
-            "memory estimate: params %.3f GiB, grads %.3f GiB, optimizer %.3f GiB, activations "
-            "%.3f GiB, total %.3f GiB (available %.1f GiB)\n",
-            mem.params / GIB, mem.grads / GIB, optim / GIB, mem.activations / GIB, total / GIB,
-            avail / GIB);
-    if (avail && total > (double)avail && !c->training.allow_overcommit)
+            "memory estimate per rank: params %.3f GiB, grads %.3f GiB, optimizer %.3f GiB%s, "
+            "activations %.3f GiB, total %.3f GiB; %d rank(s) on this node: %.3f GiB "
+            "(available %.1f GiB)\n",
+            mem.params / GIB, mem.grads / GIB, optim / GIB, t->shard ? " (ZeRO-1 shard)" : "",
+            mem.activations / GIB, total / GIB, t->d->local_size, node / GIB, avail / GIB);
+    if (avail && node > (double)avail && !c->training.allow_overcommit)
         return ct_fail(err,
-                       "the run needs about %.2f GiB (params %.2f, grads %.2f, optimizer %.2f, "
-                       "activations %.2f) but %.2f GiB is available; reduce "
-                       "training.local_batch_size, training.seq_len or the model, or set "
+                       "the run needs about %.2f GiB per node (%d rank(s) x params %.2f, grads "
+                       "%.2f, optimizer %.2f, activations %.2f) but %.2f GiB is available; "
+                       "reduce training.local_batch_size, training.seq_len or the model, or set "
                        "--training.allow_overcommit",
-                       total / GIB, mem.params / GIB, mem.grads / GIB, optim / GIB,
+                       node / GIB, t->d->local_size, mem.params / GIB, mem.grads / GIB, optim / GIB,
                        mem.activations / GIB, avail / GIB);
     return 0;
 }
@@ -142,32 +226,46 @@ static int setup_data(trainer *t, ct_error *err) {
     return 0;
 }
 
+// Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others;
+// each rank then loads the model and its own range of the optimizer state, whatever rank count
+// wrote it. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
+static int resume(trainer *t, ct_error *err) {
+    char dir[4096] = "";
+    int rc = 0;
+    if (is_root(t)) {
+        ckpt_notes notes = {0};
+        rc = ckpt_clean_stale(t->ckpt_root, &notes, err);
+        if (rc == 0) rc = ckpt_find_latest(dir, sizeof dir, NULL, t->ckpt_root, NULL, &notes, err);
+        log_notes(t, &notes);
+    }
+    if (dist_agree(t->d, rc < 0 ? -1 : 0, "finding the checkpoint to resume", err) != 0 ||
+        dist_bcast(t->d, dir, sizeof dir, 0, "the checkpoint to resume", err) != 0)
+        return -1;
+    if (!dir[0]) return 0;
+    size_t lo = t->opt.base;
+    rc = ckpt_load(dir, &t->model, t->opt.m, t->opt.v, lo, t->opt.n, &t->state, NULL, err);
+    if (rc == 0 && t->state.config_hash != t->config_hash)
+        rc = ct_fail(err,
+                     "%s was written by a run with a different config (model, data, optimizer, "
+                     "schedule or global batch keys changed); resume needs the same config, or "
+                     "use a new job.dump_folder",
+                     dir);
+    if (dist_agree(t->d, rc, "loading the checkpoint", err) != 0) return -1;
+    t->opt.step = t->state.opt_step;
+    fprintf(t->log, "resumed from %s at step %lld (sample %llu)\n", dir, (long long)t->state.step,
+            (unsigned long long)t->state.samples_seen);
+    return 1;
+}
+
 // Weights: resume from the newest complete checkpoint, else initial_load_path, else the HF
-// folder (backend=hf), else a seeded random init.
+// folder (backend=hf), else a seeded random init. Every rank loads the same weights.
 static int setup_weights(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    ckpt_notes notes = {0};
-    char dir[4096];
     if (c->checkpoint.enable) {
-        if (ckpt_clean_stale(t->ckpt_root, &notes, err) != 0) return -1;
-        int found = ckpt_resume(dir, sizeof dir, &t->model, t->opt.m, t->opt.v, t->opt.n, &t->state,
-                                NULL, t->ckpt_root, &notes, err);
-        log_notes(t, &notes);
-        if (found < 0) return -1;
-        if (found) {
-            if (t->state.config_hash != config_hash(c))
-                return ct_fail(err,
-                               "%s was written by a run with a different config (model, data, "
-                               "optimizer or schedule keys changed); resume needs the same "
-                               "config, or use a new job.dump_folder",
-                               dir);
-            t->opt.step = t->state.opt_step;
-            fprintf(t->log, "resumed from %s at step %lld (sample %llu)\n", dir,
-                    (long long)t->state.step, (unsigned long long)t->state.samples_seen);
-            return 0;
-        }
+        int found = resume(t, err);
+        if (found != 0) return found < 0 ? -1 : 0;
     }
-    t->state.config_hash = config_hash(c);
+    t->state.config_hash = t->config_hash;
     const char *from = c->checkpoint.initial_load_path[0]    ? c->checkpoint.initial_load_path
                        : strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path
                                                              : NULL;
@@ -180,22 +278,36 @@ static int setup_weights(trainer *t, ct_error *err) {
     // A ctitan checkpoint folder's model.safetensors is HF-named too, so both load the same way.
     st_set set;
     hf_load_report rep = {0};
-    if (st_set_open(&set, from, err) != 0) return -1;
-    int rc = hf_load_weights(&t->model, &rep, &set, from, err);
-    st_set_close(&set);
+    int rc = st_set_open(&set, from, err);
+    if (rc == 0) {
+        rc = hf_load_weights(&t->model, &rep, &set, from, err);
+        st_set_close(&set);
+    }
     if (rc == 0)
         fprintf(t->log, "weights: %s (%d tensors, %s, %d unexpected)\n", from, rep.n_loaded,
                 dtype_name(rep.source_dtype), rep.n_unexpected);
     hf_report_free(&rep);
-    return rc;
+    return dist_agree(t->d, rc, "loading the initial weights", err);
 }
 
+// Gradient sync (buckets at tensor boundaries), then AdamW over this rank's range.
 static int setup_optimizer(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    if (adamw_init(&t->opt, t->model.num_params, err) != 0) return -1;
+    qwen3_model *m = &t->model;
+    size_t *starts = malloc((size_t)m->n_params * sizeof *starts);
+    if (!starts) return ct_fail(err, "out of memory for the parameter table");
+    for (int i = 0; i < m->n_params; i++) starts[i] = m->params[i].offset;
+    size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    int rc =
+        grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE,
+                       m->param_mem, m->grad_mem, m->num_params, starts, m->n_params, bucket, err);
+    free(starts);
+    if (rc != 0) return -1;
+    size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
+    if (adamw_init_shard(&t->opt, m->num_params, lo, n, err) != 0) return -1;
     if (!c->optimizer.decay_norms_and_embeddings)
-        for (int i = 0; i < t->model.n_params; i++) {
-            const qwen3_param *p = &t->model.params[i];
+        for (int i = 0; i < m->n_params; i++) {
+            const qwen3_param *p = &m->params[i];
             if (!adamw_param_decays(p->name, p->ndim) &&
                 adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0)
                 return -1;
@@ -205,6 +317,9 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
                                  c->lr_scheduler.decay_ratio, LR_DECAY_LINEAR,
                                  c->lr_scheduler.min_lr_factor};
+    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s\n", t->sync.n_buckets,
+            c->comm.bucket_cap_mb,
+            c->comm.overlap ? "reduced during the backward" : "reduced after the backward");
     return lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err);
 }
 
@@ -219,36 +334,44 @@ static int config_text(char **out, const ct_config *c, ct_error *err) {
     return 0;
 }
 
+// Everything before the first step. Errors that every rank meets alike (config, memory,
+// model) need no agreement; the ones that may differ between ranks are agreed on.
 static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->cfg = c;
-    t->log = log;
     t->B = c->training.local_batch_size;
     t->T = c->training.seq_len;
-    int global = c->training.global_batch_size > 0 ? c->training.global_batch_size : t->B;
-    t->accum = global / t->B; // config_validate checked divisibility
+    t->log = is_root(t) ? log : fopen("/dev/null", "w");
+    if (!t->log) return ct_fail(err, "rank %d: cannot open /dev/null for its log", t->d->rank);
+    t->d->timeout_s = c->comm.init_timeout_seconds;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
+    if (setup_parallel(t, err) != 0) return -1;
+    setup_threads(t);
 
     qwen3_config mc;
     if (train_model_config(&mc, c, err) != 0 || check_plan(t, &mc, err) != 0) return -1;
-    if (fs_mkdirs(c->job.dump_folder, err) != 0 || config_text(&t->config_toml, c, err) != 0)
-        return -1;
+    if (config_text(&t->config_toml, c, err) != 0) return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.toml", c->job.dump_folder);
-    if (config_save(c, path, err) != 0) return -1;
-    fprintf(log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
+    int rc =
+        is_root(t) && (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0);
+    if (dist_agree(t->d, rc ? -1 : 0, "writing the run's config", err) != 0) return -1;
+    fprintf(t->log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
 
     if (qwen3_init(&t->model, &mc, NULL, err) != 0 || qwen3_plan(&t->model, t->B, t->T, err) != 0)
         return -1;
-    fprintf(log,
+    fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
             "%s, %zu parameters\n",
             strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path : c->model.flavor,
             mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
             mc.head_dim, mc.intermediate_size, mc.vocab_size,
             mc.tie_word_embeddings ? "tied" : "untied", t->model.num_params);
-    if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0 || setup_data(t, err) != 0)
-        return -1;
+    if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
+    if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
+    t->save_tag = (long)getpid();
+    if (dist_bcast(t->d, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
+        return -1;
     size_t n = (size_t)t->accum * t->B * t->T;
     t->inputs = malloc(n * sizeof *t->inputs);
     t->targets = malloc(n * sizeof *t->targets);
@@ -256,10 +379,13 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     t->flops_per_token = metrics_flops_per_token(&mc, t->T);
     t->peak_gflops =
         c->metrics.peak_gflops > 0 ? c->metrics.peak_gflops : metrics_sgemm_gflops(1024, 4);
-    fprintf(log, "batch: %d x %d tokens, %d micro-batch(es) per step; peak %.1f GFLOP/s (%s)\n",
-            t->B, t->T, t->accum, t->peak_gflops,
+    fprintf(t->log,
+            "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d; "
+            "peak %.1f GFLOP/s per rank (%s)\n",
+            t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops,
             c->metrics.peak_gflops > 0 ? "configured" : "measured sgemm");
-    return metrics_open(&t->metrics, log, c->job.dump_folder, err);
+    rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, err) : 0;
+    return dist_agree(t->d, rc, "opening metrics.jsonl", err);
 }
 
 static void trainer_free(trainer *t) {
@@ -272,166 +398,320 @@ static void trainer_free(trainer *t) {
     stream_free(&t->train_data);
     stream_free(&t->val_data);
     if (t->tok) tok_free(t->tok);
+    grad_sync_free(&t->sync);
     adamw_free(&t->opt);
     qwen3_free(&t->model);
+    if (t->log && !is_root(t)) fclose(t->log);
 }
 
-// Reads the step's samples (all micro-batches) from the global sample index on.
-static int64_t read_step_samples(trainer *t) {
+// debug.fault: a real failure of the kind a rank can meet, on one rank at one step, for the
+// tests of failure handling. Returns true when `kind` hits this rank now.
+static bool fault_now(const trainer *t, const char *kind) {
+    const ct_config_debug *dbg = &t->cfg->debug;
+    return strcmp(dbg->fault, kind) == 0 && dbg->fault_rank == t->d->rank &&
+           dbg->fault_step == t->state.step + 1;
+}
+
+// Reads this rank's samples of the step: the step covers global samples [g0, g0 + global) and
+// rank r takes the r-th block of accum*B of them, in order. Checks the token ids and agrees
+// with the other ranks on the outcome; *valid gets the step's count of valid targets over all
+// ranks.
+static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     int n = t->accum * t->B;
-    uint64_t g0 = t->state.samples_seen;
-    if (loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, g0 + n - 1) ||
+    uint64_t g0 = t->state.samples_seen, mine = g0 + (uint64_t)t->d->rank * n;
+    uint64_t last = g0 + t->global_batch - 1;
+    if (loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, last) ||
         (g0 > 0 && loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, g0 - 1)))
         fprintf(t->log, "data: epoch %llu begins\n",
-                (unsigned long long)loader_epoch(&t->train_loader, g0 + n - 1));
-    int64_t valid = 0;
+                (unsigned long long)loader_epoch(&t->train_loader, last));
+    int64_t local = 0;
     for (int i = 0; i < n; i++) {
         int32_t *tg = t->targets + (size_t)i * t->T;
-        loader_sample(&t->train_loader, t->inputs + (size_t)i * t->T, tg, g0 + i);
-        for (int j = 0; j < t->T; j++) valid += tg[j] != QWEN3_IGNORE_INDEX;
+        loader_sample(&t->train_loader, t->inputs + (size_t)i * t->T, tg, mine + i);
+        for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
-    return valid;
+    if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
+    int rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
+    if (rc != 0)
+        ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
+                (unsigned long long)mine, (unsigned long long)(mine + n - 1));
+    if (dist_agree(t->d, rc, "the step's data check", err) != 0) return -1;
+    double total;
+    if (dist_sum(t->d, (double)local, &total, "the step's token count", err) != 0) return -1;
+    *valid = (int64_t)total;
+    return 0;
 }
 
-// One optimizer step: the loss is the sum of token losses over every micro-batch divided by the
-// step's count of valid targets, so accumulation gives the token-weighted mean.
-static double train_step(trainer *t, double *grad_norm, double *lr, bool *skipped) {
-    int64_t valid = read_step_samples(t);
-    qwen3_zero_grad(&t->model);
+static void on_grads_ready(void *ctx, size_t from) {
+    trainer *t = ctx;
+    // An error here resurfaces in grad_sync_finish, which waits on the same requests.
+    ct_error ignored;
+    grad_sync_ready(&t->sync, from, &ignored);
+}
+
+typedef struct step_result {
+    double loss, grad_norm, lr, comm_s;
+    bool skipped;
+} step_result;
+
+// One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
+// divided by the step's count of valid targets, so ranks and accumulation give the global
+// token-weighted mean; summing the ranks' gradients gives its gradient.
+static int train_step(trainer *t, step_result *r, ct_error *err) {
+    t->d->comm_s = 0;
+    int64_t valid;
+    if (read_step_samples(t, &valid, err) != 0) return -1;
+    if (fault_now(t, "exit")) _exit(3);
+    if (fault_now(t, "hang"))
+        for (;;) pause();
+    qwen3_model *m = &t->model;
+    qwen3_zero_grad(m);
     double loss_sum = 0;
+    grad_sync_begin(&t->sync);
     for (int a = 0; a < t->accum; a++) {
         size_t off = (size_t)a * t->B * t->T;
-        loss_sum += qwen3_forward(&t->model, t->inputs + off, t->targets + off, NULL);
-        qwen3_backward(&t->model, 1.0f / (float)valid);
+        // Buckets start during the last micro-batch's backward, when gradients become final.
+        bool last = a == t->accum - 1;
+        m->grad_ready = last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
+        m->grad_ready_ctx = t;
+        loss_sum += qwen3_forward(m, t->inputs + off, t->targets + off, NULL);
+        // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
+        bool nan = last && fault_now(t, "nan");
+        qwen3_backward(m, nan ? NAN : 1.0f / (float)valid);
     }
-    double loss = loss_sum / (double)valid;
-    *grad_norm = clip_grad_norm(t->model.grad_mem, t->model.num_params, t->cfg->training.max_norm);
-    *lr = lr_at(&t->sched, t->state.step, t->cfg->training.steps);
-    *skipped = !isfinite(loss) || !isfinite(*grad_norm);
-    if (!*skipped) adamw_step(&t->opt, t->model.param_mem, t->model.grad_mem, &t->hp, *lr);
-    t->state.samples_seen += (uint64_t)t->accum * t->B;
+    m->grad_ready = NULL;
+    if (grad_sync_finish(&t->sync, err) != 0 ||
+        dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0)
+        return -1;
+    // The norm over the summed gradient: each shard's sum of squares, added in rank order.
+    size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
+    double sq = clip_sum_squares(m->grad_mem + lo, n);
+    if (t->shard && dist_sum(t->d, sq, &sq, "the gradient norm", err) != 0) return -1;
+    r->loss = loss_sum / (double)valid;
+    r->grad_norm = sqrt(sq);
+    r->lr = lr_at(&t->sched, t->state.step, t->cfg->training.steps);
+    r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
+    if (!r->skipped) {
+        clip_scale(m->grad_mem + lo, n, clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
+        adamw_step(&t->opt, m->param_mem, m->grad_mem, &t->hp, r->lr);
+        if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
+    }
+    t->state.samples_seen += (uint64_t)t->global_batch;
     t->state.step++;
     t->state.opt_step = t->opt.step;
-    return loss;
+    r->comm_s = t->d->comm_s;
+    return 0;
 }
 
-static void validate(trainer *t) {
+// Validation batches are dealt out to the ranks in turn (batch b on rank b mod N); the sums
+// meet in rank order.
+static int validate(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     uint64_t total = t->val_loader.n_windows;
     uint64_t batches =
         c->validation.steps > 0 ? (uint64_t)c->validation.steps : (total + t->B - 1) / t->B;
-    double sum = 0;
-    int64_t valid = 0;
-    for (uint64_t b = 0; b < batches; b++) {
+    double sum = 0, valid = 0;
+    for (uint64_t b = (uint64_t)t->d->rank; b < batches; b += (uint64_t)t->d->size) {
         for (int i = 0; i < t->B; i++)
             loader_sample(&t->val_loader, t->inputs + (size_t)i * t->T,
                           t->targets + (size_t)i * t->T, (b * t->B + i) % total);
         int64_t n = 0;
         sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
-        valid += n;
+        valid += (double)n;
     }
-    double loss = sum / (double)valid;
+    if (dist_sum(t->d, sum, &sum, "the validation loss", err) != 0 ||
+        dist_sum(t->d, valid, &valid, "the validation token count", err) != 0)
+        return -1;
+    double loss = sum / valid;
     fprintf(t->log, "validation step %lld: loss %.4f  perplexity %.2f  (%llu batches)\n",
             (long long)t->state.step, loss, exp(loss), (unsigned long long)batches);
-    fprintf(t->metrics.jsonl, "{\"step\":%lld,\"val_loss\":%.17g,\"val_perplexity\":%.17g}\n",
-            (long long)t->state.step, loss, exp(loss));
-    fflush(t->metrics.jsonl);
+    if (is_root(t)) {
+        fprintf(t->metrics.jsonl, "{\"step\":%lld,\"val_loss\":%.17g,\"val_perplexity\":%.17g}\n",
+                (long long)t->state.step, loss, exp(loss));
+        fflush(t->metrics.jsonl);
+    }
+    return 0;
 }
 
-static int save_checkpoint(trainer *t, ct_error *err) {
-    if (ckpt_save(t->ckpt_root, &t->model, t->opt.m, t->opt.v, t->opt.n, &t->state, t->config_toml,
-                  err) != 0)
-        return -1;
-    ckpt_notes notes = {0};
-    int rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, t->state.step, &notes, err);
-    log_notes(t, &notes);
-    fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld\n", (long long)t->state.step,
-            t->ckpt_root, (long long)t->state.step);
+// Replicas must agree bit for bit; a difference means the reduction was not deterministic or
+// memory was corrupted, and is caught before it is saved.
+static int check_replicas_equal(trainer *t, ct_error *err) {
+    if (t->d->size == 1) return 0;
+    uint64_t mine = ckpt_xxh64(t->model.param_mem, t->model.num_params * sizeof(float), 0);
+    uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
+    if (!all) return ct_fail(err, "out of memory");
+    int rc = dist_allgather(t->d, &mine, all, sizeof mine, "the weights' checksums", err);
+    for (int r = 1; rc == 0 && r < t->d->size; r++)
+        if (all[r] != all[0])
+            rc = ct_fail(err,
+                         "at step %lld rank %d's weights differ from rank 0's (XXH64 %016llx vs "
+                         "%016llx): refusing to save them",
+                         (long long)t->state.step, r, (unsigned long long)all[r],
+                         (unsigned long long)all[0]);
+    free(all);
     return rc;
 }
 
+// Every rank writes its 1/N of the optimizer state into one temporary folder that rank 0
+// created; rank 0 then writes the model and state.json (which lists every shard) and renames
+// the folder into place. The shards are cut the same way in both modes, so the files do not
+// depend on whether the state was replicated.
+static int save_checkpoint(trainer *t, ct_error *err) {
+    const int P = t->d->size, r = t->d->rank;
+    const int64_t step = t->state.step;
+    int rc = check_replicas_equal(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
+
+    size_t n = t->model.num_params;
+    size_t lo = (size_t)((unsigned __int128)n * r / P),
+           hi = (size_t)((unsigned __int128)n * (r + 1) / P);
+    char tmp[4200];
+    ckpt_shard_info mine = {0}, *all = calloc((size_t)P, sizeof *all);
+    rc = all ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
+             : ct_fail(err, "out of memory");
+    if (rc == 0)
+        rc = ckpt_write_optimizer_shard(tmp, r, P, lo, hi - lo, n, t->opt.m + (lo - t->opt.base),
+                                        t->opt.v + (lo - t->opt.base), &mine, err);
+    if (dist_agree(t->d, rc, "writing the optimizer shards", err) != 0 ||
+        dist_allgather(t->d, &mine, all, sizeof mine, "the shards' checksums", err) != 0) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
+        free(all);
+        return -1;
+    }
+    rc = 0;
+    if (is_root(t)) {
+        rc = ckpt_commit(t->ckpt_root, t->save_tag, &t->model, all, P, &t->state, t->config_toml,
+                         err);
+        ckpt_notes notes = {0};
+        if (rc == 0)
+            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+        log_notes(t, &notes);
+        if (rc == 0)
+            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%d optimizer shard%s)\n",
+                    (long long)step, t->ckpt_root, (long long)step, P, P > 1 ? "s" : "");
+    }
+    free(all);
+    return dist_agree(t->d, rc, "committing the checkpoint", err);
+}
+
 static int export_final(trainer *t, ct_error *err) {
-    ct_dtype dtype;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
-    if (ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err) != 0) return -1;
-    // 5 GB shards, as transformers' save_pretrained default.
-    int copied =
-        ckpt_export_hf(&t->model, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path, err);
-    if (copied < 0) return -1;
-    fprintf(t->log, "export: %s (%s%s)\n", dir, t->cfg->checkpoint.export_dtype,
-            copied ? ", with tokenizer files" : ", no tokenizer files");
-    return 0;
+    int rc = 0;
+    if (is_root(t)) {
+        ct_dtype dtype;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
+        rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
+        // 5 GB shards, as transformers' save_pretrained default.
+        int copied = rc ? -1
+                        : ckpt_export_hf(&t->model, dir, dtype, 5000000000ull,
+                                         t->cfg->model.tokenizer_path, err);
+        if (copied < 0)
+            rc = -1;
+        else
+            fprintf(t->log, "export: %s (%s%s)\n", dir, t->cfg->checkpoint.export_dtype,
+                    copied ? ", with tokenizer files" : ", no tokenizer files");
+    }
+    return dist_agree(t->d, rc, "the final export", err);
+}
+
+static void log_metrics(trainer *t, const step_result *r, double t_resume, double *t_log,
+                        int64_t *steps_since_log, double *comm_since_log, int64_t start_step,
+                        int64_t skipped_total) {
+    const ct_config *c = t->cfg;
+    int64_t step = t->state.step;
+    double now = now_s(), dt = now - *t_log;
+    double tps_total = *steps_since_log * (double)t->global_batch * t->T / dt;
+    double tps = tps_total / t->d->size;
+    double per_step = (now - t_resume) / (double)(step - start_step);
+    double gflops = tps * t->flops_per_token / 1e9;
+    metrics_row row = {
+        .step = step,
+        .steps = c->training.steps,
+        .loss = r->loss,
+        .grad_norm = r->grad_norm,
+        .lr = r->lr,
+        .tps = tps,
+        .tps_total = tps_total,
+        .ranks = t->d->size,
+        .comm_s = *comm_since_log / (double)*steps_since_log,
+        .comm_share = *comm_since_log / dt,
+        .tflops = gflops / 1e3,
+        .mfu = gflops / t->peak_gflops,
+        .memory_peak_gib = sysmem_peak_rss_bytes() / GIB,
+        .time_s = t->state.time_s,
+        .eta_s = per_step * (double)(c->training.steps - step),
+        .skipped = skipped_total,
+    };
+    if (is_root(t)) metrics_write(&t->metrics, &row);
+    *t_log = now_s();
+    *steps_since_log = 0;
+    *comm_since_log = 0;
 }
 
 static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     const ct_config *c = t->cfg;
     double t_resume = now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
+    double comm_since_log = 0;
     int64_t steps_since_log = 0, skipped_total = 0, start_step = t->state.step;
     while (t->state.step < c->training.steps) {
-        double gnorm, lr;
-        bool skipped;
-        double loss = train_step(t, &gnorm, &lr, &skipped);
+        t->d->timeout_s = c->comm.train_timeout_seconds;
+        step_result r;
+        if (train_step(t, &r, err) != 0) return -1;
         steps_since_log++;
-        if (skipped) {
+        comm_since_log += r.comm_s;
+        if (r.skipped) {
             skipped_total++;
             t->state.skipped_in_row++;
             fprintf(t->log, "step %lld: non-finite %s; step skipped (%d in a row)\n",
-                    (long long)t->state.step, isfinite(loss) ? "gradient norm" : "loss",
+                    (long long)t->state.step, isfinite(r.loss) ? "gradient norm" : "loss",
                     t->state.skipped_in_row);
-            if (t->state.skipped_in_row > c->training.max_skipped_steps)
+            if (t->state.skipped_in_row > c->training.max_skipped_steps) {
+                t->d->failure_agreed = true; // every rank saw the same sums and stops here
                 return ct_fail(err,
                                "%d non-finite steps in a row (training.max_skipped_steps = %d): "
                                "stopping; the last checkpoint holds the last finite weights",
                                t->state.skipped_in_row, c->training.max_skipped_steps);
+            }
         } else {
             t->state.skipped_in_row = 0;
         }
         int64_t step = t->state.step;
         t->state.time_s = now_s() - t_start;
-        if (step % c->metrics.log_freq == 0 || step == 1 || step == c->training.steps) {
-            double dt = now_s() - t_log, tps = steps_since_log * t->accum * t->B * t->T / dt;
-            double per_step = (now_s() - t_resume) / (double)(step - start_step);
-            double gflops = tps * t->flops_per_token / 1e9;
-            metrics_row r = {
-                .step = step,
-                .steps = c->training.steps,
-                .loss = loss,
-                .grad_norm = gnorm,
-                .lr = lr,
-                .tps = tps,
-                .tflops = gflops / 1e3,
-                .mfu = gflops / t->peak_gflops,
-                .memory_peak_gib = sysmem_peak_rss_bytes() / GIB,
-                .time_s = t->state.time_s,
-                .eta_s = per_step * (double)(c->training.steps - step),
-                .skipped = skipped_total,
-            };
-            metrics_write(&t->metrics, &r);
-            t_log = now_s();
-            steps_since_log = 0;
-        }
-        if (t->has_val && step % c->validation.freq == 0) validate(t);
-        bool stop = opt->stop_flag && *opt->stop_flag;
+        if (step % c->metrics.log_freq == 0 || step == 1 || step == c->training.steps)
+            log_metrics(t, &r, t_resume, &t_log, &steps_since_log, &comm_since_log, start_step,
+                        skipped_total);
+        if (t->has_val && step % c->validation.freq == 0 && validate(t, err) != 0) return -1;
+        // A signal may reach the ranks at different steps: any rank's stop stops them all here.
+        double stop = opt->stop_flag && *opt->stop_flag;
+        if (dist_sum(t->d, stop, &stop, "the stop check", err) != 0) return -1;
+        t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
         if (c->checkpoint.enable &&
-            (step % c->checkpoint.interval == 0 || stop || step == c->training.steps)) {
+            (step % c->checkpoint.interval == 0 || stop > 0 || step == c->training.steps)) {
             if (save_checkpoint(t, err) != 0) return -1;
         }
-        if (stop) {
+        if (stop > 0) {
             fprintf(t->log, "stopped by signal at step %lld\n", (long long)step);
             return 0;
         }
     }
+    t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
     if (c->checkpoint.last_save_in_hf && export_final(t, err) != 0) return -1;
     return 0;
 }
 
 int train_run(const ct_config *c, const train_options *opt, ct_error *err) {
-    trainer t = {0};
+    dist single;
+    trainer t = {.d = opt->dist};
+    if (!t.d) { // a world of one: no launcher, no MPI
+        memset(&single, 0, sizeof single);
+        single.size = single.local_size = 1;
+        t.d = &single;
+    }
     int rc = trainer_setup(&t, c, opt->log, err);
     if (rc == 0) rc = train_loop(&t, opt, err);
     if (rc == 0)
-        fprintf(opt->log, "done: step %lld; outputs in %s (metrics.jsonl, config.toml%s)\n",
+        fprintf(t.log, "done: step %lld; outputs in %s (metrics.jsonl, config.toml%s)\n",
                 (long long)t.state.step, c->job.dump_folder,
                 c->checkpoint.enable ? ", checkpoint/" : "");
     trainer_free(&t);

@@ -6,12 +6,14 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "dist/dist.h"
 #include "model/qwen3_config.h"
 #include "train/config.h"
 
 typedef struct train_options {
-    FILE *log;                        // progress lines (stdout from the CLI)
+    FILE *log;                        // progress lines (stdout from the CLI); rank 0 writes them
     volatile sig_atomic_t *stop_flag; // set by SIGINT/SIGTERM: checkpoint now and return 0
+    dist *dist;                       // the ranks of a data-parallel job; NULL = one process
 } train_options;
 
 // The architecture a config describes: backend=hf reads hf_path/config.json, backend=native
@@ -19,6 +21,9 @@ typedef struct train_options {
 int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err);
 
 // Runs the training job; returns 0 when it finished or was stopped cleanly (a checkpoint was
-// written), -1 with err set otherwise. Refuses before any work when seq_len exceeds the
-// model's positions or the memory estimate does not fit (unless training.allow_overcommit).
+// written), -1 with err set otherwise. With several ranks, an error that every rank returned
+// alike sets dist->failure_agreed; any other error leaves the others waiting until their comm
+// timeout, so the caller should end the job (dist_abort). Refuses before any work when seq_len
+// exceeds the model's positions or the memory estimate does not fit (unless
+// training.allow_overcommit).
 int train_run(const ct_config *c, const train_options *opt, ct_error *err);

@@ -1,0 +1,177 @@
+#include "dist/dist.h"
+
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double dist_clock(void) {
+    return now_s();
+}
+
+static int env_int(const char *name, int fallback) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : fallback;
+}
+
+bool dist_launched(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE") ||
+           env_int("SLURM_NTASKS", 1) > 1;
+}
+
+int dist_init(dist *d, ct_error *err) {
+    memset(d, 0, sizeof *d);
+    d->size = d->local_size = 1;
+    d->timeout_s = 300;
+    if (!dist_launched()) return 0;
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return ct_fail(err,
+                       "MPI_Init failed under the launcher's environment (OMPI_COMM_WORLD_SIZE "
+                       "/ PMIX_RANK / PMI_SIZE / SLURM_NTASKS)");
+    d->mpi = true;
+    // Errors come back as return codes, so a failing call turns into our error, not an abort.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d->size);
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &d->local_rank);
+    MPI_Comm_size(node, &d->local_size);
+    MPI_Comm_free(&node);
+    return 0;
+}
+
+void dist_finalize(dist *d) {
+    if (d->mpi) MPI_Finalize();
+    d->mpi = false;
+}
+
+_Noreturn void dist_abort(dist *d, int code) {
+    fflush(NULL);
+    if (d->mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+bool dist_test(dist *d, int n, MPI_Request *reqs) {
+    if (!d->mpi) return true;
+    double t0 = now_s();
+    int done = 0;
+    MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    d->comm_s += now_s() - t0;
+    return done;
+}
+
+int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err) {
+    if (!d->mpi) return 0;
+    double t0 = now_s(), deadline = t0 + d->timeout_s;
+    int done = 0;
+    for (;;) {
+        if (MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            d->comm_s += now_s() - t0;
+            return ct_fail(err, "rank %d: MPI failed during %s", d->rank, what);
+        }
+        if (done) break;
+        double t = now_s();
+        if (t > deadline) {
+            d->comm_s += t - t0;
+            return ct_fail(err,
+                           "rank %d: %s did not complete within %.0f s (comm timeout): another "
+                           "rank died, hung or stopped early",
+                           d->rank, what, d->timeout_s);
+        }
+        // Open MPI moves data only inside MPI calls, so poll as MPI_Wait does, giving the core
+        // to ranks that share it; after a second (a partner still computing or saving), poll
+        // every millisecond instead of burning the core.
+        if (t - t0 < 1.0) {
+            sched_yield();
+        } else {
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    d->comm_s += now_s() - t0;
+    return 0;
+}
+
+// The tail of every blocking collective: the non-blocking call returned `start_rc`.
+static int finish(dist *d, int start_rc, MPI_Request *req, double t0, const char *what,
+                  ct_error *err) {
+    d->comm_s += now_s() - t0;
+    if (start_rc != MPI_SUCCESS)
+        return ct_fail(err, "rank %d: MPI failed to start %s", d->rank, what);
+    return dist_wait(d, 1, req, what, err);
+}
+
+int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *what,
+                   ct_error *err) {
+    if (!d->mpi) {
+        memmove(all, mine, (size_t)bytes);
+        return 0;
+    }
+    MPI_Request req;
+    double t0 = now_s();
+    int rc = MPI_Iallgather(mine, bytes, MPI_BYTE, all, bytes, MPI_BYTE, MPI_COMM_WORLD, &req);
+    return finish(d, rc, &req, t0, what, err);
+}
+
+int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_error *err) {
+    if (!d->mpi) return 0;
+    MPI_Request req;
+    double t0 = now_s();
+    int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+    return finish(d, rc, &req, t0, what, err);
+}
+
+int dist_barrier(dist *d, const char *what, ct_error *err) {
+    if (!d->mpi) return 0;
+    MPI_Request req;
+    double t0 = now_s();
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    return finish(d, rc, &req, t0, what, err);
+}
+
+int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err) {
+    if (!d->mpi) {
+        *sum = mine;
+        return 0;
+    }
+    double *all = malloc((size_t)d->size * sizeof *all);
+    if (!all) return ct_fail(err, "rank %d: out of memory for %s", d->rank, what);
+    int rc = dist_allgather(d, &mine, all, sizeof mine, what, err);
+    double s = 0;
+    for (int r = 0; r < d->size; r++) s += all[r];
+    free(all);
+    *sum = s;
+    return rc;
+}
+
+int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
+    if (!d->mpi) return local_rc;
+    int *rcs = malloc((size_t)d->size * sizeof *rcs);
+    if (!rcs) return ct_fail(err, "rank %d: out of memory for %s", d->rank, what);
+    if (dist_allgather(d, &local_rc, rcs, sizeof local_rc, what, err) != 0) {
+        free(rcs);
+        return -1;
+    }
+    int failed = -1;
+    for (int r = 0; r < d->size && failed < 0; r++)
+        if (rcs[r] != 0) failed = r;
+    free(rcs);
+    if (failed < 0) return 0;
+    ct_error shared;
+    if (d->rank == failed) shared = *err;
+    if (dist_bcast(d, shared.msg, sizeof shared.msg, failed, what, err) != 0) return -1;
+    shared.msg[sizeof shared.msg - 1] = '\0';
+    ct_fail(err, "rank %d: %s", failed, shared.msg);
+    d->failure_agreed = true;
+    return -1;
+}

@@ -1,0 +1,53 @@
+// The process group for data parallelism. Under a launcher (mpirun, srun) it is MPI_COMM_WORLD;
+// otherwise a world of one that never touches MPI. Every collective is non-blocking underneath
+// and every wait has a deadline, so a rank that died or hung becomes an error on the others
+// instead of a hang. The model never sees this: only the trainer and grad_sync do.
+#pragma once
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/error.h"
+
+typedef struct dist {
+    int rank, size;             // in the world
+    int local_rank, local_size; // among the ranks on this node
+    bool mpi;                   // MPI_Init was called (finalize it)
+    double timeout_s;           // deadline of each wait; the trainer sets it per phase
+    double comm_s;              // seconds spent in MPI calls and waits (the trainer resets it)
+    // Set by dist_agree when it returned a failure that every rank saw: each rank can then exit
+    // cleanly. Any other error on a rank of a multi-rank world must abort the job.
+    bool failure_agreed;
+} dist;
+
+// True when the environment says a launcher started this process as one of several
+// (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE, SLURM_NTASKS > 1).
+bool dist_launched(void);
+// MPI_Init when launched (an error names the launcher's environment), else a world of one.
+int dist_init(dist *d, ct_error *err);
+void dist_finalize(dist *d);
+// Ends every rank of the job at once (MPI_Abort); exit(code) for a world of one.
+_Noreturn void dist_abort(dist *d, int code);
+
+// Monotonic seconds, for adding the time of MPI calls made elsewhere to d->comm_s.
+double dist_clock(void);
+
+// Waits for n requests until d->timeout_s; `what` names the operation in the timeout error.
+int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err);
+// One round of progress on n requests without waiting: returns true when all completed.
+bool dist_test(dist *d, int n, MPI_Request *reqs);
+
+// Every rank's `bytes` bytes from `mine` into all[rank * bytes ...] (all == mine's content on
+// each rank for its own slot).
+int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *what,
+                   ct_error *err);
+int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_error *err);
+// The sum of one double per rank, added in rank order: the same bits on every rank, and the
+// same bits for the same inputs in every run.
+int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err);
+int dist_barrier(dist *d, const char *what, ct_error *err);
+
+// Collective status check: every rank passes its own result (0 or -1 with err set). When any
+// rank failed, every rank returns -1 with err = "rank R: <R's message>" for the lowest failing
+// R, and d->failure_agreed is set. A timeout here is an ordinary (unagreed) error.
+int dist_agree(dist *d, int local_rc, const char *what, ct_error *err);
