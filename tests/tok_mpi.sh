@@ -2,7 +2,8 @@
 # Data parallel training under real OpenMPI (mpirun), on the real tokenizer and real text:
 # N ranks against one process on the same global batch, ZeRO-1 against replicated state,
 # resume with a different rank count, bucketing/overlap invariance, and failures on one rank
-# (bad data, a dead rank, a hung rank, a NaN) ending every rank in bounded time.
+# (bad data, a dead rank, a hung rank, a NaN) ending every rank in bounded time, and SIGUSR1
+# (which mpirun forwards) stopping every rank at the same step with a checkpoint.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 passed=0 failed=0
@@ -124,6 +125,25 @@ ls "$tmp/resume13/checkpoint/step-6/optimizer-00002-of-00003.safetensors" >/dev/
 # A different global batch is a different run: refused, named.
 run 2 "$tmp/resume21" --training.steps 8 --training.global_batch_size 4
 grep -q "different config" "$tmp/resume21.log" && ok || bad "global batch change not refused"
+
+# --- SIGUSR1 to mpirun reaches every rank: they agree on the step, save it and exit 0; the
+# next run resumes there
+run_args_bg() { run 2 "$tmp/usr1" --training.steps 400 --checkpoint.interval 1000; }
+run_args_bg & bg=$!
+for _ in $(seq 600); do
+  rows=$(grep -c '"loss"' "$tmp/usr1/metrics.jsonl" 2>/dev/null)
+  [ "${rows:-0}" -ge 3 ] && break; sleep 0.1
+done
+mpirun_pid=$(pgrep -P "$bg" mpirun)
+kill -USR1 "${mpirun_pid:-$bg}"; wait "$bg"; rc=$?
+stopped=$(sed -n 's/^stopped by signal at step \([0-9]*\)$/\1/p' "$tmp/usr1.log")
+if [ $rc -eq 0 ] && [ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stopped/state.json" ]; then
+  ok
+else
+  bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$tmp/usr1.log")"
+fi
+run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --checkpoint.interval 1000
+grep -q "resumed from .*step-$stopped " "$tmp/usr1.log" && ok || bad "no resume after SIGUSR1"
 
 # --- failures on one rank end every rank, non-zero, within 60 s, naming the rank
 fails() { # NAME PATTERN NP [--key value ...]

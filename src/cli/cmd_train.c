@@ -42,7 +42,9 @@ int cmd_train(int argc, char **argv) {
                "Trains the model the config describes (an HF folder or a native flavor).\n"
                "Precedence: defaults < the TOML file < command-line options. A run whose\n"
                "job.dump_folder holds checkpoints resumes from the newest complete one.\n"
-               "SIGINT/SIGTERM write a checkpoint at the current step and exit 0.\n\n"
+               "SIGINT/SIGTERM/SIGUSR1 write a checkpoint at the current step and exit 0\n"
+               "(under mpirun send SIGUSR1: mpirun forwards it, but kills the ranks 1 s\n"
+               "after forwarding SIGTERM).\n\n"
                "keys:\n");
         config_print_help(stdout);
         return 0;
@@ -62,6 +64,8 @@ int cmd_train(int argc, char **argv) {
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    // mpirun forwards SIGUSR1 to every rank and lets them finish (Slurm: --signal=USR1@120).
+    sigaction(SIGUSR1, &sa, NULL);
 
     train_options opt = {.log = stdout, .stop_flag = &stop_requested, .dist = &d};
     return finish(&d, train_run(&cfg, &opt, &err) == 0 ? NULL : &err);
