@@ -47,10 +47,14 @@ int dist_init(dist *d, ct_error *err) {
     MPI_Comm_rank(node, &d->local_rank);
     MPI_Comm_size(node, &d->local_size);
     MPI_Comm_free(&node);
+    d->gathered = malloc((size_t)d->size * sizeof *d->gathered);
+    if (!d->gathered) return ct_fail(err, "rank %d: out of memory for %d ranks", d->rank, d->size);
     return 0;
 }
 
 void dist_finalize(dist *d) {
+    free(d->gathered);
+    d->gathered = NULL;
     if (d->mpi) MPI_Finalize();
     d->mpi = false;
 }
@@ -144,28 +148,20 @@ int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err)
         *sum = mine;
         return 0;
     }
-    double *all = malloc((size_t)d->size * sizeof *all);
-    if (!all) return ct_fail(err, "rank %d: out of memory for %s", d->rank, what);
-    int rc = dist_allgather(d, &mine, all, sizeof mine, what, err);
+    int rc = dist_allgather(d, &mine, d->gathered, sizeof mine, what, err);
     double s = 0;
-    for (int r = 0; r < d->size; r++) s += all[r];
-    free(all);
+    for (int r = 0; r < d->size; r++) s += d->gathered[r];
     *sum = s;
     return rc;
 }
 
 int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     if (!d->mpi) return local_rc;
-    int *rcs = malloc((size_t)d->size * sizeof *rcs);
-    if (!rcs) return ct_fail(err, "rank %d: out of memory for %s", d->rank, what);
-    if (dist_allgather(d, &local_rc, rcs, sizeof local_rc, what, err) != 0) {
-        free(rcs);
-        return -1;
-    }
+    double mine = local_rc;
+    if (dist_allgather(d, &mine, d->gathered, sizeof mine, what, err) != 0) return -1;
     int failed = -1;
     for (int r = 0; r < d->size && failed < 0; r++)
-        if (rcs[r] != 0) failed = r;
-    free(rcs);
+        if (d->gathered[r] != 0) failed = r;
     if (failed < 0) return 0;
     ct_error shared;
     if (d->rank == failed) shared = *err;

@@ -18,6 +18,7 @@ typedef struct dist {
     // Set by dist_agree when it returned a failure that every rank saw: each rank can then exit
     // cleanly. Any other error on a rank of a multi-rank world must abort the job.
     bool failure_agreed;
+    double *gathered; // size slots, for dist_sum and dist_agree (no allocation per step)
 } dist;
 
 // True when the environment says a launcher started this process as one of several

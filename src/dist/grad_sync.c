@@ -47,6 +47,11 @@ static void bucket_parts(grad_sync *s) {
     }
 }
 
+size_t grad_sync_shard_start(size_t n, int r, int P) {
+    __extension__ unsigned __int128 x = (unsigned __int128)n * (unsigned)r;
+    return (size_t)(x / (unsigned)P);
+}
+
 int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, float *params, float *grads,
                    size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_floats,
                    ct_error *err) {
@@ -65,7 +70,7 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, float *params, fl
         return ct_fail(err, "out of memory for the gradient sync tables");
     }
     for (int r = 0; r <= P; r++)
-        s->shard_start[r] = mode == GRAD_SYNC_SHARD ? (size_t)((unsigned __int128)n * r / P)
+        s->shard_start[r] = mode == GRAD_SYNC_SHARD ? grad_sync_shard_start(n, r, P)
                             : r == P                ? n
                                                     : 0;
     s->shard_lo = mode == GRAD_SYNC_SHARD ? s->shard_start[d->rank] : 0;

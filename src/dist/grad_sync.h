@@ -22,6 +22,11 @@
 
 #include "dist/dist.h"
 
+// The first element of rank r's shard of a buffer of n elements split over P ranks:
+// floor(n * r / P), so shard sizes differ by at most one. Checkpoints cut the optimizer state
+// the same way.
+size_t grad_sync_shard_start(size_t n, int r, int P);
+
 typedef enum grad_sync_mode { GRAD_SYNC_REPLICATE, GRAD_SYNC_SHARD } grad_sync_mode;
 
 typedef struct grad_bucket {

@@ -564,8 +564,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
 
     size_t n = t->model.num_params;
-    size_t lo = (size_t)((unsigned __int128)n * r / P),
-           hi = (size_t)((unsigned __int128)n * (r + 1) / P);
+    size_t lo = grad_sync_shard_start(n, r, P), hi = grad_sync_shard_start(n, r + 1, P);
     char tmp[4200];
     ckpt_shard_info mine = {0}, *all = calloc((size_t)P, sizeof *all);
     rc = all ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
