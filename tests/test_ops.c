@@ -9,99 +9,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "fd_check.h"
 #include "ops/ops.h"
 
 static const ct_ops *ops = &ct_ops_cpu;
-
-// ---- small helpers --------------------------------------------------------------------------
-
-static uint64_t rng_state = 0x1234567887654321ull;
-
-static float frand(float lo, float hi) { // xorshift64*, uniform in [lo, hi)
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    const uint64_t r = rng_state * 0x2545F4914F6CDD1Dull;
-    return lo + (hi - lo) * (float)((double)(r >> 11) / 9007199254740992.0);
-}
-
-static float *frand_array(size_t n, float lo, float hi) {
-    float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = frand(lo, hi);
-    return x;
-}
-
-static double *to_double(const float *x, size_t n) {
-    double *y = malloc(n * sizeof *y);
-    for (size_t i = 0; i < n; i++) y[i] = x[i];
-    return y;
-}
-
-static float *to_float(const double *x, size_t n) {
-    float *y = malloc(n * sizeof *y);
-    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
-    return y;
-}
-
-static double rel_l2_fd(const float *a, const double *b, size_t n) {
-    float *bf = to_float(b, n);
-    const double e = check_rel_l2(a, bf, n);
-    free(bf);
-    return e;
-}
-
-// ---- finite differences ---------------------------------------------------------------------
-// A reference forward maps double inputs in[0..n_in) to out; fd_grad differentiates
-// sum(out * R) with respect to in[which], visiting every `stride`-th element (the others are
-// copied from `analytic` so a rel-L2 comparison only sees the sampled ones).
-
-typedef void (*ref_fn)(double *out, double *const *in, const void *ctx);
-
-typedef struct fd_problem {
-    ref_fn fwd;
-    const void *ctx;
-    double *in[4];
-    size_t in_n[4];
-    size_t out_n;
-} fd_problem;
-
-static double fd_objective(const fd_problem *p, const double *R, double *out) {
-    p->fwd(out, p->in, p->ctx);
-    double s = 0;
-    for (size_t i = 0; i < p->out_n; i++) s += out[i] * R[i];
-    return s;
-}
-
-static void fd_grad(double *g, const fd_problem *p, int which, const double *R, size_t stride,
-                    const float *analytic) {
-    const double h = 1e-6;
-    double *out = malloc(p->out_n * sizeof *out);
-    double *x = p->in[which];
-    for (size_t i = 0; i < p->in_n[which]; i++) {
-        if (i % stride != 0) {
-            g[i] = analytic[i];
-            continue;
-        }
-        const double x0 = x[i];
-        x[i] = x0 + h;
-        const double fp = fd_objective(p, R, out);
-        x[i] = x0 - h;
-        const double fm = fd_objective(p, R, out);
-        x[i] = x0;
-        g[i] = (fp - fm) / (2 * h);
-    }
-    free(out);
-}
-
-// Checks an op's gradient `got` for input `which` against finite differences.
-static void check_grad(const char *what, const float *got, const fd_problem *p, int which,
-                       const double *R, size_t stride, double tol) {
-    double *g = malloc(p->in_n[which] * sizeof *g);
-    fd_grad(g, p, which, R, stride, got);
-    const double e = rel_l2_fd(got, g, p->in_n[which]);
-    CHECK(e < tol, "%s: gradient rel L2 %.3g >= %.3g", what, e, tol);
-    free(g);
-}
 
 // ---- matmul ---------------------------------------------------------------------------------
 

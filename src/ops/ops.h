@@ -63,6 +63,27 @@ typedef struct ct_ops {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, int64_t n);
 
+    // Mixture-of-experts SwiGLU experts of one sparse layer (Qwen3-MoE). Token n is routed to
+    // experts expert[n*K + k] (k < K; distinct, in [0, E)) with weights weight[n*K + k]:
+    //   out(N,C)[n] = sum_k weight[n,k] * down_e(silu(gate_e(x[n])) * up_e(x[n])), e = expert[n,k]
+    // the K terms added in ascending expert order, as HF's loop over experts adds them (each
+    // term rounded to fp32 after the weight multiplies it). `w` holds the experts back to back:
+    // expert e's block at w + e*3*F*C is gate_proj (F,C), up_proj (F,C) - together one (2F,C)
+    // matrix - then down_proj (C,F). An expert that receives no token costs nothing.
+    // The forward saves what its backward needs in `state` (sized by the kernel, as attention;
+    // one per sparse layer) and works in `scratch` (shared by every layer and by the backward).
+    size_t (*moe_state_floats)(int N, int C, int F, int E, int K);
+    size_t (*moe_scratch_floats)(int N, int C, int F, int E, int K);
+    void (*moe_forward)(float *out, float *state, float *scratch, const float *x,
+                        const int32_t *expert, const float *weight, const float *w, int N, int C,
+                        int F, int E, int K);
+    // dx(N,C) and dweight(N,K) (the gradient of each routing weight, for the router) are
+    // overwritten; dw (E*3*F*C, the layout of w) accumulates. scratch is the backward's
+    // workspace.
+    void (*moe_backward)(float *dx, float *dweight, float *dw, float *scratch, const float *dout,
+                         const float *state, const float *x, const int32_t *expert,
+                         const float *weight, const float *w, int N, int C, int F, int E, int K);
+
     // losses(N) = -log softmax(logits(N,V))[target]; 0 where target == -100.
     void (*cross_entropy_forward)(float *losses, const float *logits, const int32_t *targets, int N,
                                   int V);
@@ -71,5 +92,10 @@ typedef struct ct_ops {
                                    float scale, int N, int V);
 } ct_ops;
 
-// The built-in CPU table (BLAS for matmuls, OpenMP for the rest).
+// The built-in CPU table (BLAS for matmuls, OpenMP for the rest), with the grouped MoE kernel.
 extern const ct_ops ct_ops_cpu;
+
+// model.moe_impl: "grouped" (the default: slots sorted by expert, one fused gate/up GEMM per
+// expert) or "loop" (the reference: one GEMM per expert and projection). Copies `base` into *out
+// with that expert kernel; returns -1 for an unknown name.
+int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);

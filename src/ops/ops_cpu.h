@@ -45,6 +45,26 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t 
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, int64_t n);
 
+// Mixture-of-experts experts (moe_experts.c): "loop" is the per-expert reference, "grouped"
+// (the table's) sorts slots by expert and fuses gate|up into one GEMM per expert.
+size_t cpu_moe_loop_state_floats(int N, int C, int F, int E, int K);
+size_t cpu_moe_loop_scratch_floats(int N, int C, int F, int E, int K);
+void cpu_moe_loop_forward(float *out, float *state, float *scratch, const float *x,
+                          const int32_t *expert, const float *weight, const float *w, int N, int C,
+                          int F, int E, int K);
+void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch, const float *dout,
+                           const float *state, const float *x, const int32_t *expert,
+                           const float *weight, const float *w, int N, int C, int F, int E, int K);
+size_t cpu_moe_grouped_state_floats(int N, int C, int F, int E, int K);
+size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K);
+void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,
+                             const int32_t *expert, const float *weight, const float *w, int N,
+                             int C, int F, int E, int K);
+void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
+                              const float *dout, const float *state, const float *x,
+                              const int32_t *expert, const float *weight, const float *w, int N,
+                              int C, int F, int E, int K);
+
 void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V);
 void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,

@@ -6,6 +6,7 @@ DIR/golden/        byte-exactness fixtures for the C safetensors writer:
                    single_{f32,bf16,f16}/model.safetensors, sharded_{f32,bf16}/ (max 100 bytes)
 DIR/index.json     {"variants": [names]}
 DIR/train/         training references (tests/ref/train_ref.py)
+DIR/topk_ties.json torch.topk's choices among tied router scores (tests/ref/topk_ties.py)
 DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or sharded)
 DIR/<variant>/tokens.npy        the token stream (dtype varies across variants)
 DIR/<variant>/expected.safetensors  F32: "logits" (B,T,V) and the gradient of every parameter
@@ -35,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_ref  # noqa: E402
 import safetensors_ref  # noqa: E402
 import train_ref  # noqa: E402
+import topk_ties  # noqa: E402
 
 # Each variant: architecture, storage and batch. Together they cover head_dim != C/NH, GQA ratios
 # 1/2/3, tied and untied heads, attention bias on and off, F32 and BF16 weights, single files and
@@ -238,6 +240,7 @@ def main():
         json.dump({"variants": names}, f, indent=2)
         f.write("\n")
     train_ref.write_all(args.out, args.quiet)  # DIR/train/: training parity, AdamW, schedules
+    topk_ties.write(args.out)  # DIR/topk_ties.json: torch.topk on tied router scores
     return 0
 
 

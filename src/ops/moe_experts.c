@@ -1,0 +1,398 @@
+// Mixture-of-experts SwiGLU experts (ct_ops moe_*): two implementations with one result order.
+//
+// Both follow HF's Qwen3MoeSparseMoeBlock: out[t] = 0.0f, then for each of t's experts in
+// ascending id order out[t] += (weight * y_e) with the product rounded to fp32 first. The
+// backward sums dx[t] in the same order. So the two differ only by how BLAS rounds differently
+// shaped GEMMs.
+//
+//   loop     the reference, HF's eager per-expert loop: for each expert its tokens (ascending),
+//            separate gate / up / down GEMMs, then added into out. Experts run one after
+//            another, BLAS threads inside each GEMM.
+//   grouped  the default: token slots sorted by expert once (a stable counting sort), all x rows
+//            gathered in that order, one fused GEMM per expert against the contiguous (2F,C)
+//            gate|up block, SwiGLU, one down GEMM, then a per-token combine. Small experts run
+//            concurrently, one OpenMP thread and one single-threaded GEMM each; an expert too
+//            big for that to balance runs alone with BLAS threads.
+//
+// Determinism: each expert's rows go through one GEMM call of a shape fixed by the routing,
+// whichever thread runs it, and every expert's mode (concurrent or alone) depends on the
+// routing and the BLAS thread count only. OpenBLAS rounds differently with a different number of
+// its own threads, so results are bitwise reproducible for a fixed BLAS thread count and do not
+// depend on the OpenMP thread count.
+//
+// The per-layer state holds only what the backward needs (the plan and the gate/up outputs);
+// the forward's workspace is the shared scratch, and the backward re-gathers x.
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops/ops_cpu.h"
+
+// An expert runs alone with BLAS threads when it holds more than 1/nthreads of all slots (a
+// concurrent schedule cannot balance it: with many cores one thread would carry the layer) and
+// has at least this many multiply-adds per forward (3*F*C per row). Measured on the 2-core
+// development machine, single GEMMs of the fused gate|up shape: 2 BLAS threads give 1.2x at
+// ~2M multiply-adds, 1.4x from ~6M, 1.6-1.9x from ~75M.
+#define MOE_ALONE_MIN_MACS ((int64_t)1 << 23)
+
+// ---- the routing plan: slots sorted by expert -----------------------------------------------
+// Stored at the start of `state` as int32 (same size as float): off[E+1] (expert e owns sorted
+// rows [off[e], off[e+1])), perm[S] (sorted row -> slot n*K+k, tokens ascending within each
+// expert), tpos[S] (token t's K sorted rows, ascending, i.e. in ascending expert order), and
+// order[E] (experts by decreasing row count: only the schedule depends on it).
+
+typedef struct moe_plan {
+    int32_t *off, *perm, *tpos, *order;
+} moe_plan;
+
+static size_t align16(size_t n) {
+    return (n + 15) / 16 * 16;
+}
+
+static size_t plan_floats(int N, int E, int K) {
+    const size_t S = (size_t)N * K;
+    return align16((size_t)E + 1) + 2 * align16(S) + align16((size_t)E);
+}
+
+static moe_plan plan_at(const float *state, int N, int E, int K) {
+    const size_t S = (size_t)N * K;
+    int32_t *base = (int32_t *)state;
+    moe_plan p;
+    p.off = base;
+    p.perm = p.off + align16((size_t)E + 1);
+    p.tpos = p.perm + align16(S);
+    p.order = p.tpos + align16(S);
+    return p;
+}
+
+static void plan_build(moe_plan p, const int32_t *expert, int N, int E, int K) {
+    const int S = N * K;
+    memset(p.off, 0, ((size_t)E + 1) * sizeof *p.off);
+    for (int s = 0; s < S; s++) p.off[expert[s] + 1]++;
+    for (int e = 0; e < E; e++) p.off[e + 1] += p.off[e];
+    // off[e] serves as e's cursor, ending at e's end = (e+1)'s start; shifted back below.
+    for (int s = 0; s < S; s++) p.perm[p.off[expert[s]]++] = s;
+    for (int e = E; e > 0; e--) p.off[e] = p.off[e - 1];
+    p.off[0] = 0;
+    for (int r = 0; r < S; r++) p.tpos[p.perm[r]] = r;
+    // A token's experts are distinct, so sorting its rows sorts its experts.
+    for (int t = 0; t < N; t++) {
+        int32_t *q = p.tpos + (size_t)t * K;
+        for (int i = 1; i < K; i++) {
+            const int32_t v = q[i];
+            int j = i;
+            for (; j > 0 && q[j - 1] > v; j--) q[j] = q[j - 1];
+            q[j] = v;
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        const int n = p.off[e + 1] - p.off[e];
+        int j = e;
+        for (; j > 0 && p.off[p.order[j - 1] + 1] - p.off[p.order[j - 1]] < n; j--)
+            p.order[j] = p.order[j - 1];
+        p.order[j] = e;
+    }
+}
+
+// ---- shared pieces --------------------------------------------------------------------------
+// The SwiGLU expressions are cpu_swiglu_forward/backward's, so h and its gradients round alike
+// in both implementations.
+
+static inline float swiglu(float g, float u) {
+    return (g / (1.0f + expf(-g))) * u;
+}
+
+static inline void swiglu_grad(float *dg, float *du, float d, float g, float u) {
+    const float s = 1.0f / (1.0f + expf(-g));
+    *dg = d * u * (s * (1.0f + g * (1.0f - s)));
+    *du = d * (g / (1.0f + expf(-g)));
+}
+
+static double dot_d(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// dst row r = src row of sorted row r's token, for sorted rows [r0, r1).
+static void gather_rows(float *dst, const float *src, const int32_t *perm, int r0, int r1, int K,
+                        int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * C >= CPU_PAR_MIN)
+    for (int r = r0; r < r1; r++)
+        memcpy(dst + (size_t)(r - r0) * C, src + (size_t)(perm[r] / K) * C, (size_t)C * 4);
+}
+
+// out[t] = sum over t's sorted rows (ascending expert), starting from 0.0f, of scale * rows[r],
+// scale = weight[slot] or 1 when weight is NULL.
+static void combine_rows(float *out, const float *rows, const float *weight, moe_plan p, int N,
+                         int C, int K) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * K * C >= CPU_PAR_MIN)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * C;
+        for (int c = 0; c < C; c++) o[c] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            const int r = p.tpos[(size_t)t * K + j];
+            const float *y = rows + (size_t)r * C;
+            if (weight) {
+                const float wt = weight[p.perm[r]];
+                for (int c = 0; c < C; c++) {
+                    const float term = wt * y[c];
+                    o[c] += term;
+                }
+            } else {
+                for (int c = 0; c < C; c++) o[c] += y[c];
+            }
+        }
+    }
+}
+
+// ---- loop (reference) -----------------------------------------------------------------------
+// state: plan | gate (S,F) | up (S,F) in sorted-row order. scratch: forward x_e, y_e (N,C) |
+// h_e (N,F); backward dout_e, x_e, dx_e (N,C) | u_e, h_e, dgate_e, dup_e (N,F).
+
+size_t cpu_moe_loop_state_floats(int N, int C, int F, int E, int K) {
+    (void)C;
+    return plan_floats(N, E, K) + 2 * align16((size_t)N * K * F);
+}
+
+size_t cpu_moe_loop_scratch_floats(int N, int C, int F, int E, int K) {
+    (void)E, (void)K;
+    return 3 * align16((size_t)N * C) + 4 * align16((size_t)N * F);
+}
+
+void cpu_moe_loop_forward(float *out, float *state, float *scratch, const float *x,
+                          const int32_t *expert, const float *weight, const float *w, int N, int C,
+                          int F, int E, int K) {
+    const size_t S = (size_t)N * K;
+    moe_plan p = plan_at(state, N, E, K);
+    plan_build(p, expert, N, E, K);
+    float *gate = state + plan_floats(N, E, K), *up = gate + align16(S * F);
+    float *xe = scratch, *ye = xe + align16((size_t)N * C), *he = ye + align16((size_t)N * C);
+    memset(out, 0, (size_t)N * C * sizeof *out);
+    for (int e = 0; e < E; e++) {
+        const int r0 = p.off[e], n = p.off[e + 1] - r0;
+        if (n == 0) continue;
+        const float *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
+        const float *wd = wu + (size_t)F * C;
+        float *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
+        gather_rows(xe, x, p.perm, r0, r0 + n, K, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, F, C, 1.0f, xe, C, wg, C, 0.0f, ge,
+                    F);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, F, C, 1.0f, xe, C, wu, C, 0.0f, ue,
+                    F);
+        cpu_swiglu_forward(he, ge, ue, (int64_t)n * F);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, F, 1.0f, he, F, wd, F, 0.0f, ye,
+                    C);
+        // Experts in ascending order: each token's terms land in ascending expert order.
+#pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++) {
+            const int slot = p.perm[r0 + i];
+            const float wt = weight[slot];
+            float *o = out + (size_t)(slot / K) * C;
+            const float *y = ye + (size_t)i * C;
+            for (int c = 0; c < C; c++) {
+                const float term = wt * y[c];
+                o[c] += term;
+            }
+        }
+    }
+}
+
+void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch, const float *dout,
+                           const float *state, const float *x, const int32_t *expert,
+                           const float *weight, const float *w, int N, int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    const size_t S = (size_t)N * K, NC = align16((size_t)N * C), NF = align16((size_t)N * F);
+    const moe_plan p = plan_at(state, N, E, K);
+    const float *gate = state + plan_floats(N, E, K), *up = gate + align16(S * F);
+    float *de = scratch, *xe = de + NC, *dxe = xe + NC;
+    float *ue = dxe + NC, *he = ue + NF, *dge = he + NF, *due = dge + NF;
+    memset(dx, 0, (size_t)N * C * sizeof *dx);
+    for (int e = 0; e < E; e++) {
+        const int r0 = p.off[e], n = p.off[e + 1] - r0;
+        if (n == 0) continue;
+        const float *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
+        const float *wd = wu + (size_t)F * C;
+        float *dwg = dw + (size_t)e * 3 * F * C, *dwu = dwg + (size_t)F * C;
+        float *dwd = dwu + (size_t)F * C;
+        const float *ge = gate + (size_t)r0 * F, *upe = up + (size_t)r0 * F;
+        gather_rows(de, dout, p.perm, r0, r0 + n, K, C);
+        gather_rows(xe, x, p.perm, r0, r0 + n, K, C);
+        // U (n,F) = dout_e @ W_down: the gradient of h before the routing weight scales it.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, F, C, 1.0f, de, C, wd, F, 0.0f,
+                    ue, F);
+        cpu_swiglu_forward(he, ge, upe, (int64_t)n * F);
+#pragma omp parallel for schedule(static) if ((int64_t)n * (F + C) >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++) {
+            const int slot = p.perm[r0 + i];
+            const float wt = weight[slot];
+            float *u = ue + (size_t)i * F, *d = de + (size_t)i * C;
+            dweight[slot] = (float)dot_d(u, he + (size_t)i * F, F);
+            for (int f = 0; f < F; f++) u[f] = wt * u[f]; // dh
+            for (int c = 0; c < C; c++) d[c] = wt * d[c]; // the gradient of y_e
+        }
+        cpu_swiglu_backward(dge, due, ue, ge, upe, (int64_t)n * F);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, he, F, 1.0f, dwd,
+                    F);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, dge, F, xe, C, 1.0f,
+                    dwg, C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, due, F, xe, C, 1.0f,
+                    dwu, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, F, 1.0f, dge, F, wg, C, 0.0f,
+                    dxe, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, F, 1.0f, due, F, wu, C, 1.0f,
+                    dxe, C);
+#pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++) {
+            float *o = dx + (size_t)(p.perm[r0 + i] / K) * C;
+            const float *g = dxe + (size_t)i * C;
+            for (int c = 0; c < C; c++) o[c] += g[c];
+        }
+    }
+}
+
+// ---- grouped (default) ----------------------------------------------------------------------
+// state: plan | gu (S,2F): each sorted row's gate outputs then up outputs, as the fused GEMM
+// writes them. scratch, forward: xy (S,C): gathered x, then overwritten expert by expert with
+// y | h (S,F); backward: a (S,C): gathered dout, scaled by the weight, then dx rows | b (S,C):
+// gathered x | h (S,F) | dgu (S,2F): U in the gate half, then dgate | dup.
+
+typedef struct grouped_args {
+    moe_plan p;
+    const float *x, *weight, *w, *dout;
+    float *gu, *xy, *h;                     // forward
+    float *a, *b, *hb, *dgu, *dweight, *dw; // backward
+    const float *gus;                       // backward: the forward's gu
+    int C, F;
+} grouped_args;
+
+typedef void (*expert_task)(const grouped_args *g, int e, int par);
+
+static void grouped_forward_expert(const grouped_args *g, int e, int par) {
+    const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
+    const float *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
+    float *gu = g->gu + (size_t)r0 * 2 * F, *xy = g->xy + (size_t)r0 * C;
+    float *h = g->h + (size_t)r0 * F;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, 2 * F, C, 1.0f, xy, C, wgu, C, 0.0f, gu,
+                2 * F);
+#pragma omp parallel for schedule(static) if (par && (int64_t)n * F >= CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
+        float *hi = h + (size_t)i * F;
+        for (int f = 0; f < F; f++) hi[f] = swiglu(gi[f], ui[f]);
+    }
+    // y overwrites the expert's gathered x, which the down GEMM no longer needs.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, F, 1.0f, h, F, wd, F, 0.0f, xy, C);
+}
+
+static void grouped_backward_expert(const grouped_args *g, int e, int par) {
+    const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
+    const float *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
+    float *dwgu = g->dw + (size_t)e * 3 * F * C, *dwd = dwgu + (size_t)2 * F * C;
+    const float *gu = g->gus + (size_t)r0 * 2 * F, *xe = g->b + (size_t)r0 * C;
+    float *de = g->a + (size_t)r0 * C, *h = g->hb + (size_t)r0 * F;
+    float *dgu = g->dgu + (size_t)r0 * 2 * F;
+    // U (n,F) = dout_e @ W_down into the gate half of dgu.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, F, C, 1.0f, de, C, wd, F, 0.0f, dgu,
+                2 * F);
+#pragma omp parallel for schedule(static) if (par && (int64_t)n * (F + C) >= CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const int slot = g->p.perm[r0 + i];
+        const float wt = g->weight[slot];
+        const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
+        float *hi = h + (size_t)i * F, *dgi = dgu + (size_t)i * 2 * F, *d = de + (size_t)i * C;
+        for (int f = 0; f < F; f++) hi[f] = swiglu(gi[f], ui[f]);
+        g->dweight[slot] = (float)dot_d(dgi, hi, F);
+        for (int f = 0; f < F; f++) {
+            const float dh = wt * dgi[f];
+            swiglu_grad(&dgi[f], &dgi[F + f], dh, gi[f], ui[f]);
+        }
+        for (int c = 0; c < C; c++) d[c] = wt * d[c]; // the gradient of y_e
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, h, F, 1.0f, dwd, F);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * F, C, n, 1.0f, dgu, 2 * F, xe, C, 1.0f,
+                dwgu, C);
+    // dx_e (n,C) = dgu @ W_gate|up, into the dout rows (consumed by dW_down above).
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, 2 * F, 1.0f, dgu, 2 * F, wgu, C,
+                0.0f, de, C);
+}
+
+// Runs task(e) for every expert with rows: the big ones one after another with BLAS threads
+// (and OpenMP inside their elementwise loops), the rest concurrently with single-threaded BLAS.
+static void grouped_run(const grouped_args *g, expert_task task, int E, int S) {
+    const moe_plan p = g->p;
+    const int blas_threads = openblas_get_num_threads();
+    const int64_t row_macs = (int64_t)3 * g->F * g->C;
+    // order is by decreasing size and "alone" only grows with size: the experts that run alone
+    // come first, then the concurrent ones, then those without rows.
+    int j = 0;
+    for (; j < E; j++) {
+        const int64_t n = p.off[p.order[j] + 1] - p.off[p.order[j]];
+        if (!(blas_threads > 1 && n * blas_threads > S && n * row_macs >= MOE_ALONE_MIN_MACS))
+            break;
+        task(g, p.order[j], 1);
+    }
+    const int first = j;
+    int64_t small_macs = 0;
+    for (; j < E && p.off[p.order[j] + 1] > p.off[p.order[j]]; j++)
+        small_macs += (p.off[p.order[j] + 1] - p.off[p.order[j]]) * row_macs;
+    const int end = j;
+    if (end == first) return;
+    openblas_set_num_threads(1);
+    // Largest first: the dynamic schedule then approximates longest-processing-time-first.
+#pragma omp parallel for schedule(dynamic, 1) if (end - first > 1 && small_macs >= CPU_PAR_MIN)
+    for (int i = first; i < end; i++) task(g, p.order[i], 0);
+    openblas_set_num_threads(blas_threads);
+}
+
+size_t cpu_moe_grouped_state_floats(int N, int C, int F, int E, int K) {
+    (void)C;
+    return plan_floats(N, E, K) + align16((size_t)N * K * 2 * F);
+}
+
+size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K) {
+    (void)E;
+    const size_t S = (size_t)N * K;
+    return 2 * align16(S * C) + align16(S * F) + align16(S * 2 * F);
+}
+
+void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,
+                             const int32_t *expert, const float *weight, const float *w, int N,
+                             int C, int F, int E, int K) {
+    const size_t S = (size_t)N * K;
+    grouped_args g = {
+        .p = plan_at(state, N, E, K), .x = x, .weight = weight, .w = w, .C = C, .F = F};
+    plan_build(g.p, expert, N, E, K);
+    g.gu = state + plan_floats(N, E, K);
+    g.xy = scratch;
+    g.h = g.xy + align16(S * C);
+    gather_rows(g.xy, x, g.p.perm, 0, (int)S, K, C);
+    grouped_run(&g, grouped_forward_expert, E, (int)S);
+    combine_rows(out, g.xy, weight, g.p, N, C, K);
+}
+
+void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
+                              const float *dout, const float *state, const float *x,
+                              const int32_t *expert, const float *weight, const float *w, int N,
+                              int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    const size_t S = (size_t)N * K;
+    grouped_args g = {.p = plan_at(state, N, E, K),
+                      .x = x,
+                      .weight = weight,
+                      .w = w,
+                      .dout = dout,
+                      .dweight = dweight,
+                      .dw = dw,
+                      .C = C,
+                      .F = F};
+    g.gus = state + plan_floats(N, E, K);
+    g.a = scratch;
+    g.b = g.a + align16(S * C);
+    g.hb = g.b + align16(S * C);
+    g.dgu = g.hb + align16(S * F);
+    gather_rows(g.a, dout, g.p.perm, 0, (int)S, K, C);
+    gather_rows(g.b, x, g.p.perm, 0, (int)S, K, C);
+    grouped_run(&g, grouped_backward_expert, E, (int)S);
+    combine_rows(dx, g.a, NULL, g.p, N, C, K);
+}
