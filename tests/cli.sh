@@ -50,16 +50,36 @@ for dir in "$CTITAN_REF_DIR"/*/; do
   want_loss=$(meta "$dir/meta.json" loss); want_norm=$(meta "$dir/meta.json" grad_norm)
   out=$("$ct" verify --model.hf_path "$dir/hf" --training.dataset_path "$dir/tokens.npy" \
         --training.seq_len "$T" --training.local_batch_size "$B" --json 2>&1)
-  if "$CTITAN_PYTHON" - "$want_loss" "$want_norm" "$(tail -n 1 <<<"$out")" <<'PY'
+  # MoE folders: HF's loss (ce + coef * aux when output_router_logits), and ce and aux apart.
+  if "$CTITAN_PYTHON" - "$want_loss" "$want_norm" "$(tail -n 1 <<<"$out")" "$dir/meta.json" \
+     "$out" <<'PY'
 import json, sys
-r = json.loads(sys.argv[3])
+r, meta = json.loads(sys.argv[3]), json.load(open(sys.argv[4]))
 loss, norm = float(sys.argv[1]), float(sys.argv[2])
 ok = abs(r["loss"] - loss) <= 1e-5 * abs(loss) and abs(r["grad_norm"] - norm) <= 1e-4 * norm
 ok = ok and r["missing"] == [] and r["unexpected"] == [] and r["num_params"] > 0
+if meta.get("moe"):
+    ok = ok and abs(r["ce"] - meta["ce"]) <= 1e-5 * meta["ce"]
+    ok = ok and abs(r["aux"] - meta["aux"]) <= 1e-5 * meta["aux"]
+    ok = ok and "\nce: " in sys.argv[5] and "\naux: " in sys.argv[5]
+else:
+    ok = ok and "ce" not in r and "aux" not in r
 sys.exit(0 if ok else 1)
 PY
   then ok; else bad "verify $name: want loss $want_loss grad_norm $want_norm, got: $out"; fi
 done
+
+# The reference expert kernel gives the same loss through verify; a bad kernel name is refused.
+moe=$CTITAN_REF_DIR/moe_ties_zero_router_k2 # no ignored targets: verify has no mask
+out=$("$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+  --training.seq_len "$(meta "$moe/meta.json" T)" --training.local_batch_size \
+  "$(meta "$moe/meta.json" B)" --model.moe_impl loop --json 2>&1)
+"$CTITAN_PYTHON" -c 'import json, sys; r = json.loads(sys.argv[1]); m = json.load(open(sys.argv[2]))
+sys.exit(0 if abs(r["loss"] - m["loss"]) <= 1e-5 * m["loss"] else 1)' "$(tail -n 1 <<<"$out")" \
+  "$moe/meta.json" && grep -q "expert kernel loop" <<<"$out" && ok || bad "verify_moe_loop: $out"
+expect_err verify_bad_moe_impl 'moe_impl "fast": expected "grouped" or "loop"' \
+  "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+  --model.moe_impl fast
 
 # --- inspect
 v=$CTITAN_REF_DIR/gqa2_hd16_tied_bias_bf16_sharded/hf
@@ -113,6 +133,23 @@ s.write_folder(d, list(t.items()), "F32", 0)
 PY
 expect_err wrong_shape 'model.norm.weight.*expected.*found' run_verify "$d"
 
+# A MoE folder without one expert's tensor, or with top-k above the expert count.
+d=$tmp/moe_missing; rm -rf "$d"; cp -r "$moe/hf" "$d"
+"$CTITAN_PYTHON" - "$d" <<'PY'
+import sys
+sys.path.insert(0, __import__("os").environ["CTITAN_SOURCE_DIR"] + "/tests/ref")
+import safetensors_ref as s
+d = sys.argv[1]; t = s.load_folder(d)
+del t["model.layers.1.mlp.experts.3.down_proj.weight"]
+s.write_folder(d, list(t.items()), "F32", 0)
+PY
+expect_err moe_missing_expert 'missing: model.layers.1.mlp.experts.3.down_proj.weight' \
+  run_verify "$d" "$moe/tokens.npy" 4
+d=$tmp/moe_topk; rm -rf "$d"; cp -r "$moe/hf" "$d"
+sed -i 's/"num_experts_per_tok": [0-9]*/"num_experts_per_tok": 9/' "$d/config.json"
+expect_err moe_topk_over_experts 'moe_topk/config.json: key "num_experts_per_tok"' \
+  run_verify "$d" "$moe/tokens.npy" 4
+
 d=$(copy_model bad_config); echo '{"vocab_size": 128,' >"$d/config.json"
 expect_err malformed_config 'bad_config/config.json' run_verify "$d"
 
@@ -123,6 +160,14 @@ c = json.load(open(sys.argv[1])); c.update(hidden_size=65536, intermediate_size=
 json.dump(c, open(sys.argv[1], "w"))
 PY
 expect_err memory_will_not_fit 'needs [0-9.]+ GiB.*available' run_verify "$d"
+# The full Qwen3-30B-A3B is refused before any work, with the estimate; MoE overrides need a MoE
+# flavor.
+expect_err moe_full_model 'needs about [0-9.]+ GiB per node .*params [0-9.]+, grads' \
+  "$ct" train --config "$CTITAN_SOURCE_DIR/configs/qwen3_30b_a3b_4layer.toml" \
+  --model.n_layers 48 --model.num_experts 128 --job.dump_folder "$tmp/moe_full"
+expect_err moe_override_dense 'override a MoE flavor; "debugmodel" is dense' \
+  "$ct" train --model.flavor debugmodel --model.num_experts 4 --job.dump_folder "$tmp/moe_dense" \
+  --training.dataset_path "$tmp/none.npy"
 
 expect_err seq_over_max_pos 'training.seq_len 100 exceeds max_position_embeddings 64' \
   run_verify "$good/hf" "$good/tokens.npy" 100

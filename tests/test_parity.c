@@ -1,6 +1,8 @@
 // Loss parity with PyTorch, the merge gate: for every reference variant (tests/ref/make_ref.py),
 // load the HF folder, run one forward and backward on the same tokens, and compare logits,
-// loss and every parameter gradient with the fp32 PyTorch reference.
+// loss and every parameter gradient with the fp32 PyTorch reference. MoE variants run with both
+// expert kernels (grouped and loop) and also compare the cross-entropy, the aux loss and every
+// sparse layer's expert load (the router's discrete choices must be HF's exactly).
 //
 // Tolerances: the reference in fp32 sits ~1e-6 (logits, abs) and ~1e-6..2e-5 (gradients, rel
 // L2) from an fp64 run of the same model (meta.json "fp32_vs_f64"); two fp32 implementations
@@ -26,6 +28,9 @@ typedef struct variant_meta {
     cJSON *root; // owns the lists below
     const cJSON *ignore, *params;
     char weights_dtype[8];
+    bool moe;
+    double ce, aux;        // MoE: the loss's parts
+    const cJSON *moe_load; // MoE: per sparse layer, tokens per expert
 } variant_meta;
 
 static int meta_load(variant_meta *vm, const char *path, ct_error *err) {
@@ -44,6 +49,14 @@ static int meta_load(variant_meta *vm, const char *path, ct_error *err) {
     vm->params = cJSON_GetObjectItemCaseSensitive(vm->root, "params");
     if (!cJSON_IsArray(vm->ignore) || !cJSON_IsArray(vm->params))
         return ct_fail(err, "%s: ignore_positions and params must be arrays", path);
+    if (json_get_bool(&vm->moe, vm->root, "moe", false, path, err) != 0) return -1;
+    if (!vm->moe) return 0;
+    vm->moe_load = cJSON_GetObjectItemCaseSensitive(vm->root, "moe_load");
+    if (json_get_double(&vm->ce, vm->root, "ce", true, path, err) ||
+        json_get_double(&vm->aux, vm->root, "aux", true, path, err))
+        return -1;
+    if (!cJSON_IsArray(vm->moe_load))
+        return ct_fail(err, "%s: moe_load must be an array of per-layer counts", path);
     return 0;
 }
 
@@ -74,6 +87,13 @@ static int make_batch(int32_t *inputs, int32_t *targets, const char *npy_path,
     }
     free(stream);
     return rc;
+}
+
+// Tensors the reference has gradients for: every parameter but buffers (the expert bias).
+static int trained_tensors(const qwen3_model *m) {
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) n += !m->params[i].buffer;
+    return n;
 }
 
 // Compares the model's gradients with expected.safetensors, tensor by tensor.
@@ -107,10 +127,33 @@ static void compare_grads(double *worst, char *worst_name, size_t cap, const qwe
         }
     }
     free(buf);
-    CHECK(n == m->n_params, "%s: reference has %d parameters, model %d", variant, n, m->n_params);
+    CHECK(n == trained_tensors(m), "%s: reference has %d parameters, model %d", variant, n,
+          trained_tensors(m));
 }
 
-static void run_variant(const char *ref, const char *variant) {
+// Loads per sparse layer and expert must equal the reference's counts exactly.
+static void compare_moe_load(const qwen3_model *m, const variant_meta *vm, const char *variant) {
+    const int E = m->cfg.num_experts;
+    CHECK(cJSON_GetArraySize(vm->moe_load) == m->n_sparse, "%s: %d sparse layers, reference %d",
+          variant, m->n_sparse, cJSON_GetArraySize(vm->moe_load));
+    int s = 0, bad = 0;
+    const cJSON *layer, *count;
+    cJSON_ArrayForEach(layer, vm->moe_load) {
+        int e = 0;
+        cJSON_ArrayForEach(count, layer) {
+            if (s < m->n_sparse && e < E && m->moe_load[(size_t)s * E + e] != count->valuedouble)
+                bad++;
+            e++;
+        }
+        CHECK(e == E, "%s: sparse layer %d: %d experts in the reference, model %d", variant, s, e,
+              E);
+        s++;
+    }
+    CHECK(bad == 0, "%s: %d (layer, expert) loads differ from the reference's routing", variant,
+          bad);
+}
+
+static void run_variant(const char *ref, const char *variant, const char *moe_impl) {
     char path[4096], hf[4096];
     ct_error err;
     variant_meta vm;
@@ -123,17 +166,21 @@ static void run_variant(const char *ref, const char *variant) {
     }
     qwen3_model m;
     hf_load_report rep;
+    ct_ops ops;
+    CHECK(ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) == 0, "moe_impl %s", moe_impl);
     snprintf(hf, sizeof hf, "%s/%s/hf", ref, variant);
-    rc = hf_load_folder(&m, &rep, hf, NULL, &err);
+    rc = hf_load_folder(&m, &rep, hf, &ops, &err);
     CHECK(rc == 0, "%s: %s", variant, err.msg);
     if (rc != 0) {
         hf_report_free(&rep);
         cJSON_Delete(vm.root);
         return;
     }
-    CHECK(rep.n_missing == 0 && rep.n_unexpected == 0 && rep.n_loaded == m.n_params,
-          "%s: loaded %d of %d, missing %d, unexpected %d", variant, rep.n_loaded, m.n_params,
-          rep.n_missing, rep.n_unexpected);
+    CHECK(rep.n_missing == 0 && rep.n_unexpected == 0 && rep.n_loaded == trained_tensors(&m),
+          "%s: loaded %d of %d, missing %d, unexpected %d", variant, rep.n_loaded,
+          trained_tensors(&m), rep.n_missing, rep.n_unexpected);
+    CHECK(vm.moe == (m.n_sparse > 0), "%s: reference says moe %d, model has %d sparse layers",
+          variant, vm.moe, m.n_sparse);
     CHECK(strcmp(dtype_name(rep.source_dtype), vm.weights_dtype) == 0 && !rep.mixed_dtypes,
           "%s: source dtype %s, expected %s", variant, dtype_name(rep.source_dtype),
           vm.weights_dtype);
@@ -159,7 +206,22 @@ static void run_variant(const char *ref, const char *variant) {
         memcpy(logits_nt, m.logits, N * V * sizeof *logits_nt);
         int64_t n_valid = 0;
         double sum = qwen3_forward(&m, inputs, targets, &n_valid);
-        double loss = n_valid ? sum / (double)n_valid : NAN;
+        double ce = n_valid ? sum / (double)n_valid : NAN, loss = ce, aux = 0;
+        if (vm.moe) {
+            // HF's loss: ce + router_aux_loss_coef * aux when output_router_logits.
+            aux = qwen3_moe_aux(&m, m.moe_load, m.moe_prob, (double)N);
+            if (m.cfg.output_router_logits) {
+                loss += m.cfg.router_aux_loss_coef * aux;
+                qwen3_moe_aux_grad(&m, m.moe_load, (double)N, (float)m.cfg.router_aux_loss_coef);
+            }
+            double ce_rel = fabs(ce - vm.ce) / fabs(vm.ce);
+            double aux_rel = fabs(aux - vm.aux) / fabs(vm.aux);
+            CHECK(ce_rel <= LOSS_REL, "%s/%s: ce %.8f vs %.8f (rel %.3e)", variant, moe_impl, ce,
+                  vm.ce, ce_rel);
+            CHECK(aux_rel <= LOSS_REL, "%s/%s: aux %.8f vs %.8f (rel %.3e)", variant, moe_impl, aux,
+                  vm.aux, aux_rel);
+            compare_moe_load(&m, &vm, variant);
+        }
         float *want = malloc(N * V * sizeof *want);
         st_tensor_to_f32(want, lt, &err);
         double lmax = check_max_abs(m.logits, want, N * V);
@@ -179,8 +241,10 @@ static void run_variant(const char *ref, const char *variant) {
         double gworst = 0;
         char gname[128] = "";
         compare_grads(&gworst, gname, sizeof gname, &m, &exp, &vm, variant);
-        printf("%-34s %-4s logits max abs %.2e  loss %.6f rel %.2e  grads max rel L2 %.2e (%s)\n",
-               variant, vm.weights_dtype, lmax, loss, loss_rel, gworst, gname);
+        printf("%-34s %-4s %-7s logits max abs %.2e  loss %.6f rel %.2e  grads max rel L2 %.2e "
+               "(%s)\n",
+               variant, vm.weights_dtype, vm.moe ? moe_impl : "", lmax, loss, loss_rel, gworst,
+               gname);
     }
     st_close(&exp);
     free(inputs);
@@ -207,7 +271,13 @@ int main(void) {
         cJSON_ArrayForEach(it, vs) {
             const char *name = cJSON_GetStringValue(it);
             CHECK(name != NULL, "%s: variant name is not a string", path);
-            if (name) run_variant(ref, name);
+            if (!name) continue;
+            run_variant(ref, name, "grouped");
+            // A MoE variant also runs the reference expert kernel.
+            snprintf(path, sizeof path, "%s/%s/hf/config.json", ref, name);
+            qwen3_config cfg;
+            if (qwen3_config_load(&cfg, path, &err) == 0 && cfg.num_experts > 0)
+                run_variant(ref, name, "loop");
         }
     }
     cJSON_Delete(index);

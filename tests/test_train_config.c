@@ -1,6 +1,6 @@
 // The training config: defaults, TOML + command-line precedence, every error class (naming
 // FILE:LINE or the option, and the key, with suggestions), cross-key checks, the write -> load
-// round trip, the hash, and every shipped configs/*.toml.
+// round trip, the hash, the MoE keys, and every shipped configs/*.toml.
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -491,6 +491,112 @@ static void test_hash(void) {
     CHECK(config_hash(&b) != h, "dataset counts");
 }
 
+// The MoE keys of [model]: defaults, values, each one's errors, and which count in the hash.
+static void test_moe_keys(void) {
+    ct_config c;
+    ct_error err = {{0}};
+    config_defaults(&c);
+    const ct_config_model *m = &c.model;
+    CHECK(m->num_experts == 0 && m->num_experts_per_tok == 0 && m->moe_intermediate_size == 0 &&
+              strcmp(m->moe_impl, "grouped") == 0 && strcmp(m->load_balance, "hf") == 0 &&
+              m->load_balance_coeff == 1e-3 && m->router_aux_loss_coef == -1 &&
+              m->output_router_logits == -1,
+          "MoE defaults");
+    const char *p = write_file("moe.toml", "[training]\ndataset_path = 'd'\n"
+                                           "[model]\nflavor = 'debugmodel_moe'\n"
+                                           "num_experts = 4\nnum_experts_per_tok = 1\n"
+                                           "moe_intermediate_size = 32\nmoe_impl = 'loop'\n"
+                                           "load_balance = 'aux_free'\n"
+                                           "load_balance_coeff = 0.01\n"
+                                           "router_aux_loss_coef = 0\n"
+                                           "output_router_logits = false\n");
+    CHECK(load(&c, p, &err, NULL) == 0, "moe.toml: %s", err.msg);
+    CHECK(m->num_experts == 4 && m->num_experts_per_tok == 1 && m->moe_intermediate_size == 32 &&
+              strcmp(m->moe_impl, "loop") == 0 && strcmp(m->load_balance, "aux_free") == 0 &&
+              m->load_balance_coeff == 0.01 && m->router_aux_loss_coef == 0 &&
+              m->output_router_logits == 0,
+          "MoE values from the file");
+    CHECK(load(&c, p, &err, "--model.output_router_logits", "--model.load_balance=none",
+               "--model.router_aux_loss_coef=-1", NULL) == 0 &&
+              m->output_router_logits == 1 && strcmp(m->load_balance, "none") == 0 &&
+              m->router_aux_loss_coef == -1,
+          "MoE values from the command line: %s", err.msg);
+    // The load-balancing keys are training choices, allowed with an HF folder too.
+    CHECK(load(&c, NULL, &err, "--training.dataset_path=d", "--model.backend=hf",
+               "--model.hf_path=/m", "--model.router_aux_loss_coef=0.01",
+               "--model.output_router_logits=true", "--model.load_balance=hf",
+               "--model.moe_impl=loop", NULL) == 0,
+          "MoE training keys with backend = hf: %s", err.msg);
+    check_round_trip(&c, "MoE keys");
+
+    const char *b = write_file("moe_base.toml", base_toml);
+    expect_fail("moe_impl choice", b, ARGV("--model.moe_impl=grouped_mm"),
+                "command line --model.moe_impl: model.moe_impl: expected one of \"grouped\", "
+                "\"loop\", found \"grouped_mm\" (did you mean \"grouped\"?)",
+                NULL);
+    expect_fail("load_balance choice", b, ARGV("--model.load_balance=auxfree"),
+                "model.load_balance: expected one of \"hf\", \"aux_free\", \"none\", found "
+                "\"auxfree\" (did you mean \"aux_free\"?)",
+                NULL);
+    expect_fail("load_balance_coeff zero", b, ARGV("--model.load_balance_coeff=0"),
+                "command line --model.load_balance_coeff: model.load_balance_coeff = 0; expected "
+                "a positive number",
+                NULL);
+    expect_fail("load_balance_coeff negative", b, ARGV("--model.load_balance_coeff=-1e-3"),
+                "model.load_balance_coeff = -0.001", NULL);
+    expect_fail("load_balance_coeff nan", b, ARGV("--model.load_balance_coeff=nan"),
+                "command line --model.load_balance_coeff", NULL);
+    expect_fail("router_aux_loss_coef", b, ARGV("--model.router_aux_loss_coef=-0.5"),
+                "command line --model.router_aux_loss_coef: model.router_aux_loss_coef = -0.5; "
+                "expected -1 (the model config's) or a number >= 0",
+                NULL);
+    expect_fail("router_aux_loss_coef type", b, ARGV("--model.router_aux_loss_coef=off"),
+                "model.router_aux_loss_coef: expected a number, found 'off'", NULL);
+    expect_fail("output_router_logits", b, ARGV("--model.output_router_logits=yes"),
+                "model.output_router_logits: expected true, false or \"auto\"", NULL);
+    expect_fail("num_experts negative", b, ARGV("--model.num_experts=-8"),
+                "command line --model.num_experts: model.num_experts = -8; expected a positive "
+                "size, or 0 to keep the flavor's",
+                NULL);
+    expect_fail("num_experts_per_tok negative", b, ARGV("--model.num_experts_per_tok=-1"),
+                "model.num_experts_per_tok = -1", NULL);
+    expect_fail("moe_intermediate_size negative", b, ARGV("--model.moe_intermediate_size=-1"),
+                "model.moe_intermediate_size = -1", NULL);
+    expect_fail("num_experts type", b, ARGV("--model.num_experts=1.5"),
+                "model.num_experts: expected an integer, found a float (1.5)", NULL);
+    expect_fail("num_experts with hf", b,
+                ARGV("--model.backend=hf", "--model.hf_path=/m", "--model.num_experts=8"),
+                "model.num_experts = 8 overrides a native flavor's architecture; with "
+                "model.backend = \"hf\" the architecture comes from /m/config.json",
+                NULL);
+    const char *f = write_file("moe_lb.toml", "[training]\ndataset_path = 'd'\n[model]\n"
+                                              "load_balance_coeff = 0.0\n");
+    char want[1200];
+    snprintf(want, sizeof want, "%s:4: model.load_balance_coeff = 0", f);
+    expect_fail("MoE error location", f, NOARGS, want, NULL);
+
+    // The hash: the kernel choice does not count, the rest does.
+    ct_config a, d;
+    config_defaults(&a);
+    uint64_t h = config_hash(&a);
+    d = a, snprintf(d.model.moe_impl, sizeof d.model.moe_impl, "loop");
+    CHECK(config_hash(&d) == h, "moe_impl does not count");
+    d = a, d.model.num_experts = 4;
+    CHECK(config_hash(&d) != h, "num_experts counts");
+    d = a, d.model.num_experts_per_tok = 1;
+    CHECK(config_hash(&d) != h, "num_experts_per_tok counts");
+    d = a, d.model.moe_intermediate_size = 8;
+    CHECK(config_hash(&d) != h, "moe_intermediate_size counts");
+    d = a, snprintf(d.model.load_balance, sizeof d.model.load_balance, "none");
+    CHECK(config_hash(&d) != h, "load_balance counts");
+    d = a, d.model.load_balance_coeff = 2e-3;
+    CHECK(config_hash(&d) != h, "load_balance_coeff counts");
+    d = a, d.model.router_aux_loss_coef = 0.001;
+    CHECK(config_hash(&d) != h, "router_aux_loss_coef counts");
+    d = a, d.model.output_router_logits = 1;
+    CHECK(config_hash(&d) != h, "output_router_logits counts");
+}
+
 static void test_help(void) {
     char *text = NULL;
     size_t len = 0;
@@ -506,7 +612,10 @@ static void test_help(void) {
     }
     CHECK(missing == 0, "%d keys missing from --help", missing);
     CHECK(strstr(text, "--optimizer.lr=FLOAT") && strstr(text, "(default: 8e-4)") &&
-              strstr(text, "one of \"native\", \"hf\""),
+              strstr(text, "one of \"native\", \"hf\"") &&
+              strstr(text, "--model.load_balance=CHOICE") &&
+              strstr(text, "one of \"hf\", \"aux_free\", \"none\" (default: \"hf\")") &&
+              strstr(text, "--model.output_router_logits=BOOL|auto"),
           "help details");
     free(text);
 }
@@ -572,6 +681,7 @@ int main(void) {
     test_decay_steps();
     test_round_trip();
     test_hash();
+    test_moe_keys();
     test_help();
     test_shipped(check_env("CTITAN_SOURCE_DIR"));
     return check_summary();

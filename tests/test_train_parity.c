@@ -1,7 +1,9 @@
 // Training parity with PyTorch: for each case of tests/ref/train_ref.py, load the same HF
 // folder and train it for the same steps on the same windows with ctitan's model, AdamW, clipping
 // and LR schedule; the per-step losses, gradient norms and learning rates, and the final weights
-// and optimizer moments, must match torch.optim.AdamW + clip_grad_norm_ + LambdaLR.
+// and optimizer moments, must match torch.optim.AdamW + clip_grad_norm_ + LambdaLR. MoE cases add
+// HF's aux loss (per micro-batch, averaged over the step's micro-batches) or torchtitan's
+// aux-loss-free expert bias, and run with both expert kernels.
 //
 // Tolerances (the 1e-5 for losses and final weights): measured here, losses agree to
 // <1e-7 relative, gradient norms <2e-7, final weights <1.1e-6 rel L2 per tensor, moments <3e-6.
@@ -35,6 +37,8 @@ typedef struct train_case {
     double max_norm;
     bool decay_all;
     const cJSON *ignore, *log, *params;
+    char load_balance[16]; // MoE: "hf" | "aux_free" | "none"
+    double load_balance_coeff;
 } train_case;
 
 static int case_load(train_case *c, const char *path, ct_error *err) {
@@ -61,6 +65,11 @@ static int case_load(train_case *c, const char *path, ct_error *err) {
         json_get_bool(&c->decay_all, r, "decay_norms_and_embeddings", true, path, err))
         return -1;
     c->B = (int)B, c->T = (int)T, c->accum = (int)accum, c->steps = (int)steps;
+    snprintf(c->load_balance, sizeof c->load_balance, "none");
+    if (json_get_string(c->load_balance, sizeof c->load_balance, r, "load_balance", false, path,
+                        err) ||
+        json_get_double(&c->load_balance_coeff, r, "load_balance_coeff", false, path, err))
+        return -1;
     c->ignore = cJSON_GetObjectItemCaseSensitive(r, "ignore");
     c->log = cJSON_GetObjectItemCaseSensitive(r, "log");
     c->params = cJSON_GetObjectItemCaseSensitive(r, "params");
@@ -107,6 +116,13 @@ static double compare_tensors(const float *mem, const qwen3_model *m, const st_f
         char key[160];
         snprintf(key, sizeof key, "%s%s", prefix, p->name);
         const st_tensor *t = st_file_find(f, key);
+        if (p->buffer && (prefix[0] || !t)) {
+            // An expert bias the reference does not track (no aux_free) must not have moved.
+            bool zero = true;
+            for (size_t k = 0; !prefix[0] && k < p->numel; k++) zero &= mem[p->offset + k] == 0;
+            CHECK(zero, "%s: %s moved without load_balance = aux_free", name_case, p->name);
+            continue;
+        }
         CHECK(t && t->numel == p->numel, "%s: reference %s missing or of the wrong size", name_case,
               key);
         if (!t || t->numel != p->numel) continue;
@@ -125,7 +141,7 @@ static double compare_tensors(const float *mem, const qwen3_model *m, const st_f
     return worst;
 }
 
-static void run_case(const char *ref, const char *name) {
+static void run_case(const char *ref, const char *name, const char *moe_impl) {
     char path[4096];
     ct_error err;
     train_case c;
@@ -140,15 +156,24 @@ static void run_case(const char *ref, const char *name) {
     hf_load_report rep;
     adamw o = {0};
     snprintf(path, sizeof path, "%s/train/%s/hf", ref, name);
-    rc = hf_load_folder(&m, &rep, path, NULL, &err);
+    ct_ops ops;
+    CHECK(ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) == 0, "moe_impl %s", moe_impl);
+    rc = hf_load_folder(&m, &rep, path, &ops, &err);
     CHECK(rc == 0, "%s: %s", name, err.msg);
     hf_report_free(&rep);
     if (rc != 0) {
         cJSON_Delete(c.root);
         return;
     }
-    CHECK(cJSON_GetArraySize(c.params) == m.n_params, "%s: reference has %d tensors, model %d",
-          name, cJSON_GetArraySize(c.params), m.n_params);
+    int trained = 0;
+    for (int i = 0; i < m.n_params; i++) trained += !m.params[i].buffer;
+    CHECK(cJSON_GetArraySize(c.params) == trained, "%s: reference has %d tensors, model %d", name,
+          cJSON_GetArraySize(c.params), trained);
+    const bool moe = m.n_sparse > 0;
+    const bool aux_in_loss = moe && strcmp(c.load_balance, "hf") == 0 && m.cfg.output_router_logits;
+    const bool aux_free = moe && strcmp(c.load_balance, "aux_free") == 0;
+    const size_t n_stats = (size_t)m.n_sparse * m.cfg.num_experts;
+    double *step_load = calloc(n_stats + 1, sizeof *step_load);
 
     size_t N = (size_t)c.B * c.T, window = (size_t)c.T + 1;
     size_t n_tokens = (size_t)c.steps * c.accum * c.B * window;
@@ -164,14 +189,14 @@ static void run_case(const char *ref, const char *name) {
     }
     if (rc == 0) rc = qwen3_plan(&m, c.B, c.T, &err);
     if (rc == 0) rc = adamw_init(&o, m.num_params, &err);
-    for (int i = 0; rc == 0 && !c.decay_all && i < m.n_params; i++) {
+    for (int i = 0; rc == 0 && i < m.n_params; i++) {
         const qwen3_param *p = &m.params[i];
-        if (!adamw_param_decays(p->name, p->ndim))
+        if (p->buffer || (!c.decay_all && !adamw_param_decays(p->name, p->ndim)))
             rc = adamw_exclude_decay(&o, p->offset, p->numel, &err);
     }
     CHECK(rc == 0, "%s: %s", name, err.msg);
 
-    double worst_loss = 0, worst_norm = 0;
+    double worst_loss = 0, worst_norm = 0, worst_aux = 0;
     int n_clipped = 0;
     for (int s = 0; rc == 0 && s < c.steps; s++) {
         // The loss is normalised by the valid targets of the whole step, before any backward.
@@ -183,12 +208,29 @@ static void run_case(const char *ref, const char *name) {
         CHECK(n_valid == (int64_t)log_value(&c, s, "n_valid"), "%s step %d: %lld valid targets",
               name, s, (long long)n_valid);
         qwen3_zero_grad(&m);
-        double sum = 0;
+        double sum = 0, aux_sum = 0;
         for (int j = 0; j < c.accum; j++) {
             sum += qwen3_forward(&m, inputs + j * N, targets + j * N, NULL);
+            if (moe) {
+                aux_sum += qwen3_moe_aux(&m, m.moe_load, m.moe_prob, (double)N);
+                if (aux_in_loss)
+                    qwen3_moe_aux_grad(&m, m.moe_load, (double)N,
+                                       (float)(m.cfg.router_aux_loss_coef / c.accum));
+                for (size_t i = 0; i < n_stats; i++) step_load[i] += m.moe_load[i];
+            }
             qwen3_backward(&m, (float)(1.0 / (double)n_valid));
         }
-        double loss = sum / (double)n_valid, want_loss = log_value(&c, s, "loss");
+        double aux = aux_sum / c.accum;
+        double loss = sum / (double)n_valid + (aux_in_loss ? m.cfg.router_aux_loss_coef * aux : 0);
+        double want_loss = log_value(&c, s, "loss");
+        if (moe) {
+            double want_aux = log_value(&c, s, "aux"), ea = fabs(aux - want_aux) / want_aux;
+            worst_aux = fmax(worst_aux, ea);
+            CHECK(ea <= LOSS_REL, "%s/%s step %d: aux %.9g, torch %.9g (rel %.2e)", name, moe_impl,
+                  s, aux, want_aux, ea);
+            if (aux_free) qwen3_moe_update_bias(&m, step_load, (float)c.load_balance_coeff);
+            memset(step_load, 0, n_stats * sizeof *step_load);
+        }
         double norm = clip_grad_norm(m.grad_mem, m.num_params, c.max_norm);
         double want_norm = log_value(&c, s, "grad_norm");
         double lr = lr_at(&c.sched, s, c.steps), want_lr = log_value(&c, s, "lr");
@@ -220,12 +262,14 @@ static void run_case(const char *ref, const char *name) {
         double wm = compare_tensors(o.m, &m, &fin, "exp_avg.", MOMENT_REL_L2, "exp_avg", name);
         double wv =
             compare_tensors(o.v, &m, &fin, "exp_avg_sq.", MOMENT_REL_L2, "exp_avg_sq", name);
-        printf("%-32s %d steps (%d clipped): loss rel %.1e, grad norm rel %.1e, final weights "
-               "rel L2 %.1e, exp_avg %.1e, exp_avg_sq %.1e\n",
-               name, c.steps, n_clipped, worst_loss, worst_norm, ww, wm, wv);
+        printf("%-32s %-7s %d steps (%d clipped): loss rel %.1e, grad norm rel %.1e, final "
+               "weights rel L2 %.1e, exp_avg %.1e, exp_avg_sq %.1e",
+               name, moe ? moe_impl : "", c.steps, n_clipped, worst_loss, worst_norm, ww, wm, wv);
+        if (moe) printf(", aux rel %.1e (%s)", worst_aux, c.load_balance);
+        printf("\n");
         st_close(&fin);
     }
-    free(tokens), free(inputs), free(targets);
+    free(tokens), free(inputs), free(targets), free(step_load);
     adamw_free(&o);
     qwen3_free(&m);
     cJSON_Delete(c.root);
@@ -242,7 +286,12 @@ int main(void) {
     const cJSON *it;
     int n = 0;
     if (rc == 0) cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(index, "cases")) {
-            run_case(ref, cJSON_GetStringValue(it));
+            const char *name = cJSON_GetStringValue(it);
+            run_case(ref, name, "grouped");
+            snprintf(path, sizeof path, "%s/train/%s/hf/config.json", ref, name);
+            qwen3_config cfg;
+            if (qwen3_config_load(&cfg, path, &err) == 0 && cfg.num_experts > 0)
+                run_case(ref, name, "loop");
             n++;
         }
     CHECK(n >= 2, "only %d training cases", n);

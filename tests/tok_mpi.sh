@@ -3,7 +3,8 @@
 # N ranks against one process on the same global batch, ZeRO-1 against replicated state,
 # resume with a different rank count, bucketing/overlap invariance, and failures on one rank
 # (bad data, a dead rank, a hung rank, a NaN) ending every rank in bounded time, and SIGUSR1
-# (which mpirun forwards) stopping every rank at the same step with a checkpoint.
+# (which mpirun forwards) stopping every rank at the same step with a checkpoint. MoE runs (HF
+# aux loss, aux-free bias) match one process too.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 passed=0 failed=0
@@ -90,6 +91,18 @@ grep -q "2 rank(s), ZeRO-1" "$tmp/np2_b1.log" && grep -q "1 thread(s) per rank" 
   ok || bad "np2 log lacks the parallel line: $(grep parallel "$tmp/np2_b1.log")"
 ls "$tmp/np2_b1/checkpoint/step-4/optimizer-00001-of-00002.safetensors" >/dev/null && ok ||
   bad "np2 checkpoint lacks rank 1's optimizer shard"
+
+# --- MoE: the aux loss and the expert-bias counts are summed over ranks, so N ranks train as one
+# process with the same micro-batches (HF's aux, and the aux-free bias, are per global batch).
+moe=(--model.flavor debugmodel_moe --model.tie_embeddings true --model.load_balance)
+check "moe hf np1 B2" run 1 "$tmp/moe_np1" "${moe[@]}" hf --training.local_batch_size 2
+check "moe hf np2 B1" run 2 "$tmp/moe_np2" "${moe[@]}" hf
+check "moe hf: np2 B1 = np1 B2" same "$tmp/moe_np2" "$tmp/moe_np1" 1e-6
+check "moe aux_free np1 B2" run 1 "$tmp/moef_np1" "${moe[@]}" aux_free \
+  --model.load_balance_coeff 0.01 --training.local_batch_size 2
+check "moe aux_free np2 B1" run 2 "$tmp/moef_np2" "${moe[@]}" aux_free \
+  --model.load_balance_coeff 0.01
+check "moe aux_free: np2 B1 = np1 B2" same "$tmp/moef_np2" "$tmp/moef_np1" 1e-6
 
 # --- ZeRO-1 against replicated optimizer state (DDP); determinism; buckets and overlap
 check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicate_degree 2 \

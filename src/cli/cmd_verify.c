@@ -1,5 +1,7 @@
 // ctitan verify: one forward and backward pass of an HF Qwen3 folder on a token stream, so a
-// user can compare the first-step loss and gradient norm with PyTorch / transformers.
+// user can compare the first-step loss and gradient norm with PyTorch / transformers. For a MoE
+// folder the loss is HF's: cross-entropy, plus router_aux_loss_coef * aux when
+// output_router_logits is on; both parts are printed.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@ static const cli_option verify_options[] = {
     {"training.dataset_path", NULL, "token stream (.npy of uint16/int32/uint32/int64)", false},
     {"training.seq_len", "2048", "tokens per sample T (each sample reads T+1 tokens)", false},
     {"training.local_batch_size", "8", "samples B in the batch", false},
+    {"model.moe_impl", "grouped", "MoE expert kernel: grouped | loop", false},
     {"json", "false", "end the output with one JSON object of the results", true},
 };
 
@@ -66,12 +69,12 @@ static cJSON *string_array(char **items, int n) {
 }
 
 typedef struct verify_result {
-    double loss, grad_norm, forward_s, backward_s;
+    double loss, ce, aux, grad_norm, forward_s, backward_s;
     int64_t n_valid;
 } verify_result;
 
 static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, const char *dir,
-                      const char *data_path, int B, int T, ct_error *err) {
+                      const char *data_path, int B, int T, const ct_ops *ops, ct_error *err) {
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     qwen3_config cfg;
@@ -102,7 +105,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, c
 
     st_set set;
     if (st_set_open(&set, dir, err) != 0) goto done;
-    rc = qwen3_init(m, &cfg, NULL, err);
+    rc = qwen3_init(m, &cfg, ops, err);
     if (rc == 0) rc = hf_load_weights(m, rep, &set, dir, err);
     st_set_close(&set);
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
@@ -115,11 +118,17 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, c
         rc = ct_fail(err, "%s: no valid targets in the batch", data_path);
         goto done;
     }
+    res->ce = loss_sum / (double)res->n_valid;
+    res->aux = qwen3_moe_aux(m, m->moe_load, m->moe_prob, (double)B * T);
+    const bool aux_in_loss = m->n_sparse > 0 && cfg.output_router_logits;
+    res->loss = res->ce + (aux_in_loss ? cfg.router_aux_loss_coef * res->aux : 0.0);
+    if (aux_in_loss)
+        qwen3_moe_aux_grad(m, m->moe_load, (double)B * T, (float)cfg.router_aux_loss_coef);
+    double t2 = seconds_now();
     qwen3_zero_grad(m);
     qwen3_backward(m, 1.0f / (float)res->n_valid);
     res->forward_s = t1 - t0;
-    res->backward_s = seconds_now() - t1;
-    res->loss = loss_sum / (double)res->n_valid;
+    res->backward_s = seconds_now() - t2;
     res->grad_norm = grad_global_norm(m);
     rc = 0;
 done:
@@ -163,10 +172,16 @@ int cmd_verify(int argc, char **argv) {
         return cli_report(&err);
     }
 
+    ct_ops ops;
+    const char *impl = cli_str(&args, "model.moe_impl");
+    if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, impl) != 0) {
+        ct_fail(&err, "--model.moe_impl \"%s\": expected \"grouped\" or \"loop\"", impl);
+        return cli_report(&err);
+    }
     qwen3_model m = {0};
     hf_load_report rep = {0};
     verify_result res = {0};
-    int rc = verify_run(&res, &m, &rep, dir, data, (int)B, (int)T, &err);
+    int rc = verify_run(&res, &m, &rep, dir, data, (int)B, (int)T, &ops, &err);
     if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(&rep);
     if (rc != 0) {
         qwen3_free(&m);
@@ -174,7 +189,7 @@ int cmd_verify(int argc, char **argv) {
         return cli_report(&err);
     }
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
-    qwen3_memory plan = qwen3_memory_plan(&m.cfg, (int)B, (int)T);
+    qwen3_memory plan = qwen3_memory_plan_ops(&m.cfg, &ops, (int)B, (int)T);
     double plan_mib = (plan.params + plan.grads + plan.activations) / 1048576.0;
     printf("model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n", dir,
            m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,
@@ -185,12 +200,24 @@ int cmd_verify(int argc, char **argv) {
     printf("params: %zu\n", m.num_params);
     printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B, (long long)T,
            data, (long long)res.n_valid);
+    const bool moe = m.n_sparse > 0;
+    if (moe) {
+        printf("moe: %d of %d layers sparse, %d experts, top-%d, expert kernel %s\n", m.n_sparse,
+               m.cfg.num_hidden_layers, m.cfg.num_experts, m.cfg.num_experts_per_tok, impl);
+        printf("ce: %.6f\naux: %.6f (%s)\n", res.ce, res.aux,
+               m.cfg.output_router_logits ? "in the loss: output_router_logits is on"
+                                          : "not in the loss: output_router_logits is off");
+    }
     printf("loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
     printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3, res.backward_s * 1e3);
     printf("memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib, plan_mib);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "loss", res.loss);
+        if (moe) {
+            cJSON_AddNumberToObject(o, "ce", res.ce);
+            cJSON_AddNumberToObject(o, "aux", res.aux);
+        }
         cJSON_AddNumberToObject(o, "grad_norm", res.grad_norm);
         cJSON_AddNumberToObject(o, "num_params", (double)m.num_params);
         cJSON_AddNumberToObject(o, "n_valid", (double)res.n_valid);

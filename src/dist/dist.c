@@ -155,6 +155,17 @@ int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err)
     return rc;
 }
 
+int dist_sum_array(dist *d, double *buf, int n, double *scratch, const char *what, ct_error *err) {
+    if (!d->mpi) return 0;
+    if (dist_allgather(d, buf, scratch, n * (int)sizeof *buf, what, err) != 0) return -1;
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < d->size; r++) s += scratch[(size_t)r * n + i];
+        buf[i] = s;
+    }
+    return 0;
+}
+
 int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     if (!d->mpi) return local_rc;
     double mine = local_rc;

@@ -46,6 +46,8 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
 // The sum of one double per rank, added in rank order: the same bits on every rank, and the
 // same bits for the same inputs in every run.
 int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err);
+// buf[i] = the sum of every rank's buf[i], added in rank order; scratch holds n * size doubles.
+int dist_sum_array(dist *d, double *buf, int n, double *scratch, const char *what, ct_error *err);
 int dist_barrier(dist *d, const char *what, ct_error *err);
 
 // Collective status check: every rank passes its own result (0 or -1 with err set). When any

@@ -77,7 +77,8 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
         const qwen3_param *p = &m->params[i];
         const st_tensor *t = st_set_find(s, p->name);
         if (!t) {
-            rc = report_add(&r->missing, &r->n_missing, p->name, err);
+            // A buffer is ours, not HF's: an HF folder lacks it and it keeps its value.
+            if (!p->buffer) rc = report_add(&r->missing, &r->n_missing, p->name, err);
             continue;
         }
         rc = load_param(m->param_mem + p->offset, p, t, source, err);
@@ -137,32 +138,71 @@ int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_
 }
 
 // HF's save_pretrained walks the state_dict in module order, and sharding follows that walk:
-// embed_tokens, then per layer self_attn (q, k, v, o with their biases, q_norm, k_norm), mlp
-// (gate, up, down), input_layernorm, post_attention_layernorm; then norm, lm_head. Saving in
-// the same order gives the same shards as transformers would write.
+// embed_tokens, then per layer self_attn (q, k, v, o with their biases, q_norm, k_norm), mlp,
+// input_layernorm, post_attention_layernorm; then norm, lm_head. A dense mlp is gate_proj,
+// up_proj, down_proj; a sparse one is the router (gate) then experts 0, 1, ... each gate_proj,
+// up_proj, down_proj. Saving in the same order gives the same shards as transformers would write.
 static const char *const hf_layer_order[] = {
-    "self_attn.q_proj.weight", "self_attn.q_proj.bias",   "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",
-    "self_attn.o_proj.weight", "self_attn.o_proj.bias",   "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.weight",
+    "self_attn.v_proj.bias",
+    "self_attn.o_proj.weight",
+    "self_attn.o_proj.bias",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "mlp.gate.weight",
+    "mlp.experts.",
+    "mlp.expert_bias", // a buffer: in checkpoints only
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
 };
+// Within "mlp.experts.{e}.", by expert e (numerically: experts.10 after experts.9), then these.
+static const char *const hf_expert_order[] = {"gate_proj.weight", "up_proj.weight",
+                                              "down_proj.weight"};
+#define N_LAYER_ORDER ((int)(sizeof hf_layer_order / sizeof hf_layer_order[0]))
+#define N_EXPERT_ORDER ((int)(sizeof hf_expert_order / sizeof hf_expert_order[0]))
 
 typedef struct save_item {
     st_entry e;
-    long long key[3]; // (group, layer, position); unknown names keep their table order
+    // (group, layer, position, expert slot); unknown names keep their table order, after the
+    // known ones of their layer
+    long long key[4];
 } save_item;
 
-static void save_rank(long long key[3], const char *name, int index) {
-    const int n_known = (int)(sizeof hf_layer_order / sizeof hf_layer_order[0]);
+// Where an expert tensor's suffix ("{e}.up_proj.weight") sorts among a layer's experts, or -1.
+static long long expert_rank(const char *suffix) {
+    int e, used = 0;
+    if (sscanf(suffix, "%d.%n", &e, &used) != 1 || used == 0 || e < 0) return -1;
+    for (int k = 0; k < N_EXPERT_ORDER; k++)
+        if (strcmp(suffix + used, hf_expert_order[k]) == 0)
+            return (long long)e * N_EXPERT_ORDER + k;
+    return -1;
+}
+
+static void save_rank(long long key[4], const char *name, int index) {
     int layer, used = 0;
-    key[0] = 3, key[1] = 0, key[2] = index;
+    key[0] = 3, key[1] = 0, key[2] = index, key[3] = 0;
     if (strcmp(name, "model.embed_tokens.weight") == 0) {
         key[0] = 0;
     } else if (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0) {
-        key[0] = 1, key[1] = layer, key[2] = n_known + index;
-        for (int k = 0; k < n_known; k++)
-            if (strcmp(name + used, hf_layer_order[k]) == 0) key[2] = k;
+        const char *rest = name + used;
+        key[0] = 1, key[1] = layer, key[2] = N_LAYER_ORDER + index;
+        for (int k = 0; k < N_LAYER_ORDER; k++) {
+            size_t n = strlen(hf_layer_order[k]);
+            bool prefix = hf_layer_order[k][n - 1] == '.';
+            if (prefix ? strncmp(rest, hf_layer_order[k], n) != 0
+                       : strcmp(rest, hf_layer_order[k]) != 0)
+                continue;
+            long long slot = prefix ? expert_rank(rest + n) : 0;
+            if (slot >= 0) key[2] = k, key[3] = slot;
+            break;
+        }
     } else if (strcmp(name, "model.norm.weight") == 0) {
         key[0] = 2;
     } else if (strcmp(name, "lm_head.weight") == 0) {
@@ -172,7 +212,7 @@ static void save_rank(long long key[3], const char *name, int index) {
 
 static int save_item_cmp(const void *a, const void *b) {
     const save_item *x = a, *y = b;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (x->key[i] != y->key[i]) return x->key[i] < y->key[i] ? -1 : 1;
     return 0;
 }
@@ -188,8 +228,8 @@ static const char *torch_dtype_name(ct_dtype dtype) {
     }
 }
 
-int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64_t max_shard_bytes,
-                   ct_error *err) {
+static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
+                       uint64_t max_shard_bytes, bool buffers, ct_error *err) {
     if (dtype != CT_F32 && dtype != CT_BF16 && dtype != CT_F16)
         return ct_fail(err, "%s: cannot save weights as %s (expected F32, BF16 or F16)", dir,
                        dtype_name(dtype));
@@ -210,8 +250,9 @@ int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64
     int n = 0;
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        // A tied head is the embedding; HF checkpoints leave it out.
+        // A tied head is the embedding; HF checkpoints leave it out. Buffers are not HF's.
         if (cfg.tie_word_embeddings && strcmp(p->name, "lm_head.weight") == 0) continue;
+        if (p->buffer && !buffers) continue;
         st_entry *e = &items[n].e;
         e->name = p->name;
         e->data = m->param_mem + p->offset;
@@ -226,4 +267,14 @@ int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64
     int rc = st_write_folder(dir, entries, n, dtype, max_shard_bytes, err);
     free(entries);
     return rc;
+}
+
+int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64_t max_shard_bytes,
+                   ct_error *err) {
+    return save_folder(m, dir, dtype, max_shard_bytes, false, err);
+}
+
+int hf_save_folder_with_buffers(const qwen3_model *m, const char *dir, ct_dtype dtype,
+                                uint64_t max_shard_bytes, ct_error *err) {
+    return save_folder(m, dir, dtype, max_shard_bytes, true, err);
 }

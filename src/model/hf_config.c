@@ -1,7 +1,8 @@
 // config.json <-> qwen3_config. HF configs carry many informational keys (token ids, dropout,
 // transformers_version, ...); those are ignored. Keys that change the arithmetic are either
 // read, or refused when they ask for something this model does not do (sliding windows, RoPE
-// scaling, another activation, MoE).
+// scaling, another activation). Qwen3ForCausalLM and Qwen3MoeForCausalLM share one reader; the
+// MoE keys are read only for the latter.
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,10 +15,15 @@
 #include "io/json.h"
 #include "model/qwen3_config.h"
 
-static const char *const moe_message = "is not supported yet (MoE arrives in a later release)";
+// Which model a config.json describes: `architectures` and `model_type` must agree when both
+// are present; either one alone decides; neither means a dense Qwen3.
+typedef enum config_kind { KIND_UNSTATED, KIND_DENSE, KIND_MOE } config_kind;
 
-// `architectures`, if present, must list Qwen3ForCausalLM.
-static int config_check_architectures(const cJSON *root, const char *path, ct_error *err) {
+// `architectures`, if present, must list Qwen3ForCausalLM or Qwen3MoeForCausalLM (the first
+// one listed decides).
+static int config_read_architectures(config_kind *kind, char *name, size_t cap, const cJSON *root,
+                                     const char *path, ct_error *err) {
+    *kind = KIND_UNSTATED;
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     if (!a || cJSON_IsNull(a)) return 0;
     if (!cJSON_IsArray(a))
@@ -25,32 +31,47 @@ static int config_check_architectures(const cJSON *root, const char *path, ct_er
                        path, json_type_name(a));
     const cJSON *it;
     const char *first = NULL;
-    bool moe = false;
     cJSON_ArrayForEach(it, a) {
         if (!cJSON_IsString(it))
             return ct_fail(err,
                            "%s: key \"architectures\": expected an array of strings, found an "
                            "element that is %s",
                            path, json_type_name(it));
-        if (strcmp(it->valuestring, "Qwen3ForCausalLM") == 0) return 0;
-        if (strcmp(it->valuestring, "Qwen3MoeForCausalLM") == 0) moe = true;
+        bool dense = strcmp(it->valuestring, "Qwen3ForCausalLM") == 0;
+        if (dense || strcmp(it->valuestring, "Qwen3MoeForCausalLM") == 0) {
+            *kind = dense ? KIND_DENSE : KIND_MOE;
+            snprintf(name, cap, "%s", it->valuestring);
+            return 0;
+        }
         if (!first) first = it->valuestring;
     }
-    if (moe)
-        return ct_fail(err, "%s: key \"architectures\": Qwen3MoeForCausalLM %s", path, moe_message);
-    return ct_fail(err, "%s: key \"architectures\": expected \"Qwen3ForCausalLM\", found %s%s%s",
+    return ct_fail(err,
+                   "%s: key \"architectures\": expected \"Qwen3ForCausalLM\" or "
+                   "\"Qwen3MoeForCausalLM\", found %s%s%s",
                    path, first ? "\"" : "an empty array", first ? first : "", first ? "\"" : "");
 }
 
-static int config_check_model_type(const cJSON *root, const char *path, ct_error *err) {
-    char type[64] = "";
+static int config_read_kind(config_kind *kind, const cJSON *root, const char *path, ct_error *err) {
+    char arch[64] = "", type[64] = "";
+    config_kind by_arch, by_type = KIND_UNSTATED;
+    if (config_read_architectures(&by_arch, arch, sizeof arch, root, path, err) != 0) return -1;
     if (json_get_string(type, sizeof type, root, "model_type", false, path, err) != 0) return -1;
-    if (!type[0] || strcmp(type, "qwen3") == 0) return 0;
-    if (strcmp(type, "qwen3_moe") == 0)
-        return ct_fail(err, "%s: key \"model_type\": \"qwen3_moe\" %s", path, moe_message);
-    return ct_fail(err,
-                   "%s: key \"model_type\": unsupported model_type \"%s\" (expected \"qwen3\")",
-                   path, type);
+    if (strcmp(type, "qwen3") == 0)
+        by_type = KIND_DENSE;
+    else if (strcmp(type, "qwen3_moe") == 0)
+        by_type = KIND_MOE;
+    else if (type[0])
+        return ct_fail(err,
+                       "%s: key \"model_type\": unsupported model_type \"%s\" (expected "
+                       "\"qwen3\" or \"qwen3_moe\")",
+                       path, type);
+    if (by_arch != KIND_UNSTATED && by_type != KIND_UNSTATED && by_arch != by_type)
+        return ct_fail(err,
+                       "%s: keys \"architectures\" and \"model_type\" disagree: \"%s\" expects "
+                       "model_type \"%s\", found \"%s\"",
+                       path, arch, by_arch == KIND_MOE ? "qwen3_moe" : "qwen3", type);
+    *kind = by_arch != KIND_UNSTATED ? by_arch : by_type;
+    return 0;
 }
 
 // Keys that would change the arithmetic in ways this model does not implement.
@@ -136,6 +157,74 @@ static int config_int(int *out, const cJSON *root, const char *key, bool require
     return 0;
 }
 
+// mlp_only_layers: an array of layer indices; null or absent is [] (as Qwen3MoeConfig makes it).
+// The range and duplicates are qwen3_config_validate's to check.
+static int config_read_mlp_only(qwen3_config *c, const cJSON *root, const char *path,
+                                ct_error *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers"), *it;
+    c->n_mlp_only_layers = 0;
+    if (!a || cJSON_IsNull(a)) return 0;
+    if (!cJSON_IsArray(a))
+        return ct_fail(err,
+                       "%s: key \"mlp_only_layers\": expected an array of layer indices, found %s",
+                       path, json_type_name(a));
+    int n = cJSON_GetArraySize(a);
+    if (n > QWEN3_MAX_MLP_ONLY)
+        return ct_fail(err, "%s: key \"mlp_only_layers\": expected at most %d entries, found %d",
+                       path, QWEN3_MAX_MLP_ONLY, n);
+    cJSON_ArrayForEach(it, a) {
+        double v = cJSON_IsNumber(it) ? it->valuedouble : 0.5;
+        if (v != floor(v) || v < INT_MIN || v > INT_MAX) {
+            if (cJSON_IsNumber(it))
+                return ct_fail(err,
+                               "%s: key \"mlp_only_layers\": expected integer layer indices, "
+                               "found %g",
+                               path, v);
+            return ct_fail(err,
+                           "%s: key \"mlp_only_layers\": expected integer layer indices, found "
+                           "an element that is %s",
+                           path, json_type_name(it));
+        }
+        c->mlp_only_layers[c->n_mlp_only_layers++] = (int)v;
+    }
+    return 0;
+}
+
+// The qwen3_moe keys; absent ones take transformers' Qwen3MoeConfig defaults.
+static int config_read_moe(qwen3_config *c, const cJSON *root, const char *path, ct_error *err) {
+    c->num_experts = 128;
+    c->num_experts_per_tok = 8;
+    c->moe_intermediate_size = 768;
+    c->decoder_sparse_step = 1;
+    c->norm_topk_prob = false;
+    c->output_router_logits = false;
+    c->router_aux_loss_coef = 0.001;
+    if (config_int(&c->num_experts, root, "num_experts", false, path, err) ||
+        config_int(&c->num_experts_per_tok, root, "num_experts_per_tok", false, path, err) ||
+        config_int(&c->moe_intermediate_size, root, "moe_intermediate_size", false, path, err) ||
+        config_int(&c->decoder_sparse_step, root, "decoder_sparse_step", false, path, err) ||
+        json_get_bool(&c->norm_topk_prob, root, "norm_topk_prob", false, path, err) ||
+        json_get_bool(&c->output_router_logits, root, "output_router_logits", false, path, err) ||
+        json_get_double(&c->router_aux_loss_coef, root, "router_aux_loss_coef", false, path, err) ||
+        config_read_mlp_only(c, root, path, err))
+        return -1;
+    // transformers 5 maps num_experts to num_local_experts (Qwen3MoeConfig.attribute_map), so
+    // the configs it writes may use that name.
+    const cJSON *local = cJSON_GetObjectItemCaseSensitive(root, "num_local_experts");
+    if (local && !cJSON_IsNull(local)) {
+        bool both = cJSON_GetObjectItemCaseSensitive(root, "num_experts") != NULL;
+        int e = c->num_experts;
+        if (config_int(&e, root, "num_local_experts", false, path, err) != 0) return -1;
+        if (both && e != c->num_experts)
+            return ct_fail(err,
+                           "%s: keys \"num_experts\" and \"num_local_experts\" disagree: %d "
+                           "vs %d",
+                           path, c->num_experts, e);
+        c->num_experts = e;
+    }
+    return 0;
+}
+
 int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
     cJSON *root;
     if (json_parse_file(&root, path, err) != 0) return -1;
@@ -146,25 +235,28 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
                 json_type_name(root));
         goto done;
     }
-    if (config_check_architectures(root, path, err) != 0 ||
-        config_check_model_type(root, path, err) != 0 ||
+    config_kind kind = KIND_UNSTATED;
+    if (config_read_kind(&kind, root, path, err) != 0 ||
         config_check_unsupported(root, path, err) != 0)
         goto done;
+    bool moe = kind == KIND_MOE;
     if (config_int(&c->vocab_size, root, "vocab_size", true, path, err) ||
         config_int(&c->hidden_size, root, "hidden_size", true, path, err) ||
         config_int(&c->intermediate_size, root, "intermediate_size", true, path, err) ||
         config_int(&c->num_hidden_layers, root, "num_hidden_layers", true, path, err) ||
         config_int(&c->num_attention_heads, root, "num_attention_heads", true, path, err))
         goto done;
-    // transformers' Qwen3Config defaults for the optional sizes: an absent key takes the class
-    // default (num_key_value_heads 32, head_dim 128), an explicit null the derived value
-    // (num_attention_heads, hidden_size / num_attention_heads), as the modeling code does.
+    // transformers' defaults for the optional sizes: an absent key takes the class default, an
+    // explicit null the derived value (num_attention_heads, hidden_size / num_attention_heads),
+    // as the modeling code does. Qwen3Config's defaults are num_key_value_heads 32 and head_dim
+    // 128; Qwen3MoeConfig's are num_key_value_heads 4 and no head_dim at all, so the attention
+    // falls back to hidden_size / num_attention_heads.
     bool nkv_absent = !cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
     bool hd_absent = !cJSON_GetObjectItemCaseSensitive(root, "head_dim");
-    c->num_key_value_heads = nkv_absent ? 32 : c->num_attention_heads;
-    c->head_dim = hd_absent                    ? 128
-                  : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads
-                                               : 0;
+    int nkv_default = moe ? 4 : 32;
+    int hd_derived = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+    c->num_key_value_heads = nkv_absent ? nkv_default : c->num_attention_heads;
+    c->head_dim = hd_absent && !moe ? 128 : hd_derived;
     c->max_position_embeddings = 32768;
     if (config_int(&c->num_key_value_heads, root, "num_key_value_heads", false, path, err) ||
         config_int(&c->head_dim, root, "head_dim", false, path, err) ||
@@ -183,15 +275,82 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
     if (cJSON_IsString(dt)) snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", dt->valuestring);
     if (nkv_absent && c->num_attention_heads % c->num_key_value_heads != 0) {
         ct_fail(err,
-                "%s: key \"num_key_value_heads\" is absent, and transformers' default (32) does "
+                "%s: key \"num_key_value_heads\" is absent, and transformers' default (%d) does "
                 "not divide num_attention_heads (%d): set it explicitly",
-                path, c->num_attention_heads);
+                path, nkv_default, c->num_attention_heads);
         goto done;
     }
+    // A dense Qwen3 ignores the MoE keys, as Qwen3Config does: num_experts stays 0.
+    if (moe && config_read_moe(c, root, path, err) != 0) goto done;
     rc = qwen3_config_validate(c, path, err);
 done:
     cJSON_Delete(root);
     return rc;
+}
+
+bool qwen3_layer_is_sparse(const qwen3_config *c, int layer) {
+    if (c->num_experts <= 0 || c->decoder_sparse_step <= 0) return false;
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == layer) return false;
+    return (layer + 1) % c->decoder_sparse_step == 0;
+}
+
+int qwen3_num_sparse_layers(const qwen3_config *c) {
+    int n = 0;
+    for (int i = 0; i < c->num_hidden_layers; i++) n += qwen3_layer_is_sparse(c, i);
+    return n;
+}
+
+static int config_validate_moe(const qwen3_config *c, const char *source, ct_error *err) {
+    int E = c->num_experts, L = c->num_hidden_layers;
+    if (E < 0)
+        return ct_fail(err,
+                       "%s: key \"num_experts\": expected 0 (dense) or a positive integer, found "
+                       "%d",
+                       source, E);
+    if (E == 0) return 0;
+    if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > E)
+        return ct_fail(err,
+                       "%s: key \"num_experts_per_tok\": expected an integer in [1, num_experts "
+                       "= %d], found %d",
+                       source, E, c->num_experts_per_tok);
+    if (c->moe_intermediate_size <= 0)
+        return ct_fail(err,
+                       "%s: key \"moe_intermediate_size\": expected a positive integer, found %d",
+                       source, c->moe_intermediate_size);
+    if (c->decoder_sparse_step < 1)
+        return ct_fail(err,
+                       "%s: key \"decoder_sparse_step\": expected a positive integer, found %d",
+                       source, c->decoder_sparse_step);
+    if (c->n_mlp_only_layers < 0 || c->n_mlp_only_layers > QWEN3_MAX_MLP_ONLY)
+        return ct_fail(err, "%s: key \"mlp_only_layers\": expected at most %d entries, found %d",
+                       source, QWEN3_MAX_MLP_ONLY, c->n_mlp_only_layers);
+    for (int i = 0; i < c->n_mlp_only_layers; i++) {
+        int l = c->mlp_only_layers[i];
+        if (l < 0 || l >= L)
+            return ct_fail(err,
+                           "%s: key \"mlp_only_layers\": expected layer indices in [0, "
+                           "num_hidden_layers = %d), found %d",
+                           source, L, l);
+        for (int j = 0; j < i; j++)
+            if (c->mlp_only_layers[j] == l)
+                return ct_fail(err,
+                               "%s: key \"mlp_only_layers\": expected distinct layer indices, "
+                               "found %d twice",
+                               source, l);
+    }
+    if (!(c->router_aux_loss_coef >= 0) || !isfinite(c->router_aux_loss_coef))
+        return ct_fail(err,
+                       "%s: key \"router_aux_loss_coef\": expected a finite number >= 0, found %g",
+                       source, c->router_aux_loss_coef);
+    // The expert kernels index one expert's weights, (3*Fm, C), and the fused gate/up (2*Fm, C)
+    // with int. The whole layer's E*3*Fm*C is not required to fit: 235B-A22B's is 2.4e9.
+    if ((int64_t)3 * c->moe_intermediate_size * c->hidden_size > INT_MAX)
+        return ct_fail(err,
+                       "%s: key \"moe_intermediate_size\": 3 x moe_intermediate_size (%d) x "
+                       "hidden_size (%d) exceeds %d",
+                       source, c->moe_intermediate_size, c->hidden_size, INT_MAX);
+    return 0;
 }
 
 int qwen3_config_validate(const qwen3_config *c, const char *source, ct_error *err) {
@@ -234,7 +393,7 @@ int qwen3_config_validate(const qwen3_config *c, const char *source, ct_error *e
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
         return ct_fail(err, "%s: key \"rope_theta\": expected a positive number, found %g", source,
                        c->rope_theta);
-    return 0;
+    return config_validate_moe(c, source, err);
 }
 
 // The shortest decimal that reads back as the same float, so 1e-6f is saved as 1e-06 rather
@@ -248,12 +407,43 @@ static double float_shortest(float f) {
     return strtod(buf, NULL);
 }
 
+static int item_name_cmp(const void *a, const void *b) {
+    return strcmp((*(cJSON *const *)a)->string, (*(cJSON *const *)b)->string);
+}
+
+// Reorders an object's keys by name, as json.dumps(sort_keys=True) writes them.
+static int object_sort_keys(cJSON *o) {
+    int n = cJSON_GetArraySize(o);
+    cJSON **items = malloc((size_t)(n > 0 ? n : 1) * sizeof *items);
+    if (!items) return -1;
+    for (int i = 0; i < n; i++) items[i] = cJSON_DetachItemFromArray(o, 0);
+    qsort(items, (size_t)n, sizeof *items, item_name_cmp);
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(o, items[i]);
+    free(items);
+    return 0;
+}
+
+// The qwen3_moe keys of a Qwen3MoeForCausalLM config.json.
+static void config_add_moe(cJSON *o, const qwen3_config *c) {
+    cJSON_AddNumberToObject(o, "decoder_sparse_step", c->decoder_sparse_step);
+    cJSON *only = cJSON_AddArrayToObject(o, "mlp_only_layers");
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        cJSON_AddItemToArray(only, cJSON_CreateNumber(c->mlp_only_layers[i]));
+    cJSON_AddNumberToObject(o, "moe_intermediate_size", c->moe_intermediate_size);
+    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+    cJSON_AddNumberToObject(o, "num_experts", c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->num_experts_per_tok);
+    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    cJSON_AddNumberToObject(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+}
+
 int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
     if (qwen3_config_validate(c, path, err) != 0) return -1;
-    // Keys sorted, as transformers writes them (json.dumps(sort_keys=True, indent=2)).
+    bool moe = c->num_experts > 0;
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3ForCausalLM"));
+    cJSON_AddItemToArray(arch,
+                         cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
     cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
     cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
@@ -263,7 +453,7 @@ int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
     cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
     cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
-    cJSON_AddStringToObject(o, "model_type", "qwen3");
+    cJSON_AddStringToObject(o, "model_type", moe ? "qwen3_moe" : "qwen3");
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
@@ -276,26 +466,31 @@ int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
     cJSON_AddBoolToObject(o, "use_cache", true);
     cJSON_AddBoolToObject(o, "use_sliding_window", false);
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-    // Two-space indent, one key per line, as json.dumps(indent=2) lays it out.
-    size_t cap = 4096, len = 0;
-    char *text = malloc(cap);
+    if (moe) config_add_moe(o, c);
+    // Keys sorted, as transformers writes them (json.dumps(sort_keys=True, indent=2)), one per
+    // line with a two-space indent; arrays stay on their line.
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = object_sort_keys(o) == 0 ? open_memstream(&text, &len) : NULL;
+    bool ok = f != NULL;
     const cJSON *it;
-    if (text) len += (size_t)snprintf(text, cap, "{\n");
+    if (ok) fputs("{\n", f);
     cJSON_ArrayForEach(it, o) {
-        char *val = cJSON_PrintUnformatted(it);
-        if (!text || !val || len + strlen(it->string) + strlen(val) + 16 > cap) {
-            cJSON_free(val);
-            free(text);
-            text = NULL;
-            break;
-        }
-        len += (size_t)snprintf(text + len, cap - len, "  \"%s\": %s%s\n", it->string, val,
-                                it->next ? "," : "");
+        char *val = ok ? cJSON_PrintUnformatted(it) : NULL;
+        if (val) fprintf(f, "  \"%s\": %s%s\n", it->string, val, it->next ? "," : "");
+        ok = ok && val;
         cJSON_free(val);
     }
+    if (f) {
+        fputs("}\n", f);
+        ok = ok && !ferror(f);
+        ok = fclose(f) == 0 && ok;
+    }
     cJSON_Delete(o);
-    if (!text) return ct_fail(err, "%s: out of memory formatting config.json", path);
-    len += (size_t)snprintf(text + len, cap - len, "}\n");
+    if (!ok) {
+        free(text);
+        return ct_fail(err, "%s: out of memory formatting config.json", path);
+    }
     atomic_file af;
     int rc = atomic_open(&af, path, err);
     if (rc == 0) {

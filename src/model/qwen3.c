@@ -5,6 +5,8 @@
 // Forward of one layer (HF Qwen3DecoderLayer):
 //   x2 = x  + o_proj(attention(rope(q_norm(q_proj(ln1))), rope(k_norm(k_proj(ln1))), v_proj(ln1)))
 //   y  = x2 + down_proj(silu(gate_proj(ln2)) * up_proj(ln2)),   ln1 = norm1(x), ln2 = norm2(x2)
+// or, in a sparse layer (HF Qwen3MoeSparseMoeBlock),
+//   y  = x2 + sum_k w_k * expert_{e_k}(ln2),  (e, w) = top-K of softmax(router(ln2))
 // Backward keeps one running gradient of the residual stream (dresid) and adds each block's
 // contribution to it.
 #include <math.h>
@@ -12,9 +14,11 @@
 
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
+#include "ops/moe_router.h"
 
 typedef struct dims {
     int B, T, N, C, NH, NKV, D, F, V;
+    int E, K, Fm; // experts, experts per token, expert width (MoE)
 } dims;
 
 static dims model_dims(const qwen3_model *m) {
@@ -27,7 +31,10 @@ static dims model_dims(const qwen3_model *m) {
                   .NKV = c->num_key_value_heads,
                   .D = c->head_dim,
                   .F = c->intermediate_size,
-                  .V = c->vocab_size};
+                  .V = c->vocab_size,
+                  .E = c->num_experts,
+                  .K = c->num_experts_per_tok,
+                  .Fm = c->moe_intermediate_size};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -112,6 +119,99 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sparse MoE block: out (N,C) = a->resid2 + experts(ln2) routed by the router. The routing
+// statistics for the load-balancing loss and the expert bias are summed as a side effect.
+
+static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
+                              qwen3_layer_acts *a, const qwen3_acts *s, float *out) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C,
+                        m->cfg.rms_norm_eps);
+    op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
+    moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
+                      m->cfg.norm_topk_prob);
+    const size_t row = (size_t)a->sparse_index * d.E;
+    moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E, d.K);
+    op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w, w->experts,
+                    d.N, d.C, d.Fm, d.E, d.K);
+    op->add(out, a->resid2, out, (int64_t)d.N * d.C);
+}
+
+// On entry s->dresid is the gradient of the block output; on exit, of a->resid2. ln2 reaches
+// the loss through the experts and through the router (via the routing weights and, when set,
+// the load-balancing loss): both input gradients are summed.
+static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+                               qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
+                     a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
+    moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
+                       a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
+    op->matmul_backward(s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
+    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
+    op->rmsnorm_backward(s->dtmp, g->post_norm, s->dln, a->resid2, w->post_norm, a->ln2_rstd, d.N,
+                         d.C);
+    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+}
+
+double qwen3_moe_aux(const qwen3_model *m, const double *load, const double *prob, double tokens) {
+    const int E = m->cfg.num_experts;
+    const double rows = tokens * m->n_sparse;
+    if (m->n_sparse == 0 || rows <= 0) return 0.0;
+    double sum = 0;
+    for (int e = 0; e < E; e++) {
+        double l = 0, p = 0;
+        for (int s = 0; s < m->n_sparse; s++) {
+            l += load[(size_t)s * E + e];
+            p += prob[(size_t)s * E + e];
+        }
+        sum += l * p;
+    }
+    return E * sum / (rows * rows);
+}
+
+void qwen3_moe_aux_grad(qwen3_model *m, const double *load, double tokens, float scale) {
+    qwen3_acts *s = m->acts;
+    if (!s || m->n_sparse == 0) return;
+    const int E = m->cfg.num_experts;
+    const double rows = tokens * m->n_sparse;
+    s->aux_active = scale != 0.0f && rows > 0;
+    if (!s->aux_active) return;
+    // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
+    // one-hot counts are constants, as in HF.
+    for (int e = 0; e < E; e++) {
+        double l = 0;
+        for (int k = 0; k < m->n_sparse; k++) l += load[(size_t)k * E + e];
+        s->aux_dprob[e] = (float)(scale * E * l / (rows * rows));
+    }
+}
+
+void qwen3_moe_update_bias(qwen3_model *m, const double *load, float coeff) {
+    const int E = m->cfg.num_experts;
+    int s = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        float *bias = m->w.layers[l].expert_bias;
+        if (!bias) continue;
+        const double *count = load + (size_t)s++ * E;
+        double total = 0;
+        for (int e = 0; e < E; e++) total += count[e];
+        const float mean = (float)(total / E);
+        float dsum = 0;
+        for (int e = 0; e < E; e++) {
+            const float diff = mean - (float)count[e];
+            dsum += coeff * (float)((diff > 0) - (diff < 0));
+        }
+        const float dmean = dsum / (float)E;
+        for (int e = 0; e < E; e++) {
+            const float diff = mean - (float)count[e];
+            bias[e] += coeff * (float)((diff > 0) - (diff < 0)) - dmean;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 
 int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                        int64_t n, ct_error *err) {
@@ -135,18 +235,27 @@ double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targe
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
     s->have_targets = false;
+    s->aux_active = false;
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
     const int L = m->cfg.num_hidden_layers;
     if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
     memcpy(s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
 
+    if (m->n_sparse) {
+        const size_t n = (size_t)m->n_sparse * d.E;
+        memset(m->moe_load, 0, n * sizeof *m->moe_load);
+        memset(m->moe_prob, 0, n * sizeof *m->moe_prob);
+    }
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
     for (int l = 0; l < L; l++) {
         qwen3_layer_acts *a = &s->layers[l];
         float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
         attention_block_forward(m, &m->w.layers[l], a, s);
-        mlp_block_forward(m, &m->w.layers[l], a, out);
+        if (a->sparse_index >= 0)
+            moe_block_forward(m, &m->w.layers[l], a, s, out);
+        else
+            mlp_block_forward(m, &m->w.layers[l], a, out);
     }
     op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
                         m->cfg.rms_norm_eps);
@@ -187,7 +296,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
     for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
-        mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+        if (a->sparse_index >= 0)
+            moe_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+        else
+            mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         if (m->grad_ready)
             m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.layers[l].input_norm - m->grad_mem));
@@ -195,4 +307,5 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     s->have_targets = false; // the logits buffer now holds gradients
+    s->aux_active = false;   // qwen3_moe_aux_grad holds for one backward
 }

@@ -1,4 +1,4 @@
-// One Qwen3 decoder (dense today; MoE blocks slot in per layer), forward and backward on fp32
+// One Qwen3 decoder (dense, or MoE with sparse blocks per layer), forward and backward on fp32
 // planned buffers. The model knows tensors by their Hugging Face names through `params`;
 // it knows nothing about files or processes.
 #pragma once
@@ -18,6 +18,10 @@ typedef struct qwen3_param {
     int64_t shape[2];
     size_t offset; // in floats, into param_mem (and grad_mem)
     size_t numel;
+    // Not trained (no gradient, no weight decay) and not part of HF's format: the MoE
+    // aux-loss-free expert bias. Saved in checkpoints, left out of HF exports, optional at
+    // HF load (zero when absent).
+    bool buffer;
 } qwen3_param;
 
 typedef struct qwen3_layer_weights {
@@ -27,8 +31,13 @@ typedef struct qwen3_layer_weights {
     float *q_norm, *k_norm;   // (D), shared by all heads
     float *wo;                // (C, NH*D)
     float *post_norm;         // (C)
-    float *w_gate, *w_up;     // (F, C)
-    float *w_down;            // (C, F)
+    float *w_gate, *w_up;     // (F, C); NULL in a sparse layer
+    float *w_down;            // (C, F); NULL in a sparse layer
+    // Sparse (MoE) layers only, else NULL. E experts of width Fm (moe_intermediate_size).
+    float *router;      // (E, C) mlp.gate.weight
+    float *experts;     // E blocks of 3*Fm*C: mlp.experts.{e}.gate_proj (Fm,C), up_proj (Fm,C),
+                        // down_proj (C,Fm); the layout ct_ops.moe_forward reads
+    float *expert_bias; // (E) the aux-loss-free bias (a buffer: its "gradient" stays 0)
 } qwen3_layer_weights;
 
 typedef struct qwen3_weights {
@@ -63,6 +72,12 @@ typedef struct qwen3_model {
     // last with from = 0. A data-parallel caller starts reducing them while the backward goes on.
     void (*grad_ready)(void *ctx, size_t from);
     void *grad_ready_ctx;
+
+    // MoE routing statistics of the last forward, per sparse layer s (in layer order; n_sparse
+    // of them) and expert e: moe_load[s*E + e] counts the tokens whose top K include e,
+    // moe_prob[s*E + e] sums the router probability of e over the tokens. NULL when dense.
+    int n_sparse;
+    double *moe_load, *moe_prob;
 } qwen3_model;
 
 // Bytes the model needs for a (B, T) step: parameters, gradients and activations.
@@ -102,3 +117,20 @@ void qwen3_zero_grad(qwen3_model *m);
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
 // forward with targets before it does nothing.
 void qwen3_backward(qwen3_model *m, float loss_scale);
+
+// HF's load-balancing statistic (load_balancing_loss_func) over every sparse layer's router,
+// from routing statistics in the layout of moe_load/moe_prob (the last forward's, or their
+// sums over data-parallel ranks) and the tokens they count (per layer):
+//   aux = E * sum_{j,e} f[j,e] * p[e] = E * sum_e load_e * prob_e / rows^2,
+// load_e and prob_e summed over the sparse layers, rows = tokens * n_sparse. 0 when dense.
+double qwen3_moe_aux(const qwen3_model *m, const double *load, const double *prob, double tokens);
+// Makes the next qwen3_backward add the gradient of scale * aux (aux as qwen3_moe_aux computes
+// it from these load and tokens; it does not depend on prob) to the router. scale 0 = none,
+// the state after every backward.
+void qwen3_moe_aux_grad(qwen3_model *m, const double *load, double tokens, float scale);
+// torchtitan's auxiliary-loss-free load balancing, run before each optimizer step: from the
+// step's token counts per sparse layer and expert (the layout of moe_load, summed over the
+// step's forwards), every expert_bias moves by delta - mean(delta), delta_e = coeff *
+// sign(mean load - load_e), in fp32. Underloaded experts become likelier choices; the bias never
+// changes the routing weights, only the choice.
+void qwen3_moe_update_bias(qwen3_model *m, const double *load, float coeff);

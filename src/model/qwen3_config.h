@@ -4,6 +4,9 @@
 
 #include "core/error.h"
 
+// The most layers config.json's mlp_only_layers may list (the largest Qwen3-MoE has 94 layers).
+#define QWEN3_MAX_MLP_ONLY 256
+
 typedef struct qwen3_config {
     int vocab_size;              // 151936 for released models (not the tokenizer's 151669)
     int hidden_size;             // C
@@ -18,13 +21,32 @@ typedef struct qwen3_config {
     bool tie_word_embeddings; // lm_head is embed_tokens; no lm_head.weight on disk
     bool attention_bias;      // q/k/v/o projections carry biases
     char torch_dtype[16];     // "bfloat16", "float32", ... as declared (informational)
+
+    // Mixture of experts (Qwen3MoeForCausalLM, model_type "qwen3_moe"); num_experts == 0 is a
+    // dense Qwen3ForCausalLM and the fields below are unused. See qwen3_layer_is_sparse.
+    int num_experts;           // E, routed experts per sparse layer (no shared experts)
+    int num_experts_per_tok;   // K, the router's top-k
+    int moe_intermediate_size; // each expert's SwiGLU width (dense layers use intermediate_size)
+    int decoder_sparse_step;   // layer i is sparse iff (i + 1) % decoder_sparse_step == 0 ...
+    int n_mlp_only_layers;     // ... and i is not listed in mlp_only_layers
+    int mlp_only_layers[QWEN3_MAX_MLP_ONLY];
+    bool norm_topk_prob;         // renormalise the top-k probabilities to sum to 1
+    bool output_router_logits;   // HF adds router_aux_loss_coef * aux to the loss
+    double router_aux_loss_coef; // the load-balancing loss weight (HF default 0.001)
 } qwen3_config;
+
+// HF's rule: layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
+// and (i + 1) % decoder_sparse_step == 0. Every other layer has the dense MLP.
+bool qwen3_layer_is_sparse(const qwen3_config *c, int layer);
+// How many layers are sparse.
+int qwen3_num_sparse_layers(const qwen3_config *c);
 
 // Parses `path` (a config.json). Fields HF defaults (head_dim = C/NH, num_key_value_heads =
 // NH, rms_norm_eps = 1e-6, rope_theta = 10000, ...) take HF's defaults; wrong types, bad
 // values, non-null rope_scaling and use_sliding_window=true are errors naming file and key.
 int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err);
-// Writes a config.json that transformers loads as Qwen3ForCausalLM.
+// Writes a config.json that transformers loads as Qwen3ForCausalLM (Qwen3MoeForCausalLM when
+// num_experts > 0).
 int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err);
 // Checks internal consistency (positive sizes, NH % NKV == 0, even head_dim, ...).
 // `source` names where the config came from, for the message.

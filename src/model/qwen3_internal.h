@@ -21,8 +21,15 @@ typedef struct qwen3_layer_acts {
     float *atty;           // (N,NH*D) attention output, o_proj input
     float *resid2;         // (N,C) resid + o_proj(atty)
     float *ln2, *ln2_rstd; // (N,C), (N) post_attention_layernorm
-    float *gate, *up;      // (N,F) gate_proj, up_proj outputs
-    float *h;              // (N,F) silu(gate) * up, down_proj input
+    // Dense MLP (NULL in a sparse layer):
+    float *gate, *up; // (N,F) gate_proj, up_proj outputs
+    float *h;         // (N,F) silu(gate) * up, down_proj input
+    // Sparse MoE block (NULL in a dense layer):
+    float *probs;     // (N,E) router logits, turned into their softmax in place
+    int32_t *expert;  // (N,K) chosen experts, in the router's top-k order
+    float *route_w;   // (N,K) their routing weights
+    float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
+    int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
 } qwen3_layer_acts;
 
 typedef struct qwen3_acts {
@@ -39,6 +46,11 @@ typedef struct qwen3_acts {
     float *dk, *dv;     // (N,NKV*D)
     float *dh, *dup;    // (N,F) gradient of h (then of gate, in place); of up
     float *att_scratch; // ops->attention_scratch_floats()
+    float *moe_scratch; // ops->moe_scratch_floats() (MoE models only)
+    float *dweight;     // (N,K) gradient of the routing weights
+    float *dlogits;     // (N,E) gradient of the router logits
+    float *aux_dprob;   // (E) the load-balancing loss's gradient per router probability
+    bool aux_active;    // qwen3_moe_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;

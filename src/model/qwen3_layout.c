@@ -11,9 +11,10 @@
 #include "model/qwen3_internal.h"
 
 // ---------------------------------------------------------------------------------------------
-// An op table must provide every op the model calls (plugins fill their own tables).
+// An op table must provide every op the model calls (plugins fill their own tables); the
+// expert kernel only for a MoE model.
 
-static int model_check_ops(const ct_ops *o, ct_error *err) {
+static int model_check_ops(const ct_ops *o, bool moe, ct_error *err) {
     const struct {
         const char *name;
         int present;
@@ -35,6 +36,10 @@ static int model_check_ops(const ct_ops *o, ct_error *err) {
         {"swiglu_backward", o->swiglu_backward != NULL},
         {"cross_entropy_forward", o->cross_entropy_forward != NULL},
         {"cross_entropy_backward", o->cross_entropy_backward != NULL},
+        {"moe_state_floats", !moe || o->moe_state_floats != NULL},
+        {"moe_scratch_floats", !moe || o->moe_scratch_floats != NULL},
+        {"moe_forward", !moe || o->moe_forward != NULL},
+        {"moe_backward", !moe || o->moe_backward != NULL},
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         if (!fns[i].present)
@@ -55,7 +60,8 @@ typedef struct param_walk {
 } param_walk;
 
 // cols == 0 for a 1-D tensor of `rows` values.
-static float *param_add(param_walk *pw, const char *name, int64_t rows, int64_t cols) {
+static float *param_add_kind(param_walk *pw, const char *name, int64_t rows, int64_t cols,
+                             bool buffer) {
     const size_t numel = (size_t)rows * (size_t)(cols ? cols : 1);
     if (pw->table) {
         qwen3_param *p = &pw->table[pw->n];
@@ -65,11 +71,38 @@ static float *param_add(param_walk *pw, const char *name, int64_t rows, int64_t 
         p->shape[1] = cols;
         p->offset = pw->off;
         p->numel = numel;
+        p->buffer = buffer;
     }
     float *ptr = pw->base ? pw->base + pw->off : NULL;
     pw->n++;
     pw->off += numel;
     return ptr;
+}
+
+static float *param_add(param_walk *pw, const char *name, int64_t rows, int64_t cols) {
+    return param_add_kind(pw, name, rows, cols, false);
+}
+
+// A sparse layer's MoE block, in HF's module order: the router, then each expert's gate, up
+// and down projections back to back (so expert e's gate|up is one (2Fm, C) matrix and its
+// block starts at experts + e*3*Fm*C), then the aux-loss-free bias (ours, a buffer).
+static void param_walk_moe(param_walk *pw, qwen3_layer_weights *lw, const qwen3_config *c,
+                           int layer) {
+    const int C = c->hidden_size, Fm = c->moe_intermediate_size, E = c->num_experts;
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", layer);
+    lw->router = param_add(pw, name, E, C);
+    for (int e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e,
+                     proj[k]);
+            float *p = param_add(pw, name, k < 2 ? Fm : C, k < 2 ? C : Fm);
+            if (e == 0 && k == 0) lw->experts = p;
+        }
+    snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", layer);
+    lw->expert_bias = param_add_kind(pw, name, E, 0, true);
+    lw->w_gate = lw->w_up = lw->w_down = NULL;
 }
 
 // w (may be NULL) receives the named pointers; w->layers must hold L entries.
@@ -99,6 +132,11 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
         lw->q_norm = P("self_attn.q_norm.weight", D, 0);
         lw->k_norm = P("self_attn.k_norm.weight", D, 0);
         lw->post_norm = P("post_attention_layernorm.weight", C, 0);
+        if (qwen3_layer_is_sparse(c, i)) {
+            param_walk_moe(pw, lw, c, i);
+            continue;
+        }
+        lw->router = lw->experts = lw->expert_bias = NULL;
         lw->w_gate = P("mlp.gate_proj.weight", F, C);
         lw->w_up = P("mlp.up_proj.weight", F, C);
         lw->w_down = P("mlp.down_proj.weight", C, F);
@@ -129,6 +167,11 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
     const size_t D = cfg->head_dim, V = cfg->vocab_size;
     const int nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
+    const size_t E = cfg->num_experts, K = cfg->num_experts_per_tok;
+    const int n = B * T, c = cfg->hidden_size, fm = cfg->moe_intermediate_size;
+    const int e = cfg->num_experts, k = cfg->num_experts_per_tok;
+    const bool moe = qwen3_num_sparse_layers(cfg) > 0;
+    int n_sparse = 0;
     carve cv = {base, 0};
     for (int l = 0; l < cfg->num_hidden_layers; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
@@ -147,9 +190,16 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         la->resid2 = carve_take(&cv, N * C);
         la->ln2 = carve_take(&cv, N * C);
         la->ln2_rstd = carve_take(&cv, N);
-        la->gate = carve_take(&cv, N * F);
-        la->up = carve_take(&cv, N * F);
-        la->h = carve_take(&cv, N * F);
+        const bool sparse = qwen3_layer_is_sparse(cfg, l);
+        la->sparse_index = sparse ? n_sparse++ : -1;
+        la->gate = sparse ? NULL : carve_take(&cv, N * F);
+        la->up = sparse ? NULL : carve_take(&cv, N * F);
+        la->h = sparse ? NULL : carve_take(&cv, N * F);
+        la->probs = sparse ? carve_take(&cv, N * E) : NULL;
+        // Expert ids share the float buffer: int32_t and float have the same size.
+        la->expert = sparse ? (int32_t *)carve_take(&cv, N * K) : NULL;
+        la->route_w = sparse ? carve_take(&cv, N * K) : NULL;
+        la->moe_state = sparse ? carve_take(&cv, ops->moe_state_floats(n, c, fm, e, k)) : NULL;
     }
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
     a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
@@ -168,6 +218,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->dh = carve_take(&cv, N * F);
     a->dup = carve_take(&cv, N * F);
     a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
+    a->moe_scratch = moe ? carve_take(&cv, ops->moe_scratch_floats(n, c, fm, e, k)) : NULL;
+    a->dweight = moe ? carve_take(&cv, N * K) : NULL;
+    a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
+    a->aux_dprob = moe ? carve_take(&cv, E) : NULL;
     return cv.off;
 }
 
@@ -203,7 +257,9 @@ qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T) {
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err) {
     memset(m, 0, sizeof *m);
     if (!ops) ops = &ct_ops_cpu;
-    if (qwen3_config_validate(cfg, "qwen3_init: config", err) || model_check_ops(ops, err))
+    const int n_sparse = qwen3_num_sparse_layers(cfg);
+    if (qwen3_config_validate(cfg, "qwen3_init: config", err) ||
+        model_check_ops(ops, n_sparse > 0, err))
         return -1;
     m->cfg = *cfg;
     m->ops = ops;
@@ -215,7 +271,12 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
     m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
     m->param_mem = calloc(m->num_params, sizeof(float));
     m->grad_mem = calloc(m->num_params, sizeof(float));
-    if (!m->params || !m->w.layers || !m->g.layers || !m->param_mem || !m->grad_mem) {
+    m->n_sparse = n_sparse;
+    const size_t n_stats = (size_t)n_sparse * (size_t)cfg->num_experts;
+    m->moe_load = n_sparse ? calloc(n_stats, sizeof(double)) : NULL;
+    m->moe_prob = n_sparse ? calloc(n_stats, sizeof(double)) : NULL;
+    if (!m->params || !m->w.layers || !m->g.layers || !m->param_mem || !m->grad_mem ||
+        (n_sparse && (!m->moe_load || !m->moe_prob))) {
         qwen3_free(m);
         return ct_fail(err,
                        "qwen3_init: out of memory allocating %zu parameters (%zu bytes for "
@@ -271,6 +332,12 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     if ((int64_t)B * T * c->num_attention_heads > INT_MAX)
         return ct_fail(err, "qwen3_plan: batch %d x seq_len %d x %d heads exceeds %d rows", B, T,
                        c->num_attention_heads, INT_MAX);
+    // ... and the expert kernel sees B*T*K token slots, each (2*Fm) wide.
+    if ((int64_t)B * T * c->num_experts_per_tok * 2 * c->moe_intermediate_size > INT_MAX)
+        return ct_fail(err,
+                       "qwen3_plan: batch %d x seq_len %d x %d experts per token x 2 x "
+                       "moe_intermediate_size %d exceeds %d",
+                       B, T, c->num_experts_per_tok, c->moe_intermediate_size, INT_MAX);
     qwen3_acts *a = calloc(1, sizeof *a);
     if (!a) return ct_fail(err, "qwen3_plan: out of memory");
     m->acts = a;
@@ -301,6 +368,8 @@ void qwen3_free(qwen3_model *m) {
     free(m->g.layers);
     free(m->param_mem);
     free(m->grad_mem);
+    free(m->moe_load);
+    free(m->moe_prob);
     memset(m, 0, sizeof *m);
 }
 
@@ -363,8 +432,8 @@ void qwen3_init_random(qwen3_model *m, uint64_t seed) {
         if (p->ndim == 2) {
             fill_normal(x, p->numel, 0.02f, seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
         } else {
-            // 1-D tensors are biases (0) or norm weights (1).
-            const bool is_bias = len >= 5 && strcmp(p->name + len - 5, ".bias") == 0;
+            // 1-D tensors are biases (0) or norm weights (1); buffers (the expert bias) start 0.
+            const bool is_bias = p->buffer || (len >= 5 && strcmp(p->name + len - 5, ".bias") == 0);
             for (size_t j = 0; j < p->numel; j++) x[j] = is_bias ? 0.0f : 1.0f;
         }
     }

@@ -313,7 +313,8 @@ static int commit(const char *root, long tag, const qwen3_model *m, const ckpt_s
     snprintf(aside, sizeof aside, "%s.old", tmp);
     int rc = config_toml ? 0 : ct_fail(err, "%s: no config text to save", tmp);
     if (rc == 0) rc = check_commit(tmp, m, shards, n_shards, check_params, err);
-    if (rc == 0) rc = hf_save_folder(m, tmp, CT_F32, 0, err); // config.json + model
+    // config.json + model, with the buffers (the MoE expert bias), which an HF export leaves out
+    if (rc == 0) rc = hf_save_folder_with_buffers(m, tmp, CT_F32, 0, err);
     if (rc == 0) rc = join(path, sizeof path, tmp, file_names[F_CONFIG_TOML], err);
     if (rc == 0) rc = ckpt_write_text(path, config_toml, strlen(config_toml), err);
     if (rc == 0) rc = write_state(tmp, st, shards, n_shards, err);

@@ -26,7 +26,8 @@ static const config_key config_table[] = {
     KEY(model, backend, CONFIG_STR, "native", "native|hf", true,
         "where the architecture and weights come from: a built-in flavor, or an HF folder"),
     KEY(model, flavor, CONFIG_STR, "debugmodel", NULL, true,
-        "native flavor: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, ..."),
+        "native flavor: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; MoE: debugmodel_moe, "
+        "30B-A3B, 235B-A22B"),
     KEY(model, hf_path, CONFIG_STR, "", NULL, true,
         "backend=hf: folder with config.json, *.safetensors and tokenizer.json"),
     KEY(model, tokenizer_path, CONFIG_STR, "", NULL, true,
@@ -47,6 +48,26 @@ static const config_key config_table[] = {
         "override the flavor's max_position_embeddings (0: keep)"),
     KEY(model, tie_embeddings, CONFIG_TRISTATE, "auto", NULL, true,
         "true/false override the flavor's tie_word_embeddings; \"auto\" keeps it"),
+    KEY(model, num_experts, CONFIG_INT, "0", NULL, true,
+        "override a MoE flavor's routed experts per sparse layer (0: keep)"),
+    KEY(model, num_experts_per_tok, CONFIG_INT, "0", NULL, true,
+        "override a MoE flavor's experts per token, the router's top-k (0: keep)"),
+    KEY(model, moe_intermediate_size, CONFIG_INT, "0", NULL, true,
+        "override a MoE flavor's expert intermediate size (0: keep)"),
+    KEY(model, moe_impl, CONFIG_STR, "grouped", "grouped|loop", false,
+        "MoE expert kernel: grouped (tokens sorted by expert) or loop (the reference); not "
+        "hashed: they differ only in fp32 rounding"),
+    KEY(model, load_balance, CONFIG_STR, "hf", "hf|aux_free|none", true,
+        "MoE load balancing: hf (HF's aux loss, times router_aux_loss_coef, added when "
+        "output_router_logits is on), aux_free (torchtitan's expert bias, no aux loss) or none"),
+    KEY(model, load_balance_coeff, CONFIG_FLOAT, "1e-3", NULL, true,
+        "load_balance = aux_free: the expert-bias step per optimizer step (torchtitan's "
+        "load_balance_coeff)"),
+    KEY(model, router_aux_loss_coef, CONFIG_FLOAT, "-1", NULL, true,
+        "MoE aux loss coefficient (-1: the model config's router_aux_loss_coef)"),
+    KEY(model, output_router_logits, CONFIG_TRISTATE, "auto", NULL, true,
+        "MoE: true adds the aux loss (load_balance = hf); \"auto\" keeps the model config's "
+        "output_router_logits"),
 
     KEY(training, dataset_path, CONFIG_STR, "", NULL, true,
         "training data: a .txt, .jsonl (\"text\" field) or .npy file, or a folder of them"),

@@ -31,6 +31,13 @@ typedef struct ct_config_model {
     // Overrides of the flavor's architecture (native only); 0 = keep the flavor's value.
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, max_seq_len;
     int tie_embeddings; // -1 = the flavor's, 0 = untied, 1 = tied
+    // MoE flavors' overrides likewise (0 = the flavor's).
+    int num_experts, num_experts_per_tok, moe_intermediate_size;
+    char moe_impl[CT_CONFIG_NAME_MAX];     // expert kernel: "grouped" | "loop"
+    char load_balance[CT_CONFIG_NAME_MAX]; // "hf" (aux loss) | "aux_free" (expert bias) | "none"
+    double load_balance_coeff;             // aux_free: the expert-bias step
+    double router_aux_loss_coef;           // -1 = the model config's; else >= 0
+    int output_router_logits;              // -1 = the model config's, 0 = off, 1 = on
 } ct_config_model;
 
 typedef struct ct_config_training {

@@ -76,10 +76,17 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
         const char *key;
         int value;
     } overrides[] = {
-        {"model.n_layers", m->n_layers},     {"model.dim", m->dim},
-        {"model.n_heads", m->n_heads},       {"model.n_kv_heads", m->n_kv_heads},
-        {"model.head_dim", m->head_dim},     {"model.ffn_dim", m->ffn_dim},
-        {"model.vocab_size", m->vocab_size}, {"model.max_seq_len", m->max_seq_len},
+        {"model.n_layers", m->n_layers},
+        {"model.dim", m->dim},
+        {"model.n_heads", m->n_heads},
+        {"model.n_kv_heads", m->n_kv_heads},
+        {"model.head_dim", m->head_dim},
+        {"model.ffn_dim", m->ffn_dim},
+        {"model.vocab_size", m->vocab_size},
+        {"model.max_seq_len", m->max_seq_len},
+        {"model.num_experts", m->num_experts},
+        {"model.num_experts_per_tok", m->num_experts_per_tok},
+        {"model.moe_intermediate_size", m->moe_intermediate_size},
     };
     bool hf = strcmp(m->backend, "hf") == 0;
     if (hf) {
@@ -107,6 +114,13 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
                  overrides[i].value);
     }
     NEED(m->tokenizer_path[0], "model.tokenizer_path", NULL, "model.tokenizer_path is empty");
+    // The load-balancing keys are training choices: they apply to either backend.
+    NEED(m->load_balance_coeff > 0, "model.load_balance_coeff", NULL,
+         "model.load_balance_coeff = %g; expected a positive number", m->load_balance_coeff);
+    NEED(m->router_aux_loss_coef == -1 || m->router_aux_loss_coef >= 0,
+         "model.router_aux_loss_coef", NULL,
+         "model.router_aux_loss_coef = %g; expected -1 (the model config's) or a number >= 0",
+         m->router_aux_loss_coef);
     return 0;
 }
 

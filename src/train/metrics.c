@@ -48,6 +48,12 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
             fprintf(m->out, "  ranks %d  total tps %.0f  comm %.1f ms (%.1f%%)", r->ranks,
                     r->tps_total, 1e3 * r->comm_s, 100 * r->comm_share);
         if (r->skipped) fprintf(m->out, "  skipped %lld", (long long)r->skipped);
+        if (r->n_moe_layers > 0) {
+            double worst = 0;
+            for (int i = 0; i < r->n_moe_layers; i++)
+                if (r->moe_load_max_over_mean[i] > worst) worst = r->moe_load_max_over_mean[i];
+            fprintf(m->out, "  ce %.4f  aux %.4f  load max/mean %.2f", r->ce, r->aux, worst);
+        }
         fputc('\n', m->out);
         fflush(m->out);
     }
@@ -67,7 +73,16 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
         json_number(m->jsonl, "memory_peak_gib", r->memory_peak_gib, "%.4f");
         json_number(m->jsonl, "time_s", r->time_s, "%.3f");
         json_number(m->jsonl, "eta_s", r->eta_s, "%.1f");
-        fprintf(m->jsonl, ",\"skipped\":%lld}\n", (long long)r->skipped);
+        fprintf(m->jsonl, ",\"skipped\":%lld", (long long)r->skipped);
+        if (r->n_moe_layers > 0) {
+            json_number(m->jsonl, "ce", r->ce, "%.17g");
+            json_number(m->jsonl, "aux", r->aux, "%.17g");
+            fputs(",\"moe_load_max_over_mean\":[", m->jsonl);
+            for (int i = 0; i < r->n_moe_layers; i++)
+                fprintf(m->jsonl, "%s%.4f", i ? "," : "", r->moe_load_max_over_mean[i]);
+            fputc(']', m->jsonl);
+        }
+        fputs("}\n", m->jsonl);
         fflush(m->jsonl);
     }
 }
@@ -81,8 +96,13 @@ double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
     double C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     double q = (double)c->num_attention_heads * c->head_dim;
     double kv = (double)c->num_key_value_heads * c->head_dim;
-    double per_layer = C * q + 2 * C * kv + q * C + 3 * C * F;
-    double n = c->num_hidden_layers * per_layer + V * C; // lm_head (tied or not) counts once
+    double attn = C * q + 2 * C * kv + q * C;
+    double n = V * C; // lm_head (tied or not) counts once
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        n += attn + (qwen3_layer_is_sparse(c, i)
+                         ? (double)c->num_experts * C +
+                               3.0 * C * c->moe_intermediate_size * c->num_experts_per_tok
+                         : 3 * C * F);
     return 6 * n + 12.0 * c->num_hidden_layers * q * seq_len;
 }
 

@@ -20,6 +20,11 @@ typedef struct metrics_row {
     double time_s; // wall time since the run (or resume) started
     double eta_s;
     int64_t skipped; // steps skipped so far for a non-finite loss or gradient
+    // MoE models (n_moe_layers > 0): the loss's parts, and each sparse layer's expert load over
+    // the step (the most tokens any expert got / the mean per expert; 1 is perfectly even).
+    double ce, aux;
+    int n_moe_layers;
+    const double *moe_load_max_over_mean;
 } metrics_row;
 
 typedef struct metrics_log {
@@ -33,6 +38,7 @@ void metrics_close(metrics_log *m);
 
 // Model FLOPs per token as torchtitan counts them: 6*N + 12*L*NH*D*T, where N counts the
 // parameters in matmuls (a tied embedding once, as lm_head; an untied input embedding not).
+// In a sparse layer N counts the parameters a token uses: the router and its K experts.
 double metrics_flops_per_token(const qwen3_config *c, int seq_len);
 // The best rate of `repeats` OpenBLAS sgemms of n x n by n x n, in GFLOP/s (0 if n or repeats
 // is below 1, or out of memory). With n = 1024 it is the MFU denominator the trainer measures;

@@ -35,6 +35,7 @@ typedef struct trainer {
     grad_sync sync; // gradient reduction and, with ZeRO-1, the parameter all-gather
     bool shard;     // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
     long save_tag;  // rank 0's pid: names the temporary folder every rank saves into
+    ct_ops ops;     // the built-in table with model.moe_impl's expert kernel
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -52,6 +53,11 @@ typedef struct trainer {
     uint64_t config_hash; // of the effective config, with the global batch resolved
     double flops_per_token, peak_gflops;
     metrics_log metrics;
+    // MoE: routing statistics of a micro-batch over all ranks (load then prob, n_sparse*E each),
+    // the step's load summed over micro-batches, its max/mean per layer, and dist scratch.
+    double *moe_stats, *moe_step_load, *moe_balance, *moe_scratch;
+    bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
+    bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
 } trainer;
 
 static double now_s(void) {
@@ -65,12 +71,21 @@ static void log_notes(trainer *t, ckpt_notes *notes) {
     ckpt_notes_free(notes);
 }
 
+// The load-balancing loss keys are training choices, not architecture: they apply to either
+// backend.
+static void apply_aux_overrides(qwen3_config *out, const ct_config_model *m) {
+    if (m->router_aux_loss_coef >= 0) out->router_aux_loss_coef = m->router_aux_loss_coef;
+    if (m->output_router_logits >= 0) out->output_router_logits = m->output_router_logits;
+}
+
 int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
     const ct_config_model *m = &c->model;
     if (strcmp(m->backend, "hf") == 0) {
         char path[CT_CONFIG_PATH_MAX + 16];
         snprintf(path, sizeof path, "%s/config.json", m->hf_path);
-        return qwen3_config_load(out, path, err);
+        if (qwen3_config_load(out, path, err) != 0) return -1;
+        apply_aux_overrides(out, m);
+        return 0;
     }
     if (flavor_lookup(out, m->flavor, err) != 0) return -1;
     // model.* overrides make small runs of big shapes possible; 0 keeps the flavor's value.
@@ -82,7 +97,19 @@ int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
     if (m->ffn_dim) out->intermediate_size = m->ffn_dim;
     if (m->vocab_size) out->vocab_size = m->vocab_size;
     if (m->max_seq_len) out->max_position_embeddings = m->max_seq_len;
+    apply_aux_overrides(out, m);
     if (m->tie_embeddings >= 0) out->tie_word_embeddings = m->tie_embeddings;
+    if (m->num_experts || m->num_experts_per_tok || m->moe_intermediate_size) {
+        if (out->num_experts == 0)
+            return ct_fail(err,
+                           "model.num_experts, num_experts_per_tok and moe_intermediate_size "
+                           "override a MoE flavor; \"%s\" is dense (MoE flavors: "
+                           "debugmodel_moe, 30B-A3B, 235B-A22B)",
+                           m->flavor);
+        if (m->num_experts) out->num_experts = m->num_experts;
+        if (m->num_experts_per_tok) out->num_experts_per_tok = m->num_experts_per_tok;
+        if (m->moe_intermediate_size) out->moe_intermediate_size = m->moe_intermediate_size;
+    }
     char source[128];
     snprintf(source, sizeof source, "model.flavor \"%s\" with model.* overrides", m->flavor);
     return qwen3_config_validate(out, source, err);
@@ -163,7 +190,7 @@ static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
     if (c->training.seq_len > mc->max_position_embeddings)
         return ct_fail(err, "training.seq_len %d exceeds the model's max_position_embeddings %d",
                        c->training.seq_len, mc->max_position_embeddings);
-    qwen3_memory mem = qwen3_memory_plan(mc, t->B, t->T);
+    qwen3_memory mem = qwen3_memory_plan_ops(mc, &t->ops, t->B, t->T);
     // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
     double optim = 2.0 * (double)mem.params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
@@ -305,13 +332,14 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     if (rc != 0) return -1;
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
     if (adamw_init_shard(&t->opt, m->num_params, lo, n, err) != 0) return -1;
-    if (!c->optimizer.decay_norms_and_embeddings)
-        for (int i = 0; i < m->n_params; i++) {
-            const qwen3_param *p = &m->params[i];
-            if (!adamw_param_decays(p->name, p->ndim) &&
-                adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0)
-                return -1;
-        }
+    // Buffers (the MoE expert bias) are not trained: no decay, and their gradient stays 0, so
+    // AdamW leaves them alone.
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        bool decays = !p->buffer && (c->optimizer.decay_norms_and_embeddings ||
+                                     adamw_param_decays(p->name, p->ndim));
+        if (!decays && adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0) return -1;
+    }
     t->hp = (adamw_hparams){c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
                             c->optimizer.weight_decay};
     t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
@@ -321,6 +349,35 @@ static int setup_optimizer(trainer *t, ct_error *err) {
             c->comm.bucket_cap_mb,
             c->comm.overlap ? "reduced during the backward" : "reduced after the backward");
     return lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err);
+}
+
+// MoE: the load-balancing mode and the buffers its per-step statistics need.
+static int setup_moe(trainer *t, ct_error *err) {
+    const qwen3_model *m = &t->model;
+    if (m->n_sparse == 0) return 0;
+    const qwen3_config *mc = &m->cfg;
+    const char *lb = t->cfg->model.load_balance;
+    t->aux_in_loss = strcmp(lb, "hf") == 0 && mc->output_router_logits;
+    t->aux_free = strcmp(lb, "aux_free") == 0;
+    size_t n = (size_t)m->n_sparse * mc->num_experts;
+    t->moe_stats = calloc(2 * n, sizeof(double));
+    t->moe_step_load = calloc(n, sizeof(double));
+    t->moe_balance = calloc((size_t)m->n_sparse, sizeof(double));
+    t->moe_scratch = calloc(2 * n * (size_t)t->d->size, sizeof(double));
+    if (!t->moe_stats || !t->moe_step_load || !t->moe_balance || !t->moe_scratch)
+        return ct_fail(err, "out of memory for the MoE routing statistics");
+    fprintf(t->log,
+            "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
+            "load balancing %s%s\n",
+            m->n_sparse, mc->num_hidden_layers, mc->num_experts, mc->moe_intermediate_size,
+            mc->num_experts_per_tok, mc->norm_topk_prob ? " renormalised" : "",
+            t->cfg->model.moe_impl, lb,
+            t->aux_in_loss          ? " (aux loss in the loss, coefficient below)"
+            : t->aux_free           ? " (expert bias, no aux loss)"
+            : strcmp(lb, "hf") == 0 ? " (output_router_logits is off: aux reported, not added)"
+                                    : " (none: aux reported only)");
+    if (t->aux_in_loss) fprintf(t->log, "moe: loss = ce + %g * aux\n", mc->router_aux_loss_coef);
+    return 0;
 }
 
 static int config_text(char **out, const ct_config *c, ct_error *err) {
@@ -346,6 +403,9 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
     if (setup_parallel(t, err) != 0) return -1;
     setup_threads(t);
+    if (ct_ops_with_moe_impl(&t->ops, &ct_ops_cpu, c->model.moe_impl) != 0)
+        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
+                       c->model.moe_impl);
 
     qwen3_config mc;
     if (train_model_config(&mc, c, err) != 0 || check_plan(t, &mc, err) != 0) return -1;
@@ -357,7 +417,8 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     if (dist_agree(t->d, rc ? -1 : 0, "writing the run's config", err) != 0) return -1;
     fprintf(t->log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
 
-    if (qwen3_init(&t->model, &mc, NULL, err) != 0 || qwen3_plan(&t->model, t->B, t->T, err) != 0)
+    if (qwen3_init(&t->model, &mc, &t->ops, err) != 0 ||
+        qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0)
         return -1;
     fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
@@ -400,6 +461,10 @@ static void trainer_free(trainer *t) {
     if (t->tok) tok_free(t->tok);
     grad_sync_free(&t->sync);
     adamw_free(&t->opt);
+    free(t->moe_stats);
+    free(t->moe_step_load);
+    free(t->moe_balance);
+    free(t->moe_scratch);
     qwen3_free(&t->model);
     if (t->log && !is_root(t)) fclose(t->log);
 }
@@ -451,8 +516,52 @@ static void on_grads_ready(void *ctx, size_t from) {
 
 typedef struct step_result {
     double loss, grad_norm, lr, comm_s;
+    double ce, aux; // the loss's parts (MoE): cross-entropy, and the mean aux of the micro-batches
     bool skipped;
 } step_result;
+
+// MoE, after a micro-batch's forward: its routing statistics summed over the ranks give the aux
+// of the global micro-batch (HF computes the aux per forward, over the batch it sees), so ranks
+// and micro-batches combine as one process with the same micro-batches would. When the aux is
+// in the loss, the backward adds the gradient of coef * aux / accum. The loads add up to the
+// step's, for the metrics and the expert bias.
+static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
+    qwen3_model *m = &t->model;
+    const size_t n = (size_t)m->n_sparse * m->cfg.num_experts;
+    memcpy(t->moe_stats, m->moe_load, n * sizeof(double));
+    memcpy(t->moe_stats + n, m->moe_prob, n * sizeof(double));
+    if (dist_sum_array(t->d, t->moe_stats, (int)(2 * n), t->moe_scratch,
+                       "the MoE routing statistics", err) != 0)
+        return -1;
+    const double tokens = (double)t->B * t->T * t->d->size;
+    *aux = qwen3_moe_aux(m, t->moe_stats, t->moe_stats + n, tokens);
+    if (t->aux_in_loss)
+        qwen3_moe_aux_grad(m, t->moe_stats, tokens,
+                           (float)(m->cfg.router_aux_loss_coef / t->accum));
+    for (size_t i = 0; i < n; i++) t->moe_step_load[i] += t->moe_stats[i];
+    return 0;
+}
+
+// MoE, before the optimizer step: each sparse layer's load balance for the metrics and, with
+// load_balance = aux_free, the expert-bias update from the step's token counts (summed over
+// ranks, so every rank moves its biases alike).
+static void moe_before_optimizer(trainer *t, bool skipped) {
+    qwen3_model *m = &t->model;
+    const int E = m->cfg.num_experts;
+    const size_t n = (size_t)m->n_sparse * E;
+    for (int s = 0; s < m->n_sparse; s++) {
+        const double *load = t->moe_step_load + (size_t)s * E;
+        double sum = 0, most = 0;
+        for (int e = 0; e < E; e++) {
+            sum += load[e];
+            if (load[e] > most) most = load[e];
+        }
+        t->moe_balance[s] = sum > 0 ? most / (sum / E) : 0;
+    }
+    if (t->aux_free && !skipped)
+        qwen3_moe_update_bias(m, t->moe_step_load, (float)t->cfg->model.load_balance_coeff);
+    memset(t->moe_step_load, 0, n * sizeof *t->moe_step_load);
+}
 
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
 // divided by the step's count of valid targets, so ranks and accumulation give the global
@@ -466,7 +575,7 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         for (;;) pause();
     qwen3_model *m = &t->model;
     qwen3_zero_grad(m);
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
     grad_sync_begin(&t->sync);
     for (int a = 0; a < t->accum; a++) {
         size_t off = (size_t)a * t->B * t->T;
@@ -475,6 +584,9 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         m->grad_ready = last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
         m->grad_ready_ctx = t;
         loss_sum += qwen3_forward(m, t->inputs + off, t->targets + off, NULL);
+        double aux = 0;
+        if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
+        aux_sum += aux;
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
         bool nan = last && fault_now(t, "nan");
         qwen3_backward(m, nan ? NAN : 1.0f / (float)valid);
@@ -487,10 +599,13 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
     double sq = clip_sum_squares(m->grad_mem + lo, n);
     if (t->shard && dist_sum(t->d, sq, &sq, "the gradient norm", err) != 0) return -1;
-    r->loss = loss_sum / (double)valid;
+    r->ce = loss_sum / (double)valid;
+    r->aux = aux_sum / t->accum;
+    r->loss = r->ce + (t->aux_in_loss ? m->cfg.router_aux_loss_coef * r->aux : 0.0);
     r->grad_norm = sqrt(sq);
     r->lr = lr_at(&t->sched, t->state.step, t->cfg->training.steps);
     r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
+    if (m->n_sparse) moe_before_optimizer(t, r->skipped);
     if (!r->skipped) {
         clip_scale(m->grad_mem + lo, n, clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
         adamw_step(&t->opt, m->param_mem, m->grad_mem, &t->hp, r->lr);
@@ -641,6 +756,10 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
         .time_s = t->state.time_s,
         .eta_s = per_step * (double)(c->training.steps - step),
         .skipped = skipped_total,
+        .ce = r->ce,
+        .aux = r->aux,
+        .n_moe_layers = t->model.n_sparse,
+        .moe_load_max_over_mean = t->moe_balance,
     };
     if (is_root(t)) metrics_write(&t->metrics, &row);
     *t_log = now_s();

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A PyTorch Qwen3 dense model, written from docs (design.md) to follow Hugging Face
-modeling_qwen3.py's arithmetic step for step (transformers is not installed here).
+"""A PyTorch Qwen3 model, dense and mixture-of-experts, written from docs (design.md) to follow
+Hugging Face modeling_qwen3.py / modeling_qwen3_moe.py's arithmetic step for step (transformers
+is not installed here).
 
 Parameters are a plain dict {HF name: tensor}; the model is a function of it, so the reference
 gradients come out keyed by HF name. With tie_word_embeddings, lm_head reads
@@ -8,11 +9,30 @@ model.embed_tokens.weight, and autograd sums both contributions into that one gr
 
 `dtype` selects the compute precision: torch.float32 reproduces HF (fp32 weights, fp32
 activations); torch.float64 gives a near-exact answer to measure how far fp32 is from it.
+
+MoE (Qwen3MoeForCausalLM; the config carries num_experts > 0): layer i is sparse iff
+i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. A sparse layer's router is
+mlp.gate.weight (E, C); its experts are mlp.experts.{e}.{gate,up,down}_proj.weight. The
+load-balancing loss (aux) is HF's load_balancing_loss_func without an attention mask; the loss
+adds router_aux_loss_coef * aux iff output_router_logits. forward_full also takes the
+aux-loss-free expert bias (torchtitan): {layer: (E,)} added to the probabilities for the choice
+only.
 """
 import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+
+
+def is_sparse(cfg, i):
+    """Whether layer i has a sparse MoE block (HF's Qwen3MoeDecoderLayer rule)."""
+    only = cfg.get("mlp_only_layers") or []
+    return (cfg.get("num_experts", 0) > 0 and i not in only and
+            (i + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+
+
+def sparse_layers(cfg):
+    return [i for i in range(cfg["num_hidden_layers"]) if is_sparse(cfg, i)]
 
 
 def param_shapes(cfg):
@@ -37,9 +57,19 @@ def param_shapes(cfg):
             out.append((p + "self_attn.o_proj.bias", (C,)))
         out.append((p + "self_attn.q_norm.weight", (D,)))
         out.append((p + "self_attn.k_norm.weight", (D,)))
-        out.append((p + "mlp.gate_proj.weight", (Fi, C)))
-        out.append((p + "mlp.up_proj.weight", (Fi, C)))
-        out.append((p + "mlp.down_proj.weight", (C, Fi)))
+        if is_sparse(cfg, i):
+            # Qwen3MoeSparseMoeBlock registers the router, then the experts in order.
+            E, Fm = cfg["num_experts"], cfg["moe_intermediate_size"]
+            out.append((p + "mlp.gate.weight", (E, C)))
+            for e in range(E):
+                q = p + "mlp.experts.%d." % e
+                out.append((q + "gate_proj.weight", (Fm, C)))
+                out.append((q + "up_proj.weight", (Fm, C)))
+                out.append((q + "down_proj.weight", (C, Fm)))
+        else:
+            out.append((p + "mlp.gate_proj.weight", (Fi, C)))
+            out.append((p + "mlp.up_proj.weight", (Fi, C)))
+            out.append((p + "mlp.down_proj.weight", (C, Fi)))
         out.append((p + "input_layernorm.weight", (C,)))
         out.append((p + "post_attention_layernorm.weight", (C,)))
     out.append(("model.norm.weight", (C,)))
@@ -119,22 +149,92 @@ def mlp(x, params, p):
     return F.linear(F.silu(g) * u, params[p + "down_proj.weight"])
 
 
-def forward(params, cfg, inputs):
-    """inputs (B, T) int64 -> logits (B, T, V) in the parameters' dtype."""
+def route(router_logits, K, norm, bias=None):
+    """The router after its linear layer: softmax over all experts in fp32 (or wider), top-k
+    (torch.topk, so its order among equal values), renormalised iff `norm`. With `bias` (E,)
+    (aux-loss-free balancing) the choice is topk(probs + bias) and the weights stay the
+    unbiased probabilities. Returns (weights (N,K), selected (N,K), probs (N,E))."""
+    wide = torch.float64 if router_logits.dtype == torch.float64 else torch.float32
+    probs = F.softmax(router_logits, dim=1, dtype=wide)
+    if bias is None:
+        weights, selected = torch.topk(probs, K, dim=-1)
+    else:
+        _, selected = torch.topk(probs + bias.to(wide), K, dim=-1)
+        weights = probs.gather(1, selected)
+    if norm:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, selected, probs
+
+
+def moe_block(x, params, p, cfg, bias=None):
+    """Qwen3MoeSparseMoeBlock: x (B, T, C) -> (y (B, T, C), {"logits", "selected", "weights",
+    "probs"}). Experts run in ascending order over the tokens routed to them, each adding its
+    weighted output into y; experts with no tokens are skipped."""
+    B, T, C = x.shape
+    E, K = cfg["num_experts"], cfg["num_experts_per_tok"]
+    x = x.reshape(-1, C)
+    router_logits = F.linear(x, params[p + "gate.weight"])  # (N, E)
+    weights, selected, probs = route(router_logits, K, cfg.get("norm_topk_prob", False), bias)
+    weights = weights.to(x.dtype)
+    y = torch.zeros_like(x)
+    mask = F.one_hot(selected, num_classes=E).permute(2, 1, 0)  # (E, K, N)
+    for e in range(E):
+        slot, tok = torch.where(mask[e])
+        if tok.numel() == 0:
+            continue
+        out = mlp(x[tok], params, p + "experts.%d." % e) * weights[tok, slot, None]
+        y.index_add_(0, tok, out)
+    info = dict(logits=router_logits, selected=selected, weights=weights, probs=probs)
+    return y.reshape(B, T, C), info
+
+
+def aux_loss(router_logits, E, K, selected=None):
+    """HF's load_balancing_loss_func without an attention mask: one statistic over the
+    concatenated router logits of all sparse layers, E * sum_{k,e} f[k,e] * p[e]. HF takes the
+    choices f counts from its own top-k of the logits; `selected` (per layer (N, K)) replaces
+    them with the experts actually chosen, which differ under the aux-loss-free bias."""
+    cat = torch.cat(list(router_logits), dim=0)
+    routing = F.softmax(cat, dim=-1)
+    if selected is None:
+        _, chosen = torch.topk(routing, K, dim=-1)
+    else:
+        chosen = torch.cat(list(selected), dim=0)
+    mask = F.one_hot(chosen, E).to(routing.dtype)  # (rows, K, E); .float() in fp32, as HF
+    tokens_per_expert = torch.mean(mask, dim=0)  # (K, E)
+    prob_per_expert = torch.mean(routing, dim=0)  # (E,)
+    return torch.sum(tokens_per_expert * prob_per_expert.unsqueeze(0)) * E
+
+
+def forward_full(params, cfg, inputs, expert_bias=None):
+    """inputs (B, T) int64 -> (logits (B, T, V) in the parameters' dtype, [router info per
+    sparse layer, with "layer" added]). expert_bias: None or {layer: (E,) tensor}."""
     B, T = inputs.shape
     dtype = params["model.embed_tokens.weight"].dtype
     eps = cfg.get("rms_norm_eps", 1e-6)
     cos, sin = rope_cos_sin(cfg, T, dtype)
     h = F.embedding(inputs, params["model.embed_tokens.weight"])
+    routers = []
     for i in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % i
         h = h + attention(rms_norm(h, params[p + "input_layernorm.weight"], eps), params,
                           p + "self_attn.", cfg, cos, sin)
-        h = h + mlp(rms_norm(h, params[p + "post_attention_layernorm.weight"], eps), params,
-                    p + "mlp.")
+        x = rms_norm(h, params[p + "post_attention_layernorm.weight"], eps)
+        if is_sparse(cfg, i):
+            bias = expert_bias.get(i) if expert_bias is not None else None
+            y, info = moe_block(x, params, p + "mlp.", cfg, bias)
+            info["layer"] = i
+            routers.append(info)
+            h = h + y
+        else:
+            h = h + mlp(x, params, p + "mlp.")
     h = rms_norm(h, params["model.norm.weight"], eps)
     head = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings", False) else "lm_head.weight"
-    return F.linear(h, params[head])
+    return F.linear(h, params[head]), routers
+
+
+def forward(params, cfg, inputs):
+    """inputs (B, T) int64 -> logits (B, T, V) in the parameters' dtype."""
+    return forward_full(params, cfg, inputs)[0]
 
 
 def loss_fn(logits, targets):
@@ -155,11 +255,45 @@ def windows(tokens, B, T):
     return t[:, :-1].clone(), t[:, 1:].clone()  # clones: callers edit targets in place
 
 
+def run_full(params, cfg, inputs, targets, dtype=torch.float32, expert_bias=None):
+    """Forward + backward in `dtype`. Returns a dict: logits, loss (what backpropagates), ce,
+    aux (HF's load-balancing statistic, None for dense; part of loss iff output_router_logits),
+    n_valid, grads {name: grad} (zeros for experts that got no token) and routers (per sparse
+    layer: layer, logits, selected, weights, probs; all detached)."""
+    ps = {k: v.detach().to(dtype).clone().requires_grad_(True) for k, v in params.items()}
+    logits, routers = forward_full(ps, cfg, inputs, expert_bias)
+    ce, n_valid = loss_fn(logits, targets)
+    loss, aux = ce, None
+    if routers:
+        chosen = [r["selected"] for r in routers] if expert_bias is not None else None
+        aux = aux_loss([r["logits"] for r in routers], cfg["num_experts"],
+                       cfg["num_experts_per_tok"], chosen)
+        if cfg.get("output_router_logits", False):
+            loss = ce + cfg.get("router_aux_loss_coef", 0.001) * aux
+    loss.backward()
+    grads = {k: v.grad.detach() if v.grad is not None else torch.zeros_like(v.detach())
+             for k, v in ps.items()}
+    routers = [{k: (v.detach() if torch.is_tensor(v) else v) for k, v in r.items()}
+               for r in routers]
+    return dict(logits=logits.detach(), loss=loss.detach(), ce=ce.detach(),
+                aux=None if aux is None else aux.detach(), n_valid=n_valid, grads=grads,
+                routers=routers)
+
+
 def run(params, cfg, inputs, targets, dtype=torch.float32):
     """Forward + backward in `dtype`. Returns (logits, loss, n_valid, {name: grad})."""
-    ps = {k: v.detach().to(dtype).clone().requires_grad_(True) for k, v in params.items()}
-    logits = forward(ps, cfg, inputs)
-    loss, n_valid = loss_fn(logits, targets)
-    loss.backward()
-    grads = {k: v.grad.detach() for k, v in ps.items()}
-    return logits.detach(), loss.detach(), n_valid, grads
+    r = run_full(params, cfg, inputs, targets, dtype)
+    return r["logits"], r["loss"], r["n_valid"], r["grads"]
+
+
+def topk_margin(scores, K):
+    """How safely top-K picks from scores (N, E): (tokens whose K-th and (K+1)-th largest are
+    exactly equal, the smallest nonzero gap between them or None when K == E). A small nonzero
+    gap is a choice two fp32 implementations may make differently."""
+    if K >= scores.shape[1]:
+        return 0, None
+    top = torch.sort(scores.double(), dim=1, descending=True)[0]
+    gap = top[:, K - 1] - top[:, K]
+    ties = int((gap == 0).sum())
+    rest = gap[gap > 0]
+    return ties, float(rest.min()) if rest.numel() else None

@@ -3,7 +3,7 @@
 LambdaLR with torchtitan's linear_warmup_stable_decay), for tests/test_train_parity.c and
 tests/test_optim.c. make_ref.py calls write_all(DIR); alone: train_ref.py --out DIR.
 
-DIR/train/index.json            {"cases": [names]}
+DIR/train/index.json            {"cases": [all names], "moe_cases": [the MoE ones]}
 DIR/train/<case>/hf/            the initial weights: config.json + model.safetensors (F32)
 DIR/train/<case>/tokens.npy     the token stream (<i4)
 DIR/train/<case>/meta.json      the run's settings and, per step, "loss", "grad_norm" (before
@@ -22,6 +22,24 @@ tokens[g*(T+1) : (g+1)*(T+1)], inputs its first T, targets its last T; micro-bat
 s*G + j*B ..; then every target [g, t] listed in meta["ignore"] is -100. The loss of a step is
 (sum of token cross-entropies over all micro-batches) / (valid targets in the whole step), and
 each micro-batch backpropagates its own share of it, so accumulation adds up to exactly that.
+
+MoE cases (MOE_CASES, Qwen3MoeForCausalLM) record per step also "ce" (the cross-entropy part),
+"aux" (the mean over micro-batches of HF's load-balancing statistic, each micro-batch's from its
+own forward; with the expert bias it counts the experts actually chosen) and
+"tokens_per_expert" [[per expert] per sparse layer] (summed over the micro-batches). meta adds
+"moe": true, the MoE config, "sparse_layers" and "load_balance":
+  "hf":       loss = ce + router_aux_loss_coef * aux (output_router_logits); micro-batch j
+              backpropagates CE_sum_j / n_valid + router_aux_loss_coef * aux_j / accum;
+  "none":     loss = ce;
+  "aux_free": loss = ce; torchtitan's aux-loss-free balancing: each sparse layer has an
+              expert_bias (E), zero at first, that only the choice sees (topk(probs + bias));
+              after a step's micro-batches, before clipping and the optimizer step,
+              delta = load_balance_coeff * sign(mean(tokens_per_expert) - tokens_per_expert),
+              bias += delta - mean(delta) (fp32). The log adds "expert_bias" (after that update)
+              and "bias_changed_choices" (tokens whose chosen experts the bias changed);
+              final.safetensors adds "model.layers.{i}.mlp.expert_bias"; meta adds
+              "load_balance_coeff".
+Experts with no token in a step get zero gradients (AdamW still decays them and their moments).
 """
 import argparse
 import functools
@@ -59,6 +77,28 @@ CASES = [
          tied=True, bias=False, B=2, T=6, accum=2, steps=5, lr=4e-3, betas=(0.85, 0.99), eps=1e-8,
          wd=0.01, max_norm=0.0, warmup=1, decay_ratio=0.8, decay_type="sqrt", min_lr_factor=0.0,
          decay_all=True, ignore=[[0, 3], [1, 0], [1, 5], [7, 2], [13, 5], [19, 0]]),
+]
+
+# MoE training cases (the MoE keys as in make_ref.MOE_VARIANTS; lb is the load balancing):
+# HF's aux loss with clipping and accumulation; no balancing with K=1, no renormalisation,
+# dense and sparse layers mixed and a tied head; and the aux-loss-free expert bias with
+# accumulation, its coefficient large enough that the bias changes choices within 5 steps.
+MOE_CASES = [
+    dict(name="moe_hf_aux_clip_accum", V=96, C=32, F=48, L=2, NH=4, NKV=2, D=8, tied=False,
+         bias=False, B=2, T=5, accum=2, steps=5, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, wd=0.1,
+         max_norm=3.5, warmup=1, decay_ratio=0.4, decay_type="linear", min_lr_factor=0.1,
+         decay_all=False, ignore=[], E=8, K=2, Fm=16, norm=True, step=1, mlp_only=[], aux=True,
+         coef=0.02, lb="hf"),
+    dict(name="moe_none_k1_nonorm_mix_tied", V=80, C=24, F=40, L=3, NH=2, NKV=1, D=12, tied=True,
+         bias=True, B=2, T=5, accum=1, steps=5, lr=4e-3, betas=(0.9, 0.95), eps=1e-8, wd=0.1,
+         max_norm=0.0, warmup=0, decay_ratio=0.4, decay_type="sqrt", min_lr_factor=0.0,
+         decay_all=True, ignore=[], E=4, K=1, Fm=12, norm=False, step=1, mlp_only=[1],
+         aux=False, coef=0.001, lb="none"),
+    dict(name="moe_aux_free_bias_accum", V=88, C=32, F=48, L=2, NH=4, NKV=4, D=8, tied=False,
+         bias=False, B=2, T=8, accum=2, steps=5, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, wd=0.1,
+         max_norm=0.0, warmup=2, decay_ratio=0.4, decay_type="cosine", min_lr_factor=0.1,
+         decay_all=False, ignore=[], E=8, K=2, Fm=8, norm=True, step=1, mlp_only=[], aux=False,
+         coef=0.001, lb="aux_free", lb_coeff=1e-2),
 ]
 
 # (steps, warmup_steps, decay_ratio, decay_type, min_lr_factor) for schedules.json: constant,
@@ -219,6 +259,9 @@ def train_case(d, c, gen, make_ref):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(os.path.join(d, "hf"))
     cfg = model_cfg(c)
+    moe = bool(c.get("E"))
+    if moe:
+        cfg.update(make_ref.moe_keys(c))
     order = [n for n, _ in qwen3_ref.param_shapes(cfg)]
     params = make_ref.make_params(cfg, gen)
     hfc = make_ref.hf_config(dict(c, dtype="F32", eps=cfg["rms_norm_eps"],
@@ -242,6 +285,10 @@ def train_case(d, c, gen, make_ref):
     sched = make_scheduler(opt, steps, c["warmup"], c["decay_ratio"], c["decay_type"],
                            c["min_lr_factor"])
     max_norm = c["max_norm"]
+    sparse = qwen3_ref.sparse_layers(cfg)
+    lb = c.get("lb")
+    expert_bias = {i: torch.zeros(c["E"]) for i in sparse} if lb == "aux_free" else None
+    min_gap = None
     log = []
     for s in range(steps):
         lr = opt.param_groups[0]["lr"]
@@ -249,19 +296,45 @@ def train_case(d, c, gen, make_ref):
         batches = step_batches(tokens, c, s)
         n_valid = sum(int((t != qwen3_ref.IGNORE_INDEX).sum()) for _, t in batches)
         loss_sum = 0.0
+        if moe:
+            st = dict(aux_sum=0.0, load=torch.zeros(len(sparse), c["E"]), changed=0)
         for inp, tgt in batches:
+            if moe:
+                min_gap = moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap)
+                loss_sum += st.pop("ce")
+                continue
             logits = qwen3_ref.forward(ps, cfg, inp)
             ce = F.cross_entropy(logits.reshape(-1, c["V"]), tgt.reshape(-1),
                                  ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
             (ce / n_valid).backward()
             loss_sum += float(ce)
+        for p in plist:  # experts that saw no token in the step: zero gradients, as in ctitan
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        entry = {}
+        if moe:
+            aux = st["aux_sum"] / c["accum"]
+            entry = dict(ce=loss_sum / n_valid, aux=aux,
+                         tokens_per_expert=[[int(x) for x in row] for row in st["load"]])
+            if expert_bias is not None:
+                for k, i in enumerate(sparse):  # torchtitan's update, in fp32
+                    tpe = st["load"][k]
+                    delta = c["lb_coeff"] * torch.sign(tpe.mean() - tpe)
+                    expert_bias[i] += delta - delta.mean()
+                entry.update(expert_bias=[[float(x) for x in expert_bias[i]] for i in sparse],
+                             bias_changed_choices=st["changed"])
         norm = float(torch.norm(torch.stack([torch.norm(p.grad.detach()) for p in plist])))
         if max_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(plist, max_norm))
         opt.step()
         sched.step()
-        log.append(dict(loss=loss_sum / n_valid, grad_norm=norm, lr=lr, n_valid=n_valid,
-                        clipped=bool(max_norm > 0 and norm > max_norm)))
+        loss = loss_sum / n_valid
+        if lb == "hf":
+            loss += c["coef"] * aux
+        log.append(dict(loss=loss, grad_norm=norm, lr=lr, n_valid=n_valid,
+                        clipped=bool(max_norm > 0 and norm > max_norm), **entry))
+    if lb == "aux_free" and not any(e["bias_changed_choices"] for e in log):
+        raise RuntimeError("%s: the expert bias never changed a choice" % c["name"])
 
     if max_norm > 0:
         # Both branches of clipping, each decided with room to spare against float noise.
@@ -274,16 +347,59 @@ def train_case(d, c, gen, make_ref):
     for n in order:
         st = opt.state[ps[n]]
         final += [("exp_avg." + n, st["exp_avg"]), ("exp_avg_sq." + n, st["exp_avg_sq"])]
+    if expert_bias is not None:
+        final += [("model.layers.%d.mlp.expert_bias" % i, expert_bias[i]) for i in sparse]
     safetensors_ref.write_file(os.path.join(d, "final.safetensors"), final, "F32")
     meta = {k: c[k] for k in ("name", "B", "T", "accum", "steps", "lr", "eps", "warmup",
                               "decay_ratio", "decay_type", "min_lr_factor", "ignore")}
     meta.update(beta1=c["betas"][0], beta2=c["betas"][1], weight_decay=c["wd"],
                 max_norm=max_norm, decay_norms_and_embeddings=c["decay_all"], params=order,
                 log=log)
+    if moe:
+        meta.update(moe=True, **make_ref.moe_keys(c), sparse_layers=sparse, load_balance=lb,
+                    moe_min_gap=min_gap)
+        if lb == "aux_free":
+            meta["load_balance_coeff"] = c["lb_coeff"]
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
     return meta
+
+
+def moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap):
+    """Forward + backward of one MoE micro-batch: its share of the step's loss (see the module
+    doc). Adds to st: "ce" (the CE sum), "aux_sum", "load" (per sparse layer and expert) and
+    "changed" (choices the expert bias changed). Returns the smallest top-k gap so far, after
+    refusing choices that hang on an exact tie or a gap under make_ref.MIN_GAP."""
+    import make_ref
+
+    E, K = c["E"], c["K"]
+    logits, routers = qwen3_ref.forward_full(ps, cfg, inp, expert_bias)
+    ce = F.cross_entropy(logits.reshape(-1, c["V"]), tgt.reshape(-1),
+                         ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
+    chosen = [r["selected"] for r in routers] if expert_bias is not None else None
+    aux = qwen3_ref.aux_loss([r["logits"] for r in routers], E, K, chosen)
+    obj = ce / n_valid
+    if c["lb"] == "hf":
+        obj = obj + aux * (c["coef"] / c["accum"])
+    obj.backward()
+    st["ce"] = float(ce)
+    st["aux_sum"] += float(aux)
+    for k, r in enumerate(routers):
+        sel = r["selected"].detach()
+        st["load"][k] += torch.bincount(sel.reshape(-1), minlength=E).float()
+        probs = r["probs"].detach()
+        scores = probs if expert_bias is None else probs + expert_bias[r["layer"]]
+        ties, gap = qwen3_ref.topk_margin(scores, K)
+        if ties or (gap is not None and gap < make_ref.MIN_GAP):
+            raise RuntimeError("%s: layer %d: %d tied choices, smallest gap %s" % (
+                c["name"], r["layer"], ties, gap))
+        if gap is not None:
+            min_gap = gap if min_gap is None else min(min_gap, gap)
+        if expert_bias is not None:
+            plain = torch.topk(probs, K, dim=-1)[1]
+            st["changed"] += int((plain.sort(1)[0] != sel.sort(1)[0]).any(1).sum())
+    return min_gap
 
 
 def write_all(out, quiet=False):
@@ -295,14 +411,19 @@ def write_all(out, quiet=False):
     write_schedules(d)
     write_adamw(d, gen)
     names = []
-    for c in CASES:
+    for c in CASES + MOE_CASES:
         meta = train_case(os.path.join(d, c["name"]), c, gen, make_ref)
         names.append(c["name"])
         if not quiet:
             print("train %-32s losses %s" % (c["name"], " ".join(
                 "%.5f" % e["loss"] for e in meta["log"])))
+            if c.get("E"):
+                print("      %-32s aux %s clipped %s changed %s gap %.1e" % (
+                    "", " ".join("%.5f" % e["aux"] for e in meta["log"]),
+                    [int(e["clipped"]) for e in meta["log"]],
+                    [e.get("bias_changed_choices") for e in meta["log"]], meta["moe_min_gap"]))
     with open(os.path.join(d, "index.json"), "w") as f:
-        json.dump({"cases": names}, f, indent=2)
+        json.dump({"cases": names, "moe_cases": [c["name"] for c in MOE_CASES]}, f, indent=2)
         f.write("\n")
 
 
