@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp format clean
+.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -53,6 +53,11 @@ demo: deps all
 
 bench: all
 	/usr/bin/python3 bench/forward_backward.py
+
+# MoE forward+backward (Qwen3-30B-A3B cut to 2 layers, 16 experts): the grouped and loop expert
+# kernels against PyTorch, for the whole model step and for one MoE block alone.
+bench-moe: all
+	/usr/bin/python3 bench/moe.py --build $(BUILD)
 
 # Data-parallel training over real OpenMPI ranks (np1 vs np2, overlap, ZeRO-1 vs replicated).
 bench-dp: all

@@ -1,21 +1,75 @@
-// The C side of bench/forward_backward.py: times forward+backward of an HF folder on a token
-// stream, or measures the sgemm peak that MFU is reported against. Prints one JSON line.
+// The C side of bench/forward_backward.py and bench/moe.py: times forward+backward of an HF
+// folder on a token stream, or of one MoE block alone, or measures the sgemm peak that MFU is
+// reported against. Prints one JSON line.
 //   bench_step sgemm N REPEATS
-//   bench_step step HF_DIR TOKENS.npy B T STEPS
+//   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
+//   bench_step moe N C F E K STEPS MOE_IMPL SEED
+// step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
+// step ("ms") as well as the best ("ms_per_step").
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "ops/moe_router.h"
+#include "ops/ops.h"
 #include "train/metrics.h"
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// CPU seconds of every thread of this process, and the part of them spent in the kernel (page
+// faults, mostly): against the wall time they show whether the threads had the cores (a busy
+// machine shows as cpu well under threads * wall) and what fresh memory cost.
+static void cpu_now(double *cpu, double *sys) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    *cpu = ts.tv_sec + ts.tv_nsec * 1e-9;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *sys = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+enum { WALL, CPU, SYS };
+typedef struct step_clock {
+    double t[3]; // seconds, or milliseconds after clock_ms
+} step_clock;
+
+static step_clock clock_start(void) {
+    step_clock c = {{now(), 0, 0}};
+    cpu_now(&c.t[CPU], &c.t[SYS]);
+    return c;
+}
+
+// Milliseconds since `c`, each clock.
+static step_clock clock_ms(step_clock c) {
+    step_clock d = clock_start();
+    for (int k = 0; k < 3; k++) d.t[k] = (d.t[k] - c.t[k]) * 1e3;
+    return d;
+}
+
+// "ms_per_step" is the best step (bench/forward_backward.py reads it); "ms", "cpu_ms", "sys_ms"
+// list every timed step.
+static void print_times(const step_clock *c, int steps) {
+    static const char *keys[3] = {"ms", "cpu_ms", "sys_ms"};
+    double best = 0;
+    for (int s = 0; s < steps; s++)
+        if (s == 0 || c[s].t[WALL] < best) best = c[s].t[WALL];
+    printf("\"ms_per_step\":%.3f", best);
+    for (int k = 0; k < 3; k++) {
+        printf(",\"%s\":[", keys[k]);
+        for (int s = 0; s < steps; s++) printf("%s%.3f", s ? "," : "", c[s].t[k]);
+        printf("]");
+    }
 }
 
 static int bench_sgemm(int n, int repeats) {
@@ -29,12 +83,18 @@ static int bench_sgemm(int n, int repeats) {
     return 0;
 }
 
-static int bench_model(const char *dir, const char *tokens_path, int B, int T, int steps) {
+static int bench_model(const char *dir, const char *tokens_path, int B, int T, int steps,
+                       const char *moe_impl) {
     ct_error err;
+    ct_ops ops;
+    if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) != 0) {
+        fprintf(stderr, "bench_step: moe impl \"%s\": expected grouped or loop\n", moe_impl);
+        return 2;
+    }
     qwen3_model m = {0};
     hf_load_report rep = {0};
     npy_tokens tok;
-    if (hf_load_folder(&m, &rep, dir, NULL, &err) != 0 || qwen3_plan(&m, B, T, &err) != 0 ||
+    if (hf_load_folder(&m, &rep, dir, &ops, &err) != 0 || qwen3_plan(&m, B, T, &err) != 0 ||
         npy_open(&tok, tokens_path, &err) != 0) {
         fprintf(stderr, "bench_step: %s\n", err.msg);
         return 1;
@@ -42,6 +102,7 @@ static int bench_model(const char *dir, const char *tokens_path, int B, int T, i
     size_t need = (size_t)B * (T + 1);
     int32_t *stream = malloc(need * 4), *inputs = malloc((size_t)B * T * 4),
             *targets = malloc((size_t)B * T * 4);
+    step_clock *ms = malloc((size_t)(steps > 0 ? steps : 1) * sizeof *ms);
     if (npy_read(stream, &tok, 0, need, m.cfg.vocab_size, &err) != 0) {
         fprintf(stderr, "bench_step: %s\n", err.msg);
         return 1;
@@ -50,30 +111,123 @@ static int bench_model(const char *dir, const char *tokens_path, int B, int T, i
         memcpy(inputs + (size_t)b * T, stream + (size_t)b * (T + 1), (size_t)T * 4);
         memcpy(targets + (size_t)b * T, stream + (size_t)b * (T + 1) + 1, (size_t)T * 4);
     }
-    double best = 1e30, loss = 0;
+    double loss = 0;
     for (int s = 0; s < steps + 1; s++) { // first step is warm-up
         int64_t n_valid;
-        double t0 = now();
+        const step_clock t0 = clock_start();
         qwen3_zero_grad(&m);
         loss = qwen3_forward(&m, inputs, targets, &n_valid) / (double)n_valid;
         qwen3_backward(&m, 1.0f / (float)n_valid);
-        double dt = now() - t0;
-        if (s > 0 && dt < best) best = dt;
+        if (s > 0) ms[s - 1] = clock_ms(t0);
     }
-    printf("{\"ms_per_step\":%.3f,\"loss\":%.6f,\"peak_rss_mib\":%.1f}\n", best * 1e3, loss,
-           sysmem_peak_rss_bytes() / 1048576.0);
-    free(stream), free(inputs), free(targets);
+    printf("{\"moe_impl\":\"%s\",", m.cfg.num_experts > 0 ? moe_impl : "none");
+    print_times(ms, steps);
+    printf(",\"loss\":%.6f,\"peak_rss_mib\":%.1f}\n", loss, sysmem_peak_rss_bytes() / 1048576.0);
+    free(stream), free(inputs), free(targets), free(ms);
     npy_close(&tok);
     qwen3_free(&m);
     hf_report_free(&rep);
     return 0;
 }
 
+// ---- the MoE block alone --------------------------------------------------------------------
+// Inputs come from a counter-based generator that bench/moe.py reproduces bit for bit in numpy,
+// so both sides route the same tokens to the same experts:
+//   z = splitmix64(((seed*16 + stream) << 40) + i), value = ((z >> 40) * 2^-24 * 2 - 1) * scale
+// in double, rounded to float: uniform in [-scale, scale).
+
+enum { MOE_X, MOE_ROUTER, MOE_EXPERTS, MOE_DOUT };
+
+static void fill_uniform(float *out, size_t n, uint64_t seed, int stream, double scale) {
+    const uint64_t base = (seed * 16 + (uint64_t)stream) << 40;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = base + i + 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        out[i] = (float)(((double)(z >> 40) * 0x1p-24 * 2.0 - 1.0) * scale);
+    }
+}
+
+// One step is what a sparse layer does between its post-attention norm and the residual add:
+// router matmul, routing (softmax, top-K, renormalised as Qwen3-30B-A3B), the experts, then the
+// backward of all three from dout; the parameter gradients are zeroed first, as in training.
+static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *moe_impl,
+                     uint64_t seed) {
+    ct_ops ops;
+    if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) != 0) {
+        fprintf(stderr, "bench_step: moe impl \"%s\": expected grouped or loop\n", moe_impl);
+        return 2;
+    }
+    if (N < 1 || C < 1 || F < 1 || E < 1 || K < 1 || K > E || steps < 1) {
+        fprintf(stderr, "bench_step: moe: need N, C, F, E, STEPS >= 1 and 1 <= K <= E\n");
+        return 2;
+    }
+    const size_t NC = (size_t)N * C, NE = (size_t)N * E, NK = (size_t)N * K;
+    const size_t EC = (size_t)E * C, W = (size_t)E * 3 * F * C;
+    const size_t state_n = ops.moe_state_floats(N, C, F, E, K);
+    const size_t scratch_n = ops.moe_scratch_floats(N, C, F, E, K);
+    float *x = malloc(NC * 4), *router = malloc(EC * 4), *w = malloc(W * 4);
+    float *dout = malloc(NC * 4), *out = malloc(NC * 4), *dx = malloc(NC * 4);
+    float *dtmp = malloc(NC * 4), *probs = malloc(NE * 4), *dlogits = malloc(NE * 4);
+    float *weight = malloc(NK * 4), *dweight = malloc(NK * 4);
+    int32_t *expert = malloc(NK * 4);
+    float *drouter = malloc(EC * 4), *dw = malloc(W * 4);
+    float *state = malloc(state_n * 4), *scratch = malloc(scratch_n * 4);
+    step_clock *ms = malloc((size_t)steps * sizeof *ms);
+    if (!x || !router || !w || !dout || !out || !dx || !dtmp || !probs || !dlogits || !weight ||
+        !dweight || !expert || !drouter || !dw || !state || !scratch || !ms) {
+        fprintf(stderr, "bench_step: moe: out of memory\n");
+        return 1;
+    }
+    // x is a normed hidden state (unit variance); weights as a normal(0, 0.02) init.
+    const double unit = sqrt(3.0), init = 0.02 * sqrt(3.0);
+    fill_uniform(x, NC, seed, MOE_X, unit);
+    fill_uniform(router, EC, seed, MOE_ROUTER, init);
+    fill_uniform(w, W, seed, MOE_EXPERTS, init);
+    fill_uniform(dout, NC, seed, MOE_DOUT, unit / N);
+    for (int s = 0; s < steps + 1; s++) { // first step is warm-up
+        const step_clock t0 = clock_start();
+        memset(drouter, 0, EC * 4);
+        memset(dw, 0, W * 4);
+        ops.matmul_forward(probs, x, router, NULL, N, C, E); // logits, softmaxed in place
+        moe_route_forward(expert, weight, probs, NULL, N, E, K, true);
+        ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
+        ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F, E,
+                         K);
+        moe_route_backward(dlogits, dweight, NULL, probs, expert, weight, N, E, K, true);
+        ops.matmul_backward(dtmp, drouter, NULL, dlogits, x, router, N, C, E);
+        ops.add(dx, dx, dtmp, (int64_t)NC);
+        if (s > 0) ms[s - 1] = clock_ms(t0);
+    }
+    // Checks that both sides computed the same thing: <out, dout> (the scalar whose gradient
+    // dout is) and the norms of the gradients.
+    double dot = 0, ndx = 0, ndw = 0, ndr = 0;
+    for (size_t i = 0; i < NC; i++) dot += (double)out[i] * dout[i], ndx += (double)dx[i] * dx[i];
+    for (size_t i = 0; i < W; i++) ndw += (double)dw[i] * dw[i];
+    for (size_t i = 0; i < EC; i++) ndr += (double)drouter[i] * drouter[i];
+    printf("{\"moe_impl\":\"%s\",", moe_impl);
+    print_times(ms, steps);
+    printf(",\"out_dot_dout\":%.9g,\"dx_norm\":%.9g,\"dw_norm\":%.9g,\"drouter_norm\":%.9g,"
+           "\"peak_rss_mib\":%.1f}\n",
+           dot, sqrt(ndx), sqrt(ndw), sqrt(ndr), sysmem_peak_rss_bytes() / 1048576.0);
+    free(x), free(router), free(w), free(dout), free(out), free(dx), free(dtmp), free(probs);
+    free(dlogits), free(weight), free(dweight), free(expert), free(drouter), free(dw);
+    free(state), free(scratch), free(ms);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
         return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
-    if (argc == 7 && strcmp(argv[1], "step") == 0)
-        return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
-    fprintf(stderr, "usage: bench_step sgemm N REPEATS | step HF_DIR TOKENS.npy B T STEPS\n");
+    if ((argc == 7 || argc == 8) && strcmp(argv[1], "step") == 0)
+        return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
+                           argc == 8 ? argv[7] : "grouped");
+    if (argc == 10 && strcmp(argv[1], "moe") == 0)
+        return bench_moe(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
+                         atoi(argv[7]), argv[8], strtoull(argv[9], NULL, 10));
+    fprintf(stderr, "usage: bench_step sgemm N REPEATS\n"
+                    "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
+                    "       bench_step moe N C F E K STEPS grouped|loop SEED\n");
     return 2;
 }
