@@ -37,12 +37,13 @@ static double grad_global_norm(const qwen3_model *m) {
 }
 
 // Refuses a config that cannot fit before allocating anything.
-static int check_fits(const qwen3_config *c, int B, int T, const char *dir, ct_error *err) {
+static int check_fits(const qwen3_config *c, const ct_ops *ops, int B, int T, const char *dir,
+                      ct_error *err) {
     if (T > c->max_position_embeddings)
         return ct_fail(err,
                        "training.seq_len %d exceeds max_position_embeddings %d of %s/config.json",
                        T, c->max_position_embeddings, dir);
-    qwen3_memory mem = qwen3_memory_plan(c, B, T);
+    qwen3_memory mem = qwen3_memory_plan_ops(c, ops, B, T);
     uint64_t need = mem.params + mem.grads + mem.activations;
     uint64_t avail = sysmem_available_bytes();
     if (avail && need > avail)
@@ -79,7 +80,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, c
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     qwen3_config cfg;
     if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
-    if (check_fits(&cfg, B, T, dir, err) != 0) return -1;
+    if (check_fits(&cfg, ops, B, T, dir, err) != 0) return -1;
 
     npy_tokens tokens;
     if (npy_open(&tokens, data_path, err) != 0) return -1;

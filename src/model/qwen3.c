@@ -156,19 +156,19 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
 }
 
+// Expert e's statistic summed over the sparse layers (layout of moe_load / moe_prob).
+static double over_layers(const qwen3_model *m, const double *stat, int e) {
+    double sum = 0;
+    for (int s = 0; s < m->n_sparse; s++) sum += stat[(size_t)s * m->cfg.num_experts + e];
+    return sum;
+}
+
 double qwen3_moe_aux(const qwen3_model *m, const double *load, const double *prob, double tokens) {
     const int E = m->cfg.num_experts;
     const double rows = tokens * m->n_sparse;
     if (m->n_sparse == 0 || rows <= 0) return 0.0;
     double sum = 0;
-    for (int e = 0; e < E; e++) {
-        double l = 0, p = 0;
-        for (int s = 0; s < m->n_sparse; s++) {
-            l += load[(size_t)s * E + e];
-            p += prob[(size_t)s * E + e];
-        }
-        sum += l * p;
-    }
+    for (int e = 0; e < E; e++) sum += over_layers(m, load, e) * over_layers(m, prob, e);
     return E * sum / (rows * rows);
 }
 
@@ -181,11 +181,8 @@ void qwen3_moe_aux_grad(qwen3_model *m, const double *load, double tokens, float
     if (!s->aux_active) return;
     // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
     // one-hot counts are constants, as in HF.
-    for (int e = 0; e < E; e++) {
-        double l = 0;
-        for (int k = 0; k < m->n_sparse; k++) l += load[(size_t)k * E + e];
-        s->aux_dprob[e] = (float)(scale * E * l / (rows * rows));
-    }
+    for (int e = 0; e < E; e++)
+        s->aux_dprob[e] = (float)(scale * E * over_layers(m, load, e) / (rows * rows));
 }
 
 void qwen3_moe_update_bias(qwen3_model *m, const double *load, float coeff) {
