@@ -274,7 +274,7 @@ static void test_attention(int B, int T, int NH, int NKV, int D, size_t stride) 
 
     float *R = frand_array(nq, -1, 1), *scratch = malloc(ns * sizeof *scratch);
     float *dq = frand_array(nq, 5, 6), *dk = frand_array(nkv, 5, 6), *dv = frand_array(nkv, 5, 6);
-    ops->attention_backward(dq, dk, dv, scratch, R, probs, q, k, v, B, T, NH, NKV, D);
+    ops->attention_backward(dq, dk, dv, scratch, R, out, probs, q, k, v, B, T, NH, NKV, D);
     double *Rd = to_double(R, nq);
     char w2[128];
     snprintf(w2, sizeof w2, "%s dq", what);
@@ -287,7 +287,7 @@ static void test_attention(int B, int T, int NH, int NKV, int D, size_t stride) 
     // Bit-identical on a second run (kv gradients summed over heads in a fixed order).
     float *dq2 = malloc(nq * sizeof *dq2), *dk2 = malloc(nkv * sizeof *dk2);
     float *dv2 = malloc(nkv * sizeof *dv2);
-    ops->attention_backward(dq2, dk2, dv2, scratch, R, probs, q, k, v, B, T, NH, NKV, D);
+    ops->attention_backward(dq2, dk2, dv2, scratch, R, out, probs, q, k, v, B, T, NH, NKV, D);
     CHECK(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) && !memcmp(dv, dv2, nkv * 4),
           "%s: backward not deterministic", what);
 

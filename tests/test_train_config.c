@@ -597,6 +597,37 @@ static void test_moe_keys(void) {
     CHECK(config_hash(&d) != h, "output_router_logits counts");
 }
 
+// override.imports, the one list key: a comma-separated string, or a TOML array of strings.
+static void test_override_keys(void) {
+    ct_config c;
+    ct_error err = {{0}};
+    config_defaults(&c);
+    CHECK(c.override.imports[0] == '\0' && !c.override.allow_mismatch, "override defaults");
+    const char *p = write_file("override.toml", "[training]\ndataset_path = 'd'\n"
+                                                "[override]\nimports = ['./a.so', 'b.so']\n"
+                                                "allow_mismatch = true\n");
+    CHECK(load(&c, p, &err, NULL) == 0 && strcmp(c.override.imports, "./a.so,b.so") == 0 &&
+              c.override.allow_mismatch,
+          "[override] from the file: %s (%s)", c.override.imports, err.msg);
+    check_round_trip(&c, "override keys");
+    CHECK(load(&c, p, &err, "--override.imports=x.so,y.so", NULL) == 0 &&
+              strcmp(c.override.imports, "x.so,y.so") == 0,
+          "--override.imports wins: %s", err.msg);
+    uint64_t h = config_hash(&c);
+    CHECK(load(&c, p, &err, "--override.imports=", NULL) == 0 && config_hash(&c) == h,
+          "override.imports changes rounding, not the run: not hashed");
+    expect_fail("imports of numbers", write_file("o1.toml", "[override]\nimports = [1, 2]\n"),
+                NOARGS, "o1.toml", "override.imports", "expected an array of strings",
+                "an integer (1)", NULL);
+    expect_fail("imports item with a comma",
+                write_file("o2.toml", "[override]\nimports = ['a.so,b.so']\n"), NOARGS, "o2.toml",
+                "override.imports", "item 0", "contains a comma", NULL);
+    expect_fail("imports a number", write_file("o3.toml", "[override]\nimports = 3\n"), NOARGS,
+                "o3.toml", "override.imports", "expected a string or an array of strings", NULL);
+    expect_fail("override typo", write_file("o4.toml", "[override]\nimport = 'a.so'\n"), NOARGS,
+                "o4.toml", "unknown key 'import' in [override]", "did you mean imports", NULL);
+}
+
 static void test_help(void) {
     char *text = NULL;
     size_t len = 0;
@@ -682,6 +713,7 @@ int main(void) {
     test_round_trip();
     test_hash();
     test_moe_keys();
+    test_override_keys();
     test_help();
     test_shipped(check_env("CTITAN_SOURCE_DIR"));
     return check_summary();

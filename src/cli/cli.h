@@ -42,3 +42,4 @@ int cmd_inspect(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_check_kernels(int argc, char **argv);

@@ -14,6 +14,7 @@
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "plugin/trusted_ops.h"
 
 static const cli_option verify_options[] = {
     {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
@@ -21,6 +22,8 @@ static const cli_option verify_options[] = {
     {"training.seq_len", "2048", "tokens per sample T (each sample reads T+1 tokens)", false},
     {"training.local_batch_size", "8", "samples B in the batch", false},
     {"model.moe_impl", "grouped", "MoE expert kernel: grouped | loop", false},
+    {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
+    {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
     {"json", "false", "end the output with one JSON object of the results", true},
 };
 
@@ -69,17 +72,37 @@ static cJSON *string_array(char **items, int n) {
     return a;
 }
 
+// The plugins' call counters as a JSON object (override_calls_json's text, parsed).
+static cJSON *calls_json(const override_set *s) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return cJSON_CreateNull();
+    override_calls_json(s, f);
+    fclose(f);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    return o ? o : cJSON_CreateNull();
+}
+
 typedef struct verify_result {
     double loss, ce, aux, grad_norm, forward_s, backward_s;
     int64_t n_valid;
 } verify_result;
 
-static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, const char *dir,
-                      const char *data_path, int B, int T, const ct_ops *ops, ct_error *err) {
+static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
+                      override_set *overrides, const cli_args *args, const char *dir,
+                      const char *data_path, int B, int T, ct_ops *ops, ct_error *err) {
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     qwen3_config cfg;
     if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
+    // Before anything runs an OpenMP region: the parity check forks.
+    kernel_check_shape shape = kernel_check_shape_of(&cfg, T);
+    if (trusted_ops_setup(ops, overrides, cli_str(args, "override.imports"),
+                          cli_flag(args, "override.allow_mismatch"), &shape, stdout, stderr,
+                          err) != 0)
+        return -1;
     if (check_fits(&cfg, ops, B, T, dir, err) != 0) return -1;
 
     npy_tokens tokens;
@@ -182,11 +205,13 @@ int cmd_verify(int argc, char **argv) {
     qwen3_model m = {0};
     hf_load_report rep = {0};
     verify_result res = {0};
-    int rc = verify_run(&res, &m, &rep, dir, data, (int)B, (int)T, &ops, &err);
+    override_set overrides = {0};
+    int rc = verify_run(&res, &m, &rep, &overrides, &args, dir, data, (int)B, (int)T, &ops, &err);
     if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(&rep);
     if (rc != 0) {
         qwen3_free(&m);
         hf_report_free(&rep);
+        override_close(&overrides);
         return cli_report(&err);
     }
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
@@ -212,6 +237,7 @@ int cmd_verify(int argc, char **argv) {
     printf("loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
     printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3, res.backward_s * 1e3);
     printf("memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib, plan_mib);
+    override_report_calls(&overrides, stdout);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "loss", res.loss);
@@ -229,6 +255,8 @@ int cmd_verify(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "peak_rss_mib", peak_mib);
         cJSON_AddNumberToObject(o, "forward_ms", res.forward_s * 1e3);
         cJSON_AddNumberToObject(o, "backward_ms", res.backward_s * 1e3);
+        if (override_any(&overrides))
+            cJSON_AddItemToObject(o, "override_calls", calls_json(&overrides));
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         cJSON_free(text);
@@ -236,5 +264,6 @@ int cmd_verify(int argc, char **argv) {
     }
     qwen3_free(&m);
     hf_report_free(&rep);
+    override_close(&overrides);
     return 0;
 }

@@ -19,6 +19,8 @@ static const subcommand subcommands[] = {
     {"tokenize", cmd_tokenize,
      "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
     {"export", cmd_export, "a training checkpoint as a Hugging Face folder (for transformers)"},
+    {"check-kernels", cmd_check_kernels,
+     "check plugin kernels (--override.imports) against the built-in ops"},
 };
 static const int n_subcommands = sizeof subcommands / sizeof subcommands[0];
 
@@ -27,7 +29,7 @@ static void print_usage(void) {
            "usage: ctitan SUBCOMMAND [--key=value | --key value ...]\n\nsubcommands:\n",
            CTITAN_VERSION);
     for (int i = 0; i < n_subcommands; i++)
-        printf("  %-10s %s\n", subcommands[i].name, subcommands[i].summary);
+        printf("  %-13s %s\n", subcommands[i].name, subcommands[i].summary);
     printf("\n  ctitan SUBCOMMAND --help   lists that subcommand's options and defaults\n"
            "  ctitan --version          prints the version\n");
 }

@@ -163,3 +163,16 @@ bool json_is_uint(const cJSON *item, uint64_t *out) {
     if (out) *out = (uint64_t)d;
     return true;
 }
+
+void json_write_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cjson/cJSON.h>
 
@@ -30,3 +31,6 @@ int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bo
 bool json_is_uint(const cJSON *item, uint64_t *out);
 // "a string", "an array", ... for messages ("nothing" for NULL).
 const char *json_type_name(const cJSON *item);
+// Writes s as a JSON string literal (quoted; '"', '\\' and control characters escaped), for
+// JSON printed with fprintf.
+void json_write_string(FILE *f, const char *s);

@@ -68,8 +68,8 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const dims d = model_dims(m);
     const int QD = d.NH * d.D, KVD = d.NKV * d.D;
     op->matmul_backward(s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
-    op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->att, a->qr, a->kr,
-                           a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
+                           a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     op->rope_backward(s->dq, s->dq, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.D);
     op->rope_backward(s->dk, s->dk, s->rope_cos, s->rope_sin, d.B, d.T, d.NKV, d.D);
     op->rmsnorm_backward(s->dq, g->q_norm, s->dq, a->q, w->q_norm, a->q_rstd, d.N * d.NH, d.D);

@@ -86,8 +86,9 @@ void cpu_attention_forward(float *out, float *probs, const float *q, const float
 }
 
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *dscores, const float *dout,
-                            const float *probs, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int D) {
+                            const float *out, const float *probs, const float *q, const float *k,
+                            const float *v, int B, int T, int NH, int NKV, int D) {
+    (void)out; // the probabilities make rowsum(dO * O) = rowsum(P * dP) directly
     const int rep = NH / NKV, ldq = NH * D, ldk = NKV * D;
     const float scale = attention_scale(D);
     // dP = dO V^T

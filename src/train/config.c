@@ -162,6 +162,12 @@ static const config_key config_table[] = {
     KEY(comm, overlap, CONFIG_BOOL, "true", NULL, false,
         "start each bucket's reduction during the backward, as soon as its gradients are "
         "final"),
+
+    KEY(override, imports, CONFIG_LIST, "", NULL, false,
+        "plugins (shared libraries, include/ctitan/plugin.h) whose kernels replace built-in ops; "
+        "each override is checked against the built-in op before it is used"),
+    KEY(override, allow_mismatch, CONFIG_BOOL, "false", NULL, false,
+        "use overrides that fail the parity check anyway (warns loudly)"),
 };
 
 #define N_KEYS ((int)(sizeof config_table / sizeof config_table[0]))
@@ -267,12 +273,41 @@ static int type_fail(const config_key *k, const char *where, const char *expecte
                    found);
 }
 
+static int key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
+                   ct_error *err);
+
+// A TOML array of strings for a CONFIG_LIST key: stored comma-joined.
+static int list_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
+                    ct_error *err) {
+    char joined[8192] = "";
+    size_t len = 0;
+    for (int i = 0; i < v->n_items; i++) {
+        const toml_value *item = &v->items[i];
+        if (item->type != TOML_STRING) return type_fail(k, where, "an array of strings", item, err);
+        if (strchr(item->str, ','))
+            return ct_fail(err, "%s: %s.%s: item %d (\"%.80s\") contains a comma", where,
+                           k->section, k->key, i, item->str);
+        int n = snprintf(joined + len, sizeof joined - len, "%s%s", i ? "," : "", item->str);
+        if (n < 0 || (size_t)n >= sizeof joined - len)
+            return ct_fail(err, "%s: %s.%s: the list is too long", where, k->section, k->key);
+        len += (size_t)n;
+    }
+    toml_value str = {.type = TOML_STRING, .str = joined};
+    return key_set(c, k, &str, where, err);
+}
+
 // Stores a parsed value into its field, checking type, range, length and choices.
 static int key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
                    ct_error *err) {
     switch (k->type) {
+    case CONFIG_LIST:
+        if (v->type == TOML_ARRAY) return list_set(c, k, v, where, err);
+        __attribute__((fallthrough)); // a string is the list already joined
     case CONFIG_STR: {
-        if (v->type != TOML_STRING) return type_fail(k, where, "a string", v, err);
+        if (v->type != TOML_STRING)
+            return type_fail(
+                k, where, k->type == CONFIG_LIST ? "a string or an array of strings" : "a string",
+                v, err);
         size_t len = strlen(v->str);
         if (len >= k->size)
             return ct_fail(err, "%s: %s.%s: the value is %zu bytes long; at most %zu fit", where,
@@ -340,7 +375,7 @@ static int key_set_text(ct_config *c, const config_key *k, const char *text, con
                         ct_error *err) {
     toml_value v = {0};
     bool verbatim =
-        k->type == CONFIG_STR ||
+        k->type == CONFIG_STR || k->type == CONFIG_LIST ||
         (k->type == CONFIG_TRISTATE && strcmp(text, "true") != 0 && strcmp(text, "false") != 0);
     if (verbatim) {
         if (toml_check_text(text, strlen(text), where, err) != 0) return -1;
@@ -573,6 +608,7 @@ static void key_write(FILE *f, const ct_config *c, const config_key *k) {
     char num[64];
     switch (k->type) {
     case CONFIG_STR:
+    case CONFIG_LIST:
         toml_write_string(f, (const char *)p);
         break;
     case CONFIG_INT:
@@ -662,6 +698,8 @@ static const char *type_word(const config_key *k) {
         return "BOOL";
     case CONFIG_TRISTATE:
         return "BOOL|auto";
+    case CONFIG_LIST:
+        return "LIST";
     }
     return "?";
 }
@@ -683,7 +721,7 @@ void config_print_help(FILE *f) {
             config_choices_text(choices, sizeof choices, k);
             fprintf(f, "; %s", choices);
         }
-        if (k->type == CONFIG_STR)
+        if (k->type == CONFIG_STR || k->type == CONFIG_LIST)
             fprintf(f, " (default: \"%s\")\n", k->def);
         else
             fprintf(f, " (default: %s)\n", k->def);

@@ -113,6 +113,12 @@ typedef struct ct_config_comm {
     bool overlap;                      // reduce buckets during the backward
 } ct_config_comm;
 
+typedef struct ct_config_override {
+    // Plugins (include/ctitan/plugin.h) whose kernels replace built-in ops, comma-separated.
+    char imports[4096];
+    bool allow_mismatch; // use overrides that fail the parity check (with a loud warning)
+} ct_config_override;
+
 typedef struct ct_config {
     ct_config_job job;
     ct_config_model model;
@@ -125,6 +131,7 @@ typedef struct ct_config {
     ct_config_debug debug;
     ct_config_parallelism parallelism;
     ct_config_comm comm;
+    ct_config_override override;
 } ct_config;
 
 // Every key's default. The struct is zeroed first, so two configs with equal values compare
@@ -169,6 +176,7 @@ typedef enum config_type {
     CONFIG_FLOAT, // double
     CONFIG_BOOL,
     CONFIG_TRISTATE, // int -1/0/1, written as "auto"/false/true
+    CONFIG_LIST,     // char[]: comma-separated; TOML also takes an array of strings
 } config_type;
 
 typedef struct config_key {

@@ -82,6 +82,8 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
                 fprintf(m->jsonl, "%s%.4f", i ? "," : "", r->moe_load_max_over_mean[i]);
             fputc(']', m->jsonl);
         }
+        if (r->override_calls_json)
+            fprintf(m->jsonl, ",\"override_calls\":%s", r->override_calls_json);
         fputs("}\n", m->jsonl);
         fflush(m->jsonl);
     }

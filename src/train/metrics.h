@@ -25,6 +25,8 @@ typedef struct metrics_row {
     double ce, aux;
     int n_moe_layers;
     const double *moe_load_max_over_mean;
+    // With override.imports: the plugins' call counters as a JSON object (override.h), or NULL.
+    const char *override_calls_json;
 } metrics_row;
 
 typedef struct metrics_log {

@@ -23,6 +23,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_internal.h"
 #include "train/metrics.h"
+#include "plugin/trusted_ops.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -35,7 +36,8 @@ typedef struct trainer {
     grad_sync sync; // gradient reduction and, with ZeRO-1, the parameter all-gather
     bool shard;     // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
     long save_tag;  // rank 0's pid: names the temporary folder every rank saves into
-    ct_ops ops;     // the built-in table with model.moe_impl's expert kernel
+    ct_ops ops;     // the built-in table with model.moe_impl's expert kernel, then overrides
+    override_set overrides; // the plugins of override.imports
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -408,12 +410,18 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
                        c->model.moe_impl);
 
     qwen3_config mc;
-    if (train_model_config(&mc, c, err) != 0 || check_plan(t, &mc, err) != 0) return -1;
+    if (train_model_config(&mc, c, err) != 0) return -1;
+    // First thing after the config: the check forks, which must precede any OpenMP region.
+    kernel_check_shape shape = kernel_check_shape_of(&mc, t->T);
+    int rc =
+        trusted_ops_setup(&t->ops, &t->overrides, c->override.imports, c->override.allow_mismatch,
+                          &shape, t->log, is_root(t) ? stderr : NULL, err);
+    if (dist_agree(t->d, rc, "loading and checking the override kernels", err) != 0) return -1;
+    if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.toml", c->job.dump_folder);
-    int rc =
-        is_root(t) && (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0);
+    rc = is_root(t) && (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0);
     if (dist_agree(t->d, rc ? -1 : 0, "writing the run's config", err) != 0) return -1;
     fprintf(t->log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
 
@@ -466,6 +474,7 @@ static void trainer_free(trainer *t) {
     free(t->moe_balance);
     free(t->moe_scratch);
     qwen3_free(&t->model);
+    override_close(&t->overrides);
     if (t->log && !is_root(t)) fclose(t->log);
 }
 
@@ -761,7 +770,17 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
         .n_moe_layers = t->model.n_sparse,
         .moe_load_max_over_mean = t->moe_balance,
     };
+    // The plugins' own call counters, as proof that their kernels ran.
+    char *calls = NULL;
+    size_t calls_len = 0;
+    FILE *f = override_any(&t->overrides) ? open_memstream(&calls, &calls_len) : NULL;
+    if (f) {
+        override_calls_json(&t->overrides, f);
+        fclose(f);
+        row.override_calls_json = calls;
+    }
     if (is_root(t)) metrics_write(&t->metrics, &row);
+    free(calls);
     *t_log = now_s();
     *steps_since_log = 0;
     *comm_since_log = 0;
@@ -828,6 +847,7 @@ int train_run(const ct_config *c, const train_options *opt, ct_error *err) {
     }
     int rc = trainer_setup(&t, c, opt->log, err);
     if (rc == 0) rc = train_loop(&t, opt, err);
+    if (rc == 0) override_report_calls(&t.overrides, t.log);
     if (rc == 0)
         fprintf(t.log, "done: step %lld; outputs in %s (metrics.jsonl, config.toml%s)\n",
                 (long long)t.state.step, c->job.dump_folder,

@@ -1,0 +1,324 @@
+// Plugin loading and the registry a plugin's ctitan_plugin_init talks to.
+#include "plugin/override.h"
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/suggest.h"
+#include "io/json.h"
+
+static const char *const op_names[OVERRIDE_N_OPS] = {
+    "rmsnorm", "rope_hf", "attention", "swiglu", "moe_experts", "cross_entropy", "matmul",
+};
+
+const char *override_op_name(override_op op) {
+    return op >= 0 && op < OVERRIDE_N_OPS ? op_names[op] : "?";
+}
+
+int override_op_index(const char *name) {
+    for (int i = 0; i < OVERRIDE_N_OPS; i++)
+        if (name && strcmp(name, op_names[i]) == 0) return i;
+    return -1;
+}
+
+// What the registry callbacks need: the set being filled, which library is registering, and
+// the first error (later calls are ignored once one failed, so the first cause is reported).
+typedef struct load_ctx {
+    override_set *set;
+    int lib;
+    int n_registered;
+    ct_error *err;
+    bool failed;
+    char plugin_message[512]; // from ctitan_plugin_error
+} load_ctx;
+
+__attribute__((format(printf, 2, 3))) static int reg_fail(load_ctx *c, const char *fmt, ...) {
+    if (!c->failed) {
+        char what[900];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(what, sizeof what, fmt, ap);
+        va_end(ap);
+        ct_fail(c->err, "plugin %s: %s", c->set->libs[c->lib], what);
+        c->failed = true;
+    }
+    return -1;
+}
+
+// The op's entry for a registration call, or NULL after reporting why not.
+static override_entry *reg_entry(load_ctx *c, const char *op, bool for_extra) {
+    int i = override_op_index(op);
+    if (i < 0) {
+        const char *close = op ? suggest_closest(op, op_names, OVERRIDE_N_OPS) : NULL;
+        char known[256] = "";
+        for (int k = 0; k < OVERRIDE_N_OPS; k++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "",
+                     op_names[k]);
+        char detail[400];
+        if (close)
+            snprintf(detail, sizeof detail, " (did you mean \"%s\"?)", close);
+        else
+            snprintf(detail, sizeof detail, "; the ops are %s", known);
+        reg_fail(c, "unknown op \"%s\"%s", op ? op : "(null)", detail);
+        return NULL;
+    }
+    override_entry *e = &c->set->ops[i];
+    if (for_extra && (!e->set || e->lib != c->lib)) {
+        reg_fail(c, "\"%s\": register the op itself before its counters or workspace", op);
+        return NULL;
+    }
+    return e;
+}
+
+static int reg_op(ctitan_registry *reg, uint32_t plugin_api_version, const char *op,
+                  ctitan_fn forward, ctitan_fn backward, uint32_t flags) {
+    load_ctx *c = reg->host;
+    if (c->failed) return -1;
+    if (plugin_api_version != CTITAN_PLUGIN_API_VERSION) {
+        char detail[160];
+        snprintf(detail, sizeof detail,
+                 "built for plugin ABI version %u, but this ctitan provides version %u (rebuild "
+                 "it against this ctitan's include/ctitan/plugin.h)",
+                 plugin_api_version, CTITAN_PLUGIN_API_VERSION);
+        return reg_fail(c, "registering \"%s\": %s", op, detail);
+    }
+    override_entry *e = reg_entry(c, op, false);
+    if (!e) return -1;
+    if (e->set) {
+        char detail[1100];
+        snprintf(detail, sizeof detail, "%s already overrides it; load only one of them",
+                 e->lib == c->lib ? "this plugin" : c->set->libs[e->lib]);
+        return reg_fail(c, "\"%s\" is registered twice: %s", op, detail);
+    }
+    if (flags & ~CTITAN_OP_FORWARD_ONLY) return reg_fail(c, "\"%s\": unknown flag bits", op);
+    bool fwd_only = flags & CTITAN_OP_FORWARD_ONLY;
+    if (!forward) return reg_fail(c, "\"%s\": the forward kernel is NULL", op);
+    if (fwd_only && backward)
+        return reg_fail(c, "\"%s\": CTITAN_OP_FORWARD_ONLY with a backward kernel", op);
+    if (!fwd_only && !backward)
+        return reg_fail(c,
+                        "\"%s\": the backward kernel is NULL; pass CTITAN_OP_FORWARD_ONLY to "
+                        "use the built-in backward",
+                        op);
+    if (fwd_only && override_op_index(op) == OVERRIDE_MOE_EXPERTS)
+        return reg_fail(c,
+                        "\"%s\" cannot be overridden forward only: the built-in backward reads "
+                        "the built-in forward's private state",
+                        op);
+    *e = (override_entry){.set = true,
+                          .lib = c->lib,
+                          .forward = forward,
+                          .backward = backward,
+                          .forward_only = fwd_only};
+    c->n_registered++;
+    return 0;
+}
+
+static int reg_counters(ctitan_registry *reg, const char *op, const uint64_t *forward_calls,
+                        const uint64_t *backward_calls) {
+    load_ctx *c = reg->host;
+    if (c->failed) return -1;
+    override_entry *e = reg_entry(c, op, true);
+    if (!e) return -1;
+    e->forward_calls = forward_calls;
+    e->backward_calls = backward_calls;
+    return 0;
+}
+
+static int reg_workspace(ctitan_registry *reg, const char *op, ctitan_fn state_floats,
+                         ctitan_fn scratch_floats) {
+    load_ctx *c = reg->host;
+    if (c->failed) return -1;
+    override_entry *e = reg_entry(c, op, true);
+    if (!e) return -1;
+    int i = override_op_index(op);
+    if (i != OVERRIDE_ATTENTION && i != OVERRIDE_MOE_EXPERTS)
+        return reg_fail(c, "\"%s\" has no workspace to size (only attention and moe_experts)", op);
+    if (e->forward_only)
+        return reg_fail(c,
+                        "\"%s\": a forward-only override keeps the built-in state, so it cannot "
+                        "size its own workspace",
+                        op);
+    if (!state_floats || !scratch_floats)
+        return reg_fail(c, "\"%s\": both workspace size functions are needed", op);
+    e->state_floats = state_floats;
+    e->scratch_floats = scratch_floats;
+    return 0;
+}
+
+static void reg_error(ctitan_registry *reg, const char *message) {
+    load_ctx *c = reg->host;
+    snprintf(c->plugin_message, sizeof c->plugin_message, "%s", message ? message : "");
+}
+
+// dlopen, find the entry point, call it. On failure the library stays in s->handles for
+// override_close.
+static int load_one(override_set *s, const char *path, ct_error *err) {
+    const int lib = s->n_libs;
+    if (lib == OVERRIDE_MAX_LIBS)
+        return ct_fail(err, "override.imports: at most %d plugins", OVERRIDE_MAX_LIBS);
+    if (strlen(path) >= OVERRIDE_PATH_MAX)
+        return ct_fail(err, "override.imports: the path \"%.60s...\" is too long", path);
+    for (int i = 0; i < lib; i++)
+        if (strcmp(s->libs[i], path) == 0)
+            return ct_fail(err, "override.imports: %s is listed twice", path);
+    snprintf(s->libs[lib], OVERRIDE_PATH_MAX, "%s", path);
+    // A name with a slash is a file; a bare name is searched like any library (LD_LIBRARY_PATH).
+    struct stat st;
+    if (strchr(path, '/') && stat(path, &st) != 0)
+        return ct_fail(err, "plugin %s: file not found", path);
+    // RTLD_LOCAL: two plugins may use the same symbol names without clashing.
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        return ct_fail(err, "plugin %s: cannot load it: %s", path, why ? why : "unknown error");
+    }
+    s->handles[lib] = h;
+    s->n_libs++;
+    typedef int (*init_fn)(uint32_t, ctitan_registry *);
+    init_fn init;
+    void *sym = dlsym(h, CTITAN_PLUGIN_ENTRY);
+    memcpy(&init, &sym, sizeof init); // POSIX: a data pointer holds a function address
+    if (!init)
+        return ct_fail(err,
+                       "plugin %s: no entry point %s() (is it a ctitan plugin? see "
+                       "include/ctitan/plugin.h)",
+                       path, CTITAN_PLUGIN_ENTRY);
+    load_ctx c = {.set = s, .lib = lib, .err = err};
+    ctitan_registry reg = {.api_version = CTITAN_PLUGIN_API_VERSION,
+                           .host = &c,
+                           .register_op = reg_op,
+                           .register_counters = reg_counters,
+                           .register_workspace = reg_workspace,
+                           .error = reg_error};
+    int rc = init(CTITAN_PLUGIN_API_VERSION, &reg);
+    if (c.failed) return -1;
+    if (rc != 0) {
+        if (c.plugin_message[0])
+            return ct_fail(err, "plugin %s refused to load: %s", path, c.plugin_message);
+        return ct_fail(err, "plugin %s: %s() returned %d", path, CTITAN_PLUGIN_ENTRY, rc);
+    }
+    if (c.n_registered == 0) return ct_fail(err, "plugin %s registered no op", path);
+    return 0;
+}
+
+int override_load(override_set *s, const char *imports, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    char *list = strdup(imports ? imports : "");
+    if (!list) return ct_fail(err, "out of memory");
+    int rc = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && rc == 0;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        for (char *end = tok + strlen(tok); end > tok && end[-1] == ' ';) *--end = '\0';
+        if (*tok) rc = load_one(s, tok, err);
+    }
+    free(list);
+    if (rc != 0) override_close(s);
+    return rc;
+}
+
+void override_close(override_set *s) {
+    for (int i = 0; i < s->n_libs; i++)
+        if (s->handles[i]) dlclose(s->handles[i]);
+    memset(s, 0, sizeof *s);
+}
+
+bool override_any(const override_set *s) {
+    for (int i = 0; i < OVERRIDE_N_OPS; i++)
+        if (s->ops[i].set) return true;
+    return false;
+}
+
+// Where each op's kernels live in ct_ops. A workspace offset of 0 (the `name` field) means the
+// op has none.
+static const struct {
+    size_t forward, backward, state_floats, scratch_floats;
+} slots[OVERRIDE_N_OPS] = {
+    [OVERRIDE_RMSNORM] = {offsetof(ct_ops, rmsnorm_forward), offsetof(ct_ops, rmsnorm_backward)},
+    [OVERRIDE_ROPE_HF] = {offsetof(ct_ops, rope_forward), offsetof(ct_ops, rope_backward)},
+    [OVERRIDE_ATTENTION] = {offsetof(ct_ops, attention_forward),
+                            offsetof(ct_ops, attention_backward),
+                            offsetof(ct_ops, attention_state_floats),
+                            offsetof(ct_ops, attention_scratch_floats)},
+    [OVERRIDE_SWIGLU] = {offsetof(ct_ops, swiglu_forward), offsetof(ct_ops, swiglu_backward)},
+    [OVERRIDE_MOE_EXPERTS] = {offsetof(ct_ops, moe_forward), offsetof(ct_ops, moe_backward),
+                              offsetof(ct_ops, moe_state_floats),
+                              offsetof(ct_ops, moe_scratch_floats)},
+    [OVERRIDE_CROSS_ENTROPY] = {offsetof(ct_ops, cross_entropy_forward),
+                                offsetof(ct_ops, cross_entropy_backward)},
+    [OVERRIDE_MATMUL] = {offsetof(ct_ops, matmul_forward), offsetof(ct_ops, matmul_backward)},
+};
+
+// Stores a registered kernel into its slot: the slot's type is the one plugin.h documents for
+// the op, which is what the plugin was told to pass (cast to ctitan_fn).
+static void put(ct_ops *out, size_t offset, ctitan_fn fn) {
+    _Static_assert(sizeof(ctitan_fn) == sizeof(ctitan_rope_hf_forward_fn), "one pointer size");
+    memcpy((char *)out + offset, &fn, sizeof fn);
+}
+
+void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
+    *out = *base;
+    for (int i = 0; i < OVERRIDE_N_OPS; i++) {
+        const override_entry *e = &s->ops[i];
+        if (!e->set) continue;
+        put(out, slots[i].forward, e->forward);
+        if (e->backward) put(out, slots[i].backward, e->backward); // else the built-in's
+        if (e->state_floats && slots[i].state_floats) {
+            put(out, slots[i].state_floats, e->state_floats);
+            put(out, slots[i].scratch_floats, e->scratch_floats);
+        }
+    }
+}
+
+void override_log(const override_set *s, FILE *log) {
+    for (int i = 0; i < OVERRIDE_N_OPS; i++) {
+        const override_entry *e = &s->ops[i];
+        if (!e->set) continue;
+        fprintf(log, "override: %s %s from %s%s\n", op_names[i],
+                e->forward_only ? "forward (built-in backward)" : "forward+backward",
+                s->libs[e->lib], e->state_floats ? ", with its own workspace sizes" : "");
+    }
+}
+
+static void print_count(FILE *f, const uint64_t *counter, bool json) {
+    if (counter)
+        fprintf(f, "%llu", (unsigned long long)*counter);
+    else
+        fputs(json ? "null" : "-", f);
+}
+
+void override_report_calls(const override_set *s, FILE *log) {
+    for (int i = 0; i < OVERRIDE_N_OPS; i++) {
+        const override_entry *e = &s->ops[i];
+        if (!e->set || (!e->forward_calls && !e->backward_calls)) continue;
+        fprintf(log, "override calls: %s forward ", op_names[i]);
+        print_count(log, e->forward_calls, false);
+        fputs(" backward ", log);
+        print_count(log, e->backward_calls, false);
+        fprintf(log, " (counted by %s)\n", s->libs[e->lib]);
+    }
+}
+
+void override_calls_json(const override_set *s, FILE *json) {
+    fputc('{', json);
+    bool first = true;
+    for (int i = 0; i < OVERRIDE_N_OPS; i++) {
+        const override_entry *e = &s->ops[i];
+        if (!e->set) continue;
+        fprintf(json, "%s\"%s\": {\"library\": ", first ? "" : ", ", op_names[i]);
+        json_write_string(json, s->libs[e->lib]);
+        fprintf(json,
+                ", \"forward_only\": %s, \"forward_calls\": ", e->forward_only ? "true" : "false");
+        print_count(json, e->forward_calls, true);
+        fputs(", \"backward_calls\": ", json);
+        print_count(json, e->backward_calls, true);
+        fputc('}', json);
+        first = false;
+    }
+    fputc('}', json);
+}

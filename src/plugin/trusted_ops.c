@@ -1,0 +1,71 @@
+#include "plugin/trusted_ops.h"
+
+#include <string.h>
+
+// Generous for the check's few hundred tokens; a kernel that needs longer is broken.
+#define CHECK_TIMEOUT_S 600.0
+
+kernel_check_shape kernel_check_shape_of(const qwen3_config *c, int seq_len) {
+    bool moe = qwen3_num_sparse_layers(c) > 0;
+    return (kernel_check_shape){
+        .T = seq_len,
+        .C = c->hidden_size,
+        .NH = c->num_attention_heads,
+        .NKV = c->num_key_value_heads,
+        .D = c->head_dim,
+        .F = c->intermediate_size,
+        .V = c->vocab_size,
+        .E = moe ? c->num_experts : 0,
+        .K = moe ? c->num_experts_per_tok : 0,
+        .FM = moe ? c->moe_intermediate_size : 0,
+        .eps = c->rms_norm_eps,
+        .rope_theta = c->rope_theta,
+    };
+}
+
+// The library behind a report line that starts with an op's name.
+static const char *library_of(const override_set *s, const char *line) {
+    char op[32];
+    size_t n = strcspn(line, " ");
+    snprintf(op, sizeof op, "%.*s", (int)(n < sizeof op ? n : sizeof op - 1), line);
+    int i = override_op_index(op);
+    return i >= 0 && s->ops[i].set ? s->libs[s->ops[i].lib] : "?";
+}
+
+int trusted_ops_setup(ct_ops *ops, override_set *s, const char *imports, bool allow_mismatch,
+                      const kernel_check_shape *shape, FILE *log, FILE *warn, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    if (!imports || !*imports) return 0;
+    if (override_load(s, imports, err) != 0) return -1;
+    override_log(s, log);
+    kernel_check_report r;
+    if (kernel_check_isolated(&r, s, ops, shape, CHECK_TIMEOUT_S, err) != 0) return -1;
+    kernel_check_print(&r, s, log);
+    int rc = 0;
+    if (r.crashed) {
+        rc = ct_fail(err, "plugin %s crashed in the parity check: %s; it is not used",
+                     library_of(s, r.crash), r.crash);
+    } else if (!r.passed) {
+        char why[512];
+        kernel_check_first_failure(&r, why, sizeof why);
+        if (!allow_mismatch) {
+            rc = ct_fail(err,
+                         "plugin %s refused: %s (see the table above; "
+                         "--override.allow_mismatch uses it anyway)",
+                         library_of(s, why), why);
+        } else {
+            const char *loud = "WARNING: override.allow_mismatch: running with a kernel that "
+                               "FAILED its parity check against the built-in op: ";
+            fprintf(log, "%s%s (%s)\n", loud, why, library_of(s, why));
+            if (warn && warn != log) fprintf(warn, "%s%s (%s)\n", loud, why, library_of(s, why));
+        }
+    }
+    kernel_check_free(&r);
+    if (rc != 0) {
+        override_close(s);
+        return -1;
+    }
+    ct_ops builtin = *ops;
+    override_apply(ops, &builtin, s);
+    return 0;
+}
