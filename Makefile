@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe format clean
+.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe bench-train format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -60,6 +60,9 @@ bench-moe: all
 	/usr/bin/python3 bench/moe.py --build $(BUILD)
 
 # Data-parallel training over real OpenMPI ranks (np1 vs np2, overlap, ZeRO-1 vs replicated).
+bench-train: all
+	/usr/bin/python3 bench/train.py --build $(BUILD)
+
 bench-dp: all
 	/usr/bin/python3 bench/dp.py --build $(BUILD)
 

@@ -32,9 +32,8 @@ static int check(const ct_config *cfg, bool json, ct_error *err) {
     qwen3_config mc;
     if (train_model_config(&mc, cfg, err) != 0) return -1;
     ct_ops ops;
-    if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, cfg->model.moe_impl) != 0)
-        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
-                       cfg->model.moe_impl);
+    const char *attn;
+    if (train_builtin_ops(&ops, &attn, cfg, err) != 0) return -1;
     override_set s;
     if (override_load(&s, cfg->override.imports, err) != 0) return -1;
     if (!json) override_log(&s, stdout);

@@ -46,7 +46,7 @@ static int check_fits(const qwen3_config *c, const ct_ops *ops, int B, int T, co
         return ct_fail(err,
                        "training.seq_len %d exceeds max_position_embeddings %d of %s/config.json",
                        T, c->max_position_embeddings, dir);
-    qwen3_memory mem = qwen3_memory_plan_ops(c, ops, B, T);
+    qwen3_memory mem = qwen3_memory_plan_ops(c, ops, B, T, NULL);
     uint64_t need = mem.params + mem.grads + mem.activations;
     uint64_t avail = sysmem_available_bytes();
     if (avail && need > avail)
@@ -215,7 +215,7 @@ int cmd_verify(int argc, char **argv) {
         return cli_report(&err);
     }
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
-    qwen3_memory plan = qwen3_memory_plan_ops(&m.cfg, &ops, (int)B, (int)T);
+    qwen3_memory plan = qwen3_memory_plan_ops(&m.cfg, &ops, (int)B, (int)T, NULL);
     double plan_mib = (plan.params + plan.grads + plan.activations) / 1048576.0;
     printf("model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n", dir,
            m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,

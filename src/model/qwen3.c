@@ -122,8 +122,10 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
 // Sparse MoE block: out (N,C) = a->resid2 + experts(ln2) routed by the router. The routing
 // statistics for the load-balancing loss and the expert bias are summed as a side effect.
 
+// `count` adds the routing statistics of these tokens; a recomputation (activation
+// checkpointing) must not count them twice.
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out) {
+                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
     op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C,
@@ -132,7 +134,8 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                       m->cfg.norm_topk_prob);
     const size_t row = (size_t)a->sparse_index * d.E;
-    moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E, d.K);
+    if (count)
+        moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E, d.K);
     op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w, w->experts,
                     d.N, d.C, d.Fm, d.E, d.K);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
@@ -226,12 +229,51 @@ int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_
     return 0;
 }
 
-double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                     int64_t *n_valid) {
+// Layer l's forward: s->layers[l].resid -> the next layer's resid (or resid_out).
+static void layer_forward(qwen3_model *m, int l, bool count_stats) {
+    qwen3_acts *s = m->acts;
+    qwen3_layer_acts *a = &s->layers[l];
+    const int L = m->cfg.num_hidden_layers;
+    float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
+    attention_block_forward(m, &m->w.layers[l], a, s);
+    if (a->sparse_index >= 0)
+        moe_block_forward(m, &m->w.layers[l], a, s, out, count_stats);
+    else
+        mlp_block_forward(m, &m->w.layers[l], a, out);
+}
+
+// Tokens per pass of the loss head: all of them, or mem_opts.loss_chunk.
+static int head_rows(const qwen3_model *m) {
+    const int N = m->B * m->T, chunk = m->mem_opts.loss_chunk;
+    return chunk > 0 && chunk < N ? chunk : N;
+}
+
+// The loss head over token rows [r0, r1) and s->logits: `logits` computes them, `forward` the
+// per-token cross-entropy, `backward` dlogits (scaled) in place, the input gradient into those
+// rows of s->dln and the lm_head gradient.
+static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool forward, bool backward,
+                           float loss_scale) {
+    qwen3_acts *s = m->acts;
+    const ct_ops *op = m->ops;
+    const dims d = model_dims(m);
+    const int R = r1 - r0;
+    const float *lnf = s->lnf + (size_t)r0 * d.C;
+    if (logits) op->matmul_forward(s->logits, lnf, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
+    if (forward) op->cross_entropy_forward(s->losses + r0, s->logits, s->targets + r0, R, d.V);
+    if (!backward) return;
+    op->cross_entropy_backward(s->logits, s->logits, s->targets + r0, loss_scale, R, d.V);
+    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
+    op->matmul_backward(s->dln + (size_t)r0 * d.C, m->g.lm_head, NULL, s->logits, lnf, m->w.lm_head,
+                        R, d.C, d.V);
+}
+
+static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                      bool head_backward, float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
     s->have_targets = false;
+    s->head_done = false;
     s->aux_active = false;
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
@@ -245,22 +287,20 @@ double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targe
         memset(m->moe_prob, 0, n * sizeof *m->moe_prob);
     }
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
-    for (int l = 0; l < L; l++) {
-        qwen3_layer_acts *a = &s->layers[l];
-        float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
-        attention_block_forward(m, &m->w.layers[l], a, s);
-        if (a->sparse_index >= 0)
-            moe_block_forward(m, &m->w.layers[l], a, s, out);
-        else
-            mlp_block_forward(m, &m->w.layers[l], a, out);
-    }
+    for (int l = 0; l < L; l++) layer_forward(m, l, true);
     op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
                         m->cfg.rms_norm_eps);
-    op->matmul_forward(s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V); // (N,V)
-    if (!targets) return 0.0;
-
+    const int rows = head_rows(m);
+    if (!targets) {
+        if (rows == d.N) op->matmul_forward(s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V);
+        return 0.0;
+    }
     memcpy(s->targets, targets, (size_t)d.N * sizeof(int32_t));
-    op->cross_entropy_forward(s->losses, s->logits, s->targets, d.N, d.V);
+    // Chunked, a training forward also runs the head's backward while each chunk's logits are
+    // at hand; whole, the logits stay for qwen3_backward.
+    const bool fused = head_backward && rows < d.N;
+    for (int r0 = 0; r0 < d.N; r0 += rows)
+        head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, true, true, fused, loss_scale);
     double sum = 0.0;
     int64_t count = 0;
     for (int i = 0; i < d.N; i++) {
@@ -270,7 +310,18 @@ double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targe
     }
     if (n_valid) *n_valid = count;
     s->have_targets = true;
+    s->head_done = fused;
     return sum;
+}
+
+double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                     int64_t *n_valid) {
+    return forward(m, inputs, targets, false, 0.0f, n_valid);
+}
+
+double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                           float loss_scale, int64_t *n_valid) {
+    return forward(m, inputs, targets, true, loss_scale, n_valid);
 }
 
 void qwen3_zero_grad(qwen3_model *m) {
@@ -282,10 +333,14 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    float *dlogits = s->logits; // in place; m->logits holds gradients from here on
-    op->cross_entropy_backward(dlogits, s->logits, s->targets, loss_scale, d.N, d.V);
-    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
-    op->matmul_backward(s->dln, m->g.lm_head, NULL, dlogits, s->lnf, m->w.lm_head, d.N, d.C, d.V);
+    // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
+    // m->logits holds gradients from here on), or by recomputing each chunk's logits.
+    const int rows = head_rows(m);
+    if (!s->head_done) {
+        for (int r0 = 0; r0 < d.N; r0 += rows)
+            head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, rows < d.N, false, true,
+                           loss_scale);
+    }
     op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
                          s->lnf_rstd, d.N, d.C);
     // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
@@ -293,6 +348,9 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
     for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
+        // A checkpointed layer's saved activations were overwritten by later layers: run its
+        // forward again (it rewrites the next layer's input with the same bits, unused by now).
+        if (a->checkpointed) layer_forward(m, l, false);
         if (a->sparse_index >= 0)
             moe_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         else
@@ -304,5 +362,6 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     s->have_targets = false; // the logits buffer now holds gradients
-    s->aux_active = false;   // qwen3_moe_aux_grad holds for one backward
+    s->head_done = false;
+    s->aux_active = false; // qwen3_moe_aux_grad holds for one backward
 }

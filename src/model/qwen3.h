@@ -47,6 +47,19 @@ typedef struct qwen3_weights {
     float *lm_head;    // (V, C); the same pointer as embed when tied
 } qwen3_weights;
 
+// How a model trades compute for memory. Set before qwen3_plan; all zero stores everything.
+typedef struct qwen3_memory_opts {
+    // Activation checkpointing: 0 = off; k > 0 = layer l keeps only its input and recomputes
+    // its forward during the backward when (l + 1) % k == 0 (1: every layer, torchtitan's
+    // "full"; k: its "selective" every k-th layer). The recomputation runs the same ops on the
+    // same inputs, so gradients are bit-identical to no checkpointing.
+    int ac_every;
+    // The loss head in chunks of this many tokens (0 = whole): the (N, V) logits are never held
+    // at once, only (loss_chunk, V). qwen3_forward_train then also runs the head's backward, and
+    // qwen3_backward after a plain qwen3_forward recomputes the logits chunk by chunk.
+    int loss_chunk;
+} qwen3_memory_opts;
+
 typedef struct qwen3_model {
     qwen3_config cfg;
     const ct_ops *ops;
@@ -59,13 +72,16 @@ typedef struct qwen3_model {
     qwen3_weights w; // named pointers into param_mem
     qwen3_weights g; // the same names into grad_mem
 
+    qwen3_memory_opts mem_opts; // set before qwen3_plan
+
     // Activations, planned by qwen3_plan for a (B, T) batch; no allocation inside a step.
     int B, T;
     float *act_mem;
     size_t act_floats;
     void *acts;    // layout private to src/model (qwen3_internal.h)
     float *logits; // (B, T, V), valid after qwen3_forward until qwen3_backward, which
-                   // reuses the buffer for the logits' gradient
+                   // reuses the buffer for the logits' gradient; with loss_chunk only the
+                   // last chunk's rows
 
     // Optional (NULL = none): qwen3_backward calls grad_ready(ctx, from) each time the gradients
     // of every parameter at offsets >= from are final: after the head, after each layer, and
@@ -88,8 +104,12 @@ typedef struct qwen3_memory {
 // the saved token ids) that qwen3_init + qwen3_plan allocate with the built-in CPU ops; the
 // small bookkeeping structs (parameter table, pointer arrays) are not counted.
 qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T);
-// The same for another op table (its attention kernel sizes its own state and scratch).
-qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T);
+// The same for another op table (its attention kernel sizes its own state and scratch) and
+// memory options (NULL: none).
+qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
+                                   const qwen3_memory_opts *opts);
+// Whether layer l recomputes its forward in the backward.
+bool qwen3_layer_checkpointed(int ac_every, int l);
 
 // Builds the parameter table and allocates params + grads (zeroed). ops: NULL = built-in CPU.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
@@ -110,8 +130,15 @@ int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_
 // (returns 0). Returns the sum of per-token cross-entropy over valid targets; *n_valid (if
 // non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
 // Returns NAN (and computes nothing) if a token id is out of range or qwen3_plan was not run.
+// With mem_opts.loss_chunk, targets NULL computes nothing past the final norm.
 double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                      int64_t *n_valid);
+// qwen3_forward for a training step whose qwen3_backward will get `loss_scale`: with
+// mem_opts.loss_chunk it runs the head's backward chunk by chunk as it goes (so no logits are
+// kept, and none are recomputed); without, it is qwen3_forward. Gradients accumulate, so call
+// qwen3_zero_grad before it, not between it and qwen3_backward.
+double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
+                           float loss_scale, int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a

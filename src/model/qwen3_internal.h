@@ -30,6 +30,9 @@ typedef struct qwen3_layer_acts {
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
     int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
+    // Activation checkpointing: only resid is this layer's own; every other buffer above is the
+    // shared recompute set, which the layer's forward fills again during the backward.
+    bool checkpointed;
 } qwen3_layer_acts;
 
 typedef struct qwen3_acts {
@@ -37,7 +40,7 @@ typedef struct qwen3_acts {
     float *rope_cos, *rope_sin; // (T, D/2)
     float *resid_out;           // (N,C) output of the last layer
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
-    float *logits;              // (N,V); backward turns it into dlogits in place
+    float *logits; // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
     float *losses;              // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time).
     float *dresid;      // (N,C) gradient of the residual stream
@@ -55,10 +58,11 @@ typedef struct qwen3_acts {
     // buffers may be gone.
     int32_t *inputs, *targets;
     bool have_targets; // the last forward computed a loss, so backward has something to do
+    bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
 } qwen3_acts;
 
 // Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL
 // when counting) and returns the floats needed. The same walk sizes and carves, so the plan
 // and the allocation cannot disagree.
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
-                         int B, int T);
+                         int B, int T, const qwen3_memory_opts *opts);

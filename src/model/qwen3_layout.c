@@ -161,8 +161,49 @@ static float *carve_take(carve *cv, size_t n) {
     return p;
 }
 
+bool qwen3_layer_checkpointed(int ac_every, int l) {
+    return ac_every > 0 && (l + 1) % ac_every == 0;
+}
+
+// One layer's saved activations, except resid. A layer that is dense or sparse gets its kind's
+// buffers; the shared recompute set (both = true) gets both kinds.
+static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
+                         const ct_ops *ops, int B, int T, bool dense, bool sparse) {
+    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
+    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
+    const size_t D = cfg->head_dim, E = cfg->num_experts, K = cfg->num_experts_per_tok;
+    la->ln1 = carve_take(cv, N * C);
+    la->ln1_rstd = carve_take(cv, N);
+    la->q = carve_take(cv, N * NH * D);
+    la->k = carve_take(cv, N * NKV * D);
+    la->v = carve_take(cv, N * NKV * D);
+    la->q_rstd = carve_take(cv, N * NH);
+    la->k_rstd = carve_take(cv, N * NKV);
+    la->qr = carve_take(cv, N * NH * D);
+    la->kr = carve_take(cv, N * NKV * D);
+    la->att = carve_take(cv, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
+    la->atty = carve_take(cv, N * NH * D);
+    la->resid2 = carve_take(cv, N * C);
+    la->ln2 = carve_take(cv, N * C);
+    la->ln2_rstd = carve_take(cv, N);
+    la->gate = dense ? carve_take(cv, N * F) : NULL;
+    la->up = dense ? carve_take(cv, N * F) : NULL;
+    la->h = dense ? carve_take(cv, N * F) : NULL;
+    la->probs = sparse ? carve_take(cv, N * E) : NULL;
+    // Expert ids share the float buffer: int32_t and float have the same size.
+    la->expert = sparse ? (int32_t *)carve_take(cv, N * K) : NULL;
+    la->route_w = sparse ? carve_take(cv, N * K) : NULL;
+    la->moe_state = sparse ? carve_take(cv, ops->moe_state_floats(B * T, (int)C,
+                                                                  cfg->moe_intermediate_size,
+                                                                  (int)E, (int)K))
+                           : NULL;
+}
+
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
-                         int B, int T) {
+                         int B, int T, const qwen3_memory_opts *opts) {
+    const int ac_every = opts ? opts->ac_every : 0;
+    const int chunk = opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk
+                                                                               : B * T;
     const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
     const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
     const size_t D = cfg->head_dim, V = cfg->vocab_size;
@@ -170,43 +211,39 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     const size_t E = cfg->num_experts, K = cfg->num_experts_per_tok;
     const int n = B * T, c = cfg->hidden_size, fm = cfg->moe_intermediate_size;
     const int e = cfg->num_experts, k = cfg->num_experts_per_tok;
-    const bool moe = qwen3_num_sparse_layers(cfg) > 0;
-    int n_sparse = 0;
+    const int L = cfg->num_hidden_layers, n_sparse_layers = qwen3_num_sparse_layers(cfg);
+    const bool moe = n_sparse_layers > 0;
     carve cv = {base, 0};
-    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+    // The recompute set, when any layer is checkpointed: one layer's worth, with the buffers of
+    // each kind (dense, sparse) that a checkpointed layer has.
+    qwen3_layer_acts shared = {0};
+    bool dense_ckpt = false, sparse_ckpt = false;
+    for (int l = 0; l < L; l++) {
+        if (!qwen3_layer_checkpointed(ac_every, l)) continue;
+        dense_ckpt |= !qwen3_layer_is_sparse(cfg, l);
+        sparse_ckpt |= qwen3_layer_is_sparse(cfg, l);
+    }
+    if (dense_ckpt || sparse_ckpt)
+        layer_layout(&shared, &cv, cfg, ops, B, T, dense_ckpt, sparse_ckpt);
+    int n_sparse = 0;
+    for (int l = 0; l < L; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
-        la->resid = carve_take(&cv, N * C);
-        la->ln1 = carve_take(&cv, N * C);
-        la->ln1_rstd = carve_take(&cv, N);
-        la->q = carve_take(&cv, N * NH * D);
-        la->k = carve_take(&cv, N * NKV * D);
-        la->v = carve_take(&cv, N * NKV * D);
-        la->q_rstd = carve_take(&cv, N * NH);
-        la->k_rstd = carve_take(&cv, N * NKV);
-        la->qr = carve_take(&cv, N * NH * D);
-        la->kr = carve_take(&cv, N * NKV * D);
-        la->att = carve_take(&cv, ops->attention_state_floats(B, T, nh, nkv, (int)D));
-        la->atty = carve_take(&cv, N * NH * D);
-        la->resid2 = carve_take(&cv, N * C);
-        la->ln2 = carve_take(&cv, N * C);
-        la->ln2_rstd = carve_take(&cv, N);
         const bool sparse = qwen3_layer_is_sparse(cfg, l);
+        const bool ckpt = qwen3_layer_checkpointed(ac_every, l);
+        if (ckpt)
+            *la = shared;
+        else
+            layer_layout(la, &cv, cfg, ops, B, T, !sparse, sparse);
+        la->resid = carve_take(&cv, N * C);
+        la->checkpointed = ckpt;
         la->sparse_index = sparse ? n_sparse++ : -1;
-        la->gate = sparse ? NULL : carve_take(&cv, N * F);
-        la->up = sparse ? NULL : carve_take(&cv, N * F);
-        la->h = sparse ? NULL : carve_take(&cv, N * F);
-        la->probs = sparse ? carve_take(&cv, N * E) : NULL;
-        // Expert ids share the float buffer: int32_t and float have the same size.
-        la->expert = sparse ? (int32_t *)carve_take(&cv, N * K) : NULL;
-        la->route_w = sparse ? carve_take(&cv, N * K) : NULL;
-        la->moe_state = sparse ? carve_take(&cv, ops->moe_state_floats(n, c, fm, e, k)) : NULL;
     }
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
     a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
     a->resid_out = carve_take(&cv, N * C);
     a->lnf = carve_take(&cv, N * C);
     a->lnf_rstd = carve_take(&cv, N);
-    a->logits = carve_take(&cv, N * V);
+    a->logits = carve_take(&cv, (size_t)chunk * V);
     a->losses = carve_take(&cv, N);
     a->dresid = carve_take(&cv, N * C);
     a->dln = carve_take(&cv, N * C);
@@ -238,20 +275,22 @@ static size_t model_token_bytes(int B, int T) {
     return 2 * (size_t)B * T * sizeof(int32_t);
 }
 
-qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T) {
+qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
+                                   const qwen3_memory_opts *opts) {
     qwen3_memory mem = {0};
     const size_t np = model_count_params(cfg, NULL);
     mem.params = np * sizeof(float);
     mem.grads = np * sizeof(float);
     qwen3_acts a = {0};
     mem.activations =
-        qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T) * sizeof(float) +
+        qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T, opts) *
+            sizeof(float) +
         model_token_bytes(B, T);
     return mem;
 }
 
 qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T) {
-    return qwen3_memory_plan_ops(cfg, &ct_ops_cpu, B, T);
+    return qwen3_memory_plan_ops(cfg, &ct_ops_cpu, B, T, NULL);
 }
 
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err) {
@@ -341,7 +380,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     qwen3_acts *a = calloc(1, sizeof *a);
     if (!a) return ct_fail(err, "qwen3_plan: out of memory");
     m->acts = a;
-    const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T);
+    const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T, &m->mem_opts);
     a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
     a->inputs = calloc((size_t)B * T, sizeof(int32_t));
     a->targets = calloc((size_t)B * T, sizeof(int32_t));
@@ -353,7 +392,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        "batch %d x seq_len %d",
                        floats * sizeof(float) + model_token_bytes(B, T), B, T);
     }
-    m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T);
+    m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
     model_rope_tables(a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
     m->B = B;
     m->T = T;

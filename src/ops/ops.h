@@ -60,3 +60,9 @@ extern const ct_ops ct_ops_cpu;
 // expert) or "loop" (the reference: one GEMM per expert and projection). Copies `base` into *out
 // with that expert kernel; returns -1 for an unknown name.
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
+
+// model.attn_backend: "sdpa" (the reference, and ct_ops_cpu's: materialised (B,NH,T,T)
+// probabilities, batched GEMMs) or "flash" (tiled with an online softmax, recomputation in the
+// backward: O(T) memory per head). Copies `base` into *out with that attention kernel; returns
+// -1 for an unknown name.
+int ct_ops_with_attention(ct_ops *out, const ct_ops *base, const char *backend);

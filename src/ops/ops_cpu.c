@@ -29,31 +29,63 @@ const ct_ops ct_ops_cpu = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
 };
 
+// The kernel families a run may choose between: each entry sets only its family's fields.
+typedef struct kernel_choice {
+    const char *name;
+    ct_ops kernels;
+} kernel_choice;
+
+static const kernel_choice moe_impls[] = {
+    {"grouped",
+     {.moe_state_floats = cpu_moe_grouped_state_floats,
+      .moe_scratch_floats = cpu_moe_grouped_scratch_floats,
+      .moe_forward = cpu_moe_grouped_forward,
+      .moe_backward = cpu_moe_grouped_backward}},
+    {"loop",
+     {.moe_state_floats = cpu_moe_loop_state_floats,
+      .moe_scratch_floats = cpu_moe_loop_scratch_floats,
+      .moe_forward = cpu_moe_loop_forward,
+      .moe_backward = cpu_moe_loop_backward}},
+};
+
+static const kernel_choice attention_backends[] = {
+    {"sdpa",
+     {.attention_state_floats = cpu_attention_state_floats,
+      .attention_scratch_floats = cpu_attention_scratch_floats,
+      .attention_forward = cpu_attention_forward,
+      .attention_backward = cpu_attention_backward}},
+    {"flash",
+     {.attention_state_floats = cpu_attention_flash_state_floats,
+      .attention_scratch_floats = cpu_attention_flash_scratch_floats,
+      .attention_forward = cpu_attention_flash_forward,
+      .attention_backward = cpu_attention_flash_backward}},
+};
+
+static const kernel_choice *find_choice(const kernel_choice *c, size_t n, const char *name) {
+    for (size_t i = 0; name && i < n; i++)
+        if (strcmp(name, c[i].name) == 0) return &c[i];
+    return NULL;
+}
+
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl) {
-    static const struct {
-        const char *name;
-        ct_ops experts; // only the moe_* entries are set
-    } impls[] = {
-        {"grouped",
-         {.moe_state_floats = cpu_moe_grouped_state_floats,
-          .moe_scratch_floats = cpu_moe_grouped_scratch_floats,
-          .moe_forward = cpu_moe_grouped_forward,
-          .moe_backward = cpu_moe_grouped_backward}},
-        {"loop",
-         {.moe_state_floats = cpu_moe_loop_state_floats,
-          .moe_scratch_floats = cpu_moe_loop_scratch_floats,
-          .moe_forward = cpu_moe_loop_forward,
-          .moe_backward = cpu_moe_loop_backward}},
-    };
-    for (size_t i = 0; moe_impl && i < sizeof impls / sizeof impls[0]; i++) {
-        if (strcmp(moe_impl, impls[i].name) != 0) continue;
-        const ct_ops *x = &impls[i].experts;
-        *out = *base;
-        out->moe_state_floats = x->moe_state_floats;
-        out->moe_scratch_floats = x->moe_scratch_floats;
-        out->moe_forward = x->moe_forward;
-        out->moe_backward = x->moe_backward;
-        return 0;
-    }
-    return -1;
+    const kernel_choice *c = find_choice(moe_impls, sizeof moe_impls / sizeof *moe_impls, moe_impl);
+    if (!c) return -1;
+    *out = *base;
+    out->moe_state_floats = c->kernels.moe_state_floats;
+    out->moe_scratch_floats = c->kernels.moe_scratch_floats;
+    out->moe_forward = c->kernels.moe_forward;
+    out->moe_backward = c->kernels.moe_backward;
+    return 0;
+}
+
+int ct_ops_with_attention(ct_ops *out, const ct_ops *base, const char *backend) {
+    const kernel_choice *c = find_choice(
+        attention_backends, sizeof attention_backends / sizeof *attention_backends, backend);
+    if (!c) return -1;
+    *out = *base;
+    out->attention_state_floats = c->kernels.attention_state_floats;
+    out->attention_scratch_floats = c->kernels.attention_scratch_floats;
+    out->attention_forward = c->kernels.attention_forward;
+    out->attention_backward = c->kernels.attention_backward;
+    return 0;
 }

@@ -69,3 +69,14 @@ void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t
                                int V);
 void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
                                 float scale, int N, int V);
+// Flash-style attention (attention_flash.c): the same op without the (T,T) probabilities. The
+// state holds the rows' log-sum-exps (B,NH,T), the scratch rowsum(dout * out) (B,NH,T); a table
+// using it must take its backward and sizes too (the built-in backward reads probabilities).
+size_t cpu_attention_flash_state_floats(int B, int T, int NH, int NKV, int D);
+size_t cpu_attention_flash_scratch_floats(int B, int T, int NH, int NKV, int D);
+void cpu_attention_flash_forward(float *out, float *state, const float *q, const float *k,
+                                 const float *v, int B, int T, int NH, int NKV, int D);
+void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratch,
+                                  const float *dout, const float *out, const float *state,
+                                  const float *q, const float *k, const float *v, int B, int T,
+                                  int NH, int NKV, int D);

@@ -10,6 +10,7 @@
 
 #include "core/suggest.h"
 #include "io/json.h"
+#include "ops/ops_cpu.h"
 
 static const char *const op_names[OVERRIDE_N_OPS] = {
     "rmsnorm", "rope_hf", "attention", "swiglu", "moe_experts", "cross_entropy", "matmul",
@@ -271,6 +272,13 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
         if (e->state_floats && slots[i].state_floats) {
             put(out, slots[i].state_floats, e->state_floats);
             put(out, slots[i].scratch_floats, e->scratch_floats);
+        } else if (i == OVERRIDE_ATTENTION) {
+            // The ABI's attention state is the reference kernel's (the probabilities), whatever
+            // kernel the run chose (flash keeps log-sum-exps): its sizes, and its backward for a
+            // forward-only override.
+            out->attention_state_floats = cpu_attention_state_floats;
+            out->attention_scratch_floats = cpu_attention_scratch_floats;
+            if (!e->backward) out->attention_backward = cpu_attention_backward;
         }
     }
 }

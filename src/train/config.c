@@ -57,6 +57,10 @@ static const config_key config_table[] = {
     KEY(model, moe_impl, CONFIG_STR, "grouped", "grouped|loop", false,
         "MoE expert kernel: grouped (tokens sorted by expert) or loop (the reference); not "
         "hashed: they differ only in fp32 rounding"),
+    KEY(model, attn_backend, CONFIG_STR, "auto", "auto|sdpa|flash", false,
+        "attention kernel: sdpa (the reference: materialised scores, batched GEMMs), flash "
+        "(tiled, online softmax, O(seq_len) memory) or auto (flash: faster at every length "
+        "measured)"),
     KEY(model, load_balance, CONFIG_STR, "hf", "hf|aux_free|none", true,
         "MoE load balancing: hf (HF's aux loss, times router_aux_loss_coef, added when "
         "output_router_logits is on), aux_free (torchtitan's expert bias, no aux loss) or none"),
@@ -87,6 +91,10 @@ static const config_key config_table[] = {
         "stop with an error after this many non-finite steps in a row"),
     KEY(training, allow_overcommit, CONFIG_BOOL, "false", NULL, false,
         "train even when the memory estimate exceeds the available memory"),
+    KEY(training, loss_chunk_tokens, CONFIG_INT, "-1", NULL, false,
+        "compute the loss head (logits, cross-entropy and their gradient) in chunks of this many "
+        "tokens, so the (tokens x vocab) logits are never held at once; 0: whole; -1: auto "
+        "(chunks of at most 256 MiB of logits)"),
     KEY(training, mixed_precision_param, CONFIG_STR, "float32", "float32|bfloat16", true,
         "parameter dtype (float32 only on CPU)"),
 
@@ -141,6 +149,9 @@ static const config_key config_table[] = {
         "inject a failure on debug.fault_rank at debug.fault_step (tests of failure handling)"),
     KEY(debug, fault_rank, CONFIG_INT, "0", NULL, false, "the rank debug.fault hits"),
     KEY(debug, fault_step, CONFIG_INT, "1", NULL, false, "the step (from 1) debug.fault hits"),
+    KEY(debug, profile_ops, CONFIG_BOOL, "false", NULL, false,
+        "time every op and print a table of ms per step and share of the step at the end (the "
+        "first step, a warm-up, is left out)"),
 
     KEY(parallelism, data_parallel_shard_degree, CONFIG_INT, "-1", NULL, false,
         "ranks that shard the optimizer state, ZeRO-1 (-1: every rank not used by "
@@ -162,6 +173,13 @@ static const config_key config_table[] = {
     KEY(comm, overlap, CONFIG_BOOL, "true", NULL, false,
         "start each bucket's reduction during the backward, as soon as its gradients are "
         "final"),
+
+    KEY(activation_checkpoint, mode, CONFIG_STR, "none", "none|full|selective", false,
+        "recompute layer forwards in the backward: none, full (every layer) or selective "
+        "(every selective_ac_option-th layer); the results are bit-identical"),
+    KEY(activation_checkpoint, selective_ac_option, CONFIG_STR, "2", NULL, false,
+        "selective: checkpoint every k-th layer (torchtitan's integer option; \"op\" is not "
+        "supported)"),
 
     KEY(override, imports, CONFIG_LIST, "", NULL, false,
         "plugins (shared libraries, include/ctitan/plugin.h) whose kernels replace built-in ops; "

@@ -34,6 +34,7 @@ typedef struct ct_config_model {
     // MoE flavors' overrides likewise (0 = the flavor's).
     int num_experts, num_experts_per_tok, moe_intermediate_size;
     char moe_impl[CT_CONFIG_NAME_MAX];     // expert kernel: "grouped" | "loop"
+    char attn_backend[CT_CONFIG_NAME_MAX]; // "auto" (= "flash") | "sdpa" | "flash"
     char load_balance[CT_CONFIG_NAME_MAX]; // "hf" (aux loss) | "aux_free" (expert bias) | "none"
     double load_balance_coeff;             // aux_free: the expert-bias step
     double router_aux_loss_coef;           // -1 = the model config's; else >= 0
@@ -51,6 +52,7 @@ typedef struct ct_config_training {
     int max_skipped_steps; // non-finite steps in a row before the run stops with an error
     bool allow_overcommit; // train even when the memory estimate exceeds available memory
     char mixed_precision_param[CT_CONFIG_NAME_MAX]; // "float32" (the only CPU choice)
+    int loss_chunk_tokens; // the loss head in chunks of this many tokens; 0 = whole; -1 = auto
 } ct_config_training;
 
 typedef struct ct_config_optimizer {
@@ -95,6 +97,7 @@ typedef struct ct_config_debug {
     int64_t seed;                   // weights init and data shuffle
     char fault[CT_CONFIG_NAME_MAX]; // injected failure for tests: none|bad_token|nan|exit|hang
     int fault_rank, fault_step;     // where (rank) and when (1-based step) it happens
+    bool profile_ops;               // time every op call; print a per-op table at the end
 } ct_config_debug;
 
 // Data parallelism over the ranks of mpirun/srun. shard * replicate = ranks; one of them is 1.
@@ -112,6 +115,12 @@ typedef struct ct_config_comm {
     double bucket_cap_mb;              // gradient bucket size, as DDP's bucket_cap_mb
     bool overlap;                      // reduce buckets during the backward
 } ct_config_comm;
+
+// torchtitan's [activation_checkpoint]: recompute layer forwards in the backward.
+typedef struct ct_config_activation_checkpoint {
+    char mode[CT_CONFIG_NAME_MAX];                // "none" | "full" | "selective"
+    char selective_ac_option[CT_CONFIG_NAME_MAX]; // selective: every k-th layer, k as text
+} ct_config_activation_checkpoint;
 
 typedef struct ct_config_override {
     // Plugins (include/ctitan/plugin.h) whose kernels replace built-in ops, comma-separated.
@@ -131,6 +140,7 @@ typedef struct ct_config {
     ct_config_debug debug;
     ct_config_parallelism parallelism;
     ct_config_comm comm;
+    ct_config_activation_checkpoint activation_checkpoint;
     ct_config_override override;
 } ct_config;
 
@@ -163,6 +173,10 @@ uint64_t config_hash(const ct_config *c);
 
 // `ctitan train --help`: every key with its type, default and help.
 void config_print_help(FILE *f);
+
+// activation_checkpoint as the model takes it (qwen3_model.ac_every): 0 for "none", 1 for
+// "full", k for "selective" with selective_ac_option k (validated by config_validate).
+int config_ac_every(const ct_config *c);
 
 // The decay phase's length in steps: round-half-even(decay_ratio * steps), as torchtitan's
 // Python round(); 0 when decay_ratio is 0.

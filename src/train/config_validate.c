@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/config_internal.h"
@@ -124,10 +125,26 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
     return 0;
 }
 
+int config_ac_every(const ct_config *c) {
+    const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
+    if (strcmp(ac->mode, "full") == 0) return 1;
+    if (strcmp(ac->mode, "selective") != 0) return 0;
+    char *end;
+    long k = strtol(ac->selective_ac_option, &end, 10);
+    return *end == '\0' && end != ac->selective_ac_option && k >= 1 && k <= 1000000 ? (int)k : -1;
+}
+
 static int check_training(const ct_config *c, const vctx *vp) {
     vctx v = *vp;
     const ct_config_training *t = &c->training;
     int dp = c->parallelism.data_parallel_shard_degree;
+    NEED(config_ac_every(c) >= 0, "activation_checkpoint.selective_ac_option", NULL,
+         "activation_checkpoint.selective_ac_option = \"%s\"; expected a layer frequency k >= 1 "
+         "(every k-th layer is checkpointed; torchtitan's per-op \"op\" is not supported)",
+         c->activation_checkpoint.selective_ac_option);
+    NEED(t->loss_chunk_tokens >= -1, "training.loss_chunk_tokens", NULL,
+         "training.loss_chunk_tokens = %d; expected -1 (auto), 0 (whole) or a token count",
+         t->loss_chunk_tokens);
     NEED(t->dataset_path[0], "training.dataset_path", NULL,
          "training.dataset_path is not set: point it at a .txt, .jsonl or .npy file, or a "
          "folder of them");

@@ -23,6 +23,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_internal.h"
 #include "train/metrics.h"
+#include "ops/ops_profile.h"
 #include "plugin/trusted_ops.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -37,7 +38,8 @@ typedef struct trainer {
     bool shard;     // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
     long save_tag;  // rank 0's pid: names the temporary folder every rank saves into
     ct_ops ops;     // the built-in table with model.moe_impl's expert kernel, then overrides
-    override_set overrides; // the plugins of override.imports
+    override_set overrides;     // the plugins of override.imports
+    qwen3_memory_opts mem_opts; // activation checkpointing and the chunked loss
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -78,6 +80,16 @@ static void log_notes(trainer *t, ckpt_notes *notes) {
 static void apply_aux_overrides(qwen3_config *out, const ct_config_model *m) {
     if (m->router_aux_loss_coef >= 0) out->router_aux_loss_coef = m->router_aux_loss_coef;
     if (m->output_router_logits >= 0) out->output_router_logits = m->output_router_logits;
+}
+
+int train_builtin_ops(ct_ops *out, const char **attn, const ct_config *c, ct_error *err) {
+    if (ct_ops_with_moe_impl(out, &ct_ops_cpu, c->model.moe_impl) != 0)
+        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
+                       c->model.moe_impl);
+    *attn = strcmp(c->model.attn_backend, "auto") == 0 ? "flash" : c->model.attn_backend;
+    if (ct_ops_with_attention(out, out, *attn) != 0)
+        return ct_fail(err, "model.attn_backend \"%s\": expected \"sdpa\" or \"flash\"", *attn);
+    return 0;
 }
 
 int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
@@ -187,12 +199,23 @@ static void setup_threads(trainer *t) {
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory
 // estimate is printed in any case.
+// training.loss_chunk_tokens as tokens per chunk (0: whole). Auto: the fewest equal chunks of
+// at most 256 MiB of logits each.
+static int loss_chunk(const ct_config *c, const qwen3_config *mc, int tokens) {
+    const int k = c->training.loss_chunk_tokens;
+    if (k >= 0) return k;
+    const double logits = (double)tokens * mc->vocab_size * sizeof(float), cap = 256.0 * (1 << 20);
+    if (logits <= cap) return 0;
+    const int chunks = (int)ceil(logits / cap);
+    return (tokens + chunks - 1) / chunks;
+}
+
 static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
     const ct_config *c = t->cfg;
     if (c->training.seq_len > mc->max_position_embeddings)
         return ct_fail(err, "training.seq_len %d exceeds the model's max_position_embeddings %d",
                        c->training.seq_len, mc->max_position_embeddings);
-    qwen3_memory mem = qwen3_memory_plan_ops(mc, &t->ops, t->B, t->T);
+    qwen3_memory mem = qwen3_memory_plan_ops(mc, &t->ops, t->B, t->T, &t->mem_opts);
     // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
     double optim = 2.0 * (double)mem.params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
@@ -405,9 +428,8 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
     if (setup_parallel(t, err) != 0) return -1;
     setup_threads(t);
-    if (ct_ops_with_moe_impl(&t->ops, &ct_ops_cpu, c->model.moe_impl) != 0)
-        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
-                       c->model.moe_impl);
+    const char *attn = NULL;
+    if (train_builtin_ops(&t->ops, &attn, c, err) != 0) return -1;
 
     qwen3_config mc;
     if (train_model_config(&mc, c, err) != 0) return -1;
@@ -417,6 +439,12 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
         trusted_ops_setup(&t->ops, &t->overrides, c->override.imports, c->override.allow_mismatch,
                           &shape, t->log, is_root(t) ? stderr : NULL, err);
     if (dist_agree(t->d, rc, "loading and checking the override kernels", err) != 0) return -1;
+    if (c->debug.profile_ops) {
+        const ct_ops timed = t->ops;
+        ops_profile_wrap(&t->ops, &timed);
+    }
+    t->mem_opts.ac_every = config_ac_every(c);
+    t->mem_opts.loss_chunk = loss_chunk(c, &mc, t->B * t->T);
     if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
     char path[4096];
@@ -425,9 +453,9 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     if (dist_agree(t->d, rc ? -1 : 0, "writing the run's config", err) != 0) return -1;
     fprintf(t->log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
 
-    if (qwen3_init(&t->model, &mc, &t->ops, err) != 0 ||
-        qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0)
-        return -1;
+    if (qwen3_init(&t->model, &mc, &t->ops, err) != 0) return -1;
+    t->model.mem_opts = t->mem_opts;
+    if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
     fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
             "%s, %zu parameters\n",
@@ -435,6 +463,21 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
             mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
             mc.head_dim, mc.intermediate_size, mc.vocab_size,
             mc.tie_word_embeddings ? "tied" : "untied", t->model.num_params);
+    fprintf(t->log, "kernels: attention %s%s%s\n",
+            t->overrides.ops[OVERRIDE_ATTENTION].set ? "from a plugin" : attn,
+            t->model.n_sparse ? ", experts " : "", t->model.n_sparse ? c->model.moe_impl : "");
+    if (t->mem_opts.loss_chunk > 0)
+        fprintf(t->log, "loss head: in chunks of %d tokens (training.loss_chunk_tokens)\n",
+                t->mem_opts.loss_chunk);
+    if (t->mem_opts.ac_every > 0) {
+        int n = 0;
+        for (int l = 0; l < mc.num_hidden_layers; l++)
+            n += qwen3_layer_checkpointed(t->mem_opts.ac_every, l);
+        fprintf(t->log,
+                "activation checkpointing: %s, %d of %d layers recompute their forward in the "
+                "backward\n",
+                c->activation_checkpoint.mode, n, mc.num_hidden_layers);
+    }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
@@ -592,13 +635,13 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         bool last = a == t->accum - 1;
         m->grad_ready = last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
         m->grad_ready_ctx = t;
-        loss_sum += qwen3_forward(m, t->inputs + off, t->targets + off, NULL);
+        // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
+        const float scale = last && fault_now(t, "nan") ? NAN : 1.0f / (float)valid;
+        loss_sum += qwen3_forward_train(m, t->inputs + off, t->targets + off, scale, NULL);
         double aux = 0;
         if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
         aux_sum += aux;
-        // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
-        bool nan = last && fault_now(t, "nan");
-        qwen3_backward(m, nan ? NAN : 1.0f / (float)valid);
+        qwen3_backward(m, scale);
     }
     m->grad_ready = NULL;
     if (grad_sync_finish(&t->sync, err) != 0 ||
@@ -789,7 +832,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
 static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     const ct_config *c = t->cfg;
     double t_resume = now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
-    double comm_since_log = 0;
+    double comm_since_log = 0, t_profile = t_resume;
     int64_t steps_since_log = 0, skipped_total = 0, start_step = t->state.step;
     while (t->state.step < c->training.steps) {
         t->d->timeout_s = c->comm.train_timeout_seconds;
@@ -815,6 +858,10 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
         }
         int64_t step = t->state.step;
         t->state.time_s = now_s() - t_start;
+        if (c->debug.profile_ops && step == start_step + 1 && step < c->training.steps) {
+            ops_profile_reset(); // the first step warms up caches and thread pools
+            t_profile = now_s();
+        }
         if (step % c->metrics.log_freq == 0 || step == 1 || step == c->training.steps)
             log_metrics(t, &r, t_resume, &t_log, &steps_since_log, &comm_since_log, start_step,
                         skipped_total);
@@ -831,6 +878,11 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
             fprintf(t->log, "stopped by signal at step %lld\n", (long long)step);
             return 0;
         }
+    }
+    if (c->debug.profile_ops) {
+        // Steps after the warm-up; the checkpoint saves in between count as "other".
+        const int64_t n = t->state.step - start_step - (t->state.step - start_step > 1);
+        if (n > 0) ops_profile_print(t->log, (now_s() - t_profile) / (double)n, (int)n);
     }
     t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
     if (c->checkpoint.last_save_in_hf && export_final(t, err) != 0) return -1;

@@ -1,0 +1,369 @@
+// Flash-style causal GQA attention: the math and layouts of attention.c without the (T,T)
+// probabilities. Per (batch b, head h), with Q, K, V the head views (leading dimension NH*D or
+// NKV*D) and tiles of FLASH_ROWS queries by flash_cols(D) keys:
+//   forward:  S = scale Q K^T per tile, online softmax (running row max m and sum l, the output
+//             rescaled by exp(m_old - m_new) when the max grows), O = (sum_j p_j v_j) / l; only
+//             lse = m + log l (B,NH,T) is saved.
+//   backward: each tile's P = exp(S - lse) is recomputed; with Di = rowsum(dO_i * O_i)
+//             (= rowsum(P_i * dP_i)) and dP = dO V^T:
+//             dS = scale P (dP - Di),  dQ = dS K,  dK = sum_h dS^T Q,  dV = sum_h P^T dO
+//             over the query heads h of a kv group (the scale is folded into S and dS).
+// Key tiles past a block's last query are skipped; the diagonal tiles are masked inside.
+//
+// Threads: one OpenMP loop over independent work items, each running its tiles' products as
+// OpenBLAS sgemms on the calling thread. Each product has M*N*K <= FLASH_GEMM_MAX, and OpenBLAS
+// runs a gemm that small single-threaded (interface/gemm.c: at most 65536 *
+// GEMM_MULTITHREAD_THRESHOLD, 4 by default; the SkylakeX/Cooperlake small-matrix kernels go to
+// 1e6; an OpenMP build of OpenBLAS runs single-threaded inside a parallel region anyway), so
+// the pthreads build's pool is never woken from inside the team. (Large serial sgemms with an
+// OpenMP loop per tile for the row work, attention.c's layout, measured 3-25x slower on 2
+// cores, the more the busier the machine: the two thread pools spin against each other at
+// every tile.)
+// Forward items are (b, h, query block), each writing its own rows of out and lse. In the
+// backward dQ is summed over key blocks and dK, dV over query blocks and heads, so: either one
+// item per (b, kv head) that does all of its group's tiles (5 products per tile), or, when
+// that leaves too much of the team idle, two loops that recompute the tiles, items (b, kv
+// head, key block) owning rows of dK and dV and items (b, h, query block) rows of dQ (7
+// products per tile). Both run the same tile products and sum every output element in the
+// same order (heads, then query blocks, for dK and dV; key blocks for dQ), so they give the same
+// bits: no atomics, and the results depend neither on the schedule nor on the thread count.
+//
+// state: lse (B,NH,T). scratch: Di (B,NH,T). The tiles live on each thread's stack (32 KiB).
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ops/ops_cpu.h"
+
+// Query rows (and at most keys) per tile: 64 x 64 tiles keep every product of a D = 64 head at
+// M*N*K = 2^18 and the diagonal's masked half (the only wasted work) small (~3% at T = 2048).
+#define FLASH_ROWS 64
+// The largest M*N*K of one tile product: OpenBLAS's single-thread limit (see above).
+#define FLASH_GEMM_MAX (1 << 18)
+// Below this many scores (B*NH*T*T/2) the whole op runs on one thread: a team costs more.
+#define FLASH_PAR_MIN 32768
+
+static int imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+// Keys per tile: FLASH_ROWS, fewer for heads wider than 64 so products stay <= FLASH_GEMM_MAX
+// (at least 8, so absurdly wide heads still make progress, if on OpenBLAS's threads).
+static int flash_cols(int D) {
+    const int c = FLASH_GEMM_MAX / (FLASH_ROWS * D);
+    return c > FLASH_ROWS ? FLASH_ROWS : c < 8 ? 8 : c;
+}
+
+size_t cpu_attention_flash_state_floats(int B, int T, int NH, int NKV, int D) {
+    (void)NKV, (void)D;
+    return B > 0 && T > 0 && NH > 0 ? (size_t)B * NH * T : 0; // lse
+}
+
+size_t cpu_attention_flash_scratch_floats(int B, int T, int NH, int NKV, int D) {
+    (void)NKV, (void)D;
+    return B > 0 && T > 0 && NH > 0 ? (size_t)B * NH * T : 0; // Di
+}
+
+// exp(x) written so that `omp simd` loops vectorise it at -O2 (glibc's expf has no vector
+// variant without -ffast-math, and the exps are the bulk of the non-GEMM work): x = n ln2 + r,
+// |r| <= ln2/2, exp(r) by its Taylor series to r^7 (truncation < 1e-8 relative), times 2^n made
+// in the exponent bits. Within 1 ulp of expf for -87 <= x <= 88; 0 below -87 (and for -inf),
+// where expf is < 2^-125. The clamp and the zeroing are integer selects: float compares may trap
+// (-ftrapping-math) and would keep GCC from if-converting the loop.
+static inline float flash_exp(float x) {
+    const uint32_t lim = 0xC2AE0000u; // -87.0f; larger bit patterns are more negative
+    uint32_t ux;
+    memcpy(&ux, &x, 4);
+    const uint32_t keep = -(uint32_t)(ux <= lim);
+    ux = ux < lim ? ux : lim;
+    float xc;
+    memcpy(&xc, &ux, 4);
+    const float t = xc * 1.44269504f;
+    const float n = (t + 12582912.0f) - 12582912.0f; // round to nearest (1.5 * 2^23 trick)
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f; // ln2 split hi + lo
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t two_n = (uint32_t)((int32_t)n + 127) << 23;
+    float scale, y;
+    memcpy(&scale, &two_n, 4);
+    y = p * scale;
+    uint32_t uy;
+    memcpy(&uy, &y, 4);
+    uy &= keep;
+    memcpy(&y, &uy, 4);
+    return y;
+}
+
+// Query t sees keys c0 .. c0+n-1 of a tile starting at key c0 with nc keys.
+static int valid_keys(int t, int c0, int nc) {
+    const int n = t - c0 + 1;
+    return n < 0 ? 0 : n > nc ? nc : n;
+}
+
+// The row work below (the exps) is a quarter of the op's time at SSE2 width; on x86-64 GCC
+// also builds AVX2 and AVX-512 versions of it and picks one for the CPU at load time (ifunc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLASH_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLASH_SIMD_CLONES
+#endif
+
+// Max and sum of a row in FLASH_LANES partial lanes that GCC turns into one vector (an
+// `omp simd` reduction leaves a long scalar epilogue per row, a third of the softmax's time).
+#define FLASH_LANES 16
+
+static inline float row_max(const float *x, int n, float init) {
+    float lane[FLASH_LANES];
+    for (int l = 0; l < FLASH_LANES; l++) lane[l] = init;
+    int j = 0;
+    for (; j + FLASH_LANES <= n; j += FLASH_LANES)
+        for (int l = 0; l < FLASH_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (; j < n; j++) lane[0] = x[j] > lane[0] ? x[j] : lane[0];
+    float m = lane[0];
+    for (int l = 1; l < FLASH_LANES; l++) m = lane[l] > m ? lane[l] : m;
+    return m;
+}
+
+static inline float row_sum(const float *x, int n) {
+    float lane[FLASH_LANES] = {0};
+    int j = 0;
+    for (; j + FLASH_LANES <= n; j += FLASH_LANES)
+        for (int l = 0; l < FLASH_LANES; l++) lane[l] += x[j + l];
+    for (; j < n; j++) lane[0] += x[j];
+    float sum = 0.0f;
+    for (int l = 0; l < FLASH_LANES; l++) sum += lane[l];
+    return sum;
+}
+
+// Online softmax over a score tile s (nr queries from r0, nc keys from c0, leading dimension
+// ldt): s becomes p = exp(s - m_new), 0 where masked; the running max m and sum l advance, and
+// the output rows o (leading dimension ldo) are rescaled for the new max unless this is the
+// first tile (whose P V product overwrites them).
+FLASH_SIMD_CLONES
+static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, float *m, float *l,
+                         float *o, int ldo, int D) {
+    const int first = c0 == 0;
+    for (int i = 0; i < nr; i++) {
+        float *si = s + (size_t)i * ldt;
+        const int nv = valid_keys(r0 + i, c0, nc);
+        const float mx = row_max(si, nv, first ? -INFINITY : m[i]);
+#pragma omp simd
+        for (int j = 0; j < nv; j++) si[j] = flash_exp(si[j] - mx);
+        const float sum = row_sum(si, nv);
+        for (int j = nv; j < nc; j++) si[j] = 0.0f;
+        if (first) {
+            l[i] = sum;
+        } else if (nv > 0) {
+            const float alpha = expf(m[i] - mx);
+            float *oi = o + (size_t)i * ldo;
+            l[i] = l[i] * alpha + sum;
+#pragma omp simd
+            for (int d = 0; d < D; d++) oi[d] *= alpha;
+        }
+        m[i] = mx;
+    }
+}
+
+// Backward row work on a tile (layout as above): the scores s become P = exp(s - lse) and dP
+// in ds becomes dS = scale P (dP - Di); both 0 where masked, so the products read whole tiles.
+FLASH_SIMD_CLONES
+static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int c0,
+                      const float *lse, const float *di, float scale) {
+    for (int i = 0; i < nr; i++) {
+        float *si = s + (size_t)i * ldt, *dsi = ds + (size_t)i * ldt;
+        const int nv = valid_keys(r0 + i, c0, nc);
+        const float li = lse[i], dii = di[i];
+#pragma omp simd
+        for (int j = 0; j < nv; j++) {
+            const float p = flash_exp(si[j] - li);
+            si[j] = p;
+            dsi[j] = scale * (p * (dsi[j] - dii));
+        }
+        for (int j = nv; j < nc; j++) si[j] = dsi[j] = 0.0f;
+    }
+}
+
+typedef struct flash_dims {
+    int B, T, NH, NKV, D, rep, ldq, ldk, nr, nc, nqb, nkb;
+    float scale;
+} flash_dims;
+
+static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D) {
+    const int nr = FLASH_ROWS, nc = flash_cols(D);
+    return (flash_dims){.B = B,
+                        .T = T,
+                        .NH = NH,
+                        .NKV = NKV,
+                        .D = D,
+                        .rep = NH / NKV,
+                        .ldq = NH * D,
+                        .ldk = NKV * D,
+                        .nr = nr,
+                        .nc = nc,
+                        .nqb = (T + nr - 1) / nr,
+                        .nkb = (T + nc - 1) / nc,
+                        .scale = (float)(1.0 / sqrt((double)D))};
+}
+
+// Forward of query block qb of head h in batch b: its rows of out and lse.
+static void fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
+                      const float *k, const float *v, int b, int h, int qb) {
+    float s[FLASH_ROWS * FLASH_ROWS], m[FLASH_ROWS], l[FLASH_ROWS];
+    const int T = f->T, D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
+    const int r0 = qb * f->nr, r1 = imin(r0 + f->nr, T), nr = r1 - r0;
+    const float *qr = q + ((size_t)b * T + r0) * ldq + (size_t)h * D;
+    const float *kh = k + (size_t)b * T * ldk + (size_t)(h / f->rep) * D;
+    const float *vh = v + (size_t)b * T * ldk + (size_t)(h / f->rep) * D;
+    float *orow = out + ((size_t)b * T + r0) * ldq + (size_t)h * D;
+    for (int c0 = 0; c0 < r1; c0 += f->nc) {
+        const int nc = imin(c0 + f->nc, r1) - c0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->scale, qr, ldq,
+                    kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
+        softmax_tile(s, ldt, nr, nc, r0, c0, m, l, orow, ldq, D);
+        // The first tile overwrites the rows (out need not be initialised), later ones add.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, s, ldt,
+                    vh + (size_t)c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, orow, ldq);
+    }
+    float *lse = lse_all + ((size_t)b * f->NH + h) * T + r0;
+    for (int i = 0; i < nr; i++) {
+        float *o = orow + (size_t)i * ldq;
+        const float inv = 1.0f / l[i];
+#pragma omp simd
+        for (int d = 0; d < D; d++) o[d] *= inv;
+        lse[i] = m[i] + logf(l[i]);
+    }
+}
+
+void cpu_attention_flash_forward(float *out, float *state, const float *q, const float *k,
+                                 const float *v, int B, int T, int NH, int NKV, int D) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const flash_dims f = flash_dims_of(B, T, NH, NKV, D);
+    const int bh = B * NH, items = bh * f.nqb;
+    // Longest items (last query blocks) first, handed out one at a time: balanced, and the
+    // results do not depend on who runs what.
+#pragma omp parallel for schedule(dynamic, 1) if ((double)bh * T * T >= 2.0 * FLASH_PAR_MIN)
+    for (int it = 0; it < items; it++)
+        fwd_block(&f, out, state, q, k, v, it % bh / NH, it % NH, f.nqb - 1 - it / bh);
+}
+
+typedef struct flash_bwd {
+    flash_dims f;
+    float *dq, *dk, *dv;
+    const float *di, *dout, *lse, *q, *k, *v;
+} flash_bwd;
+
+// One backward tile: query block qb of head h against key block kb (batch b). Recomputes P
+// and dS, then dQ (+)= dS K when want_dq, and dK += dS^T Q, dV += P^T dO when want_dkv.
+static void bwd_tile(const flash_bwd *w, int b, int h, int qb, int kb, int want_dq, int want_dkv) {
+    float s[FLASH_ROWS * FLASH_ROWS], ds[FLASH_ROWS * FLASH_ROWS];
+    const flash_dims *f = &w->f;
+    const int T = f->T, D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
+    const int r0 = qb * f->nr, nr = imin(r0 + f->nr, T) - r0;
+    const int c0 = kb * f->nc, nc = imin(c0 + f->nc, r0 + nr) - c0; // keys up to the last query
+    const size_t qoff = ((size_t)b * T + r0) * ldq + (size_t)h * D;
+    const size_t kvoff = ((size_t)b * T + c0) * ldk + (size_t)(h / f->rep) * D;
+    const size_t roff = ((size_t)b * f->NH + h) * T + r0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->scale, w->q + qoff, ldq,
+                w->k + kvoff, ldk, 0.0f, s, ldt);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, 1.0f, w->dout + qoff, ldq,
+                w->v + kvoff, ldk, 0.0f, ds, ldt);
+    grad_tile(s, ds, ldt, nr, nc, r0, c0, w->lse + roff, w->di + roff, f->scale);
+    if (want_dq)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, ds, ldt,
+                    w->k + kvoff, ldk, kb == 0 ? 0.0f : 1.0f, w->dq + qoff, ldq);
+    if (want_dkv) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nr, 1.0f, ds, ldt, w->q + qoff,
+                    ldq, 1.0f, w->dk + kvoff, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nr, 1.0f, s, ldt,
+                    w->dout + qoff, ldq, 1.0f, w->dv + kvoff, ldk);
+    }
+}
+
+// Zeroes n rows of kv head g (batch b) from row t0 in dk and dv.
+static void zero_kv_rows(const flash_bwd *w, int b, int g, int t0, int n) {
+    for (int t = t0; t < t0 + n; t++) {
+        const size_t off = ((size_t)b * w->f.T + t) * w->f.ldk + (size_t)g * w->f.D;
+        memset(w->dk + off, 0, (size_t)w->f.D * sizeof(float));
+        memset(w->dv + off, 0, (size_t)w->f.D * sizeof(float));
+    }
+}
+
+// Single pass, one item per kv group: all of its dK, dV and its heads' dQ.
+static void bwd_group(const flash_bwd *w, int b, int g) {
+    const flash_dims *f = &w->f;
+    zero_kv_rows(w, b, g, 0, f->T);
+    for (int h = g * f->rep; h < (g + 1) * f->rep; h++)
+        for (int qb = 0; qb < f->nqb; qb++)
+            for (int kb = 0; kb * f->nc < imin((qb + 1) * f->nr, f->T); kb++)
+                bwd_tile(w, b, h, qb, kb, 1, 1);
+}
+
+// Two passes. dK, dV rows of key block kb of group g, summed over the group's heads and the
+// query blocks that see the keys, in that order.
+static void bwd_kv_block(const flash_bwd *w, int b, int g, int kb) {
+    const flash_dims *f = &w->f;
+    const int c0 = kb * f->nc;
+    zero_kv_rows(w, b, g, c0, imin(c0 + f->nc, f->T) - c0);
+    for (int h = g * f->rep; h < (g + 1) * f->rep; h++)
+        for (int qb = c0 / f->nr; qb < f->nqb; qb++) bwd_tile(w, b, h, qb, kb, 0, 1);
+}
+
+// dQ rows of query block qb of head h, summed over its key blocks in order.
+static void bwd_q_block(const flash_bwd *w, int b, int h, int qb) {
+    const int r1 = imin((qb + 1) * w->f.nr, w->f.T);
+    for (int kb = 0; kb * w->f.nc < r1; kb++) bwd_tile(w, b, h, qb, kb, 1, 0);
+}
+
+// The single pass does 5 products per tile, the two passes 7 (S, dP and the exps twice) but
+// keep any team busy: take the single pass unless its B*NKV items would idle more than a
+// quarter of the threads.
+static int single_pass(int groups, int threads) {
+    const int rounds = (groups + threads - 1) / threads;
+    return 4 * groups >= 3 * rounds * threads;
+}
+
+void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratch,
+                                  const float *dout, const float *out, const float *state,
+                                  const float *q, const float *k, const float *v, int B, int T,
+                                  int NH, int NKV, int D) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const flash_bwd w = {
+        flash_dims_of(B, T, NH, NKV, D), dq, dk, dv, scratch, dout, state, q, k, v};
+    const flash_dims *f = &w.f;
+    const int bh = B * NH, bg = B * NKV, par = (double)bh * T * T >= 2.0 * FLASH_PAR_MIN;
+    const int one = single_pass(bg, par ? omp_get_max_threads() : 1);
+    const int64_t rows = (int64_t)bh * T;
+    float *di_all = scratch;
+#pragma omp parallel if (par)
+    {
+        // Di = rowsum(dO * O) in double (it cancels), stored (B,NH,T) like lse.
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const int t = (int)(r % T), h = (int)(r / T % NH), b = (int)(r / T / NH);
+            const size_t off = ((size_t)b * T + t) * f->ldq + (size_t)h * D;
+            double dot = 0.0;
+            for (int d = 0; d < D; d++) dot += (double)dout[off + d] * out[off + d];
+            di_all[r] = (float)dot;
+        }
+        if (one) {
+#pragma omp for schedule(dynamic, 1)
+            for (int it = 0; it < bg; it++) bwd_group(&w, it / NKV, it % NKV);
+        } else {
+            // Longest first: key blocks ascending, query blocks descending.
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int it = 0; it < bg * f->nkb; it++)
+                bwd_kv_block(&w, it % bg / NKV, it % NKV, it / bg);
+#pragma omp for schedule(dynamic, 1)
+            for (int it = 0; it < bh * f->nqb; it++)
+                bwd_q_block(&w, it % bh / NH, it % NH, f->nqb - 1 - it / bh);
+        }
+    }
+}

@@ -1,0 +1,105 @@
+"""Training variants that must not change the numbers, dense and MoE, through `ctitan train`
+and its HF export: activation checkpointing (none, full, selective) gives bit-identical losses
+and weights, and so does --debug.profile_ops (which prints its table); the chunked loss head
+agrees to fp32 rounding (1e-6 on the losses, 1e-5 on the weights, 1e-4 for MoE, where a
+rounding-level change can flip a routing choice); the attention kernels (sdpa, the reference,
+and flash, the default) agree within 1e-4 on the losses."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+import safetensors_ref  # noqa: E402
+
+BIN = os.environ["CTITAN_BIN"]
+TMP = os.environ["CTITAN_TMP"]
+STEPS = 5
+failed = 0
+
+
+def check(cond, msg):
+    global failed
+    if not cond:
+        failed += 1
+        print("FAIL:", msg, file=sys.stderr)
+
+
+def train(name, flavor, extra):
+    dump = os.path.join(TMP, name)
+    subprocess.run(["rm", "-rf", dump], check=True)
+    cmd = [BIN, "train", "--model.flavor", flavor, "--model.vocab_size", "512",
+           "--model.n_layers", "3", "--training.dataset_path", os.path.join(TMP, "tokens.npy"),
+           "--training.seq_len", "48", "--training.local_batch_size", "2",
+           "--training.global_batch_size", "4", "--training.steps", str(STEPS),
+           "--training.shuffle", "false", "--lr_scheduler.warmup_steps", "0",
+           "--metrics.log_freq", "1", "--metrics.peak_gflops", "100",
+           "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
+           "--checkpoint.last_save_in_hf", "true", "--job.dump_folder", dump] + extra
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 0, "%s: ctitan train failed: %s" % (name, (r.stdout + r.stderr)[-3000:]))
+    if r.returncode != 0:
+        return None
+    rows = [json.loads(line) for line in open(os.path.join(dump, "metrics.jsonl"))]
+    weights = safetensors_ref.load_folder(os.path.join(dump, "hf"))
+    return {"loss": [x["loss"] for x in rows if "loss" in x], "weights": weights,
+            "log": r.stdout}
+
+
+def close(a, b, what, loss_tol, weight_tol):
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a["loss"], b["loss"]))
+    check(len(a["loss"]) == len(b["loss"]) and worst <= loss_tol,
+          "%s: losses differ by %.3g (tolerance %g)" % (what, worst, loss_tol))
+    for n in b["weights"]:
+        x, y = np.asarray(a["weights"][n], np.float64), np.asarray(b["weights"][n], np.float64)
+        rel = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30)
+        check(rel <= weight_tol, "%s: %s rel L2 %.3g" % (what, n, rel))
+    return worst
+
+
+def same_bits(a, b, what):
+    check(a["loss"] == b["loss"], "%s: losses %r vs %r" % (what, a["loss"], b["loss"]))
+    differ = [n for n in a["weights"] if not np.array_equal(a["weights"][n], b["weights"][n])]
+    check(not differ, "%s: weights differ: %s" % (what, differ[:5]))
+
+
+os.makedirs(TMP, exist_ok=True)
+np.save(os.path.join(TMP, "tokens.npy"),
+        np.random.default_rng(5).integers(0, 512, 20000).astype("<i4"))
+
+for flavor in ["debugmodel", "debugmodel_moe"]:
+    base = train(flavor + "_none", flavor, [])
+    if base is None:
+        continue
+    for mode in (["full"], ["selective", "--activation_checkpoint.selective_ac_option", "2"]):
+        r = train(flavor + "_" + mode[0], flavor, ["--activation_checkpoint.mode"] + mode)
+        if r:
+            same_bits(base, r, "%s activation_checkpoint %s" % (flavor, mode[0]))
+            check("activation checkpointing: %s" % mode[0] in r["log"], "logged")
+    r = train(flavor + "_chunked", flavor, ["--training.loss_chunk_tokens", "17"])
+    if r:
+        # MoE: a rounding-level change can flip a top-k choice, so its weights drift further.
+        worst = close(r, base, flavor + " loss_chunk_tokens 17", 1e-6,
+                      1e-4 if "moe" in flavor else 1e-5)
+        print("%s: chunked loss head, losses within %.3g" % (flavor, worst))
+        check("loss head: in chunks of 17 tokens" in r["log"], "chunking logged")
+    # auto is flash; sdpa is the reference kernel (materialised probabilities).
+    check("kernels: attention flash" in base["log"], "auto picks flash")
+    r = train(flavor + "_sdpa", flavor, ["--model.attn_backend", "sdpa"])
+    if r:
+        worst = close(r, base, flavor + " sdpa vs flash", 1e-4, 1e-3)
+        print("%s: sdpa vs flash, losses within %.3g" % (flavor, worst))
+        check("kernels: attention sdpa" in r["log"], "sdpa logged")
+    r = train(flavor + "_profile", flavor, ["--debug.profile_ops"])
+    if r:
+        same_bits(base, r, "%s --debug.profile_ops" % flavor)
+        check("op profile: mean over %d step(s)" % (STEPS - 1) in r["log"] and
+              "matmul         forward" in r["log"] and "other" in r["log"],
+              "the profile table: %s" % r["log"][-2000:])
+        if flavor == "debugmodel_moe":
+            check("moe_experts    backward" in r["log"], "MoE ops profiled")
+
+print("all passed" if failed == 0 else "%d failed" % failed)
+sys.exit(1 if failed else 0)
