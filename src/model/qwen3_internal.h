@@ -40,7 +40,7 @@ typedef struct qwen3_acts {
     float *rope_cos, *rope_sin; // (T, D/2)
     float *resid_out;           // (N,C) output of the last layer
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
-    float *logits; // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
+    float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
     float *losses;              // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time).
     float *dresid;      // (N,C) gradient of the residual stream

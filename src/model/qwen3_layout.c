@@ -193,17 +193,17 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     // Expert ids share the float buffer: int32_t and float have the same size.
     la->expert = sparse ? (int32_t *)carve_take(cv, N * K) : NULL;
     la->route_w = sparse ? carve_take(cv, N * K) : NULL;
-    la->moe_state = sparse ? carve_take(cv, ops->moe_state_floats(B * T, (int)C,
-                                                                  cfg->moe_intermediate_size,
-                                                                  (int)E, (int)K))
-                           : NULL;
+    la->moe_state =
+        sparse ? carve_take(cv, ops->moe_state_floats(B * T, (int)C, cfg->moe_intermediate_size,
+                                                      (int)E, (int)K))
+               : NULL;
 }
 
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
                          int B, int T, const qwen3_memory_opts *opts) {
     const int ac_every = opts ? opts->ac_every : 0;
-    const int chunk = opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk
-                                                                               : B * T;
+    const int chunk =
+        opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk : B * T;
     const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
     const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
     const size_t D = cfg->head_dim, V = cfg->vocab_size;
@@ -283,8 +283,7 @@ qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, i
     mem.grads = np * sizeof(float);
     qwen3_acts a = {0};
     mem.activations =
-        qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T, opts) *
-            sizeof(float) +
+        qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T, opts) * sizeof(float) +
         model_token_bytes(B, T);
     return mem;
 }
