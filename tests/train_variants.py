@@ -85,6 +85,7 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
                       1e-4 if "moe" in flavor else 1e-5)
         print("%s: chunked loss head, losses within %.3g" % (flavor, worst))
         check("loss head: in chunks of 17 tokens" in r["log"], "chunking logged")
+    check("idle OpenMP threads: passive" in base["log"], "ctitan sets OMP_WAIT_POLICY=passive")
     # auto is flash; sdpa is the reference kernel (materialised probabilities).
     check("kernels: attention flash" in base["log"], "auto picks flash")
     r = train(flavor + "_sdpa", flavor, ["--model.attn_backend", "sdpa"])

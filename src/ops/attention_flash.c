@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "ops/ops_cpu.h"
+#include "ops/vec_math.h"
 
 // Query rows (and at most keys) per tile: 64 x 64 tiles keep every product of a D = 64 head at
 // M*N*K = 2^18 and the diagonal's masked half (the only wasted work) small (~3% at T = 2048).
@@ -66,55 +67,13 @@ size_t cpu_attention_flash_scratch_floats(int B, int T, int NH, int NKV, int D) 
     return B > 0 && T > 0 && NH > 0 ? (size_t)B * NH * T : 0; // Di
 }
 
-// exp(x) written so that `omp simd` loops vectorise it at -O2 (glibc's expf has no vector
-// variant without -ffast-math, and the exps are the bulk of the non-GEMM work): x = n ln2 + r,
-// |r| <= ln2/2, exp(r) by its Taylor series to r^7 (truncation < 1e-8 relative), times 2^n made
-// in the exponent bits. Within 1 ulp of expf for -87 <= x <= 88; 0 below -87 (and for -inf),
-// where expf is < 2^-125. The clamp and the zeroing are integer selects: float compares may trap
-// (-ftrapping-math) and would keep GCC from if-converting the loop.
-static inline float flash_exp(float x) {
-    const uint32_t lim = 0xC2AE0000u; // -87.0f; larger bit patterns are more negative
-    uint32_t ux;
-    memcpy(&ux, &x, 4);
-    const uint32_t keep = -(uint32_t)(ux <= lim);
-    ux = ux < lim ? ux : lim;
-    float xc;
-    memcpy(&xc, &ux, 4);
-    const float t = xc * 1.44269504f;
-    const float n = (t + 12582912.0f) - 12582912.0f; // round to nearest (1.5 * 2^23 trick)
-    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f; // ln2 split hi + lo
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const uint32_t two_n = (uint32_t)((int32_t)n + 127) << 23;
-    float scale, y;
-    memcpy(&scale, &two_n, 4);
-    y = p * scale;
-    uint32_t uy;
-    memcpy(&uy, &y, 4);
-    uy &= keep;
-    memcpy(&y, &uy, 4);
-    return y;
-}
-
 // Query t sees keys c0 .. c0+n-1 of a tile starting at key c0 with nc keys.
 static int valid_keys(int t, int c0, int nc) {
     const int n = t - c0 + 1;
     return n < 0 ? 0 : n > nc ? nc : n;
 }
 
-// The row work below (the exps) is a quarter of the op's time at SSE2 width; on x86-64 GCC
-// also builds AVX2 and AVX-512 versions of it and picks one for the CPU at load time (ifunc).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FLASH_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FLASH_SIMD_CLONES
-#endif
+// The row work below (the exps) is a quarter of the op's time at SSE2 width: CPU_SIMD_CLONES.
 
 // Max and sum of a row in FLASH_LANES partial lanes that GCC turns into one vector (an
 // `omp simd` reduction leaves a long scalar epilogue per row, a third of the softmax's time).
@@ -147,7 +106,7 @@ static inline float row_sum(const float *x, int n) {
 // ldt): s becomes p = exp(s - m_new), 0 where masked; the running max m and sum l advance, and
 // the output rows o (leading dimension ldo) are rescaled for the new max unless this is the
 // first tile (whose P V product overwrites them).
-FLASH_SIMD_CLONES
+CPU_SIMD_CLONES
 static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, float *m, float *l,
                          float *o, int ldo, int D) {
     const int first = c0 == 0;
@@ -156,7 +115,7 @@ static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, floa
         const int nv = valid_keys(r0 + i, c0, nc);
         const float mx = row_max(si, nv, first ? -INFINITY : m[i]);
 #pragma omp simd
-        for (int j = 0; j < nv; j++) si[j] = flash_exp(si[j] - mx);
+        for (int j = 0; j < nv; j++) si[j] = vexp(si[j] - mx);
         const float sum = row_sum(si, nv);
         for (int j = nv; j < nc; j++) si[j] = 0.0f;
         if (first) {
@@ -174,7 +133,7 @@ static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, floa
 
 // Backward row work on a tile (layout as above): the scores s become P = exp(s - lse) and dP
 // in ds becomes dS = scale P (dP - Di); both 0 where masked, so the products read whole tiles.
-FLASH_SIMD_CLONES
+CPU_SIMD_CLONES
 static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int c0,
                       const float *lse, const float *di, float scale) {
     for (int i = 0; i < nr; i++) {
@@ -183,7 +142,7 @@ static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int 
         const float li = lse[i], dii = di[i];
 #pragma omp simd
         for (int j = 0; j < nv; j++) {
-            const float p = flash_exp(si[j] - li);
+            const float p = vexp(si[j] - li);
             si[j] = p;
             dsi[j] = scale * (p * (dsi[j] - dii));
         }

@@ -190,11 +190,15 @@ static void setup_threads(trainer *t) {
     }
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
-    fprintf(t->log, "parallel: %d rank(s), %s; %d thread(s) per rank (%s)\n", t->d->size,
+    // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    fprintf(t->log,
+            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
+            t->d->size,
             t->d->size == 1 ? "no data parallelism"
             : t->shard      ? "ZeRO-1: optimizer state sharded over all ranks"
                             : "replicated optimizer state (DDP)",
-            n, why);
+            n, why, wait ? wait : "libgomp's default (spin, then sleep)");
 }
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory

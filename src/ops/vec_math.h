@@ -1,0 +1,48 @@
+// Vectorisable math for the row-wise CPU kernels (attention_flash.c, cross_entropy.c).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+// exp(x) written so that `omp simd` loops vectorise it at -O2 (glibc's expf has no vector
+// variant without -ffast-math, and the exps are the bulk of the non-GEMM work): x = n ln2 + r,
+// |r| <= ln2/2, exp(r) by its Taylor series to r^7 (truncation < 1e-8 relative), times 2^n made
+// in the exponent bits. Within 1 ulp of expf for -87 <= x <= 88; 0 below -87 (and for -inf),
+// where expf is < 2^-125. The clamp and the zeroing are integer selects: float compares may trap
+// (-ftrapping-math) and would keep GCC from if-converting the loop.
+static inline float vexp(float x) {
+    const uint32_t lim = 0xC2AE0000u; // -87.0f; larger bit patterns are more negative
+    uint32_t ux;
+    memcpy(&ux, &x, 4);
+    const uint32_t keep = -(uint32_t)(ux <= lim);
+    ux = ux < lim ? ux : lim;
+    float xc;
+    memcpy(&xc, &ux, 4);
+    const float t = xc * 1.44269504f;
+    const float n = (t + 12582912.0f) - 12582912.0f; // round to nearest (1.5 * 2^23 trick)
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f; // ln2 split hi + lo
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t two_n = (uint32_t)((int32_t)n + 127) << 23;
+    float scale, y;
+    memcpy(&scale, &two_n, 4);
+    y = p * scale;
+    uint32_t uy;
+    memcpy(&uy, &y, 4);
+    uy &= keep;
+    memcpy(&y, &uy, 4);
+    return y;
+}
+
+// Functions doing row-wise exps are worth wider vectors: on x86-64 GCC also builds AVX2 and
+// AVX-512 versions of them and picks one for the CPU at load time (ifunc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_SIMD_CLONES
+#endif
