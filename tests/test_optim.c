@@ -413,8 +413,35 @@ static void test_clip(void) {
     free(g), free(g2);
 }
 
+// adamw_step_scaled (the trainer's clipping folded into the update) gives the bits of
+// clip_scale followed by adamw_step, over several steps, and leaves the gradients untouched.
+static void test_adamw_scaled(void) {
+    enum { N = 5003 };
+    static float g[N], gs[N], pa[N], pb[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)sin(0.37 * i) * (i % 7 ? 1e-3f : 3.0f);
+        pa[i] = pb[i] = (float)cos(0.11 * i);
+    }
+    adamw a, b;
+    ct_error err;
+    const adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    CHECK(adamw_init(&a, N, &err) == 0 && adamw_init(&b, N, &err) == 0, "%s", err.msg);
+    const float coefs[] = {0.3173f, 1.0f, 0.0421f};
+    for (int t = 0; t < 3; t++) {
+        memcpy(gs, g, sizeof g);
+        clip_scale(gs, N, coefs[t]);
+        adamw_step(&a, pa, gs, &h, 1e-2);
+        adamw_step_scaled(&b, pb, g, &h, 1e-2, coefs[t]);
+    }
+    CHECK(memcmp(pa, pb, sizeof pa) == 0 && memcmp(a.m, b.m, sizeof(float) * N) == 0 &&
+              memcmp(a.v, b.v, sizeof(float) * N) == 0,
+          "adamw_step_scaled differs from clip_scale + adamw_step");
+    adamw_free(&a), adamw_free(&b);
+}
+
 int main(void) {
     const char *ref = check_env("CTITAN_REF_DIR");
+    test_adamw_scaled();
     test_adamw_vs_torch(ref);
     test_adamw_vs_double();
     test_adamw_no_decay();

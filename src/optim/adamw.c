@@ -78,6 +78,7 @@ typedef struct adamw_coeffs {
     float bc2_sqrt;      // sqrt(1 - beta2^step)
     float eps;
     float neg_step_size; // -lr / (1 - beta1^step)
+    float grad_scale;    // the clipping coefficient (1: none; x * 1 is exact)
 } adamw_coeffs;
 
 // x86-64 with FMA (every AVX2 CPU) gets a vectorised copy of the update, picked at load time:
@@ -95,7 +96,7 @@ static void adamw_block(float *restrict p, const float *restrict g, float *restr
     const float dm = decay ? k.decay_mul : 1.0f; // decay off: times 1, the identity
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
-        const float pi = p[i] * dm, gi = g[i];
+        const float pi = p[i] * dm, gi = g[i] * k.grad_scale;
         const float mi = fmaf(gi, k.one_b1, m[i] * k.beta1);
         const float vi = fmaf(k.one_b2 * gi, gi, v[i] * k.beta2);
         const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
@@ -119,6 +120,11 @@ static void adamw_update(float *p, const float *g, float *m, float *v, size_t lo
 }
 
 void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr) {
+    adamw_step_scaled(o, params, grads, h, lr, 1.0f);
+}
+
+void adamw_step_scaled(adamw *o, float *params, const float *grads, const adamw_hparams *h,
+                       double lr, float grad_scale) {
     o->step++;
     double step = (double)o->step;
     double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
@@ -131,6 +137,7 @@ void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = (float)h->eps,
         .neg_step_size = (float)-(lr / bc1),
+        .grad_scale = grad_scale,
     };
     // Multiplying by 1 - lr*0 is the identity, so decay off equals torch's weight_decay=0 group.
     bool decay = h->weight_decay != 0.0;

@@ -56,3 +56,8 @@ bool adamw_param_decays(const char *name, int ndim);
 // Scalars are formed in double and rounded to float once, as torch does with Python floats.
 // Element-wise over OpenMP threads, so the result does not depend on the thread count.
 void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr);
+// The same with every gradient first multiplied by grad_scale in fp32 (the clipping
+// coefficient), as clip_scale and then adamw_step would do, bit for bit, in one pass instead of
+// two; the gradients in memory are left as they were.
+void adamw_step_scaled(adamw *o, float *params, const float *grads, const adamw_hparams *h,
+                       double lr, float grad_scale);
