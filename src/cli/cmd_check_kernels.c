@@ -39,7 +39,7 @@ static int check(const ct_config *cfg, bool json, ct_error *err) {
     if (!json) override_log(&s, stdout);
     kernel_check_shape shape = kernel_check_shape_of(&mc, cfg->training.seq_len);
     kernel_check_report r;
-    int rc = kernel_check_isolated(&r, &s, &ops, &shape, 600.0, err);
+    int rc = kernel_check_isolated(&r, &s, &ops, &shape, KERNEL_CHECK_TIMEOUT_S, err);
     if (rc == 0) {
         if (json) {
             fputs("{\"overrides\": ", stdout);

@@ -71,6 +71,10 @@ double kernel_check_tolerance(override_op op);
 int kernel_check_run(kernel_check_report *r, const override_set *s, const ct_ops *builtin,
                      const kernel_check_shape *shape, FILE *progress, ct_error *err);
 
+// How long the child may stay silent (train, verify, check-kernels): generous for the
+// check's few hundred tokens; a kernel that needs longer is broken.
+#define KERNEL_CHECK_TIMEOUT_S 600.0
+
 // The same in a forked child, so a plugin that crashes or hangs cannot take the caller down:
 // the rows come back over a pipe; a child killed by a signal, exiting early (as under ASan,
 // which catches a SIGSEGV and exits 1) or silent for `timeout_s` seconds (no new progress line;

@@ -2,9 +2,6 @@
 
 #include <string.h>
 
-// Generous for the check's few hundred tokens; a kernel that needs longer is broken.
-#define CHECK_TIMEOUT_S 600.0
-
 kernel_check_shape kernel_check_shape_of(const qwen3_config *c, int seq_len) {
     bool moe = qwen3_num_sparse_layers(c) > 0;
     return (kernel_check_shape){
@@ -39,7 +36,7 @@ int trusted_ops_setup(ct_ops *ops, override_set *s, const char *imports, bool al
     if (override_load(s, imports, err) != 0) return -1;
     override_log(s, log);
     kernel_check_report r;
-    if (kernel_check_isolated(&r, s, ops, shape, CHECK_TIMEOUT_S, err) != 0) return -1;
+    if (kernel_check_isolated(&r, s, ops, shape, KERNEL_CHECK_TIMEOUT_S, err) != 0) return -1;
     kernel_check_print(&r, s, log);
     int rc = 0;
     if (r.crashed) {
