@@ -340,7 +340,7 @@ static bool remove_config_json(const char *dir) {
     snprintf(p, sizeof p, "%s/config.json", dir);
     return unlink(p) == 0;
 }
-// Rewrites state.json's "format" (one digit, as cJSON prints it: "format":<tab>2).
+// Rewrites state.json's "format" (one digit, as cJSON prints it: "format":<tab>3).
 static bool set_format(const char *dir, char digit) {
     char p[4300];
     snprintf(p, sizeof p, "%s/state.json", dir);
@@ -348,7 +348,7 @@ static bool set_format(const char *dir, char digit) {
     size_t len;
     ct_error err;
     if (file_read_all(&text, &len, p, 1 << 20, &err) != 0) return false;
-    char *f = strstr(text, "\"format\":\t2");
+    char *f = strstr(text, "\"format\":\t3");
     if (f) f[10] = digit;
     bool ok = f && write_file_text(p, text);
     free(text);
@@ -359,6 +359,9 @@ static bool unknown_format(const char *dir) {
 }
 static bool format_one(const char *dir) {
     return set_format(dir, '1');
+}
+static bool format_two(const char *dir) {
+    return set_format(dir, '2');
 }
 // The folder of step 20 renamed to step-25: its state.json disagrees with its name.
 static bool rename_folder(const char *dir) {
@@ -396,6 +399,34 @@ static void test_other_format(damage_fn damage, const char *want) {
         ckpt_notes_free(&notes);
     }
     run_free(&r);
+}
+
+// Format 2 differs from 3 only in where a layer's attention biases sit in the flat optimizer
+// state: it resumes a model without biases, and is refused, naming why, for one with them.
+static void test_format_two(void) {
+    for (int bias = 0; bias < 2; bias++) {
+        char root[4096], dir[4200], out[4096];
+        snprintf(root, sizeof root, "%s/format_two_%d", tmp_dir, bias);
+        snprintf(dir, sizeof dir, "%s/step-10", root);
+        qwen3_config c = tiny_config(false, bias, 2, 42);
+        run r;
+        if (!run_init(&r, &c)) return;
+        if (save_step(&r, root, 10) == 0) {
+            CHECK(format_two(dir), "could not rewrite the format");
+            ct_error err = {{0}};
+            ckpt_notes notes = {0};
+            train_state st;
+            int rc = ckpt_resume(out, sizeof out, &r.m, r.m1, r.m2, 0, r.m.num_params, &st, NULL,
+                                 root, &notes, &err);
+            if (bias)
+                CHECK(rc == -1 && strstr(err.msg, "checkpoint format 2 keeps the optimizer state"),
+                      "format 2 with biases: rc %d: %s", rc, err.msg);
+            else
+                CHECK(rc == 1 && st.step == 10, "format 2 without biases: rc %d: %s", rc, err.msg);
+            ckpt_notes_free(&notes);
+        }
+        run_free(&r);
+    }
 }
 
 static void test_corrupt(void) {
@@ -958,8 +989,8 @@ static void test_kill_during_save(void) {
               notes.n, err.msg, notes.n ? notes.msgs[0] : "");
         ckpt_notes_free(&notes);
         if (rc != 1) break;
-        CHECK(st.step >= last + saves_done, "trial %d: resumed step %" PRId64 " < %" PRId64,
-              trial, st.step, last + saves_done);
+        CHECK(st.step >= last + saves_done, "trial %d: resumed step %" PRId64 " < %" PRId64, trial,
+              st.step, last + saves_done);
         resumed_newer += st.step > last;
         check_holds_step(out, &c, st.step, "after SIGKILL");
         last = st.step;
@@ -967,8 +998,8 @@ static void test_kill_during_save(void) {
     printf("SIGKILL during saves: %d trials, %" PRId64 " resumed a newer step, last step %" PRId64
            " (a save takes %.1f ms)\n",
            12, resumed_newer, last, save_s * 1e3);
-    CHECK(resumed_newer >= 8, "only %" PRId64 " of the 8 trials that saw a save complete resumed it",
-          resumed_newer);
+    CHECK(resumed_newer >= 8,
+          "only %" PRId64 " of the 8 trials that saw a save complete resumed it", resumed_newer);
     run_free(&r);
 }
 
@@ -989,9 +1020,10 @@ int main(int argc, char **argv) {
                    "optimizer-00001-of-00003.safetensors: missing (state.json lists it)", true);
     expect_skipped("flipped", flip_shard2, "optimizer-00002-of-00003.safetensors: XXH64", true);
     test_other_format(unknown_format, "step-20/state.json: checkpoint format 7, this ctitan reads "
-                                      "format 2; resume it with the ctitan that wrote it");
+                                      "format 3; resume it with the ctitan that wrote it");
+    test_format_two();
     test_other_format(format_one, "checkpoint format 1 (written before ctitan had sharded "
-                                  "optimizer state), this ctitan reads format 2");
+                                  "optimizer state), this ctitan reads format 3");
     test_shard_metadata_lies();
     test_commit_tiling();
     test_shard_nonfinite();

@@ -201,10 +201,11 @@ static void test_layout_and_errors(void) {
     qwen3_model m;
     ct_error err = {{0}};
     CHECK(qwen3_init(&m, &cfg, NULL, &err) == 0, "%s", err.msg);
-    // HF order; every tensor follows the previous one with no gap.
+    // HF's module order, except that q|k|v weights come before their biases (the fused
+    // projection); every tensor follows the previous one with no gap.
     const char *layer[] = {
-        "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",
-        "self_attn.k_proj.weight", "self_attn.k_proj.bias",   "self_attn.v_proj.weight",
+        "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.q_proj.bias",   "self_attn.k_proj.bias",
         "self_attn.v_proj.bias",   "self_attn.o_proj.weight", "self_attn.o_proj.bias",
         "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight",
         "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
@@ -238,6 +239,31 @@ static void test_layout_and_errors(void) {
               m.w.layers[0].q_norm == m.param_mem + qn->offset,
           "q_norm is (head_dim)");
     CHECK(qwen3_find_param(&m, "model.layers.2.mlp.up_proj.weight") == NULL, "no layer 2");
+    // The fused projections: q|k|v (weights, then biases) and gate|up are consecutive blocks,
+    // and the layer's fused pointers are their starts.
+    static const char *const fused[][3] = {
+        {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+        {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"},
+        {"mlp.gate_proj.weight", "mlp.up_proj.weight", NULL},
+    };
+    for (int f = 0; f < 3; f++) {
+        char name[96];
+        size_t next = 0;
+        for (int k = 0; k < 3 && fused[f][k]; k++) {
+            snprintf(name, sizeof name, "model.layers.1.%s", fused[f][k]);
+            const qwen3_param *p = qwen3_find_param(&m, name);
+            CHECK(p && (k == 0 || p->offset == next), "%s not right after the previous block",
+                  name);
+            if (!p) break;
+            if (k == 0) {
+                const float *start = f == 0   ? m.w.layers[1].wqkv
+                                     : f == 1 ? m.w.layers[1].bqkv
+                                              : m.w.layers[1].w_gate_up;
+                CHECK(start == m.param_mem + p->offset, "fused pointer of %s", name);
+            }
+            next = p->offset + p->numel;
+        }
+    }
 
     // Memory plan == what init + plan allocate.
     CHECK(qwen3_plan(&m, 3, 7, &err) == 0, "%s", err.msg);
@@ -313,7 +339,7 @@ static void test_layout_and_errors(void) {
     CHECK(qwen3_init(&m, &tc, NULL, &err) == 0, "%s", err.msg);
     CHECK(qwen3_find_param(&m, "lm_head.weight") == NULL && m.w.lm_head == m.w.embed &&
               m.g.lm_head == m.g.embed && m.n_params == 1 + 2 * (per_layer - 4) + 1 &&
-              m.w.layers[0].bq == NULL && m.w.layers[0].bo == NULL,
+              m.w.layers[0].bqkv == NULL && m.w.layers[0].bo == NULL,
           "tied, no bias layout");
     qwen3_free(&m);
 }

@@ -7,6 +7,9 @@
 //   y  = x2 + down_proj(silu(gate_proj(ln2)) * up_proj(ln2)),   ln1 = norm1(x), ln2 = norm2(x2)
 // or, in a sparse layer (HF Qwen3MoeSparseMoeBlock),
 //   y  = x2 + sum_k w_k * expert_{e_k}(ln2),  (e, w) = top-K of softmax(router(ln2))
+// q|k|v and gate|up each run as one GEMM over the fused weights (qwen3.h); the elementwise steps
+// between GEMMs run as ct_ops' fused kernels (q/k norm + RoPE, residual add + norm, SwiGLU over
+// the fused rows), which compute what the separate ops would, bit for bit.
 // Backward keeps one running gradient of the residual stream (dresid) and adds each block's
 // contribution to it.
 #include <math.h>
@@ -38,26 +41,24 @@ static dims model_dims(const qwen3_model *m) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)).
+// Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)), and a->ln2 =
+// post_attention_layernorm(a->resid2) in the same pass (the next block's input).
 
 static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                                     qwen3_layer_acts *a, const qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    const int QD = d.NH * d.D, KVD = d.NKV * d.D;
-    op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C,
-                        m->cfg.rms_norm_eps);
-    op->matmul_forward(a->q, a->ln1, w->wq, w->bq, d.N, d.C, QD);  // (N,NH*D)
-    op->matmul_forward(a->k, a->ln1, w->wk, w->bk, d.N, d.C, KVD); // (N,NKV*D)
-    op->matmul_forward(a->v, a->ln1, w->wv, w->bv, d.N, d.C, KVD); // (N,NKV*D)
-    // q_norm/k_norm: one (D) weight, each head's vector its own row; then RoPE in place.
-    op->rmsnorm_forward(a->qr, a->q_rstd, a->q, w->q_norm, d.N * d.NH, d.D, m->cfg.rms_norm_eps);
-    op->rmsnorm_forward(a->kr, a->k_rstd, a->k, w->k_norm, d.N * d.NKV, d.D, m->cfg.rms_norm_eps);
-    op->rope_forward(a->qr, a->qr, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.D);
-    op->rope_forward(a->kr, a->kr, s->rope_cos, s->rope_sin, d.B, d.T, d.NKV, d.D);
+    const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
+    const float eps = m->cfg.rms_norm_eps;
+    op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
+    op->matmul_forward(a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+    // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
+    op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
+                             w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
     op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     op->matmul_forward(a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
-    op->add(a->resid2, a->resid, a->resid2, (int64_t)d.N * d.C);
+    op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
+                            d.N, d.C, eps);
 }
 
 // On entry s->dresid is the gradient of a->resid2; on exit, of a->resid.
@@ -66,38 +67,37 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
                                      qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    const int QD = d.NH * d.D, KVD = d.NKV * d.D;
+    const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     op->matmul_backward(s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
     op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
                            a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
-    op->rope_backward(s->dq, s->dq, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.D);
-    op->rope_backward(s->dk, s->dk, s->rope_cos, s->rope_sin, d.B, d.T, d.NKV, d.D);
-    op->rmsnorm_backward(s->dq, g->q_norm, s->dq, a->q, w->q_norm, a->q_rstd, d.N * d.NH, d.D);
-    op->rmsnorm_backward(s->dk, g->k_norm, s->dk, a->k, w->k_norm, a->k_rstd, d.N * d.NKV, d.D);
-    // ln1 feeds three projections: sum their input gradients.
-    op->matmul_backward(s->dln, g->wq, g->bq, s->dq, a->ln1, w->wq, d.N, d.C, QD);
-    op->matmul_backward(s->dtmp, g->wk, g->bk, s->dk, a->ln1, w->wk, d.N, d.C, KVD);
-    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
-    op->matmul_backward(s->dtmp, g->wv, g->bv, s->dv, a->ln1, w->wv, d.N, d.C, KVD);
-    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
-    op->rmsnorm_backward(s->dtmp, g->input_norm, s->dln, a->resid, w->input_norm, a->ln1_rstd, d.N,
-                         d.C);
-    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+    op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
+                              w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,
+                              d.B, d.T, d.NH, d.NKV, d.D);
+    op->matmul_backward(s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, w->wqkv, d.N, d.C, QKV);
+    op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
+                             a->ln1_rstd, d.N, d.C);
+}
+
+// The gradient of a block's input ln2 = post_attention_layernorm(resid2) in s->dln, added into
+// s->dresid (which then holds the gradient of resid2).
+static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+                               qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
+    const dims d = model_dims(m);
+    m->ops->rmsnorm_backward_add(m->ops, s->dresid, g->post_norm, s->dtmp, s->dln, a->resid2,
+                                 w->post_norm, a->ln2_rstd, d.N, d.C);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dense MLP block: out (N,C) = a->resid2 + down(silu(gate(ln2)) * up(ln2)), ln2 =
-// post_attention_layernorm(a->resid2). A sparse (MoE) layer replaces this pair of functions.
+// Dense MLP block: out (N,C) = a->resid2 + down(silu(gate(ln2)) * up(ln2)). A sparse (MoE)
+// layer replaces this pair of functions.
 
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, float *out) {
+                              qwen3_layer_acts *a, const qwen3_acts *s, float *out) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C,
-                        m->cfg.rms_norm_eps);
-    op->matmul_forward(a->gate, a->ln2, w->w_gate, NULL, d.N, d.C, d.F); // (N,F)
-    op->matmul_forward(a->up, a->ln2, w->w_up, NULL, d.N, d.C, d.F);     // (N,F)
-    op->swiglu_forward(a->h, a->gate, a->up, (int64_t)d.N * d.F);
+    op->matmul_forward(a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F); // (N,2F)
+    op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F);
     op->matmul_forward(out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -108,14 +108,12 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
     op->matmul_backward(s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
-    float *dgate = s->dh; // in place: dh is not needed once dgate and dup are known
-    op->swiglu_backward(dgate, s->dup, s->dh, a->gate, a->up, (int64_t)d.N * d.F);
-    op->matmul_backward(s->dln, g->w_gate, NULL, dgate, a->ln2, w->w_gate, d.N, d.C, d.F);
-    op->matmul_backward(s->dtmp, g->w_up, NULL, s->dup, a->ln2, w->w_up, d.N, d.C, d.F);
-    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
-    op->rmsnorm_backward(s->dtmp, g->post_norm, s->dln, a->resid2, w->post_norm, a->ln2_rstd, d.N,
-                         d.C);
-    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+    // In place: gate_up's last reader is this backward, so it takes its own gradient.
+    float *dgate_up = a->gate_up;
+    op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
+    op->matmul_backward(s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, w->w_gate_up, d.N, d.C,
+                        2 * d.F);
+    post_norm_backward(m, w, g, a, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -128,8 +126,6 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C,
-                        m->cfg.rms_norm_eps);
     op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
     moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                       m->cfg.norm_topk_prob);
@@ -154,9 +150,7 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                        a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
     op->matmul_backward(s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
-    op->rmsnorm_backward(s->dtmp, g->post_norm, s->dln, a->resid2, w->post_norm, a->ln2_rstd, d.N,
-                         d.C);
-    op->add(s->dresid, s->dresid, s->dtmp, (int64_t)d.N * d.C);
+    post_norm_backward(m, w, g, a, s);
 }
 
 // Expert e's statistic summed over the sparse layers (layout of moe_load / moe_prob).
@@ -239,7 +233,7 @@ static void layer_forward(qwen3_model *m, int l, bool count_stats) {
     if (a->sparse_index >= 0)
         moe_block_forward(m, &m->w.layers[l], a, s, out, count_stats);
     else
-        mlp_block_forward(m, &m->w.layers[l], a, out);
+        mlp_block_forward(m, &m->w.layers[l], a, s, out);
 }
 
 // Tokens per pass of the loss head: all of them, or mem_opts.loss_chunk.

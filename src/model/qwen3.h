@@ -25,14 +25,18 @@ typedef struct qwen3_param {
 } qwen3_param;
 
 typedef struct qwen3_layer_weights {
-    float *input_norm;        // (C)
-    float *wq, *wk, *wv;      // (NH*D, C), (NKV*D, C), (NKV*D, C)
-    float *bq, *bk, *bv, *bo; // (NH*D), (NKV*D), (NKV*D), (C); NULL without attention_bias
-    float *q_norm, *k_norm;   // (D), shared by all heads
-    float *wo;                // (C, NH*D)
-    float *post_norm;         // (C)
-    float *w_gate, *w_up;     // (F, C); NULL in a sparse layer
-    float *w_down;            // (C, F); NULL in a sparse layer
+    float *input_norm; // (C)
+    // The native layout fuses projections that read the same input: q_proj, k_proj, v_proj
+    // are consecutive in the parameter buffer, so wqkv is one (NH*D + 2*NKV*D, C) matrix and
+    // one GEMM computes all three; the HF tensors are views of its row blocks (the same for
+    // the biases, and for gate_proj|up_proj as w_gate_up).
+    float *wqkv;            // q_proj (NH*D, C), then k_proj, v_proj (NKV*D, C)
+    float *bqkv, *bo;       // (NH*D + 2*NKV*D), (C); NULL without attention_bias
+    float *q_norm, *k_norm; // (D), shared by all heads
+    float *wo;              // (C, NH*D)
+    float *post_norm;       // (C)
+    float *w_gate_up;       // gate_proj (F, C) then up_proj (F, C); NULL in a sparse layer
+    float *w_down;          // (C, F); NULL in a sparse layer
     // Sparse (MoE) layers only, else NULL. E experts of width Fm (moe_intermediate_size).
     float *router;      // (E, C) mlp.gate.weight
     float *experts;     // E blocks of 3*Fm*C: mlp.experts.{e}.gate_proj (Fm,C), up_proj (Fm,C),

@@ -11,8 +11,8 @@
 typedef struct qwen3_layer_acts {
     float *resid;          // (N,C) layer input: the residual stream
     float *ln1, *ln1_rstd; // (N,C), (N) input_layernorm
-    float *q;              // (N,NH*D) q_proj output, before q_norm
-    float *k, *v;          // (N,NKV*D) k_proj (before k_norm), v_proj outputs
+    float *qkv;            // (N,NH*D + 2*NKV*D) the fused q|k|v projection, before the norms
+    float *v;              // (N,NKV*D) its v part, contiguous: what attention reads
     float *q_rstd;         // (N*NH) q_norm, one per head
     float *k_rstd;         // (N*NKV)
     float *qr;             // (B,T,NH,D) q after q_norm and RoPE: what attention reads
@@ -22,8 +22,8 @@ typedef struct qwen3_layer_acts {
     float *resid2;         // (N,C) resid + o_proj(atty)
     float *ln2, *ln2_rstd; // (N,C), (N) post_attention_layernorm
     // Dense MLP (NULL in a sparse layer):
-    float *gate, *up; // (N,F) gate_proj, up_proj outputs
-    float *h;         // (N,F) silu(gate) * up, down_proj input
+    float *gate_up; // (N,2F) the fused gate|up projection, row by row
+    float *h;       // (N,F) silu(gate) * up, down_proj input
     // Sparse MoE block (NULL in a dense layer):
     float *probs;     // (N,E) router logits, turned into their softmax in place
     int32_t *expert;  // (N,K) chosen experts, in the router's top-k order
@@ -42,18 +42,21 @@ typedef struct qwen3_acts {
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
     float *losses;              // (N) per-token cross-entropy
-    // Gradient scratch, reused by every layer (backward visits one layer at a time).
-    float *dresid;      // (N,C) gradient of the residual stream
-    float *dln, *dtmp;  // (N,C) gradient of a norm output; a second contribution to sum in
-    float *dq, *datty;  // (N,NH*D)
-    float *dk, *dv;     // (N,NKV*D)
-    float *dh, *dup;    // (N,F) gradient of h (then of gate, in place); of up
-    float *att_scratch; // ops->attention_scratch_floats()
-    float *moe_scratch; // ops->moe_scratch_floats() (MoE models only)
-    float *dweight;     // (N,K) gradient of the routing weights
-    float *dlogits;     // (N,E) gradient of the router logits
-    float *aux_dprob;   // (E) the load-balancing loss's gradient per router probability
-    bool aux_active;    // qwen3_moe_aux_grad set aux_dprob for the next backward
+    // Gradient scratch, reused by every layer (backward visits one layer at a time). From dq
+    // to dlogits it shares memory with `logits` (see qwen3_acts_layout).
+    float *dresid;         // (N,C) gradient of the residual stream
+    float *dln, *dtmp;     // (N,C) gradient of a norm output; a second contribution to sum in
+    float *dq, *datty;     // (N,NH*D); dq is also the fused q/k kernels' forward scratch
+    float *dk, *dv;        // (N,NKV*D)
+    float *dqkv;           // (N,NH*D + 2*NKV*D) gradient of the fused projection's output
+    float *dh;             // (N,F) gradient of h
+    float *swiglu_scratch; // ops->swiglu_rows_scratch_floats(), for swiglu_rows_*
+    float *att_scratch;    // ops->attention_scratch_floats()
+    float *moe_scratch;    // ops->moe_scratch_floats() (MoE models only)
+    float *dweight;        // (N,K) gradient of the routing weights
+    float *dlogits;        // (N,E) gradient of the router logits
+    float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability
+    bool aux_active;       // qwen3_moe_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;

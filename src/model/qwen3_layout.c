@@ -36,6 +36,12 @@ static int model_check_ops(const ct_ops *o, bool moe, ct_error *err) {
         {"swiglu_backward", o->swiglu_backward != NULL},
         {"cross_entropy_forward", o->cross_entropy_forward != NULL},
         {"cross_entropy_backward", o->cross_entropy_backward != NULL},
+        {"add_rmsnorm_forward", o->add_rmsnorm_forward != NULL},
+        {"rmsnorm_backward_add", o->rmsnorm_backward_add != NULL},
+        {"qk_norm_rope_forward", o->qk_norm_rope_forward != NULL},
+        {"qk_norm_rope_backward", o->qk_norm_rope_backward != NULL},
+        {"swiglu_rows_forward", o->swiglu_rows_forward != NULL},
+        {"swiglu_rows_backward", o->swiglu_rows_backward != NULL},
         {"moe_state_floats", !moe || o->moe_state_floats != NULL},
         {"moe_scratch_floats", !moe || o->moe_scratch_floats != NULL},
         {"moe_forward", !moe || o->moe_forward != NULL},
@@ -102,7 +108,7 @@ static void param_walk_moe(param_walk *pw, qwen3_layer_weights *lw, const qwen3_
         }
     snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", layer);
     lw->expert_bias = param_add_kind(pw, name, E, 0, true);
-    lw->w_gate = lw->w_up = lw->w_down = NULL;
+    lw->w_gate_up = lw->w_down = NULL;
 }
 
 // w (may be NULL) receives the named pointers; w->layers must hold L entries.
@@ -121,12 +127,12 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
 #define P(suffix, rows, cols)                                                                      \
     (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), param_add(pw, name, rows, cols))
         lw->input_norm = P("input_layernorm.weight", C, 0);
-        lw->wq = P("self_attn.q_proj.weight", QD, C);
-        lw->bq = bias ? P("self_attn.q_proj.bias", QD, 0) : NULL;
-        lw->wk = P("self_attn.k_proj.weight", KVD, C);
-        lw->bk = bias ? P("self_attn.k_proj.bias", KVD, 0) : NULL;
-        lw->wv = P("self_attn.v_proj.weight", KVD, C);
-        lw->bv = bias ? P("self_attn.v_proj.bias", KVD, 0) : NULL;
+        // Back to back, with nothing between: the fused (QD + 2*KVD, C) matrix and its bias.
+        lw->wqkv = P("self_attn.q_proj.weight", QD, C);
+        P("self_attn.k_proj.weight", KVD, C);
+        P("self_attn.v_proj.weight", KVD, C);
+        lw->bqkv = bias ? P("self_attn.q_proj.bias", QD, 0) : NULL;
+        if (bias) P("self_attn.k_proj.bias", KVD, 0), P("self_attn.v_proj.bias", KVD, 0);
         lw->wo = P("self_attn.o_proj.weight", C, QD);
         lw->bo = bias ? P("self_attn.o_proj.bias", C, 0) : NULL;
         lw->q_norm = P("self_attn.q_norm.weight", D, 0);
@@ -137,8 +143,8 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
             continue;
         }
         lw->router = lw->experts = lw->expert_bias = NULL;
-        lw->w_gate = P("mlp.gate_proj.weight", F, C);
-        lw->w_up = P("mlp.up_proj.weight", F, C);
+        lw->w_gate_up = P("mlp.gate_proj.weight", F, C); // then up_proj: one (2F, C) matrix
+        P("mlp.up_proj.weight", F, C);
         lw->w_down = P("mlp.down_proj.weight", C, F);
 #undef P
     }
@@ -174,8 +180,7 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     const size_t D = cfg->head_dim, E = cfg->num_experts, K = cfg->num_experts_per_tok;
     la->ln1 = carve_take(cv, N * C);
     la->ln1_rstd = carve_take(cv, N);
-    la->q = carve_take(cv, N * NH * D);
-    la->k = carve_take(cv, N * NKV * D);
+    la->qkv = carve_take(cv, N * (NH + 2 * NKV) * D);
     la->v = carve_take(cv, N * NKV * D);
     la->q_rstd = carve_take(cv, N * NH);
     la->k_rstd = carve_take(cv, N * NKV);
@@ -186,8 +191,7 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     la->resid2 = carve_take(cv, N * C);
     la->ln2 = carve_take(cv, N * C);
     la->ln2_rstd = carve_take(cv, N);
-    la->gate = dense ? carve_take(cv, N * F) : NULL;
-    la->up = dense ? carve_take(cv, N * F) : NULL;
+    la->gate_up = dense ? carve_take(cv, N * 2 * F) : NULL;
     la->h = dense ? carve_take(cv, N * F) : NULL;
     la->probs = sparse ? carve_take(cv, N * E) : NULL;
     // Expert ids share the float buffer: int32_t and float have the same size.
@@ -243,22 +247,31 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->resid_out = carve_take(&cv, N * C);
     a->lnf = carve_take(&cv, N * C);
     a->lnf_rstd = carve_take(&cv, N);
-    a->logits = carve_take(&cv, (size_t)chunk * V);
     a->losses = carve_take(&cv, N);
     a->dresid = carve_take(&cv, N * C);
     a->dln = carve_take(&cv, N * C);
     a->dtmp = carve_take(&cv, N * C);
+    a->aux_dprob = moe ? carve_take(&cv, E) : NULL;
+    // The loss head's logits and the layers' scratch are never live at once: a layer's forward
+    // is done before the head starts and its backward starts after the head is done (and the
+    // logits are not read after the backward). So they share one region, the larger of the two.
+    const size_t shared_from = cv.off;
+    a->logits = carve_take(&cv, (size_t)chunk * V);
+    const size_t logits_end = cv.off;
+    cv.off = shared_from;
     a->dq = carve_take(&cv, N * NH * D);
     a->datty = carve_take(&cv, N * NH * D);
     a->dk = carve_take(&cv, N * NKV * D);
     a->dv = carve_take(&cv, N * NKV * D);
+    a->dqkv = carve_take(&cv, N * (NH + 2 * NKV) * D);
     a->dh = carve_take(&cv, N * F);
-    a->dup = carve_take(&cv, N * F);
+    a->swiglu_scratch = carve_take(
+        &cv, ops->swiglu_rows_scratch_floats ? ops->swiglu_rows_scratch_floats(n, (int)F) : 0);
     a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
     a->moe_scratch = moe ? carve_take(&cv, ops->moe_scratch_floats(n, c, fm, e, k)) : NULL;
     a->dweight = moe ? carve_take(&cv, N * K) : NULL;
     a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
-    a->aux_dprob = moe ? carve_take(&cv, E) : NULL;
+    if (cv.off < logits_end) cv.off = logits_end;
     return cv.off;
 }
 

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "ops/ops_cpu.h"
+#include "ops/vec_math.h"
 
 // An expert runs alone with BLAS threads when it holds more than 1/nthreads of all slots (a
 // concurrent schedule cannot balance it: with many cores one thread would carry the layer) and
@@ -99,13 +100,13 @@ static void plan_build(moe_plan p, const int32_t *expert, int N, int E, int K) {
 // in both implementations.
 
 static inline float swiglu(float g, float u) {
-    return (g / (1.0f + expf(-g))) * u;
+    return silu(g) * u;
 }
 
 static inline void swiglu_grad(float *dg, float *du, float d, float g, float u) {
-    const float s = 1.0f / (1.0f + expf(-g));
+    const float s = sigmoid(g);
     *dg = d * u * (s * (1.0f + g * (1.0f - s)));
-    *du = d * (g / (1.0f + expf(-g)));
+    *du = d * silu(g);
 }
 
 static double dot_d(const float *a, const float *b, int n) {

@@ -51,6 +51,47 @@ typedef struct ct_ops {
 
     ctitan_cross_entropy_forward_fn cross_entropy_forward;
     ctitan_cross_entropy_backward_fn cross_entropy_backward;
+
+    // Fused elementwise kernels (fused.c; not plugin override points). Each computes what a
+    // sequence of the ops above computes, bit for bit, in one pass over memory. `ops` is the
+    // table the model calls through: the built-in fused kernels ignore it, and the composites
+    // that ct_ops_fit_fusions installs (when a plugin replaces rmsnorm, rope_hf or swiglu) run
+    // the sequence through it, so a plugin's kernel is always the one that runs.
+
+    // sum(N,C) = a + b; out, rstd = rmsnorm_forward(sum, weight). sum may alias a or b.
+    void (*add_rmsnorm_forward)(const struct ct_ops *ops, float *sum, float *out, float *rstd,
+                                const float *a, const float *b, const float *weight, int N, int C,
+                                float eps);
+    // dresid(N,C) += the rmsnorm_backward input gradient; dweight +=. scratch (N,C) is free
+    // memory the composite may use.
+    void (*rmsnorm_backward_add)(const struct ct_ops *ops, float *dresid, float *dweight,
+                                 float *scratch, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int N, int C);
+    // qkv (N, NH*D + 2*NKV*D) is the fused q|k|v projection, row by row. qr (N,NH,D) =
+    // rope(rmsnorm(q, q_norm)), kr (N,NKV,D) likewise, v (N,NKV,D) a copy of the v part;
+    // q_rstd (N*NH), k_rstd (N*NKV) as rmsnorm saves them. scratch (N, NH*D) is free memory.
+    void (*qk_norm_rope_forward)(const struct ct_ops *ops, float *qr, float *kr, float *v,
+                                 float *q_rstd, float *k_rstd, float *scratch, const float *qkv,
+                                 const float *q_norm, const float *k_norm, const float *cos,
+                                 const float *sin, int B, int T, int NH, int NKV, int D, float eps);
+    // dqkv (N, NH*D + 2*NKV*D) =, dq_norm, dk_norm +=, from the gradients of qr, kr and v.
+    // dqr and dkr are clobbered (used as scratch).
+    void (*qk_norm_rope_backward)(const struct ct_ops *ops, float *dqkv, float *dq_norm,
+                                  float *dk_norm, float *dqr, float *dkr, const float *dv,
+                                  const float *qkv, const float *q_norm, const float *k_norm,
+                                  const float *q_rstd, const float *k_rstd, const float *cos,
+                                  const float *sin, int B, int T, int NH, int NKV, int D);
+    // gate_up (N, 2F) is the fused gate|up projection, row by row: h (N,F) = silu(gate) * up.
+    // scratch holds swiglu_rows_scratch_floats(N, F) floats of free memory (the composite
+    // copies gate and up apart into it, so that a plugin's swiglu runs once over all N*F
+    // values; the built-in kernel needs none).
+    void (*swiglu_rows_forward)(const struct ct_ops *ops, float *h, float *scratch,
+                                const float *gate_up, int N, int F);
+    // dgate_up (N, 2F) = (dgate | dup) from dh (N,F). scratch as above. dgate_up may alias
+    // gate_up (the model calls it in place: the layer's backward is gate_up's last reader).
+    void (*swiglu_rows_backward)(const struct ct_ops *ops, float *dgate_up, float *scratch,
+                                 const float *dh, const float *gate_up, int N, int F);
+    size_t (*swiglu_rows_scratch_floats)(int N, int F); // NULL: none
 } ct_ops;
 
 // The built-in CPU table (BLAS for matmuls, OpenMP for the rest), with the grouped MoE kernel.
@@ -66,3 +107,8 @@ int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
 // backward: O(T) memory per head). Copies `base` into *out with that attention kernel; returns
 // -1 for an unknown name.
 int ct_ops_with_attention(ct_ops *out, const ct_ops *base, const char *backend);
+
+// Points each fused entry at the built-in fused kernel if the ops it stands for are the built-in
+// ones, else at the composite that calls them through the table. Call after changing any of
+// rmsnorm, rope or swiglu (override_apply does).
+void ct_ops_fit_fusions(ct_ops *ops);

@@ -27,6 +27,12 @@ const ct_ops ct_ops_cpu = {
     .moe_backward = cpu_moe_grouped_backward,
     .cross_entropy_forward = cpu_cross_entropy_forward,
     .cross_entropy_backward = cpu_cross_entropy_backward,
+    .add_rmsnorm_forward = cpu_add_rmsnorm_forward,
+    .rmsnorm_backward_add = cpu_rmsnorm_backward_add,
+    .qk_norm_rope_forward = cpu_qk_norm_rope_forward,
+    .qk_norm_rope_backward = cpu_qk_norm_rope_backward,
+    .swiglu_rows_forward = cpu_swiglu_rows_forward,
+    .swiglu_rows_backward = cpu_swiglu_rows_backward,
 };
 
 // The kernel families a run may choose between: each entry sets only its family's fields.

@@ -45,6 +45,29 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t 
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, int64_t n);
 
+// Fused elementwise kernels (fused.c): the same bits as the sequences of the kernels above that
+// ops.h describes, in one pass. They ignore `ops` (the composites use it).
+struct ct_ops;
+void cpu_add_rmsnorm_forward(const struct ct_ops *ops, float *sum, float *out, float *rstd,
+                             const float *a, const float *b, const float *weight, int N, int C,
+                             float eps);
+void cpu_rmsnorm_backward_add(const struct ct_ops *ops, float *dresid, float *dweight,
+                              float *scratch, const float *dout, const float *inp,
+                              const float *weight, const float *rstd, int N, int C);
+void cpu_qk_norm_rope_forward(const struct ct_ops *ops, float *qr, float *kr, float *v,
+                              float *q_rstd, float *k_rstd, float *scratch, const float *qkv,
+                              const float *q_norm, const float *k_norm, const float *cos,
+                              const float *sin, int B, int T, int NH, int NKV, int D, float eps);
+void cpu_qk_norm_rope_backward(const struct ct_ops *ops, float *dqkv, float *dq_norm,
+                               float *dk_norm, float *dqr, float *dkr, const float *dv,
+                               const float *qkv, const float *q_norm, const float *k_norm,
+                               const float *q_rstd, const float *k_rstd, const float *cos,
+                               const float *sin, int B, int T, int NH, int NKV, int D);
+void cpu_swiglu_rows_forward(const struct ct_ops *ops, float *h, float *scratch,
+                             const float *gate_up, int N, int F);
+void cpu_swiglu_rows_backward(const struct ct_ops *ops, float *dgate_up, float *scratch,
+                              const float *dh, const float *gate_up, int N, int F);
+
 // Mixture-of-experts experts (moe_experts.c): "loop" is the per-expert reference, "grouped"
 // (the table's) sorts slots by expert and fuses gate|up into one GEMM per expert.
 size_t cpu_moe_loop_state_floats(int N, int C, int F, int E, int K);

@@ -1,4 +1,5 @@
-// Vectorisable math for the row-wise CPU kernels (attention_flash.c, cross_entropy.c).
+// Vectorisable math for the row-wise CPU kernels (attention_flash.c, cross_entropy.c, swiglu.c,
+// fused.c).
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -37,6 +38,30 @@ static inline float vexp(float x) {
     uy &= keep;
     memcpy(&y, &uy, 4);
     return y;
+}
+
+// vexp for an argument of either sign: above 89 it is clamped to 89, whose 2^n is 2^128, the bit
+// pattern of +inf, so the result is +inf (from 88.38 up, where n rounds to 128) instead of
+// garbage from an overflowed exponent (vexp alone holds up to 88). The clamp is a signed-integer
+// min: positive floats order like their bits, negative ones read as negative ints.
+static inline float vexp_inf(float x) {
+    const int32_t hi = 0x42B20000; // 89.0f
+    int32_t ix;
+    memcpy(&ix, &x, 4);
+    ix = ix < hi ? ix : hi;
+    memcpy(&x, &ix, 4);
+    return vexp(x);
+}
+
+// silu(g) = g * sigmoid(g) as torch computes it, g / (1 + exp(-g)); -0 for g below about -88.4
+// (exp overflows, as expf's does a little later), g itself above 87 (exp(-g) is flushed to 0).
+static inline float silu(float g) {
+    return g / (1.0f + vexp_inf(-g));
+}
+
+// sigmoid(g) = 1 / (1 + exp(-g)), with silu's exp (for swiglu's backward).
+static inline float sigmoid(float g) {
+    return 1.0f / (1.0f + vexp_inf(-g));
 }
 
 // Functions doing row-wise exps are worth wider vectors: on x86-64 GCC also builds AVX2 and

@@ -281,6 +281,7 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
             if (!e->backward) out->attention_backward = cpu_attention_backward;
         }
     }
+    ct_ops_fit_fusions(out); // a replaced rmsnorm, rope or swiglu must run inside them too
 }
 
 void override_log(const override_set *s, FILE *log) {

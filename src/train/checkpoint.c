@@ -399,6 +399,7 @@ typedef struct ckpt_view {
     st_file model;     // open (mmap'd) after view_open
     st_file *optim;    // [n_shards]; one with a path is open and checked
     bool other_format; // state.json is of another format: an error, never skipped
+    int64_t format;
 } ckpt_view;
 
 // An error that marks the checkpoint corrupt rather than failing the caller.
@@ -529,7 +530,8 @@ static int parse_state(ckpt_view *v, const char *text, size_t len, const char *p
     int rc = json_get_int(&format, o, "format", true, 1, INT32_MAX, path, err);
     // Another format is not damage: skipping it for an older checkpoint, or starting afresh,
     // would let this run overwrite the other version's steps.
-    v->other_format = rc == 0 && format != CKPT_FORMAT;
+    v->format = format;
+    v->other_format = rc == 0 && format != CKPT_FORMAT && format != CKPT_FORMAT_UNFUSED;
     if (v->other_format)
         rc = ct_fail(err,
                      "%s: checkpoint format %" PRId64 "%s, this ctitan reads format %d; resume it "
@@ -752,6 +754,13 @@ static int match_tensors(const st_file *f, const qwen3_model *m, ct_error *err) 
 // parameters (else corrupt: the model matched, so state.json's shard list is wrong).
 static int view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err) {
     if (match_tensors(&v->model, m, err) != 0) return -1;
+    if (moments && v->format == CKPT_FORMAT_UNFUSED && m->cfg.attention_bias)
+        return ct_fail(err,
+                       "%s/%s: checkpoint format %d keeps the optimizer state of a model with "
+                       "attention biases in the order before the fused q|k|v projection (this "
+                       "ctitan reads format %d); resume it with the ctitan that wrote it, or "
+                       "train into a new job.dump_folder",
+                       v->dir, STATE_NAME, CKPT_FORMAT_UNFUSED, CKPT_FORMAT);
     if (moments && v->total != m->num_params)
         return corrupt(err,
                        "%s/%s: optimizer_shards cover %" PRIu64 " elements, the model has %zu "

@@ -34,8 +34,12 @@
 #include "train/train_state.h"
 
 // state.json "format"; a checkpoint of another format is not loaded (format 1 had one
-// optimizer.safetensors with a tensor per parameter).
-#define CKPT_FORMAT 2
+// optimizer.safetensors with a tensor per parameter). Format 2 ordered a layer's attention
+// biases q, k, v each after its weight rather than after all three (before the fused q|k|v
+// projection): the same flat optimizer state unless the model has attention biases, so it is
+// read for models without them.
+#define CKPT_FORMAT 3
+#define CKPT_FORMAT_UNFUSED 2
 
 // Things the caller should log (library code prints nothing): checkpoints skipped as corrupt or
 // incomplete, stale temporary folders removed, old checkpoints pruned. Each message names the
