@@ -28,8 +28,11 @@ clipping; PyTorch's clip_grad_norm_ reduces in fp32, a few 1e-5 relative off at 
 fp64 check of c1's first step; ctitan's sums in double). Same weights and data make the first
 losses agree to fp32 rounding: loss_step1_rel_diff. ratios: ctitan / PyTorch for tokens/s
 (> 1: ctitan faster) and peak RSS (< 1: ctitan smaller). ctitan's own log adds its planned
-memory (the "memory estimate" line), its memory_peak_gib and its per-step mfu (against
-sgemm_gflops_before, the peak it is given).
+memory (the "memory estimate" line; planned_activations_gib is its activations part), its
+memory_peak_gib and its per-step mfu (against sgemm_gflops_before, the peak it is given).
+--ac runs ctitan a second time with full activation checkpointing (ctitan_ac_full) and adds
+ratios.ac_activations (planned activations without / with), ac_peak_rss, ac_step_time (with /
+without) and ac_losses_equal (checkpointing must not change a bit).
 
 By default glibc's malloc keeps its own settings, as a PyTorch user gets it. --malloc heap runs
 both sides as bench/moe.py does (freed memory kept in the heap, no mmap, no trim): PyTorch
@@ -61,6 +64,7 @@ MODELS = {"dense": DENSE, "moe": MOE}
 CONFIGS = {"c1": ("dense", 256, 2), "c2": ("dense", 2048, 2), "moe": ("moe", 256, 2)}
 OPT = dict(lr=8e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=1.0, warmup=0)
 SEED = 1234
+AC_FULL = "--activation_checkpoint.mode full"
 
 
 def log(msg):
@@ -148,8 +152,8 @@ def run_child(label, cmd, env, show):
     return lines, ru.ru_maxrss / 2**20, time.perf_counter() - t0
 
 
-def ctitan_side(name, args, folder, tokens, B, T, peak, env, work):
-    dump = os.path.join(work, "dump-" + name)
+def ctitan_side(name, args, folder, tokens, B, T, peak, env, work, extra=""):
+    dump = os.path.join(work, "dump-" + name + re.sub(r"\W+", "_", extra))
     keys = {
         "model.backend": "hf", "model.hf_path": folder, "training.dataset_path": tokens,
         "training.seq_len": T, "training.local_batch_size": B, "training.steps": args.steps,
@@ -165,9 +169,10 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work):
     cmd = [os.path.join(args.build, "ctitan"), "train"]
     for k, v in keys.items():
         cmd += [f"--{k}", str(v)]
-    cmd += shlex.split(args.ctitan_args)  # last, so they win over the keys above
-    lines, rss, wall = run_child(f"{name} ctitan", cmd, env,
-                                 lambda s: re.match(r"(step |memory estimate|error)", s))
+    cmd += shlex.split(args.ctitan_args) + shlex.split(extra)  # last: they win over the keys
+    lines, rss, wall = run_child(f"{name} ctitan{' ' + extra if extra else ''}", cmd, env,
+                                 lambda s: re.match(r"(step |memory estimate|error|op profile|  \S)",
+                                                    s))
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     rows = [r for r in rows if "loss" in r]
@@ -175,12 +180,14 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work):
         raise SystemExit(f"[train] {name} ctitan: {len(rows)} metrics rows, not {args.steps}")
     plan = next((s for s in lines if s.startswith("memory estimate")), None)
     total = re.search(r"total ([0-9.]+) GiB", plan or "")
+    acts = re.search(r"activations ([0-9.]+) GiB", plan or "")
     side = {"step_s": [B * T / r["tps"] for r in rows[1:]],
             "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
             "peak_rss_gib": rss, "memory_peak_gib_reported": max(r["memory_peak_gib"]
                                                                  for r in rows),
             "mfu_reported": [r["mfu"] for r in rows[1:]],
             "planned_memory_gib": float(total.group(1)) if total else None,
+            "planned_activations_gib": float(acts.group(1)) if acts else None,
             "planned_memory_line": plan, "wall_s": wall, "command": shlex.join(cmd)}
     return side
 
@@ -237,6 +244,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--ctitan-args", default="", help="extra `ctitan train` arguments, verbatim")
+    ap.add_argument("--ac", action="store_true",
+                    help=f"also run ctitan with {AC_FULL!r}: planned activations, peak RSS and "
+                         "step time against the run without (ratios.ac_*)")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--tmp", help="folder for the HF folders and tokens (default: system temp)")
     ap.add_argument("--malloc", choices=["default", "heap"], default="default",
@@ -294,7 +304,9 @@ def main():
             kind, T, B = CONFIGS[c]
             folder, tokens = os.path.join(work, kind), os.path.join(work, kind + ".npy")
             raw[c] = (ctitan_side(c, args, folder, tokens, B, T, peak, env, work),
-                      torch_side(c, args, folder, tokens, B, T, env))
+                      torch_side(c, args, folder, tokens, B, T, env),
+                      ctitan_side(c, args, folder, tokens, B, T, peak, env, work, AC_FULL)
+                      if args.ac else None)
     result["sgemm_gflops_after"] = sgemm_peak()
     # A busy machine lowers the rate: MFU uses the better of the two.
     peak = result["sgemm_peak_gflops"] = max(peak, result["sgemm_gflops_after"])
@@ -304,7 +316,7 @@ def main():
         kind, T, B = CONFIGS[c]
         g = MODELS[kind]
         fpt = flops_per_token(g, T)
-        ct, pt = (summarise(s, B, T, fpt, peak) for s in raw[c])
+        ct, pt = (summarise(s, B, T, fpt, peak) for s in raw[c][:2])
         l0, l1 = ct["losses"][0], pt["losses"][0]
         result["configs"][c] = {
             "model": dict(g, T=T, B=B, max_position_embeddings=40960),
@@ -316,6 +328,15 @@ def main():
             "ratios": {"tokens_per_s": round(ct["tokens_per_s"] / pt["tokens_per_s"], 3),
                        "peak_rss": round(ct["peak_rss_gib"] / pt["peak_rss_gib"], 3)},
         }
+        if raw[c][2]:
+            ac = summarise(raw[c][2], B, T, fpt, peak)
+            result["configs"][c]["ctitan_ac_full"] = ac
+            result["configs"][c]["ratios"].update(
+                ac_activations=round(ct["planned_activations_gib"] /
+                                     ac["planned_activations_gib"], 3),
+                ac_peak_rss=round(ct["peak_rss_gib"] / ac["peak_rss_gib"], 3),
+                ac_step_time=round(ac["step_s"] / ct["step_s"], 3),
+                ac_losses_equal=ac["losses"] == ct["losses"])
         log(f"{c}: ctitan {ct['tokens_per_s']:.0f} tok/s, {ct['peak_rss_gib']:.2f} GiB; "
             f"pytorch {pt['tokens_per_s']:.0f} tok/s, {pt['peak_rss_gib']:.2f} GiB; "
             f"step-1 loss rel diff {result['configs'][c]['loss_step1_rel_diff']:.2e}")
