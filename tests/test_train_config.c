@@ -399,6 +399,31 @@ static void test_decay_steps(void) {
     }
 }
 
+// The automatic loss chunk: whole up to 256 MiB of logits (64 MiB with activation
+// checkpointing), else the fewest equal chunks under the cap; an explicit size is kept.
+static void test_loss_chunk(void) {
+    ct_config c;
+    config_defaults(&c);
+    const int V = 151936; // 256 MiB of logits is 441.7 rows, 64 MiB 110.4
+    snprintf(c.activation_checkpoint.selective_ac_option,
+             sizeof c.activation_checkpoint.selective_ac_option, "2");
+    struct {
+        const char *ac;
+        int chunk_key, tokens, want;
+    } cases[] = {{"none", -1, 441, 0},        {"none", -1, 442, 221}, {"none", -1, 4096, 410},
+                 {"full", -1, 110, 0},        {"full", -1, 111, 56},  {"full", -1, 4096, 108},
+                 {"full", -1, 512, 103},      {"none", 0, 4096, 0},   {"full", 17, 4096, 17},
+                 {"selective", -1, 4096, 108}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(c.activation_checkpoint.mode, sizeof c.activation_checkpoint.mode, "%s",
+                 cases[i].ac);
+        c.training.loss_chunk_tokens = cases[i].chunk_key;
+        const int got = config_loss_chunk(&c, V, cases[i].tokens);
+        CHECK(got == cases[i].want, "loss chunk, AC %s, key %d, %d tokens: %d, expected %d",
+              cases[i].ac, cases[i].chunk_key, cases[i].tokens, got, cases[i].want);
+    }
+}
+
 // Writes `c`, loads the text back, and compares the structs byte for byte.
 static void check_round_trip(const ct_config *c, const char *what) {
     char path[1024];
@@ -710,6 +735,7 @@ int main(void) {
     test_cli_errors();
     test_checks();
     test_decay_steps();
+    test_loss_chunk();
     test_round_trip();
     test_hash();
     test_moe_keys();

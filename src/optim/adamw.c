@@ -81,11 +81,13 @@ typedef struct adamw_coeffs {
     float grad_scale;    // the clipping coefficient (1: none; x * 1 is exact)
 } adamw_coeffs;
 
-// x86-64 with FMA (every AVX2 CPU) gets a vectorised copy of the update, picked at load time:
-// fmaf is one instruction there and rounds exactly as the libm call does, so the bits are the
-// same on either path.
+// x86-64 with FMA or AVX-512 gets a vectorised copy of the update, picked at load time by CPU
+// feature (not "arch=haswell", whose resolver tests the CPU model and picked the scalar default
+// on every other CPU): fmaf is one instruction there and rounds exactly as the libm call does,
+// and sqrtf is vectorised (the library builds with -fno-math-errno), so the bits are the same
+// on every path.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ADAMW_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define ADAMW_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
 #else
 #define ADAMW_CLONES
 #endif

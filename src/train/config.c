@@ -94,7 +94,7 @@ static const config_key config_table[] = {
     KEY(training, loss_chunk_tokens, CONFIG_INT, "-1", NULL, false,
         "compute the loss head (logits, cross-entropy and their gradient) in chunks of this many "
         "tokens, so the (tokens x vocab) logits are never held at once; 0: whole; -1: auto "
-        "(chunks of at most 256 MiB of logits)"),
+        "(chunks of at most 256 MiB of logits, 64 MiB with activation checkpointing)"),
     KEY(training, mixed_precision_param, CONFIG_STR, "float32", "float32|bfloat16", true,
         "parameter dtype (float32 only on CPU)"),
 

@@ -178,6 +178,12 @@ void config_print_help(FILE *f);
 // "full", k for "selective" with selective_ac_option k (validated by config_validate).
 int config_ac_every(const ct_config *c);
 
+// training.loss_chunk_tokens as qwen3_memory_opts.loss_chunk takes it for `tokens` rows per
+// micro-batch (0: whole). Auto (-1): the fewest equal chunks of at most 256 MiB of logits, or
+// 64 MiB with activation checkpointing (a run that trades time for memory gets the smaller
+// head too: no slower at seq 2048, about 10% slower at seq 256 on the 2-core dev machine).
+int config_loss_chunk(const ct_config *c, int vocab_size, int tokens);
+
 // The decay phase's length in steps: round-half-even(decay_ratio * steps), as torchtitan's
 // Python round(); 0 when decay_ratio is 0.
 int config_decay_steps(const ct_config *c);

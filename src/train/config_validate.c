@@ -134,6 +134,16 @@ int config_ac_every(const ct_config *c) {
     return *end == '\0' && end != ac->selective_ac_option && k >= 1 && k <= 1000000 ? (int)k : -1;
 }
 
+int config_loss_chunk(const ct_config *c, int vocab_size, int tokens) {
+    const int k = c->training.loss_chunk_tokens;
+    if (k >= 0) return k;
+    const double logits = (double)tokens * vocab_size * sizeof(float);
+    const double cap = (config_ac_every(c) > 0 ? 64.0 : 256.0) * (1 << 20);
+    if (logits <= cap) return 0;
+    const int chunks = (int)ceil(logits / cap);
+    return (tokens + chunks - 1) / chunks;
+}
+
 static int check_training(const ct_config *c, const vctx *vp) {
     vctx v = *vp;
     const ct_config_training *t = &c->training;

@@ -203,17 +203,6 @@ static void setup_threads(trainer *t) {
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory
 // estimate is printed in any case.
-// training.loss_chunk_tokens as tokens per chunk (0: whole). Auto: the fewest equal chunks of
-// at most 256 MiB of logits each.
-static int loss_chunk(const ct_config *c, const qwen3_config *mc, int tokens) {
-    const int k = c->training.loss_chunk_tokens;
-    if (k >= 0) return k;
-    const double logits = (double)tokens * mc->vocab_size * sizeof(float), cap = 256.0 * (1 << 20);
-    if (logits <= cap) return 0;
-    const int chunks = (int)ceil(logits / cap);
-    return (tokens + chunks - 1) / chunks;
-}
-
 static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
     const ct_config *c = t->cfg;
     if (c->training.seq_len > mc->max_position_embeddings)
@@ -448,7 +437,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
         ops_profile_wrap(&t->ops, &timed);
     }
     t->mem_opts.ac_every = config_ac_every(c);
-    t->mem_opts.loss_chunk = loss_chunk(c, &mc, t->B * t->T);
+    t->mem_opts.loss_chunk = config_loss_chunk(c, mc.vocab_size, t->B * t->T);
     if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
     char path[4096];
