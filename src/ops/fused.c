@@ -10,58 +10,8 @@
 
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
+#include "ops/rmsnorm_rows.h"
 #include "ops/vec_math.h"
-
-// ---- rmsnorm and rope pieces, as rmsnorm.c and rope.c compute them ----------------------------
-
-// 1 / sqrt(mean(x^2) + eps): the squares summed in double, in column order (not vectorisable
-// without reordering the sum, which would change the bits).
-static inline float row_rstd(const float *x, int C, float eps) {
-    double ss = 0.0;
-    for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-    const float var = (float)(ss / C);
-    return 1.0f / sqrtf(var + eps);
-}
-
-// mean(g * xhat) of rmsnorm's backward, g = w * dy, xhat = x * r, summed in double.
-static inline float row_gxhat_mean(const float *dy, const float *x, const float *w, float r,
-                                   int C) {
-    double dot = 0.0;
-    for (int c = 0; c < C; c++) dot += (double)(w[c] * dy[c]) * (x[c] * r);
-    return (float)(dot / C);
-}
-
-// dweight[c0:c1] += sum over rows of dy * (x * rstd), one row after another as rmsnorm.c's column
-// blocks sum them. The N*H rows are H heads of C per token: row (n, h) of x starts at
-// x + n * xstride + h * C; dy and rstd are contiguous (N*H, C) and (N*H).
-CPU_SIMD_CLONES
-static void dweight_block(float *dweight, const float *dy, const float *x, const float *rstd, int N,
-                          int H, size_t xstride, int C, int c0, int c1) {
-    double acc[CPU_COL_BLOCK] = {0};
-    for (int n = 0; n < N; n++) {
-        for (int h = 0; h < H; h++) {
-            const size_t m = (size_t)n * H + h;
-            const float *xr = x + (size_t)n * xstride + (size_t)h * C, *g = dy + m * C;
-            const float r = rstd[m];
-#pragma omp simd
-            for (int c = c0; c < c1; c++) acc[c - c0] += (double)g[c] * (xr[c] * r);
-        }
-    }
-    for (int c = c0; c < c1; c++) dweight[c] += (float)acc[c - c0];
-}
-
-// All column blocks of dweight, in parallel: each block's sum is serial, so the bits do not
-// depend on the thread count.
-static void dweight_sum(float *dweight, const float *dy, const float *x, const float *rstd, int N,
-                        int H, size_t xstride, int C) {
-    const int nblocks = (C + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
-#pragma omp parallel for schedule(static) if ((int64_t)N * H * C >= CPU_PAR_MIN)
-    for (int blk = 0; blk < nblocks; blk++) {
-        const int c0 = blk * CPU_COL_BLOCK;
-        const int c1 = c0 + CPU_COL_BLOCK < C ? c0 + CPU_COL_BLOCK : C;
-        dweight_block(dweight, dy, x, rstd, N, H, xstride, C, c0, c1);
-    }
-}
 
 // ---- add + rmsnorm ----------------------------------------------------------------------------
 
@@ -70,7 +20,7 @@ static void add_rmsnorm_row(float *s, float *y, float *rstd, const float *a, con
                             const float *w, int C, float eps) {
 #pragma omp simd
     for (int c = 0; c < C; c++) s[c] = a[c] + b[c];
-    const float r = row_rstd(s, C, eps);
+    const float r = rmsnorm_row_rstd(s, C, eps);
 #pragma omp simd
     for (int c = 0; c < C; c++) y[c] = w[c] * (s[c] * r);
     *rstd = r;
@@ -91,7 +41,7 @@ void cpu_add_rmsnorm_forward(const ct_ops *ops, float *sum, float *out, float *r
 CPU_SIMD_CLONES
 static void rmsnorm_backward_add_row(float *dr, const float *dy, const float *x, const float *w,
                                      float r, int C) {
-    const float m = row_gxhat_mean(dy, x, w, r, C);
+    const float m = rmsnorm_row_gxhat_mean(dy, x, w, r, C);
 #pragma omp simd
     for (int c = 0; c < C; c++) {
         const float dx = r * (w[c] * dy[c] - (x[c] * r) * m);
@@ -103,7 +53,7 @@ void cpu_rmsnorm_backward_add(const ct_ops *ops, float *dresid, float *dweight, 
                               const float *dout, const float *inp, const float *weight,
                               const float *rstd, int N, int C) {
     (void)ops, (void)scratch;
-    dweight_sum(dweight, dout, inp, rstd, N, 1, (size_t)C, C);
+    cpu_rmsnorm_dweight(dweight, dout, inp, rstd, N, 1, (size_t)C, C);
 #pragma omp parallel for schedule(static) if ((int64_t)N * C >= CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const size_t o = (size_t)n * C;
@@ -117,7 +67,7 @@ void cpu_rmsnorm_backward_add(const ct_ops *ops, float *dresid, float *dweight, 
 // rope_rotate does (sign +1). An odd D's last element is not rotated (rope leaves it).
 static inline void norm_rope_head(float *y, float *rstd, const float *x, const float *w,
                                   const float *cs, const float *sn, int D, float eps) {
-    const float r = row_rstd(x, D, eps);
+    const float r = rmsnorm_row_rstd(x, D, eps);
     const int half = D / 2;
 #pragma omp simd
     for (int i = 0; i < half; i++) {
@@ -169,7 +119,7 @@ static inline void norm_rope_head_backward(float *dx, float *dy, const float *x,
         dy[i] = x1 * cs[i] - x2 * si;
         dy[i + half] = x2 * cs[i] + x1 * si;
     }
-    const float m = row_gxhat_mean(dy, x, w, r, D);
+    const float m = rmsnorm_row_gxhat_mean(dy, x, w, r, D);
 #pragma omp simd
     for (int c = 0; c < D; c++) dx[c] = r * (w[c] * dy[c] - (x[c] * r) * m);
 }
@@ -210,8 +160,8 @@ void cpu_qk_norm_rope_backward(const ct_ops *ops, float *dqkv, float *dq_norm, f
     }
     // The norm weights' gradients from the rotated-back dqr, dkr: rows in rmsnorm_backward's
     // order over (N*NH, D) and (N*NKV, D).
-    dweight_sum(dq_norm, dqr, qkv, q_rstd, N, NH, QKV, D);
-    dweight_sum(dk_norm, dkr, qkv + (size_t)NH * D, k_rstd, N, NKV, QKV, D);
+    cpu_rmsnorm_dweight(dq_norm, dqr, qkv, q_rstd, N, NH, QKV, D);
+    cpu_rmsnorm_dweight(dk_norm, dkr, qkv + (size_t)NH * D, k_rstd, N, NKV, QKV, D);
 }
 
 // ---- swiglu over gate|up rows -----------------------------------------------------------------
@@ -220,7 +170,7 @@ CPU_SIMD_CLONES
 static void swiglu_row_forward(float *h, const float *gu, int F) {
     const float *u = gu + F;
 #pragma omp simd
-    for (int f = 0; f < F; f++) h[f] = silu(gu[f]) * u[f];
+    for (int f = 0; f < F; f++) h[f] = swiglu_value(gu[f], u[f]);
 }
 
 // swiglu.c's backward expressions; dgate into dgu[0:F], dup into dgu[F:2F].
@@ -228,10 +178,7 @@ CPU_SIMD_CLONES
 static void swiglu_row_backward(float *dgu, const float *dh, const float *gu, int F) {
 #pragma omp simd
     for (int f = 0; f < F; f++) {
-        const float g = gu[f], u = gu[F + f], d = dh[f];
-        const float s = sigmoid(g);
-        dgu[f] = d * u * (s * (1.0f + g * (1.0f - s)));
-        dgu[F + f] = d * silu(g);
+        swiglu_grad(&dgu[f], &dgu[F + f], dh[f], gu[f], gu[F + f]);
     }
 }
 

@@ -96,18 +96,8 @@ static void plan_build(moe_plan p, const int32_t *expert, int N, int E, int K) {
 }
 
 // ---- shared pieces --------------------------------------------------------------------------
-// The SwiGLU expressions are cpu_swiglu_forward/backward's, so h and its gradients round alike
-// in both implementations.
-
-static inline float swiglu(float g, float u) {
-    return silu(g) * u;
-}
-
-static inline void swiglu_grad(float *dg, float *du, float d, float g, float u) {
-    const float s = sigmoid(g);
-    *dg = d * u * (s * (1.0f + g * (1.0f - s)));
-    *du = d * silu(g);
-}
+// The SwiGLU expressions are vec_math.h's swiglu_value / swiglu_grad, which the built-in swiglu
+// uses too, so h and its gradients round alike in both implementations.
 
 static double dot_d(const float *a, const float *b, int n) {
     double s = 0;
@@ -280,7 +270,7 @@ static void grouped_forward_expert(const grouped_args *g, int e, int par) {
     for (int i = 0; i < n; i++) {
         const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
         float *hi = h + (size_t)i * F;
-        for (int f = 0; f < F; f++) hi[f] = swiglu(gi[f], ui[f]);
+        for (int f = 0; f < F; f++) hi[f] = swiglu_value(gi[f], ui[f]);
     }
     // y overwrites the expert's gathered x, which the down GEMM no longer needs.
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, F, 1.0f, h, F, wd, F, 0.0f, xy, C);
@@ -302,7 +292,7 @@ static void grouped_backward_expert(const grouped_args *g, int e, int par) {
         const float wt = g->weight[slot];
         const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
         float *hi = h + (size_t)i * F, *dgi = dgu + (size_t)i * 2 * F, *d = de + (size_t)i * C;
-        for (int f = 0; f < F; f++) hi[f] = swiglu(gi[f], ui[f]);
+        for (int f = 0; f < F; f++) hi[f] = swiglu_value(gi[f], ui[f]);
         g->dweight[slot] = (float)dot_d(dgi, hi, F);
         for (int f = 0; f < F; f++) {
             const float dh = wt * dgi[f];

@@ -27,6 +27,11 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
                          int C, float eps);
 void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                           const float *weight, const float *rstd, int N, int C);
+// dweight(C) += sum over N*H rows of dy * (x * rstd) (the norm weight's gradient), by column
+// blocks with rows in order. Row (n, h) of x starts at x + n * xstride + h * C (the q/k heads
+// inside the fused q|k|v rows); dy (N*H, C) and rstd (N*H) are contiguous.
+void cpu_rmsnorm_dweight(float *dweight, const float *dy, const float *x, const float *rstd, int N,
+                         int H, size_t xstride, int C);
 
 void cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int B,
                       int T, int H, int D);

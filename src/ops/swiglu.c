@@ -10,7 +10,7 @@
 CPU_SIMD_CLONES
 static void swiglu_forward_span(float *out, const float *gate, const float *up, int64_t n) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = silu(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; i++) out[i] = swiglu_value(gate[i], up[i]);
 }
 
 // d silu(g)/dg = s * (1 + g * (1 - s)), s = sigmoid(g). dout[i] is read before either output
@@ -20,10 +20,8 @@ static void swiglu_backward_span(float *dgate, float *dup, const float *dout, co
                                  const float *up, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-        const float g = gate[i], u = up[i], d = dout[i];
-        const float s = sigmoid(g);
-        dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
-        dup[i] = d * silu(g);
+        const float d = dout[i]; // read first: dgate or dup may alias dout
+        swiglu_grad(&dgate[i], &dup[i], d, gate[i], up[i]);
     }
 }
 

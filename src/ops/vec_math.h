@@ -64,6 +64,18 @@ static inline float sigmoid(float g) {
     return 1.0f / (1.0f + vexp_inf(-g));
 }
 
+// SwiGLU of one element, out = silu(g) * u, and its gradients (d silu(g)/dg = s (1 + g (1 - s))):
+// the one definition the built-in swiglu, the fused rows and the MoE experts all use.
+static inline float swiglu_value(float g, float u) {
+    return silu(g) * u;
+}
+
+static inline void swiglu_grad(float *dg, float *du, float d, float g, float u) {
+    const float s = sigmoid(g);
+    *dg = d * u * (s * (1.0f + g * (1.0f - s)));
+    *du = d * silu(g);
+}
+
 // Functions doing row-wise exps are worth wider vectors: on x86-64 GCC also builds AVX2 and
 // AVX-512 versions of them and picks one for the CPU at load time (ifunc).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
