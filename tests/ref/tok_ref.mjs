@@ -6,7 +6,11 @@
 //   node tests/ref/tok_ref.mjs --assets DIR --unicode IN --out FILE
 //     for tests/test_tok_unicode.c: for each {"name", "hex", "segments"} line of IN, HF's NFC
 //     of each segment (hex; "segments" are their byte lengths) and the byte offsets where the
-//     pieces that HF's pre-tokenizer cuts the (unnormalised) text into end.
+//     pieces that HF's pre-tokenizer cuts the (unnormalised) text into end. Also what node's own
+//     Unicode tables (its ICU's, version "unicode") make of each segment's code point (the one
+//     after its leading "x"): "class", one letter per segment, 'L' (\p{L}), 'N' (\p{N}), 'o'
+//     (another assigned character) or '-' (unassigned, \p{Cn}). The C test uses it to tell a
+//     Unicode-version difference from a bug.
 //
 // Two references, both loading DIR/qwen3-tokenizer/ (what scripts/fetch-assets extracted):
 //   hf: Hugging Face's own `tokenizers` (the Rust library, through its node binding): the
@@ -54,6 +58,13 @@ function pieceEnds(text, pieces) {
   return pieces.map(([, [, end]]) => byteAt[end]);
 }
 
+// Node's class of the code point after a segment's leading "x" (see the header).
+function nodeClass(seg) {
+  if (/^x\p{L}/u.test(seg)) return 'L';
+  if (/^x\p{N}/u.test(seg)) return 'N';
+  return /^x\p{Cn}/u.test(seg) ? '-' : 'o';
+}
+
 if (unicodeIn) {
   const normalizer = hf.getNormalizer();
   const pre = hf.getPreTokenizer();
@@ -63,11 +74,15 @@ if (unicodeIn) {
     const { name, hex: h, segments } = JSON.parse(line);
     const bytes = Buffer.from(h, 'hex');
     const nfc = [];
+    let cls = '';
     for (let at = 0, i = 0; i < segments.length; at += segments[i++]) {
-      nfc.push(hex(normalizer.normalizeString(bytes.subarray(at, at + segments[i]).toString())));
+      const seg = bytes.subarray(at, at + segments[i]).toString();
+      nfc.push(hex(normalizer.normalizeString(seg)));
+      cls += nodeClass(seg);
     }
     const text = bytes.toString('utf8');
-    lines.push(JSON.stringify({ name, nfc, ends: pieceEnds(text, pre.preTokenizeString(text)) }));
+    lines.push(JSON.stringify({ name, nfc, ends: pieceEnds(text, pre.preTokenizeString(text)),
+                                class: cls, unicode: process.versions.unicode }));
   }
   write(lines);
   console.error(`tok_ref: ${lines.length} unicode chunks`);
