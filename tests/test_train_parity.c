@@ -1,12 +1,18 @@
-// Training parity with PyTorch: for each case of tests/ref/train_ref.py, load the same HF
-// folder and train it for the same steps on the same windows with ctitan's model, AdamW, clipping
-// and LR schedule; the per-step losses, gradient norms and learning rates, and the final weights
-// and optimizer moments, must match torch.optim.AdamW + clip_grad_norm_ + LambdaLR. MoE cases add
-// HF's aux loss (per micro-batch, averaged over the step's micro-batches) or torchtitan's
-// aux-loss-free expert bias, and run with both expert kernels.
+// Training parity with PyTorch for the one thing `ctitan train` cannot be handed from a token
+// file: ignored targets. tests/train_cli_parity.py runs every other case of tests/ref/train_ref.py
+// through the real trainer (per-step loss, gradient norm, LR, clipping, val_loss, final weights).
+// The cases with ignored targets put -100 targets at listed [sample, position]s across accumulated
+// micro-batches, so each micro-batch holds a different number of valid targets and the step's loss
+// must be normalised by the count over the whole step, before any backward. The trainer gets such
+// masks only from chat data through a tokenizer, which the reference's tiny vocabularies lack, so
+// this test assembles the trainer's step from the library's parts (qwen3_forward/backward,
+// clip_grad_norm, lr_at, adamw_step) on the masked windows, and compares the per-step loss,
+// gradient norm, LR and clipping decision with torch.optim.AdamW + clip_grad_norm_ + LambdaLR, and
+// the final weights and AdamW moments per tensor (the checkpoint stores the moments as one flat
+// array, which the CLI test does not map back to names). Cases without ignored targets are left
+// to the CLI test; MoE cases all run there, with both expert kernels.
 //
-// Tolerances (the 1e-5 for losses and final weights): measured here, losses agree to
-// <1e-7 relative, gradient norms <2e-7, final weights <1.1e-6 rel L2 per tensor, moments <3e-6.
+// Tolerances, about 10x the worst measured here (optimised and ASan): see the bounds below.
 // AdamW divides each gradient element by its own RMS, so an element whose |g| is near
 // eps*sqrt(1-beta2^t) turns its fp32 relative error (large for tiny elements) into an update
 // error: with eps 1e-6 and beta2 0.99 that put one case at 6e-6. The cases use eps 1e-8 like
@@ -24,10 +30,10 @@
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 
-#define LOSS_REL 1e-5
-#define GRAD_NORM_REL 1e-5
-#define WEIGHT_REL_L2 1e-5
-#define MOMENT_REL_L2 3e-5 // m and v average gradients, which sit ~1e-6..1e-5 from torch
+#define LOSS_REL 3.5e-7      // measured 3.5e-8
+#define GRAD_NORM_REL 1.5e-6 // measured 1.5e-7
+#define WEIGHT_REL_L2 2e-6   // measured 2.1e-7
+#define MOMENT_REL_L2 9e-6   // measured 8.7e-7 (exp_avg_sq; exp_avg 7.8e-7)
 
 typedef struct train_case {
     cJSON *root; // owns the lists below
@@ -37,8 +43,6 @@ typedef struct train_case {
     double max_norm;
     bool decay_all;
     const cJSON *ignore, *log, *params;
-    char load_balance[16]; // MoE: "hf" | "aux_free" | "none"
-    double load_balance_coeff;
 } train_case;
 
 static int case_load(train_case *c, const char *path, ct_error *err) {
@@ -65,11 +69,6 @@ static int case_load(train_case *c, const char *path, ct_error *err) {
         json_get_bool(&c->decay_all, r, "decay_norms_and_embeddings", true, path, err))
         return -1;
     c->B = (int)B, c->T = (int)T, c->accum = (int)accum, c->steps = (int)steps;
-    snprintf(c->load_balance, sizeof c->load_balance, "none");
-    if (json_get_string(c->load_balance, sizeof c->load_balance, r, "load_balance", false, path,
-                        err) ||
-        json_get_double(&c->load_balance_coeff, r, "load_balance_coeff", false, path, err))
-        return -1;
     c->ignore = cJSON_GetObjectItemCaseSensitive(r, "ignore");
     c->log = cJSON_GetObjectItemCaseSensitive(r, "log");
     c->params = cJSON_GetObjectItemCaseSensitive(r, "params");
@@ -116,13 +115,6 @@ static double compare_tensors(const float *mem, const qwen3_model *m, const st_f
         char key[160];
         snprintf(key, sizeof key, "%s%s", prefix, p->name);
         const st_tensor *t = st_file_find(f, key);
-        if (p->buffer && (prefix[0] || !t)) {
-            // An expert bias the reference does not track (no aux_free) must not have moved.
-            bool zero = true;
-            for (size_t k = 0; !prefix[0] && k < p->numel; k++) zero &= mem[p->offset + k] == 0;
-            CHECK(zero, "%s: %s moved without load_balance = aux_free", name_case, p->name);
-            continue;
-        }
         CHECK(t && t->numel == p->numel, "%s: reference %s missing or of the wrong size", name_case,
               key);
         if (!t || t->numel != p->numel) continue;
@@ -141,7 +133,7 @@ static double compare_tensors(const float *mem, const qwen3_model *m, const st_f
     return worst;
 }
 
-static void run_case(const char *ref, const char *name, const char *moe_impl) {
+static void run_case(const char *ref, const char *name) {
     char path[4096];
     ct_error err;
     train_case c;
@@ -156,24 +148,19 @@ static void run_case(const char *ref, const char *name, const char *moe_impl) {
     hf_load_report rep;
     adamw o = {0};
     snprintf(path, sizeof path, "%s/train/%s/hf", ref, name);
-    ct_ops ops;
-    CHECK(ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) == 0, "moe_impl %s", moe_impl);
-    rc = hf_load_folder(&m, &rep, path, &ops, &err);
+    rc = hf_load_folder(&m, &rep, path, &ct_ops_cpu, &err);
     CHECK(rc == 0, "%s: %s", name, err.msg);
     hf_report_free(&rep);
     if (rc != 0) {
         cJSON_Delete(c.root);
         return;
     }
-    int trained = 0;
-    for (int i = 0; i < m.n_params; i++) trained += !m.params[i].buffer;
-    CHECK(cJSON_GetArraySize(c.params) == trained, "%s: reference has %d tensors, model %d", name,
-          cJSON_GetArraySize(c.params), trained);
-    const bool moe = m.n_sparse > 0;
-    const bool aux_in_loss = moe && strcmp(c.load_balance, "hf") == 0 && m.cfg.output_router_logits;
-    const bool aux_free = moe && strcmp(c.load_balance, "aux_free") == 0;
-    const size_t n_stats = (size_t)m.n_sparse * m.cfg.num_experts;
-    double *step_load = calloc(n_stats + 1, sizeof *step_load);
+    CHECK(m.n_sparse == 0,
+          "%s: a MoE case with ignored targets (MoE training runs through the "
+          "CLI, tests/train_cli_parity.py)",
+          name);
+    CHECK(cJSON_GetArraySize(c.params) == m.n_params, "%s: reference has %d tensors, model %d",
+          name, cJSON_GetArraySize(c.params), m.n_params);
 
     size_t N = (size_t)c.B * c.T, window = (size_t)c.T + 1;
     size_t n_tokens = (size_t)c.steps * c.accum * c.B * window;
@@ -191,12 +178,12 @@ static void run_case(const char *ref, const char *name, const char *moe_impl) {
     if (rc == 0) rc = adamw_init(&o, m.num_params, &err);
     for (int i = 0; rc == 0 && i < m.n_params; i++) {
         const qwen3_param *p = &m.params[i];
-        if (p->buffer || (!c.decay_all && !adamw_param_decays(p->name, p->ndim)))
+        if (!c.decay_all && !adamw_param_decays(p->name, p->ndim))
             rc = adamw_exclude_decay(&o, p->offset, p->numel, &err);
     }
     CHECK(rc == 0, "%s: %s", name, err.msg);
 
-    double worst_loss = 0, worst_norm = 0, worst_aux = 0;
+    double worst_loss = 0, worst_norm = 0;
     int n_clipped = 0;
     for (int s = 0; rc == 0 && s < c.steps; s++) {
         // The loss is normalised by the valid targets of the whole step, before any backward.
@@ -208,29 +195,12 @@ static void run_case(const char *ref, const char *name, const char *moe_impl) {
         CHECK(n_valid == (int64_t)log_value(&c, s, "n_valid"), "%s step %d: %lld valid targets",
               name, s, (long long)n_valid);
         qwen3_zero_grad(&m);
-        double sum = 0, aux_sum = 0;
+        double sum = 0;
         for (int j = 0; j < c.accum; j++) {
             sum += qwen3_forward(&m, inputs + j * N, targets + j * N, NULL);
-            if (moe) {
-                aux_sum += qwen3_moe_aux(&m, m.moe_load, m.moe_prob, (double)N);
-                if (aux_in_loss)
-                    qwen3_moe_aux_grad(&m, m.moe_load, (double)N,
-                                       (float)(m.cfg.router_aux_loss_coef / c.accum));
-                for (size_t i = 0; i < n_stats; i++) step_load[i] += m.moe_load[i];
-            }
             qwen3_backward(&m, (float)(1.0 / (double)n_valid));
         }
-        double aux = aux_sum / c.accum;
-        double loss = sum / (double)n_valid + (aux_in_loss ? m.cfg.router_aux_loss_coef * aux : 0);
-        double want_loss = log_value(&c, s, "loss");
-        if (moe) {
-            double want_aux = log_value(&c, s, "aux"), ea = fabs(aux - want_aux) / want_aux;
-            worst_aux = fmax(worst_aux, ea);
-            CHECK(ea <= LOSS_REL, "%s/%s step %d: aux %.9g, torch %.9g (rel %.2e)", name, moe_impl,
-                  s, aux, want_aux, ea);
-            if (aux_free) qwen3_moe_update_bias(&m, step_load, (float)c.load_balance_coeff);
-            memset(step_load, 0, n_stats * sizeof *step_load);
-        }
+        double loss = sum / (double)n_valid, want_loss = log_value(&c, s, "loss");
         double norm = clip_grad_norm(m.grad_mem, m.num_params, c.max_norm);
         double want_norm = log_value(&c, s, "grad_norm");
         double lr = lr_at(&c.sched, s, c.steps), want_lr = log_value(&c, s, "lr");
@@ -262,14 +232,12 @@ static void run_case(const char *ref, const char *name, const char *moe_impl) {
         double wm = compare_tensors(o.m, &m, &fin, "exp_avg.", MOMENT_REL_L2, "exp_avg", name);
         double wv =
             compare_tensors(o.v, &m, &fin, "exp_avg_sq.", MOMENT_REL_L2, "exp_avg_sq", name);
-        printf("%-32s %-7s %d steps (%d clipped): loss rel %.1e, grad norm rel %.1e, final "
-               "weights rel L2 %.1e, exp_avg %.1e, exp_avg_sq %.1e",
-               name, moe ? moe_impl : "", c.steps, n_clipped, worst_loss, worst_norm, ww, wm, wv);
-        if (moe) printf(", aux rel %.1e (%s)", worst_aux, c.load_balance);
-        printf("\n");
+        printf("%-32s %d steps (%d clipped): loss rel %.1e, grad norm rel %.1e, final weights "
+               "rel L2 %.1e, exp_avg %.1e, exp_avg_sq %.1e\n",
+               name, c.steps, n_clipped, worst_loss, worst_norm, ww, wm, wv);
         st_close(&fin);
     }
-    free(tokens), free(inputs), free(targets), free(step_load);
+    free(tokens), free(inputs), free(targets);
     adamw_free(&o);
     qwen3_free(&m);
     cJSON_Delete(c.root);
@@ -287,14 +255,17 @@ int main(void) {
     int n = 0;
     if (rc == 0) cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(index, "cases")) {
             const char *name = cJSON_GetStringValue(it);
-            run_case(ref, name, "grouped");
-            snprintf(path, sizeof path, "%s/train/%s/hf/config.json", ref, name);
-            qwen3_config cfg;
-            if (qwen3_config_load(&cfg, path, &err) == 0 && cfg.num_experts > 0)
-                run_case(ref, name, "loop");
+            train_case c;
+            snprintf(path, sizeof path, "%s/train/%s/meta.json", ref, name);
+            rc = case_load(&c, path, &err);
+            CHECK(rc == 0, "%s", err.msg);
+            bool masked = rc == 0 && cJSON_GetArraySize(c.ignore) > 0;
+            cJSON_Delete(c.root);
+            if (!masked) continue; // tests/train_cli_parity.py
+            run_case(ref, name);
             n++;
         }
-    CHECK(n >= 2, "only %d training cases", n);
+    CHECK(n >= 1, "no reference training case with ignored targets");
     cJSON_Delete(index);
     return check_summary();
 }

@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
 """The PyTorch reference for training (torch.optim.AdamW, torch.nn.utils.clip_grad_norm_,
-LambdaLR with torchtitan's linear_warmup_stable_decay), for tests/test_train_parity.c and
+LambdaLR with torchtitan's linear_warmup_stable_decay), for tests/train_cli_parity.py (`ctitan
+train` end to end), tests/test_train_parity.c (the cases with ignored targets) and
 tests/test_optim.c. make_ref.py calls write_all(DIR); alone: train_ref.py --out DIR.
 
 DIR/train/index.json            {"cases": [all names], "moe_cases": [the MoE ones]}
-DIR/train/<case>/hf/            the initial weights: config.json + model.safetensors (F32)
+DIR/train/<case>/hf/            the initial weights: config.json + model.safetensors (F32);
+                                max_position_embeddings is max(64, T)
 DIR/train/<case>/tokens.npy     the token stream (<i4)
+DIR/train/<case>/val.npy        cases with "val": the validation token stream (<i4)
 DIR/train/<case>/meta.json      the run's settings and, per step, "loss", "grad_norm" (before
-                                clipping), "lr" and "clipped"
+                                clipping), "lr" and "clipped"; with "val" (meta "val": windows,
+                                freq, steps = -1), "val_loss" after every freq-th step: the eval
+                                loss of the updated weights over the whole validation split,
+                                batch b holding windows (b*B + i) mod windows, as the trainer
+                                reads them
 DIR/train/<case>/final.safetensors  F32: the weights after the last step under their HF names,
                                 and "exp_avg.<name>", "exp_avg_sq.<name>" (the optimizer state)
 DIR/train/schedules.json        LambdaLR's learning rates for steps 0..steps over many settings
@@ -99,6 +106,25 @@ MOE_CASES = [
          max_norm=0.0, warmup=2, decay_ratio=0.4, decay_type="cosine", min_lr_factor=0.1,
          decay_all=False, ignore=[], E=8, K=2, Fm=8, norm=True, step=1, mlp_only=[], aux=False,
          coef=0.001, lb="aux_free", lb_coeff=1e-2),
+]
+
+# Cases for the end-to-end test (tests/train_cli_parity.py), written after the MoE cases so the
+# earlier cases keep their random draws. "clip": "hard" sets max_norm well below every step's
+# gradient norm (train_case checks each step clips to at most half, by coefficients that differ
+# between steps: AdamW is nearly blind to a gradient scale that is the same at every step, so
+# only varying coefficients make the clipping show in the losses and weights). "val" adds a
+# validation split of `windows` windows, evaluated after every `freq` steps over the whole split
+# (validation.steps = -1; windows is a multiple of B so no batch wraps around). T = 257 crosses
+# four 64-key tiles of the flash attention kernel and ends in a one-key tile.
+LATER_CASES = [
+    dict(name="hardclip_val_accum_bias", V=96, C=32, F=64, L=2, NH=4, NKV=2, D=8, tied=False,
+         bias=True, B=2, T=16, accum=2, steps=6, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, wd=0.1,
+         max_norm=0.5, warmup=2, decay_ratio=0.5, decay_type="linear", min_lr_factor=0.1,
+         decay_all=True, ignore=[], clip="hard", val=dict(windows=6, freq=2)),
+    dict(name="long_t257_gqa_tied_val", V=64, C=32, F=64, L=2, NH=4, NKV=2, D=16, tied=True,
+         bias=False, B=2, T=257, accum=1, steps=4, lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+         wd=0.1, max_norm=0.0, warmup=1, decay_ratio=0.5, decay_type="cosine",
+         min_lr_factor=0.0, decay_all=True, ignore=[], val=dict(windows=2, freq=2)),
 ]
 
 # (steps, warmup_steps, decay_ratio, decay_type, min_lr_factor) for schedules.json: constant,
@@ -266,6 +292,7 @@ def train_case(d, c, gen, make_ref):
     params = make_ref.make_params(cfg, gen)
     hfc = make_ref.hf_config(dict(c, dtype="F32", eps=cfg["rms_norm_eps"],
                                   theta=cfg["rope_theta"]))
+    hfc["max_position_embeddings"] = max(hfc["max_position_embeddings"], c["T"])
     with open(os.path.join(d, "hf", "config.json"), "w") as f:
         json.dump(hfc, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -274,6 +301,13 @@ def train_case(d, c, gen, make_ref):
     G, T, steps = c["B"] * c["accum"], c["T"], c["steps"]
     tokens = torch.randint(0, c["V"], (steps * G * (T + 1) + 5,), generator=gen).numpy()
     np.save(os.path.join(d, "tokens.npy"), tokens.astype("<i4"))
+    val = c.get("val")
+    if val:
+        assert not moe and val["windows"] % c["B"] == 0
+        # A few tokens past the last window, which the loader leaves out.
+        val_tokens = torch.randint(0, c["V"], (val["windows"] * (T + 1) + 3,),
+                                   generator=gen).numpy()
+        np.save(os.path.join(d, "val.npy"), val_tokens.astype("<i4"))
 
     ps = {n: params[n].clone().requires_grad_(True) for n in order}
     plist = [ps[n] for n in order]
@@ -331,12 +365,18 @@ def train_case(d, c, gen, make_ref):
         loss = loss_sum / n_valid
         if lb == "hf":
             loss += c["coef"] * aux
+        if val and (s + 1) % val["freq"] == 0:
+            entry["val_loss"] = eval_loss(ps, cfg, c, val_tokens)
         log.append(dict(loss=loss, grad_norm=norm, lr=lr, n_valid=n_valid,
                         clipped=bool(max_norm > 0 and norm > max_norm), **entry))
     if lb == "aux_free" and not any(e["bias_changed_choices"] for e in log):
         raise RuntimeError("%s: the expert bias never changed a choice" % c["name"])
 
-    if max_norm > 0:
+    coefs = [max_norm / (e["grad_norm"] + 1e-6) for e in log]
+    if c.get("clip") == "hard" and (max(coefs) > 0.5 or min(coefs) > 0.8 * max(coefs)):
+        raise RuntimeError("%s: max_norm %g gives clip coefficients %s: want all <= 0.5 and "
+                           "varying by over 20%%" % (c["name"], max_norm, coefs))
+    if max_norm > 0 and c.get("clip") != "hard":
         # Both branches of clipping, each decided with room to spare against float noise.
         clipped = [e["clipped"] for e in log]
         near = [e["grad_norm"] for e in log if abs(e["grad_norm"] - max_norm) < 1e-3 * max_norm]
@@ -355,6 +395,8 @@ def train_case(d, c, gen, make_ref):
     meta.update(beta1=c["betas"][0], beta2=c["betas"][1], weight_decay=c["wd"],
                 max_norm=max_norm, decay_norms_and_embeddings=c["decay_all"], params=order,
                 log=log)
+    if val:
+        meta["val"] = dict(val, steps=-1)
     if moe:
         meta.update(moe=True, **make_ref.moe_keys(c), sparse_layers=sparse, load_balance=lb,
                     moe_min_gap=min_gap)
@@ -364,6 +406,24 @@ def train_case(d, c, gen, make_ref):
         json.dump(meta, f, indent=2)
         f.write("\n")
     return meta
+
+
+def eval_loss(ps, cfg, c, val_tokens):
+    """The trainer's validation over the whole split (validation.steps = -1): batch b holds
+    windows (b*B + i) mod n for i < B, for ceil(n/B) batches; the loss is the CE summed over
+    every target of every batch divided by their count."""
+    B, T = c["B"], c["T"]
+    n = len(val_tokens) // (T + 1)
+    w = torch.as_tensor(val_tokens[: n * (T + 1)], dtype=torch.int64).reshape(n, T + 1)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for b in range((n + B - 1) // B):
+            batch = w[[(b * B + i) % n for i in range(B)]]
+            logits = qwen3_ref.forward(ps, cfg, batch[:, :-1])
+            total += float(F.cross_entropy(logits.reshape(-1, c["V"]), batch[:, 1:].reshape(-1),
+                                           reduction="sum"))
+            count += B * T
+    return total / count
 
 
 def moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap):
@@ -411,7 +471,7 @@ def write_all(out, quiet=False):
     write_schedules(d)
     write_adamw(d, gen)
     names = []
-    for c in CASES + MOE_CASES:
+    for c in CASES + MOE_CASES + LATER_CASES:
         meta = train_case(os.path.join(d, c["name"]), c, gen, make_ref)
         names.append(c["name"])
         if not quiet:
