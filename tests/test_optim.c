@@ -286,7 +286,9 @@ static void test_schedule_vs_torch(const char *ref) {
         json_get_double(&c.lr, it, "lr", true, path, &err);
         json_get_int(&steps, it, "steps", true, 1, 1 << 20, path, &err);
         json_get_int(&c.warmup_steps, it, "warmup_steps", true, 0, 1 << 20, path, &err);
-        json_get_double(&c.decay_ratio, it, "decay_ratio", true, path, &err);
+        const cJSON *ratio = cJSON_GetObjectItemCaseSensitive(it, "decay_ratio");
+        CHECK(cJSON_IsNumber(ratio) || cJSON_IsNull(ratio), "%s: decay_ratio", path);
+        c.decay_ratio = cJSON_IsNumber(ratio) ? ratio->valuedouble : NAN; // null: unset
         json_get_double(&c.min_lr_factor, it, "min_lr_factor", true, path, &err);
         json_get_string(type, sizeof type, it, "decay_type", true, path, &err);
         CHECK(lr_decay_parse(&c.decay_type, type, &err) == 0, "%s", err.msg);
@@ -349,6 +351,34 @@ static void test_schedule_by_hand(void) {
     CHECK(lr_factor(&c, 8, 10) == 1.0 && lr_factor(&c, 9, 10) == 0.5, "decay clamped");
     c = (lr_schedule_cfg){.lr = 1, .decay_ratio = 0.5}; // round(2.5) = 2 (half to even)
     CHECK(lr_factor(&c, 3, 5) == 1.0 && lr_factor(&c, 4, 5) == 0.5, "round half to even");
+
+    // torchtitan's phases in the cases issue 16 names. decay_ratio unset: decay over all steps
+    // after the warmup; 10 steps, warmup 3 -> decay 7, stable 1 (the virtual step), so step 3
+    // is 1 and step 4 has progress 1/7.
+    c = (lr_schedule_cfg){.lr = 1, .warmup_steps = 3, .decay_ratio = NAN};
+    lr_phases ph = lr_phases_of(&c, 10);
+    CHECK(ph.warmup == 3 && ph.stable == 1 && ph.decay == 7 && !ph.warmup_clamped &&
+              !ph.decay_clamped,
+          "unset decay_ratio: %lld %lld %lld", (long long)ph.warmup, (long long)ph.stable,
+          (long long)ph.decay);
+    CHECK(lr_factor(&c, 2, 10) == 1.0 && lr_factor(&c, 3, 10) == 1.0 &&
+              lr_factor(&c, 4, 10) == 1 - 1 / 7.0 && lr_factor(&c, 9, 10) == 1 - 6 / 7.0,
+          "unset decay_ratio decays after the warmup");
+    c.warmup_steps = 0; // warmup_steps = 0: the first step already decays after one stable step
+    ph = lr_phases_of(&c, 10);
+    CHECK(ph.warmup == 0 && ph.stable == 1 && ph.decay == 10, "warmup 0, unset ratio");
+    CHECK(lr_factor(&c, 0, 10) == 1.0 && lr_factor(&c, 1, 10) == 1 - 1 / 10.0, "warmup 0");
+    c.warmup_steps = 200; // warmup longer than the run: clamped, nothing left to decay
+    ph = lr_phases_of(&c, 10);
+    CHECK(ph.warmup == 10 && ph.decay == 0 && ph.stable == 1 && ph.warmup_clamped &&
+              !ph.decay_clamped,
+          "warmup clamped");
+    CHECK(lr_factor(&c, 0, 10) == 0.1 && lr_factor(&c, 9, 10) == 1.0, "clamped warmup factors");
+    c = (lr_schedule_cfg){.lr = 1, .warmup_steps = 6, .decay_ratio = 0.6}; // 6 + 6 > 10
+    ph = lr_phases_of(&c, 10);
+    CHECK(ph.warmup == 6 && ph.decay == 4 && ph.stable == 1 && ph.decay_clamped &&
+              !ph.warmup_clamped,
+          "decay clamped to what the warmup leaves");
 
     lr_decay_type t;
     ct_error err;

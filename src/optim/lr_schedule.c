@@ -8,15 +8,27 @@
 
 static const char *const DECAY_NAMES[] = {"linear", "sqrt", "cosine"};
 
+lr_phases lr_phases_of(const lr_schedule_cfg *c, int64_t total) {
+    lr_phases p = {0};
+    if (total < 0) total = 0;
+    p.warmup = c->warmup_steps < 0 ? 0 : c->warmup_steps;
+    if (p.warmup > total) p.warmup = total, p.warmup_clamped = true;
+    if (isnan(c->decay_ratio)) {
+        p.decay = total - p.warmup;
+    } else {
+        // Python's round() is half-to-even, as is nearbyint in the default rounding mode.
+        double ratio = c->decay_ratio > 0 ? c->decay_ratio : 0;
+        p.decay = (int64_t)nearbyint((double)total * ratio);
+        if (p.warmup + p.decay > total) p.decay = total - p.warmup, p.decay_clamped = true;
+    }
+    p.stable = total + 1 - p.warmup - p.decay;
+    return p;
+}
+
 double lr_factor(const lr_schedule_cfg *c, int64_t step, int64_t total_steps) {
     int64_t total = total_steps > 0 ? total_steps : 0;
-    int64_t warmup = c->warmup_steps < 0 ? 0 : c->warmup_steps;
-    if (warmup > total) warmup = total;
-    // Python's round() is half-to-even, as is nearbyint in the default rounding mode.
-    double ratio = c->decay_ratio > 0 ? c->decay_ratio : 0;
-    int64_t decay = (int64_t)nearbyint((double)total * ratio);
-    if (warmup + decay > total) decay = total - warmup;
-    int64_t stable = total + 1 - warmup - decay;
+    lr_phases ph = lr_phases_of(c, total);
+    int64_t warmup = ph.warmup, stable = ph.stable, decay = ph.decay;
     if (step < 0) step = 0;
     if (step > total) step = total;
 

@@ -1,6 +1,7 @@
 // The learning-rate schedule of torchtitan's linear_warmup_stable_decay (lr_scheduler.py):
 // linear warmup, a stable phase, then a decay (linear, sqrt or cosine) to min_lr_factor.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -10,15 +11,25 @@ typedef enum lr_decay_type { LR_DECAY_LINEAR, LR_DECAY_SQRT, LR_DECAY_COSINE } l
 typedef struct lr_schedule_cfg {
     double lr;            // peak learning rate (optimizer.lr)
     int64_t warmup_steps; // lr_scheduler.warmup_steps; 0 = none
-    double decay_ratio;   // fraction of the training steps spent decaying, in [0, 1]; 0 = none
+    // Fraction of the steps spent decaying, in [0, 1]; NAN = unset, as torchtitan's None:
+    // decay over every step after the warmup.
+    double decay_ratio;
     lr_decay_type decay_type;
     double min_lr_factor; // the decay ends at lr * min_lr_factor
 } lr_schedule_cfg;
 
+// build_lr_schedulers' phase lengths for a run of `total` steps: W = min(warmup_steps, total);
+// D = min(round_half_even(total * decay_ratio), total - W), or total - W when decay_ratio is
+// unset; S = total + 1 - W - D (torchtitan adds one virtual step so the last real step is not at
+// the floor). The clamped flags say where torchtitan warns.
+typedef struct lr_phases {
+    int64_t warmup, stable, decay;
+    bool warmup_clamped, decay_clamped;
+} lr_phases;
+lr_phases lr_phases_of(const lr_schedule_cfg *c, int64_t total);
+
 // The multiplier for 0-based step `step` of a run of `total_steps` (torch's LambdaLR passes
-// last_epoch, which is 0 for the first step). With W = min(warmup_steps, total),
-// D = min(round_half_even(total * decay_ratio), total - W) and S = total + 1 - W - D (torchtitan
-// adds one virtual step so the last real step is not at the floor):
+// last_epoch, which is 0 for the first step), with W, S, D of lr_phases_of:
 //   step < W:       (step + 1) / W
 //   step < W + S:   1
 //   otherwise:      p = (step + 1 - (W + S)) / D, f = 1 - p | 1 - sqrt(p) | (1 + cos(pi p)) / 2,

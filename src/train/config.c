@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,9 +110,10 @@ static const config_key config_table[] = {
         "not"),
 
     KEY(lr_scheduler, warmup_steps, CONFIG_INT, "200", NULL, true,
-        "linear warmup steps: lr factor (step+1)/warmup_steps"),
-    KEY(lr_scheduler, decay_ratio, CONFIG_FLOAT, "0.0", NULL, true,
-        "fraction of the steps, at the end, over which the lr decays (0: no decay)"),
+        "linear warmup steps: lr factor (step+1)/warmup_steps; clamped to training.steps"),
+    KEY(lr_scheduler, decay_ratio, CONFIG_FLOAT, "", NULL, true,
+        "fraction of the steps, at the end, over which the lr decays (0: no decay; unset: every "
+        "step after the warmup, as torchtitan)"),
     KEY(lr_scheduler, decay_type, CONFIG_STR, "linear", "linear|sqrt|cosine", true,
         "shape of the decay"),
     KEY(lr_scheduler, min_lr_factor, CONFIG_FLOAT, "0.0", NULL, true,
@@ -388,10 +390,18 @@ static int key_set(ct_config *c, const config_key *k, const toml_value *v, const
     return ct_fail(err, "%s: %s.%s: internal: unknown key type", where, k->section, k->key);
 }
 
+bool config_key_optional(const config_key *k) {
+    return k->type == CONFIG_FLOAT && k->def[0] == '\0';
+}
+
 // A command-line (or default) value: strings are taken verbatim, the rest parsed as TOML.
 static int key_set_text(ct_config *c, const config_key *k, const char *text, const char *where,
                         ct_error *err) {
     toml_value v = {0};
+    if (config_key_optional(k) && (text[0] == '\0' || strcmp(text, "none") == 0)) {
+        *(double *)field(c, k) = NAN;
+        return 0;
+    }
     bool verbatim =
         k->type == CONFIG_STR || k->type == CONFIG_LIST ||
         (k->type == CONFIG_TRISTATE && strcmp(text, "true") != 0 && strcmp(text, "false") != 0);
@@ -636,6 +646,10 @@ static void key_write(FILE *f, const ct_config *c, const config_key *k) {
         fprintf(f, "%" PRId64, *(const int64_t *)p);
         break;
     case CONFIG_FLOAT:
+        if (config_key_optional(k) && isnan(*(const double *)p)) {
+            fputs("unset", f); // config_write_toml comments the line out
+            break;
+        }
         // A non-finite double only gets here from code, never from a file; write what reads
         // back as an error rather than something that reads back as a different value.
         if (toml_format_float(num, sizeof num, *(const double *)p) != 0)
@@ -659,7 +673,8 @@ int config_write_toml(const ct_config *c, FILE *f) {
         const config_key *k = &config_table[i];
         if (i == 0 || strcmp(k->section, config_table[i - 1].section) != 0)
             fprintf(f, "%s[%s]\n", i ? "\n" : "", k->section);
-        fprintf(f, "%s = ", k->key);
+        bool unset = config_key_optional(k) && isnan(*(const double *)cfield(c, k));
+        fprintf(f, "%s%s = ", unset ? "# " : "", k->key);
         key_write(f, c, k);
         fputc('\n', f);
     }
@@ -741,6 +756,8 @@ void config_print_help(FILE *f) {
         }
         if (k->type == CONFIG_STR || k->type == CONFIG_LIST)
             fprintf(f, " (default: \"%s\")\n", k->def);
+        else if (config_key_optional(k))
+            fputs(" (default: unset)\n", f);
         else
             fprintf(f, " (default: %s)\n", k->def);
     }

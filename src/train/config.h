@@ -64,8 +64,10 @@ typedef struct ct_config_optimizer {
 } ct_config_optimizer;
 
 typedef struct ct_config_lr_scheduler {
-    int warmup_steps;   // lr factor (step+1)/warmup_steps while step < warmup_steps
-    double decay_ratio; // decay over the last round(decay_ratio*steps) steps; 0 = no decay
+    int warmup_steps; // lr factor (step+1)/warmup_steps while step < warmup_steps
+    // Decay over the last round(decay_ratio*steps) steps; NAN (unset) = every step after the
+    // warmup, as torchtitan.
+    double decay_ratio;
     char decay_type[CT_CONFIG_NAME_MAX]; // "linear" | "sqrt" | "cosine"
     double min_lr_factor;                // the factor decay ends at
 } ct_config_lr_scheduler;
@@ -184,10 +186,6 @@ int config_ac_every(const ct_config *c);
 // head too: no slower at seq 2048, about 10% slower at seq 256 on the 2-core dev machine).
 int config_loss_chunk(const ct_config *c, int vocab_size, int tokens);
 
-// The decay phase's length in steps: round-half-even(decay_ratio * steps), as torchtitan's
-// Python round(); 0 when decay_ratio is 0.
-int config_decay_steps(const ct_config *c);
-
 // The key table, for callers that list or look up keys.
 typedef enum config_type {
     CONFIG_STR,
@@ -203,12 +201,15 @@ typedef struct config_key {
     const char *section, *key;
     config_type type;
     size_t offset, size; // where the value lives in ct_config, and its size (string capacity)
-    const char *def;     // the default, as a command-line value
+    const char *def;     // the default, as a command-line value; "" for a float: unset (NAN)
     const char *choices; // CONFIG_STR: allowed values separated by '|', or NULL for any
     bool hashed;         // part of config_hash
     const char *help;
 } config_key;
 
 const config_key *config_keys(int *n);
+// A float key that may be left unset (its default is ""; torchtitan's None): NAN holds "unset",
+// "" or "none" on the command line set it, config.toml writes it as a comment.
+bool config_key_optional(const config_key *k);
 // The key "section.key", or NULL.
 const config_key *config_find_key(const char *full_name);

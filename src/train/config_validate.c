@@ -38,12 +38,6 @@ static int vfail(const vctx *v, const char *k1, const char *k2, const char *fmt,
         if (!(cond)) return vfail(&v, k1, k2, __VA_ARGS__);                                        \
     } while (0)
 
-int config_decay_steps(const ct_config *c) {
-    // nearbyint rounds half to even in the default rounding mode, like Python's round().
-    double d = nearbyint(c->lr_scheduler.decay_ratio * (double)c->training.steps);
-    return d > 0 && d < 2e9 ? (int)d : 0;
-}
-
 // What every key allows on its own: choices and finite floats.
 static int check_keys(const ct_config *c, const vctx *vp) {
     vctx v = *vp;
@@ -61,7 +55,7 @@ static int check_keys(const ct_config *c, const vctx *vp) {
             NEED(config_choice_ok(k, p, &close), full, NULL, "%s = \"%s\"; expected %s", full, p,
                  choices);
         }
-        if (k->type == CONFIG_FLOAT)
+        if (k->type == CONFIG_FLOAT && !(config_key_optional(k) && isnan(*(const double *)p)))
             NEED(isfinite(*(const double *)p), full, NULL, "%s is not a finite number", full);
         if (k->type == CONFIG_TRISTATE) {
             int t = *(const int *)p;
@@ -222,16 +216,13 @@ static int check_optim(const ct_config *c, const vctx *vp) {
          "optimizer.weight_decay = %g; expected 0 or more", o->weight_decay);
     NEED(s->warmup_steps >= 0, "lr_scheduler.warmup_steps", NULL,
          "lr_scheduler.warmup_steps = %d; expected 0 or more", s->warmup_steps);
-    NEED(s->decay_ratio >= 0 && s->decay_ratio <= 1, "lr_scheduler.decay_ratio", NULL,
+    NEED(isnan(s->decay_ratio) || (s->decay_ratio >= 0 && s->decay_ratio <= 1),
+         "lr_scheduler.decay_ratio", NULL,
          "lr_scheduler.decay_ratio = %g; expected a value in [0, 1]", s->decay_ratio);
     NEED(s->min_lr_factor >= 0 && s->min_lr_factor <= 1, "lr_scheduler.min_lr_factor", NULL,
          "lr_scheduler.min_lr_factor = %g; expected a value in [0, 1]", s->min_lr_factor);
-    int decay = config_decay_steps(c);
-    NEED((int64_t)s->warmup_steps + decay <= c->training.steps, "lr_scheduler.warmup_steps",
-         "training.steps",
-         "lr_scheduler.warmup_steps (%d) + decay steps (%d = round(lr_scheduler.decay_ratio %g * "
-         "training.steps)) exceed training.steps (%d)",
-         s->warmup_steps, decay, s->decay_ratio, c->training.steps);
+    // A warmup or decay longer than the run is clamped with a warning (lr_phases_of), as
+    // torchtitan's build_lr_schedulers does.
     return 0;
 }
 

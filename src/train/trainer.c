@@ -335,6 +335,30 @@ static int setup_weights(trainer *t, ct_error *err) {
     return dist_agree(t->d, rc, "loading the initial weights", err);
 }
 
+// The phases, and torchtitan's warnings where it clamps them.
+static void log_lr_schedule(const trainer *t) {
+    const ct_config *c = t->cfg;
+    int64_t steps = c->training.steps;
+    lr_phases p = lr_phases_of(&t->sched, steps);
+    if (p.warmup_clamped)
+        fprintf(t->log,
+                "warning: lr_scheduler.warmup_steps (%d) exceeds training.steps (%lld); warming up "
+                "over all %lld steps\n",
+                c->lr_scheduler.warmup_steps, (long long)steps, (long long)p.warmup);
+    if (p.decay_clamped)
+        fprintf(
+            t->log,
+            "warning: warmup (%lld) + decay (%lld = round(lr_scheduler.decay_ratio %g * %lld)) "
+            "steps exceed training.steps (%lld); decaying over the %lld steps left\n",
+            (long long)p.warmup, (long long)nearbyint(c->lr_scheduler.decay_ratio * (double)steps),
+            c->lr_scheduler.decay_ratio, (long long)steps, (long long)steps, (long long)p.decay);
+    fprintf(t->log, "lr: peak %g, warmup %lld steps, stable %lld, %s decay %lld%s to %g x\n",
+            c->optimizer.lr, (long long)p.warmup, (long long)p.stable - 1,
+            c->lr_scheduler.decay_type, (long long)p.decay,
+            isnan(c->lr_scheduler.decay_ratio) ? " (decay_ratio unset: all after warmup)" : "",
+            c->lr_scheduler.min_lr_factor);
+}
+
 // Gradient sync (buckets at tensor boundaries), then AdamW over this rank's range.
 static int setup_optimizer(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
@@ -366,7 +390,9 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s\n", t->sync.n_buckets,
             c->comm.bucket_cap_mb,
             c->comm.overlap ? "reduced during the backward" : "reduced after the backward");
-    return lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err);
+    if (lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err) != 0) return -1;
+    log_lr_schedule(t);
+    return 0;
 }
 
 // MoE: the load-balancing mode and the buffers its per-step statistics need.

@@ -146,13 +146,19 @@ SCHEDULES = [
     (1, 0, 1.0, "cosine", 0.0),
     (1, 1, 0.0, "linear", 0.0),
     (200, 20, 1.0, "cosine", 0.1),
+    # decay_ratio unset (None): decay over every step after the warmup
+    (10, 3, None, "linear", 0.0),
+    (10, 0, None, "cosine", 0.1),
+    (10, 20, None, "sqrt", 0.0),
+    (1, 0, None, "linear", 0.0),
 ]
 
 
 def decay_steps_of(steps, warmup, decay_ratio):
-    """build_lr_schedulers' phase lengths (torchtitan; decay_ratio 0 = no decay)."""
+    """build_lr_schedulers' phase lengths (torchtitan; decay_ratio 0 = no decay, None = all
+    steps after the warmup)."""
     warmup = min(int(warmup), steps)
-    decay = round(steps * decay_ratio)
+    decay = steps - warmup if decay_ratio is None else round(steps * decay_ratio)
     if warmup + decay > steps:
         decay = steps - warmup
     # torchtitan adds a virtual last step so the last real step is not at the floor.
