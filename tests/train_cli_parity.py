@@ -173,6 +173,42 @@ for name in index["cases"]:
         features.add("validation")
     if meta["accum"] > 1:
         features.add("accumulation")
+
+def check_partial_validation_batch():
+    """validation.steps = -1 over 6 windows with local_batch_size 4: the second batch is half
+    empty, and every window must count once. With lr 0 the weights stay the initial ones, so
+    val_loss equals `ctitan verify`'s loss over all 6 windows in one batch."""
+    d = os.path.join(REF, "train", "hardclip_val_accum_bias")
+    T = json.load(open(os.path.join(d, "meta.json")))["T"]
+    dump = os.path.join(TMP, "partial_val")
+    subprocess.run(["rm", "-rf", dump], check=True)
+    val = os.path.join(d, "val.npy")
+    r = subprocess.run([BIN, "train", "--model.backend", "hf", "--model.hf_path",
+                        os.path.join(d, "hf"), "--training.dataset_path",
+                        os.path.join(d, "tokens.npy"), "--training.steps", "1",
+                        "--training.seq_len", str(T), "--training.local_batch_size", "4",
+                        "--optimizer.lr", "0", "--validation.enable", "true",
+                        "--validation.dataset_path", val, "--validation.freq", "1",
+                        "--validation.steps", "-1", "--checkpoint.enable", "false",
+                        "--metrics.peak_gflops", "100", "--job.dump_folder", dump],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "partial validation batch: train failed: " + r.stderr[-1000:])
+    v = subprocess.run([BIN, "verify", "--model.hf_path", os.path.join(d, "hf"),
+                        "--training.dataset_path", val, "--training.seq_len", str(T),
+                        "--training.local_batch_size", "6", "--json"],
+                       capture_output=True, text=True)
+    check(v.returncode == 0, "partial validation batch: verify failed: " + v.stderr[-1000:])
+    if r.returncode or v.returncode:
+        return
+    rows = [json.loads(line) for line in open(os.path.join(dump, "metrics.jsonl"))]
+    got = [row["val_loss"] for row in rows if "val_loss" in row]
+    want = json.loads(v.stdout.strip().splitlines()[-1])["loss"]
+    check(len(got) == 1, "partial validation batch: %d val_loss rows" % len(got))
+    if got:
+        rel_err(got[0], want, "val_loss", VAL_LOSS_REL, "partial validation batch")
+
+
+check_partial_validation_batch()
 skipped = [n for n in index["cases"]
            if json.load(open(os.path.join(REF, "train", n, "meta.json")))["ignore"]]
 # Every case that can run does, and the reference still has the cases this test is for.

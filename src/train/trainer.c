@@ -691,17 +691,24 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
 }
 
 // Validation batches are dealt out to the ranks in turn (batch b on rank b mod N); the sums
-// meet in rank order.
+// meet in rank order. Each window counts once: the batches stop when the windows run out (as
+// torchtitan's finite validation loader does), and a last, partial batch fills its empty rows
+// with window 0 whose targets are all ignored.
 static int validate(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     uint64_t total = t->val_loader.n_windows;
-    uint64_t batches =
-        c->validation.steps > 0 ? (uint64_t)c->validation.steps : (total + t->B - 1) / t->B;
+    uint64_t batches = (total + t->B - 1) / t->B;
+    if (c->validation.steps > 0 && (uint64_t)c->validation.steps < batches)
+        batches = (uint64_t)c->validation.steps;
     double sum = 0, valid = 0;
     for (uint64_t b = (uint64_t)t->d->rank; b < batches; b += (uint64_t)t->d->size) {
-        for (int i = 0; i < t->B; i++)
-            loader_sample(&t->val_loader, t->inputs + (size_t)i * t->T,
-                          t->targets + (size_t)i * t->T, (b * t->B + i) % total);
+        for (int i = 0; i < t->B; i++) {
+            uint64_t w = b * t->B + i;
+            int32_t *targets = t->targets + (size_t)i * t->T;
+            loader_sample(&t->val_loader, t->inputs + (size_t)i * t->T, targets, w < total ? w : 0);
+            if (w >= total)
+                for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
+        }
         int64_t n = 0;
         sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
         valid += (double)n;
