@@ -1,14 +1,19 @@
 // The flash-style attention kernel against the reference (materialised probabilities), which
-// test_ops already checks against finite differences: out, dq, dk, dv agree to 1e-5 of the
-// largest reference value (the issue asks 1e-4), the results are bitwise reproducible and do
-// not depend on the OpenMP thread count, and the state and scratch grow as T, not T^2.
+// test_ops already checks against finite differences: out, dq, dk, dv agree with it relative to
+// the largest reference value (bounds below), the results are bitwise reproducible and do not
+// depend on the OpenMP thread count, and the state and scratch grow as T, not T^2.
 #include <omp.h>
 #include <string.h>
 
 #include "check.h"
 #include "ops/ops_cpu.h"
 
-#define TOL 1e-5
+// Near the worst error measured. Scores of moderate size (q, k in [-1.5, 1.5]; 12 of the 14
+// cases): 7x the measured 6.9e-7 (dk, T 130). The large, saturating scores (ranges 3 and 10)
+// amplify the rounding of the exponentials: measured 2.5e-6 (dq and dk at range 10, out 1.5e-6
+// at range 3), kept under the former bound, 4x that.
+#define TOL 5e-6
+#define TOL_LARGE_SCORES 1e-5
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -77,10 +82,11 @@ static void test_flash(int B, int T, int NH, int NKV, int D, float qk_range) {
     const double e[4] = {rel_max(f.out, out, nq), rel_max(f.dq, dq, nq), rel_max(f.dk, dk, nkv),
                          rel_max(f.dv, dv, nkv)};
     const char *names[4] = {"out", "dq", "dk", "dv"};
+    const double tol = qk_range <= 1.5f ? TOL : TOL_LARGE_SCORES;
     for (int i = 0; i < 4; i++) {
-        CHECK(e[i] <= TOL,
-              "flash B%d T%d NH%d NKV%d D%d range %g: %s max abs err / max abs ref %.3g", B, T, NH,
-              NKV, D, qk_range, names[i], e[i]);
+        CHECK(e[i] <= tol,
+              "flash B%d T%d NH%d NKV%d D%d range %g: %s max abs err / max abs ref %.3g > %g", B, T,
+              NH, NKV, D, qk_range, names[i], e[i], tol);
         worst[i] = fmax(worst[i], e[i]);
     }
 

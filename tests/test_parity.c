@@ -4,9 +4,11 @@
 // expert kernels (grouped and loop) and also compare the cross-entropy, the aux loss and every
 // sparse layer's expert load (the router's discrete choices must be HF's exactly).
 //
-// Tolerances: the reference in fp32 sits ~1e-6 (logits, abs) and ~1e-6..2e-5 (gradients, rel
-// L2) from an fp64 run of the same model (meta.json "fp32_vs_f64"); two fp32 implementations
-// with different summation orders land a few times that apart.
+// Tolerances: about 10x the worst error measured over all variants and both expert kernels
+// (figures beside each; the reference in fp32 itself sits ~1e-6 from an fp64 run of the same
+// model, meta.json "fp32_vs_f64"). Tight enough that a model ignoring rms_norm_eps (1e-6 or
+// 1e-5 here) fails: it moves the logits by up to 5.9e-4, the loss by up to 2.6e-6 relative and
+// gradients by up to 2.9e-4.
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -17,9 +19,9 @@
 #include "io/safetensors.h"
 #include "model/hf_adapter.h"
 
-#define LOGITS_MAX_ABS 1e-4
-#define LOSS_REL 1e-5
-#define GRAD_REL_L2 1e-4
+#define LOGITS_MAX_ABS 3e-5 // measured 2.6e-6 (gqa3_hd4_tied_f32_sharded)
+#define LOSS_REL 1.5e-6     // loss, ce and aux; measured 1.5e-7 (moe_e8k8_nonorm_aux_tied)
+#define GRAD_REL_L2 3e-5    // each tensor; measured 2.4e-6 (moe_e8k8_nonorm_aux_tied, loop)
 
 typedef struct variant_meta {
     int B, T;

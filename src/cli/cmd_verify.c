@@ -1,7 +1,9 @@
 // ctitan verify: one forward and backward pass of an HF Qwen3 folder on a token stream, so a
 // user can compare the first-step loss and gradient norm with PyTorch / transformers. For a MoE
 // folder the loss is HF's: cross-entropy, plus router_aux_loss_coef * aux when
-// output_router_logits is on; both parts are printed.
+// output_router_logits is on; both parts are printed. With --json the results also name each
+// parameter's gradient norm and summarise the logits, so a difference from HF's own numbers can
+// be traced to one tensor.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,12 @@ static const cli_option verify_options[] = {
     {"model.moe_impl", "grouped", "MoE expert kernel: grouped | loop", false},
     {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
     {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
-    {"json", "false", "end the output with one JSON object of the results", true},
+    {"json", "false",
+     "end the output with one JSON object of the results: also each parameter's gradient "
+     "norm by HF name and the sum and sum of squares of all logits",
+     true},
+    {"logits", "0", "with --json: also the first K logits of sample 0 at positions 0 and T-1",
+     false},
 };
 
 static double seconds_now(void) {
@@ -33,10 +40,46 @@ static double seconds_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static double grad_global_norm(const qwen3_model *m) {
+static double sum_squares(const float *x, size_t n) {
     double sum = 0;
-    for (size_t i = 0; i < m->num_params; i++) sum += (double)m->grad_mem[i] * m->grad_mem[i];
-    return sqrt(sum);
+    for (size_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+
+static double grad_global_norm(const qwen3_model *m) {
+    return sqrt(sum_squares(m->grad_mem, m->num_params));
+}
+
+// HF's num_parameters: the trained tensors, without the MoE expert bias, a buffer of ours that
+// HF's format does not have (a tied embedding is one tensor in the table, so it counts once).
+static size_t hf_num_parameters(const qwen3_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (!m->params[i].buffer) n += m->params[i].numel;
+    return n;
+}
+
+// The logits after the forward, before the backward overwrites them with their gradient: the
+// sum and sum of squares of all of them and the first k of sample 0 at positions 0 and T-1.
+typedef struct logits_summary {
+    double sum, sq_sum;
+    int k;
+    float *first, *last; // k each
+} logits_summary;
+
+static int logits_summarise(logits_summary *s, const qwen3_model *m, int k, ct_error *err) {
+    const size_t V = (size_t)m->cfg.vocab_size, n = (size_t)m->B * m->T * V;
+    s->k = k < (int)V ? k : (int)V;
+    s->sum = 0;
+    for (size_t i = 0; i < n; i++) s->sum += m->logits[i];
+    s->sq_sum = sum_squares(m->logits, n);
+    if (s->k == 0) return 0;
+    s->first = malloc((size_t)s->k * sizeof *s->first);
+    s->last = malloc((size_t)s->k * sizeof *s->last);
+    if (!s->first || !s->last) return ct_fail(err, "out of memory for %d logits", 2 * s->k);
+    memcpy(s->first, m->logits, (size_t)s->k * sizeof *s->first);
+    memcpy(s->last, m->logits + (size_t)(m->T - 1) * V, (size_t)s->k * sizeof *s->last);
+    return 0;
 }
 
 // Refuses a config that cannot fit before allocating anything.
@@ -88,11 +131,13 @@ static cJSON *calls_json(const override_set *s) {
 typedef struct verify_result {
     double loss, ce, aux, grad_norm, forward_s, backward_s;
     int64_t n_valid;
+    logits_summary logits;
 } verify_result;
 
 static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
                       override_set *overrides, const cli_args *args, const char *dir,
-                      const char *data_path, int B, int T, ct_ops *ops, ct_error *err) {
+                      const char *data_path, int B, int T, int k_logits, ct_ops *ops,
+                      ct_error *err) {
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     qwen3_config cfg;
@@ -142,6 +187,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
         rc = ct_fail(err, "%s: no valid targets in the batch", data_path);
         goto done;
     }
+    if ((rc = logits_summarise(&res->logits, m, k_logits, err)) != 0) goto done;
     res->ce = loss_sum / (double)res->n_valid;
     res->aux = qwen3_moe_aux(m, m->moe_load, m->moe_prob, (double)B * T);
     const bool aux_in_loss = m->n_sparse > 0 && cfg.output_router_logits;
@@ -163,6 +209,27 @@ done:
     return rc;
 }
 
+// Each trained tensor's gradient L2 norm by HF name (a tied embedding once, as its one entry).
+static cJSON *grad_norms_json(const qwen3_model *m) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (!p->buffer)
+            cJSON_AddNumberToObject(o, p->name,
+                                    sqrt(sum_squares(m->grad_mem + p->offset, p->numel)));
+    }
+    return o;
+}
+
+static void verify_free(qwen3_model *m, hf_load_report *rep, override_set *overrides,
+                        verify_result *res) {
+    qwen3_free(m);
+    hf_report_free(rep);
+    override_close(overrides);
+    free(res->logits.first);
+    free(res->logits.last);
+}
+
 int cmd_verify(int argc, char **argv) {
     const int n_opts = sizeof verify_options / sizeof verify_options[0];
     if (cli_wants_help(argc, argv)) {
@@ -177,10 +244,11 @@ int cmd_verify(int argc, char **argv) {
     }
     ct_error err;
     cli_args args;
-    int64_t B, T;
+    int64_t B, T, k_logits;
     if (cli_parse(&args, verify_options, n_opts, argc, argv, 0, &err) != 0 ||
         cli_int(&B, &args, "training.local_batch_size", &err) != 0 ||
-        cli_int(&T, &args, "training.seq_len", &err) != 0)
+        cli_int(&T, &args, "training.seq_len", &err) != 0 ||
+        cli_int(&k_logits, &args, "logits", &err) != 0)
         return cli_report(&err);
     const char *dir = cli_str(&args, "model.hf_path");
     const char *data = cli_str(&args, "training.dataset_path");
@@ -195,6 +263,10 @@ int cmd_verify(int argc, char **argv) {
                 (long long)B, (long long)T);
         return cli_report(&err);
     }
+    if (k_logits < 0 || k_logits > 1 << 24) {
+        ct_fail(&err, "--logits (%lld) must be between 0 and %d", (long long)k_logits, 1 << 24);
+        return cli_report(&err);
+    }
 
     ct_ops ops;
     const char *impl = cli_str(&args, "model.moe_impl");
@@ -206,12 +278,11 @@ int cmd_verify(int argc, char **argv) {
     hf_load_report rep = {0};
     verify_result res = {0};
     override_set overrides = {0};
-    int rc = verify_run(&res, &m, &rep, &overrides, &args, dir, data, (int)B, (int)T, &ops, &err);
+    int rc = verify_run(&res, &m, &rep, &overrides, &args, dir, data, (int)B, (int)T, (int)k_logits,
+                        &ops, &err);
     if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(&rep);
     if (rc != 0) {
-        qwen3_free(&m);
-        hf_report_free(&rep);
-        override_close(&overrides);
+        verify_free(&m, &rep, &overrides, &res);
         return cli_report(&err);
     }
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
@@ -223,7 +294,12 @@ int cmd_verify(int argc, char **argv) {
            m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
     printf("source dtype: %s%s (%d file(s)); computed in fp32\n", dtype_name(rep.source_dtype),
            rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
-    printf("params: %zu\n", m.num_params);
+    const size_t n_hf = hf_num_parameters(&m);
+    if (n_hf == m.num_params)
+        printf("params: %zu\n", n_hf);
+    else
+        printf("params: %zu (and %zu values of the expert bias, a buffer HF does not have)\n", n_hf,
+               m.num_params - n_hf);
     printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B, (long long)T,
            data, (long long)res.n_valid);
     const bool moe = m.n_sparse > 0;
@@ -246,7 +322,16 @@ int cmd_verify(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "aux", res.aux);
         }
         cJSON_AddNumberToObject(o, "grad_norm", res.grad_norm);
-        cJSON_AddNumberToObject(o, "num_params", (double)m.num_params);
+        cJSON_AddItemToObject(o, "grad_norm_by_parameter", grad_norms_json(&m));
+        cJSON_AddNumberToObject(o, "logits_sum", res.logits.sum);
+        cJSON_AddNumberToObject(o, "logits_sq_sum", res.logits.sq_sum);
+        if (res.logits.k) {
+            cJSON_AddItemToObject(o, "logits_sample0_pos0",
+                                  cJSON_CreateFloatArray(res.logits.first, res.logits.k));
+            cJSON_AddItemToObject(o, "logits_sample0_last",
+                                  cJSON_CreateFloatArray(res.logits.last, res.logits.k));
+        }
+        cJSON_AddNumberToObject(o, "num_params", (double)n_hf);
         cJSON_AddNumberToObject(o, "n_valid", (double)res.n_valid);
         cJSON_AddNumberToObject(o, "loaded", rep.n_loaded);
         cJSON_AddItemToObject(o, "missing", string_array(rep.missing, rep.n_missing));
@@ -262,8 +347,6 @@ int cmd_verify(int argc, char **argv) {
         cJSON_free(text);
         cJSON_Delete(o);
     }
-    qwen3_free(&m);
-    hf_report_free(&rep);
-    override_close(&overrides);
+    verify_free(&m, &rep, &overrides, &res);
     return 0;
 }
