@@ -50,15 +50,6 @@ static double grad_global_norm(const qwen3_model *m) {
     return sqrt(sum_squares(m->grad_mem, m->num_params));
 }
 
-// HF's num_parameters: the trained tensors, without the MoE expert bias, a buffer of ours that
-// HF's format does not have (a tied embedding is one tensor in the table, so it counts once).
-static size_t hf_num_parameters(const qwen3_model *m) {
-    size_t n = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (!m->params[i].buffer) n += m->params[i].numel;
-    return n;
-}
-
 // The logits after the forward, before the backward overwrites them with their gradient: the
 // sum and sum of squares of all of them and the first k of sample 0 at positions 0 and T-1.
 typedef struct logits_summary {
@@ -294,7 +285,7 @@ int cmd_verify(int argc, char **argv) {
            m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
     printf("source dtype: %s%s (%d file(s)); computed in fp32\n", dtype_name(rep.source_dtype),
            rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
-    const size_t n_hf = hf_num_parameters(&m);
+    const size_t n_hf = qwen3_num_hf_parameters(&m);
     if (n_hf == m.num_params)
         printf("params: %zu\n", n_hf);
     else

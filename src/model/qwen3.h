@@ -120,6 +120,9 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
 // Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);
 void qwen3_free(qwen3_model *m);
+// HF's num_parameters: the trained tensors, without the MoE expert bias (a buffer of ours that
+// HF's format does not have); a tied embedding is one tensor in the table, so it counts once.
+size_t qwen3_num_hf_parameters(const qwen3_model *m);
 
 // Deterministic init from a seed: weights normal(0, 0.02), biases 0, norm weights 1.
 void qwen3_init_random(qwen3_model *m, uint64_t seed);

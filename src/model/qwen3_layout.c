@@ -489,3 +489,10 @@ void qwen3_init_random(qwen3_model *m, uint64_t seed) {
         }
     }
 }
+
+size_t qwen3_num_hf_parameters(const qwen3_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (!m->params[i].buffer) n += m->params[i].numel;
+    return n;
+}

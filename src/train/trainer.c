@@ -481,7 +481,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
             strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path : c->model.flavor,
             mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
             mc.head_dim, mc.intermediate_size, mc.vocab_size,
-            mc.tie_word_embeddings ? "tied" : "untied", t->model.num_params);
+            mc.tie_word_embeddings ? "tied" : "untied", qwen3_num_hf_parameters(&t->model));
     fprintf(t->log, "kernels: attention %s%s%s\n",
             t->overrides.ops[OVERRIDE_ATTENTION].set ? "from a plugin" : attn,
             t->model.n_sparse ? ", experts " : "", t->model.n_sparse ? c->model.moe_impl : "");
