@@ -126,7 +126,10 @@ static void expect_error(const char *text, size_t len, const char *what, ...) {
 #define BAD(text, what, ...) expect_error(text, strlen(text), what, __VA_ARGS__, NULL)
 
 static void test_errors(void) {
-    BAD("[a]\nx = 1\n[a.b]\n", "dotted table", "bad.toml:3:", "dotted table names");
+    BAD("[a.b]\nx = 1\n[a . b]\n", "dotted table twice",
+        "bad.toml:3:", "table [a.b] is defined twice (first at line 1)");
+    BAD("[a.]\n", "dotted table, empty part", "bad.toml:1:", "expected a table name part");
+    BAD("[a.\"b\"]\n", "dotted table, quoted part", "bad.toml:1:", "quoted table name parts");
     BAD("[[a]]\n", "array of tables", "bad.toml:1:", "arrays of tables");
     BAD("[a]\nb.c = 1\n", "dotted key", "bad.toml:2:", "dotted keys");
     BAD("\"a\" = 1\n", "quoted key", "bad.toml:1:", "quoted keys are not supported");
@@ -186,6 +189,21 @@ static void test_errors(void) {
     BAD("[a]\nx = 'a\x01'\n", "control character", "bad.toml:2:", "control character 0x01");
     BAD("[a]\rx = 1\n", "bare CR", "bad.toml:1:", "control character 0x0d");
     expect_error("x = 'a\0b'\n", 10, "NUL byte", "bad.toml:1:", "control character 0x00", NULL);
+}
+
+// Dotted table headers, as torchtitan's [quantize.linear.float8] and [training.data].
+static void test_dotted_tables(void) {
+    toml_doc d;
+    ct_error err;
+    const char *t = "[training]\nsteps = 1\n[quantize.linear.float8]\nenable = false\n"
+                    "[ training . data ]\nname = \"c4\"\n";
+    CHECK(toml_parse(&d, t, strlen(t), "t.toml", &err) == 0, "%s", err.msg);
+    const toml_entry *e = find(&d, "quantize.linear.float8", "enable");
+    CHECK(e && e->value.type == TOML_BOOL && !e->value.b && e->line == 4, "three parts");
+    e = find(&d, "training.data", "name");
+    CHECK(e && strcmp(e->value.str, "c4") == 0, "white space around the dots");
+    CHECK(d.n_tables == 3 && strcmp(d.tables[2].name, "training.data") == 0, "table names");
+    toml_free(&d);
 }
 
 static void test_value(void) {
@@ -290,6 +308,7 @@ static void test_file(const char *tmp) {
 }
 
 int main(void) {
+    test_dotted_tables();
     test_accepts();
     test_errors();
     test_value();

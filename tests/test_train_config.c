@@ -182,7 +182,7 @@ static void test_file_errors(void) {
     } while (0)
     FILE_FAIL("sec.toml", "[training]\ndataset_path = 'd'\n\n[trainig]\nsteps = 1\n", 4,
               "unknown section [trainig] (did you mean [training]?)");
-    FILE_FAIL("sec2.toml", "[profiling]\n", 1, "unknown section [profiling]");
+    FILE_FAIL("sec2.toml", "[profilers]\n", 1, "unknown section [profilers]");
     FILE_FAIL("key.toml", "[training]\ndataset_path = 'd'\nstpes = 5\n", 3,
               "unknown key 'stpes' in [training] (did you mean steps?)");
     FILE_FAIL("key2.toml", "[training]\nseed = 5\n", 2,

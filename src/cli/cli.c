@@ -104,6 +104,11 @@ void cli_print_help(const char *usage, const char *summary, const cli_option *op
 }
 
 int cli_report(const ct_error *err) {
-    fprintf(stderr, "ctitan: error: %s\n", err->msg);
+    const char *line = err->msg;
+    do {
+        size_t n = strcspn(line, "\n");
+        fprintf(stderr, "ctitan: error: %.*s\n", (int)n, line);
+        line += n + (line[n] == '\n');
+    } while (*line);
     return 1;
 }

@@ -54,10 +54,17 @@ int cmd_train(int argc, char **argv) {
     dist d;
     if (dist_init(&d, &err) != 0) return cli_report(&err);
     // Every rank reads the same config, so every rank fails alike: rank 0 says why.
-    if (config_load(&cfg, NULL, argc, argv, &err) != 0) {
+    config_notes notes;
+    if (config_load_noted(&cfg, &notes, NULL, argc, argv, &err) != 0) {
         d.failure_agreed = true;
         return finish(&d, &err);
     }
+    if (notes.n_no_effect && d.rank == 0)
+        printf("config: %d torchtitan key%s with no effect in ctitan, accepted at %s neutral "
+               "value%s: %s\n",
+               notes.n_no_effect, notes.n_no_effect == 1 ? "" : "s",
+               notes.n_no_effect == 1 ? "its" : "their", notes.n_no_effect == 1 ? "" : "s",
+               notes.no_effect);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -4,8 +4,9 @@
 #pragma once
 #include <stdarg.h>
 
+// One line, or several separated by '\n' (a config with several problems reports them all).
 typedef struct ct_error {
-    char msg[1024];
+    char msg[4096];
 } ct_error;
 
 // Sets err->msg (if err is non-NULL) and returns -1, so callers can `return ct_fail(...)`.

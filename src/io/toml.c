@@ -466,13 +466,31 @@ static int lex_table(toml_lex *l, toml_doc *doc, const char **section) {
     if (l->p < l->end && *l->p == '[')
         return lex_fail(l, "arrays of tables ([[...]]) are not supported");
     lex_ws(l);
+    // A dotted name ([quantize.linear.float8]) names the nested table; its parts are joined
+    // with '.', white space around the dots dropped, as TOML reads it.
     char *name = NULL;
     if (lex_key(l, &name, "table name") != 0) return -1;
     lex_ws(l);
-    if (l->p < l->end && *l->p == '.') {
-        free(name);
-        return lex_fail(l, "dotted table names ([a.b]) are not supported; use one [section] per "
-                           "table");
+    while (l->p < l->end && *l->p == '.') {
+        l->p++;
+        lex_ws(l);
+        char *part = NULL;
+        if (lex_key(l, &part, "table name part") != 0) {
+            free(name);
+            return -1;
+        }
+        size_t a = strlen(name), b = strlen(part);
+        char *joined = realloc(name, a + 1 + b + 1);
+        if (!joined) {
+            free(part);
+            free(name);
+            return lex_fail(l, "out of memory");
+        }
+        joined[a] = '.';
+        memcpy(joined + a + 1, part, b + 1);
+        free(part);
+        name = joined;
+        lex_ws(l);
     }
     if (l->p >= l->end || *l->p != ']') {
         free(name);

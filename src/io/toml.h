@@ -1,14 +1,13 @@
 // A TOML reader for the subset that training configs use, and the two writers config dumps need.
 //
-// Supported: comments, [section] tables, `key = value` with bare keys, "basic strings" (all TOML
-// escapes), 'literal strings', integers (sign, _ separators), floats (fraction and/or exponent),
-// booleans, and arrays of one scalar type (may span lines). CRLF line ends and a leading BOM
-// are accepted.
-// Rejected with a message that says so: dotted tables and keys ([a.b], a.b = 1), quoted keys,
-// arrays of tables, inline tables, multi-line strings, hex/octal/binary integers, dates, inf and
-// nan, nested arrays. Duplicate tables and keys are errors, as TOML says.
-// Every error reads "NAME:LINE: ..." with what was expected and what was found; invalid UTF-8 is
-// reported with its byte offset.
+// Supported: comments, [section] tables (dotted names such as [a.b] name the table "a.b"), `key =
+// value` with bare keys, "basic strings" (all TOML escapes), 'literal strings', integers (sign, _
+// separators), floats (fraction and/or exponent), booleans, and arrays of one scalar type (may span
+// lines). CRLF line ends and a leading BOM are accepted. Rejected with a message that says so:
+// dotted keys (a.b = 1), quoted keys, arrays of tables, inline tables, multi-line strings,
+// hex/octal/binary integers, dates, inf and nan, nested arrays. Duplicate tables and keys are
+// errors, as TOML says. Every error reads "NAME:LINE: ..." with what was expected and what was
+// found; invalid UTF-8 is reported with its byte offset.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

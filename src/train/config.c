@@ -1,6 +1,6 @@
-// The training config: one key table drives defaults, TOML and command-line loading, the
-// effective-config dump, --help, hashing and suggestions. Cross-key checks are in
-// config_validate.c.
+// The training config: one key table drives defaults, value parsing, the effective-config dump,
+// --help and hashing. Loading (file, command line, suggestions) is in config_load.c, torchtitan's
+// extra keys and aliases in config_compat.c, cross-key checks in config_validate.c.
 #include "train/config.h"
 
 #include <inttypes.h>
@@ -19,11 +19,17 @@
     { #sec, #name, type, FIELD(sec, name), def, choices, hashed, help }
 
 // Sections in the order they are written; keys within a section likewise.
-static const config_key config_table[] = {
+const config_key config_table[] = {
     KEY(job, dump_folder, CONFIG_STR, "./outputs", NULL, false,
         "folder for everything the run writes: checkpoints, metrics.jsonl, config.toml"),
     KEY(job, description, CONFIG_STR, "", NULL, false, "free text describing the run"),
 
+    KEY(model, name, CONFIG_STR, "qwen3", NULL, false,
+        "torchtitan's model name: qwen3 (dense and MoE), or transformers_modeling_backend to "
+        "train the HF folder [hf_transformers] model (= backend hf)"),
+    KEY(model, hf_assets_path, CONFIG_STR, "", NULL, false,
+        "torchtitan's HF assets folder: the tokenizer (unless tokenizer_path is set) and the "
+        "weights checkpoint.initial_load_in_hf loads (unless initial_load_path is set)"),
     KEY(model, backend, CONFIG_STR, "native", "native|hf", true,
         "where the architecture and weights come from: a built-in flavor, or an HF folder"),
     KEY(model, flavor, CONFIG_STR, "debugmodel", NULL, true,
@@ -74,6 +80,13 @@ static const config_key config_table[] = {
         "MoE: true adds the aux loss (load_balance = hf); \"auto\" keeps the model config's "
         "output_router_logits"),
 
+    KEY(hf_transformers, model, CONFIG_STR, "", NULL, false,
+        "with model.name = transformers_modeling_backend: the HF folder to train (a hub id must "
+        "be downloaded first)"),
+
+    KEY(training, dataset, CONFIG_STR, "", NULL, false,
+        "torchtitan's data set name (c4, ...): a name only, since nothing is downloaded; the "
+        "data is training.dataset_path"),
     KEY(training, dataset_path, CONFIG_STR, "", NULL, true,
         "training data: a .txt, .jsonl (\"text\" field) or .npy file, or a folder of them"),
     KEY(training, local_batch_size, CONFIG_INT, "8", NULL, false,
@@ -131,6 +144,9 @@ static const config_key config_table[] = {
         "initial_load_path is a Hugging Face folder"),
     KEY(checkpoint, last_save_in_hf, CONFIG_BOOL, "false", NULL, false,
         "the final save is a Hugging Face folder in export_dtype"),
+    KEY(checkpoint, last_save_model_only, CONFIG_BOOL, "false", NULL, false,
+        "torchtitan's: the final save holds the model only, in export_dtype; here that is the "
+        "HF export, so true implies last_save_in_hf"),
     KEY(checkpoint, export_dtype, CONFIG_STR, "float32", "float32|bfloat16|float16", false,
         "dtype of the final Hugging Face save"),
 
@@ -140,6 +156,8 @@ static const config_key config_table[] = {
         "per-worker peak GFLOP/s for MFU (0: measure once at start)"),
 
     KEY(validation, enable, CONFIG_BOOL, "false", NULL, false, "report validation loss"),
+    KEY(validation, dataset, CONFIG_STR, "", NULL, false,
+        "torchtitan's validation data set name: a name only; the data is validation.dataset_path"),
     KEY(validation, dataset_path, CONFIG_STR, "", NULL, false,
         "validation data, in the forms training.dataset_path takes"),
     KEY(validation, freq, CONFIG_INT, "500", NULL, false, "validate every this many steps"),
@@ -191,6 +209,7 @@ static const config_key config_table[] = {
 };
 
 #define N_KEYS ((int)(sizeof config_table / sizeof config_table[0]))
+const int config_n_keys = N_KEYS;
 _Static_assert(sizeof config_table / sizeof config_table[0] <= CONFIG_MAX_KEYS,
                "raise CONFIG_MAX_KEYS");
 
@@ -199,7 +218,7 @@ const config_key *config_keys(int *n) {
     return config_table;
 }
 
-static void full_name(char *buf, size_t cap, const config_key *k) {
+void config_full_name(char *buf, size_t cap, const config_key *k) {
     snprintf(buf, cap, "%s.%s", k->section, k->key);
 }
 
@@ -219,7 +238,7 @@ const config_key *config_find_key(const char *full_name) {
     return i < 0 ? NULL : &config_table[i];
 }
 
-static bool section_known(const char *s) {
+bool config_section_known(const char *s) {
     for (int i = 0; i < N_KEYS; i++)
         if (strcmp(config_table[i].section, s) == 0) return true;
     return false;
@@ -293,7 +312,7 @@ static int type_fail(const config_key *k, const char *where, const char *expecte
                    found);
 }
 
-static int key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
+int config_key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
                    ct_error *err);
 
 // A TOML array of strings for a CONFIG_LIST key: stored comma-joined.
@@ -313,11 +332,11 @@ static int list_set(ct_config *c, const config_key *k, const toml_value *v, cons
         len += (size_t)n;
     }
     toml_value str = {.type = TOML_STRING, .str = joined};
-    return key_set(c, k, &str, where, err);
+    return config_key_set(c, k, &str, where, err);
 }
 
 // Stores a parsed value into its field, checking type, range, length and choices.
-static int key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
+int config_key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
                    ct_error *err) {
     switch (k->type) {
     case CONFIG_LIST:
@@ -395,7 +414,7 @@ bool config_key_optional(const config_key *k) {
 }
 
 // A command-line (or default) value: strings are taken verbatim, the rest parsed as TOML.
-static int key_set_text(ct_config *c, const config_key *k, const char *text, const char *where,
+int config_key_set_text(ct_config *c, const config_key *k, const char *text, const char *where,
                         ct_error *err) {
     toml_value v = {0};
     if (config_key_optional(k) && (text[0] == '\0' || strcmp(text, "none") == 0)) {
@@ -409,7 +428,7 @@ static int key_set_text(ct_config *c, const config_key *k, const char *text, con
         if (toml_check_text(text, strlen(text), where, err) != 0) return -1;
         v.type = TOML_STRING;
         v.str = (char *)text;
-        return key_set(c, k, &v, where, err);
+        return config_key_set(c, k, &v, where, err);
     }
     if (k->type == CONFIG_BOOL && strcmp(text, "true") != 0 && strcmp(text, "false") != 0)
         return ct_fail(err, "%s: %s.%s: expected true or false, found '%s'", where, k->section,
@@ -423,21 +442,22 @@ static int key_set_text(ct_config *c, const config_key *k, const char *text, con
                            k->type == CONFIG_FLOAT ? "a number" : "an integer", text);
         return -1;
     }
-    int rc = key_set(c, k, &v, where, err);
+    int rc = config_key_set(c, k, &v, where, err);
     toml_value_free(&v);
     return rc;
 }
 
-static void config_defaults_raw(ct_config *c) {
+void config_defaults_raw(ct_config *c) {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < N_KEYS; i++) {
         // The table's defaults are tested to parse (tests/test_train_config.c).
-        if (key_set_text(c, &config_table[i], config_table[i].def, "default", NULL) != 0) abort();
+        if (config_key_set_text(c, &config_table[i], config_table[i].def, "default", NULL) != 0)
+            abort();
     }
 }
 
 // Defaults that depend on other keys.
-static void config_resolve(ct_config *c) {
+void config_resolve(ct_config *c) {
     ct_config_model *m = &c->model;
     if (m->tokenizer_path[0] == '\0') {
         const char *src = strcmp(m->backend, "hf") == 0 ? m->hf_path : "assets/qwen3-tokenizer";
@@ -448,186 +468,6 @@ static void config_resolve(ct_config *c) {
 void config_defaults(ct_config *c) {
     config_defaults_raw(c);
     config_resolve(c);
-}
-
-// "did you mean ...?" for an unknown key of a known section (or of none: section == "").
-static void suggest_key(char *out, size_t cap, const char *section, const char *key, bool cli) {
-    const char *names[N_KEYS];
-    int n = 0;
-    out[0] = '\0';
-    for (int i = 0; i < N_KEYS; i++)
-        if (strcmp(config_table[i].section, section) == 0) names[n++] = config_table[i].key;
-    const char *close = n ? suggest_closest(key, names, n) : NULL;
-    if (close) {
-        if (cli)
-            snprintf(out, cap, " (did you mean --%s.%s?)", section, close);
-        else
-            snprintf(out, cap, " (did you mean %s?)", close);
-        return;
-    }
-    // The key may exist under another section ([training] seed is [debug] seed).
-    for (int i = 0; i < N_KEYS; i++) {
-        if (strcmp(config_table[i].key, key) == 0) {
-            if (cli)
-                snprintf(out, cap, " (did you mean --%s.%s?)", config_table[i].section, key);
-            else
-                snprintf(out, cap, " (it belongs in [%s])", config_table[i].section);
-            return;
-        }
-    }
-}
-
-static int apply_toml(ct_config *c, const char *path, config_origins *o, ct_error *err) {
-    toml_doc doc;
-    if (toml_parse_file(&doc, path, err) != 0) return -1;
-    int rc = 0;
-    for (int i = 0; rc == 0 && i < doc.n_tables; i++) {
-        const toml_table *t = &doc.tables[i];
-        if (section_known(t->name)) continue;
-        const char *names[N_KEYS];
-        int n = 0;
-        for (int j = 0; j < N_KEYS; j++)
-            if (j == 0 || strcmp(config_table[j].section, config_table[j - 1].section) != 0)
-                names[n++] = config_table[j].section;
-        const char *close = suggest_closest(t->name, names, n);
-        char hint[96] = "";
-        if (close) snprintf(hint, sizeof hint, " (did you mean [%s]?)", close);
-        rc = ct_fail(err, "%s:%d: unknown section [%s]%s", path, t->line, t->name, hint);
-    }
-    for (int i = 0; rc == 0 && i < doc.n_entries; i++) {
-        const toml_entry *e = &doc.entries[i];
-        char where[CONFIG_ORIGIN_MAX], hint[160];
-        snprintf(where, sizeof where, "%s:%d", path, e->line);
-        if (e->section[0] == '\0') {
-            suggest_key(hint, sizeof hint, "", e->key, false);
-            rc = ct_fail(err, "%s: key '%s' is outside any [section]%s", where, e->key, hint);
-            break;
-        }
-        char full[256];
-        snprintf(full, sizeof full, "%s.%s", e->section, e->key);
-        int k = config_key_index(full, strlen(full));
-        if (k < 0) {
-            suggest_key(hint, sizeof hint, e->section, e->key, false);
-            rc = ct_fail(err, "%s: unknown key '%s' in [%s]%s", where, e->key, e->section, hint);
-            break;
-        }
-        rc = key_set(c, &config_table[k], &e->value, where, err);
-        if (rc == 0) snprintf(o->where[k], sizeof o->where[k], "%s", where);
-    }
-    toml_free(&doc);
-    return rc;
-}
-
-static int unknown_option(const char *name, size_t len, ct_error *err) {
-    char key[128], hint[160] = "";
-    snprintf(key, sizeof key, "%.*s", (int)(len < 127 ? len : 127), name);
-    const char *dot = strchr(key, '.');
-    if (dot) {
-        char section[64];
-        snprintf(section, sizeof section, "%.*s", (int)(dot - key), key);
-        if (section_known(section)) suggest_key(hint, sizeof hint, section, dot + 1, true);
-    } else {
-        suggest_key(hint, sizeof hint, "", key, true);
-    }
-    if (!hint[0]) {
-        const char *names[N_KEYS];
-        char buf[N_KEYS][96];
-        for (int i = 0; i < N_KEYS; i++) {
-            full_name(buf[i], sizeof buf[i], &config_table[i]);
-            names[i] = buf[i];
-        }
-        const char *close = suggest_closest(key, names, N_KEYS);
-        if (close) snprintf(hint, sizeof hint, " (did you mean --%s?)", close);
-    }
-    return ct_fail(err, "command line: unknown option --%s%s", key,
-                   hint[0] ? hint : " (see ctitan train --help)");
-}
-
-static bool is_bool_word(const char *s) {
-    return strcmp(s, "true") == 0 || strcmp(s, "false") == 0;
-}
-
-// Finds `--config FILE` / `--config=FILE`. *index_out is its position (or -1).
-static int find_config_arg(const char **path, int *index_out, int argc, char **argv,
-                           ct_error *err) {
-    *path = NULL;
-    *index_out = -1;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *value = NULL;
-        if (strcmp(a, "--config") == 0) {
-            if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
-                return ct_fail(err, "command line: --config needs a file");
-            value = argv[i + 1];
-        } else if (strncmp(a, "--config=", 9) == 0) {
-            value = a + 9;
-        } else {
-            continue;
-        }
-        if (*path) return ct_fail(err, "command line: --config given twice");
-        *path = value;
-        *index_out = i;
-    }
-    return 0;
-}
-
-static int apply_argv(ct_config *c, int argc, char **argv, int config_at, config_origins *o,
-                      ct_error *err) {
-    bool given[N_KEYS] = {false};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (i == config_at) {
-            if (strcmp(a, "--config") == 0) i++;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
-            return ct_fail(err,
-                           "command line: unexpected argument '%s' (options are "
-                           "--section.key=value or --section.key value)",
-                           a);
-        const char *name = a + 2, *eq = strchr(name, '=');
-        size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        int k = config_key_index(name, len);
-        if (k < 0) return unknown_option(name, len, err);
-        const config_key *key = &config_table[k];
-        bool boolish = key->type == CONFIG_BOOL || key->type == CONFIG_TRISTATE;
-        const char *value;
-        if (eq) {
-            value = eq + 1;
-        } else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0 &&
-                   (!boolish || is_bool_word(argv[i + 1]) || key->type == CONFIG_TRISTATE)) {
-            value = argv[++i];
-        } else if (boolish) {
-            value = "true"; // a bare boolean flag: --training.allow_overcommit
-        } else {
-            return ct_fail(err, "command line: --%s.%s needs a value", key->section, key->key);
-        }
-        char where[CONFIG_ORIGIN_MAX];
-        snprintf(where, sizeof where, "command line --%s.%s", key->section, key->key);
-        if (given[k]) return ct_fail(err, "%s: given twice", where);
-        given[k] = true;
-        if (key_set_text(c, key, value, where, err) != 0) return -1;
-        snprintf(o->where[k], sizeof o->where[k], "%s", where);
-    }
-    return 0;
-}
-
-int config_load(ct_config *c, const char *toml_path_or_NULL, int argc, char **argv, ct_error *err) {
-    config_defaults_raw(c);
-    const char *path = NULL;
-    int config_at;
-    if (find_config_arg(&path, &config_at, argc, argv, err) != 0) return -1;
-    if (!path) path = toml_path_or_NULL;
-    config_origins *o = calloc(1, sizeof *o);
-    if (!o) return ct_fail(err, "out of memory");
-    int rc = 0;
-    if (path) rc = apply_toml(c, path, o, err);
-    if (rc == 0) rc = apply_argv(c, argc, argv, config_at, o, err);
-    if (rc == 0) {
-        config_resolve(c);
-        rc = config_check(c, o, err);
-    }
-    free(o);
-    return rc;
 }
 
 // One key's value as TOML (strings quoted and escaped).

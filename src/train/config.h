@@ -22,6 +22,11 @@ typedef struct ct_config_job {
 } ct_config_job;
 
 typedef struct ct_config_model {
+    // torchtitan's model.name: "qwen3", or "transformers_modeling_backend" (= backend "hf" on
+    // hf_transformers.model); config_compat.c resolves it.
+    char name[CT_CONFIG_NAME_MAX];
+    // torchtitan's folder of HF assets: the tokenizer, and the weights initial_load_in_hf loads.
+    char hf_assets_path[CT_CONFIG_PATH_MAX];
     char backend[CT_CONFIG_NAME_MAX]; // "native" (a flavor) | "hf" (a Hugging Face folder)
     char flavor[CT_CONFIG_NAME_MAX];  // native flavor name: "debugmodel", "0.6B", ...
     char hf_path[CT_CONFIG_PATH_MAX]; // backend=hf: folder with config.json + safetensors
@@ -42,6 +47,7 @@ typedef struct ct_config_model {
 } ct_config_model;
 
 typedef struct ct_config_training {
+    char dataset[CT_CONFIG_NAME_MAX];      // torchtitan's data set name; only names it here
     char dataset_path[CT_CONFIG_PATH_MAX]; // .txt, .jsonl, .npy or a folder of them
     int local_batch_size;
     int global_batch_size; // -1 = local_batch_size * data-parallel degree (no accumulation)
@@ -80,6 +86,8 @@ typedef struct ct_config_checkpoint {
     char initial_load_path[CT_CONFIG_PATH_MAX];
     bool initial_load_in_hf;               // initial_load_path is a Hugging Face folder
     bool last_save_in_hf;                  // the final save is an HF export in export_dtype
+    bool last_save_model_only;             // torchtitan's: the final save holds the model only (=
+                                           // last_save_in_hf)
     char export_dtype[CT_CONFIG_NAME_MAX]; // "float32" | "bfloat16" | "float16"
 } ct_config_checkpoint;
 
@@ -90,6 +98,7 @@ typedef struct ct_config_metrics {
 
 typedef struct ct_config_validation {
     bool enable;
+    char dataset[CT_CONFIG_NAME_MAX]; // torchtitan's data set name, as training.dataset
     char dataset_path[CT_CONFIG_PATH_MAX];
     int freq;  // validate every `freq` steps
     int steps; // batches per validation; -1 = the whole split
@@ -130,9 +139,15 @@ typedef struct ct_config_override {
     bool allow_mismatch; // use overrides that fail the parity check (with a loud warning)
 } ct_config_override;
 
+// torchtitan's Transformers-backend section: model is the HF folder to train (backend "hf").
+typedef struct ct_config_hf_transformers {
+    char model[CT_CONFIG_PATH_MAX];
+} ct_config_hf_transformers;
+
 typedef struct ct_config {
     ct_config_job job;
     ct_config_model model;
+    ct_config_hf_transformers hf_transformers;
     ct_config_training training;
     ct_config_optimizer optimizer;
     ct_config_lr_scheduler lr_scheduler;
@@ -155,7 +170,21 @@ void config_defaults(ct_config *c);
 // after the subcommand; every other word must be `--section.key=value` or `--section.key value`
 // (a boolean key alone means true). Ends with config_validate's checks, whose messages then say
 // where the offending value came from.
+//
+// Every problem of the file and the command line is reported at once, one line each (err->msg
+// holds them separated by '\n'), before the cross-key checks run. `--config NAME` without a
+// path finds configs/NAME.toml (in the working folder, then beside the ctitan binary);
+// `--job.config_file` is torchtitan's name for `--config`.
 int config_load(ct_config *c, const char *toml_path_or_NULL, int argc, char **argv, ct_error *err);
+
+// What a load accepted but ignored: torchtitan keys that have no effect in ctitan.
+typedef struct config_notes {
+    int n_no_effect;
+    char no_effect[2048]; // "profiling.enable_profiling, compile.enable, ..."
+} config_notes;
+// config_load that also fills notes.
+int config_load_noted(ct_config *c, config_notes *notes, const char *toml_path_or_NULL, int argc,
+                      char **argv, ct_error *err);
 
 // Cross-key checks that need no model: choices, ranges, global_batch_size a multiple of
 // local_batch_size * data-parallel degree, decay_ratio in [0,1], warmup + decay steps <= steps,

@@ -273,12 +273,18 @@ static int check_rest(const ct_config *c, const vctx *vp) {
     return 0;
 }
 
+// Each group stops at its first problem (later checks in a group may rely on earlier ones);
+// the groups' problems are reported together.
 int config_check(const ct_config *c, const config_origins *o, ct_error *err) {
-    vctx v = {o, err};
-    if (check_keys(c, &v) != 0 || check_model(&c->model, &v) != 0 || check_training(c, &v) != 0 ||
-        check_optim(c, &v) != 0 || check_rest(c, &v) != 0)
-        return -1;
-    return 0;
+    config_errors errs = {0};
+    ct_error e;
+    vctx v = {o, &e};
+    if (check_keys(c, &v) != 0) config_errors_add(&errs, &e);
+    if (check_model(&c->model, &v) != 0) config_errors_add(&errs, &e);
+    if (check_training(c, &v) != 0) config_errors_add(&errs, &e);
+    if (check_optim(c, &v) != 0) config_errors_add(&errs, &e);
+    if (check_rest(c, &v) != 0) config_errors_add(&errs, &e);
+    return config_errors_report(&errs, err);
 }
 
 int config_validate(const ct_config *c, ct_error *err) {
