@@ -79,7 +79,12 @@ def run(folder):
     check(r.returncode == 0, "%s: ctitan verify failed: %s" % (name, (r.stdout + r.stderr)[-3000:]))
     if r.returncode != 0:
         return
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # --json: stdout is exactly one JSON object (the readable report is on stderr).
+    try:
+        out = json.loads(r.stdout)
+    except ValueError:
+        check(False, "%s: stdout is not one JSON object: %r" % (name, r.stdout[:300]))
+        return
     check(not out["missing"] and not out["unexpected"],
           "%s: missing %r, unexpected %r" % (name, out["missing"], out["unexpected"]))
 

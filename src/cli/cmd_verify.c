@@ -27,8 +27,9 @@ static const cli_option verify_options[] = {
     {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
     {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
     {"json", "false",
-     "end the output with one JSON object of the results: also each parameter's gradient "
-     "norm by HF name and the sum and sum of squares of all logits",
+     "print the results as exactly one JSON object on stdout (the readable report goes to "
+     "stderr): also each parameter's gradient norm by HF name and the sum and sum of squares "
+     "of all logits",
      true},
     {"logits", "0", "with --json: also the first K logits of sample 0 at positions 0 and T-1",
      false},
@@ -93,11 +94,11 @@ static int check_fits(const qwen3_config *c, const ct_ops *ops, int B, int T, co
     return 0;
 }
 
-static void print_key_report(const hf_load_report *r) {
-    printf("keys: loaded %d, missing %d, unexpected %d\n", r->n_loaded, r->n_missing,
-           r->n_unexpected);
-    for (int i = 0; i < r->n_missing; i++) printf("  missing: %s\n", r->missing[i]);
-    for (int i = 0; i < r->n_unexpected; i++) printf("  unexpected: %s\n", r->unexpected[i]);
+static void print_key_report(FILE *out, const hf_load_report *r) {
+    fprintf(out, "keys: loaded %d, missing %d, unexpected %d\n", r->n_loaded, r->n_missing,
+            r->n_unexpected);
+    for (int i = 0; i < r->n_missing; i++) fprintf(out, "  missing: %s\n", r->missing[i]);
+    for (int i = 0; i < r->n_unexpected; i++) fprintf(out, "  unexpected: %s\n", r->unexpected[i]);
 }
 
 static cJSON *string_array(char **items, int n) {
@@ -127,7 +128,7 @@ typedef struct verify_result {
 
 static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
                       override_set *overrides, const cli_args *args, const char *dir,
-                      const char *data_path, int B, int T, int k_logits, ct_ops *ops,
+                      const char *data_path, int B, int T, int k_logits, ct_ops *ops, FILE *out,
                       ct_error *err) {
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
@@ -136,8 +137,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     // Before anything runs an OpenMP region: the parity check forks.
     kernel_check_shape shape = kernel_check_shape_of(&cfg, T);
     if (trusted_ops_setup(ops, overrides, cli_str(args, "override.imports"),
-                          cli_flag(args, "override.allow_mismatch"), &shape, stdout, stderr,
-                          err) != 0)
+                          cli_flag(args, "override.allow_mismatch"), &shape, out, stderr, err) != 0)
         return -1;
     if (check_fits(&cfg, ops, B, T, dir, err) != 0) return -1;
 
@@ -259,6 +259,8 @@ int cmd_verify(int argc, char **argv) {
         return cli_report(&err);
     }
 
+    // With --json, stdout holds exactly the one JSON object; the readable report goes to stderr.
+    FILE *out = cli_flag(&args, "json") ? stderr : stdout;
     ct_ops ops;
     const char *impl = cli_str(&args, "model.moe_impl");
     if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, impl) != 0) {
@@ -270,8 +272,8 @@ int cmd_verify(int argc, char **argv) {
     verify_result res = {0};
     override_set overrides = {0};
     int rc = verify_run(&res, &m, &rep, &overrides, &args, dir, data, (int)B, (int)T, (int)k_logits,
-                        &ops, &err);
-    if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(&rep);
+                        &ops, out, &err);
+    if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(out, &rep);
     if (rc != 0) {
         verify_free(&m, &rep, &overrides, &res);
         return cli_report(&err);
@@ -279,32 +281,35 @@ int cmd_verify(int argc, char **argv) {
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
     qwen3_memory plan = qwen3_memory_plan_ops(&m.cfg, &ops, (int)B, (int)T, NULL);
     double plan_mib = (plan.params + plan.grads + plan.activations) / 1048576.0;
-    printf("model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n", dir,
-           m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,
-           m.cfg.num_key_value_heads, m.cfg.head_dim, m.cfg.vocab_size,
-           m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
-    printf("source dtype: %s%s (%d file(s)); computed in fp32\n", dtype_name(rep.source_dtype),
-           rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
+    fprintf(out, "model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n",
+            dir, m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,
+            m.cfg.num_key_value_heads, m.cfg.head_dim, m.cfg.vocab_size,
+            m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
+    fprintf(out, "source dtype: %s%s (%d file(s)); computed in fp32\n",
+            dtype_name(rep.source_dtype), rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
     const size_t n_hf = qwen3_num_hf_parameters(&m);
     if (n_hf == m.num_params)
-        printf("params: %zu\n", n_hf);
+        fprintf(out, "params: %zu\n", n_hf);
     else
-        printf("params: %zu (and %zu values of the expert bias, a buffer HF does not have)\n", n_hf,
-               m.num_params - n_hf);
-    printf("batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B, (long long)T,
-           data, (long long)res.n_valid);
+        fprintf(out, "params: %zu (and %zu values of the expert bias, a buffer HF does not have)\n",
+                n_hf, m.num_params - n_hf);
+    fprintf(out, "batch: %lld x %lld tokens from %s, %lld valid targets\n", (long long)B,
+            (long long)T, data, (long long)res.n_valid);
     const bool moe = m.n_sparse > 0;
     if (moe) {
-        printf("moe: %d of %d layers sparse, %d experts, top-%d, expert kernel %s\n", m.n_sparse,
-               m.cfg.num_hidden_layers, m.cfg.num_experts, m.cfg.num_experts_per_tok, impl);
-        printf("ce: %.6f\naux: %.6f (%s)\n", res.ce, res.aux,
-               m.cfg.output_router_logits ? "in the loss: output_router_logits is on"
-                                          : "not in the loss: output_router_logits is off");
+        fprintf(out, "moe: %d of %d layers sparse, %d experts, top-%d, expert kernel %s\n",
+                m.n_sparse, m.cfg.num_hidden_layers, m.cfg.num_experts, m.cfg.num_experts_per_tok,
+                impl);
+        fprintf(out, "ce: %.6f\naux: %.6f (%s)\n", res.ce, res.aux,
+                m.cfg.output_router_logits ? "in the loss: output_router_logits is on"
+                                           : "not in the loss: output_router_logits is off");
     }
-    printf("loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
-    printf("time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3, res.backward_s * 1e3);
-    printf("memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib, plan_mib);
-    override_report_calls(&overrides, stdout);
+    fprintf(out, "loss: %.6f\ngrad_norm: %.6f\n", res.loss, res.grad_norm);
+    fprintf(out, "time: forward %.1f ms, backward %.1f ms\n", res.forward_s * 1e3,
+            res.backward_s * 1e3);
+    fprintf(out, "memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib,
+            plan_mib);
+    override_report_calls(&overrides, out);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "loss", res.loss);
