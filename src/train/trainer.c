@@ -21,6 +21,7 @@
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
+#include "train/peak.h"
 #include "train/checkpoint_internal.h"
 #include "train/metrics.h"
 #include "ops/ops_profile.h"
@@ -508,13 +509,13 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     t->targets = malloc(n * sizeof *t->targets);
     if (!t->inputs || !t->targets) return ct_fail(err, "out of memory for the batch buffers");
     t->flops_per_token = metrics_flops_per_token(&mc, t->T);
-    t->peak_gflops =
-        c->metrics.peak_gflops > 0 ? c->metrics.peak_gflops : metrics_sgemm_gflops(1024, 4);
+    char peak_source[4200];
+    t->peak_gflops = peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source,
+                                 sizeof peak_source);
     fprintf(t->log,
-            "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d; "
-            "peak %.1f GFLOP/s per rank (%s)\n",
-            t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops,
-            c->metrics.peak_gflops > 0 ? "configured" : "measured sgemm");
+            "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d\n"
+            "mfu: against a peak of %.1f GFLOP/s per rank (%s)\n",
+            t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops, peak_source);
     rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, err) : 0;
     return dist_agree(t->d, rc, "opening metrics.jsonl", err);
 }

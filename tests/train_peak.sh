@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# MFU's peak is the same from run to run: measured once per machine, CPU model and thread count,
+# cached (CTITAN_CACHE_DIR here), reused, and the log says which peak and where it came from;
+# metrics.peak_gflops wins; lines of other machines and garbage in the cache are left alone.
+set -u
+: "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
+export CTITAN_CACHE_DIR=$tmp/cache
+hf=$CTITAN_REF_DIR/train/const_clip_tied_bias
+run() { # NAME [options]: one short run; the log in $tmp/NAME.log
+  local name=$1; shift
+  "$CTITAN_BIN" train --model.backend hf --model.hf_path "$hf/hf" --training.dataset_path \
+    "$hf/tokens.npy" --training.steps 2 --training.seq_len 8 --training.local_batch_size 2 \
+    --checkpoint.enable false --metrics.log_freq 1 --job.dump_folder "$tmp/$name" "$@" \
+    >"$tmp/$name.log" 2>&1 || bad "$name: $(tail -3 "$tmp/$name.log")"
+}
+peak() { sed -n 's/^mfu: against a peak of \([0-9.]*\) GFLOP\/s per rank.*/\1/p' "$tmp/$1.log"; }
+
+printf 'garbage line\nother-host\tSome CPU\t2\t999.0\n' >"$tmp/seed.tsv"
+mkdir -p "$CTITAN_CACHE_DIR"; cp "$tmp/seed.tsv" "$CTITAN_CACHE_DIR/peak_gflops.tsv"
+run first
+grep -q "^mfu: against a peak of .*(sgemm measured now, cached in $CTITAN_CACHE_DIR/peak_gflops.tsv)" \
+  "$tmp/first.log" && ok || bad "first run: $(grep '^mfu' "$tmp/first.log")"
+run second
+grep -q "^mfu: .*(measured once for this machine and [0-9]* thread(s), cached in $CTITAN_CACHE_DIR" \
+  "$tmp/second.log" && ok || bad "second run: $(grep '^mfu' "$tmp/second.log")"
+[ -n "$(peak first)" ] && [ "$(peak first)" = "$(peak second)" ] && ok ||
+  bad "peaks differ: $(peak first) vs $(peak second)"
+[ "$(head -2 "$CTITAN_CACHE_DIR/peak_gflops.tsv")" = "$(cat "$tmp/seed.tsv")" ] && ok ||
+  bad "the other lines of the cache were not kept: $(cat "$CTITAN_CACHE_DIR/peak_gflops.tsv")"
+[ "$(wc -l <"$CTITAN_CACHE_DIR/peak_gflops.tsv")" -eq 3 ] && ok || bad "one line added per machine"
+run fixed --metrics.peak_gflops 123.5
+[ "$(peak fixed)" = "123.5" ] && grep -q "(metrics.peak_gflops)" "$tmp/fixed.log" && ok ||
+  bad "configured peak: $(grep '^mfu' "$tmp/fixed.log")"
+# The MFU in metrics.jsonl is the achieved rate over that peak (both are rounded there: tflops to
+# 4 decimals, mfu to 5).
+"$CTITAN_PYTHON" - "$tmp/fixed/metrics.jsonl" <<'PY' && ok || bad "mfu is not tflops / 123.5 GFLOP/s"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
+sys.exit(0 if rows and all(abs(r["mfu"] - r["tflops"] * 1e3 / 123.5) <= 0.5e-5 + 0.5e-4 * 1e3 / 123.5
+                           for r in rows) else 1)
+PY
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
