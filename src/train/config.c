@@ -507,18 +507,68 @@ static void key_write(FILE *f, const ct_config *c, const config_key *k) {
     }
 }
 
-int config_write_toml(const ct_config *c, FILE *f) {
-    fputs("# ctitan training config (the effective values: defaults, file, command line)\n", f);
+// One key's value as text (key_write into a buffer), for comparing two configs.
+static void key_text(char *out, size_t cap, const ct_config *c, const config_key *k) {
+    FILE *f = fmemopen(out, cap, "w");
+    out[0] = '\0';
+    if (!f) return;
+    key_write(f, c, k);
+    fclose(f);
+    out[cap - 1] = '\0';
+}
+
+static bool key_differs(const ct_config *a, const ct_config *b, const config_key *k) {
+    char ta[8192], tb[8192]; // room for a path or the imports list
+    key_text(ta, sizeof ta, a, k);
+    key_text(tb, sizeof tb, b, k);
+    return strcmp(ta, tb) != 0;
+}
+
+// All keys, or (`base` non-NULL) only those whose value differs from base's, under their
+// sections.
+static int write_keys(const ct_config *c, const ct_config *base, FILE *f) {
+    const char *section = NULL;
     for (int i = 0; i < N_KEYS; i++) {
         const config_key *k = &config_table[i];
-        if (i == 0 || strcmp(k->section, config_table[i - 1].section) != 0)
-            fprintf(f, "%s[%s]\n", i ? "\n" : "", k->section);
+        if (base && !key_differs(c, base, k)) continue;
+        if (!section || strcmp(k->section, section) != 0)
+            fprintf(f, "%s[%s]\n", section ? "\n" : "", k->section);
+        section = k->section;
         bool unset = config_key_optional(k) && isnan(*(const double *)cfield(c, k));
         fprintf(f, "%s%s = ", unset ? "# " : "", k->key);
         key_write(f, c, k);
         fputc('\n', f);
     }
     return ferror(f) ? -1 : 0;
+}
+
+int config_write_toml(const ct_config *c, FILE *f) {
+    fputs("# ctitan training config (the effective values: defaults, file, command line)\n", f);
+    return write_keys(c, NULL, f);
+}
+
+int config_write_changed(const ct_config *c, FILE *f) {
+    ct_config d;
+    config_defaults(&d);
+    return write_keys(c, &d, f);
+}
+
+int config_describe_changes(char *out, size_t cap, const ct_config *old, const ct_config *now) {
+    int n = 0;
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < N_KEYS; i++) {
+        const config_key *k = &config_table[i];
+        if (!k->hashed || !key_differs(old, now, k)) continue;
+        char a[256], b[256];
+        key_text(a, sizeof a, old, k);
+        key_text(b, sizeof b, now, k);
+        if (len < cap)
+            len += (size_t)snprintf(out + len, cap - len, "%s%s.%s %s -> %s", n ? ", " : "",
+                                    k->section, k->key, a, b);
+        n++;
+    }
+    return n;
 }
 
 int config_save(const ct_config *c, const char *path, ct_error *err) {

@@ -194,6 +194,10 @@ int config_validate(const ct_config *c, ct_error *err);
 // The full effective config, every key, as TOML that config_load reads back to an equal struct.
 // Returns -1 if the stream reports a write error.
 int config_write_toml(const ct_config *c, FILE *f);
+// Only the keys whose values differ from the defaults, as TOML (what the log shows).
+int config_write_changed(const ct_config *c, FILE *f);
+// The hashed keys whose values differ, as "section.key OLD -> NEW, ..." in out; returns how many.
+int config_describe_changes(char *out, size_t cap, const ct_config *old, const ct_config *now);
 // config_write_toml into `path`, atomically (temp file, fsync, rename).
 int config_save(const ct_config *c, const char *path, ct_error *err);
 

@@ -5,13 +5,49 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include <cblas.h>
 
-int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, ct_error *err) {
+#include "io/atomic.h"
+#include "io/json.h"
+
+// The rows of steps up to `keep_through`: a resumed run logs the later steps again, and a
+// line cut short by a kill is not JSON. Rewritten atomically, so a crash here loses nothing.
+static int keep_rows_through(const char *path, int64_t keep_through, ct_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) != 0) return 0;
+    if (file_read_all(&text, &len, path, (size_t)1 << 34, err) != 0) return -1;
+    atomic_file a;
+    if (atomic_open(&a, path, err) != 0) {
+        free(text);
+        return -1;
+    }
+    for (char *line = text; line < text + len;) {
+        char *end = memchr(line, '\n', (size_t)(text + len - line));
+        size_t n = end ? (size_t)(end - line) : (size_t)(text + len - line);
+        cJSON *row = cJSON_ParseWithLength(line, n);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(row, "step");
+        if (cJSON_IsNumber(step) && step->valuedouble <= (double)keep_through) {
+            fwrite(line, 1, n, a.fp);
+            fputc('\n', a.fp);
+        }
+        cJSON_Delete(row);
+        line += n + 1;
+    }
+    free(text);
+    return atomic_commit(&a, err);
+}
+
+int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, int64_t resumed_step,
+                 ct_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dump_folder);
     m->out = out;
+    if (keep_rows_through(path, resumed_step, err) != 0) return -1;
     m->jsonl = fopen(path, "a");
     if (!m->jsonl) return ct_fail(err, "%s: cannot open for appending: %s", path, strerror(errno));
     return 0;

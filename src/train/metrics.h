@@ -31,10 +31,13 @@ typedef struct metrics_row {
 
 typedef struct metrics_log {
     FILE *out;   // the readable lines (stdout)
-    FILE *jsonl; // <dump_folder>/metrics.jsonl, appended on resume
+    FILE *jsonl; // <dump_folder>/metrics.jsonl, appended on resume (after the resumed step)
 } metrics_log;
 
-int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, ct_error *err);
+// Opens <dump_folder>/metrics.jsonl for appending, first dropping the rows of steps after
+// `resumed_step` (0 for a fresh start), so that each step is logged once.
+int metrics_open(metrics_log *m, FILE *out, const char *dump_folder, int64_t resumed_step,
+                 ct_error *err);
 void metrics_write(metrics_log *m, const metrics_row *r);
 void metrics_close(metrics_log *m);
 

@@ -272,6 +272,28 @@ static int setup_data(trainer *t, ct_error *err) {
     return 0;
 }
 
+// A checkpoint of another config: name each key that changed, from the config.toml saved in
+// the checkpoint, and the two ways out.
+static void refuse_resume(const trainer *t, const char *dir, ct_error *err) {
+    char path[4200], changes[2048] = "";
+    snprintf(path, sizeof path, "%s/config.toml", dir);
+    ct_config old;
+    ct_error ignored;
+    int n = 0;
+    if (config_load(&old, path, 0, NULL, &ignored) == 0) {
+        n = config_describe_changes(changes, sizeof changes, &old, t->cfg);
+        if (n == 0) // the same keys, but not the same resolved global batch
+            snprintf(changes, sizeof changes,
+                     "the global batch (training.global_batch_size resolves to %d sequences now)",
+                     t->global_batch);
+    }
+    ct_fail(err,
+            "%s was written by a run with a different config: %s; to resume, restore %s, or "
+            "train into a new job.dump_folder",
+            dir, changes[0] ? changes : "its config.toml could not be compared",
+            n == 1 ? "that key" : "those keys");
+}
+
 // Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others;
 // each rank then loads the model and its own range of the optimizer state, whatever rank count
 // wrote it. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
@@ -290,12 +312,7 @@ static int resume(trainer *t, ct_error *err) {
     if (!dir[0]) return 0;
     size_t lo = t->opt.base;
     rc = ckpt_load(dir, &t->model, t->opt.m, t->opt.v, lo, t->opt.n, &t->state, NULL, err);
-    if (rc == 0 && t->state.config_hash != t->config_hash)
-        rc = ct_fail(err,
-                     "%s was written by a run with a different config (model, data, optimizer, "
-                     "schedule or global batch keys changed); resume needs the same config, or "
-                     "use a new job.dump_folder",
-                     dir);
+    if (rc == 0 && t->state.config_hash != t->config_hash) refuse_resume(t, dir, err), rc = -1;
     if (dist_agree(t->d, rc, "loading the checkpoint", err) != 0) return -1;
     t->opt.step = t->state.opt_step;
     fprintf(t->log, "resumed from %s at step %lld (sample %llu)\n", dir, (long long)t->state.step,
@@ -436,6 +453,17 @@ static int config_text(char **out, const ct_config *c, ct_error *err) {
     return 0;
 }
 
+// config.toml holds every key; the log shows those that differ from the defaults.
+static int save_config(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.toml", c->job.dump_folder);
+    if (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0) return -1;
+    fprintf(t->log, "config: differences from the defaults (every key is in %s):\n", path);
+    config_write_changed(c, t->log);
+    return 0;
+}
+
 // Everything before the first step. Errors that every rank meets alike (config, memory,
 // model) need no agreement; the ones that may differ between ranks are agreed on.
 static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
@@ -467,11 +495,6 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     t->mem_opts.loss_chunk = config_loss_chunk(c, mc.vocab_size, t->B * t->T);
     if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.toml", c->job.dump_folder);
-    rc = is_root(t) && (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0);
-    if (dist_agree(t->d, rc ? -1 : 0, "writing the run's config", err) != 0) return -1;
-    fprintf(t->log, "effective config (saved to %s):\n%s\n", path, t->config_toml);
 
     if (qwen3_init(&t->model, &mc, &t->ops, err) != 0) return -1;
     t->model.mem_opts = t->mem_opts;
@@ -510,13 +533,16 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     if (!t->inputs || !t->targets) return ct_fail(err, "out of memory for the batch buffers");
     t->flops_per_token = metrics_flops_per_token(&mc, t->T);
     char peak_source[4200];
-    t->peak_gflops = peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source,
-                                 sizeof peak_source);
+    t->peak_gflops =
+        peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source, sizeof peak_source);
     fprintf(t->log,
             "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d\n"
             "mfu: against a peak of %.1f GFLOP/s per rank (%s)\n",
             t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops, peak_source);
-    rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, err) : 0;
+    // The dump folder changes only now, when nothing can refuse the run any more.
+    rc = is_root(t) ? save_config(t, err) : 0;
+    if (dist_agree(t->d, rc, "writing the run's config", err) != 0) return -1;
+    rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, t->state.step, err) : 0;
     return dist_agree(t->d, rc, "opening metrics.jsonl", err);
 }
 
