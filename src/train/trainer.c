@@ -883,6 +883,19 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
     *comm_since_log = 0;
 }
 
+// The signal every rank exits with: the highest any rank received, so that all agree.
+static int agreed_signal(trainer *t, int mine, ct_error *err) {
+    int *all = calloc((size_t)t->d->size, sizeof *all);
+    if (!all) return ct_fail(err, "out of memory"), -1;
+    int sig = -1;
+    if (dist_allgather(t->d, &mine, all, sizeof mine, "the stop signal", err) == 0) {
+        sig = 0;
+        for (int r = 0; r < t->d->size; r++) sig = all[r] > sig ? all[r] : sig;
+    }
+    free(all);
+    return sig;
+}
+
 static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     const ct_config *c = t->cfg;
     double t_resume = now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
@@ -929,7 +942,13 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
             if (save_checkpoint(t, err) != 0) return -1;
         }
         if (stop > 0) {
-            fprintf(t->log, "stopped by signal at step %lld\n", (long long)step);
+            int sig = agreed_signal(t, opt->stop_flag ? *opt->stop_flag : 0, err);
+            if (sig < 0) return -1;
+            if (opt->stopped_by) *opt->stopped_by = sig;
+            fprintf(t->log, "stopped by signal %d at step %lld; the checkpoint of step %lld %s\n",
+                    sig, (long long)step, (long long)step,
+                    c->checkpoint.enable ? "resumes the run" : "was not saved (checkpoint.enable "
+                                                               "is false)");
             return 0;
         }
     }
