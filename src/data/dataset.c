@@ -54,8 +54,9 @@ typedef struct unit {
 // line would make the threads take turns.
 typedef struct __attribute__((aligned(64))) worker {
     tok_encoder *enc;
-    tok_ids ids; // the units this thread encoded in the current batch, back to back
-    char *fixed; // a .jsonl text with invalid UTF-8, repaired
+    tok_ids ids;    // the units this thread encoded in the current batch, back to back
+    jsonl_buf json; // a .jsonl text with escapes, decoded
+    char *fixed;    // a .jsonl text with invalid UTF-8, repaired
     size_t fixed_cap;
     size_t err_unit; // the first unit (in stream order) that failed, SIZE_MAX if none
     ct_error err;
@@ -251,12 +252,11 @@ static void fail_unit(worker *w, size_t ui, const unit *u, const src_file *f, co
 static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
     const char *text = u->p;
     size_t len = u->len;
-    cJSON *json = NULL;
     ct_error err;
     u->ids_off = w->ids.n;
     u->n_ids = 0;
     if (f->kind == SRC_JSONL) {
-        if (jsonl_text(&json, &text, &len, u->p, u->len, &err) != 0) {
+        if (jsonl_text(&text, &len, &w->json, u->p, u->len, &err) != 0) {
             fail_unit(w, ui, u, f, err.msg);
             return;
         }
@@ -269,7 +269,6 @@ static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
             }
             if (!w->fixed) {
                 fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
-                cJSON_Delete(json);
                 return;
             }
             len = utf8_repair(w->fixed, text, len, &n_bad);
@@ -279,7 +278,6 @@ static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
     }
     if (tok_encode(w->enc, &w->ids, text, len, &err) != 0) fail_unit(w, ui, u, f, err.msg);
     u->n_ids = w->ids.n - u->ids_off;
-    cJSON_Delete(json);
 }
 
 static int reserve_tokens(reader *r, size_t more, ct_error *err) {
@@ -379,6 +377,7 @@ static int encode_all(reader *r, int threads, ct_error *err) {
     for (int t = 0; t < threads; t++) {
         tok_encoder_free(ws[t].enc);
         tok_ids_free(&ws[t].ids);
+        jsonl_buf_free(&ws[t].json);
         free(ws[t].fixed);
     }
     free(ws);

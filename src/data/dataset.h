@@ -11,6 +11,8 @@
 //           recursive; other files, sub-folders and hidden (dot) files are ignored. A folder
 //           with none of those files is an error.
 // An empty (0-byte) file, or a .jsonl of blank lines only, is an error.
+// Text is bytes: NUL and the other control characters are characters like any other, in a .txt
+// and in a .jsonl (as \u0000 escapes or raw), and give Hugging Face's ids.
 //
 // Invalid UTF-8 follows the tokenizer's rule for readers of user files (text/utf8.h): each
 // maximal ill-formed subsequence becomes U+FFFD, as Python's errors="replace", so the ids match
