@@ -340,6 +340,46 @@ static void test_controls(void) {
     tok_ids_free(&w2);
 }
 
+// A folder that holds the same text twice (a .txt and a .jsonl of it, or two copies of a file)
+// trains it twice: one warning names the first two files that share a document.
+static void test_duplicates(void) {
+    char *dir = tmp_path("dup");
+    mkdir(dir, 0755);
+    write_in(dir, "corpus.txt", "The same sentence.\nAnother one.\n");
+    write_in(dir, "corpus.jsonl",
+             "{\"text\": \"The same sentence.\"}\n{\"text\": \"Another one.\"}\n");
+    write_in(dir, "other.txt", "Different text.\n");
+    token_stream s;
+    open_ok(&s, dir, 2);
+    CHECK(strstr(s.warning, "corpus.jsonl and ") && strstr(s.warning, "corpus.txt") &&
+              strstr(s.warning, "2 documents") && !strstr(s.warning, "other.txt"),
+          "warning: \"%s\"", s.warning);
+    stream_free(&s);
+    // Two copies of a .jsonl, and a document that is also a whole .txt.
+    char *dir2 = tmp_path("dup2");
+    mkdir(dir2, 0755);
+    const char *jl = "{\"text\": \"one\"}\n{\"text\": \"two\\u0000\"}\n";
+    write_in(dir2, "a.jsonl", jl);
+    write_in(dir2, "b.jsonl", jl);
+    write_in(dir2, "c.txt", "one");
+    open_ok(&s, dir2, 1);
+    CHECK(strstr(s.warning, "a.jsonl and ") && strstr(s.warning, "b.jsonl hold") &&
+              strstr(s.warning, "1 more pair"),
+          "warning: \"%s\"", s.warning);
+    stream_free(&s);
+    // Lines two .txt files share (boilerplate) are not a duplicate document, nor are empty
+    // documents, nor a document repeated within one file.
+    char *dir3 = tmp_path("nodup");
+    mkdir(dir3, 0755);
+    write_in(dir3, "a.txt", "Chapter 1\nIt begins.\n");
+    write_in(dir3, "b.txt", "Chapter 1\nIt ends.\n");
+    write_in(dir3, "c.jsonl", "{\"text\": \"\"}\n{\"text\": \"x\"}\n{\"text\": \"x\"}\n");
+    write_in(dir3, "d.jsonl", "{\"text\": \"\"}\n");
+    open_ok(&s, dir3, 2);
+    CHECK(!s.warning[0], "warning: \"%s\"", s.warning);
+    stream_free(&s);
+}
+
 static void test_errors(void) {
     write_file(tmp_path("empty.txt"), "");
     check_open_fails(tmp_path("empty.txt"), VOCAB, 2, "empty.txt", "empty");
@@ -409,6 +449,7 @@ int main(void) {
     test_folder();
     test_invalid_utf8();
     test_controls();
+    test_duplicates();
     test_errors();
     tok_encoder_free(enc);
     tok_free(tok);
