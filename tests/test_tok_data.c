@@ -13,6 +13,7 @@
 #include "data/loader.h"
 #include "io/json.h"
 #include "io/npy.h"
+#include "io/toml.h"
 #include "text/tokenizer.h"
 
 #define VOCAB 151936 // Qwen3's embedding rows
@@ -342,9 +343,10 @@ static void test_controls(void) {
 
 // A folder that holds the same text twice (a .txt and a .jsonl of it, or two copies of a file)
 // trains it twice: one warning names the first two files that share a document.
-static void test_duplicates(void) {
+static void test_duplicates(const char *src) {
     char *dir = tmp_path("dup");
     mkdir(dir, 0755);
+    char p[1200];
     write_in(dir, "corpus.txt", "The same sentence.\nAnother one.\n");
     write_in(dir, "corpus.jsonl",
              "{\"text\": \"The same sentence.\"}\n{\"text\": \"Another one.\"}\n");
@@ -378,6 +380,27 @@ static void test_duplicates(void) {
     open_ok(&s, dir3, 2);
     CHECK(!s.warning[0], "warning: \"%s\"", s.warning);
     stream_free(&s);
+
+    // The recipe on an HF folder trains each sentence once (assets/corpus holds the nlp-corpus
+    // sentences as .txt and as .jsonl).
+    snprintf(p, sizeof p, "%s/configs/hf_qwen3_4b.toml", src);
+    toml_doc doc;
+    ct_error err;
+    CHECK(toml_parse_file(&doc, p, &err) == 0, "%s", err.msg);
+    const char *path = NULL;
+    for (int i = 0; i < doc.n_entries; i++)
+        if (!strcmp(doc.entries[i].section, "training") &&
+            !strcmp(doc.entries[i].key, "dataset_path"))
+            path = doc.entries[i].value.str;
+    CHECK(path != NULL, "%s has no training.dataset_path", p);
+    if (path) {
+        snprintf(p, sizeof p, "%s/%s", src, path);
+        open_ok(&s, p, 0);
+        CHECK(!strstr(s.warning, "same"), "%s: %s", path, s.warning);
+        CHECK(s.n_docs == 100000, "%s: %llu documents", path, (unsigned long long)s.n_docs);
+        stream_free(&s);
+    }
+    toml_free(&doc);
 }
 
 static void test_errors(void) {
@@ -449,7 +472,7 @@ int main(void) {
     test_folder();
     test_invalid_utf8();
     test_controls();
-    test_duplicates();
+    test_duplicates(check_env("CTITAN_SOURCE_DIR"));
     test_errors();
     tok_encoder_free(enc);
     tok_free(tok);
