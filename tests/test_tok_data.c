@@ -422,6 +422,10 @@ static void test_errors(void) {
                      "array.jsonl:1:", "expected a JSON object, found an array");
     write_file(tmp_path("broken.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"unterminated}\n");
     check_open_fails(tmp_path("broken.jsonl"), VOCAB, 2, "broken.jsonl:2:", "invalid JSON");
+    // cJSON reads a \u with a bad hex digit as \u0000, which would end its C string there.
+    write_file(tmp_path("badhex.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"a\\u00zzb\"}\n");
+    check_open_fails(tmp_path("badhex.jsonl"), VOCAB, 2, "badhex.jsonl:2: invalid JSON",
+                     "4 hex digits");
     // The first bad line in file order is reported, whatever the thread count.
     FILE *f = fopen(tmp_path("late.jsonl"), "wb");
     for (int i = 1; i <= 2000; i++)

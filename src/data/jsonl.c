@@ -39,8 +39,9 @@ int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line,
         buf->p = grown;
         buf->cap = body_n;
     }
+    if (json_unescape(buf->p, len, body, body_n) != 0)
+        return ct_fail(err, "invalid JSON: a \\u escape in \"text\" without 4 hex digits");
     *text = buf->p;
-    *len = json_unescape(buf->p, body, body_n);
     return 0;
 }
 

@@ -202,16 +202,19 @@ static size_t skip_value(const char *t, size_t n, size_t i) {
     return i;
 }
 
-static unsigned hex4(const char *p) {
-    unsigned v = 0;
+// The 4 hex digits at p, or -1 if they are not (cJSON reads a bad digit as \u0000).
+static int32_t hex4(const char *p) {
+    int32_t v = 0;
     for (int k = 0; k < 4; k++) {
-        char c = p[k];
-        v = v << 4 | (unsigned)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+        char c = p[k], l = (char)(c | 0x20);
+        int d = c >= '0' && c <= '9' ? c - '0' : l >= 'a' && l <= 'f' ? l - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | d;
     }
     return v;
 }
 
-size_t json_unescape(char *out, const char *body, size_t n) {
+int json_unescape(char *out, size_t *out_n, const char *body, size_t n) {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         const char *bs = memchr(body + i, '\\', n - i);
@@ -219,7 +222,8 @@ size_t json_unescape(char *out, const char *body, size_t n) {
         memcpy(out + o, body + i, run);
         o += run;
         i += run;
-        if (i + 1 >= n) break; // no escape left (a lone '\\' at the end cannot be in valid JSON)
+        if (i >= n) break;
+        if (i + 1 >= n) return -1; // a lone '\\' at the end
         char e = body[i + 1];
         i += 2;
         static const char short_esc[] = "bfnrt", short_val[] = "\b\f\n\r\t";
@@ -232,11 +236,11 @@ size_t json_unescape(char *out, const char *body, size_t n) {
             out[o++] = e; // '"', '\\', '/'
             continue;
         }
-        if (i + 4 > n) break;
-        uint32_t cp = hex4(body + i);
+        int32_t cp = i + 4 <= n ? hex4(body + i) : -1;
+        if (cp < 0) return -1;
         i += 4;
         if (cp >= 0xD800 && cp < 0xDC00 && i + 6 <= n && body[i] == '\\' && body[i + 1] == 'u') {
-            uint32_t lo = hex4(body + i + 2);
+            int32_t lo = hex4(body + i + 2);
             if (lo >= 0xDC00 && lo < 0xE000) {
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                 i += 6;
@@ -244,9 +248,10 @@ size_t json_unescape(char *out, const char *body, size_t n) {
         }
         // cJSON refuses a lone surrogate; should one come here, it is not a character.
         if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;
-        o += (size_t)utf8_encode(out + o, cp);
+        o += (size_t)utf8_encode(out + o, (uint32_t)cp);
     }
-    return o;
+    *out_n = o;
+    return 0;
 }
 
 bool json_member_string(const char **body, size_t *len, const char *text, size_t n,
@@ -257,11 +262,13 @@ bool json_member_string(const char **body, size_t *len, const char *text, size_t
         size_t ks = i + 1, ke = string_end(text, n, i);
         // A name with escapes is decoded first; it is no longer than its literal.
         char name[64];
+        size_t name_n;
         bool match = false;
         if (ke - ks == klen && !memchr(text + ks, '\\', klen))
             match = memcmp(text + ks, key, klen) == 0;
         else if (ke - ks <= sizeof name && memchr(text + ks, '\\', ke - ks))
-            match = json_unescape(name, text + ks, ke - ks) == klen && memcmp(name, key, klen) == 0;
+            match = json_unescape(name, &name_n, text + ks, ke - ks) == 0 && name_n == klen &&
+                    memcmp(name, key, klen) == 0;
         i = skip_space(text, n, ke + 1); // the ':'
         i = skip_space(text, n, i + 1);  // the value
         if (match) {

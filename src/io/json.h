@@ -40,10 +40,11 @@ const char *json_type_name(const cJSON *item);
 bool json_member_string(const char **body, size_t *len, const char *text, size_t n,
                         const char *key);
 // Decodes the body of a JSON string literal (as json_member_string finds it) into out, which must
-// hold n bytes (no escape decodes longer than it is written); returns the decoded length. \u0000
-// is a NUL byte like any other character, a surrogate pair one 4-byte character; other bytes are
-// copied as they are.
-size_t json_unescape(char *out, const char *body, size_t n);
+// hold n bytes (no escape decodes longer than it is written), and sets *out_n. \u0000 is a NUL
+// byte like any other character, a surrogate pair one 4-byte character; other bytes are copied
+// as they are. -1 for a \u without 4 hex digits (which cJSON reads as \u0000) or a '\' at the
+// end.
+int json_unescape(char *out, size_t *out_n, const char *body, size_t n);
 // Writes s as a JSON string literal (quoted; '"', '\\' and control characters escaped), for
 // JSON printed with fprintf.
 void json_write_string(FILE *f, const char *s);
