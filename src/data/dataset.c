@@ -581,8 +581,7 @@ int stream_open(token_stream *s, const char *path, const tokenizer *tok, int32_t
     for (size_t i = 0; i < r.n_files; i++) n_text += r.files[i].kind != SRC_NPY;
     r.find_dups = n_text >= 2;
     for (size_t i = 0; i < r.n_files && rc == 0; i++) rc = plan_file(&r, (uint32_t)i, err);
-    bool text = false;
-    for (size_t i = 0; i < r.n_files; i++) text |= r.files[i].kind != SRC_NPY;
+    bool text = n_text > 0;
     if (rc == 0 && text) {
         r.eos = tok_eos_id(tok);
         if (r.eos < 0)
