@@ -2,11 +2,12 @@
 and its HF export: activation checkpointing (none, full, selective every 2nd layer, selective
 "op") gives bit-identical losses and weights (op also with the chunked loss head, sdpa attention
 and the loop expert kernel, against the run without at the same settings; every run accumulates
-2 micro-batches a step) and plans fewer activation bytes, and so does --debug.profile_ops (which prints its table); the chunked loss head
-agrees to fp32 rounding (2e-7 on the losses, 1e-5 on the weights, 1e-4 for MoE, where a
-rounding-level change can flip a routing choice); the attention kernels (sdpa, the reference,
-and flash, the default) agree within 4e-7 on the losses and 1e-4 (MoE 3e-4) on the weights.
-Each bound is near 10x the error measured, written beside it."""
+2 micro-batches a step) and plans fewer activation bytes, and so does --debug.profile_ops
+(which prints its table); the chunked loss head agrees to fp32 rounding (2e-7 on the losses,
+1e-5 on the weights, 1e-4 for MoE, where a rounding-level change can flip a routing choice);
+the attention kernels (sdpa, the reference, and flash, the default) agree within 4e-7 on the
+losses and 1e-4 (MoE 3e-4) on the weights. Each bound is near 10x the error measured, written
+beside it."""
 import json
 import os
 import re
