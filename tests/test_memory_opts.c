@@ -7,7 +7,8 @@
 //   checkpointing exactly, for full (every layer), selective (every k-th) and op checkpointing,
 //   with both attention kernels and both expert kernels, over two accumulated micro-batches;
 //   the activation plan must shrink, and under the op policy by exactly the elementwise
-//   outputs of all layers but one set.
+//   outputs of all layers but one set. (Checked once by breaking it: ln2 recomputed from resid
+//   instead of resid2, or no op recomputation at all, each failed the 16 op gradient checks.)
 // - The chunked loss head: the same loss and gradients (to fp32 rounding: the lm_head gradient
 //   is summed chunk by chunk), whether the head's backward runs inside qwen3_forward_train or
 //   recomputes the logits in qwen3_backward; the logits buffer shrinks to one chunk.
