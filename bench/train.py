@@ -30,9 +30,12 @@ losses agree to fp32 rounding: loss_step1_rel_diff. ratios: ctitan / PyTorch for
 (> 1: ctitan faster) and peak RSS (< 1: ctitan smaller). ctitan's own log adds its planned
 memory (the "memory estimate" line; planned_activations_gib is its activations part), its
 memory_peak_gib and its per-step mfu (against sgemm_gflops_before, the peak it is given).
---ac runs ctitan a second time with full activation checkpointing (ctitan_ac_full) and adds
-ratios.ac_activations (planned activations without / with), ac_peak_rss, ac_step_time (with /
-without) and ac_losses_equal (checkpointing must not change a bit).
+--ac runs ctitan twice more, with full activation checkpointing (ctitan_ac_full) and with
+selective "op" checkpointing (ctitan_ac_op: GEMM and attention outputs kept, elementwise ops
+recomputed), and adds per mode ratios.ac_<mode>_activations (planned activations without / with),
+ac_<mode>_peak_rss, ac_<mode>_step_time (with / without) and ac_<mode>_losses_equal
+(checkpointing changes no bit; the automatic loss chunk does, 64 MiB with checkpointing against
+256 MiB without, unless --ctitan-args fixes training.loss_chunk_tokens).
 
 By default glibc's malloc keeps its own settings, as a PyTorch user gets it. --malloc heap runs
 both sides as bench/moe.py does (freed memory kept in the heap, no mmap, no trim): PyTorch
@@ -64,7 +67,9 @@ MODELS = {"dense": DENSE, "moe": MOE}
 CONFIGS = {"c1": ("dense", 256, 2), "c2": ("dense", 2048, 2), "moe": ("moe", 256, 2)}
 OPT = dict(lr=8e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=1.0, warmup=0)
 SEED = 1234
-AC_FULL = "--activation_checkpoint.mode full"
+AC_MODES = {"full": "--activation_checkpoint.mode full",
+            "op": "--activation_checkpoint.mode selective "
+                  "--activation_checkpoint.selective_ac_option op"}
 
 
 def log(msg):
@@ -180,14 +185,15 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work, extra=""):
         raise SystemExit(f"[train] {name} ctitan: {len(rows)} metrics rows, not {args.steps}")
     plan = next((s for s in lines if s.startswith("memory estimate")), None)
     total = re.search(r"total ([0-9.]+) GiB", plan or "")
-    acts = re.search(r"activations ([0-9.]+) GiB", plan or "")
+    # The MiB figure: the GiB one has 3 decimals, too few for a small config's ratios.
+    acts = re.search(r"activations [0-9.]+ GiB \(([0-9.]+) MiB", plan or "")
     side = {"step_s": [B * T / r["tps"] for r in rows[1:]],
             "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
             "peak_rss_gib": rss, "memory_peak_gib_reported": max(r["memory_peak_gib"]
                                                                  for r in rows),
             "mfu_reported": [r["mfu"] for r in rows[1:]],
             "planned_memory_gib": float(total.group(1)) if total else None,
-            "planned_activations_gib": float(acts.group(1)) if acts else None,
+            "planned_activations_gib": round(float(acts.group(1)) / 1024, 5) if acts else None,
             "planned_memory_line": plan, "wall_s": wall, "command": shlex.join(cmd)}
     return side
 
@@ -245,8 +251,9 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--ctitan-args", default="", help="extra `ctitan train` arguments, verbatim")
     ap.add_argument("--ac", action="store_true",
-                    help=f"also run ctitan with {AC_FULL!r}: planned activations, peak RSS and "
-                         "step time against the run without (ratios.ac_*)")
+                    help="also run ctitan with full and with selective \"op\" activation "
+                         "checkpointing: planned activations, peak RSS and step time against the "
+                         "run without (ratios.ac_*)")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--tmp", help="folder for the HF folders and tokens (default: system temp)")
     ap.add_argument("--malloc", choices=["default", "heap"], default="default",
@@ -305,8 +312,8 @@ def main():
             folder, tokens = os.path.join(work, kind), os.path.join(work, kind + ".npy")
             raw[c] = (ctitan_side(c, args, folder, tokens, B, T, peak, env, work),
                       torch_side(c, args, folder, tokens, B, T, env),
-                      ctitan_side(c, args, folder, tokens, B, T, peak, env, work, AC_FULL)
-                      if args.ac else None)
+                      {m: ctitan_side(c, args, folder, tokens, B, T, peak, env, work, extra)
+                       for m, extra in AC_MODES.items()} if args.ac else {})
     result["sgemm_gflops_after"] = sgemm_peak()
     # A busy machine lowers the rate: MFU uses the better of the two.
     peak = result["sgemm_peak_gflops"] = max(peak, result["sgemm_gflops_after"])
@@ -328,15 +335,15 @@ def main():
             "ratios": {"tokens_per_s": round(ct["tokens_per_s"] / pt["tokens_per_s"], 3),
                        "peak_rss": round(ct["peak_rss_gib"] / pt["peak_rss_gib"], 3)},
         }
-        if raw[c][2]:
-            ac = summarise(raw[c][2], B, T, fpt, peak)
-            result["configs"][c]["ctitan_ac_full"] = ac
-            result["configs"][c]["ratios"].update(
-                ac_activations=round(ct["planned_activations_gib"] /
-                                     ac["planned_activations_gib"], 3),
-                ac_peak_rss=round(ct["peak_rss_gib"] / ac["peak_rss_gib"], 3),
-                ac_step_time=round(ac["step_s"] / ct["step_s"], 3),
-                ac_losses_equal=ac["losses"] == ct["losses"])
+        for mode, side in raw[c][2].items():
+            ac = summarise(side, B, T, fpt, peak)
+            result["configs"][c][f"ctitan_ac_{mode}"] = ac
+            result["configs"][c]["ratios"].update({
+                f"ac_{mode}_activations": round(ct["planned_activations_gib"] /
+                                                ac["planned_activations_gib"], 3),
+                f"ac_{mode}_peak_rss": round(ct["peak_rss_gib"] / ac["peak_rss_gib"], 3),
+                f"ac_{mode}_step_time": round(ac["step_s"] / ct["step_s"], 3),
+                f"ac_{mode}_losses_equal": ac["losses"] == ct["losses"]})
         log(f"{c}: ctitan {ct['tokens_per_s']:.0f} tok/s, {ct['peak_rss_gib']:.2f} GiB; "
             f"pytorch {pt['tokens_per_s']:.0f} tok/s, {pt['peak_rss_gib']:.2f} GiB; "
             f"step-1 loss rel diff {result['configs'][c]['loss_step1_rel_diff']:.2e}")

@@ -1,7 +1,10 @@
 // libFuzzer target for the tokenizer (src/text). The first byte picks what the rest is:
-//   even: text for the real Qwen3 tokenizer. Encoding must succeed exactly when the bytes are
-//         valid UTF-8; after repair (the documented rule) it must succeed, and decoding the ids
-//         must give back the NFC form of the repaired text.
+//   0 mod 4: text for the real Qwen3 tokenizer. Encoding must succeed exactly when the bytes
+//         are valid UTF-8; after repair (the documented rule) it must succeed, and decoding the
+//         ids must give back the NFC form of the repaired text.
+//   2 mod 4: a .jsonl line. Where cJSON finds a string "text", json_member_string must find it
+//         too and json_unescape must give cJSON's string followed, from the first \u0000 on, by
+//         what cJSON's C string cannot hold; the bytes (NUL included) then encode.
 //   odd:  a tokenizer.json. Loading must succeed or fail with a message; a loaded one encodes.
 // The real tokenizer is read once from $CTITAN_TOKENIZER_DIR, else from the assets folder that
 // scripts/fetch-assets fills.
@@ -10,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "io/json.h"
 #include "text/normalize.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -77,10 +83,43 @@ static void fuzz_json(const char *data, size_t size) {
     tok_free(t);
 }
 
+static void fuzz_jsonl(const char *data, size_t size) {
+    cJSON *j = cJSON_ParseWithLength(data, size);
+    const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
+    // Members cJSON calls "text": a name with a \u0000 ("text\u0000x") is one to cJSON's strcmp.
+    int n_text = 0;
+    for (const cJSON *c = j ? j->child : NULL; c; c = c->next)
+        n_text += c->string && strcmp(c->string, "text") == 0;
+    const char *body;
+    size_t body_n;
+    bool found = json_member_string(&body, &body_n, data, size, "text");
+    if (found && (body < data || body_n > size || body + body_n > data + size)) abort();
+    if (cJSON_IsString(t) && n_text == 1 && found) {
+        // The same member: the bytes are cJSON's string, then what its C string cut at a NUL.
+        char *out = malloc(body_n + 1);
+        size_t n, c = strlen(t->valuestring);
+        // cJSON reads a \u with a bad hex digit as \u0000, where json_unescape refuses it.
+        if (json_unescape(out, &n, body, body_n) != 0) {
+            free(out);
+            cJSON_Delete(j);
+            return;
+        }
+        if (n > body_n || n < c || memcmp(out, t->valuestring, c) != 0 || (n > c && out[c] != 0))
+            abort();
+        ct_error err;
+        ids.n = 0;
+        if (utf8_valid_prefix(out, n) == n && tok_encode(enc, &ids, out, n, &err) != 0) abort();
+        free(out);
+    }
+    cJSON_Delete(j);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     if (data[0] & 1)
         fuzz_json((const char *)data + 1, size - 1);
+    else if (data[0] & 2)
+        fuzz_jsonl((const char *)data + 1, size - 1);
     else
         fuzz_text((const char *)data + 1, size - 1);
     return 0;

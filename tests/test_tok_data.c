@@ -13,6 +13,7 @@
 #include "data/loader.h"
 #include "io/json.h"
 #include "io/npy.h"
+#include "io/toml.h"
 #include "text/tokenizer.h"
 
 #define VOCAB 151936 // Qwen3's embedding rows
@@ -40,6 +41,13 @@ static void write_bytes(const char *path, const char *data, size_t n) {
 
 static void write_file(const char *path, const char *text) {
     write_bytes(path, text, strlen(text));
+}
+
+// Writes text to dir/name.
+static void write_in(const char *dir, const char *name, const char *text) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    write_file(p, text);
 }
 
 static char *read_file(const char *path, size_t *len) {
@@ -206,16 +214,14 @@ static void test_folder(void) {
     char *dir = tmp_path("mixed");
     mkdir(dir, 0755);
     char p[1200];
-    snprintf(p, sizeof p, "%s/b.jsonl", dir);
-    write_file(p, "{\"text\": \"second file, first doc\"}\n{\"text\": \"second doc\"}\n");
-    snprintf(p, sizeof p, "%s/a.txt", dir);
-    write_file(p, "The first file.\nIts second line.\n");
+    write_in(dir, "b.jsonl",
+             "{\"text\": \"second file, first doc\"}\n{\"text\": \"second doc\"}\n");
+    write_in(dir, "a.txt", "The first file.\nIts second line.\n");
     snprintf(p, sizeof p, "%s/c.npy", dir);
     int64_t raw[] = {1, 2, 3, 151935};
     ct_error err;
     CHECK(npy_write(p, raw, 4, "<u4", &err) == 0, "%s", err.msg);
-    snprintf(p, sizeof p, "%s/readme.md", dir);
-    write_file(p, "ignored");
+    write_in(dir, "readme.md", "ignored");
     tok_ids want = {0};
     const char *a = "The first file.\nIts second line.\n";
     ref_doc(&want, a, strlen(a));
@@ -275,6 +281,128 @@ static void test_invalid_utf8(void) {
     tok_ids_free(&w2);
 }
 
+// path opened on 1 and 2 threads gives want, n_docs documents.
+static void check_stream(const char *path, const tok_ids *want, uint64_t n_docs) {
+    for (int threads = 1; threads <= 2; threads++) {
+        token_stream s;
+        open_ok(&s, path, threads);
+        same_ids(&s, want, path);
+        CHECK(s.n_docs == n_docs, "%s: %llu documents", path, (unsigned long long)s.n_docs);
+        stream_free(&s);
+    }
+}
+
+// Text is bytes: NUL and the other C0 controls are characters like any other (HF encodes them
+// with byte-level BPE). A .txt carries them raw; a .jsonl as \u0000-style escapes, short escapes
+// (\b \f \n \r \t) or raw bytes inside the string; either way the document is every byte.
+static void test_controls(void) {
+    char all[80], *p = all; // "a", then U+0000..U+001F each followed by "x", then "end"
+    *p++ = 'a';
+    for (int c = 0; c < 32; c++) *p++ = (char)c, *p++ = 'x';
+    memcpy(p, "end", 3);
+    size_t all_n = (size_t)(p + 3 - all);
+    write_bytes(tmp_path("controls.txt"), all, all_n);
+    tok_ids want = {0};
+    ref_doc(&want, all, all_n);
+    check_stream(tmp_path("controls.txt"), &want, 1);
+    tok_ids_free(&want);
+
+    // The same text in a .jsonl, every control as a \u escape; then NUL at the start, at the
+    // end, twice in a row, after a backslash escape, as a short escape's neighbour, and raw.
+    char line[512];
+    size_t o = 0;
+    o += (size_t)snprintf(line + o, sizeof line - o, "{\"text\": \"a");
+    for (int c = 0; c < 32; c++) o += (size_t)snprintf(line + o, sizeof line - o, "\\u%04Xx", c);
+    o += (size_t)snprintf(line + o, sizeof line - o, "end\"}\n");
+    static const char rest[] = "{\"text\": \"\\u0000lead\"}\n"
+                               "{\"id\": \"\\u0000\", \"text\": \"trail\\u0000\"}\n"
+                               "{\"text\": \"two\\u0000\\u0000nuls \\\\u0000 is text\"}\n"
+                               "{\"text\": \"\\b\\f\\n\\r\\t\\u0000\\\"\\/\\ud83d\\ude00\"}\n"
+                               "{\"text\": \"raw \0 nul\"}\n"
+                               "{\"text\": \"\\u0000\"}\n";
+    memcpy(line + o, rest, sizeof rest - 1);
+    o += sizeof rest - 1;
+    write_bytes(tmp_path("controls.jsonl"), line, o);
+    static const struct {
+        const char *s;
+        size_t n;
+    } docs[] = {
+        {"\0lead", 5},
+        {"trail\0", 6},
+        {"two\0\0nuls \\u0000 is text", 24},
+        {"\b\f\n\r\t\0\"/\xF0\x9F\x98\x80", 12},
+        {"raw \0 nul", 9},
+        {"\0", 1},
+    };
+    tok_ids w2 = {0};
+    ref_doc(&w2, all, all_n);
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) ref_doc(&w2, docs[i].s, docs[i].n);
+    check_stream(tmp_path("controls.jsonl"), &w2, 7);
+    tok_ids_free(&w2);
+}
+
+// A folder that holds the same text twice (a .txt and a .jsonl of it, or two copies of a file)
+// trains it twice: one warning names the first two files that share a document.
+static void test_duplicates(const char *src) {
+    char *dir = tmp_path("dup");
+    mkdir(dir, 0755);
+    char p[1200];
+    write_in(dir, "corpus.txt", "The same sentence.\nAnother one.\n");
+    write_in(dir, "corpus.jsonl",
+             "{\"text\": \"The same sentence.\"}\n{\"text\": \"Another one.\"}\n");
+    write_in(dir, "other.txt", "Different text.\n");
+    token_stream s;
+    open_ok(&s, dir, 2);
+    CHECK(strstr(s.warning, "corpus.jsonl and ") && strstr(s.warning, "corpus.txt") &&
+              strstr(s.warning, "2 documents") && !strstr(s.warning, "other.txt"),
+          "warning: \"%s\"", s.warning);
+    stream_free(&s);
+    // Two copies of a .jsonl, and a document that is also a whole .txt.
+    char *dir2 = tmp_path("dup2");
+    mkdir(dir2, 0755);
+    const char *jl = "{\"text\": \"one\"}\n{\"text\": \"two\\u0000\"}\n";
+    write_in(dir2, "a.jsonl", jl);
+    write_in(dir2, "b.jsonl", jl);
+    write_in(dir2, "c.txt", "one");
+    open_ok(&s, dir2, 1);
+    CHECK(strstr(s.warning, "a.jsonl and ") && strstr(s.warning, "b.jsonl hold") &&
+              strstr(s.warning, "1 more pair"),
+          "warning: \"%s\"", s.warning);
+    stream_free(&s);
+    // Lines two .txt files share (boilerplate) are not a duplicate document, nor are empty
+    // documents, nor a document repeated within one file.
+    char *dir3 = tmp_path("nodup");
+    mkdir(dir3, 0755);
+    write_in(dir3, "a.txt", "Chapter 1\nIt begins.\n");
+    write_in(dir3, "b.txt", "Chapter 1\nIt ends.\n");
+    write_in(dir3, "c.jsonl", "{\"text\": \"\"}\n{\"text\": \"x\"}\n{\"text\": \"x\"}\n");
+    write_in(dir3, "d.jsonl", "{\"text\": \"\"}\n");
+    open_ok(&s, dir3, 2);
+    CHECK(!s.warning[0], "warning: \"%s\"", s.warning);
+    stream_free(&s);
+
+    // The recipe on an HF folder trains each sentence once (assets/corpus holds the nlp-corpus
+    // sentences as .txt and as .jsonl).
+    snprintf(p, sizeof p, "%s/configs/hf_qwen3_4b.toml", src);
+    toml_doc doc;
+    ct_error err;
+    CHECK(toml_parse_file(&doc, p, &err) == 0, "%s", err.msg);
+    const char *path = NULL;
+    for (int i = 0; i < doc.n_entries; i++)
+        if (!strcmp(doc.entries[i].section, "training") &&
+            !strcmp(doc.entries[i].key, "dataset_path"))
+            path = doc.entries[i].value.str;
+    CHECK(path != NULL, "%s has no training.dataset_path", p);
+    if (path) {
+        snprintf(p, sizeof p, "%s/%s", src, path);
+        open_ok(&s, p, 0);
+        CHECK(!strstr(s.warning, "same"), "%s: %s", path, s.warning);
+        CHECK(s.n_docs == 100000, "%s: %llu documents", path, (unsigned long long)s.n_docs);
+        stream_free(&s);
+    }
+    toml_free(&doc);
+}
+
 static void test_errors(void) {
     write_file(tmp_path("empty.txt"), "");
     check_open_fails(tmp_path("empty.txt"), VOCAB, 2, "empty.txt", "empty");
@@ -288,14 +416,16 @@ static void test_errors(void) {
     check_open_fails(tmp_path("notext.jsonl"), VOCAB, 2, "notext.jsonl:3:", "no \"text\" field");
     write_file(tmp_path("number.jsonl"), "{\"text\": \"ok\"}\n{\"text\": 42}\n");
     check_open_fails(tmp_path("number.jsonl"), VOCAB, 2,
-                     "number.jsonl:2:", "\"text\" is a number, expected a string");
+                     "number.jsonl:2:", "\"text\" is not a string: found a number");
     write_file(tmp_path("array.jsonl"), "[\"text\"]\n");
     check_open_fails(tmp_path("array.jsonl"), VOCAB, 2,
                      "array.jsonl:1:", "expected a JSON object, found an array");
     write_file(tmp_path("broken.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"unterminated}\n");
     check_open_fails(tmp_path("broken.jsonl"), VOCAB, 2, "broken.jsonl:2:", "invalid JSON");
-    write_file(tmp_path("nul.jsonl"), "{\"text\": \"a\\u0000b\"}\n");
-    check_open_fails(tmp_path("nul.jsonl"), VOCAB, 2, "nul.jsonl:1:", "NUL");
+    // cJSON reads a \u with a bad hex digit as \u0000, which would end its C string there.
+    write_file(tmp_path("badhex.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"a\\u00zzb\"}\n");
+    check_open_fails(tmp_path("badhex.jsonl"), VOCAB, 2, "badhex.jsonl:2: invalid JSON",
+                     "4 hex digits");
     // The first bad line in file order is reported, whatever the thread count.
     FILE *f = fopen(tmp_path("late.jsonl"), "wb");
     for (int i = 1; i <= 2000; i++)
@@ -324,11 +454,8 @@ static void test_errors(void) {
     // A folder reports the file at fault.
     char *dir = tmp_path("faulty");
     mkdir(dir, 0755);
-    char p[1200];
-    snprintf(p, sizeof p, "%s/1.txt", dir);
-    write_file(p, "good");
-    snprintf(p, sizeof p, "%s/2.jsonl", dir);
-    write_file(p, "{\"text\": \"good\"}\n{}\n");
+    write_in(dir, "1.txt", "good");
+    write_in(dir, "2.jsonl", "{\"text\": \"good\"}\n{}\n");
     check_open_fails(dir, VOCAB, 2, "2.jsonl:2:", "no \"text\" field");
 }
 
@@ -348,6 +475,8 @@ int main(void) {
     test_jsonl(assets);
     test_folder();
     test_invalid_utf8();
+    test_controls();
+    test_duplicates(check_env("CTITAN_SOURCE_DIR"));
     test_errors();
     tok_encoder_free(enc);
     tok_free(tok);

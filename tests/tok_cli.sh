@@ -69,6 +69,43 @@ for name, good, info in checks:
 sys.exit(0 if all(g for _, g, _ in checks) else 1)
 EOF
 
+# Text is bytes: NUL and every other C0 control, raw in a .txt and as JSON escapes in a .jsonl,
+# give HF's ids (Hugging Face encodes U+0000 like any other character).
+"$PY" - "$T/ctl.txt" "$T/ctl.jsonl" <<'EOF'
+import json, sys
+ctl = "".join(chr(c) + "x" for c in range(32))
+docs = ["a" + ctl + "end", "\0lead", "trail\0", "two\0\0nuls", "\0", "tab\tnul\0 cr\r lf\n end"]
+with open(sys.argv[1], "w", encoding="utf-8", newline="") as f:
+    f.write("before\0after " + ctl + "\nline two\0\n")
+with open(sys.argv[2], "w", encoding="utf-8", newline="") as f:
+    for d in docs:
+        f.write(json.dumps({"text": d}) + "\n")
+EOF
+grep -qF '\u0000' "$T/ctl.jsonl" && ok || bad "ctl.jsonl has no \\u0000 escape"
+node "$S/tests/ref/tok_encode_files.mjs" --assets "$A" \
+    whole "$T/ctl.txt" "$T/ref_ctl_txt.json" jsonl "$T/ctl.jsonl" "$T/ref_ctl_jsonl.json"
+run --input "$T/ctl.txt" --output "$T/ctl_txt.npy" >/dev/null || bad "ctl.txt refused"
+run --input "$T/ctl.jsonl" --output "$T/ctl_jsonl.npy" >/dev/null || bad "ctl.jsonl refused"
+run --input "$T/ctl.jsonl" --output "$T/ctl_jsonl.jsonl" >/dev/null || bad "ctl.jsonl refused"
+"$PY" - "$T" <<'EOF' && ok || bad "NUL and C0 controls: ids differ from HF (see above)"
+import json, os, sys
+import numpy as np
+t = sys.argv[1]
+EOT = 151643
+def ref(name): return json.load(open(f"{t}/{name}"))
+def stream(docs): return [i for d in docs for i in d + [EOT]]
+def npy(name): return np.load(f"{t}/{name}").tolist() if os.path.exists(f"{t}/{name}") else None
+def lines(name):
+    if not os.path.exists(f"{t}/{name}"): return None
+    return [json.loads(l)["ids"] for l in open(f"{t}/{name}")]
+checks = [("ctl_txt.npy", npy("ctl_txt.npy"), stream(ref("ref_ctl_txt.json"))),
+          ("ctl_jsonl.npy", npy("ctl_jsonl.npy"), stream(ref("ref_ctl_jsonl.json"))),
+          ("ctl_jsonl.jsonl", lines("ctl_jsonl.jsonl"), ref("ref_ctl_jsonl.json"))]
+for name, got, want in checks:
+    print(("ok   " if got == want else "FAIL ") + name + ("" if got == want else f": {got} vs HF {want}"))
+sys.exit(0 if all(g == w for _, g, w in checks) else 1)
+EOF
+
 # Bad inputs: each fails with a clear message and exit code 1, and leaves no output file.
 expect_error() { # expect_error "message part" args...
     local want=$1
@@ -87,7 +124,6 @@ printf '\n\n\r\n' >"$T/blank.txt"
 printf '{"text": "fine"}\n{"txt": "no text field"}\n' >"$T/notext.jsonl"
 printf '{"text": "fine"}\n{"text": 5}\n' >"$T/numtext.jsonl"
 printf '{"text": "fine"}\n{"text": "unterminated\n' >"$T/badjson.jsonl"
-printf '{"text": "a\\u0000b"}\n' >"$T/nul.jsonl"
 mkdir -p "$T/badtok"
 head -c 100000 "$TOK/tokenizer.json" >"$T/badtok/tokenizer.json"
 mkdir -p "$T/wordpiece"
@@ -98,7 +134,8 @@ expect_error "no documents" --tokenizer "$TOK" --input "$T/blank.txt" --output "
 expect_error "notext.jsonl:2: no \"text\" field" --tokenizer "$TOK" --input "$T/notext.jsonl" --output "$T/err.npy"
 expect_error "numtext.jsonl:2: \"text\" is not a string" --tokenizer "$TOK" --input "$T/numtext.jsonl" --output "$T/err.npy"
 expect_error "badjson.jsonl:2: invalid JSON" --tokenizer "$TOK" --input "$T/badjson.jsonl" --output "$T/err.npy"
-expect_error "NUL" --tokenizer "$TOK" --input "$T/nul.jsonl" --output "$T/err.npy"
+printf '{"text": "fine"}\n{"text": "a\\u00zzb"}\n' >"$T/badhex.jsonl"
+expect_error "badhex.jsonl:2: invalid JSON" --tokenizer "$TOK" --input "$T/badhex.jsonl" --output "$T/err.npy"
 expect_error "invalid JSON at byte" --tokenizer "$T/badtok" --input "$T/docs.txt" --output "$T/err.npy"
 expect_error "not supported: model type WordPiece" --tokenizer "$T/wordpiece" --input "$T/docs.txt" --output "$T/err.npy"
 expect_error "tokenizer.json" --tokenizer "$T/nonexistent" --input "$T/docs.txt" --output "$T/err.npy"

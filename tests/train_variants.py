@@ -1,12 +1,16 @@
 """Training variants that must not change the numbers, dense and MoE, through `ctitan train`
-and its HF export: activation checkpointing (none, full, selective) gives bit-identical losses
-and weights, and so does --debug.profile_ops (which prints its table); the chunked loss head
-agrees to fp32 rounding (2e-7 on the losses, 1e-5 on the weights, 1e-4 for MoE, where a
-rounding-level change can flip a routing choice); the attention kernels (sdpa, the reference,
-and flash, the default) agree within 4e-7 on the losses and 1e-4 (MoE 3e-4) on the weights.
-Each bound is near 10x the error measured, written beside it."""
+and its HF export: activation checkpointing (none, full, selective every 2nd layer, selective
+"op") gives bit-identical losses and weights (op also with the chunked loss head, sdpa attention
+and the loop expert kernel, against the run without at the same settings; every run accumulates
+2 micro-batches a step) and plans fewer activation bytes, and so does --debug.profile_ops
+(which prints its table); the chunked loss head agrees to fp32 rounding (2e-7 on the losses,
+1e-5 on the weights, 1e-4 for MoE, where a rounding-level change can flip a routing choice);
+the attention kernels (sdpa, the reference, and flash, the default) agree within 4e-7 on the
+losses and 1e-4 (MoE 3e-4) on the weights. Each bound is near 10x the error measured, written
+beside it."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -63,6 +67,13 @@ def close(a, b, what, loss_tol, weight_tol):
     return worst, worst_w
 
 
+def planned_activations(log):
+    """The activations of the memory estimate line, in MiB, and the mode it names."""
+    m = re.search(r"activations [0-9.]+ GiB \(([0-9.]+) MiB, activation checkpointing ([^)]*)\)",
+                  log)
+    return (float(m.group(1)), m.group(2)) if m else (None, None)
+
+
 def same_bits(a, b, what):
     check(a["loss"] == b["loss"], "%s: losses %r vs %r" % (what, a["loss"], b["loss"]))
     differ = [n for n in a["weights"] if not np.array_equal(a["weights"][n], b["weights"][n])]
@@ -70,6 +81,12 @@ def same_bits(a, b, what):
 
 
 os.makedirs(TMP, exist_ok=True)
+bad = subprocess.run([BIN, "train", "--model.flavor", "debugmodel", "--training.dataset_path", "x",
+                      "--activation_checkpoint.mode", "selective",
+                      "--activation_checkpoint.selective_ac_option", "ops"],
+                     capture_output=True, text=True)
+check(bad.returncode != 0 and 'selective_ac_option = "ops"; expected "op"' in bad.stderr,
+      "a bad selective_ac_option is refused: %s" % bad.stderr[-500:])
 np.save(os.path.join(TMP, "tokens.npy"),
         np.random.default_rng(5).integers(0, 512, 20000).astype("<i4"))
 
@@ -77,11 +94,26 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
     base = train(flavor + "_none", flavor, [])
     if base is None:
         continue
-    for mode in (["full"], ["selective", "--activation_checkpoint.selective_ac_option", "2"]):
-        r = train(flavor + "_" + mode[0], flavor, ["--activation_checkpoint.mode"] + mode)
+    OP = ["--activation_checkpoint.mode", "selective",
+          "--activation_checkpoint.selective_ac_option", "op"]
+    none_acts, none_mode = planned_activations(base["log"])
+    check(none_mode == "none", "memory line names the mode: %r" % none_mode)
+    for mode in (["full"], ["selective", "--activation_checkpoint.selective_ac_option", "2"],
+                 OP[1:]):
+        label = " ".join(mode[::2])
+        r = train(flavor + "_" + mode[-1], flavor, ["--activation_checkpoint.mode"] + mode)
         if r:
-            same_bits(base, r, "%s activation_checkpoint %s" % (flavor, mode[0]))
-            check("activation checkpointing: %s" % mode[0] in r["log"], "logged")
+            same_bits(base, r, "%s activation_checkpoint %s" % (flavor, label))
+            logged = label if mode[-1] == "op" else mode[0]
+            check("activation checkpointing: %s" % logged in r["log"], "logged: " + logged)
+            # Selective every 2nd layer of 3 recomputes one layer: its set is no smaller.
+            acts, named = planned_activations(r["log"])
+            check(named == label and acts is not None and
+                  (acts <= none_acts if mode[-1] == "2" else acts < none_acts),
+                  "%s: planned activations %r MiB (%r) against none's %r" %
+                  (label, acts, named, none_acts))
+            print("%s: %s plans %.2f MiB of activations, none %.2f" %
+                  (flavor, label, acts, none_acts))
     r = train(flavor + "_chunked", flavor, ["--training.loss_chunk_tokens", "17"])
     if r:
         # MoE: a rounding-level change can flip a top-k choice, so its weights drift further.
@@ -90,6 +122,9 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
                                1e-4 if "moe" in flavor else 1e-5)
         print("%s: chunked loss head, losses within %.3g, weights %.3g" % (flavor, worst, worst_w))
         check("loss head: in chunks of 17 tokens" in r["log"], "chunking logged")
+        r_op = train(flavor + "_chunked_op", flavor, ["--training.loss_chunk_tokens", "17"] + OP)
+        if r_op:
+            same_bits(r, r_op, flavor + " op checkpointing with loss_chunk_tokens 17")
     check("idle OpenMP threads: passive" in base["log"], "ctitan sets OMP_WAIT_POLICY=passive")
     # auto is flash; sdpa is the reference kernel (materialised probabilities).
     check("kernels: attention flash" in base["log"], "auto picks flash")
@@ -101,6 +136,15 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
                                3e-4 if "moe" in flavor else 1e-4)
         print("%s: sdpa vs flash, losses within %.3g, weights %.3g" % (flavor, worst, worst_w))
         check("kernels: attention sdpa" in r["log"], "sdpa logged")
+        r_op = train(flavor + "_sdpa_op", flavor, ["--model.attn_backend", "sdpa"] + OP)
+        if r_op:
+            same_bits(r, r_op, flavor + " op checkpointing with sdpa")
+    if flavor == "debugmodel_moe":
+        r = train(flavor + "_loop", flavor, ["--model.moe_impl", "loop"])
+        r_op = train(flavor + "_loop_op", flavor, ["--model.moe_impl", "loop"] + OP)
+        if r and r_op:
+            same_bits(r, r_op, flavor + " op checkpointing with the loop expert kernel")
+            check("experts loop" in r_op["log"], "loop kernel logged")
     r = train(flavor + "_profile", flavor, ["--debug.profile_ops"])
     if r:
         same_bits(base, r, "%s --debug.profile_ops" % flavor)

@@ -1,8 +1,9 @@
 // ctitan tokenize: text (.txt, .jsonl) -> token ids (.npy stream for training, or .jsonl), with
 // the Qwen tokenizer of a Hugging Face folder. Multi-threaded; output order is input order.
 //
-// Invalid UTF-8 in the input is replaced by U+FFFD, one per maximal ill-formed subsequence (as
-// Python's errors="replace"), and a warning says how many and where the first was.
+// Text is bytes: NUL and the other controls are encoded like any other character (a .jsonl's
+// \u0000 too). Invalid UTF-8 in the input is replaced by U+FFFD, one per maximal ill-formed
+// subsequence (as Python's errors="replace"), and a warning says how many and where the first was.
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
@@ -14,9 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "cli/cli.h"
+#include "data/jsonl.h"
 #include "io/atomic.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -55,6 +55,7 @@ typedef struct unit {
 typedef struct __attribute__((aligned(64))) worker {
     tok_encoder *enc;
     tok_ids ids;
+    jsonl_buf json;   // a .jsonl text with escapes, decoded
     size_t *doc_ends; // ids.n at the end of each document of the unit
     size_t n_docs, docs_cap;
     char *fixed; // repaired text (invalid UTF-8)
@@ -90,16 +91,6 @@ static uint64_t line_of(const char *text, size_t off) {
     uint64_t line = 1;
     for (const char *p = text; (p = memchr(p, '\n', (size_t)(text + off - p))); p++) line++;
     return line;
-}
-
-// cJSON decodes \u0000 into a NUL that its C string then ends at; refuse rather than truncate.
-static bool has_escaped_nul(const char *p, size_t n) {
-    for (size_t i = 0; i + 5 < n; i++) {
-        if (p[i] != '\\') continue;
-        if (p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0) return true;
-        i++; // skip the escaped character (so "\\\\u0000" is text, not an escape)
-    }
-    return false;
 }
 
 static bool fail_at(worker *w, size_t at, const char *msg) {
@@ -162,21 +153,17 @@ static void encode_unit(worker *w, const unit *u, const job *j) {
             if (!encode_doc(w, line, n, at, true)) return;
             continue;
         }
-        const char *why = NULL;
-        const cJSON *t = NULL;
-        cJSON *json = NULL;
-        if (has_escaped_nul(line, n))
-            why = "\\u0000 (NUL) in a line is not supported (a C string cannot hold it)";
-        else if (!(json = cJSON_ParseWithLength(line, n)))
-            why = "invalid JSON";
-        else if (!cJSON_IsString(t = cJSON_GetObjectItemCaseSensitive(json, "text")))
-            why = t ? "\"text\" is not a string" : "no \"text\" field";
+        const char *text;
+        size_t text_n;
+        ct_error err;
+        if (jsonl_text(&text, &text_n, &w->json, line, n, &err) != 0) {
+            fail_at(w, at, err.msg);
+            return;
+        }
         // Repairs inside a JSON string are located by their line.
         size_t first_bad = w->first_bad;
-        bool ok = why ? fail_at(w, at, why)
-                      : encode_doc(w, t->valuestring, strlen(t->valuestring), at, true);
+        bool ok = encode_doc(w, text, text_n, at, true);
         if (w->first_bad < first_bad) w->first_bad = at;
-        cJSON_Delete(json);
         if (!ok) return;
     }
 }
@@ -336,6 +323,7 @@ static int tokenize_all(run_stats *st, const job *j, writer *w, int threads, ct_
         if (ws[i].first_bad < st->first_bad) st->first_bad = ws[i].first_bad;
         tok_encoder_free(ws[i].enc);
         tok_ids_free(&ws[i].ids);
+        jsonl_buf_free(&ws[i].json);
         free(ws[i].doc_ends);
         free(ws[i].fixed);
     }

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <omp.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "core/fs.h"
 #include "data/jsonl.h"
 #include "io/npy.h"
+#include "text/strmap.h"
 #include "text/utf8.h"
 
 #define BATCH_BYTES (64u << 20)  // text per encode batch
@@ -37,7 +39,18 @@ typedef struct src_file {
     uint64_t first_bad;  // byte offset of the first replacement in the file
     npy_tokens npy;      // SRC_NPY
     bool npy_open;
+    uint64_t hash; // SRC_TXT, when duplicates are looked for: text_hash of the whole text
 } src_file;
+
+// A text that could be in the dataset twice: a document (a .jsonl text, a whole .txt) or a line
+// of a .txt (the documents of a .txt written one per line). Two files share a document when a
+// hash of a document in one is that of a document or line in the other; lines that two files
+// share (headings, boilerplate) are not documents.
+typedef struct doc_key {
+    uint64_t hash; // text_hash
+    uint32_t file;
+    uint32_t is_line;
+} doc_key;
 
 typedef struct unit {
     uint32_t file;
@@ -54,9 +67,12 @@ typedef struct unit {
 // line would make the threads take turns.
 typedef struct __attribute__((aligned(64))) worker {
     tok_encoder *enc;
-    tok_ids ids; // the units this thread encoded in the current batch, back to back
-    char *fixed; // a .jsonl text with invalid UTF-8, repaired
+    tok_ids ids;    // the units this thread encoded in the current batch, back to back
+    jsonl_buf json; // a .jsonl text with escapes, decoded
+    char *fixed;    // a .jsonl text with invalid UTF-8, repaired
     size_t fixed_cap;
+    doc_key *keys; // the hashes of the documents and lines this thread met (find_dups)
+    size_t n_keys, cap_keys;
     size_t err_unit; // the first unit (in stream order) that failed, SIZE_MAX if none
     ct_error err;
 } worker;
@@ -70,6 +86,7 @@ typedef struct reader {
     unit *units;
     size_t n_units, cap_units;
     size_t cap_tokens;
+    bool find_dups; // two or more text files: look for documents in two of them
 } reader;
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -203,6 +220,7 @@ static int plan_file(reader *r, uint32_t fi, ct_error *err) {
             f->n_replaced = n_bad;
             f->first_bad = bad;
         }
+        if (r->find_dups) f->hash = text_hash(f->text, f->len);
         size_t max_cuts = f->len / PIECE_BYTES + 1;
         size_t *cuts = malloc(max_cuts * sizeof *cuts);
         if (!cuts) return ct_fail(err, "%s: out of memory", f->path);
@@ -248,15 +266,40 @@ static void fail_unit(worker *w, size_t ui, const unit *u, const src_file *f, co
                 (unsigned long long)u->where, msg);
 }
 
-static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
+static bool add_key(worker *w, const char *text, size_t len, uint32_t file, bool is_line) {
+    if (w->n_keys == w->cap_keys) {
+        size_t cap = w->cap_keys ? 2 * w->cap_keys : 1024;
+        doc_key *grown = realloc(w->keys, cap * sizeof *grown);
+        if (!grown) return false;
+        w->keys = grown;
+        w->cap_keys = cap;
+    }
+    w->keys[w->n_keys++] = (doc_key){text_hash(text, len), file, is_line};
+    return true;
+}
+
+// The keys of a text: a .jsonl document, or the lines of a piece of a .txt (pieces end at line
+// ends). Empty texts are not documents anyone would mind seeing twice.
+static bool add_keys(worker *w, const unit *u, const src_file *f, const char *text, size_t len) {
+    if (f->kind == SRC_JSONL) return len == 0 || add_key(w, text, len, u->file, false);
+    for (size_t pos = 0; pos < len;) {
+        const char *line = text + pos, *nl = memchr(line, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - line) : len - pos;
+        pos += n + 1;
+        if (n && line[n - 1] == '\r') n--;
+        if (n && !add_key(w, line, n, u->file, true)) return false;
+    }
+    return true;
+}
+
+static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f, bool find_dups) {
     const char *text = u->p;
     size_t len = u->len;
-    cJSON *json = NULL;
     ct_error err;
     u->ids_off = w->ids.n;
     u->n_ids = 0;
     if (f->kind == SRC_JSONL) {
-        if (jsonl_text(&json, &text, &len, u->p, u->len, &err) != 0) {
+        if (jsonl_text(&text, &len, &w->json, u->p, u->len, &err) != 0) {
             fail_unit(w, ui, u, f, err.msg);
             return;
         }
@@ -269,7 +312,6 @@ static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
             }
             if (!w->fixed) {
                 fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
-                cJSON_Delete(json);
                 return;
             }
             len = utf8_repair(w->fixed, text, len, &n_bad);
@@ -277,9 +319,12 @@ static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f) {
             u->n_replaced = n_bad;
         }
     }
+    if (find_dups && !add_keys(w, u, f, text, len)) {
+        fail_unit(w, ui, u, f, "out of memory hashing documents");
+        return;
+    }
     if (tok_encode(w->enc, &w->ids, text, len, &err) != 0) fail_unit(w, ui, u, f, err.msg);
     u->n_ids = w->ids.n - u->ids_off;
-    cJSON_Delete(json);
 }
 
 static int reserve_tokens(reader *r, size_t more, ct_error *err) {
@@ -329,6 +374,109 @@ static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
     return 0;
 }
 
+// Appends a warning for the caller to log ("; " between two).
+static void add_warning(token_stream *s, const char *fmt, ...) {
+    size_t n = strlen(s->warning);
+    if (n && n + 2 < sizeof s->warning) {
+        memcpy(s->warning + n, "; ", 3);
+        n += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->warning + n, sizeof s->warning - n, fmt, ap);
+    va_end(ap);
+}
+
+static int cmp_keys(const void *a, const void *b) {
+    const doc_key *x = a, *y = b;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return (int)x->is_line - (int)y->is_line;
+}
+
+typedef struct file_pair {
+    uint32_t a, b; // a < b
+    uint64_t hash;
+} file_pair;
+
+static int cmp_pairs(const void *p, const void *q) {
+    const file_pair *x = p, *y = q;
+    if (x->a != y->a) return x->a < y->a ? -1 : 1;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+// Files that share a document (see doc_key): one warning naming the first such pair in file
+// order, how many documents they share, and how many other pairs there are.
+static int note_duplicates(reader *r, const worker *ws, int threads, ct_error *err) {
+    size_t n = 0;
+    for (int t = 0; t < threads; t++) n += ws[t].n_keys;
+    for (size_t i = 0; i < r->n_files; i++) n += r->files[i].kind == SRC_TXT;
+    doc_key *keys = malloc((n + 1) * sizeof *keys);
+    file_pair *pairs = malloc((n + 1) * sizeof *pairs);
+    if (!keys || !pairs) {
+        free(keys);
+        free(pairs);
+        return ct_fail(err, "%s: out of memory comparing the files' documents", r->s->path);
+    }
+    size_t k = 0, n_pairs = 0;
+    for (int t = 0; t < threads; t++) {
+        memcpy(keys + k, ws[t].keys, ws[t].n_keys * sizeof *keys);
+        k += ws[t].n_keys;
+    }
+    for (uint32_t i = 0; i < r->n_files; i++)
+        if (r->files[i].kind == SRC_TXT) keys[k++] = (doc_key){r->files[i].hash, i, false};
+    qsort(keys, n, sizeof *keys, cmp_keys);
+    const uint32_t none = UINT32_MAX;
+    for (size_t g0 = 0, g1; g0 < n; g0 = g1) {
+        for (g1 = g0 + 1; g1 < n && keys[g1].hash == keys[g0].hash;) g1++;
+        if (keys[g0].file == keys[g1 - 1].file) continue; // one file (sorted by file)
+        // The two lowest files holding the text, and the two lowest holding it as a document.
+        uint32_t f[2] = {none, none}, d[2] = {none, none};
+        for (size_t i = g0; i < g1; i++) {
+            uint32_t fi = keys[i].file;
+            if (f[0] == none)
+                f[0] = fi;
+            else if (f[1] == none && fi != f[0])
+                f[1] = fi;
+            if (keys[i].is_line) continue;
+            if (d[0] == none)
+                d[0] = fi;
+            else if (d[1] == none && fi != d[0])
+                d[1] = fi;
+        }
+        // Each holder is paired with the lowest other file it shares the text with: a document
+        // with any holder, a line with a document.
+        for (size_t i = g0; i < g1; i++) {
+            const uint32_t *c = keys[i].is_line ? d : f, fi = keys[i].file;
+            uint32_t other = c[0] != fi ? c[0] : c[1];
+            if (other == none) continue;
+            pairs[n_pairs++] =
+                (file_pair){fi < other ? fi : other, fi < other ? other : fi, keys[i].hash};
+        }
+    }
+    qsort(pairs, n_pairs, sizeof *pairs, cmp_pairs);
+    size_t n_distinct = 0;
+    uint64_t shared = 0; // documents the first pair shares
+    for (size_t i = 0; i < n_pairs; i++) {
+        bool new_pair = i == 0 || pairs[i].a != pairs[i - 1].a || pairs[i].b != pairs[i - 1].b;
+        n_distinct += new_pair;
+        if (n_distinct == 1 && (new_pair || pairs[i].hash != pairs[i - 1].hash)) shared++;
+    }
+    if (n_distinct) {
+        add_warning(r->s,
+                    "%s and %s hold the same text (%llu documents in common, as documents or "
+                    ".txt lines): it is trained twice; keep one of them",
+                    r->files[pairs[0].a].path, r->files[pairs[0].b].path,
+                    (unsigned long long)shared);
+        if (n_distinct > 1)
+            add_warning(r->s, "%zu more pair(s) of files share documents", n_distinct - 1);
+    }
+    free(keys);
+    free(pairs);
+    return 0;
+}
+
 // Encodes every unit in batches on `threads` threads and fills the stream in unit order.
 // threads = 0 when there is no text: the .npy files are only appended.
 static int encode_all(reader *r, int threads, ct_error *err) {
@@ -359,7 +507,7 @@ static int encode_all(reader *r, int threads, ct_error *err) {
                 if (f->kind == SRC_NPY) continue;
                 int t = omp_get_thread_num();
                 u->thread = t;
-                encode_unit(&ws[t], u, i, f);
+                encode_unit(&ws[t], u, i, f, r->find_dups);
             }
         }
         // The units before the first failed one (in stream order, whichever thread met it)
@@ -376,10 +524,13 @@ static int encode_all(reader *r, int threads, ct_error *err) {
         for (size_t i = u0; i < first && rc == 0; i++) rc = append_unit(r, ws, i, err);
         if (rc == 0 && failed) rc = ct_fail(err, "%s", failed->err.msg);
     }
+    if (rc == 0 && r->find_dups) rc = note_duplicates(r, ws, threads, err);
     for (int t = 0; t < threads; t++) {
         tok_encoder_free(ws[t].enc);
         tok_ids_free(&ws[t].ids);
+        jsonl_buf_free(&ws[t].json);
         free(ws[t].fixed);
+        free(ws[t].keys);
     }
     free(ws);
     return rc;
@@ -401,11 +552,11 @@ static void note_replacements(reader *r) {
         if (n && !first) first = f, where = at;
     }
     if (first)
-        snprintf(s->warning, sizeof s->warning,
-                 "%s: %llu invalid UTF-8 sequence(s) replaced by U+FFFD; the first in %s at %s "
-                 "%llu",
-                 s->path, (unsigned long long)s->n_replaced, first->path,
-                 first->kind == SRC_JSONL ? "line" : "byte offset", (unsigned long long)where);
+        add_warning(s,
+                    "%s: %llu invalid UTF-8 sequence(s) replaced by U+FFFD; the first in %s at %s "
+                    "%llu",
+                    s->path, (unsigned long long)s->n_replaced, first->path,
+                    first->kind == SRC_JSONL ? "line" : "byte offset", (unsigned long long)where);
 }
 
 static void reader_free(reader *r) {
@@ -426,9 +577,11 @@ int stream_open(token_stream *s, const char *path, const tokenizer *tok, int32_t
     if (!(s->path = strdup(path))) return ct_fail(err, "%s: out of memory", path);
     reader r = {.s = s, .tok = tok, .vocab_size = vocab_size, .eos = -1};
     int rc = list_files(&r, path, err);
+    size_t n_text = 0;
+    for (size_t i = 0; i < r.n_files; i++) n_text += r.files[i].kind != SRC_NPY;
+    r.find_dups = n_text >= 2;
     for (size_t i = 0; i < r.n_files && rc == 0; i++) rc = plan_file(&r, (uint32_t)i, err);
-    bool text = false;
-    for (size_t i = 0; i < r.n_files; i++) text |= r.files[i].kind != SRC_NPY;
+    bool text = n_text > 0;
     if (rc == 0 && text) {
         r.eos = tok_eos_id(tok);
         if (r.eos < 0)

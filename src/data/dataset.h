@@ -11,6 +11,11 @@
 //           recursive; other files, sub-folders and hidden (dot) files are ignored. A folder
 //           with none of those files is an error.
 // An empty (0-byte) file, or a .jsonl of blank lines only, is an error.
+// Text is bytes: NUL and the other control characters are characters like any other, in a .txt
+// and in a .jsonl (as \u0000 escapes or raw), and give Hugging Face's ids.
+// With two or more text files, a document in two of them (the same text as a .txt and a .jsonl,
+// or a file copied twice) is trained twice: `warning` names the first two files that share a
+// document (a .jsonl text or a whole .txt, found again as a document or a line of a .txt).
 //
 // Invalid UTF-8 follows the tokenizer's rule for readers of user files (text/utf8.h): each
 // maximal ill-formed subsequence becomes U+FFFD, as Python's errors="replace", so the ids match
@@ -34,7 +39,8 @@ typedef struct token_stream {
     uint64_t n_files;    // files read (1 unless path is a folder)
     uint64_t n_docs;     // text documents (each followed by <|endoftext|>); .npy files count 0
     uint64_t n_replaced; // invalid UTF-8 sequences replaced by U+FFFD
-    char warning[1024];  // "" or a description of the first replacement, for the log
+    char warning[1024];  // "" or, for the log, the first replacement and files sharing
+                         // documents ("; " between them)
 } token_stream;
 
 // Reads and tokenizes path into s (see above). tok may be NULL when only .npy files are read;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/fs.h"
+#include "core/utf8.h"
 
 #define JSON_FILE_MAX (512u << 20) // tokenizer.json is ~11 MB; anything near this is not config
 
@@ -162,6 +163,125 @@ bool json_is_uint(const cJSON *item, uint64_t *out) {
     if (!(d >= 0) || d >= 9007199254740992.0 || d != floor(d)) return false;
     if (out) *out = (uint64_t)d;
     return true;
+}
+
+// A scanner over JSON that cJSON has accepted: it only has to find where things end. Whitespace
+// is every byte up to 0x20, as cJSON skips it.
+static size_t skip_space(const char *t, size_t n, size_t i) {
+    while (i < n && (unsigned char)t[i] <= 0x20) i++;
+    return i;
+}
+
+// t[i] is the opening quote; returns the index of the closing one (n if none).
+static size_t string_end(const char *t, size_t n, size_t i) {
+    for (i++; i < n; i++) {
+        if (t[i] == '\\')
+            i++;
+        else if (t[i] == '"')
+            return i;
+    }
+    return n;
+}
+
+// Returns the index just after the value that starts at t[i].
+static size_t skip_value(const char *t, size_t n, size_t i) {
+    if (i < n && t[i] == '"') return string_end(t, n, i) + 1;
+    if (i < n && (t[i] == '{' || t[i] == '[')) {
+        for (size_t depth = 0; i < n; i++) {
+            if (t[i] == '"') {
+                i = string_end(t, n, i);
+            } else if (t[i] == '{' || t[i] == '[') {
+                depth++;
+            } else if ((t[i] == '}' || t[i] == ']') && --depth == 0) {
+                return i + 1;
+            }
+        }
+        return n;
+    }
+    while (i < n && (unsigned char)t[i] > 0x20 && !strchr(",]}", t[i])) i++; // number, literal
+    return i;
+}
+
+// The 4 hex digits at p, or -1 if they are not (cJSON reads a bad digit as \u0000).
+static int32_t hex4(const char *p) {
+    int32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = p[k], l = (char)(c | 0x20);
+        int d = c >= '0' && c <= '9' ? c - '0' : l >= 'a' && l <= 'f' ? l - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | d;
+    }
+    return v;
+}
+
+int json_unescape(char *out, size_t *out_n, const char *body, size_t n) {
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const char *bs = memchr(body + i, '\\', n - i);
+        size_t run = bs ? (size_t)(bs - (body + i)) : n - i;
+        memcpy(out + o, body + i, run);
+        o += run;
+        i += run;
+        if (i >= n) break;
+        if (i + 1 >= n) return -1; // a lone '\\' at the end
+        char e = body[i + 1];
+        i += 2;
+        static const char short_esc[] = "bfnrt", short_val[] = "\b\f\n\r\t";
+        const char *k = e ? memchr(short_esc, e, 5) : NULL;
+        if (k) {
+            out[o++] = short_val[k - short_esc];
+            continue;
+        }
+        if (e != 'u') {
+            out[o++] = e; // '"', '\\', '/'
+            continue;
+        }
+        int32_t cp = i + 4 <= n ? hex4(body + i) : -1;
+        if (cp < 0) return -1;
+        i += 4;
+        if (cp >= 0xD800 && cp < 0xDC00 && i + 6 <= n && body[i] == '\\' && body[i + 1] == 'u') {
+            int32_t lo = hex4(body + i + 2);
+            if (lo >= 0xDC00 && lo < 0xE000) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                i += 6;
+            }
+        }
+        // cJSON refuses a lone surrogate; should one come here, it is not a character.
+        if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;
+        o += (size_t)utf8_encode(out + o, (uint32_t)cp);
+    }
+    *out_n = o;
+    return 0;
+}
+
+bool json_member_string(const char **body, size_t *len, const char *text, size_t n,
+                        const char *key) {
+    size_t klen = strlen(key), i = skip_space(text, n, 0);
+    if (i >= n || text[i] != '{') return false;
+    for (i = skip_space(text, n, i + 1); i < n && text[i] == '"';) {
+        size_t ks = i + 1, ke = string_end(text, n, i);
+        // A name with escapes is decoded first; it is no longer than its literal.
+        char name[64];
+        size_t name_n;
+        bool match = false;
+        if (ke - ks == klen && !memchr(text + ks, '\\', klen))
+            match = memcmp(text + ks, key, klen) == 0;
+        else if (ke - ks <= sizeof name && memchr(text + ks, '\\', ke - ks))
+            match = json_unescape(name, &name_n, text + ks, ke - ks) == 0 && name_n == klen &&
+                    memcmp(name, key, klen) == 0;
+        i = skip_space(text, n, ke + 1); // the ':'
+        i = skip_space(text, n, i + 1);  // the value
+        if (match) {
+            if (i >= n || text[i] != '"') return false;
+            *body = text + i + 1;
+            *len = string_end(text, n, i) - (i + 1);
+            return true;
+        }
+        i = skip_space(text, n, skip_value(text, n, i));
+        if (i >= n || text[i] != ',') break;
+        i = skip_space(text, n, i + 1);
+    }
+    return false;
 }
 
 void json_write_string(FILE *f, const char *s) {

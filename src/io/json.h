@@ -31,6 +31,20 @@ int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bo
 bool json_is_uint(const cJSON *item, uint64_t *out);
 // "a string", "an array", ... for messages ("nothing" for NULL).
 const char *json_type_name(const cJSON *item);
+// The first member named `key` of the JSON object text[0..n), when its value is a string: *body
+// and *len span the literal between its quotes, escapes still in (json_unescape decodes them).
+// text must be JSON that cJSON accepted (cJSON_ParseWithLength) and `key` free of NUL; member
+// names are compared after decoding their escapes, as cJSON does. False when there is none.
+// With json_unescape this gives a string's exact bytes: cJSON's valuestring is a C string and
+// ends at the first \u0000.
+bool json_member_string(const char **body, size_t *len, const char *text, size_t n,
+                        const char *key);
+// Decodes the body of a JSON string literal (as json_member_string finds it) into out, which must
+// hold n bytes (no escape decodes longer than it is written), and sets *out_n. \u0000 is a NUL
+// byte like any other character, a surrogate pair one 4-byte character; other bytes are copied
+// as they are. -1 for a \u without 4 hex digits (which cJSON reads as \u0000) or a '\' at the
+// end.
+int json_unescape(char *out, size_t *out_n, const char *body, size_t n);
 // Writes s as a JSON string literal (quoted; '"', '\\' and control characters escaped), for
 // JSON printed with fprintf.
 void json_write_string(FILE *f, const char *s);

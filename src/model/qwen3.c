@@ -43,18 +43,25 @@ static dims model_dims(const qwen3_model *m) {
 // ---------------------------------------------------------------------------------------------
 // Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)), and a->ln2 =
 // post_attention_layernorm(a->resid2) in the same pass (the next block's input).
+// gemms false (the op policy's recomputation) runs only the elementwise ops, from the kept
+// outputs of the GEMMs and attention (a->qkv, a->resid2): the norms and q/k norm + RoPE.
 
 static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                                    qwen3_layer_acts *a, const qwen3_acts *s) {
+                                    qwen3_layer_acts *a, const qwen3_acts *s, bool gemms) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
-    op->matmul_forward(a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+    if (gemms) op->matmul_forward(a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
     op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
                              w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
+    if (!gemms) {
+        // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
+        op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
+        return;
+    }
     op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     op->matmul_forward(a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
@@ -90,14 +97,15 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 
 // ---------------------------------------------------------------------------------------------
 // Dense MLP block: out (N,C) = a->resid2 + down(silu(gate(ln2)) * up(ln2)). A sparse (MoE)
-// layer replaces this pair of functions.
+// layer replaces this pair of functions. gemms false: only SwiGLU, from the kept a->gate_up.
 
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out) {
+                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
-    op->matmul_forward(a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F); // (N,2F)
-    op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F);
+    if (gemms) op->matmul_forward(a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
+    op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
+    if (!gemms) return;
     op->matmul_forward(out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -223,17 +231,21 @@ int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_
     return 0;
 }
 
-// Layer l's forward: s->layers[l].resid -> the next layer's resid (or resid_out).
-static void layer_forward(qwen3_model *m, int l, bool count_stats) {
+// Layer l's forward: s->layers[l].resid -> the next layer's resid (or resid_out). `ac` says
+// which pass: the forward (QWEN3_AC_NONE), or a recomputation in the backward: all of it
+// (QWEN3_AC_LAYER: the routing statistics are not counted again) or only the elementwise ops
+// (QWEN3_AC_OPS: the GEMM and attention outputs, the routing among them, were kept).
+static void layer_forward(qwen3_model *m, int l, qwen3_layer_ac ac) {
     qwen3_acts *s = m->acts;
     qwen3_layer_acts *a = &s->layers[l];
     const int L = m->cfg.num_hidden_layers;
+    const bool gemms = ac != QWEN3_AC_OPS;
     float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
-    attention_block_forward(m, &m->w.layers[l], a, s);
-    if (a->sparse_index >= 0)
-        moe_block_forward(m, &m->w.layers[l], a, s, out, count_stats);
-    else
-        mlp_block_forward(m, &m->w.layers[l], a, s, out);
+    attention_block_forward(m, &m->w.layers[l], a, s, gemms);
+    if (a->sparse_index < 0)
+        mlp_block_forward(m, &m->w.layers[l], a, s, out, gemms);
+    else if (gemms)
+        moe_block_forward(m, &m->w.layers[l], a, s, out, ac == QWEN3_AC_NONE);
 }
 
 // Tokens per pass of the loss head: all of them, or mem_opts.loss_chunk.
@@ -281,7 +293,7 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
         memset(m->moe_prob, 0, n * sizeof *m->moe_prob);
     }
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
-    for (int l = 0; l < L; l++) layer_forward(m, l, true);
+    for (int l = 0; l < L; l++) layer_forward(m, l, QWEN3_AC_NONE);
     op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
                         m->cfg.rms_norm_eps);
     const int rows = head_rows(m);
@@ -342,9 +354,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
     for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
-        // A checkpointed layer's saved activations were overwritten by later layers: run its
-        // forward again (it rewrites the next layer's input with the same bits, unused by now).
-        if (a->checkpointed) layer_forward(m, l, false);
+        // A checkpointed layer's saved activations (all, or the elementwise ops' outputs) were
+        // overwritten by later layers: run its forward again (all of it rewrites the next layer's
+        // input with the same bits, unused by now).
+        if (a->recompute != QWEN3_AC_NONE) layer_forward(m, l, a->recompute);
         if (a->sparse_index >= 0)
             moe_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         else

@@ -58,6 +58,13 @@ typedef struct qwen3_memory_opts {
     // "full"; k: its "selective" every k-th layer). The recomputation runs the same ops on the
     // same inputs, so gradients are bit-identical to no checkpointing.
     int ac_every;
+    // Op-level selective checkpointing (torchtitan's selective_ac_option "op"): every layer
+    // that ac_every does not recompute whole keeps the outputs of its GEMMs and of attention
+    // (q|k|v; attention's output and saved state; resid2, which o_proj's output is added into;
+    // gate|up, or the router logits, the routing and the expert kernel's state) and recomputes
+    // its elementwise ops (the two RMSNorms, q/k norm + RoPE, SwiGLU) from them in the
+    // backward, into one set shared by all layers. Bit-identical, as ac_every.
+    bool ac_op;
     // The loss head in chunks of this many tokens (0 = whole): the (N, V) logits are never held
     // at once, only (loss_chunk, V). qwen3_forward_train then also runs the head's backward, and
     // qwen3_backward after a plain qwen3_forward recomputes the logits chunk by chunk.
@@ -114,6 +121,10 @@ qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, i
                                    const qwen3_memory_opts *opts);
 // Whether layer l recomputes its forward in the backward.
 bool qwen3_layer_checkpointed(int ac_every, int l);
+// What layer l recomputes in the backward under opts (NULL: nothing): its whole forward
+// (ac_every), its elementwise ops (ac_op), or nothing.
+typedef enum qwen3_layer_ac { QWEN3_AC_NONE, QWEN3_AC_OPS, QWEN3_AC_LAYER } qwen3_layer_ac;
+qwen3_layer_ac qwen3_layer_recompute(const qwen3_memory_opts *opts, int l);
 
 // Builds the parameter table and allocates params + grads (zeroed). ops: NULL = built-in CPU.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);

@@ -30,9 +30,12 @@ typedef struct qwen3_layer_acts {
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
     int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
-    // Activation checkpointing: only resid is this layer's own; every other buffer above is the
-    // shared recompute set, which the layer's forward fills again during the backward.
-    bool checkpointed;
+    // Activation checkpointing. QWEN3_AC_LAYER: only resid is this layer's own; every other
+    // buffer above is the shared recompute set, which the layer's forward fills again during the
+    // backward. QWEN3_AC_OPS: the outputs of GEMMs and attention (qkv, att, atty, resid2,
+    // gate_up, probs, expert, route_w, moe_state) are its own; the elementwise ops' outputs
+    // (ln1, v, qr, kr, ln2, h and the rstds) are the shared set's, recomputed from them.
+    qwen3_layer_ac recompute;
 } qwen3_layer_acts;
 
 typedef struct qwen3_acts {

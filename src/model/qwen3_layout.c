@@ -171,41 +171,67 @@ bool qwen3_layer_checkpointed(int ac_every, int l) {
     return ac_every > 0 && (l + 1) % ac_every == 0;
 }
 
-// One layer's saved activations, except resid. A layer that is dense or sparse gets its kind's
-// buffers; the shared recompute set (both = true) gets both kinds.
+qwen3_layer_ac qwen3_layer_recompute(const qwen3_memory_opts *opts, int l) {
+    if (!opts) return QWEN3_AC_NONE;
+    if (qwen3_layer_checkpointed(opts->ac_every, l)) return QWEN3_AC_LAYER;
+    return opts->ac_op ? QWEN3_AC_OPS : QWEN3_AC_NONE;
+}
+
+// The two classes of a layer's saved activations under the op policy: outputs of GEMMs and
+// attention (kept) and outputs of elementwise ops (recomputed from the kept ones).
+enum { ACT_KEPT = 1, ACT_CHEAP = 2, ACT_ALL = ACT_KEPT | ACT_CHEAP };
+
+// Carves n floats for *p when its class is among `own`; else *p keeps the pointer it had (the
+// recompute set's buffer, or NULL).
+static void take(float **p, carve *cv, unsigned own, unsigned cls, size_t n) {
+    if (own & cls) *p = carve_take(cv, n);
+}
+
+// One layer's saved activations, except resid: the buffers of the classes in `dense` that a
+// dense layer has, and of those in `sparse` that a sparse one has (the recompute set may need
+// both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
-                         const ct_ops *ops, int B, int T, bool dense, bool sparse) {
+                         const ct_ops *ops, int B, int T, unsigned dense, unsigned sparse) {
     const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
     const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
     const size_t D = cfg->head_dim, E = cfg->num_experts, K = cfg->num_experts_per_tok;
-    la->ln1 = carve_take(cv, N * C);
-    la->ln1_rstd = carve_take(cv, N);
-    la->qkv = carve_take(cv, N * (NH + 2 * NKV) * D);
-    la->v = carve_take(cv, N * NKV * D);
-    la->q_rstd = carve_take(cv, N * NH);
-    la->k_rstd = carve_take(cv, N * NKV);
-    la->qr = carve_take(cv, N * NH * D);
-    la->kr = carve_take(cv, N * NKV * D);
-    la->att = carve_take(cv, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
-    la->atty = carve_take(cv, N * NH * D);
-    la->resid2 = carve_take(cv, N * C);
-    la->ln2 = carve_take(cv, N * C);
-    la->ln2_rstd = carve_take(cv, N);
-    la->gate_up = dense ? carve_take(cv, N * 2 * F) : NULL;
-    la->h = dense ? carve_take(cv, N * F) : NULL;
-    la->probs = sparse ? carve_take(cv, N * E) : NULL;
+    const unsigned any = dense | sparse;
+    take(&la->ln1, cv, any, ACT_CHEAP, N * C);
+    take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
+    take(&la->qkv, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
+    take(&la->v, cv, any, ACT_CHEAP, N * NKV * D);
+    take(&la->q_rstd, cv, any, ACT_CHEAP, N * NH);
+    take(&la->k_rstd, cv, any, ACT_CHEAP, N * NKV);
+    take(&la->qr, cv, any, ACT_CHEAP, N * NH * D);
+    take(&la->kr, cv, any, ACT_CHEAP, N * NKV * D);
+    take(&la->att, cv, any, ACT_KEPT, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
+    take(&la->atty, cv, any, ACT_KEPT, N * NH * D);
+    // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
+    // add to redo. down_proj's (and the experts') is the next layer's resid.
+    take(&la->resid2, cv, any, ACT_KEPT, N * C);
+    take(&la->ln2, cv, any, ACT_CHEAP, N * C);
+    take(&la->ln2_rstd, cv, any, ACT_CHEAP, N);
+    take(&la->gate_up, cv, dense, ACT_KEPT, N * 2 * F);
+    take(&la->h, cv, dense, ACT_CHEAP, N * F);
+    // The router logits (softmaxed in place), the routing and the expert kernel's state (its
+    // GEMM outputs) are all kept: recomputing them would mean the expert GEMMs again.
+    take(&la->probs, cv, sparse, ACT_KEPT, N * E);
     // Expert ids share the float buffer: int32_t and float have the same size.
-    la->expert = sparse ? (int32_t *)carve_take(cv, N * K) : NULL;
-    la->route_w = sparse ? carve_take(cv, N * K) : NULL;
-    la->moe_state =
-        sparse ? carve_take(cv, ops->moe_state_floats(B * T, (int)C, cfg->moe_intermediate_size,
-                                                      (int)E, (int)K))
-               : NULL;
+    float *expert = (float *)la->expert;
+    take(&expert, cv, sparse, ACT_KEPT, N * K);
+    la->expert = (int32_t *)expert;
+    take(&la->route_w, cv, sparse, ACT_KEPT, N * K);
+    take(&la->moe_state, cv, sparse, ACT_KEPT,
+         ops->moe_state_floats(B * T, (int)C, cfg->moe_intermediate_size, (int)E, (int)K));
+}
+
+// The buffers a layer recomputed this way takes from the recompute set (and so does not own).
+static unsigned recomputed_classes(qwen3_layer_ac ac) {
+    return ac == QWEN3_AC_LAYER ? ACT_ALL : ac == QWEN3_AC_OPS ? ACT_CHEAP : 0;
 }
 
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
                          int B, int T, const qwen3_memory_opts *opts) {
-    const int ac_every = opts ? opts->ac_every : 0;
     const int chunk =
         opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk : B * T;
     const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
@@ -218,28 +244,28 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     const int L = cfg->num_hidden_layers, n_sparse_layers = qwen3_num_sparse_layers(cfg);
     const bool moe = n_sparse_layers > 0;
     carve cv = {base, 0};
-    // The recompute set, when any layer is checkpointed: one layer's worth, with the buffers of
-    // each kind (dense, sparse) that a checkpointed layer has.
+    // The recompute set: one layer's worth of the buffers that some layer recomputes, of each
+    // kind (dense, sparse) that such a layer has.
     qwen3_layer_acts shared = {0};
-    bool dense_ckpt = false, sparse_ckpt = false;
+    unsigned dense_rc = 0, sparse_rc = 0;
     for (int l = 0; l < L; l++) {
-        if (!qwen3_layer_checkpointed(ac_every, l)) continue;
-        dense_ckpt |= !qwen3_layer_is_sparse(cfg, l);
-        sparse_ckpt |= qwen3_layer_is_sparse(cfg, l);
+        const unsigned cls = recomputed_classes(qwen3_layer_recompute(opts, l));
+        if (qwen3_layer_is_sparse(cfg, l))
+            sparse_rc |= cls;
+        else
+            dense_rc |= cls;
     }
-    if (dense_ckpt || sparse_ckpt)
-        layer_layout(&shared, &cv, cfg, ops, B, T, dense_ckpt, sparse_ckpt);
+    if (dense_rc | sparse_rc) layer_layout(&shared, &cv, cfg, ops, B, T, dense_rc, sparse_rc);
     int n_sparse = 0;
     for (int l = 0; l < L; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
         const bool sparse = qwen3_layer_is_sparse(cfg, l);
-        const bool ckpt = qwen3_layer_checkpointed(ac_every, l);
-        if (ckpt)
-            *la = shared;
-        else
-            layer_layout(la, &cv, cfg, ops, B, T, !sparse, sparse);
+        const qwen3_layer_ac ac = qwen3_layer_recompute(opts, l);
+        const unsigned own = ACT_ALL & ~recomputed_classes(ac);
+        *la = ac == QWEN3_AC_NONE ? (qwen3_layer_acts){0} : shared;
+        layer_layout(la, &cv, cfg, ops, B, T, sparse ? 0 : own, sparse ? own : 0);
         la->resid = carve_take(&cv, N * C);
-        la->checkpointed = ckpt;
+        la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
     }
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);

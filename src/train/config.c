@@ -198,8 +198,8 @@ const config_key config_table[] = {
         "recompute layer forwards in the backward: none, full (every layer) or selective "
         "(every selective_ac_option-th layer); the results are bit-identical"),
     KEY(activation_checkpoint, selective_ac_option, CONFIG_STR, "2", NULL, false,
-        "selective: checkpoint every k-th layer (torchtitan's integer option; \"op\" is not "
-        "supported)"),
+        "selective: \"op\" (keep GEMM and attention outputs, recompute norms, RoPE, SwiGLU) "
+        "or k (checkpoint every k-th layer)"),
 
     KEY(override, imports, CONFIG_LIST, "", NULL, false,
         "plugins (shared libraries, include/ctitan/plugin.h) whose kernels replace built-in ops; "

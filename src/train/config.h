@@ -212,6 +212,9 @@ void config_print_help(FILE *f);
 // activation_checkpoint as the model takes it (qwen3_model.ac_every): 0 for "none", 1 for
 // "full", k for "selective" with selective_ac_option k (validated by config_validate).
 int config_ac_every(const ct_config *c);
+// Whether activation_checkpoint is "selective" with selective_ac_option "op" (qwen3_memory_opts
+// .ac_op: every layer recomputes its elementwise ops); config_ac_every is then 0.
+bool config_ac_op(const ct_config *c);
 
 // training.loss_chunk_tokens as qwen3_memory_opts.loss_chunk takes it for `tokens` rows per
 // micro-batch (0: whole). Auto (-1): the fewest equal chunks of at most 256 MiB of logits, or

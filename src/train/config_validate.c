@@ -119,10 +119,15 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
     return 0;
 }
 
+bool config_ac_op(const ct_config *c) {
+    const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
+    return strcmp(ac->mode, "selective") == 0 && strcmp(ac->selective_ac_option, "op") == 0;
+}
+
 int config_ac_every(const ct_config *c) {
     const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
     if (strcmp(ac->mode, "full") == 0) return 1;
-    if (strcmp(ac->mode, "selective") != 0) return 0;
+    if (strcmp(ac->mode, "selective") != 0 || config_ac_op(c)) return 0;
     char *end;
     long k = strtol(ac->selective_ac_option, &end, 10);
     return *end == '\0' && end != ac->selective_ac_option && k >= 1 && k <= 1000000 ? (int)k : -1;
@@ -132,7 +137,7 @@ int config_loss_chunk(const ct_config *c, int vocab_size, int tokens) {
     const int k = c->training.loss_chunk_tokens;
     if (k >= 0) return k;
     const double logits = (double)tokens * vocab_size * sizeof(float);
-    const double cap = (config_ac_every(c) > 0 ? 64.0 : 256.0) * (1 << 20);
+    const double cap = (config_ac_every(c) > 0 || config_ac_op(c) ? 64.0 : 256.0) * (1 << 20);
     if (logits <= cap) return 0;
     const int chunks = (int)ceil(logits / cap);
     return (tokens + chunks - 1) / chunks;
@@ -143,8 +148,9 @@ static int check_training(const ct_config *c, const vctx *vp) {
     const ct_config_training *t = &c->training;
     int dp = c->parallelism.data_parallel_shard_degree;
     NEED(config_ac_every(c) >= 0, "activation_checkpoint.selective_ac_option", NULL,
-         "activation_checkpoint.selective_ac_option = \"%s\"; expected a layer frequency k >= 1 "
-         "(every k-th layer is checkpointed; torchtitan's per-op \"op\" is not supported)",
+         "activation_checkpoint.selective_ac_option = \"%s\"; expected \"op\" (keep the GEMM "
+         "and attention outputs, recompute the elementwise ops) or a layer frequency k >= 1 "
+         "(every k-th layer is checkpointed)",
          c->activation_checkpoint.selective_ac_option);
     NEED(t->loss_chunk_tokens >= -1, "training.loss_chunk_tokens", NULL,
          "training.loss_chunk_tokens = %d; expected -1 (auto), 0 (whole) or a token count",

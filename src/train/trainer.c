@@ -210,6 +210,8 @@ static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
         return ct_fail(err, "training.seq_len %d exceeds the model's max_position_embeddings %d",
                        c->training.seq_len, mc->max_position_embeddings);
     qwen3_memory mem = qwen3_memory_plan_ops(mc, &t->ops, t->B, t->T, &t->mem_opts);
+    const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
+    const bool selective = strcmp(ac->mode, "selective") == 0;
     // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
     double optim = 2.0 * (double)mem.params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
@@ -218,10 +220,12 @@ static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
     uint64_t avail = sysmem_available_bytes();
     fprintf(t->log,
             "memory estimate per rank: params %.3f GiB, grads %.3f GiB, optimizer %.3f GiB%s, "
-            "activations %.3f GiB, total %.3f GiB; %d rank(s) on this node: %.3f GiB "
-            "(available %.1f GiB)\n",
+            "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
+            "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
             mem.params / GIB, mem.grads / GIB, optim / GIB, t->shard ? " (ZeRO-1 shard)" : "",
-            mem.activations / GIB, total / GIB, t->d->local_size, node / GIB, avail / GIB);
+            mem.activations / GIB, mem.activations / (1024.0 * 1024.0), ac->mode,
+            selective ? " " : "", selective ? ac->selective_ac_option : "", total / GIB,
+            t->d->local_size, node / GIB, avail / GIB);
     if (avail && node > (double)avail && !c->training.allow_overcommit)
         return ct_fail(err,
                        "the run needs about %.2f GiB per node (%d rank(s) x params %.2f, grads "
@@ -492,6 +496,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
         ops_profile_wrap(&t->ops, &timed);
     }
     t->mem_opts.ac_every = config_ac_every(c);
+    t->mem_opts.ac_op = config_ac_op(c);
     t->mem_opts.loss_chunk = config_loss_chunk(c, mc.vocab_size, t->B * t->T);
     if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
@@ -512,7 +517,11 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     if (t->mem_opts.loss_chunk > 0)
         fprintf(t->log, "loss head: in chunks of %d tokens (training.loss_chunk_tokens)\n",
                 t->mem_opts.loss_chunk);
-    if (t->mem_opts.ac_every > 0) {
+    if (t->mem_opts.ac_op)
+        fprintf(t->log,
+                "activation checkpointing: selective op, every layer keeps its GEMM and attention "
+                "outputs and recomputes its norms, q/k norm + RoPE and SwiGLU in the backward\n");
+    else if (t->mem_opts.ac_every > 0) {
         int n = 0;
         for (int l = 0; l < mc.num_hidden_layers; l++)
             n += qwen3_layer_checkpointed(t->mem_opts.ac_every, l);

@@ -15,6 +15,9 @@ function randomWord(alphabet, n, seed) {
   return s;
 }
 
+// The C0 controls, U+0000..U+001F, one string each.
+const c0 = Array.from({ length: 32 }, (_, i) => String.fromCharCode(i));
+
 export const cases = [
   ['empty', ''],
   ['hello', 'Hello, world!'],
@@ -173,6 +176,19 @@ export const cases = [
   // Controls and odd code points.
   ['controls', 'a\u0001b\u0002c\u001Fd\u007Fe\u0080f\u009F'],
   ['nul', 'before\u0000after\u0000'],
+  // Every C0 control (U+0000..U+001F) and DEL: between letters, after a space, in runs, and
+  // next to what the Split regex and NFC treat apart (digits, contractions, whitespace, marks).
+  ['c0_between_letters', 'a' + c0.map((c) => c + 'b').join('')],
+  ['c0_after_space', c0.map((c) => ' ' + c).join('') + ' \u007F'],
+  ['c0_runs', c0.join('') + 'x' + c0.join('') + c0.join('') + '\u007F\u007F'],
+  ['c0_with_whitespace', c0.map((c) => c + ' \t\n' + c + '\r\n').join('')],
+  ['c0_with_digits', c0.map((c) => '1' + c + '23' + c).join('')],
+  ['c0_contractions', c0.map((c) => "it" + c + "'s " + c + "'ll").join(' ')],
+  ['nul_contexts', '\u0000lead trail\u0000 \u0000\u0000 x\u0000\u0000y 12\u00003 é\u0000é ' +
+                   'e\u0000\u0301 \u0000\u0301 \u0000中文\u0000 😀\u0000😀'],
+  ['nul_added_tokens', '\u0000<|endoftext|>\u0000<|im_end|>\u0000<|im_start|>\u0000'],
+  ['nul_only', '\u0000'],
+  ['nul_long_run', '\u0000'.repeat(300) + 'a' + '\u0000'.repeat(3)],
   ['replacement_char', 'bad \uFFFD char \uFFFD\uFFFD'],
   ['private_use', '\uE000\uF8FF \u{F0000} \u{10FFFD}'],
   ['noncharacters', '\uFFFE\uFFFF \uFDD0 \u{1FFFF} \u{10FFFF}'],
