@@ -4,8 +4,8 @@
 set -euo pipefail
 A=$CTITAN_ASSETS_DIR T=$CTITAN_TMP B=$CTITAN_BIN PY=$CTITAN_PYTHON S=$CTITAN_SOURCE_DIR
 if [ ! -f "$A/.fetch-assets-stamp" ]; then
-    echo "SKIP: $A has no assets (scripts/fetch-assets needs node and npm)"
-    exit 77
+    echo "FAIL: $A has no assets (scripts/fetch-assets was skipped for want of node/npm, or failed)"
+    exit 1
 fi
 TOK=$A/qwen3-tokenizer
 pass=0 fail=0
