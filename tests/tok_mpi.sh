@@ -106,6 +106,7 @@ check() { # NAME CMD...: the command succeeds
 # claims losses within 1e-7 and weights within 1e-6 of one process. Measured on a 2-core x86-64
 # (Release), over these five pairs and the two resumes below: losses rel up to 6.2e-9 (bound
 # 1e-7, the README's), grad norms 4.1e-8 (bound 4e-7), weights rel L2 6.9e-8 (MoE; bound 7e-7).
+# The ASan build (Debug) measured 3.7e-9, 4.3e-8 and 3.7e-8.
 ranks_tol=(1e-7 4e-7 7e-7)
 check "np1 B2" run 1 "$tmp/np1_b2" --training.local_batch_size 2
 check "np2 B1" run 2 "$tmp/np2_b1"
@@ -144,8 +145,8 @@ check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicat
 # The same sums in the same order, whether a rank owns a shard of the update or all of it: losses
 # and weights bit-identical (a shard boundary off by one moves a few weights by about lr * wd,
 # under 1e-6 of the L2). Only the gradient norm is summed per shard, then over ranks: measured
-# rel 1.2e-15.
-check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 0 1e-14 0
+# rel 1.2e-15 (Release), 3.1e-15 (ASan build); bound 3e-14.
+check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 0 3e-14 0
 grep -q "replicated optimizer state" "$tmp/np2_rep.log" && ok || bad "replicated mode not logged"
 check "np2 again" run 2 "$tmp/np2_again"
 check "np2 twice: bit-identical" same "$tmp/np2_again" "$tmp/np2_b1" 0 0 0
