@@ -63,13 +63,16 @@ first = int(sys.argv[6]) if len(sys.argv) > 6 else 0
 def rows(d):
     r = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"loss"' in l]
     return r[:first] if first else r
-def weights(d):
+def weights(d): # the header's tensors, and all their data as one mapped F32 array
     steps = sorted(int(s[5:]) for s in os.listdir(d + "/checkpoint") if s[5:].isdigit())
-    raw = open(f"{d}/checkpoint/step-{steps[-1]}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); base = 8 + n
-    return np.concatenate([np.frombuffer(raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]], "<f4")
-                           for k, v in sorted(hdr.items()) if k != "__metadata__"])
+    path = f"{d}/checkpoint/step-{steps[-1]}/model.safetensors"
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+    hdr.pop("__metadata__", None)
+    if any(v["dtype"] != "F32" for v in hdr.values()):
+        sys.exit(f"{path}: expected F32 tensors only")
+    return hdr, np.memmap(path, dtype="<f4", mode="r", offset=8 + n)
 ra, rb = rows(a), rows(b)
 if len(ra) != len(rb) or not ra:
     sys.exit(f"step counts differ: {len(ra)} vs {len(rb)}")
@@ -80,12 +83,14 @@ fails = [f"{what} rel {got:.2e} over {tol:g}" for what, got, tol in
          [("loss", loss, tol_loss), ("grad norm", norm, tol_norm)] if got > tol]
 msg = f"{os.path.basename(a)} vs {os.path.basename(b)}: loss rel {loss:.2e}, grad norm rel {norm:.2e}"
 if not first:
-    wa, wb = weights(a), weights(b)
-    if wa.shape != wb.shape:
-        sys.exit(f"{msg}; weights of {wa.shape} vs {wb.shape} elements")
+    (ha, wa), (hb, wb) = weights(a), weights(b)
+    if ha != hb:
+        sys.exit(f"{msg}; the two model.safetensors hold different tensors or layouts")
     differ = np.flatnonzero(wa != wb)
-    wa, wb = wa.astype(np.float64), wb.astype(np.float64)
-    w = np.linalg.norm(wa - wb) / np.linalg.norm(wb)
+    w = 0.0
+    if differ.size:
+        w = np.linalg.norm(wa[differ].astype(np.float64) - wb[differ]) / np.sqrt(
+            np.sum(np.square(wb, dtype=np.float64)))
     msg += f", weights rel L2 {w:.2e} ({differ.size} of {wa.size} differ"
     msg += f", the first at {differ[0]})" if differ.size else ")"
     if w > tol_w or (tol_w == 0 and differ.size):
