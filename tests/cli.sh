@@ -40,13 +40,16 @@ expect_err bad_int "training.seq_len: expected an integer, found 'abc'" \
   "$ct" verify --model.hf_path x --training.dataset_path y --training.seq_len abc
 expect_err missing_required 'verify needs --model.hf_path' "$ct" verify
 
-# --- verify matches PyTorch on every reference model (loss 1e-5 rel, grad norm 1e-4 rel)
+# --- verify matches PyTorch on every reference model (loss 1e-5 rel, grad norm 1e-4 rel). An
+# empty or unreadable reference folder must not pass: dense and MoE models must both be checked.
+verified_dense=0 verified_moe=0
 for dir in "$CTITAN_REF_DIR"/*/; do
   [ -f "$dir/meta.json" ] || continue
   name=$(basename "$dir")
   B=$(meta "$dir/meta.json" B); T=$(meta "$dir/meta.json" T)
   ignored=$(meta "$dir/meta.json" ignore_positions)
   [ "$ignored" = "[]" ] || continue # verify has no ignore mask; test_parity covers those
+  case $name in moe*) verified_moe=$((verified_moe + 1)) ;; *) verified_dense=$((verified_dense + 1)) ;; esac
   want_loss=$(meta "$dir/meta.json" loss); want_norm=$(meta "$dir/meta.json" grad_norm)
   out=$("$ct" verify --model.hf_path "$dir/hf" --training.dataset_path "$dir/tokens.npy" \
         --training.seq_len "$T" --training.local_batch_size "$B" --json 2>&1)
@@ -68,6 +71,9 @@ sys.exit(0 if ok else 1)
 PY
   then ok; else bad "verify $name: want loss $want_loss grad_norm $want_norm, got: $out"; fi
 done
+echo "verify: $verified_dense dense and $verified_moe MoE reference models"
+[ "$verified_dense" -gt 0 ] && [ "$verified_moe" -gt 0 ] && ok ||
+  bad "verify checked $verified_dense dense and $verified_moe MoE models in $CTITAN_REF_DIR"
 
 # The reference expert kernel gives the same loss through verify; a bad kernel name is refused.
 moe=$CTITAN_REF_DIR/moe_ties_zero_router_k2 # no ignored targets: verify has no mask

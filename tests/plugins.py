@@ -3,6 +3,7 @@ the same losses as the built-in ops (bit for bit for rope_hf), and prove with th
 counters that they ran; the wrong kernel is refused; every loading error is one clear line."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -102,7 +103,12 @@ if doc:
 # The table for people, with the speed column.
 code, out, err = run(["check-kernels", "--override.imports", example("rope_hf_avx2"),
                       "--model.vocab_size", "512"])
-check(code == 0 and "rope_hf" in out and "pass" in out and "x" in out, "table: %s%s" % (out, err))
+# Every rope_hf row passes, and the model-shape rows carry a speed against the built-in, "2.82x".
+table = [f for f in map(str.split, out.splitlines())
+         if f[:1] == ["rope_hf"] and f[1:2] in (["forward"], ["backward"])]
+check(code == 0 and len(table) == 4 and all(len(f) == 9 and f[7] == "pass" for f in table)
+      and all(re.fullmatch(r"[0-9]+\.[0-9]+x", f[8]) for f in table if f[3] == "model"),
+      "table: %s%s" % (out, err))
 
 # The wrong kernel is refused by the check, naming the op and the difference.
 code, doc, err = check_kernels(example("rope_interleaved_wrong"))
@@ -134,7 +140,8 @@ check(code == 0 and len(rows) == STEPS, "training with rmsnorm_fused failed: %s"
 if rows:
     worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, base_loss))
     print("rmsnorm_fused: 5-step loss max rel diff %.3g" % worst)
-    check(worst <= 1e-5, "rmsnorm_fused losses differ by %.3g (tolerance 1e-5)" % worst)
+    # Measured 2.4e-8 (x86-64, AVX2/AVX-512); the bound is about 10 times that.
+    check(worst <= 2.5e-7, "rmsnorm_fused losses differ by %.3g (tolerance 2.5e-7)" % worst)
     calls = rows[-1]["override_calls"]["rmsnorm"]
     want = STEPS * (LAYERS * 4 + 1)  # input, q, k and post norms per layer, and the final norm
     check(calls["forward_calls"] == want and calls["backward_calls"] == want,
@@ -199,7 +206,6 @@ errors = [
     ("empty", test_plugin("empty"), r"registered no op"),
     ("crash", test_plugin("crash"), r"libcrash.so crashed in the parity check: swiglu forward"),
 ]
-import re  # noqa: E402
 
 for name, imports, pattern in errors:
     code, out, err, rows = train("err_" + name, ["--override.imports", imports])

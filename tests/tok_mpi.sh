@@ -13,7 +13,7 @@ bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Quiet Open MPI's own warnings (no InfiniBand here); threads are set per rank by the option.
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-unset OMP_NUM_THREADS
+unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
 # Under ASan, Open MPI's own start-up allocations (in plugins it unloads at exit, so they cannot
 # be suppressed by name) would fail every run at exit: leak checking stays on for ctitan's code
 # in the single-process tests, and ASan/UBSan errors still stop these runs.
@@ -39,40 +39,66 @@ run() {
   while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
   local args=()
   for k in "${!opt[@]}"; do args+=("--$k" "${opt[$k]}"); done
-  mpirun --oversubscribe --bind-to none -np "$np" "$ct" train "${args[@]}" >"$dump.log" 2>&1
+  # per_rank_rc=1: each rank prints its own exit code ("rank R exit C") and mpirun sees 0, so
+  # that mpirun kills no rank before it has ended by itself.
+  local launch=("$ct")
+  [ -n "${per_rank_rc:-}" ] &&
+    launch=(bash -c '"$@"; echo "rank $OMPI_COMM_WORLD_RANK exit $?"' _ "$ct")
+  mpirun --oversubscribe --bind-to none -np "$np" "${launch[@]}" train "${args[@]}" >"$dump.log" 2>&1
 }
-# same A B TOL [STEPS]: per-step losses and gradient norms of runs A and B, and their final
-# weights (rel L2), within TOL; with STEPS, only the first STEPS steps' losses and norms. The learning rate is 3e-4: AdamW's g/sqrt(v) turns the rounding
-# difference of a near-zero gradient element (summed in another order over ranks) into a step
-# of up to lr, so a few hundred of the 20M weights differ by a fraction of lr; at lr 3e-3 the
-# weights' rel L2 is about 4e-6, at 3e-4 under 1e-6. Losses agree to ~1e-8 either way.
+# same A B LOSS NORM WEIGHTS [STEPS]: runs A and B agree: per-step losses within rel LOSS,
+# gradient norms within rel NORM, final weights within rel L2 WEIGHTS; a bound of 0 asks for
+# bit-identical values. With STEPS, only the first STEPS steps' losses and norms. The learning
+# rate is 3e-4: AdamW's g/sqrt(v) turns the rounding difference of a near-zero gradient element
+# (summed in another order over ranks) into a step of up to lr, so a few hundred of the 20M
+# weights differ by a fraction of lr; at lr 3e-3 the weights' rel L2 is about 4e-6, at 3e-4
+# under 1e-7. Each bound below is about 10 times what was measured (the figure beside it).
 same() {
-  "$CTITAN_PYTHON" - "$1" "$2" "$3" "${4:-0}" <<'PY'
+  "$CTITAN_PYTHON" - "$@" <<'PY'
 import json, struct, sys, os
 import numpy as np
-a, b, tol, first = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-def losses(d):
-    rows = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"loss"' in l]
-    rows = rows[:first] if first else rows
-    return [r["loss"] for r in rows] + [r["grad_norm"] for r in rows]
-def weights(d):
+a, b = sys.argv[1], sys.argv[2]
+tol_loss, tol_norm, tol_w = map(float, sys.argv[3:6])
+first = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+def rows(d):
+    r = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"loss"' in l]
+    return r[:first] if first else r
+def weights(d): # the header's tensors, and all their data as one mapped F32 array
     steps = sorted(int(s[5:]) for s in os.listdir(d + "/checkpoint") if s[5:].isdigit())
-    raw = open(f"{d}/checkpoint/step-{steps[-1]}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); base = 8 + n
-    return np.concatenate([np.frombuffer(raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]], "<f4")
-                           for k, v in sorted(hdr.items()) if k != "__metadata__"]).astype(np.float64)
-la, lb = losses(a), losses(b)
-if len(la) != len(lb) or not la:
-    sys.exit(f"step counts differ: {la} vs {lb}")
-worst = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
-if first:
-    print(f"{os.path.basename(a)} vs {os.path.basename(b)}: first {first} steps' loss/grad norm rel {worst:.2e}")
-    sys.exit(0 if worst <= tol else f"over {tol}: losses {la} vs {lb}")
-wa, wb = weights(a), weights(b)
-rel = np.linalg.norm(wa - wb) / np.linalg.norm(wb)
-print(f"{os.path.basename(a)} vs {os.path.basename(b)}: loss/grad norm rel {worst:.2e}, weights rel L2 {rel:.2e}")
-sys.exit(0 if worst <= tol and rel <= tol else f"over {tol}: losses {la} vs {lb}")
+    path = f"{d}/checkpoint/step-{steps[-1]}/model.safetensors"
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+    hdr.pop("__metadata__", None)
+    if any(v["dtype"] != "F32" for v in hdr.values()):
+        sys.exit(f"{path}: expected F32 tensors only")
+    return hdr, np.memmap(path, dtype="<f4", mode="r", offset=8 + n)
+ra, rb = rows(a), rows(b)
+if len(ra) != len(rb) or not ra:
+    sys.exit(f"step counts differ: {len(ra)} vs {len(rb)}")
+def rel(key):
+    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(ra, rb))
+loss, norm = rel("loss"), rel("grad_norm")
+fails = [f"{what} rel {got:.2e} over {tol:g}" for what, got, tol in
+         [("loss", loss, tol_loss), ("grad norm", norm, tol_norm)] if got > tol]
+msg = f"{os.path.basename(a)} vs {os.path.basename(b)}: loss rel {loss:.2e}, grad norm rel {norm:.2e}"
+if not first:
+    (ha, wa), (hb, wb) = weights(a), weights(b)
+    if ha != hb:
+        sys.exit(f"{msg}; the two model.safetensors hold different tensors or layouts")
+    differ = np.flatnonzero(wa != wb)
+    w = 0.0
+    if differ.size:
+        w = np.linalg.norm(wa[differ].astype(np.float64) - wb[differ]) / np.sqrt(
+            np.sum(np.square(wb, dtype=np.float64)))
+    msg += f", weights rel L2 {w:.2e} ({differ.size} of {wa.size} differ"
+    msg += f", the first at {differ[0]})" if differ.size else ")"
+    if w > tol_w or (tol_w == 0 and differ.size):
+        fails.append(f"weights rel L2 {w:.2e}, {differ.size} element(s), over {tol_w:g}")
+else:
+    msg = msg.replace(":", f": first {first} steps'", 1)
+print(msg)
+sys.exit("; ".join(fails) if fails else 0)
 PY
 }
 export -f run; export ct tokdir text
@@ -81,16 +107,21 @@ check() { # NAME CMD...: the command succeeds
   if "$@"; then ok; else bad "$name"; fi
 }
 
-# --- N ranks against one process on the same global batch (issue 5's three pairs)
+# --- N ranks against one process on the same global batch (issue 5's three pairs). The README
+# claims losses within 1e-7 and weights within 1e-6 of one process. Measured on a 2-core x86-64
+# (Release), over these five pairs and the two resumes below: losses rel up to 6.2e-9 (bound
+# 1e-7, the README's), grad norms 4.1e-8 (bound 4e-7), weights rel L2 6.9e-8 (MoE; bound 7e-7).
+# The ASan build (Debug) measured 3.7e-9, 4.3e-8 and 3.7e-8.
+ranks_tol=(1e-7 4e-7 7e-7)
 check "np1 B2" run 1 "$tmp/np1_b2" --training.local_batch_size 2
 check "np2 B1" run 2 "$tmp/np2_b1"
-check "np2 B1 = np1 B2" same "$tmp/np2_b1" "$tmp/np1_b2" 1e-6
+check "np2 B1 = np1 B2" same "$tmp/np2_b1" "$tmp/np1_b2" "${ranks_tol[@]}"
 check "np1 B3" run 1 "$tmp/np1_b3" --training.local_batch_size 3
 check "np3 B1" run 3 "$tmp/np3_b1"
-check "np3 B1 = np1 B3" same "$tmp/np3_b1" "$tmp/np1_b3" 1e-6
+check "np3 B1 = np1 B3" same "$tmp/np3_b1" "$tmp/np1_b3" "${ranks_tol[@]}"
 check "np1 B4" run 1 "$tmp/np1_b4" --training.local_batch_size 4
 check "np2 accum 2" run 2 "$tmp/np2_acc" --training.global_batch_size 4
-check "np2 x accum 2 = np1 B4" same "$tmp/np2_acc" "$tmp/np1_b4" 1e-6
+check "np2 x accum 2 = np1 B4" same "$tmp/np2_acc" "$tmp/np1_b4" "${ranks_tol[@]}"
 grep -q "2 rank(s), ZeRO-1" "$tmp/np2_b1.log" && grep -q "1 thread(s) per rank" "$tmp/np2_b1.log" &&
   ok || bad "np2 log lacks the parallel line: $(grep parallel "$tmp/np2_b1.log")"
 ls "$tmp/np2_b1/checkpoint/step-4/optimizer-00001-of-00002.safetensors" >/dev/null && ok ||
@@ -101,7 +132,7 @@ ls "$tmp/np2_b1/checkpoint/step-4/optimizer-00001-of-00002.safetensors" >/dev/nu
 moe=(--model.flavor debugmodel_moe --model.tie_embeddings true --model.load_balance)
 check "moe hf np1 B2" run 1 "$tmp/moe_np1" "${moe[@]}" hf --training.local_batch_size 2
 check "moe hf np2 B1" run 2 "$tmp/moe_np2" "${moe[@]}" hf
-check "moe hf: np2 B1 = np1 B2" same "$tmp/moe_np2" "$tmp/moe_np1" 1e-6
+check "moe hf: np2 B1 = np1 B2" same "$tmp/moe_np2" "$tmp/moe_np1" "${ranks_tol[@]}"
 # The expert bias moves by a fixed step on the sign of each expert's load, so one ulp anywhere
 # that flips a near-tie in routing changes the bias, and the runs part a step or two later (the
 # flash kernel, or the unoptimised ASan build, differ by an ulp in a token's loss between B2
@@ -111,18 +142,22 @@ check "moe aux_free np1 B2" run 1 "$tmp/moef_np1" "${moe[@]}" aux_free \
   --model.load_balance_coeff 0.01 --training.local_batch_size 2
 check "moe aux_free np2 B1" run 2 "$tmp/moef_np2" "${moe[@]}" aux_free \
   --model.load_balance_coeff 0.01
-check "moe aux_free: np2 B1 = np1 B2" same "$tmp/moef_np2" "$tmp/moef_np1" 1e-6 2
+check "moe aux_free: np2 B1 = np1 B2" same "$tmp/moef_np2" "$tmp/moef_np1" "${ranks_tol[@]}" 2
 
 # --- ZeRO-1 against replicated optimizer state (DDP); determinism; buckets and overlap
 check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicate_degree 2 \
   --parallelism.data_parallel_shard_degree 1
-check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 1e-6
+# The same sums in the same order, whether a rank owns a shard of the update or all of it: losses
+# and weights bit-identical (a shard boundary off by one moves a few weights by about lr * wd,
+# under 1e-6 of the L2). Only the gradient norm is summed per shard, then over ranks: measured
+# rel 1.2e-15 (Release), 3.1e-15 (ASan build); bound 3e-14.
+check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 0 3e-14 0
 grep -q "replicated optimizer state" "$tmp/np2_rep.log" && ok || bad "replicated mode not logged"
 check "np2 again" run 2 "$tmp/np2_again"
-check "np2 twice: bit-identical" same "$tmp/np2_again" "$tmp/np2_b1" 0
+check "np2 twice: bit-identical" same "$tmp/np2_again" "$tmp/np2_b1" 0 0 0
 check "np2 small buckets, no overlap" run 2 "$tmp/np2_small" --comm.bucket_cap_mb 0.05 \
   --comm.overlap false
-check "bucketing and overlap change nothing" same "$tmp/np2_small" "$tmp/np2_b1" 0
+check "bucketing and overlap change nothing" same "$tmp/np2_small" "$tmp/np2_b1" 0 0 0
 grep -q "gradient bucket(s)" "$tmp/np2_small.log" && ok || bad "bucket count not logged"
 "$CTITAN_PYTHON" - "$tmp/np2_b1/metrics.jsonl" <<'PY' && ok || bad "metrics lack tps_total/comm_s"
 import json, sys
@@ -137,16 +172,19 @@ check "np1 B2 6 steps" run 1 "$tmp/straight2" --training.local_batch_size 2 --tr
 check "np2 leg 1" run 2 "$tmp/resume21" --training.steps 2
 check "np1 leg 2" run 1 "$tmp/resume21" --training.steps 6 --training.global_batch_size 2
 grep -q "resumed from .*step-2" "$tmp/resume21.log" && ok || bad "np1 did not resume np2's checkpoint"
-check "2 -> 1 ranks = straight" same "$tmp/resume21" "$tmp/straight2" 1e-6
+check "2 -> 1 ranks = straight" same "$tmp/resume21" "$tmp/straight2" "${ranks_tol[@]}"
 check "np1 B3 6 steps" run 1 "$tmp/straight3" --training.local_batch_size 3 --training.steps 6
 check "np1 leg 1" run 1 "$tmp/resume13" --training.local_batch_size 3 --training.steps 2
 check "np3 leg 2" run 3 "$tmp/resume13" --training.steps 6
-check "1 -> 3 ranks = straight" same "$tmp/resume13" "$tmp/straight3" 1e-6
+check "1 -> 3 ranks = straight" same "$tmp/resume13" "$tmp/straight3" "${ranks_tol[@]}"
 ls "$tmp/resume13/checkpoint/step-6/optimizer-00002-of-00003.safetensors" >/dev/null && ok ||
   bad "np3 checkpoint lacks rank 2's shard"
-# A different global batch is a different run: refused, named.
-run 2 "$tmp/resume21" --training.steps 8 --training.global_batch_size 4
-grep -q "different config" "$tmp/resume21.log" && ok || bad "global batch change not refused"
+# A different global batch is a different run: refused, named, non-zero.
+if run 2 "$tmp/resume21" --training.steps 8 --training.global_batch_size 4; then
+  bad "global batch change: exit 0"
+else
+  grep -q "different config" "$tmp/resume21.log" && ok || bad "global batch change not refused"
+fi
 
 # --- SIGUSR1 to mpirun reaches every rank: they agree on the step, save it and exit 0; the
 # next run resumes there
@@ -164,8 +202,11 @@ if [ $rc -eq 0 ] && [ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stoppe
 else
   bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$tmp/usr1.log")"
 fi
-run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --checkpoint.interval 1000
-grep -q "resumed from .*step-$stopped " "$tmp/usr1.log" && ok || bad "no resume after SIGUSR1"
+if [ -n "$stopped" ] && run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --checkpoint.interval 1000; then
+  grep -q "resumed from .*step-$stopped " "$tmp/usr1.log" && ok || bad "no resume after SIGUSR1"
+else
+  bad "the run after SIGUSR1 failed: $(tail -3 "$tmp/usr1.log")"
+fi
 
 # --- failures on one rank end every rank, non-zero, within 60 s, naming the rank
 fails() { # NAME PATTERN NP [--key value ...]
@@ -187,6 +228,35 @@ fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fa
   --debug.fault_step 2
 fails rank_hang "rank 0: .* did not complete within 5 s" 2 --debug.fault hang \
   --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
+# --- before every save the ranks compare their weights' XXH64: one weight moved by an ulp on
+# rank 1 (debug.fault weights, test only) stops the save of step 2 with one error line naming
+# both ranks, every rank exits 1 by itself, and nothing is saved. The same run checks the
+# threads: with neither parallelism.threads_per_rank nor OMP_NUM_THREADS each rank gets the
+# node's cores / its ranks on the node (at most the cores it may run on; nproc says how many,
+# OMP_NUM_THREADS being unset), and an OMP_WAIT_POLICY the user set reaches libgomp unchanged
+# (OMP_DISPLAY_ENV: libgomp prints what it read, once per rank: no re-exec with "passive").
+cores=$(getconf _NPROCESSORS_ONLN) allowed=$(nproc)
+want=$((cores / 2)); [ "$want" -lt 1 ] && want=1; [ "$allowed" -lt "$want" ] && want=$allowed
+OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true per_rank_rc=1 run 2 "$tmp/diverge" \
+  --training.steps 3 --checkpoint.interval 2 --parallelism.threads_per_rank 0 \
+  --debug.fault weights --debug.fault_rank 1 --debug.fault_step 2
+errors=$(grep '^ctitan: error:' "$tmp/diverge.log")
+[ "$(grep -c . <<<"$errors")" -eq 1 ] &&
+  grep -qE "at step 2 rank 1's weights differ from rank 0's \(XXH64 [0-9a-f]{16} vs [0-9a-f]{16}\): refusing to save" <<<"$errors" &&
+  ok || bad "diverged weights: not one error line naming ranks 1 and 0: $errors"
+[ "$(grep -cE '^rank [01] exit 1$' "$tmp/diverge.log")" -eq 2 ] && ok ||
+  bad "diverged weights: not every rank exited 1: $(grep '^rank' "$tmp/diverge.log")"
+[ -z "$(ls -A "$tmp/diverge/checkpoint" 2>/dev/null)" ] && ok ||
+  bad "diverged weights were saved: $(ls "$tmp/diverge/checkpoint")"
+grep -qF "; $want thread(s) per rank ($cores cores / 2 ranks on this node" "$tmp/diverge.log" &&
+  ok || bad "want $want thread(s) per rank of $cores cores ($allowed allowed): $(grep '^parallel' "$tmp/diverge.log")"
+grep -q "idle OpenMP threads: active$" "$tmp/diverge.log" &&
+  [ "$(grep -c "OMP_WAIT_POLICY = 'ACTIVE'" "$tmp/diverge.log")" -eq 2 ] &&
+  ! grep -q "OMP_WAIT_POLICY = 'PASSIVE'" "$tmp/diverge.log" && ok ||
+  bad "OMP_WAIT_POLICY=active not kept: $(grep -i 'wait_policy\|^parallel' "$tmp/diverge.log")"
+grep -q "idle OpenMP threads: passive$" "$tmp/np2_b1.log" && ok ||
+  bad "OMP_WAIT_POLICY unset: not passive: $(grep '^parallel' "$tmp/np2_b1.log")"
+
 # A NaN on one rank reaches every rank through the sum: all skip the same step and go on.
 check "nan on rank 1" run 2 "$tmp/nan" --debug.fault nan --debug.fault_rank 1 --debug.fault_step 2
 grep -q "step 2: non-finite gradient norm; step skipped" "$tmp/nan.log" && ok ||

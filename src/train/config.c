@@ -165,8 +165,9 @@ const config_key config_table[] = {
         "batches per validation, at most one pass over the split (-1: the whole split)"),
 
     KEY(debug, seed, CONFIG_INT64, "0", NULL, true, "seed for weight init and data shuffling"),
-    KEY(debug, fault, CONFIG_STR, "none", "none|bad_token|nan|exit|hang", false,
-        "inject a failure on debug.fault_rank at debug.fault_step (tests of failure handling)"),
+    KEY(debug, fault, CONFIG_STR, "none", "none|bad_token|nan|exit|hang|weights", false,
+        "test only: inject a failure on debug.fault_rank at debug.fault_step (weights: move one "
+        "weight by an ulp before that step's save, which the ranks' hash check must refuse)"),
     KEY(debug, fault_rank, CONFIG_INT, "0", NULL, false, "the rank debug.fault hits"),
     KEY(debug, fault_step, CONFIG_INT, "1", NULL, false, "the step (from 1) debug.fault hits"),
     KEY(debug, profile_ops, CONFIG_BOOL, "false", NULL, false,

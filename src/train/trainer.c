@@ -577,11 +577,16 @@ static void trainer_free(trainer *t) {
 }
 
 // debug.fault: a real failure of the kind a rank can meet, on one rank at one step, for the
-// tests of failure handling. Returns true when `kind` hits this rank now.
-static bool fault_now(const trainer *t, const char *kind) {
+// tests of failure handling. Returns true when `kind` hits this rank at `step` (from 1).
+static bool fault_at(const trainer *t, const char *kind, int64_t step) {
     const ct_config_debug *dbg = &t->cfg->debug;
     return strcmp(dbg->fault, kind) == 0 && dbg->fault_rank == t->d->rank &&
-           dbg->fault_step == t->state.step + 1;
+           dbg->fault_step == step;
+}
+
+// The same, for the step about to run.
+static bool fault_now(const trainer *t, const char *kind) {
+    return fault_at(t, kind, t->state.step + 1);
 }
 
 // Reads this rank's samples of the step: the step covers global samples [g0, g0 + global) and
@@ -767,6 +772,14 @@ static int validate(trainer *t, ct_error *err) {
 // memory was corrupted, and is caught before it is saved.
 static int check_replicas_equal(trainer *t, ct_error *err) {
     if (t->d->size == 1) return 0;
+    // debug.fault weights: one weight of this rank moves by an ulp before the save of step
+    // debug.fault_step, as memory corruption would move it.
+    if (fault_at(t, "weights", t->state.step)) {
+        uint32_t bits;
+        memcpy(&bits, t->model.param_mem, sizeof bits);
+        bits ^= 1;
+        memcpy(t->model.param_mem, &bits, sizeof bits);
+    }
     uint64_t mine = ckpt_xxh64(t->model.param_mem, t->model.num_params * sizeof(float), 0);
     uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
     if (!all) return ct_fail(err, "out of memory");
