@@ -186,8 +186,8 @@ else
   grep -q "different config" "$tmp/resume21.log" && ok || bad "global batch change not refused"
 fi
 
-# --- SIGUSR1 to mpirun reaches every rank: they agree on the step, save it and exit 0; the
-# next run resumes there
+# --- SIGUSR1 to mpirun reaches every rank: they agree on the step, save it and exit 138
+# (128 + SIGUSR1), and so does mpirun; the next run resumes there
 run_args_bg() { run 2 "$tmp/usr1" --training.steps 400 --checkpoint.interval 1000; }
 run_args_bg & bg=$!
 for _ in $(seq 600); do
@@ -196,8 +196,8 @@ for _ in $(seq 600); do
 done
 mpirun_pid=$(pgrep -P "$bg" mpirun)
 kill -USR1 "${mpirun_pid:-$bg}"; wait "$bg"; rc=$?
-stopped=$(sed -n 's/^stopped by signal at step \([0-9]*\)$/\1/p' "$tmp/usr1.log")
-if [ $rc -eq 0 ] && [ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stopped/state.json" ]; then
+stopped=$(sed -n 's/^stopped by signal 10 at step \([0-9]*\);.*/\1/p' "$tmp/usr1.log")
+if [ $rc -eq 138 ] && [ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stopped/state.json" ]; then
   ok
 else
   bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$tmp/usr1.log")"
