@@ -153,6 +153,14 @@ check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicat
 # rel 1.2e-15 (Release), 3.1e-15 (ASan build); bound 3e-14.
 check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 0 3e-14 0
 grep -q "replicated optimizer state" "$tmp/np2_rep.log" && ok || bad "replicated mode not logged"
+# The same with norms, biases and the embedding excluded from weight decay: the no-decay ranges
+# are clipped to each rank's shard (adamw_exclude_decay), and a range cut one element wrong
+# decays a weight it must not.
+nodecay=(--optimizer.decay_norms_and_embeddings false)
+check "np2 ZeRO-1, no-decay ranges" run 2 "$tmp/np2_nd" "${nodecay[@]}"
+check "np2 replicated, no-decay ranges" run 2 "$tmp/np2_nd_rep" "${nodecay[@]}" \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
+check "ZeRO-1 = replicated with no-decay ranges" same "$tmp/np2_nd" "$tmp/np2_nd_rep" 0 3e-14 0
 check "np2 again" run 2 "$tmp/np2_again"
 check "np2 twice: bit-identical" same "$tmp/np2_again" "$tmp/np2_b1" 0 0 0
 check "np2 small buckets, no overlap" run 2 "$tmp/np2_small" --comm.bucket_cap_mb 0.05 \
