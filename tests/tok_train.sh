@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `ctitan train` end to end on the real Qwen3 tokenizer and real text (nlp-corpus): the
-# random-init loss, bit-exact resume (after SIGTERM, with shuffle on), SIGKILL at random moments
-# during checkpoint writes, export round trips, and one clear error per config/data/memory
+# random-init loss, bit-exact resume (after SIGTERM, with shuffle on), SIGKILL after checkpoints
+# and during checkpoint writes, export round trips, and one clear error per config/data/memory
 # error class.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
@@ -41,9 +41,11 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(" ".join(repr(r["loss"]) for r in rows if "loss" in r))' "$1/metrics.jsonl"; }
 
-# --- a straight run
-if train "$tmp/straight" --checkpoint.last_save_in_hf true --checkpoint.export_dtype bfloat16 \
-  >"$tmp/straight.log" 2>&1; then ok; else bad "straight run: $(tail -5 "$tmp/straight.log")"; fi
+# --- a straight run. It keeps every checkpoint (2, 4, 6, 8): the SIGKILL trials below start
+# from copies of them.
+if train "$tmp/straight" --checkpoint.keep_latest_k 0 --checkpoint.last_save_in_hf true \
+  --checkpoint.export_dtype bfloat16 >"$tmp/straight.log" 2>&1; then
+  ok; else bad "straight run: $(tail -5 "$tmp/straight.log")"; fi
 straight=$(losses "$tmp/straight")
 [ "$(wc -w <<<"$straight")" -eq 8 ] && ok || bad "straight run logged: $straight"
 
@@ -57,10 +59,25 @@ PY
 "$CTITAN_PYTHON" -c 'import sys; l=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if l[-1] < l[0] - 0.5 else 1)' "$straight" &&
   ok || bad "loss did not fall: $straight"
 
-# --- same config, same seed: bit-identical losses
+# --- same config, same seed: bit-identical losses; keep_latest_k = 2 keeps steps 6 and 8
 train "$tmp/again" >/dev/null 2>&1
 [ "$(losses "$tmp/again")" = "$straight" ] && ok || bad "rerun differs: $(losses "$tmp/again") vs $straight"
+[ "$(cd "$tmp/again/checkpoint" && echo step-*)" = "step-6 step-8" ] && ok ||
+  bad "keep_latest_k: $(ls "$tmp/again/checkpoint")"
 
+# Helpers for runs in the background. alive PID: the process exists and is not a zombie (bash
+# has not waited for it yet). resumed_step LOG: the step of the "resumed from" line, if any.
+# dedup_losses DUMP: for each step the loss of the last row logged (a resumed run logs again the
+# steps after its checkpoint), then "|" and how many rows were logged again.
+alive() { local st; read -r _ _ st _ <"/proc/$1/stat" 2>/dev/null && [ "$st" != Z ]; }
+resumed_step() { sed -n 's/^resumed from .* at step \([0-9]*\) .*/\1/p' "$1" | head -n 1; }
+dedup_losses() { "$CTITAN_PYTHON" -c '
+import json, sys
+rows, n = {}, 0
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r: rows[r["step"]] = r["loss"]; n += 1
+print(" ".join(repr(rows[k]) for k in sorted(rows)) + "|%d" % (n - len(rows)))' "$1/metrics.jsonl"; }
 # --- stop with SIGTERM after a checkpoint, resume: the losses of every step are bit-identical
 train_args "$tmp/resumed"
 "$ct" train "${ARGS[@]}" >"$tmp/resumed.log" 2>&1 &
@@ -74,31 +91,67 @@ train "$tmp/resumed" >"$tmp/resumed2.log" 2>&1 && ok || bad "resume run failed: 
 grep -q "resumed from" "$tmp/resumed2.log" && ok || bad "did not resume: $(head -20 "$tmp/resumed2.log")"
 [ "$(losses "$tmp/resumed")" = "$straight" ] && ok || bad "resumed losses $(losses "$tmp/resumed") != $straight"
 
-# --- SIGKILL at random moments (checkpoints every step): the newest complete checkpoint loads,
-# and the finished run has the straight run's losses
-for trial in 1 2 3 4; do
-  d=$tmp/killed$trial
+# --- SIGKILL after checkpoints and during checkpoint writes (checkpoints every step). Each trial
+# starts from a shared prefix rather than from scratch: a hard-linked copy of the straight run's
+# step-P checkpoint (P = 2 or 4; checkpoint files are only ever created by rename and removed,
+# never rewritten) and its first P metrics rows. The continuation is killed at an event chosen at
+# random, detected by polling (no timing assumption):
+#   saved: the line "checkpoint: saved step N" has appeared (N random in P+1..6); the kill lands
+#          during step N+1 or its save, so the next run resumes from step N or later;
+#   tmp:   the temporary folder of checkpoint N exists (N random in P+1..7); when it is still
+#          there after the kill, the next run resumes from exactly N-1 and logs step N again.
+# Every trial then ends with the straight run's losses, keeping the last row logged per step.
+trials=6 landed=0 in_save=0
+for trial in $(seq $trials); do
+  d=$tmp/killed$trial P=$((trial % 2 ? 2 : 4))
+  if [ $trial -le 3 ]; then mode=saved N=$((P + 1 + RANDOM % (6 - P))); else mode=tmp N=$((P + 1 + RANDOM % (7 - P))); fi
+  what="trial $trial ($mode, from step $P, event at step $N)"
+  mkdir -p "$d/checkpoint"
+  cp -al "$tmp/straight/checkpoint/step-$P" "$d/checkpoint/"
+  head -n $P "$tmp/straight/metrics.jsonl" >"$d/metrics.jsonl"
   train_args "$d" --checkpoint.interval 1
   "$ct" train "${ARGS[@]}" >"$d.log" 2>&1 &
   pid=$!
-  sleep "0.$(( (RANDOM % 9) + 1 ))"
-  kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
-  if train "$d" --checkpoint.interval 1 >"$d.2.log" 2>&1; then ok; else bad "trial $trial: resume after SIGKILL failed: $(tail -3 "$d.2.log")"; fi
-  # the rows logged before the kill may include steps whose checkpoint never completed:
-  # keep, for each step, the last row logged
-  got=$("$CTITAN_PYTHON" -c '
-import json, sys
-rows = {}
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if "loss" in r: rows[r["step"]] = r["loss"]
-print(" ".join(repr(rows[k]) for k in sorted(rows)))' "$d/metrics.jsonl")
-  [ "$got" = "$straight" ] && ok || bad "trial $trial losses $got != $straight"
-  ls -d "$d"/checkpoint/*.tmp-* >/dev/null 2>&1 && bad "trial $trial left a temporary folder" || ok
+  hit=
+  for _ in $(seq 15000); do # up to 5 minutes
+    if [ $mode = saved ]; then
+      grep -q "^checkpoint: saved step $N " "$d.log" && hit=$N
+    else # the first temporary folder of a step >= N (a save too quick to see is skipped)
+      for f in "$d"/checkpoint/step-*.tmp-*; do
+        [ -e "$f" ] || continue
+        f=${f##*/step-}
+        [ "${f%%.tmp-*}" -ge $N ] && hit=${f%%.tmp-*}
+      done
+    fi
+    [ -n "$hit" ] && { kill -KILL $pid 2>/dev/null; break; }
+    alive $pid || break
+    sleep 0.02
+  done
+  wait $pid 2>/dev/null; rc=$?
+  during=0
+  [ $mode = tmp ] && [ -n "$hit" ] && compgen -G "$d/checkpoint/step-$hit.tmp-*" >/dev/null && during=1
+  if [ -n "$hit" ] && [ $rc -eq 137 ]; then landed=$((landed + 1)); fi
+  in_save=$((in_save + during))
+  grep -q "^resumed from .*/step-$P at step $P " "$d.log" && ok || bad "$what: the continuation did not resume from the copied checkpoint: $(head -c 2000 "$d.log")"
+  if train "$d" --checkpoint.interval 100 >"$d.2.log" 2>&1; then ok; else bad "$what: resume after SIGKILL failed: $(tail -3 "$d.2.log")"; fi
+  S=$(resumed_step "$d.2.log")
+  got=$(dedup_losses "$d") again=${got#*|} got=${got%|*}
+  [ "$got" = "$straight" ] && ok || bad "$what: losses $got != $straight"
+  [ -n "$S" ] && [ "$S" -ge $P ] && ok || bad "$what: resumed from step '$S', not from a checkpoint"
+  if [ $mode = saved ] && [ -n "$hit" ]; then
+    [ "$S" -ge $N ] && ok || bad "$what: killed after checkpoint $N was saved, resumed from step $S"
+  fi
+  if [ $during -eq 1 ]; then # killed while writing checkpoint $hit: its row was logged twice
+    [ "$S" -eq $((hit - 1)) ] && [ "$again" -ge 1 ] && ok ||
+      bad "$what: killed while writing checkpoint $hit, resumed from step $S, $again rows logged again"
+  fi
+  compgen -G "$d/checkpoint/*.tmp-*" >/dev/null && bad "$what: left a temporary folder" || ok
 done
-
-# --- keep_latest_k = 2
-[ "$(ls -d "$tmp/straight/checkpoint"/step-* | wc -l)" -eq 2 ] && ok || bad "keep_latest_k: $(ls "$tmp/straight/checkpoint")"
+# Most trials must have been killed after a checkpoint of their own (the events cannot be
+# missed: each leaves at least one step to run), and most tmp trials during a save.
+[ $landed -ge 5 ] && ok || bad "only $landed of $trials SIGKILL trials were killed at their event"
+[ $in_save -ge 2 ] && ok || bad "only $in_save of 3 tmp trials were killed during a checkpoint write"
+echo "SIGKILL: $landed of $trials trials killed at their event, $in_save of 3 during a checkpoint write"
 
 # --- export: F32 gives the checkpoint's exact loss in verify; BF16 stores BF16; no missing keys
 "$CTITAN_PYTHON" -c "import numpy as np, sys; np.save(sys.argv[1], np.arange(200, 1200, dtype=np.int32) * 97 % 151643)" "$tmp/tokens.npy"
