@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `ctitan train` end to end on the real Qwen3 tokenizer and real text (nlp-corpus): the
 # random-init loss, bit-exact resume (after SIGTERM, with shuffle on), SIGKILL after checkpoints
-# and during checkpoint writes, export round trips, and one clear error per config/data/memory
-# error class.
+# and during checkpoint writes, export round trips, no non-finite checkpoint after skipped
+# steps, and one clear error per config/data/memory error class.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 passed=0 failed=0
@@ -185,10 +185,38 @@ train "$tmp/epochs" --training.dataset_path "$tmp/tiny.txt" --checkpoint.enable 
   grep -q "data: epoch 1 begins" "$tmp/epochs.log" && ok || bad "epoch rollover not logged: $(grep data: "$tmp/epochs.log")"
 "$ct" plot --input "$tmp/val" >/dev/null 2>&1 && [ -s "$tmp/val/loss.png" ] && ok || bad "plot"
 
-# --- non-finite steps are skipped, then the run stops with an error; nothing NaN is saved
-expect_err nonfinite 'non-finite steps in a row' train "$tmp/nan" --optimizer.lr 1e30 \
-  --training.max_skipped_steps 2 --lr_scheduler.warmup_steps 0 --lr_scheduler.decay_ratio 0 \
-  --checkpoint.enable false --training.max_norm 0
+# --- non-finite steps are skipped, then the run stops with an error; nothing non-finite is
+# saved. lr 1e30 makes step 1's update huge (finite); from step 2 on the gradient norm is NaN,
+# step 2 is skipped, and the second skip in a row (step 3) stops the run before its save. With a
+# checkpoint every step, steps 1 and 2 are saved: every tensor of both (weights and AdamW
+# moments) is finite, and the skipped step's checkpoint holds step 1's weights and moments byte
+# for byte.
+expect_err nonfinite '2 non-finite steps in a row' train "$tmp/nan" --optimizer.lr 1e30 \
+  --training.max_skipped_steps 1 --lr_scheduler.warmup_steps 0 --lr_scheduler.decay_ratio 0 \
+  --checkpoint.interval 1 --checkpoint.keep_latest_k 0 --training.max_norm 0
+nanck=$tmp/nan/checkpoint
+[ "$(cd "$nanck" 2>/dev/null && echo step-*)" = "step-1 step-2" ] && ok || bad "nonfinite: checkpoints $(ls "$nanck" 2>&1)"
+"$CTITAN_PYTHON" - "$nanck"/step-*/*.safetensors <<'PY' && ok || bad "nonfinite: a checkpoint holds non-finite values"
+import json, struct, sys
+import numpy as np
+bad = 0
+for path in sys.argv[1:]:
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        assert t["dtype"] == "F32", (path, name, t["dtype"])
+        a, b = t["data_offsets"]
+        x = np.frombuffer(raw, np.float32, (b - a) // 4, 8 + n + a)
+        if not np.isfinite(x).all():
+            bad += 1
+            print("%s: %s has %d non-finite values" % (path, name, (~np.isfinite(x)).sum()), file=sys.stderr)
+sys.exit(1 if bad or not sys.argv[1:] else 0)
+PY
+for f in model.safetensors optimizer-00000-of-00001.safetensors; do
+  cmp -s "$nanck/step-1/$f" "$nanck/step-2/$f" && ok || bad "nonfinite: the skipped step changed $f"
+done
 
 # --- errors: config, data, memory
 printf '[training]\nseq_len = 32\nstepz = 4\n' >"$tmp/typo.toml"
