@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `ctitan train` end to end on the real Qwen3 tokenizer and real text (nlp-corpus): the
-# random-init loss, bit-exact resume (after SIGTERM and SIGINT, with shuffle on), SIGKILL after
-# checkpoints and during checkpoint writes, export round trips, no non-finite checkpoint after
-# skipped steps, and one clear error per config/data/memory error class.
+# random-init loss, memory_peak_gib against the measured peak RSS, bit-exact resume (after
+# SIGTERM and SIGINT, with shuffle on), SIGKILL after checkpoints and during checkpoint writes,
+# export round trips, no non-finite checkpoint after skipped steps, and one clear error per
+# config/data/memory error class.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 passed=0 failed=0
@@ -42,12 +43,36 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print(" ".join(repr(r["loss"]) for r in rows if "loss" in r))' "$1/metrics.jsonl"; }
 
 # --- a straight run. It keeps every checkpoint (2, 4, 6, 8): the SIGKILL trials below start
-# from copies of them.
-if train "$tmp/straight" --checkpoint.keep_latest_k 0 --checkpoint.last_save_in_hf true \
-  --checkpoint.export_dtype bfloat16 >"$tmp/straight.log" 2>&1; then
+# from copies of them. The kernel's peak RSS of the process (wait4's ru_maxrss, what
+# `/usr/bin/time -v` prints as "Maximum resident set size") is written to straight.maxrss.
+train_args "$tmp/straight" --checkpoint.keep_latest_k 0 --checkpoint.last_save_in_hf true \
+  --checkpoint.export_dtype bfloat16
+if "$CTITAN_PYTHON" -c '
+import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write("%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(rc)' "$tmp/straight.maxrss" "$ct" train "${ARGS[@]}" >"$tmp/straight.log" 2>&1; then
   ok; else bad "straight run: $(tail -5 "$tmp/straight.log")"; fi
 straight=$(losses "$tmp/straight")
 [ "$(wc -w <<<"$straight")" -eq 8 ] && ok || bad "straight run logged: $straight"
+
+# --- memory_peak_gib (getrusage of the process itself, at each logged step) against the peak RSS
+# measured from outside. The last row is at most the measured peak plus the %.4f rounding, and
+# within 0.0005 GiB below it: measured 643660 KiB = 0.61385 GiB against 0.6138 in the last row
+# (difference 5e-5 GiB, the rounding: the peak comes from the first checkpoint save, before row
+# 3, and neither the last save nor the bf16 export goes above it).
+"$CTITAN_PYTHON" - "$tmp/straight/metrics.jsonl" "$(cat "$tmp/straight.maxrss")" <<'PY' && ok || bad "memory_peak_gib vs measured peak RSS"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+reported = rows[-1]["memory_peak_gib"]
+measured = int(sys.argv[2]) / 2**20  # KiB -> GiB
+ok = measured - 0.0005 <= reported <= measured + 0.0001 and \
+     all(a["memory_peak_gib"] <= b["memory_peak_gib"] for a, b in zip(rows, rows[1:]))
+print("memory_peak_gib %.4f, measured peak RSS %.5f GiB (%s KiB): %s" %
+      (reported, measured, sys.argv[2], "ok" if ok else "outside [measured - 0.0005, measured + 0.0001] or not monotone"),
+      file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
 
 # --- random-init first-step loss lies in [ln V, ln V + 1]
 "$CTITAN_PYTHON" - "$straight" <<'PY' && ok || bad "first-step loss out of range: $straight"
