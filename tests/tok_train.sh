@@ -34,6 +34,7 @@ train_args() {
     [checkpoint.keep_latest_k]=2 [debug.seed]=7 [job.dump_folder]=$dump)
   while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
   ARGS=()
+  local k
   for k in "${!opt[@]}"; do ARGS+=("--$k" "${opt[$k]}"); done
 }
 train() { train_args "$@"; "$ct" train "${ARGS[@]}"; }
@@ -42,11 +43,9 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(" ".join(repr(r["loss"]) for r in rows if "loss" in r))' "$1/metrics.jsonl"; }
 
-# --- a straight run. It keeps every checkpoint (2, 4, 6, 8): the SIGKILL trials below start
-# from copies of them. The kernel's peak RSS of the process (wait4's ru_maxrss, what
+# --- a straight run. The kernel's peak RSS of the process (wait4's ru_maxrss, what
 # `/usr/bin/time -v` prints as "Maximum resident set size") is written to straight.maxrss.
-train_args "$tmp/straight" --checkpoint.keep_latest_k 0 --checkpoint.last_save_in_hf true \
-  --checkpoint.export_dtype bfloat16
+train_args "$tmp/straight" --checkpoint.last_save_in_hf true --checkpoint.export_dtype bfloat16
 if "$CTITAN_PYTHON" -c '
 import resource, subprocess, sys
 rc = subprocess.call(sys.argv[2:])
@@ -84,11 +83,9 @@ PY
 "$CTITAN_PYTHON" -c 'import sys; l=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if l[-1] < l[0] - 0.5 else 1)' "$straight" &&
   ok || bad "loss did not fall: $straight"
 
-# --- same config, same seed: bit-identical losses; keep_latest_k = 2 keeps steps 6 and 8
+# --- same config, same seed: bit-identical losses
 train "$tmp/again" >/dev/null 2>&1
 [ "$(losses "$tmp/again")" = "$straight" ] && ok || bad "rerun differs: $(losses "$tmp/again") vs $straight"
-[ "$(cd "$tmp/again/checkpoint" && echo step-*)" = "step-6 step-8" ] && ok ||
-  bad "keep_latest_k: $(ls "$tmp/again/checkpoint")"
 
 # Helpers for runs in the background. alive PID: the process exists and is not a zombie (bash
 # has not waited for it yet). resumed_step LOG: the step of the "resumed from" line, if any.
@@ -136,67 +133,84 @@ for sig in TERM INT; do
   [ "$(losses "$d")" = "$straight" ] && ok || bad "SIG$sig: resumed losses $(losses "$d") != $straight"
 done
 
-# --- SIGKILL after checkpoints and during checkpoint writes (checkpoints every step). Each trial
-# starts from a shared prefix rather than from scratch: a hard-linked copy of the straight run's
-# step-P checkpoint (P = 2 or 4; checkpoint files are only ever created by rename and removed,
-# never rewritten) and its first P metrics rows. The continuation is killed at an event chosen at
-# random, detected by polling (no timing assumption):
-#   saved: the line "checkpoint: saved step N" has appeared (N random in P+1..6); the kill lands
-#          during step N+1 or its save, so the next run resumes from step N or later;
-#   tmp:   the temporary folder of checkpoint N exists (N random in P+1..7); when it is still
-#          there after the kill, the next run resumes from exactly N-1 and logs step N again.
-# Every trial then ends with the straight run's losses, keeping the last row logged per step.
-trials=6 landed=0 in_save=0
-for trial in $(seq $trials); do
-  d=$tmp/killed$trial P=$((trial % 2 ? 2 : 4))
-  if [ $trial -le 3 ]; then mode=saved N=$((P + 1 + RANDOM % (6 - P))); else mode=tmp N=$((P + 1 + RANDOM % (7 - P))); fi
-  what="trial $trial ($mode, from step $P, event at step $N)"
-  mkdir -p "$d/checkpoint"
-  cp -al "$tmp/straight/checkpoint/step-$P" "$d/checkpoint/"
-  head -n $P "$tmp/straight/metrics.jsonl" >"$d/metrics.jsonl"
+# --- SIGKILL after checkpoints and during checkpoint writes (checkpoints every step), as one
+# chain of runs in one dump folder rather than a fresh run per trial: each run resumes where the
+# one before was killed, and is itself killed at an event chosen at random and detected by
+# polling (no timing assumption), alternately
+#   saved: the line "checkpoint: saved step N" has appeared (N = S+1, where S is the step the run
+#          resumed from), then a random 0-0.19 s more; the kill lands in the next step, its row
+#          or its save, or later, so the next run resumes from N or later;
+#   tmp:   the temporary folder of checkpoint N exists (N = S+1 or S+2; a save too quick to see
+#          is passed over for the next one); when the folder is still there after the kill, the
+#          next run resumes from exactly N-1 and logs step N again.
+# Up to 6 kills while an event has a step after it, then a run to the end: keeping the last row
+# logged for each step, the losses are the straight run's.
+d=$tmp/killed
+kills=0 landed=0 in_save=0 lo=0 hi=0 what=
+for run in 1 2 3 4 5 6 7; do
+  log=$d.$run.log
   train_args "$d" --checkpoint.interval 1
-  "$ct" train "${ARGS[@]}" >"$d.log" 2>&1 &
+  "$ct" train "${ARGS[@]}" >"$log" 2>&1 &
   pid=$!
+  S=0
+  if [ $run -gt 1 ]; then # where the previous kill left the checkpoints
+    wait_for_line "$log" "^resumed from" $pid && S=$(resumed_step "$log")
+    [ "$S" -ge $lo ] && [ "$S" -le $hi ] && ok || bad "kill $kills ($what): the next run resumed from step $S, expected $lo..$hi: $(grep -m1 '^resumed\|^weights' "$log")"
+  fi
+  mode=end
+  if [ $run -le 6 ] && [ $((run % 2)) -eq 1 ] && [ "$S" -le 5 ]; then mode=saved N=$((S + 1)); fi
+  if [ $run -le 6 ] && [ $((run % 2)) -eq 0 ] && [ "$S" -le 6 ]; then
+    mode=tmp N=$((S + 1 + RANDOM % 2))
+    [ $N -le 7 ] || N=7
+  fi
   hit=
-  for _ in $(seq 15000); do # up to 5 minutes
-    if [ $mode = saved ]; then
-      grep -q "^checkpoint: saved step $N " "$d.log" && hit=$N
-    else # the first temporary folder of a step >= N (a save too quick to see is skipped)
-      for f in "$d"/checkpoint/step-*.tmp-*; do
-        [ -e "$f" ] || continue
-        f=${f##*/step-}
-        [ "${f%%.tmp-*}" -ge $N ] && hit=${f%%.tmp-*}
-      done
-    fi
-    [ -n "$hit" ] && { kill -KILL $pid 2>/dev/null; break; }
-    alive $pid || break
-    sleep 0.02
-  done
+  if [ $mode != end ]; then
+    for _ in $(seq 15000); do # up to 5 minutes
+      if [ $mode = saved ]; then
+        grep -q "^checkpoint: saved step $N " "$log" && hit=$N
+      else
+        for f in "$d"/checkpoint/step-*.tmp-*; do
+          [ -e "$f" ] || continue
+          f=${f##*/step-}
+          [ "${f%%.tmp-*}" -ge $N ] && hit=${f%%.tmp-*}
+        done
+      fi
+      if [ -n "$hit" ]; then
+        [ $mode = saved ] && sleep "$(printf '0.%02d' $((RANDOM % 20)))"
+        kill -KILL $pid 2>/dev/null
+        break
+      fi
+      alive $pid || break
+      sleep 0.02
+    done
+  fi
   wait $pid 2>/dev/null; rc=$?
+  if [ $mode = end ]; then
+    [ $rc -eq 0 ] && ok || bad "the last run of the SIGKILL chain failed ($rc): $(tail -3 "$log")"
+    break
+  fi
+  kills=$((kills + 1)) what="$mode at step $N, run $run resumed from $S"
   during=0
   [ $mode = tmp ] && [ -n "$hit" ] && compgen -G "$d/checkpoint/step-$hit.tmp-*" >/dev/null && during=1
-  if [ -n "$hit" ] && [ $rc -eq 137 ]; then landed=$((landed + 1)); fi
+  [ -n "$hit" ] && [ $rc -eq 137 ] && landed=$((landed + 1))
   in_save=$((in_save + during))
-  grep -q "^resumed from .*/step-$P at step $P " "$d.log" && ok || bad "$what: the continuation did not resume from the copied checkpoint: $(head -c 2000 "$d.log")"
-  if train "$d" --checkpoint.interval 100 >"$d.2.log" 2>&1; then ok; else bad "$what: resume after SIGKILL failed: $(tail -3 "$d.2.log")"; fi
-  S=$(resumed_step "$d.2.log")
-  got=$(dedup_losses "$d") again=${got#*|} got=${got%|*}
-  [ "$got" = "$straight" ] && ok || bad "$what: losses $got != $straight"
-  [ -n "$S" ] && [ "$S" -ge $P ] && ok || bad "$what: resumed from step '$S', not from a checkpoint"
-  if [ $mode = saved ] && [ -n "$hit" ]; then
-    [ "$S" -ge $N ] && ok || bad "$what: killed after checkpoint $N was saved, resumed from step $S"
-  fi
-  if [ $during -eq 1 ]; then # killed while writing checkpoint $hit: its row was logged twice
-    [ "$S" -eq $((hit - 1)) ] && [ "$again" -ge 1 ] && ok ||
-      bad "$what: killed while writing checkpoint $hit, resumed from step $S, $again rows logged again"
-  fi
-  compgen -G "$d/checkpoint/*.tmp-*" >/dev/null && bad "$what: left a temporary folder" || ok
+  if [ $rc -ne 137 ]; then lo=8 hi=8 # not killed: it finished
+  elif [ $during -eq 1 ]; then lo=$((hit - 1)) hi=$((hit - 1)) what="$what, killed while writing $hit"
+  else lo=${hit:-$N} hi=8; fi
 done
-# Most trials must have been killed after a checkpoint of their own (the events cannot be
-# missed: each leaves at least one step to run), and most tmp trials during a save.
-[ $landed -ge 5 ] && ok || bad "only $landed of $trials SIGKILL trials were killed at their event"
-[ $in_save -ge 2 ] && ok || bad "only $in_save of 3 tmp trials were killed during a checkpoint write"
-echo "SIGKILL: $landed of $trials trials killed at their event, $in_save of 3 during a checkpoint write"
+got=$(dedup_losses "$d") again=${got#*|} got=${got%|*}
+[ "$got" = "$straight" ] && ok || bad "SIGKILL chain: losses $got != $straight"
+compgen -G "$d/checkpoint/*.tmp-*" >/dev/null && bad "SIGKILL chain: left a temporary folder" || ok
+# The events cannot be missed (each leaves a step to run) and each kill moves the chain on by at
+# most a step or two, so most of the 6 kills happen, after a checkpoint; every kill during a
+# write made a row to log again.
+[ $kills -ge 4 ] && [ $landed -ge $((kills - 1)) ] && ok || bad "SIGKILL chain: $landed of $kills kills landed at their event"
+[ $in_save -ge 1 ] && [ "$again" -ge $in_save ] && ok ||
+  bad "SIGKILL chain: $in_save kills during a checkpoint write, $again rows logged again"
+echo "SIGKILL chain: $landed of $kills kills landed at their event, $in_save during a checkpoint write; $again rows logged again" >&2
+
+# --- keep_latest_k = 2
+[ "$(ls -d "$tmp/straight/checkpoint"/step-* | wc -l)" -eq 2 ] && ok || bad "keep_latest_k: $(ls "$tmp/straight/checkpoint")"
 
 # --- export: F32 gives the checkpoint's exact loss in verify; BF16 stores BF16; no missing keys
 "$CTITAN_PYTHON" -c "import numpy as np, sys; np.save(sys.argv[1], np.arange(200, 1200, dtype=np.int32) * 97 % 151643)" "$tmp/tokens.npy"
