@@ -1,7 +1,9 @@
 // The training config: defaults, TOML + command-line precedence, every error class (naming
 // FILE:LINE or the option, and the key, with suggestions), cross-key checks, the write -> load
-// round trip, the hash, the MoE keys, and every shipped configs/*.toml.
+// round trip, the hash (every key pinned as hashed or not), the MoE keys, and every shipped
+// configs/*.toml.
 #include <dirent.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -505,6 +507,164 @@ static void test_hash(void) {
     CHECK(config_hash(&b) != h, "dataset counts");
 }
 
+// Every key of the table, pinned: is it part of config_hash, the identity a resume checks? A
+// key that changes the numbers of a resumed run is hashed: the model, the data and its order,
+// the optimizer, the schedule, the global batch, the seed. Not hashed: where outputs go, logging,
+// checkpointing, validation, deadlines, and choices that change nothing or only fp32 rounding
+// (kernels, plugins, thread and rank layouts, gradient buckets, activation checkpointing, the
+// loss chunking), so a run may resume with other ones. A new key must be added here.
+static const struct {
+    const char *name;
+    bool hashed;
+} hash_pinned[] = {
+    {"job.dump_folder", false},
+    {"job.description", false},
+    {"model.backend", true},
+    {"model.flavor", true},
+    {"model.hf_path", true},
+    {"model.tokenizer_path", true}, // the token ids of the data
+    {"model.n_layers", true},
+    {"model.dim", true},
+    {"model.n_heads", true},
+    {"model.n_kv_heads", true},
+    {"model.head_dim", true},
+    {"model.ffn_dim", true},
+    {"model.vocab_size", true},
+    {"model.max_seq_len", true}, // RoPE's tables are built for it
+    {"model.tie_embeddings", true},
+    {"model.num_experts", true},
+    {"model.num_experts_per_tok", true},
+    {"model.moe_intermediate_size", true},
+    {"model.moe_impl", false},     // fp32 rounding only
+    {"model.attn_backend", false}, // fp32 rounding only
+    {"model.load_balance", true},
+    {"model.load_balance_coeff", true},
+    {"model.router_aux_loss_coef", true},
+    {"model.output_router_logits", true},
+    {"training.dataset_path", true},
+    {"training.local_batch_size", false}, // the global batch is what counts (resolved in trainer.c)
+    {"training.global_batch_size", true},
+    {"training.seq_len", true},
+    // Not hashed so that a run can be extended; with lr_scheduler.decay_ratio > 0 the decay
+    // phase then moves, as in torchtitan, whose schedule is rebuilt from training.steps.
+    {"training.steps", false},
+    {"training.max_norm", true},
+    {"training.shuffle", true},
+    {"training.max_skipped_steps", false}, // skipped steps change nothing; this only stops
+    {"training.allow_overcommit", false},
+    {"training.loss_chunk_tokens", false}, // fp32 rounding only (1e-6, test_memory_opts)
+    {"training.mixed_precision_param", true},
+    {"optimizer.name", true},
+    {"optimizer.lr", true},
+    {"optimizer.beta1", true},
+    {"optimizer.beta2", true},
+    {"optimizer.eps", true},
+    {"optimizer.weight_decay", true},
+    {"optimizer.decay_norms_and_embeddings", true},
+    {"lr_scheduler.warmup_steps", true},
+    {"lr_scheduler.decay_ratio", true},
+    {"lr_scheduler.decay_type", true},
+    {"lr_scheduler.min_lr_factor", true},
+    {"checkpoint.enable", false},
+    {"checkpoint.folder", false},
+    {"checkpoint.interval", false},
+    {"checkpoint.keep_latest_k", false},
+    {"checkpoint.initial_load_path", false}, // a resume loads its own checkpoint instead
+    {"checkpoint.initial_load_in_hf", false},
+    {"checkpoint.last_save_in_hf", false},
+    {"checkpoint.export_dtype", false},
+    {"metrics.log_freq", false},
+    {"metrics.peak_gflops", false},
+    {"validation.enable", false},
+    {"validation.dataset_path", false},
+    {"validation.freq", false},
+    {"validation.steps", false},
+    {"debug.seed", true},
+    {"debug.fault", false}, // failure-handling tests only
+    {"debug.fault_rank", false},
+    {"debug.fault_step", false},
+    {"debug.profile_ops", false},
+    {"parallelism.data_parallel_shard_degree", false}, // ZeRO-1 = replicated, bit for bit
+    {"parallelism.data_parallel_replicate_degree", false},
+    {"parallelism.threads_per_rank", false}, // BLAS rounding only
+    {"comm.init_timeout_seconds", false},
+    {"comm.train_timeout_seconds", false},
+    {"comm.checkpoint_timeout_seconds", false},
+    {"comm.bucket_cap_mb", false}, // bit-identical (tok_mpi)
+    {"comm.overlap", false},
+    {"activation_checkpoint.mode", false}, // bit-identical (test_memory_opts)
+    {"activation_checkpoint.selective_ac_option", false},
+    {"override.imports", false}, // fp32 rounding only (architecture.md)
+    {"override.allow_mismatch", false},
+};
+
+// Sets k's field in c to another value of its type: the next double up (the hash must see the
+// last bit), the next integer, the other boolean, another choice or string.
+static void change_value(ct_config *c, const config_key *k) {
+    char *p = (char *)c + k->offset;
+    switch (k->type) {
+    case CONFIG_STR:
+    case CONFIG_LIST: {
+        // Another of the key's choices (the first that differs), else any other string.
+        char choice[64] = "";
+        snprintf(choice, sizeof choice, "%s", strcmp(p, "x") != 0 ? "x" : "y");
+        for (const char *q = k->choices; q && *q;
+             q += q[strcspn(q, "|")] ? strcspn(q, "|") + 1 : strlen(q)) {
+            size_t n = strcspn(q, "|");
+            if (strlen(p) != n || strncmp(p, q, n) != 0) {
+                snprintf(choice, sizeof choice, "%.*s", (int)n, q);
+                break;
+            }
+        }
+        snprintf(p, k->size, "%s", choice);
+        break;
+    }
+    case CONFIG_INT:
+        *(int *)p += 1;
+        break;
+    case CONFIG_INT64:
+        *(int64_t *)p += 1;
+        break;
+    case CONFIG_FLOAT:
+        *(double *)p = nextafter(*(double *)p, INFINITY);
+        break;
+    case CONFIG_BOOL:
+        *(bool *)p = !*(bool *)p;
+        break;
+    case CONFIG_TRISTATE:
+        *(int *)p = *(int *)p == 1 ? 0 : 1;
+        break;
+    }
+}
+
+static void test_hash_every_key(void) {
+    int n;
+    const config_key *keys = config_keys(&n);
+    const int n_pinned = (int)(sizeof hash_pinned / sizeof hash_pinned[0]);
+    CHECK(n == n_pinned, "the table has %d keys, hash_pinned lists %d", n, n_pinned);
+    ct_config base;
+    config_defaults(&base);
+    const uint64_t h = config_hash(&base);
+    for (int i = 0; i < n; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s.%s", keys[i].section, keys[i].key);
+        int found = -1, times = 0;
+        for (int j = 0; j < n_pinned; j++)
+            if (strcmp(hash_pinned[j].name, name) == 0) found = j, times++;
+        CHECK(times == 1, "%s: listed %d times in hash_pinned, expected once", name, times);
+        if (found < 0) continue;
+        const bool want = hash_pinned[found].hashed;
+        CHECK(keys[i].hashed == want, "%s: the table says %s, expected %s", name,
+              keys[i].hashed ? "hashed" : "not hashed", want ? "hashed" : "not hashed");
+        ct_config c = base;
+        change_value(&c, &keys[i]);
+        CHECK(memcmp(&c, &base, sizeof c) != 0, "%s: the test could not change the value", name);
+        const bool changed = config_hash(&c) != h;
+        CHECK(changed == want, "%s: changing it %s config_hash, expected %s", name,
+              changed ? "changes" : "does not change", want ? "a change" : "none");
+    }
+}
+
 // The MoE keys of [model]: defaults, values, each one's errors, and which count in the hash.
 static void test_moe_keys(void) {
     ct_config c;
@@ -726,6 +886,7 @@ int main(void) {
     test_loss_chunk();
     test_round_trip();
     test_hash();
+    test_hash_every_key();
     test_moe_keys();
     test_override_keys();
     test_help();
