@@ -519,6 +519,10 @@ static const struct {
 } hash_pinned[] = {
     {"job.dump_folder", false},
     {"job.description", false},
+    // torchtitan's aliases are not hashed: they resolve into hashed keys (model.name into
+    // backend and hf_path, hf_assets_path into tokenizer_path), and training.dataset is a name.
+    {"model.name", false},
+    {"model.hf_assets_path", false},
     {"model.backend", true},
     {"model.flavor", true},
     {"model.hf_path", true},
@@ -541,6 +545,8 @@ static const struct {
     {"model.load_balance_coeff", true},
     {"model.router_aux_loss_coef", true},
     {"model.output_router_logits", true},
+    {"hf_transformers.model", false}, // resolves into model.hf_path
+    {"training.dataset", false},
     {"training.dataset_path", true},
     {"training.local_batch_size", false}, // the global batch is what counts (resolved in trainer.c)
     {"training.global_batch_size", true},
@@ -572,10 +578,12 @@ static const struct {
     {"checkpoint.initial_load_path", false}, // a resume loads its own checkpoint instead
     {"checkpoint.initial_load_in_hf", false},
     {"checkpoint.last_save_in_hf", false},
+    {"checkpoint.last_save_model_only", false},
     {"checkpoint.export_dtype", false},
     {"metrics.log_freq", false},
     {"metrics.peak_gflops", false},
     {"validation.enable", false},
+    {"validation.dataset", false},
     {"validation.dataset_path", false},
     {"validation.freq", false},
     {"validation.steps", false},
@@ -625,8 +633,8 @@ static void change_value(ct_config *c, const config_key *k) {
     case CONFIG_INT64:
         *(int64_t *)p += 1;
         break;
-    case CONFIG_FLOAT:
-        *(double *)p = nextafter(*(double *)p, INFINITY);
+    case CONFIG_FLOAT: // an unset optional float (NAN) gets a value
+        *(double *)p = isnan(*(double *)p) ? 0.5 : nextafter(*(double *)p, INFINITY);
         break;
     case CONFIG_BOOL:
         *(bool *)p = !*(bool *)p;
