@@ -22,20 +22,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.environ["CTITAN_SOURCE_DIR"], "tests", "ref"))
+from checks import check, summary  # noqa: E402
 import qwen3_ref  # noqa: E402
 import safetensors_ref  # noqa: E402
 
 BIN, TMP, REF = os.environ["CTITAN_BIN"], os.environ["CTITAN_TMP"], os.environ["CTITAN_REF_DIR"]
-passed = failed = 0
 
-
-def check(ok, msg):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg, file=sys.stderr)
 
 
 def skewed_tokens(path, n, vocab, seed):
@@ -212,5 +204,4 @@ if r.returncode == 0:
           % (row["grad_norm"], on_global, off_global))
     print("aux gradient, train: step-1 grad_norm within %.2e of PyTorch's" % e)
 
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+summary()

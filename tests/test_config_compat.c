@@ -11,30 +11,18 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "config_test.h"
 #include "train/config.h"
 
-static const char *tmp_dir, *src_dir;
-
-static const char *write_file(const char *name, const char *text) {
-    static char path[4][1024];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, 1024, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(p, "wb");
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
+static const char *src_dir;
 
 // config_load_noted with a NULL-terminated argv.
 static int load(ct_config *c, config_notes *n, const char *toml, ct_error *err, ...) {
-    char *argv[32];
-    int argc = 0;
     va_list ap;
     va_start(ap, err);
-    for (char *a; (a = va_arg(ap, char *)) && argc < 32;) argv[argc++] = a;
+    int rc = load_va(c, n, toml, err, ap);
     va_end(ap);
-    return config_load_noted(c, n, toml, argc, argv, err);
+    return rc;
 }
 
 static int count_lines(const char *s) {

@@ -10,30 +10,16 @@
 #include <string.h>
 
 #include "check.h"
+#include "config_test.h"
 #include "train/config.h"
-
-static const char *tmp_dir;
-
-static const char *write_file(const char *name, const char *text) {
-    static char path[8][1024];
-    static int next;
-    char *p = path[next++ % 8];
-    snprintf(p, 1024, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(p, "wb");
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
 
 // config_load with a NULL-terminated argv.
 static int load(ct_config *c, const char *toml, ct_error *err, ...) {
-    char *argv[32];
-    int argc = 0;
     va_list ap;
     va_start(ap, err);
-    for (char *a; (a = va_arg(ap, char *)) && argc < 32;) argv[argc++] = a;
+    int rc = load_va(c, NULL, toml, err, ap);
     va_end(ap);
-    return config_load(c, toml, argc, argv, err);
+    return rc;
 }
 
 // Loads and expects failure with every fragment in the message.

@@ -26,6 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.environ["CTITAN_SOURCE_DIR"], "tests", "ref"))
+from checks import check, summary  # noqa: E402
 import safetensors_ref  # noqa: E402
 
 BIN, REF, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_REF_DIR"], os.environ["CTITAN_TMP"]
@@ -39,17 +40,8 @@ VAL_LOSS_REL = 5e-7  # measured 4.3e-8
 WEIGHT_REL_L2 = 8e-6  # measured 7.6e-7
 LR_REL = 1e-12  # the same double arithmetic: measured 0 (equal)
 
-passed = failed = 0
 worst, case_worst = {}, {}  # the worst error per quantity: over all runs, in the current run
 
-
-def check(ok, msg):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg, file=sys.stderr)
 
 
 def note(what, e):
@@ -220,5 +212,4 @@ check(need <= features, "the reference cases lack: %s" % (need - features))
 print("%d runs of %d cases in %.1f s; worst relative errors: %s" % (
     len(ran), len(set(ran)), time.time() - t0,
     ", ".join("%s %.2g" % kv for kv in sorted(worst.items()))))
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+summary()

@@ -10,21 +10,13 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.environ["CTITAN_SOURCE_DIR"], "tests", "ref"))
+from checks import check, summary  # noqa: E402
 import train_ref  # noqa: E402
 
 BIN, REF, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_REF_DIR"], os.environ["CTITAN_TMP"]
 CASE = os.path.join(REF, "train", "const_clip_tied_bias")  # any tiny HF folder + tokens will do
 STEPS, LR = 10, 2e-3
-passed = failed = 0
 
-
-def check(ok, msg):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg, file=sys.stderr)
 
 
 def expected_lrs(warmup, ratio, kind, min_f):
@@ -75,5 +67,4 @@ for name, extra, warmup, ratio, kind, min_f, warnings in CASES:
 cfg = open(os.path.join(TMP, "ratio_unset", "config.toml")).read()
 check("\n# decay_ratio = unset\n" in cfg, "config.toml does not show decay_ratio unset:\n" + cfg)
 
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+summary()
