@@ -13,7 +13,8 @@
 //  6. config.json keeps every field of the source's that the model did not change (token ids,
 //     unknown keys, transformers 5's "dtype", rope_parameters and num_local_experts), through
 //     hf_save_folder, the trainer's checkpoints and last_save_in_hf, and `ctitan export`; the
-//     source's generation_config.json is copied; a flavor's export names Qwen3's token ids.
+//     source's generation_config.json is copied; a flavor's export names Qwen3's token ids;
+//  7. last_save_in_hf with checkpoint.enable = false writes hf/ and no checkpoint folder.
 #include <sys/wait.h>
 
 #include "ckpt_util.h"
@@ -488,7 +489,7 @@ static int train_cli(char *log, size_t cap, const char *hf, const char *tokens, 
 }
 
 // The trainer (its checkpoint and last_save_in_hf) and `ctitan export` keep the fields too,
-// and copy the source's generation_config.json.
+// and copy the source's generation_config.json; without checkpoints the export still runs.
 static void test_config_kept_cli(void) {
     char src[4096], npy[4096], dump[4096], path[8400], out[4096], args[16384], log[8192];
     snprintf(src, sizeof src, "%s/src_cli", tmp_dir);
@@ -524,6 +525,14 @@ static void test_config_kept_cli(void) {
     snprintf(gen_out, sizeof gen_out, "%s/generation_config.json", out);
     CHECK(check_files_equal(gen_out, gen_src), "export: generation_config.json");
 
+    // checkpoint.enable = false: the final export is not a checkpoint, so it still happens.
+    snprintf(dump, sizeof dump, "%s/run_nockpt", tmp_dir);
+    rc = train_cli(log, sizeof log, src, npy, dump, false);
+    CHECK(rc == 0, "train without checkpoints, last_save_in_hf: rc %d: %s", rc, log);
+    snprintf(path, sizeof path, "%s/hf", dump);
+    check_config_kept(path, dense_source, "float16", NULL, "last_save_in_hf, no checkpoints");
+    snprintf(path, sizeof path, "%s/checkpoint", dump);
+    CHECK(!file_exists_at(path), "checkpoint.enable = false wrote %s", path);
 }
 
 // A flavor (no source config.json) with Qwen3's vocabulary exports Qwen3's token ids, through
