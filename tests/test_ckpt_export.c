@@ -14,7 +14,10 @@
 //     unknown keys, transformers 5's "dtype", rope_parameters and num_local_experts), through
 //     hf_save_folder, the trainer's checkpoints and last_save_in_hf, and `ctitan export`; the
 //     source's generation_config.json is copied; a flavor's export names Qwen3's token ids;
-//  7. last_save_in_hf with checkpoint.enable = false writes hf/ and no checkpoint folder.
+//  7. last_save_in_hf with checkpoint.enable = false writes hf/ and no checkpoint folder;
+//  8. what fuzzing the parsers found (fuzz/fuzz_hf_config.c, fuzz/fuzz_ckpt_state.c): a
+//     qwen3_moe config.json without experts saves as itself, and saving is a fixed point; a
+//     state.json whose time_s JSON reads as infinity is refused.
 #include <sys/wait.h>
 
 #include "ckpt_util.h"
@@ -365,7 +368,7 @@ static const char dense_source[] =
     "  \"use_sliding_window\": false,\n  \"vocab_size\": 64,\n"
     "  \"x_custom\": {\"nested\": [1, 2.5, \"three\", {\"four\": null}], \"n\": -7},\n"
     "  \"say \\\"hi\\\" \\\\ caf\\u00e9\": \"\\u00e9\\n\\t\",\n"
-    "  \"x_tiny\": 1.2345678901234567e-300\n}\n";
+    "  \"x_tiny\": 1.2345678901234567e-300,\n  \"x_ulp\": [1.0000000000000002, 0.1, 1e999]\n}\n";
 
 // A transformers 5 Qwen3-MoE config.json: "dtype", rope_parameters, num_local_experts.
 static const char moe_source[] =
@@ -382,6 +385,21 @@ static const char moe_source[] =
 static const char generation_config[] =
     "{\n  \"bos_token_id\": 1,\n  \"do_sample\": true,\n  \"eos_token_id\": [2, 3],\n"
     "  \"temperature\": 0.6,\n  \"top_k\": 20\n}\n";
+
+// JSON values equal, numbers exactly (cJSON_Compare allows a relative DBL_EPSILON).
+static bool json_same(const cJSON *a, const cJSON *b) {
+    if (!a || !b || (a->type & 0xFF) != (b->type & 0xFF)) return false;
+    if (cJSON_IsNumber(a)) return a->valuedouble == b->valuedouble;
+    if (cJSON_IsString(a)) return strcmp(a->valuestring, b->valuestring) == 0;
+    if (!cJSON_IsArray(a) && !cJSON_IsObject(a)) return true; // null, true, false
+    if (cJSON_GetArraySize(a) != cJSON_GetArraySize(b)) return false;
+    const cJSON *x = a->child, *y = b->child;
+    for (; x && y; x = x->next, y = y->next) {
+        const cJSON *other = cJSON_IsObject(a) ? cJSON_GetObjectItemCaseSensitive(b, x->string) : y;
+        if (!json_same(x, other)) return false;
+    }
+    return true;
+}
 
 // out_dir/config.json has every field of `source` with an equal value (as JSON), except the
 // dtype key(s), which must say `dtype`; it has none of the keys in `absent` (NULL-terminated).
@@ -402,8 +420,8 @@ static void check_config_kept(const char *out_dir, const char *source, const cha
     cJSON_ArrayForEach(it, src) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(out, it->string);
         const bool is_dtype = !strcmp(it->string, "torch_dtype") || !strcmp(it->string, "dtype");
-        const bool kept = is_dtype ? cJSON_IsString(o) && !strcmp(o->valuestring, dtype)
-                                   : o && cJSON_Compare(it, o, true);
+        const bool kept =
+            is_dtype ? cJSON_IsString(o) && !strcmp(o->valuestring, dtype) : json_same(it, o);
         if (!kept && !lost++) snprintf(first, sizeof first, "%s", it->string);
     }
     CHECK(lost == 0, "%s: %d field(s) of the source config.json lost or changed, first \"%s\"",
@@ -577,6 +595,71 @@ static void test_config_flavor_ids(void) {
     }
 }
 
+// ---- found by fuzzing (8) ------------------------------------------------------------------
+
+// A qwen3_moe config with num_experts 0 is a dense model; it saves as its own class with its
+// MoE keys, and saving what was saved gives the same bytes.
+static void test_config_moe_without_experts(void) {
+    static const char text[] =
+        "{\"model_type\": \"qwen3_moe\", \"num_experts\": 0, \"num_experts_per_tok\": 2, "
+        "\"mlp_only_layers\": [0], \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 24, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2}";
+    static qwen3_config a, b;
+    char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    ct_error err = {{0}};
+    int rc = qwen3_config_parse(&a, text, sizeof text - 1, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_text(&t1, &n1, &a, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_parse(&b, t1, n1, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_text(&t2, &n2, &b, "moe0.json", &err);
+    CHECK(rc == 0, "qwen3_moe without experts: %s", err.msg);
+    if (rc == 0) {
+        CHECK(a.num_experts == 0 && qwen3_num_sparse_layers(&a) == 0 && a.n_mlp_only_layers == 0,
+              "qwen3_moe without experts: %d experts, %d sparse layers", a.num_experts,
+              qwen3_num_sparse_layers(&a));
+        CHECK(strstr(t1, "\"model_type\": \"qwen3_moe\"") &&
+                  strstr(t1, "\"architectures\": [\"Qwen3MoeForCausalLM\"]") &&
+                  strstr(t1, "\"mlp_only_layers\": [0]"),
+              "qwen3_moe without experts saved as another class:\n%s", t1);
+        CHECK(n1 == n2 && memcmp(t1, t2, n1) == 0, "saving the saved config changes it:\n%s\n%s",
+              t1, t2);
+    }
+    free(t1);
+    free(t2);
+}
+
+// cJSON reads 1e999 as infinity: a state.json with that time_s is refused (a save would write
+// 0 back, and the metrics' times would be infinite).
+static void test_state_time_infinite(void) {
+    qwen3_config c = tiny_config(true, false, 1, 32);
+    qwen3_model m;
+    char root[4096], path[4300];
+    snprintf(root, sizeof root, "%s/state_inf", tmp_dir);
+    if (!trained_like(&m, &c, 9) || save_ckpt(&m, root, 1, "[model]\n") != 0) return;
+    snprintf(path, sizeof path, "%s/step-1/state.json", root);
+    char *text = NULL;
+    size_t len = 0;
+    ct_error err = {{0}};
+    train_state st;
+    if (file_read_all(&text, &len, path, 1 << 20, &err) == 0) {
+        char *t = strstr(text, "\"time_s\":");
+        char *end = t ? strchr(t, ',') : NULL;
+        if (end) {
+            char edited[1 << 16];
+            snprintf(edited, sizeof edited, "%.*s\"time_s\": 1e999%s", (int)(t - text), text, end);
+            write_file_text(path, edited);
+        }
+        CHECK(end, "%s has no time_s", path);
+        free(text);
+    }
+    snprintf(path, sizeof path, "%s/step-1", root);
+    int rc = ckpt_verify(path, &m, &st, &err);
+    CHECK(rc != 0 && strstr(err.msg, "time_s") && strstr(err.msg, "finite"),
+          "state.json with time_s 1e999: rc %d, time_s %g: %s", rc, st.time_s, err.msg);
+    qwen3_free(&m);
+}
+
 int main(void) {
     tmp_dir = check_env("CTITAN_TMP");
     bin = check_env("CTITAN_BIN");
@@ -590,5 +673,7 @@ int main(void) {
     test_config_kept_library();
     test_config_kept_cli();
     test_config_flavor_ids();
+    test_config_moe_without_experts();
+    test_state_time_infinite();
     return check_summary();
 }

@@ -226,24 +226,63 @@ static int config_read_moe(qwen3_config *c, const cJSON *root, const char *path,
     return 0;
 }
 
+// cJSON prints a double with 15 significant digits when that reads back within DBL_EPSILON of
+// it, so a value passed through can move by an ulp. These print every number exactly: an
+// integral one as an integer (as cJSON and json.dumps do for ints), any other with the fewest
+// digits that read back as the same double, an infinity (JSON's 1e999 parses as one) as 1e999.
+static void json_number_text(char out[32], double d) {
+    if (isinf(d)) {
+        snprintf(out, 32, "%s", d > 0 ? "1e999" : "-1e999");
+    } else if (d == floor(d) && fabs(d) < 9007199254740992.0) {
+        snprintf(out, 32, "%.0f", d);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(out, 32, "%.*g", prec, d);
+            if (strtod(out, NULL) == d) break;
+        }
+    }
+}
+
+// Turns every number under `item` into raw JSON text printed by json_number_text.
+static bool json_exact_numbers(cJSON *item) {
+    for (cJSON *it = item->child; it; it = it->next) {
+        if (!cJSON_IsNumber(it)) {
+            if (!json_exact_numbers(it)) return false;
+            continue;
+        }
+        char text[32];
+        json_number_text(text, it->valuedouble);
+        size_t n = strlen(text) + 1;
+        char *raw = cJSON_malloc(n);
+        if (!raw) return false;
+        memcpy(raw, text, n);
+        it->type = (it->type & cJSON_StringIsConst) | cJSON_Raw;
+        it->valuestring = raw;
+    }
+    return true;
+}
+
+// Room left in hf_source for the fields a save adds (a few hundred bytes, or a few KB for a
+// long mlp_only_layers), so that a saved config.json always loads again.
+#define HF_SOURCE_SLACK 4096
+
 // The whole file, compact, for qwen3_config_save to write back.
-static int config_keep_source(qwen3_config *c, const cJSON *root, const char *path, ct_error *err) {
-    char *text = cJSON_PrintUnformatted(root);
+static int config_keep_source(qwen3_config *c, cJSON *root, const char *path, ct_error *err) {
+    char *text = json_exact_numbers(root) ? cJSON_PrintUnformatted(root) : NULL;
     if (!text) return ct_fail(err, "%s: out of memory keeping config.json", path);
-    size_t n = strlen(text);
-    if (n < sizeof c->hf_source) memcpy(c->hf_source, text, n + 1);
+    const size_t n = strlen(text), cap = sizeof c->hf_source - HF_SOURCE_SLACK;
+    if (n < cap) memcpy(c->hf_source, text, n + 1);
     cJSON_free(text);
-    if (n >= sizeof c->hf_source)
+    if (n >= cap)
         return ct_fail(err,
                        "%s: expected at most %zu bytes of JSON (written compactly) to keep for "
                        "the export, found %zu",
-                       path, sizeof c->hf_source - 1, n);
+                       path, cap - 1, n);
     return 0;
 }
 
-int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
-    cJSON *root;
-    if (json_parse_file(&root, path, err) != 0) return -1;
+// The config in a parsed config.json; `path` names it in messages.
+static int config_from_json(qwen3_config *c, cJSON *root, const char *path, ct_error *err) {
     int rc = -1;
     memset(c, 0, sizeof *c);
     if (!cJSON_IsObject(root)) {
@@ -298,12 +337,34 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
     }
     // A dense Qwen3 ignores the MoE keys, as Qwen3Config does: num_experts stays 0.
     if (moe && config_read_moe(c, root, path, err) != 0) goto done;
+    // A qwen3_moe config without experts is a dense model (no layer is sparse): the MoE fields
+    // stay unset, as a dense config's, and a save keeps the source's class and MoE keys.
+    if (moe && c->num_experts == 0) {
+        c->num_experts_per_tok = c->moe_intermediate_size = c->decoder_sparse_step = 0;
+        c->n_mlp_only_layers = 0;
+        memset(c->mlp_only_layers, 0, sizeof c->mlp_only_layers);
+        c->norm_topk_prob = c->output_router_logits = false;
+        c->router_aux_loss_coef = 0;
+    }
     if (qwen3_config_validate(c, path, err) != 0 || config_keep_source(c, root, path, err) != 0)
         goto done;
     rc = 0;
 done:
     cJSON_Delete(root);
     return rc;
+}
+
+int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
+    cJSON *root;
+    if (json_parse_file(&root, path, err) != 0) return -1;
+    return config_from_json(c, root, path, err);
+}
+
+int qwen3_config_parse(qwen3_config *c, const char *text, size_t len, const char *path,
+                       ct_error *err) {
+    cJSON *root;
+    if (json_parse(&root, text, len, path, err) != 0) return -1;
+    return config_from_json(c, root, path, err);
 }
 
 bool qwen3_layer_is_sparse(const qwen3_config *c, int layer) {
@@ -491,16 +552,23 @@ static cJSON *config_to_json(const qwen3_config *c, const char *path, ct_error *
                 source ? "the config's hf_source is not a JSON object" : "out of memory");
         return NULL;
     }
+    // The source's class when it is qwen3_moe without experts (a dense model all the same).
+    config_kind kind = KIND_UNSTATED;
+    if (source && config_read_kind(&kind, o, path, err) != 0) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    const bool moe_class = moe || kind == KIND_MOE;
     cJSON *arch = cJSON_CreateArray();
-    cJSON_AddItemToArray(arch,
-                         cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
+    cJSON_AddItemToArray(
+        arch, cJSON_CreateString(moe_class ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
     config_set(o, "architectures", arch);
     config_set(o, "attention_bias", cJSON_CreateBool(c->attention_bias));
     config_set(o, "head_dim", cJSON_CreateNumber(c->head_dim));
     config_set(o, "hidden_size", cJSON_CreateNumber(c->hidden_size));
     config_set(o, "intermediate_size", cJSON_CreateNumber(c->intermediate_size));
     config_set(o, "max_position_embeddings", cJSON_CreateNumber(c->max_position_embeddings));
-    config_set(o, "model_type", cJSON_CreateString(moe ? "qwen3_moe" : "qwen3"));
+    config_set(o, "model_type", cJSON_CreateString(moe_class ? "qwen3_moe" : "qwen3"));
     config_set(o, "num_attention_heads", cJSON_CreateNumber(c->num_attention_heads));
     config_set(o, "num_hidden_layers", cJSON_CreateNumber(c->num_hidden_layers));
     config_set(o, "num_key_value_heads", cJSON_CreateNumber(c->num_key_value_heads));
@@ -532,7 +600,9 @@ static cJSON *config_to_json(const qwen3_config *c, const char *path, ct_error *
     return o;
 }
 
-int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
+int qwen3_config_text(char **out, size_t *out_len, const qwen3_config *c, const char *path,
+                      ct_error *err) {
+    *out = NULL;
     if (qwen3_config_validate(c, path, err) != 0) return -1;
     cJSON *o = config_to_json(c, path, err);
     if (!o) return -1;
@@ -540,7 +610,8 @@ int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
     // line with a two-space indent; arrays and objects stay on their line (equal as JSON).
     char *text = NULL;
     size_t len = 0;
-    FILE *f = object_sort_keys(o) == 0 ? open_memstream(&text, &len) : NULL;
+    FILE *f =
+        object_sort_keys(o) == 0 && json_exact_numbers(o) ? open_memstream(&text, &len) : NULL;
     bool ok = f != NULL;
     const cJSON *it;
     if (ok) fputs("{\n", f);
@@ -565,6 +636,15 @@ int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
         free(text);
         return ct_fail(err, "%s: out of memory formatting config.json", path);
     }
+    *out = text;
+    *out_len = len;
+    return 0;
+}
+
+int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
+    char *text;
+    size_t len;
+    if (qwen3_config_text(&text, &len, c, path, err) != 0) return -1;
     atomic_file af;
     int rc = atomic_open(&af, path, err);
     if (rc == 0) {

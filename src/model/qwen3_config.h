@@ -1,6 +1,7 @@
 // The architecture of a Qwen3 model, as Hugging Face's config.json describes it.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "core/error.h"
 
@@ -58,6 +59,9 @@ int qwen3_num_sparse_layers(const qwen3_config *c);
 // NH, rms_norm_eps = 1e-6, rope_theta = 10000, ...) take HF's defaults; wrong types, bad
 // values, non-null rope_scaling and use_sliding_window=true are errors naming file and key.
 int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err);
+// The same from config.json's text (len bytes); `path` names it in messages.
+int qwen3_config_parse(qwen3_config *c, const char *text, size_t len, const char *path,
+                       ct_error *err);
 // Writes a config.json that transformers loads as Qwen3ForCausalLM (Qwen3MoeForCausalLM when
 // num_experts > 0): the fields above, over every other field of hf_source kept as it was.
 // torch_dtype is written under the key the source used ("dtype" for transformers 5, else
@@ -67,6 +71,9 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err);
 // eos_token_id 151645 (<|im_end|>), as the released Qwen3 config.json files have them; any
 // other vocabulary gets none (transformers' default, None): its tokenizer is not known here.
 int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err);
+// What qwen3_config_save writes: *out (malloc'd, *out_len bytes); `path` names it in messages.
+int qwen3_config_text(char **out, size_t *out_len, const qwen3_config *c, const char *path,
+                      ct_error *err);
 // Checks internal consistency (positive sizes, NH % NKV == 0, even head_dim, ...).
 // `source` names where the config came from, for the message.
 int qwen3_config_validate(const qwen3_config *c, const char *source, ct_error *err);
