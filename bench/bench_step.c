@@ -7,6 +7,7 @@
 // step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
 // step ("ms") as well as the best ("ms_per_step").
 #include <math.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,9 +175,11 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     int32_t *expert = malloc(NK * 4);
     float *drouter = malloc(EC * 4), *dw = malloc(W * 4);
     float *state = malloc(state_n * 4), *scratch = malloc(scratch_n * 4);
+    const int threads = omp_get_max_threads();
+    float *route_scratch = malloc(moe_route_scratch_floats(E, threads) * 4 + 4);
     step_clock *ms = malloc((size_t)steps * sizeof *ms);
     if (!x || !router || !w || !dout || !out || !dx || !dtmp || !probs || !dlogits || !weight ||
-        !dweight || !expert || !drouter || !dw || !state || !scratch || !ms) {
+        !dweight || !expert || !drouter || !dw || !state || !scratch || !route_scratch || !ms) {
         fprintf(stderr, "bench_step: moe: out of memory\n");
         return 1;
     }
@@ -191,7 +194,7 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
         memset(drouter, 0, EC * 4);
         memset(dw, 0, W * 4);
         ops.matmul_forward(probs, x, router, NULL, N, C, E); // logits, softmaxed in place
-        moe_route_forward(expert, weight, probs, NULL, N, E, K, true);
+        moe_route_forward(expert, weight, probs, NULL, N, E, K, true, route_scratch, threads);
         ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
         ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F, E,
                          K);
@@ -213,7 +216,7 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
            dot, sqrt(ndx), sqrt(ndw), sqrt(ndr), sysmem_peak_rss_bytes() / 1048576.0);
     free(x), free(router), free(w), free(dout), free(out), free(dx), free(dtmp), free(probs);
     free(dlogits), free(weight), free(dweight), free(expert), free(drouter), free(dw);
-    free(state), free(scratch), free(ms);
+    free(state), free(scratch), free(route_scratch), free(ms);
     return 0;
 }
 

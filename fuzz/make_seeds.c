@@ -7,6 +7,8 @@
 
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "model/qwen3_config.h"
+#include "train/checkpoint_internal.h"
 
 static char path[4096];
 static const char *root;
@@ -23,6 +25,10 @@ static void raw(const char *sub, const char *name, const void *data, size_t n) {
         exit(1);
     }
     fclose(fp);
+}
+
+static void text(const char *sub, const char *name, const char *t) {
+    raw(sub, name, t, strlen(t));
 }
 
 static void check(int rc, const ct_error *err) {
@@ -49,6 +55,8 @@ int main(int argc, char **argv) {
     mkdir(root, 0755);
     mkdir(at("safetensors", ""), 0755);
     mkdir(at("npy", ""), 0755);
+    mkdir(at("hf_config", ""), 0755);
+    mkdir(at("ckpt_state", ""), 0755);
     ct_error err;
     float v[12] = {1, -2, 0.5f, 3.25f, -0.125f, 65504, 1e-8f, 7, 8, 9, 10, 11};
     st_entry e[3] = {
@@ -81,5 +89,66 @@ int main(int argc, char **argv) {
     memcpy(v2 + 12, dict, strlen(dict));
     v2[12 + strlen(dict)] = 5;
     raw("npy", "v2.npy", v2, 12 + strlen(dict) + 4);
+
+    // config.json: Qwen3-0.6B's as published, Qwen3-30B-A3B's, a transformers 5 MoE one, and a
+    // config saved by ctitan from a flavor-like config (no source).
+    text("hf_config", "qwen3_0.6b.json",
+         "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, "
+         "\"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"eos_token_id\": 151645, "
+         "\"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024, "
+         "\"initializer_range\": 0.02, \"intermediate_size\": 3072, "
+         "\"max_position_embeddings\": 40960, \"max_window_layers\": 28, "
+         "\"model_type\": \"qwen3\", \"num_attention_heads\": 16, \"num_hidden_layers\": 28, "
+         "\"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, "
+         "\"rope_theta\": 1000000, \"sliding_window\": null, \"tie_word_embeddings\": true, "
+         "\"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.51.0\", "
+         "\"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}\n");
+    text("hf_config", "qwen3_30b_a3b.json",
+         "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"bos_token_id\": 151643, "
+         "\"decoder_sparse_step\": 1, \"eos_token_id\": 151645, \"head_dim\": 128, "
+         "\"hidden_size\": 2048, \"intermediate_size\": 6144, \"max_position_embeddings\": "
+         "40960, \"mlp_only_layers\": [], \"model_type\": \"qwen3_moe\", "
+         "\"moe_intermediate_size\": 768, \"norm_topk_prob\": true, \"num_attention_heads\": "
+         "32, \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48, "
+         "\"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": "
+         "1e-06, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001, "
+         "\"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": "
+         "151936}\n");
+    text("hf_config", "transformers5_moe.json",
+         "{\"model_type\": \"qwen3_moe\", \"dtype\": \"float16\", \"rope_parameters\": "
+         "{\"rope_theta\": 500000.0, \"rope_type\": \"default\"}, \"num_local_experts\": 4, "
+         "\"num_experts_per_tok\": 2, \"mlp_only_layers\": [0, 2], \"decoder_sparse_step\": 2, "
+         "\"vocab_size\": 64, \"hidden_size\": 16, \"intermediate_size\": 24, \"head_dim\": "
+         "null, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+         "\"num_key_value_heads\": null, \"layer_types\": [\"full_attention\"], "
+         "\"eos_token_id\": [2, 3], \"x_\\u00e9\\\"\": {\"a\": [1e-300, -0.0, true]}}\n");
+    qwen3_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 151936, c.hidden_size = 8, c.intermediate_size = 8, c.num_hidden_layers = 2;
+    c.num_attention_heads = 2, c.num_key_value_heads = 1, c.head_dim = 4;
+    c.max_position_embeddings = 16, c.rms_norm_eps = 1e-5f, c.rope_theta = 10000.0;
+    c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 2;
+    c.decoder_sparse_step = 1, c.n_mlp_only_layers = 1, c.mlp_only_layers[0] = 1;
+    c.router_aux_loss_coef = 0.001;
+    check(qwen3_config_save(&c, at("hf_config", "saved_flavor.json"), &err), &err);
+
+    // state.json as a save writes it: one shard, and three (one empty).
+    train_state st = {.step = 7,
+                      .opt_step = 6,
+                      .samples_seen = 56,
+                      .config_hash = 0x0123456789abcdefull,
+                      .skipped_in_row = 1,
+                      .time_s = 12.5};
+    ckpt_file_sum files[CKPT_N_FILES] = {{"", 100, 0xef46db3751d8e999ull}, {"", 7, 1}, {"", 3, 2}};
+    ckpt_shard_info shards[3] = {{"", 0, 10, 96, 5}, {"", 10, 0, 64, 6}, {"", 10, 5, 80, 7}};
+    for (int n = 1; n <= 3; n += 2) {
+        for (int i = 0; i < n; i++) ckpt_shard_name(shards[i].file, i, n);
+        if (n == 1) shards[0].numel = 15;
+        char *t;
+        size_t len;
+        check(ckpt_state_text(&t, &len, &st, files, shards, n, "seed", &err), &err);
+        raw("ckpt_state", n == 1 ? "one_shard.json" : "three_shards.json", t, len);
+        free(t);
+    }
     return 0;
 }

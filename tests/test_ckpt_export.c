@@ -9,13 +9,22 @@
 //     copied byte for byte;
 //  4. the exported folder gives the same logits in the PyTorch reference (tests/ref/hf_logits.py)
 //     as in C (max abs 1e-4, test_parity's bound), and F32 logits equal the original model's;
-//  5. every CLI error exits 1 with one message naming the option or folder.
+//  5. every CLI error exits 1 with one message naming the option or folder;
+//  6. config.json keeps every field of the source's that the model did not change (token ids,
+//     unknown keys, transformers 5's "dtype", rope_parameters and num_local_experts), through
+//     hf_save_folder, the trainer's checkpoints and last_save_in_hf, and `ctitan export`; the
+//     source's generation_config.json is copied; a flavor's export names Qwen3's token ids;
+//  7. last_save_in_hf with checkpoint.enable = false writes hf/ and no checkpoint folder;
+//  8. what fuzzing the parsers found (fuzz/fuzz_hf_config.c, fuzz/fuzz_ckpt_state.c): a
+//     qwen3_moe config.json without experts saves as itself, and saving is a fixed point; a
+//     state.json whose time_s JSON reads as infinity is refused.
 #include <sys/wait.h>
 
 #include "ckpt_util.h"
 #include "core/fs.h"
 #include "io/json.h"
 #include "io/npy.h"
+#include "model/flavors.h"
 #include "model/hf_adapter.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_internal.h"
@@ -113,7 +122,6 @@ static int run_cli(char *out, size_t cap, const char *args) {
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
-
 
 // A model a trainer could have produced: random init, then norms and biases moved off 1 and 0.
 static bool trained_like(qwen3_model *m, const qwen3_config *c, uint64_t seed) {
@@ -342,6 +350,316 @@ static void test_export(void) {
     qwen3_free(&m6);
 }
 
+// ---- config.json fields (6, 7) ---------------------------------------------------------------
+
+// A transformers 4.x Qwen3 config.json with what the model does not read: token ids (an eos
+// list), defaults changed from Qwen3Config's, and unknown keys, one with escapes in its name.
+static const char dense_source[] =
+    "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"attention_bias\": true,\n"
+    "  \"attention_dropout\": 0.25,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": [2, 3],\n"
+    "  \"pad_token_id\": null,\n  \"head_dim\": 6,\n  \"hidden_act\": \"silu\",\n"
+    "  \"hidden_size\": 16,\n  \"initializer_range\": 0.03,\n  \"intermediate_size\": 24,\n"
+    "  \"max_position_embeddings\": 64,\n  \"max_window_layers\": 1,\n"
+    "  \"model_type\": \"qwen3\",\n  \"num_attention_heads\": 4,\n  \"num_hidden_layers\": 2,\n"
+    "  \"num_key_value_heads\": 2,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_scaling\": null,\n"
+    "  \"rope_theta\": 1000000.0,\n  \"sliding_window\": 4096,\n"
+    "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\",\n"
+    "  \"transformers_version\": \"4.51.0\",\n  \"use_cache\": false,\n"
+    "  \"use_sliding_window\": false,\n  \"vocab_size\": 64,\n"
+    "  \"x_custom\": {\"nested\": [1, 2.5, \"three\", {\"four\": null}], \"n\": -7},\n"
+    "  \"say \\\"hi\\\" \\\\ caf\\u00e9\": \"\\u00e9\\n\\t\",\n"
+    "  \"x_tiny\": 1.2345678901234567e-300,\n  \"x_ulp\": [1.0000000000000002, 0.1, 1e999]\n}\n";
+
+// A transformers 5 Qwen3-MoE config.json: "dtype", rope_parameters, num_local_experts.
+static const char moe_source[] =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", "
+    "\"dtype\": \"bfloat16\", \"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": "
+    "\"default\"}, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+    "\"moe_intermediate_size\": 8, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [0], "
+    "\"norm_topk_prob\": true, \"output_router_logits\": false, \"router_aux_loss_coef\": 0.001, "
+    "\"vocab_size\": 64, \"hidden_size\": 16, \"intermediate_size\": 24, \"head_dim\": 6, "
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+    "\"max_position_embeddings\": 64, \"tie_word_embeddings\": false, \"bos_token_id\": 151643, "
+    "\"eos_token_id\": 151645, \"transformers_version\": \"5.0.0\", \"x_unknown\": [true]}";
+
+static const char generation_config[] =
+    "{\n  \"bos_token_id\": 1,\n  \"do_sample\": true,\n  \"eos_token_id\": [2, 3],\n"
+    "  \"temperature\": 0.6,\n  \"top_k\": 20\n}\n";
+
+// JSON values equal, numbers exactly (cJSON_Compare allows a relative DBL_EPSILON).
+static bool json_same(const cJSON *a, const cJSON *b) {
+    if (!a || !b || (a->type & 0xFF) != (b->type & 0xFF)) return false;
+    if (cJSON_IsNumber(a)) return a->valuedouble == b->valuedouble;
+    if (cJSON_IsString(a)) return strcmp(a->valuestring, b->valuestring) == 0;
+    if (!cJSON_IsArray(a) && !cJSON_IsObject(a)) return true; // null, true, false
+    if (cJSON_GetArraySize(a) != cJSON_GetArraySize(b)) return false;
+    const cJSON *x = a->child, *y = b->child;
+    for (; x && y; x = x->next, y = y->next) {
+        const cJSON *other = cJSON_IsObject(a) ? cJSON_GetObjectItemCaseSensitive(b, x->string) : y;
+        if (!json_same(x, other)) return false;
+    }
+    return true;
+}
+
+// out_dir/config.json has every field of `source` with an equal value (as JSON), except the
+// dtype key(s), which must say `dtype`; it has none of the keys in `absent` (NULL-terminated).
+static void check_config_kept(const char *out_dir, const char *source, const char *dtype,
+                              const char *const *absent, const char *what) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    cJSON *out = NULL, *src = cJSON_Parse(source);
+    ct_error err = {{0}};
+    if (!src || json_parse_file(&out, path, &err) != 0) {
+        CHECK(0, "%s: %s", what, src ? err.msg : "the source does not parse");
+        cJSON_Delete(src);
+        return;
+    }
+    int lost = 0;
+    char first[128] = "";
+    const cJSON *it;
+    cJSON_ArrayForEach(it, src) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(out, it->string);
+        const bool is_dtype = !strcmp(it->string, "torch_dtype") || !strcmp(it->string, "dtype");
+        const bool kept =
+            is_dtype ? cJSON_IsString(o) && !strcmp(o->valuestring, dtype) : json_same(it, o);
+        if (!kept && !lost++) snprintf(first, sizeof first, "%s", it->string);
+    }
+    CHECK(lost == 0, "%s: %d field(s) of the source config.json lost or changed, first \"%s\"",
+          what, lost, first);
+    for (; absent && *absent; absent++)
+        CHECK(!cJSON_GetObjectItemCaseSensitive(out, *absent), "%s: config.json has \"%s\"", what,
+              *absent);
+    cJSON_Delete(out);
+    cJSON_Delete(src);
+}
+
+// The folder loads with no missing and no unexpected keys.
+static void check_loads_clean(const char *dir, const char *what) {
+    qwen3_model h;
+    hf_load_report rep;
+    ct_error err = {{0}};
+    int rc = hf_load_folder(&h, &rep, dir, NULL, &err);
+    CHECK(rc == 0 && rep.n_missing == 0 && rep.n_unexpected == 0,
+          "%s: hf_load_folder: rc %d, missing %d, unexpected %d: %s", what, rc, rep.n_missing,
+          rep.n_unexpected, err.msg);
+    if (rc == 0) qwen3_free(&h);
+    hf_report_free(&rep);
+}
+
+// An HF folder: `config_text` as its config.json, weights from a random model of that config.
+static bool make_source(const char *dir, const char *config_text) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    qwen3_config c;
+    qwen3_model m;
+    ct_error err = {{0}};
+    int rc = fs_mkdirs(dir, &err) == 0 && write_file_text(path, config_text) ? 0 : -1;
+    if (rc == 0) rc = qwen3_config_load(&c, path, &err);
+    if (rc == 0 && trained_like(&m, &c, 21)) {
+        rc = hf_save_folder(&m, dir, CT_BF16, 0, &err);
+        qwen3_free(&m);
+    }
+    // The source is exactly the text, whatever the save wrote.
+    rc = rc == 0 && write_file_text(path, config_text) ? 0 : -1;
+    CHECK(rc == 0, "source folder %s: %s", dir, err.msg);
+    return rc == 0;
+}
+
+// hf_load_folder + hf_save_folder: the library path.
+static void test_config_kept_library(void) {
+    char src[4096], out[4096];
+    // A transformers 5 source gets none of transformers 4's keys.
+    static const char *const moe_absent[] = {"torch_dtype",  "rope_theta",     "num_experts",
+                                             "rope_scaling", "sliding_window", NULL};
+    const struct {
+        const char *name, *text, *const *absent;
+    } cases[] = {{"dense", dense_source, NULL}, {"moe_tf5", moe_source, moe_absent}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(src, sizeof src, "%s/src_%s", tmp_dir, cases[i].name);
+        snprintf(out, sizeof out, "%s/out_%s", tmp_dir, cases[i].name);
+        if (!make_source(src, cases[i].text)) continue;
+        qwen3_model m;
+        hf_load_report rep;
+        ct_error err = {{0}};
+        int rc = hf_load_folder(&m, &rep, src, NULL, &err);
+        if (rc == 0) rc = hf_save_folder(&m, out, CT_F16, 0, &err);
+        CHECK(rc == 0, "%s: %s", cases[i].name, err.msg);
+        if (rc == 0) {
+            check_config_kept(out, cases[i].text, "float16", cases[i].absent, cases[i].name);
+            check_loads_clean(out, cases[i].name);
+            qwen3_free(&m);
+        }
+        hf_report_free(&rep);
+    }
+}
+
+static int train_cli(char *log, size_t cap, const char *hf, const char *tokens, const char *dump,
+                     bool checkpoints) {
+    char args[16384];
+    snprintf(args, sizeof args,
+             "train --model.backend hf --model.hf_path '%s' --training.dataset_path '%s' "
+             "--training.steps 2 --training.seq_len 8 --training.local_batch_size 2 "
+             "--metrics.log_freq 1 --metrics.peak_gflops 100 --job.dump_folder '%s' "
+             "--checkpoint.enable %s --checkpoint.last_save_in_hf true "
+             "--checkpoint.export_dtype float16",
+             hf, tokens, dump, checkpoints ? "true" : "false");
+    return run_cli(log, cap, args);
+}
+
+// The trainer (its checkpoint and last_save_in_hf) and `ctitan export` keep the fields too,
+// and copy the source's generation_config.json; without checkpoints the export still runs.
+static void test_config_kept_cli(void) {
+    char src[4096], npy[4096], dump[4096], path[8400], out[4096], args[16384], log[8192];
+    snprintf(src, sizeof src, "%s/src_cli", tmp_dir);
+    snprintf(npy, sizeof npy, "%s/tokens64.npy", tmp_dir);
+    if (!make_source(src, dense_source)) return;
+    snprintf(path, sizeof path, "%s/generation_config.json", src);
+    write_file_text(path, generation_config);
+    int64_t tok[200];
+    for (int i = 0; i < 200; i++) tok[i] = (i * 29 + 7) % 64;
+    ct_error err = {{0}};
+    CHECK(npy_write(npy, tok, 200, "<i4", &err) == 0, "npy_write: %s", err.msg);
+
+    snprintf(dump, sizeof dump, "%s/run_kept", tmp_dir);
+    int rc = train_cli(log, sizeof log, src, npy, dump, true);
+    CHECK(rc == 0, "train: rc %d: %s", rc, log);
+    snprintf(path, sizeof path, "%s/checkpoint/step-2", dump);
+    check_config_kept(path, dense_source, "float32", NULL, "checkpoint");
+    snprintf(path, sizeof path, "%s/hf", dump);
+    check_config_kept(path, dense_source, "float16", NULL, "last_save_in_hf");
+    check_loads_clean(path, "last_save_in_hf");
+    char gen_src[4300], gen_out[8500];
+    snprintf(gen_src, sizeof gen_src, "%s/generation_config.json", src);
+    snprintf(gen_out, sizeof gen_out, "%s/generation_config.json", path);
+    CHECK(check_files_equal(gen_out, gen_src), "last_save_in_hf: generation_config.json");
+
+    snprintf(out, sizeof out, "%s/exported_kept", tmp_dir);
+    snprintf(args, sizeof args,
+             "export --checkpoint '%s/checkpoint' --output '%s' --dtype bfloat16", dump, out);
+    rc = run_cli(log, sizeof log, args);
+    CHECK(rc == 0, "export: rc %d: %s", rc, log);
+    check_config_kept(out, dense_source, "bfloat16", NULL, "export");
+    check_loads_clean(out, "export");
+    snprintf(gen_out, sizeof gen_out, "%s/generation_config.json", out);
+    CHECK(check_files_equal(gen_out, gen_src), "export: generation_config.json");
+
+    // checkpoint.enable = false: the final export is not a checkpoint, so it still happens.
+    snprintf(dump, sizeof dump, "%s/run_nockpt", tmp_dir);
+    rc = train_cli(log, sizeof log, src, npy, dump, false);
+    CHECK(rc == 0, "train without checkpoints, last_save_in_hf: rc %d: %s", rc, log);
+    snprintf(path, sizeof path, "%s/hf", dump);
+    check_config_kept(path, dense_source, "float16", NULL, "last_save_in_hf, no checkpoints");
+    snprintf(path, sizeof path, "%s/checkpoint", dump);
+    CHECK(!file_exists_at(path), "checkpoint.enable = false wrote %s", path);
+}
+
+// A flavor (no source config.json) with Qwen3's vocabulary exports Qwen3's token ids, through
+// a checkpoint and `ctitan export` too; another vocabulary gets none.
+static void test_config_flavor_ids(void) {
+    qwen3_config c;
+    ct_error err = {{0}};
+    if (flavor_lookup(&c, "debugmodel", &err) != 0) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    // The flavor shrunk (model.* overrides) but for its vocabulary.
+    c.num_hidden_layers = 1, c.hidden_size = 8, c.intermediate_size = 8;
+    c.num_attention_heads = 2, c.num_key_value_heads = 1, c.head_dim = 4;
+    qwen3_model m;
+    if (!trained_like(&m, &c, 4)) return;
+    char dir[4096], root[4096], args[16384], log[8192];
+    snprintf(dir, sizeof dir, "%s/flavor_hf", tmp_dir);
+    snprintf(root, sizeof root, "%s/flavor_ckpt", tmp_dir);
+    static const char ids[] = "{\"bos_token_id\": 151643, \"eos_token_id\": 151645, "
+                              "\"vocab_size\": 151936, \"model_type\": \"qwen3\"}";
+    CHECK(hf_save_folder(&m, dir, CT_BF16, 0, &err) == 0, "flavor save: %s", err.msg);
+    check_config_kept(dir, ids, "bfloat16", NULL, "flavor");
+    check_loads_clean(dir, "flavor");
+    if (save_ckpt(&m, root, 1, "[model]\n") == 0) {
+        snprintf(dir, sizeof dir, "%s/flavor_exported", tmp_dir);
+        snprintf(args, sizeof args, "export --checkpoint '%s' --output '%s'", root, dir);
+        int rc = run_cli(log, sizeof log, args);
+        CHECK(rc == 0, "flavor export: rc %d: %s", rc, log);
+        check_config_kept(dir, ids, "float32", NULL, "flavor via checkpoint");
+        check_loads_clean(dir, "flavor via checkpoint");
+    }
+    qwen3_free(&m);
+
+    qwen3_config small = tiny_config(true, false, 1, 64);
+    static const char *const no_ids[] = {"bos_token_id", "eos_token_id", NULL};
+    if (trained_like(&m, &small, 5)) {
+        snprintf(dir, sizeof dir, "%s/small_vocab_hf", tmp_dir);
+        CHECK(hf_save_folder(&m, dir, CT_F32, 0, &err) == 0, "small save: %s", err.msg);
+        check_config_kept(dir, "{\"vocab_size\": 64}", "float32", no_ids, "vocab 64");
+        qwen3_free(&m);
+    }
+}
+
+// ---- found by fuzzing (8) ------------------------------------------------------------------
+
+// A qwen3_moe config with num_experts 0 is a dense model; it saves as its own class with its
+// MoE keys, and saving what was saved gives the same bytes.
+static void test_config_moe_without_experts(void) {
+    static const char text[] =
+        "{\"model_type\": \"qwen3_moe\", \"num_experts\": 0, \"num_experts_per_tok\": 2, "
+        "\"mlp_only_layers\": [0], \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 24, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2}";
+    static qwen3_config a, b;
+    char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    ct_error err = {{0}};
+    int rc = qwen3_config_parse(&a, text, sizeof text - 1, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_text(&t1, &n1, &a, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_parse(&b, t1, n1, "moe0.json", &err);
+    if (rc == 0) rc = qwen3_config_text(&t2, &n2, &b, "moe0.json", &err);
+    CHECK(rc == 0, "qwen3_moe without experts: %s", err.msg);
+    if (rc == 0) {
+        CHECK(a.num_experts == 0 && qwen3_num_sparse_layers(&a) == 0 && a.n_mlp_only_layers == 0,
+              "qwen3_moe without experts: %d experts, %d sparse layers", a.num_experts,
+              qwen3_num_sparse_layers(&a));
+        CHECK(strstr(t1, "\"model_type\": \"qwen3_moe\"") &&
+                  strstr(t1, "\"architectures\": [\"Qwen3MoeForCausalLM\"]") &&
+                  strstr(t1, "\"mlp_only_layers\": [0]"),
+              "qwen3_moe without experts saved as another class:\n%s", t1);
+        CHECK(n1 == n2 && memcmp(t1, t2, n1) == 0, "saving the saved config changes it:\n%s\n%s",
+              t1, t2);
+    }
+    free(t1);
+    free(t2);
+}
+
+// cJSON reads 1e999 as infinity: a state.json with that time_s is refused (a save would write
+// 0 back, and the metrics' times would be infinite).
+static void test_state_time_infinite(void) {
+    qwen3_config c = tiny_config(true, false, 1, 32);
+    qwen3_model m;
+    char root[4096], path[4300];
+    snprintf(root, sizeof root, "%s/state_inf", tmp_dir);
+    if (!trained_like(&m, &c, 9) || save_ckpt(&m, root, 1, "[model]\n") != 0) return;
+    snprintf(path, sizeof path, "%s/step-1/state.json", root);
+    char *text = NULL;
+    size_t len = 0;
+    ct_error err = {{0}};
+    train_state st;
+    if (file_read_all(&text, &len, path, 1 << 20, &err) == 0) {
+        char *t = strstr(text, "\"time_s\":");
+        char *end = t ? strchr(t, ',') : NULL;
+        if (end) {
+            char edited[1 << 16];
+            snprintf(edited, sizeof edited, "%.*s\"time_s\": 1e999%s", (int)(t - text), text, end);
+            write_file_text(path, edited);
+        }
+        CHECK(end, "%s has no time_s", path);
+        free(text);
+    }
+    snprintf(path, sizeof path, "%s/step-1", root);
+    int rc = ckpt_verify(path, &m, &st, &err);
+    CHECK(rc != 0 && strstr(err.msg, "time_s") && strstr(err.msg, "finite"),
+          "state.json with time_s 1e999: rc %d, time_s %g: %s", rc, st.time_s, err.msg);
+    qwen3_free(&m);
+}
+
 int main(void) {
     tmp_dir = check_env("CTITAN_TMP");
     bin = check_env("CTITAN_BIN");
@@ -352,5 +670,10 @@ int main(void) {
     test_parse();
     test_tokenizer_dir();
     test_export();
+    test_config_kept_library();
+    test_config_kept_cli();
+    test_config_flavor_ids();
+    test_config_moe_without_experts();
+    test_state_time_infinite();
     return check_summary();
 }

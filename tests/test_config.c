@@ -241,8 +241,13 @@ static void test_good_configs(void) {
     char *text = NULL;
     size_t len;
     if (file_read_all(&text, &len, path, 1 << 20, &err) == 0) {
+        // A transformers 5 source: its rope_parameters, dtype and unknown keys are kept, and
+        // transformers 4's rope_scaling is not added.
         CHECK(strstr(text, "\"Qwen3ForCausalLM\"") && strstr(text, "\"qwen3\"") &&
-                  strstr(text, "1e-05") && strstr(text, "\"rope_scaling\""),
+                  strstr(text, "1e-05") && !strstr(text, "\"rope_scaling\"") &&
+                  strstr(text, "\"rope_parameters\": {\"rope_type\":\"default\"") &&
+                  strstr(text, "\"dtype\": \"float16\"") &&
+                  strstr(text, "\"some_future_key\": [1,{}]"),
               "saved config.json lacks what transformers needs:\n%s", text);
         free(text);
     }
@@ -491,7 +496,10 @@ static void test_moe_configs(void) {
             snprintf(prev, sizeof prev, "%s", key);
             keys++;
         }
-        CHECK(sorted && keys == 31, "MoE config.json keys: %d, sorted %d:\n%s", keys, sorted, text);
+        // The released file's 34 keys, its token ids and transformers_version among them.
+        CHECK(sorted && keys == 34 && strstr(text, "\"eos_token_id\": 151645,") &&
+                  strstr(text, "\"transformers_version\": \"4.51.0\","),
+              "MoE config.json keys: %d, sorted %d:\n%s", keys, sorted, text);
         free(text);
     }
     // An empty mlp_only_layers is written as [] (Qwen3MoeConfig reads null as [] too).

@@ -324,9 +324,6 @@ static void test_checks(void) {
                 "command line --checkpoint.initial_load_in_hf: checkpoint.initial_load_in_hf = "
                 "true needs checkpoint.initial_load_path",
                 NULL);
-    expect_fail("last save without checkpoints", p,
-                ARGV("--checkpoint.last_save_in_hf", "--checkpoint.enable=false"),
-                "checkpoint.last_save_in_hf = true needs checkpoint.enable = true", NULL);
     expect_fail("interval", p, ARGV("--checkpoint.interval=0"), "checkpoint.interval = 0", NULL);
     expect_fail("keep", p, ARGV("--checkpoint.keep_latest_k=-1"), "checkpoint.keep_latest_k = -1",
                 NULL);

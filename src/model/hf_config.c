@@ -1,8 +1,9 @@
 // config.json <-> qwen3_config. HF configs carry many informational keys (token ids, dropout,
-// transformers_version, ...); those are ignored. Keys that change the arithmetic are either
-// read, or refused when they ask for something this model does not do (sliding windows, RoPE
-// scaling, another activation). Qwen3ForCausalLM and Qwen3MoeForCausalLM share one reader; the
-// MoE keys are read only for the latter.
+// transformers_version, ...); the model ignores those, but the config keeps the whole file so
+// that a save writes them back. Keys that change the arithmetic are either read, or refused
+// when they ask for something this model does not do (sliding windows, RoPE scaling, another
+// activation). Qwen3ForCausalLM and Qwen3MoeForCausalLM share one reader; the MoE keys are read
+// only for the latter.
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -225,9 +226,63 @@ static int config_read_moe(qwen3_config *c, const cJSON *root, const char *path,
     return 0;
 }
 
-int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
-    cJSON *root;
-    if (json_parse_file(&root, path, err) != 0) return -1;
+// cJSON prints a double with 15 significant digits when that reads back within DBL_EPSILON of
+// it, so a value passed through can move by an ulp. These print every number exactly: an
+// integral one as an integer (as cJSON and json.dumps do for ints), any other with the fewest
+// digits that read back as the same double, an infinity (JSON's 1e999 parses as one) as 1e999.
+static void json_number_text(char out[32], double d) {
+    if (isinf(d)) {
+        snprintf(out, 32, "%s", d > 0 ? "1e999" : "-1e999");
+    } else if (d == floor(d) && fabs(d) < 9007199254740992.0) {
+        snprintf(out, 32, "%.0f", d);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(out, 32, "%.*g", prec, d);
+            if (strtod(out, NULL) == d) break;
+        }
+    }
+}
+
+// Turns every number under `item` into raw JSON text printed by json_number_text.
+static bool json_exact_numbers(cJSON *item) {
+    for (cJSON *it = item->child; it; it = it->next) {
+        if (!cJSON_IsNumber(it)) {
+            if (!json_exact_numbers(it)) return false;
+            continue;
+        }
+        char text[32];
+        json_number_text(text, it->valuedouble);
+        size_t n = strlen(text) + 1;
+        char *raw = cJSON_malloc(n);
+        if (!raw) return false;
+        memcpy(raw, text, n);
+        it->type = (it->type & cJSON_StringIsConst) | cJSON_Raw;
+        it->valuestring = raw;
+    }
+    return true;
+}
+
+// Room left in hf_source for the fields a save adds (a few hundred bytes, or a few KB for a
+// long mlp_only_layers), so that a saved config.json always loads again.
+#define HF_SOURCE_SLACK 4096
+
+// The whole file, compact, for qwen3_config_save to write back.
+static int config_keep_source(qwen3_config *c, cJSON *root, const char *path, ct_error *err) {
+    char *text = json_exact_numbers(root) ? cJSON_PrintUnformatted(root) : NULL;
+    if (!text) return ct_fail(err, "%s: out of memory keeping config.json", path);
+    const size_t n = strlen(text), cap = sizeof c->hf_source - HF_SOURCE_SLACK;
+    if (n < cap) memcpy(c->hf_source, text, n + 1);
+    cJSON_free(text);
+    if (n >= cap)
+        return ct_fail(err,
+                       "%s: expected at most %zu bytes of JSON (written compactly) to keep for "
+                       "the export, found %zu",
+                       path, cap - 1, n);
+    return 0;
+}
+
+// The config in a parsed config.json; `path` names it in messages.
+static int config_from_json(qwen3_config *c, cJSON *root, const char *path, ct_error *err) {
     int rc = -1;
     memset(c, 0, sizeof *c);
     if (!cJSON_IsObject(root)) {
@@ -282,10 +337,34 @@ int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
     }
     // A dense Qwen3 ignores the MoE keys, as Qwen3Config does: num_experts stays 0.
     if (moe && config_read_moe(c, root, path, err) != 0) goto done;
-    rc = qwen3_config_validate(c, path, err);
+    // A qwen3_moe config without experts is a dense model (no layer is sparse): the MoE fields
+    // stay unset, as a dense config's, and a save keeps the source's class and MoE keys.
+    if (moe && c->num_experts == 0) {
+        c->num_experts_per_tok = c->moe_intermediate_size = c->decoder_sparse_step = 0;
+        c->n_mlp_only_layers = 0;
+        memset(c->mlp_only_layers, 0, sizeof c->mlp_only_layers);
+        c->norm_topk_prob = c->output_router_logits = false;
+        c->router_aux_loss_coef = 0;
+    }
+    if (qwen3_config_validate(c, path, err) != 0 || config_keep_source(c, root, path, err) != 0)
+        goto done;
+    rc = 0;
 done:
     cJSON_Delete(root);
     return rc;
+}
+
+int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err) {
+    cJSON *root;
+    if (json_parse_file(&root, path, err) != 0) return -1;
+    return config_from_json(c, root, path, err);
+}
+
+int qwen3_config_parse(qwen3_config *c, const char *text, size_t len, const char *path,
+                       ct_error *err) {
+    cJSON *root;
+    if (json_parse(&root, text, len, path, err) != 0) return -1;
+    return config_from_json(c, root, path, err);
 }
 
 bool qwen3_layer_is_sparse(const qwen3_config *c, int layer) {
@@ -423,63 +502,129 @@ static int object_sort_keys(cJSON *o) {
     return 0;
 }
 
-// The qwen3_moe keys of a Qwen3MoeForCausalLM config.json.
-static void config_add_moe(cJSON *o, const qwen3_config *c) {
-    cJSON_AddNumberToObject(o, "decoder_sparse_step", c->decoder_sparse_step);
-    cJSON *only = cJSON_AddArrayToObject(o, "mlp_only_layers");
-    for (int i = 0; i < c->n_mlp_only_layers; i++)
-        cJSON_AddItemToArray(only, cJSON_CreateNumber(c->mlp_only_layers[i]));
-    cJSON_AddNumberToObject(o, "moe_intermediate_size", c->moe_intermediate_size);
-    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
-    cJSON_AddNumberToObject(o, "num_experts", c->num_experts);
-    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->num_experts_per_tok);
-    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
-    cJSON_AddNumberToObject(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+// Sets o[key] to v, replacing every copy the source had; v is consumed.
+static void config_set(cJSON *o, const char *key, cJSON *v) {
+    while (cJSON_GetObjectItemCaseSensitive(o, key))
+        cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    cJSON_AddItemToObject(o, key, v);
 }
 
-int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
-    if (qwen3_config_validate(c, path, err) != 0) return -1;
-    bool moe = c->num_experts > 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch,
-                         cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
-    cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+static bool config_has(const cJSON *o, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(o, key) != NULL;
+}
+
+// The qwen3_moe keys of a Qwen3MoeForCausalLM config.json. num_experts goes under the name the
+// source used (transformers 5 writes num_local_experts).
+static void config_add_moe(cJSON *o, const qwen3_config *c) {
+    config_set(o, "decoder_sparse_step", cJSON_CreateNumber(c->decoder_sparse_step));
+    cJSON *only = cJSON_CreateArray();
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        cJSON_AddItemToArray(only, cJSON_CreateNumber(c->mlp_only_layers[i]));
+    config_set(o, "mlp_only_layers", only);
+    config_set(o, "moe_intermediate_size", cJSON_CreateNumber(c->moe_intermediate_size));
+    config_set(o, "norm_topk_prob", cJSON_CreateBool(c->norm_topk_prob));
+    const bool local = config_has(o, "num_local_experts");
+    if (local) config_set(o, "num_local_experts", cJSON_CreateNumber(c->num_experts));
+    if (!local || config_has(o, "num_experts"))
+        config_set(o, "num_experts", cJSON_CreateNumber(c->num_experts));
+    config_set(o, "num_experts_per_tok", cJSON_CreateNumber(c->num_experts_per_tok));
+    config_set(o, "output_router_logits", cJSON_CreateBool(c->output_router_logits));
+    config_set(o, "router_aux_loss_coef", cJSON_CreateNumber(c->router_aux_loss_coef));
+}
+
+// rope_theta where the source had it: top level (transformers 4), inside rope_parameters
+// (transformers 5), or both; top level when neither.
+static void config_add_rope(cJSON *o, const qwen3_config *c) {
+    cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    const bool inner = cJSON_IsObject(rp) && config_has(rp, "rope_theta");
+    if (inner) config_set(rp, "rope_theta", cJSON_CreateNumber(c->rope_theta));
+    if (!inner || config_has(o, "rope_theta"))
+        config_set(o, "rope_theta", cJSON_CreateNumber(c->rope_theta));
+}
+
+// The config.json object: the source's fields, then the model's over them.
+static cJSON *config_to_json(const qwen3_config *c, const char *path, ct_error *err) {
+    const bool moe = c->num_experts > 0, source = c->hf_source[0] != '\0';
+    cJSON *o = source ? cJSON_Parse(c->hf_source) : cJSON_CreateObject();
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        ct_fail(err, "%s: %s", path,
+                source ? "the config's hf_source is not a JSON object" : "out of memory");
+        return NULL;
+    }
+    // The source's class when it is qwen3_moe without experts (a dense model all the same).
+    config_kind kind = KIND_UNSTATED;
+    if (source && config_read_kind(&kind, o, path, err) != 0) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    const bool moe_class = moe || kind == KIND_MOE;
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(
+        arch, cJSON_CreateString(moe_class ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
+    config_set(o, "architectures", arch);
+    config_set(o, "attention_bias", cJSON_CreateBool(c->attention_bias));
+    config_set(o, "head_dim", cJSON_CreateNumber(c->head_dim));
+    config_set(o, "hidden_size", cJSON_CreateNumber(c->hidden_size));
+    config_set(o, "intermediate_size", cJSON_CreateNumber(c->intermediate_size));
+    config_set(o, "max_position_embeddings", cJSON_CreateNumber(c->max_position_embeddings));
+    config_set(o, "model_type", cJSON_CreateString(moe_class ? "qwen3_moe" : "qwen3"));
+    config_set(o, "num_attention_heads", cJSON_CreateNumber(c->num_attention_heads));
+    config_set(o, "num_hidden_layers", cJSON_CreateNumber(c->num_hidden_layers));
+    config_set(o, "num_key_value_heads", cJSON_CreateNumber(c->num_key_value_heads));
+    config_set(o, "rms_norm_eps", cJSON_CreateNumber(float_shortest(c->rms_norm_eps)));
+    config_add_rope(o, c);
+    config_set(o, "tie_word_embeddings", cJSON_CreateBool(c->tie_word_embeddings));
+    config_set(o, "vocab_size", cJSON_CreateNumber(c->vocab_size));
+    // The dtype under the source's key: "dtype" (transformers 5), "torch_dtype" (4.x), or both.
+    const char *dtype = c->torch_dtype[0] ? c->torch_dtype : "float32";
+    const bool new_key = config_has(o, "dtype");
+    if (new_key) config_set(o, "dtype", cJSON_CreateString(dtype));
+    if (!new_key || config_has(o, "torch_dtype"))
+        config_set(o, "torch_dtype", cJSON_CreateString(dtype));
+    if (moe) config_add_moe(o, c);
+    if (source) return o;
+    // No source (a flavor): the keys Qwen3Config writes, at its defaults, and Qwen3's token ids.
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
-    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
-    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
-    cJSON_AddStringToObject(o, "model_type", moe ? "qwen3_moe" : "qwen3");
-    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
-    cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
-    cJSON_AddNumberToObject(o, "rms_norm_eps", float_shortest(c->rms_norm_eps));
     cJSON_AddNullToObject(o, "rope_scaling");
-    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
     cJSON_AddNullToObject(o, "sliding_window");
-    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype[0] ? c->torch_dtype : "float32");
     cJSON_AddBoolToObject(o, "use_cache", true);
     cJSON_AddBoolToObject(o, "use_sliding_window", false);
-    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-    if (moe) config_add_moe(o, c);
+    if (c->vocab_size == QWEN3_VOCAB_SIZE) {
+        cJSON_AddNumberToObject(o, "bos_token_id", QWEN3_BOS_TOKEN_ID);
+        cJSON_AddNumberToObject(o, "eos_token_id", QWEN3_EOS_TOKEN_ID);
+    }
+    return o;
+}
+
+int qwen3_config_text(char **out, size_t *out_len, const qwen3_config *c, const char *path,
+                      ct_error *err) {
+    *out = NULL;
+    if (qwen3_config_validate(c, path, err) != 0) return -1;
+    cJSON *o = config_to_json(c, path, err);
+    if (!o) return -1;
     // Keys sorted, as transformers writes them (json.dumps(sort_keys=True, indent=2)), one per
-    // line with a two-space indent; arrays stay on their line.
+    // line with a two-space indent; arrays and objects stay on their line (equal as JSON).
     char *text = NULL;
     size_t len = 0;
-    FILE *f = object_sort_keys(o) == 0 ? open_memstream(&text, &len) : NULL;
+    FILE *f =
+        object_sort_keys(o) == 0 && json_exact_numbers(o) ? open_memstream(&text, &len) : NULL;
     bool ok = f != NULL;
     const cJSON *it;
     if (ok) fputs("{\n", f);
     cJSON_ArrayForEach(it, o) {
-        char *val = ok ? cJSON_PrintUnformatted(it) : NULL;
-        if (val) fprintf(f, "  \"%s\": %s%s\n", it->string, val, it->next ? "," : "");
+        // The key as a JSON string: a source's unknown keys may hold quotes or escapes.
+        cJSON *name = ok ? cJSON_CreateString(it->string) : NULL;
+        char *key = name ? cJSON_PrintUnformatted(name) : NULL;
+        char *val = key ? cJSON_PrintUnformatted(it) : NULL;
+        if (val) fprintf(f, "  %s: %s%s\n", key, val, it->next ? "," : "");
         ok = ok && val;
         cJSON_free(val);
+        cJSON_free(key);
+        cJSON_Delete(name);
     }
     if (f) {
         fputs("}\n", f);
@@ -491,6 +636,15 @@ int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
         free(text);
         return ct_fail(err, "%s: out of memory formatting config.json", path);
     }
+    *out = text;
+    *out_len = len;
+    return 0;
+}
+
+int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err) {
+    char *text;
+    size_t len;
+    if (qwen3_config_text(&text, &len, c, path, err) != 0) return -1;
     atomic_file af;
     int rc = atomic_open(&af, path, err);
     if (rc == 0) {

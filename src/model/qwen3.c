@@ -136,7 +136,7 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     const dims d = model_dims(m);
     op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
     moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
-                      m->cfg.norm_topk_prob);
+                      m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
     if (count)
         moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E, d.K);

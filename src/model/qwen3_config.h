@@ -1,11 +1,19 @@
 // The architecture of a Qwen3 model, as Hugging Face's config.json describes it.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "core/error.h"
 
 // The most layers config.json's mlp_only_layers may list (the largest Qwen3-MoE has 94 layers).
 #define QWEN3_MAX_MLP_ONLY 256
+// Qwen3's vocabulary (the embedding's rows; the tokenizer has 151669 ids) and the token ids
+// its config.json files name: <|endoftext|> and <|im_end|>.
+#define QWEN3_VOCAB_SIZE 151936
+#define QWEN3_BOS_TOKEN_ID 151643
+#define QWEN3_EOS_TOKEN_ID 151645
+// Room for the source config.json, written compactly (a released Qwen3's is about 1 KB).
+#define QWEN3_HF_SOURCE_MAX 32768
 
 typedef struct qwen3_config {
     int vocab_size;              // 151936 for released models (not the tokenizer's 151669)
@@ -33,6 +41,12 @@ typedef struct qwen3_config {
     bool norm_topk_prob;         // renormalise the top-k probabilities to sum to 1
     bool output_router_logits;   // HF adds router_aux_loss_coef * aux to the loss
     double router_aux_loss_coef; // the load-balancing loss weight (HF default 0.001)
+
+    // The config.json this config was read from, as compact JSON text; "" when it was built
+    // otherwise (a flavor). qwen3_config_save writes its every field back (bos_token_id,
+    // eos_token_id, transformers_version, unknown keys, ...), with the fields above in place of
+    // the ones they were read from.
+    char hf_source[QWEN3_HF_SOURCE_MAX];
 } qwen3_config;
 
 // HF's rule: layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
@@ -45,9 +59,21 @@ int qwen3_num_sparse_layers(const qwen3_config *c);
 // NH, rms_norm_eps = 1e-6, rope_theta = 10000, ...) take HF's defaults; wrong types, bad
 // values, non-null rope_scaling and use_sliding_window=true are errors naming file and key.
 int qwen3_config_load(qwen3_config *c, const char *path, ct_error *err);
+// The same from config.json's text (len bytes); `path` names it in messages.
+int qwen3_config_parse(qwen3_config *c, const char *text, size_t len, const char *path,
+                       ct_error *err);
 // Writes a config.json that transformers loads as Qwen3ForCausalLM (Qwen3MoeForCausalLM when
-// num_experts > 0).
+// num_experts > 0): the fields above, over every other field of hf_source kept as it was.
+// torch_dtype is written under the key the source used ("dtype" for transformers 5, else
+// "torch_dtype"); rope_theta where the source had it (top level, rope_parameters or both).
+// Without a source, the keys transformers writes for Qwen3 take their defaults, and a model
+// with Qwen3's vocabulary (151936) gets its token ids: bos_token_id 151643 (<|endoftext|>),
+// eos_token_id 151645 (<|im_end|>), as the released Qwen3 config.json files have them; any
+// other vocabulary gets none (transformers' default, None): its tokenizer is not known here.
 int qwen3_config_save(const qwen3_config *c, const char *path, ct_error *err);
+// What qwen3_config_save writes: *out (malloc'd, *out_len bytes); `path` names it in messages.
+int qwen3_config_text(char **out, size_t *out_len, const qwen3_config *c, const char *path,
+                      ct_error *err);
 // Checks internal consistency (positive sizes, NH % NKV == 0, even head_dim, ...).
 // `source` names where the config came from, for the message.
 int qwen3_config_validate(const qwen3_config *c, const char *source, ct_error *err);

@@ -56,6 +56,8 @@ typedef struct qwen3_acts {
     float *swiglu_scratch; // ops->swiglu_rows_scratch_floats(), for swiglu_rows_*
     float *att_scratch;    // ops->attention_scratch_floats()
     float *moe_scratch;    // ops->moe_scratch_floats() (MoE models only)
+    float *route_scratch;  // moe_route_scratch_floats(E, route_threads): a wide router's top-k
+    int route_threads;     // the threads route_scratch was planned for
     float *dweight;        // (N,K) gradient of the routing weights
     float *dlogits;        // (N,E) gradient of the router logits
     float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability

@@ -3,12 +3,14 @@
 // qwen3.c.
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
+#include "ops/moe_router.h"
 
 // ---------------------------------------------------------------------------------------------
 // An op table must provide every op the model calls (plugins fill their own tables); the
@@ -295,6 +297,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         &cv, ops->swiglu_rows_scratch_floats ? ops->swiglu_rows_scratch_floats(n, (int)F) : 0);
     a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
     a->moe_scratch = moe ? carve_take(&cv, ops->moe_scratch_floats(n, c, fm, e, k)) : NULL;
+    // A router with more experts than fit on a thread's stack sorts its top-k in here (live
+    // only during moe_route_forward, like the other layer scratch above).
+    a->route_threads = omp_get_max_threads();
+    a->route_scratch = moe ? carve_take(&cv, moe_route_scratch_floats(e, a->route_threads)) : NULL;
     a->dweight = moe ? carve_take(&cv, N * K) : NULL;
     a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
     if (cv.off < logits_end) cv.off = logits_end;

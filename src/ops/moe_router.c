@@ -9,7 +9,7 @@
 // bits/stl_heap.h step for step - same pivots, same swaps, same insertion-sort thresholds -
 // because with ties any deviation changes which equal element ends up where.
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 #include "ops/moe_router.h"
@@ -20,8 +20,7 @@ typedef struct topk_pair {
     int i;
 } topk_pair;
 
-// Scores of up to this many experts are sorted on the stack (8 bytes each).
-#define TOPK_STACK 1024
+_Static_assert(sizeof(topk_pair) == 2 * sizeof(float), "a pair takes two scratch floats");
 
 static inline int gt(topk_pair x, topk_pair y) {
     return (isnan(x.v) && !isnan(y.v)) || x.v > y.v;
@@ -248,21 +247,28 @@ static void route_token(int32_t *expert, float *weight, float *p, const float *b
         for (int k = 0; k < K; k++) weight[k] /= s;
 }
 
+size_t moe_route_scratch_floats(int E, int threads) {
+    if (E <= MOE_ROUTE_STACK) return 0;
+    return (size_t)(threads > 0 ? threads : 1) * (size_t)E * (sizeof(topk_pair) / sizeof(float));
+}
+
 void moe_route_forward(int32_t *expert, float *weight, float *probs, const float *bias, int N,
-                       int E, int K, bool norm) {
-    // The selection costs O(E log E) per token: worth threads at fewer values than a plain loop.
-#pragma omp parallel if ((int64_t)N * E * 8 >= CPU_PAR_MIN)
+                       int E, int K, bool norm, float *scratch, int threads) {
+    // A wide router sorts in the planned scratch, one row of E pairs per thread: the team is
+    // capped at the threads it was planned for.
+    const bool wide = E > MOE_ROUTE_STACK;
+    int team = omp_get_max_threads();
+    if (wide && threads < team) team = threads > 0 ? threads : 1;
+        // The selection costs O(E log E) per token: worth threads at fewer values than a plain
+        // loop.
+#pragma omp parallel num_threads(team) if ((int64_t)N * E * 8 >= CPU_PAR_MIN)
     {
-        topk_pair stack[TOPK_STACK];
-        topk_pair *q = E <= TOPK_STACK ? stack : malloc((size_t)E * sizeof *q);
-        // No error channel here: a router too wide for the stack that cannot get E * 8 bytes
-        // is out of memory in a way the training step cannot survive either.
-        if (!q) abort();
+        topk_pair stack[MOE_ROUTE_STACK];
+        topk_pair *q = wide ? (topk_pair *)scratch + (size_t)omp_get_thread_num() * E : stack;
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++)
             route_token(expert + (size_t)n * K, weight + (size_t)n * K, probs + (size_t)n * E, bias,
                         E, K, norm, q);
-        if (q != stack) free(q);
     }
 }
 

@@ -3,7 +3,16 @@
 // aux-loss-free expert bias need. The router's linear layer is an ordinary matmul op.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+// Up to this many experts, each thread sorts a token's scores on its stack (8 bytes each).
+#define MOE_ROUTE_STACK 1024
+
+// The scratch moe_route_forward needs, in floats: none up to MOE_ROUTE_STACK experts; for a
+// wider router, E (score, index) pairs per thread for `threads` threads. The model plans it with
+// its activations, so the step allocates nothing.
+size_t moe_route_scratch_floats(int E, int threads);
 
 // probs(N,E): in, the router logits; out, their softmax (fp32, max-subtracted, as torch's).
 // expert(N,K), weight(N,K): for each token the K experts with the largest probs + bias (bias
@@ -14,8 +23,11 @@
 // all-equal rows) and HF picks its experts that way; weight is the
 // chosen experts' probability (without bias), divided by the sum of the K of them when `norm`
 // (norm_topk_prob), the sum taken in that same descending order.
+// scratch: moe_route_scratch_floats(E, threads) floats (NULL when that is 0); a router wider
+// than MOE_ROUTE_STACK then runs on at most `threads` threads. The result does not depend on
+// the thread count.
 void moe_route_forward(int32_t *expert, float *weight, float *probs, const float *bias, int N,
-                       int E, int K, bool norm);
+                       int E, int K, bool norm, float *scratch, int threads);
 
 // dlogits(N,E) (overwritten; may alias nothing) = the gradient through the softmax of
 //   dprobs[n,e] = (the gradient reaching probs[n,e] through weight[n,k] for e = expert[n,k],

@@ -28,17 +28,8 @@
 
 #define STATE_NAME "state.json"
 #define STATE_MAX_BYTES (16u << 20)
-#define JSON_MAX_UINT 9007199254740992.0 // 2^53: integers above lose precision in JSON
-
-enum { F_MODEL, F_CONFIG_JSON, F_CONFIG_TOML, N_FILES };
-static const char *const file_names[N_FILES] = {"model.safetensors", "config.json", "config.toml"};
 
 #define SHARD_FORMAT "ctitan-optimizer-shard"
-#define MAX_SHARDS 99999 // five digits in the file name
-
-static void shard_name(char out[64], int shard, int n_shards) {
-    snprintf(out, 64, "optimizer-%05d-of-%05d.safetensors", shard, n_shards);
-}
 
 int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
     int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);
@@ -113,12 +104,12 @@ int ckpt_write_optimizer_shard(const char *tmp, int shard, int n_shards, size_t 
                                size_t numel, size_t total, const float *exp_avg,
                                const float *exp_avg_sq, ckpt_shard_info *info, ct_error *err) {
     char name[64], path[4096];
-    if (n_shards < 1 || n_shards > MAX_SHARDS || shard < 0 || shard >= n_shards)
+    if (n_shards < 1 || n_shards > CKPT_MAX_SHARDS || shard < 0 || shard >= n_shards)
         return ct_fail(err, "%s: optimizer shard %d of %d: expected 0 <= shard < n_shards <= %d",
-                       tmp, shard, n_shards, MAX_SHARDS);
-    shard_name(name, shard, n_shards);
+                       tmp, shard, n_shards, CKPT_MAX_SHARDS);
+    ckpt_shard_name(name, shard, n_shards);
     if (join(path, sizeof path, tmp, name, err) != 0) return -1;
-    if ((double)total >= JSON_MAX_UINT / 8 || offset > total || numel > total - offset)
+    if ((double)total >= CKPT_JSON_MAX_UINT / 8 || offset > total || numel > total - offset)
         return ct_fail(err, "%s: range [%zu, %zu + %zu) does not fit in %zu parameters", path,
                        offset, offset, numel, total);
     if (numel > 0 && (!exp_avg || !exp_avg_sq))
@@ -150,77 +141,21 @@ int ckpt_write_optimizer_shard(const char *tmp, int shard, int n_shards, size_t 
     return ckpt_hash_file(&info->xxh64, &info->bytes, path, err);
 }
 
-static void hex64(char out[17], uint64_t v) {
-    snprintf(out, 17, "%016" PRIx64, v);
-}
-
-// cJSON prints numbers with 15 digits when that is "close enough" (relative DBL_EPSILON), which
-// can move an integer near 2^53 by one; integers go out exactly, as raw JSON.
-static void add_u64(cJSON *o, const char *key, uint64_t v) {
-    char num[24];
-    snprintf(num, sizeof num, "%" PRIu64, v);
-    cJSON_AddRawToObject(o, key, num);
-}
-
-static void add_file(cJSON *files, const char *name, uint64_t bytes, uint64_t h) {
-    char hex[17];
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "name", name);
-    add_u64(f, "bytes", bytes);
-    hex64(hex, h);
-    cJSON_AddStringToObject(f, "xxh64", hex);
-    cJSON_AddItemToArray(files, f);
-}
-
 // state.json: the train_state, each other file's size and XXH64 (the shards' as their writers
 // reported them: rank 0 does not read the other ranks' shards again), and the shard list.
 static int write_state(const char *dir, const train_state *st, const ckpt_shard_info *shards,
                        int n_shards, ct_error *err) {
-    if ((double)st->samples_seen >= JSON_MAX_UINT || st->step < 0 || st->opt_step < 0 ||
-        (double)st->step >= JSON_MAX_UINT || (double)st->opt_step >= JSON_MAX_UINT)
-        return ct_fail(err,
-                       "%s: step %" PRId64 ", optimizer step %" PRId64 " or samples_seen %" PRIu64
-                       " out of range",
-                       dir, st->step, st->opt_step, st->samples_seen);
-    cJSON *o = cJSON_CreateObject();
-    char hex[17], path[4096];
-    cJSON_AddNumberToObject(o, "format", CKPT_FORMAT);
-    cJSON_AddStringToObject(o, "ctitan_version", CTITAN_VERSION);
-    add_u64(o, "step", (uint64_t)st->step);
-    add_u64(o, "optimizer_step", (uint64_t)st->opt_step);
-    add_u64(o, "samples_seen", st->samples_seen);
-    hex64(hex, st->config_hash);
-    cJSON_AddStringToObject(o, "config_hash", hex);
-    cJSON_AddNumberToObject(o, "skipped_in_row", st->skipped_in_row);
-    char num[40];
-    snprintf(num, sizeof num, "%.17g", isfinite(st->time_s) ? st->time_s : 0.0);
-    cJSON_AddRawToObject(o, "time_s", num); // 17 digits: strtod gives the same double back
-    cJSON_AddStringToObject(o, "checksum", "xxh64");
-    cJSON *files = cJSON_AddArrayToObject(o, "files");
-    int rc = 0;
-    for (int i = 0; i < N_FILES && rc == 0; i++) {
-        uint64_t h, size;
-        rc = join(path, sizeof path, dir, file_names[i], err);
-        if (rc == 0) rc = ckpt_hash_file(&h, &size, path, err);
-        if (rc == 0) add_file(files, file_names[i], size, h);
-    }
-    cJSON *list = cJSON_AddArrayToObject(o, "optimizer_shards");
-    for (int i = 0; i < n_shards && rc == 0; i++) {
-        add_file(files, shards[i].file, shards[i].bytes, shards[i].xxh64);
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "file", shards[i].file);
-        add_u64(e, "offset", shards[i].offset);
-        add_u64(e, "numel", shards[i].numel);
-        cJSON_AddItemToArray(list, e);
-    }
-    char *text = rc == 0 ? cJSON_Print(o) : NULL;
-    cJSON_Delete(o);
-    if (rc != 0) return -1;
-    if (!text) return ct_fail(err, "%s: out of memory", dir);
-    size_t len = strlen(text);
-    text[len] = '\n'; // replaces the terminator; the length below excludes it
-    rc = join(path, sizeof path, dir, STATE_NAME, err);
-    if (rc == 0) rc = ckpt_write_text(path, text, len + 1, err);
+    ckpt_file_sum files[CKPT_N_FILES];
+    char path[4096];
+    for (int i = 0; i < CKPT_N_FILES; i++)
+        if (join(path, sizeof path, dir, ckpt_file_names[i], err) != 0 ||
+            ckpt_hash_file(&files[i].xxh64, &files[i].bytes, path, err) != 0)
+            return -1;
+    char *text;
+    size_t len;
+    if (ckpt_state_text(&text, &len, st, files, shards, n_shards, dir, err) != 0) return -1;
+    int rc = join(path, sizeof path, dir, STATE_NAME, err);
+    if (rc == 0) rc = ckpt_write_text(path, text, len, err);
     cJSON_free(text);
     return rc;
 }
@@ -263,13 +198,14 @@ void ckpt_abandon(const char *root, int64_t step, long tag) {
 // own names, each is in `tmp` with the size its writer reported, and the parameters are finite.
 static int check_commit(const char *tmp, const qwen3_model *m, const ckpt_shard_info *shards,
                         int n_shards, bool check_params, ct_error *err) {
-    if (n_shards < 1 || n_shards > MAX_SHARDS || !shards)
-        return ct_fail(err, "%s: %d optimizer shards, expected 1 to %d", tmp, n_shards, MAX_SHARDS);
+    if (n_shards < 1 || n_shards > CKPT_MAX_SHARDS || !shards)
+        return ct_fail(err, "%s: %d optimizer shards, expected 1 to %d", tmp, n_shards,
+                       CKPT_MAX_SHARDS);
     uint64_t end = 0;
     for (int i = 0; i < n_shards; i++) {
         const ckpt_shard_info *s = &shards[i];
         char want[64], path[4300];
-        shard_name(want, i, n_shards);
+        ckpt_shard_name(want, i, n_shards);
         if (strncmp(s->file, want, sizeof s->file) != 0)
             return ct_fail(err, "%s: optimizer shard %d of %d is \"%.64s\", expected \"%s\"", tmp,
                            i, n_shards, s->file, want);
@@ -315,7 +251,7 @@ static int commit(const char *root, long tag, const qwen3_model *m, const ckpt_s
     if (rc == 0) rc = check_commit(tmp, m, shards, n_shards, check_params, err);
     // config.json + model, with the buffers (the MoE expert bias), which an HF export leaves out
     if (rc == 0) rc = hf_save_folder_with_buffers(m, tmp, CT_F32, 0, err);
-    if (rc == 0) rc = join(path, sizeof path, tmp, file_names[F_CONFIG_TOML], err);
+    if (rc == 0) rc = join(path, sizeof path, tmp, ckpt_file_names[CKPT_F_CONFIG_TOML], err);
     if (rc == 0) rc = ckpt_write_text(path, config_toml, strlen(config_toml), err);
     if (rc == 0) rc = write_state(tmp, st, shards, n_shards, err);
     if (rc == 0) rc = ckpt_fsync_folder(tmp, err);
@@ -384,22 +320,11 @@ int ckpt_save(const char *root, const qwen3_model *m, const float *exp_avg, cons
 
 // ---------------------------------------------------------------- verify
 
-typedef struct file_sum {
-    char name[64];
-    uint64_t bytes, xxh64;
-} file_sum;
-
 typedef struct ckpt_view {
     const char *dir;
-    train_state st;
-    file_sum files[N_FILES];
-    ckpt_shard_info *shards; // state.json's list, in order, tiling [0, total)
-    int n_shards;
-    uint64_t total;
-    st_file model;     // open (mmap'd) after view_open
-    st_file *optim;    // [n_shards]; one with a path is open and checked
-    bool other_format; // state.json is of another format: an error, never skipped
-    int64_t format;
+    ckpt_state s;   // state.json
+    st_file model;  // open (mmap'd) after view_open
+    st_file *optim; // [s.n_shards]; one with a path is open and checked
 } ckpt_view;
 
 // An error that marks the checkpoint corrupt rather than failing the caller.
@@ -410,154 +335,6 @@ static int corrupt(ct_error *err, const char *fmt, ...) {
     ct_vfail(err, fmt, ap);
     va_end(ap);
     return CK_CORRUPT;
-}
-
-static bool parse_hex64(uint64_t *out, const char *s) {
-    if (!s || strlen(s) != 16) return false;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return false;
-        v = v << 4 | (uint64_t)d;
-    }
-    *out = v;
-    return true;
-}
-
-static int get_uint(uint64_t *out, const cJSON *o, const char *key, const char *path,
-                    ct_error *err) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!json_is_uint(it, out))
-        return ct_fail(err, "%s: \"%s\": expected a non-negative integer, found %s", path, key,
-                       json_type_name(it));
-    return 0;
-}
-
-// "optimizer_shards": every entry under its own name, in order, tiling [0, total).
-static int parse_shards(ckpt_view *v, const cJSON *arr, const char *path, ct_error *err) {
-    if (!cJSON_IsArray(arr))
-        return ct_fail(err, "%s: \"optimizer_shards\": expected an array, found %s", path,
-                       json_type_name(arr));
-    int n = cJSON_GetArraySize(arr);
-    if (n < 1 || n > MAX_SHARDS)
-        return ct_fail(err, "%s: \"optimizer_shards\" has %d entries, expected 1 to %d", path, n,
-                       MAX_SHARDS);
-    v->shards = calloc((size_t)n, sizeof *v->shards);
-    v->optim = calloc((size_t)n, sizeof *v->optim);
-    if (!v->shards || !v->optim) return ct_fail(err, "%s: out of memory", path);
-    v->n_shards = n;
-    uint64_t end = 0;
-    int i = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr) {
-        ckpt_shard_info *s = &v->shards[i];
-        const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "file"));
-        shard_name(s->file, i, n);
-        if (!file || strcmp(file, s->file) != 0)
-            return ct_fail(err, "%s: optimizer_shards[%d]: file \"%s\", expected \"%s\"", path, i,
-                           file ? file : "(none)", s->file);
-        if (get_uint(&s->offset, it, "offset", path, err) != 0 ||
-            get_uint(&s->numel, it, "numel", path, err) != 0)
-            return ct_wrap(err, "optimizer_shards[%d]", i);
-        if (s->offset != end)
-            return ct_fail(err,
-                           "%s: optimizer_shards[%d] (%s) starts at %" PRIu64 ", expected %" PRIu64
-                           " where the previous one ends (the shards do not tile)",
-                           path, i, s->file, s->offset, end);
-        end += s->numel; // both below 2^53: no overflow
-        if ((double)end >= JSON_MAX_UINT)
-            return ct_fail(err, "%s: optimizer_shards cover more than 2^53 elements", path);
-        i++;
-    }
-    v->total = end;
-    return 0;
-}
-
-static int parse_files(ckpt_view *v, const cJSON *arr, const char *path, ct_error *err) {
-    if (!cJSON_IsArray(arr)) return ct_fail(err, "%s: \"files\" must be an array", path);
-    bool seen[N_FILES] = {false};
-    bool *seen_shard = calloc((size_t)v->n_shards, sizeof *seen_shard);
-    if (!seen_shard) return ct_fail(err, "%s: out of memory", path);
-    int rc = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr) {
-        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "name"));
-        const char *hex = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "xxh64"));
-        int k = -1, s = -1;
-        for (int i = 0; i < N_FILES && name && k < 0; i++)
-            if (strcmp(name, file_names[i]) == 0) k = i;
-        for (int i = 0; i < v->n_shards && name && k < 0 && s < 0; i++)
-            if (strcmp(name, v->shards[i].file) == 0) s = i;
-        if (k < 0 && s < 0) continue; // a file this version does not know: not needed to resume
-        uint64_t bytes, h;
-        if (get_uint(&bytes, it, "bytes", path, err) != 0) {
-            rc = -1;
-            break;
-        }
-        if (!parse_hex64(&h, hex)) {
-            rc = ct_fail(err, "%s: %s: \"xxh64\" must be 16 lowercase hex digits", path, name);
-            break;
-        }
-        if (k >= 0) {
-            snprintf(v->files[k].name, sizeof v->files[k].name, "%s", name);
-            v->files[k].bytes = bytes;
-            v->files[k].xxh64 = h;
-            seen[k] = true;
-        } else {
-            v->shards[s].bytes = bytes;
-            v->shards[s].xxh64 = h;
-            seen_shard[s] = true;
-        }
-    }
-    for (int i = 0; i < N_FILES && rc == 0; i++)
-        if (!seen[i]) rc = ct_fail(err, "%s: \"files\" does not list %s", path, file_names[i]);
-    for (int i = 0; i < v->n_shards && rc == 0; i++)
-        if (!seen_shard[i])
-            rc = ct_fail(err, "%s: \"files\" does not list %s", path, v->shards[i].file);
-    free(seen_shard);
-    return rc;
-}
-
-static int parse_state(ckpt_view *v, const char *text, size_t len, const char *path,
-                       ct_error *err) {
-    cJSON *o = NULL;
-    if (json_parse(&o, text, len, path, err) != 0) return -1;
-    int64_t format = 0, skipped = 0;
-    uint64_t step, opt_step, samples;
-    double time_s = 0;
-    char hash[32] = "";
-    int rc = json_get_int(&format, o, "format", true, 1, INT32_MAX, path, err);
-    // Another format is not damage: skipping it for an older checkpoint, or starting afresh,
-    // would let this run overwrite the other version's steps.
-    v->format = format;
-    v->other_format = rc == 0 && format != CKPT_FORMAT && format != CKPT_FORMAT_UNFUSED;
-    if (v->other_format)
-        rc = ct_fail(err,
-                     "%s: checkpoint format %" PRId64 "%s, this ctitan reads format %d; resume it "
-                     "with the ctitan that wrote it, or train into a new job.dump_folder",
-                     path, format,
-                     format == 1 ? " (written before ctitan had sharded optimizer state)" : "",
-                     CKPT_FORMAT);
-    if (rc == 0) rc = get_uint(&step, o, "step", path, err);
-    if (rc == 0) rc = get_uint(&opt_step, o, "optimizer_step", path, err);
-    if (rc == 0) rc = get_uint(&samples, o, "samples_seen", path, err);
-    if (rc == 0) rc = json_get_int(&skipped, o, "skipped_in_row", true, 0, INT32_MAX, path, err);
-    if (rc == 0) rc = json_get_double(&time_s, o, "time_s", true, path, err);
-    if (rc == 0) rc = json_get_string(hash, sizeof hash, o, "config_hash", true, path, err);
-    if (rc == 0 && !parse_hex64(&v->st.config_hash, hash))
-        rc = ct_fail(err, "%s: \"config_hash\" must be 16 lowercase hex digits", path);
-    if (rc == 0)
-        rc = parse_shards(v, cJSON_GetObjectItemCaseSensitive(o, "optimizer_shards"), path, err);
-    if (rc == 0) rc = parse_files(v, cJSON_GetObjectItemCaseSensitive(o, "files"), path, err);
-    cJSON_Delete(o);
-    if (rc != 0) return -1;
-    v->st.step = (int64_t)step;
-    v->st.opt_step = (int64_t)opt_step;
-    v->st.samples_seen = samples;
-    v->st.skipped_in_row = (int32_t)skipped;
-    v->st.time_s = time_s;
-    return 0;
 }
 
 // The folder's own step-<N> name, if it has one (an exported copy may be renamed).
@@ -658,9 +435,9 @@ static int check_shard_content(const st_file *f, const ckpt_shard_info *s, uint6
 static int check_shard(ckpt_view *v, int i, ct_error *err) {
     st_file *f = &v->optim[i];
     if (f->path) return 0; // checked already
-    const ckpt_shard_info *s = &v->shards[i];
+    const ckpt_shard_info *s = &v->s.shards[i];
     int rc = check_sum(v->dir, s->file, s->bytes, s->xxh64, f, err);
-    if (rc == 0) rc = check_shard_content(f, s, v->total, err);
+    if (rc == 0) rc = check_shard_content(f, s, v->s.total, err);
     if (rc != 0) st_close(f);
     return rc;
 }
@@ -671,8 +448,8 @@ static bool overlaps(const ckpt_shard_info *s, size_t offset, size_t numel) {
 
 // The shards that overlap [offset, offset + numel), or all of them.
 static int check_shards(ckpt_view *v, bool all, size_t offset, size_t numel, ct_error *err) {
-    for (int i = 0; i < v->n_shards; i++) {
-        if (!all && !overlaps(&v->shards[i], offset, numel)) continue;
+    for (int i = 0; i < v->s.n_shards; i++) {
+        if (!all && !overlaps(&v->s.shards[i], offset, numel)) continue;
         int rc = check_shard(v, i, err);
         if (rc != 0) return rc;
     }
@@ -681,12 +458,10 @@ static int check_shards(ckpt_view *v, bool all, size_t offset, size_t numel, ct_
 
 static void view_close(ckpt_view *v) {
     st_close(&v->model);
-    for (int i = 0; v->optim && i < v->n_shards; i++) st_close(&v->optim[i]);
+    for (int i = 0; v->optim && i < v->s.n_shards; i++) st_close(&v->optim[i]);
     free(v->optim);
-    free(v->shards);
     v->optim = NULL;
-    v->shards = NULL;
-    v->n_shards = 0;
+    ckpt_state_free(&v->s);
 }
 
 // Integrity of state.json and the files other than the shards: 0, CK_CORRUPT, or -1. On 0
@@ -704,15 +479,19 @@ static int view_open(ckpt_view *v, const char *dir, ct_error *err) {
     char *text = NULL;
     size_t len = 0;
     if (file_read_all(&text, &len, path, STATE_MAX_BYTES, err) != 0) return CK_CORRUPT;
-    int rc = parse_state(v, text, len, path, err) == 0 ? 0 : v->other_format ? -1 : CK_CORRUPT;
+    int rc = ckpt_state_parse(&v->s, text, len, path, err) == 0 ? 0
+             : v->s.other_format                                ? -1
+                                                                : CK_CORRUPT;
     free(text);
+    if (rc == 0 && !(v->optim = calloc((size_t)v->s.n_shards, sizeof *v->optim)))
+        rc = ct_fail(err, "%s: out of memory", path);
     int64_t named;
-    if (rc == 0 && folder_step(dir, &named) && named != v->st.step)
+    if (rc == 0 && folder_step(dir, &named) && named != v->s.st.step)
         rc = corrupt(err, "%s: state.json says step %" PRId64 ", the folder name %" PRId64, dir,
-                     v->st.step, named);
-    for (int k = 0; k < N_FILES && rc == 0; k++) {
-        const file_sum *f = &v->files[k];
-        rc = check_sum(dir, f->name, f->bytes, f->xxh64, k == F_MODEL ? &v->model : NULL, err);
+                     v->s.st.step, named);
+    for (int k = 0; k < CKPT_N_FILES && rc == 0; k++) {
+        const ckpt_file_sum *f = &v->s.files[k];
+        rc = check_sum(dir, f->name, f->bytes, f->xxh64, k == CKPT_F_MODEL ? &v->model : NULL, err);
     }
     if (rc != 0) view_close(v);
     return rc;
@@ -754,18 +533,18 @@ static int match_tensors(const st_file *f, const qwen3_model *m, ct_error *err) 
 // parameters (else corrupt: the model matched, so state.json's shard list is wrong).
 static int view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err) {
     if (match_tensors(&v->model, m, err) != 0) return -1;
-    if (moments && v->format == CKPT_FORMAT_UNFUSED && m->cfg.attention_bias)
+    if (moments && v->s.format == CKPT_FORMAT_UNFUSED && m->cfg.attention_bias)
         return ct_fail(err,
                        "%s/%s: checkpoint format %d keeps the optimizer state of a model with "
                        "attention biases in the order before the fused q|k|v projection (this "
                        "ctitan reads format %d); resume it with the ctitan that wrote it, or "
                        "train into a new job.dump_folder",
                        v->dir, STATE_NAME, CKPT_FORMAT_UNFUSED, CKPT_FORMAT);
-    if (moments && v->total != m->num_params)
+    if (moments && v->s.total != m->num_params)
         return corrupt(err,
                        "%s/%s: optimizer_shards cover %" PRIu64 " elements, the model has %zu "
                        "parameters",
-                       v->dir, STATE_NAME, v->total, m->num_params);
+                       v->dir, STATE_NAME, v->s.total, m->num_params);
     return 0;
 }
 
@@ -776,7 +555,7 @@ static int verify_checked(const char *dir, const qwen3_model *m, train_state *st
     if (rc != 0) return rc;
     if (m) rc = view_match(&v, m, true, err);
     if (rc == 0) rc = check_shards(&v, true, 0, 0, err);
-    if (rc == 0 && st) *st = v.st;
+    if (rc == 0 && st) *st = v.s.st;
     view_close(&v);
     return rc;
 }
@@ -799,8 +578,8 @@ static void copy_model(float *dst, const st_file *f, const qwen3_model *m) {
 // (all overlapping ones open and checked).
 static void copy_moments(float *exp_avg, float *exp_avg_sq, const ckpt_view *v, size_t offset,
                          size_t numel) {
-    for (int i = 0; i < v->n_shards; i++) {
-        const ckpt_shard_info *s = &v->shards[i];
+    for (int i = 0; i < v->s.n_shards; i++) {
+        const ckpt_shard_info *s = &v->s.shards[i];
         if (!overlaps(s, offset, numel)) continue;
         size_t lo = s->offset > offset ? s->offset : offset;
         size_t hi = s->offset + s->numel < offset + numel ? s->offset + s->numel : offset + numel;
@@ -836,13 +615,13 @@ static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *
     if (rc == 0 && config_toml) {
         char path[4096];
         size_t len;
-        rc = join(path, sizeof path, dir, file_names[F_CONFIG_TOML], err);
+        rc = join(path, sizeof path, dir, ckpt_file_names[CKPT_F_CONFIG_TOML], err);
         if (rc == 0) rc = file_read_all(&toml, &len, path, STATE_MAX_BYTES, err);
     }
     if (rc == 0) {
         copy_model(m->param_mem, &v.model, m);
         if (exp_avg) copy_moments(exp_avg, exp_avg_sq, &v, offset, numel);
-        if (st) *st = v.st;
+        if (st) *st = v.s.st;
         if (config_toml) *config_toml = toml;
     }
     view_close(&v);

@@ -155,7 +155,9 @@ void ckpt_tokenizer_dir(char *out, size_t cap, const char *config_toml);
 // Writes an HF folder: config.json and the weights as dtype (F32, BF16, F16), sharded above
 // max_shard_bytes (0 = one file) with an index, then copies the tokenizer files
 // (tokenizer.json, tokenizer_config.json, and vocab.json, merges.txt, special_tokens_map.json
-// when present) from tokenizer_dir (NULL = none). Returns the number of tokenizer files copied
-// (0: none found, for the caller to warn about), or -1.
+// when present) from tokenizer_dir (NULL = none), and its generation_config.json when present
+// (HF's sampling defaults and stop tokens; for a run from an HF folder, tokenizer_dir is that
+// folder). Returns the number of tokenizer files copied (0: no tokenizer.json, for the caller
+// to warn about), or -1.
 int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
                    uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err);

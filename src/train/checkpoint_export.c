@@ -158,32 +158,38 @@ static const char *const tokenizer_files[] = {"tokenizer.json", "tokenizer_confi
                                               "special_tokens_map.json", "vocab.json",
                                               "merges.txt"};
 
-static int copy_file(const char *dst, const char *src, ct_error *err) {
+// Copies dir/name to out_dir/name if it exists: 1 copied, 0 absent, -1 error.
+static int copy_if_present(const char *out_dir, const char *dir, const char *name, ct_error *err) {
+    char src[4096], dst[4096];
+    struct stat sb;
+    int a = snprintf(src, sizeof src, "%s/%s", dir, name);
+    int b = snprintf(dst, sizeof dst, "%s/%s", out_dir, name);
+    if (a < 0 || b < 0 || (size_t)a >= sizeof src || (size_t)b >= sizeof dst)
+        return ct_fail(err, "%s: path too long", dir);
+    if (stat(src, &sb) != 0) return 0;
     char *buf = NULL;
     size_t len = 0;
     if (file_read_all(&buf, &len, src, TOKENIZER_MAX_BYTES, err) != 0) return -1;
     int rc = ckpt_write_text(dst, buf, len, err);
     free(buf);
-    return rc;
+    return rc == 0 ? 1 : -1;
 }
 
 int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
                    uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err) {
     if (hf_save_folder(m, out_dir, dtype, max_shard_bytes, err) != 0) return -1;
     if (!tokenizer_dir || !tokenizer_dir[0]) return 0;
-    char src[4096], dst[4096];
+    if (copy_if_present(out_dir, tokenizer_dir, "generation_config.json", err) < 0)
+        return ct_wrap(err, "copying generation_config.json");
+    char probe[4096];
     struct stat sb;
-    snprintf(src, sizeof src, "%s/tokenizer.json", tokenizer_dir);
-    if (stat(src, &sb) != 0) return 0; // no tokenizer there: the caller says so
+    snprintf(probe, sizeof probe, "%s/tokenizer.json", tokenizer_dir);
+    if (stat(probe, &sb) != 0) return 0; // no tokenizer there: the caller says so
     int copied = 0;
     for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
-        int a = snprintf(src, sizeof src, "%s/%s", tokenizer_dir, tokenizer_files[i]);
-        int b = snprintf(dst, sizeof dst, "%s/%s", out_dir, tokenizer_files[i]);
-        if (a < 0 || b < 0 || (size_t)a >= sizeof src || (size_t)b >= sizeof dst)
-            return ct_fail(err, "%s: path too long", tokenizer_dir);
-        if (stat(src, &sb) != 0) continue;
-        if (copy_file(dst, src, err) != 0) return ct_wrap(err, "copying the tokenizer");
-        copied++;
+        int rc = copy_if_present(out_dir, tokenizer_dir, tokenizer_files[i], err);
+        if (rc < 0) return ct_wrap(err, "copying the tokenizer");
+        copied += rc;
     }
     return copied;
 }

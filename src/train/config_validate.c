@@ -246,8 +246,7 @@ static int check_rest(const ct_config *c, const vctx *vp) {
     NEED(!k->initial_load_in_hf || k->initial_load_path[0], "checkpoint.initial_load_in_hf",
          "checkpoint.initial_load_path",
          "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (the HF folder)");
-    NEED(!k->last_save_in_hf || k->enable, "checkpoint.last_save_in_hf", "checkpoint.enable",
-         "checkpoint.last_save_in_hf = true needs checkpoint.enable = true");
+    // last_save_in_hf is an export at the end, not a checkpoint: it needs no checkpoint.enable.
     NEED(c->metrics.log_freq >= 1, "metrics.log_freq", NULL,
          "metrics.log_freq = %d; expected at least 1", c->metrics.log_freq);
     NEED(c->metrics.peak_gflops >= 0, "metrics.peak_gflops", NULL,
