@@ -20,8 +20,7 @@ static const char *write_file(const char *name, const char *text) {
 }
 
 // config_load_noted with the arguments of a va_list, ended by NULL.
-static int load_va(ct_config *c, config_notes *notes, const char *toml, ct_error *err,
-                   va_list ap) {
+static int load_va(ct_config *c, config_notes *notes, const char *toml, ct_error *err, va_list ap) {
     char *argv[32];
     int argc = 0;
     for (char *a; (a = va_arg(ap, char *)) && argc < 32;) argv[argc++] = a;

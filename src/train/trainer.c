@@ -969,8 +969,9 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
             if (opt->stopped_by) *opt->stopped_by = sig;
             fprintf(t->log, "stopped by signal %d at step %lld; the checkpoint of step %lld %s\n",
                     sig, (long long)step, (long long)step,
-                    c->checkpoint.enable ? "resumes the run" : "was not saved (checkpoint.enable "
-                                                               "is false)");
+                    c->checkpoint.enable ? "resumes the run"
+                                         : "was not saved (checkpoint.enable "
+                                           "is false)");
             return 0;
         }
     }
