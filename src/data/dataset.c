@@ -421,7 +421,7 @@ static int note_duplicates(reader *r, const worker *ws, int threads, ct_error *e
     }
     size_t k = 0, n_pairs = 0;
     for (int t = 0; t < threads; t++) {
-        memcpy(keys + k, ws[t].keys, ws[t].n_keys * sizeof *keys);
+        if (ws[t].n_keys) memcpy(keys + k, ws[t].keys, ws[t].n_keys * sizeof *keys); // keys may be NULL
         k += ws[t].n_keys;
     }
     for (uint32_t i = 0; i < r->n_files; i++)
