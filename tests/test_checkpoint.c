@@ -45,7 +45,7 @@ static void test_xxh64(void) {
         {"Nobody inspects the spammish repetition", 0, 0xFBCEA83C8A378BF1ull},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        uint64_t h = ckpt_xxh64(v[i].text, strlen(v[i].text), v[i].seed);
+        uint64_t h = ct_xxh64(v[i].text, strlen(v[i].text), v[i].seed);
         CHECK(h == v[i].want, "XXH64(\"%s\", %" PRIu64 ") = %016" PRIx64 ", want %016" PRIx64,
               v[i].text, v[i].seed, h, v[i].want);
     }
@@ -59,7 +59,7 @@ static void test_xxh64(void) {
         fclose(f);
         uint64_t h = 0, size = 0;
         ct_error err = {{0}};
-        CHECK(ckpt_hash_file(&h, &size, path, &err) == 0 && size == n && h == ckpt_xxh64(buf, n, 0),
+        CHECK(ckpt_hash_file(&h, &size, path, &err) == 0 && size == n && h == ct_xxh64(buf, n, 0),
               "hash of a %zu-byte file: %s", n, err.msg);
     }
 }

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
@@ -34,12 +35,6 @@ static const cli_option verify_options[] = {
     {"logits", "0", "with --json: also the first K logits of sample 0 at positions 0 and T-1",
      false},
 };
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double sum_squares(const float *x, size_t n) {
     double sum = 0;
@@ -171,9 +166,9 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
     if (rc != 0) goto done;
 
-    double t0 = seconds_now();
+    double t0 = ct_now_s();
     double loss_sum = qwen3_forward(m, inputs, targets, &res->n_valid);
-    double t1 = seconds_now();
+    double t1 = ct_now_s();
     if (res->n_valid == 0) {
         rc = ct_fail(err, "%s: no valid targets in the batch", data_path);
         goto done;
@@ -185,11 +180,11 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     res->loss = res->ce + (aux_in_loss ? cfg.router_aux_loss_coef * res->aux : 0.0);
     if (aux_in_loss)
         qwen3_moe_aux_grad(m, m->moe_load, (double)B * T, (float)cfg.router_aux_loss_coef);
-    double t2 = seconds_now();
+    double t2 = ct_now_s();
     qwen3_zero_grad(m);
     qwen3_backward(m, 1.0f / (float)res->n_valid);
     res->forward_s = t1 - t0;
-    res->backward_s = seconds_now() - t2;
+    res->backward_s = ct_now_s() - t2;
     res->grad_norm = grad_global_norm(m);
     rc = 0;
 done:

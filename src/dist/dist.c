@@ -7,14 +7,10 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "core/clock.h"
 
 double dist_clock(void) {
-    return now_s();
+    return ct_now_s();
 }
 
 static int env_int(const char *name, int fallback) {
@@ -67,24 +63,24 @@ _Noreturn void dist_abort(dist *d, int code) {
 
 bool dist_test(dist *d, int n, MPI_Request *reqs) {
     if (!d->mpi) return true;
-    double t0 = now_s();
+    double t0 = ct_now_s();
     int done = 0;
     MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
-    d->comm_s += now_s() - t0;
+    d->comm_s += ct_now_s() - t0;
     return done;
 }
 
 int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err) {
     if (!d->mpi) return 0;
-    double t0 = now_s(), deadline = t0 + d->timeout_s;
+    double t0 = ct_now_s(), deadline = t0 + d->timeout_s;
     int done = 0;
     for (;;) {
         if (MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-            d->comm_s += now_s() - t0;
+            d->comm_s += ct_now_s() - t0;
             return ct_fail(err, "rank %d: MPI failed during %s", d->rank, what);
         }
         if (done) break;
-        double t = now_s();
+        double t = ct_now_s();
         if (t > deadline) {
             d->comm_s += t - t0;
             return ct_fail(err,
@@ -102,14 +98,14 @@ int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err
             nanosleep(&pause, NULL);
         }
     }
-    d->comm_s += now_s() - t0;
+    d->comm_s += ct_now_s() - t0;
     return 0;
 }
 
 // The tail of every blocking collective: the non-blocking call returned `start_rc`.
 static int finish(dist *d, int start_rc, MPI_Request *req, double t0, const char *what,
                   ct_error *err) {
-    d->comm_s += now_s() - t0;
+    d->comm_s += ct_now_s() - t0;
     if (start_rc != MPI_SUCCESS)
         return ct_fail(err, "rank %d: MPI failed to start %s", d->rank, what);
     return dist_wait(d, 1, req, what, err);
@@ -122,7 +118,7 @@ int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *
         return 0;
     }
     MPI_Request req;
-    double t0 = now_s();
+    double t0 = ct_now_s();
     int rc = MPI_Iallgather(mine, bytes, MPI_BYTE, all, bytes, MPI_BYTE, MPI_COMM_WORLD, &req);
     return finish(d, rc, &req, t0, what, err);
 }
@@ -130,7 +126,7 @@ int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *
 int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_error *err) {
     if (!d->mpi) return 0;
     MPI_Request req;
-    double t0 = now_s();
+    double t0 = ct_now_s();
     int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &req);
     return finish(d, rc, &req, t0, what, err);
 }
@@ -138,7 +134,7 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
 int dist_barrier(dist *d, const char *what, ct_error *err) {
     if (!d->mpi) return 0;
     MPI_Request req;
-    double t0 = now_s();
+    double t0 = ct_now_s();
     int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
     return finish(d, rc, &req, t0, what, err);
 }

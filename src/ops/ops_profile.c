@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include "core/clock.h"
+
 typedef enum {
     P_EMBEDDING_FWD,
     P_EMBEDDING_BWD,
@@ -44,21 +46,15 @@ static ct_ops inner;
 static double seconds[P_N];
 static long long calls[P_N];
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void stop(profiled p, double t0) {
-    seconds[p] += now_s() - t0;
+    seconds[p] += ct_now_s() - t0;
     calls[p]++;
 }
 
 // One timed wrapper per kernel: prof_<field> calls inner.<field>.
 #define WRAP(field, p, PARAMS, ARGS)                                                               \
     static void prof_##field PARAMS {                                                              \
-        const double t0 = now_s();                                                                 \
+        const double t0 = ct_now_s();                                                              \
         inner.field ARGS;                                                                          \
         stop(p, t0);                                                                               \
     }
@@ -125,7 +121,7 @@ WRAP(cross_entropy_backward, P_CE_BWD,
 #define WRAP_FUSED(field, p, PARAMS, ARGS)                                                         \
     static void prof_##field PARAMS {                                                              \
         (void)ops;                                                                                 \
-        const double t0 = now_s();                                                                 \
+        const double t0 = ct_now_s();                                                              \
         inner.field ARGS;                                                                          \
         stop(p, t0);                                                                               \
     }

@@ -22,6 +22,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/clock.h"
+
 #define KC_MAX_T 256           // model case: at most this many tokens
 #define KC_MAX_E 16            // model case: at most this many experts
 #define KC_ACC_STD 0.5f        // accumulated gradients start from N(0, KC_ACC_STD)
@@ -433,12 +435,6 @@ static void compare(kernel_check_row *row, const float *b, const float *p, size_
     row->pass = row->max_rel <= row->tolerance;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // Built-in time / plugin time for direction d: one warm-up each, then the best of
 // KC_TIMED_RUNS, the two sides alternating so that drift hits both. Resetting the outputs
 // (and in-place inputs) is not timed.
@@ -447,9 +443,9 @@ static double speedup(kc_case *k, kc_call call, int d) {
     for (int run = 0; run <= KC_TIMED_RUNS; run++) {
         for (int s = 0; s < 2; s++) {
             kc_reset(k, d, s);
-            const double t0 = now_s();
+            const double t0 = ct_now_s();
             call(k, k->ops[s], s);
-            const double t = now_s() - t0;
+            const double t = ct_now_s() - t0;
             if (run > 0 && t < best[s]) best[s] = t;
         }
     }
@@ -657,11 +653,11 @@ static pid_t wait_eintr(pid_t pid, int *status, int flags) {
 // (<= 0: no limit). -1: error.
 static int read_child(int fd, double timeout_s, char **buf, size_t *len, ct_error *err) {
     size_t cap = 0;
-    double deadline = now_s() + timeout_s;
+    double deadline = ct_now_s() + timeout_s;
     for (;;) {
         int ms = -1;
         if (timeout_s > 0) {
-            const double left = deadline - now_s();
+            const double left = deadline - ct_now_s();
             if (left <= 0) return 1;
             ms = left * 1000 + 1 < INT_MAX ? (int)(left * 1000 + 1) : INT_MAX;
         }
@@ -681,17 +677,17 @@ static int read_child(int fd, double timeout_s, char **buf, size_t *len, ct_erro
         if (n < 0) return ct_fail(err, "kernel check: read: %s", strerror(errno));
         if (n == 0) return 0;
         *len += (size_t)n;
-        deadline = now_s() + timeout_s;
+        deadline = ct_now_s() + timeout_s;
     }
 }
 
 // After EOF the child is exiting; 1 if it is still there timeout_s later.
 static int reap_child(pid_t pid, double timeout_s, int *status) {
-    const double deadline = now_s() + timeout_s;
+    const double deadline = ct_now_s() + timeout_s;
     for (;;) {
         const pid_t w = wait_eintr(pid, status, WNOHANG);
         if (w == pid || w < 0) return 0;
-        if (timeout_s > 0 && now_s() > deadline) return 1;
+        if (timeout_s > 0 && ct_now_s() > deadline) return 1;
         nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
     }
 }

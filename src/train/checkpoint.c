@@ -365,7 +365,7 @@ static int check_sum(const char *dir, const char *name, uint64_t bytes, uint64_t
     uint64_t h, size;
     if (sf) {
         if (st_open(sf, path, err) != 0) return CK_CORRUPT;
-        h = ckpt_xxh64(sf->map, sf->map_size, 0);
+        h = ct_xxh64(sf->map, sf->map_size, 0);
     } else if (ckpt_hash_file(&h, &size, path, err) != 0) {
         return CK_CORRUPT;
     }

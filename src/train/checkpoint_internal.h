@@ -1,4 +1,4 @@
-// Helpers shared by the checkpoint files: the XXH64 checksum and the filesystem steps that make
+// Helpers shared by the checkpoint files: file checksums and the filesystem steps that make
 // a save crash-safe (fsync, rename, recursive delete, listing step folders).
 #pragma once
 #include <stdbool.h>
@@ -6,11 +6,10 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/xxh64.h"
 #include "train/checkpoint.h"
 
-// XXH64 (Collet's xxHash, 64-bit), the published algorithm: XXH64("", 0) = 0xEF46DB3751D8E999.
-uint64_t ckpt_xxh64(const void *data, size_t len, uint64_t seed);
-// Size and XXH64 (seed 0) of a whole file.
+// Size and XXH64 (core/xxh64.h, seed 0) of a whole file.
 int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err);
 
 int ckpt_fsync_path(const char *path, bool is_dir, ct_error *err);

@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "core/clock.h"
 #include "io/atomic.h"
 #include "io/json.h"
 
@@ -144,12 +145,6 @@ double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
     return 6 * n + 12.0 * c->num_hidden_layers * q * seq_len;
 }
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double metrics_sgemm_gflops(int n, int repeats) {
     if (n < 1 || repeats < 1) return 0;
     size_t nn = (size_t)n * (size_t)n;
@@ -159,10 +154,10 @@ double metrics_sgemm_gflops(int n, int repeats) {
         for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 13) * 0.01f;
         // The best run, not the mean: the first pays for thread start-up and page faults.
         for (int r = 0; r < repeats; r++) {
-            double t0 = seconds();
+            double t0 = ct_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
                         c, n);
-            double rate = 2.0 * n * n * (double)n / (seconds() - t0) / 1e9;
+            double rate = 2.0 * n * n * (double)n / (ct_now_s() - t0) / 1e9;
             if (rate > best) best = rate;
         }
     }

@@ -10,8 +10,10 @@
 
 #include <cblas.h>
 
+#include "core/clock.h"
 #include "core/fs.h"
 #include "core/sysmem.h"
+#include "core/xxh64.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/grad_sync.h"
@@ -22,7 +24,6 @@
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
 #include "train/peak.h"
-#include "train/checkpoint_internal.h"
 #include "train/metrics.h"
 #include "ops/ops_profile.h"
 #include "plugin/trusted_ops.h"
@@ -64,12 +65,6 @@ typedef struct trainer {
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
     bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
 } trainer;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void log_notes(trainer *t, ckpt_notes *notes) {
     for (int i = 0; i < notes->n; i++) fprintf(t->log, "checkpoint: %s\n", notes->msgs[i]);
@@ -780,7 +775,7 @@ static int check_replicas_equal(trainer *t, ct_error *err) {
         bits ^= 1;
         memcpy(t->model.param_mem, &bits, sizeof bits);
     }
-    uint64_t mine = ckpt_xxh64(t->model.param_mem, t->model.num_params * sizeof(float), 0);
+    uint64_t mine = ct_xxh64(t->model.param_mem, t->model.num_params * sizeof(float), 0);
     uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
     if (!all) return ct_fail(err, "out of memory");
     int rc = dist_allgather(t->d, &mine, all, sizeof mine, "the weights' checksums", err);
@@ -862,7 +857,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
                         int64_t skipped_total) {
     const ct_config *c = t->cfg;
     int64_t step = t->state.step;
-    double now = now_s(), dt = now - *t_log;
+    double now = ct_now_s(), dt = now - *t_log;
     double tps_total = *steps_since_log * (double)t->global_batch * t->T / dt;
     double tps = tps_total / t->d->size;
     double per_step = (now - t_resume) / (double)(step - start_step);
@@ -900,7 +895,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
     }
     if (is_root(t)) metrics_write(&t->metrics, &row);
     free(calls);
-    *t_log = now_s();
+    *t_log = ct_now_s();
     *steps_since_log = 0;
     *comm_since_log = 0;
 }
@@ -920,7 +915,7 @@ static int agreed_signal(trainer *t, int mine, ct_error *err) {
 
 static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     const ct_config *c = t->cfg;
-    double t_resume = now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
+    double t_resume = ct_now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
     double comm_since_log = 0, t_profile = t_resume;
     int64_t steps_since_log = 0, skipped_total = 0, start_step = t->state.step;
     while (t->state.step < c->training.steps) {
@@ -946,10 +941,10 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
             t->state.skipped_in_row = 0;
         }
         int64_t step = t->state.step;
-        t->state.time_s = now_s() - t_start;
+        t->state.time_s = ct_now_s() - t_start;
         if (c->debug.profile_ops && step == start_step + 1 && step < c->training.steps) {
             ops_profile_reset(); // the first step warms up caches and thread pools
-            t_profile = now_s();
+            t_profile = ct_now_s();
         }
         if (step % c->metrics.log_freq == 0 || step == 1 || step == c->training.steps)
             log_metrics(t, &r, t_resume, &t_log, &steps_since_log, &comm_since_log, start_step,
@@ -978,7 +973,7 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     if (c->debug.profile_ops) {
         // Steps after the warm-up; the checkpoint saves in between count as "other".
         const int64_t n = t->state.step - start_step - (t->state.step - start_step > 1);
-        if (n > 0) ops_profile_print(t->log, (now_s() - t_profile) / (double)n, (int)n);
+        if (n > 0) ops_profile_print(t->log, (ct_now_s() - t_profile) / (double)n, (int)n);
     }
     t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
     if (c->checkpoint.last_save_in_hf && export_final(t, err) != 0) return -1;

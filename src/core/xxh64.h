@@ -1,0 +1,7 @@
+// XXH64 (the xxHash specification's 64-bit hash): the checksum of checkpoint files and of the
+// ranks' weights before a save. It runs at memory speed. XXH64("", 0) = 0xEF46DB3751D8E999.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+uint64_t ct_xxh64(const void *data, size_t len, uint64_t seed);
