@@ -106,7 +106,8 @@ typedef struct ct_config_validation {
 
 typedef struct ct_config_debug {
     int64_t seed;                   // weights init and data shuffle
-    char fault[CT_CONFIG_NAME_MAX]; // injected failure for tests: none|bad_token|nan|exit|hang|weights
+    char fault[CT_CONFIG_NAME_MAX]; // injected failure for tests:
+                                    // none|bad_token|nan|exit|hang|weights
     int fault_rank, fault_step;     // where (rank) and when (1-based step) it happens
     bool profile_ops;               // time every op call; print a per-op table at the end
 } ct_config_debug;
