@@ -58,8 +58,9 @@ static int make_reference(const char *out, const char *assets, const char *src) 
     char stamp[4096];
     snprintf(stamp, sizeof stamp, "%s/.fetch-assets-stamp", assets);
     if (stat(stamp, &st) != 0) {
-        printf("SKIP: %s has no assets (scripts/fetch-assets needs node and npm)\n", assets);
-        return 77;
+        printf("FAIL: %s has no assets: run scripts/fetch-assets (it needs node and npm)\n",
+               assets);
+        return 1;
     }
     char cmd[16384];
     snprintf(cmd, sizeof cmd, "node '%s/tests/ref/tok_ref.mjs' --assets '%s' --out '%s'", src,

@@ -191,8 +191,9 @@ int main(void) {
     snprintf(tok_path, sizeof tok_path, "%s/qwen3-tokenizer/tokenizer.json", assets);
     struct stat st;
     if (stat(stamp, &st) != 0) {
-        printf("SKIP: %s has no assets (scripts/fetch-assets needs node and npm)\n", assets);
-        return 77;
+        printf("FAIL: %s has no assets: run scripts/fetch-assets (it needs node and npm)\n",
+               assets);
+        return 1;
     }
 
     // The chunks, written for node.

@@ -428,8 +428,9 @@ int main(void) {
     char *stamp = cat_path(assets, ".fetch-assets-stamp");
     struct stat st;
     if (stat(stamp, &st) != 0) {
-        printf("SKIP: %s has no assets (scripts/fetch-assets needs node and npm)\n", assets);
-        return 77;
+        printf("FAIL: %s has no assets: run scripts/fetch-assets (it needs node and npm)\n",
+               assets);
+        return 1;
     }
     free(stamp);
     char *dir = cat_path(assets, "qwen3-tokenizer"), *json = cat_path(dir, "tokenizer.json");
