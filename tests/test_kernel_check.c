@@ -353,7 +353,43 @@ static void test_bad_input(void) {
     CHECK(kernel_check_run(&r, &s, &ct_ops_cpu, &shape, NULL, &err) == -1, "moe forward only");
 }
 
+// override_apply puts each override point's kernels where the op list says (ops/ops_list.h):
+// the forward and backward into one field each, and the workspace sizes for attention and
+// moe_experts.
+static void marker_fwd(void) {}
+static void marker_bwd(void) {}
+static void marker_state(void) {}
+static void marker_scratch(void) {}
+
+static int count_field(const ct_ops *o, ctitan_fn fn) {
+    int n = 0;
+    for (int f = 0; f < CT_OP_COUNT; f++) {
+        ctitan_fn got;
+        memcpy(&got, (const char *)o + sizeof(const char *) + (size_t)f * sizeof got, sizeof got);
+        n += got == fn;
+    }
+    return n;
+}
+
+static void test_apply_slots(void) {
+    for (int op = 0; op < OVERRIDE_N_OPS; op++) {
+        override_set s;
+        set_init(&s);
+        set_op(&s, (override_op)op, marker_fwd, marker_bwd);
+        const bool ws = op == OVERRIDE_ATTENTION || op == OVERRIDE_MOE_EXPERTS;
+        if (ws) s.ops[op].state_floats = marker_state, s.ops[op].scratch_floats = marker_scratch;
+        ct_ops o;
+        override_apply(&o, &ct_ops_cpu, &s);
+        const char *name = override_op_name((override_op)op);
+        CHECK(count_field(&o, marker_fwd) == 1, "%s: the forward in one field", name);
+        CHECK(count_field(&o, marker_bwd) == 1, "%s: the backward in one field", name);
+        CHECK(count_field(&o, marker_state) == ws && count_field(&o, marker_scratch) == ws,
+              "%s: the workspace sizes %s", name, ws ? "in one field each" : "nowhere");
+    }
+}
+
 int main(void) {
+    test_apply_slots();
     test_isolated_crash();
     test_isolated_hang();
     test_isolated_exit();

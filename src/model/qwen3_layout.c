@@ -14,45 +14,24 @@
 
 // ---------------------------------------------------------------------------------------------
 // An op table must provide every op the model calls (plugins fill their own tables); the
-// expert kernel only for a MoE model.
+// expert kernel only for a MoE model. The op list says which: the ALL entries are checked
+// first, in its order, then the MOE ones.
 
 static int model_check_ops(const ct_ops *o, bool moe, ct_error *err) {
+    enum { ALL, MOE, OPT };
     const struct {
-        const char *name;
-        int present;
-    } fns[] = {
-        {"embedding_forward", o->embedding_forward != NULL},
-        {"embedding_backward", o->embedding_backward != NULL},
-        {"add", o->add != NULL},
-        {"matmul_forward", o->matmul_forward != NULL},
-        {"matmul_backward", o->matmul_backward != NULL},
-        {"rmsnorm_forward", o->rmsnorm_forward != NULL},
-        {"rmsnorm_backward", o->rmsnorm_backward != NULL},
-        {"rope_forward", o->rope_forward != NULL},
-        {"rope_backward", o->rope_backward != NULL},
-        {"attention_state_floats", o->attention_state_floats != NULL},
-        {"attention_scratch_floats", o->attention_scratch_floats != NULL},
-        {"attention_forward", o->attention_forward != NULL},
-        {"attention_backward", o->attention_backward != NULL},
-        {"swiglu_forward", o->swiglu_forward != NULL},
-        {"swiglu_backward", o->swiglu_backward != NULL},
-        {"cross_entropy_forward", o->cross_entropy_forward != NULL},
-        {"cross_entropy_backward", o->cross_entropy_backward != NULL},
-        {"add_rmsnorm_forward", o->add_rmsnorm_forward != NULL},
-        {"rmsnorm_backward_add", o->rmsnorm_backward_add != NULL},
-        {"qk_norm_rope_forward", o->qk_norm_rope_forward != NULL},
-        {"qk_norm_rope_backward", o->qk_norm_rope_backward != NULL},
-        {"swiglu_rows_forward", o->swiglu_rows_forward != NULL},
-        {"swiglu_rows_backward", o->swiglu_rows_backward != NULL},
-        {"moe_state_floats", !moe || o->moe_state_floats != NULL},
-        {"moe_scratch_floats", !moe || o->moe_scratch_floats != NULL},
-        {"moe_forward", !moe || o->moe_forward != NULL},
-        {"moe_backward", !moe || o->moe_backward != NULL},
+        int need;
+        bool present;
+    } fns[CT_OP_COUNT] = {
+#define OP_PRESENT(kind, field, type, cpu, need, ...) [CT_OP_##field] = {need, o->field != NULL},
+        CT_OPS_LIST(OP_PRESENT)
+#undef OP_PRESENT
     };
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-        if (!fns[i].present)
-            return ct_fail(err, "op table '%s' has no %s", o->name ? o->name : "?", fns[i].name);
-    }
+    for (int pass = ALL; pass <= (moe ? MOE : ALL); pass++)
+        for (int i = 0; i < CT_OP_COUNT; i++)
+            if (fns[i].need == pass && !fns[i].present)
+                return ct_fail(err, "op table '%s' has no %s", o->name ? o->name : "?",
+                               ct_op_field_names[i]);
     return 0;
 }
 

@@ -4,35 +4,17 @@
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
 
-const ct_ops ct_ops_cpu = {
-    .name = "cpu",
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .add = cpu_add,
-    .matmul_forward = cpu_matmul_forward,
-    .matmul_backward = cpu_matmul_backward,
-    .rmsnorm_forward = cpu_rmsnorm_forward,
-    .rmsnorm_backward = cpu_rmsnorm_backward,
-    .rope_forward = cpu_rope_forward,
-    .rope_backward = cpu_rope_backward,
-    .attention_state_floats = cpu_attention_state_floats,
-    .attention_scratch_floats = cpu_attention_scratch_floats,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
-    .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
-    .moe_state_floats = cpu_moe_grouped_state_floats,
-    .moe_scratch_floats = cpu_moe_grouped_scratch_floats,
-    .moe_forward = cpu_moe_grouped_forward,
-    .moe_backward = cpu_moe_grouped_backward,
-    .cross_entropy_forward = cpu_cross_entropy_forward,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
-    .add_rmsnorm_forward = cpu_add_rmsnorm_forward,
-    .rmsnorm_backward_add = cpu_rmsnorm_backward_add,
-    .qk_norm_rope_forward = cpu_qk_norm_rope_forward,
-    .qk_norm_rope_backward = cpu_qk_norm_rope_backward,
-    .swiglu_rows_forward = cpu_swiglu_rows_forward,
-    .swiglu_rows_backward = cpu_swiglu_rows_backward,
+const char *const ct_op_field_names[CT_OP_COUNT] = {
+#define FIELD_NAME(kind, field, ...) [CT_OP_##field] = #field,
+    CT_OPS_LIST(FIELD_NAME)
+#undef FIELD_NAME
+};
+
+// Every entry's cpu kernel (the grouped MoE kernel, the reference attention).
+const ct_ops ct_ops_cpu = {.name = "cpu",
+#define CPU_KERNEL(kind, field, type, cpu, ...) .field = cpu,
+                           CT_OPS_LIST(CPU_KERNEL)
+#undef CPU_KERNEL
 };
 
 // The kernel families a run may choose between: each entry sets only its family's fields.

@@ -12,9 +12,49 @@
 #include "io/json.h"
 #include "ops/ops_cpu.h"
 
+// The override points' names, in the order of override_op (the order reports list them, and
+// plugin.h's). Written out here rather than generated from the op list (ops/ops_list.h), whose
+// order is the table's (matmul first): generating them would reorder every report. Where each
+// one's kernels go in ct_ops is the list's (plugin_fields below), and the count is checked
+// against it.
 static const char *const op_names[OVERRIDE_N_OPS] = {
     "rmsnorm", "rope_hf", "attention", "swiglu", "moe_experts", "cross_entropy", "matmul",
 };
+
+// The op list's entries of the override points: each op's forward and backward kernels and,
+// for attention and moe_experts, its workspace size queries.
+static const struct {
+    const char *op;
+    ct_op_dir dir;
+    size_t offset;
+} plugin_fields[] = {
+#define PLUGIN_FIELD(kind, field, type, cpu, need, op, dir, ...) PLUGIN_FIELD_##kind(op, dir, field)
+#define PLUGIN_FIELD_PLUGIN(op, dir, field) {op, CT_OP_DIR_##dir, offsetof(ct_ops, field)},
+#define PLUGIN_FIELD_PLUGIN_SIZE PLUGIN_FIELD_PLUGIN
+#define PLUGIN_FIELD_OWN(op, dir, field)
+#define PLUGIN_FIELD_OWN_SIZE(op, dir, field)
+#define PLUGIN_FIELD_FUSED(op, dir, field)
+    CT_OPS_LIST(PLUGIN_FIELD)
+#undef PLUGIN_FIELD
+};
+
+#define PLUGIN_COUNT(kind, ...) PLUGIN_COUNT_##kind
+#define PLUGIN_COUNT_PLUGIN +1
+#define PLUGIN_COUNT_PLUGIN_SIZE
+#define PLUGIN_COUNT_OWN
+#define PLUGIN_COUNT_OWN_SIZE
+#define PLUGIN_COUNT_FUSED
+enum { N_PLUGIN_KERNELS = 0 CT_OPS_LIST(PLUGIN_COUNT) };
+_Static_assert(N_PLUGIN_KERNELS == 2 * OVERRIDE_N_OPS,
+               "the op list has a forward and a backward entry for each override point");
+
+// Where op i's kernel for `dir` lives in ct_ops; 0 (the `name` field) when it has none.
+static size_t slot(int i, ct_op_dir dir) {
+    for (size_t k = 0; k < sizeof plugin_fields / sizeof *plugin_fields; k++)
+        if (plugin_fields[k].dir == dir && strcmp(plugin_fields[k].op, op_names[i]) == 0)
+            return plugin_fields[k].offset;
+    return 0;
+}
 
 const char *override_op_name(override_op op) {
     return op >= 0 && op < OVERRIDE_N_OPS ? op_names[op] : "?";
@@ -136,8 +176,7 @@ static int reg_workspace(ctitan_registry *reg, const char *op, ctitan_fn state_f
     if (c->failed) return -1;
     override_entry *e = reg_entry(c, op, true);
     if (!e) return -1;
-    int i = override_op_index(op);
-    if (i != OVERRIDE_ATTENTION && i != OVERRIDE_MOE_EXPERTS)
+    if (!slot(override_op_index(op), CT_OP_DIR_state))
         return reg_fail(c, "\"%s\" has no workspace to size (only attention and moe_experts)", op);
     if (e->forward_only)
         return reg_fail(c,
@@ -235,26 +274,6 @@ bool override_any(const override_set *s) {
     return false;
 }
 
-// Where each op's kernels live in ct_ops. A workspace offset of 0 (the `name` field) means the
-// op has none.
-static const struct {
-    size_t forward, backward, state_floats, scratch_floats;
-} slots[OVERRIDE_N_OPS] = {
-    [OVERRIDE_RMSNORM] = {offsetof(ct_ops, rmsnorm_forward), offsetof(ct_ops, rmsnorm_backward)},
-    [OVERRIDE_ROPE_HF] = {offsetof(ct_ops, rope_forward), offsetof(ct_ops, rope_backward)},
-    [OVERRIDE_ATTENTION] = {offsetof(ct_ops, attention_forward),
-                            offsetof(ct_ops, attention_backward),
-                            offsetof(ct_ops, attention_state_floats),
-                            offsetof(ct_ops, attention_scratch_floats)},
-    [OVERRIDE_SWIGLU] = {offsetof(ct_ops, swiglu_forward), offsetof(ct_ops, swiglu_backward)},
-    [OVERRIDE_MOE_EXPERTS] = {offsetof(ct_ops, moe_forward), offsetof(ct_ops, moe_backward),
-                              offsetof(ct_ops, moe_state_floats),
-                              offsetof(ct_ops, moe_scratch_floats)},
-    [OVERRIDE_CROSS_ENTROPY] = {offsetof(ct_ops, cross_entropy_forward),
-                                offsetof(ct_ops, cross_entropy_backward)},
-    [OVERRIDE_MATMUL] = {offsetof(ct_ops, matmul_forward), offsetof(ct_ops, matmul_backward)},
-};
-
 // Stores a registered kernel into its slot: the slot's type is the one plugin.h documents for
 // the op, which is what the plugin was told to pass (cast to ctitan_fn).
 static void put(ct_ops *out, size_t offset, ctitan_fn fn) {
@@ -267,11 +286,11 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
     for (int i = 0; i < OVERRIDE_N_OPS; i++) {
         const override_entry *e = &s->ops[i];
         if (!e->set) continue;
-        put(out, slots[i].forward, e->forward);
-        if (e->backward) put(out, slots[i].backward, e->backward); // else the built-in's
-        if (e->state_floats && slots[i].state_floats) {
-            put(out, slots[i].state_floats, e->state_floats);
-            put(out, slots[i].scratch_floats, e->scratch_floats);
+        put(out, slot(i, CT_OP_DIR_forward), e->forward);
+        if (e->backward) put(out, slot(i, CT_OP_DIR_backward), e->backward); // else built-in's
+        if (e->state_floats && slot(i, CT_OP_DIR_state)) {
+            put(out, slot(i, CT_OP_DIR_state), e->state_floats);
+            put(out, slot(i, CT_OP_DIR_scratch), e->scratch_floats);
         } else if (i == OVERRIDE_ATTENTION) {
             // The ABI's attention state is the reference kernel's (the probabilities), whatever
             // kernel the run chose (flash keeps log-sum-exps): its sizes, and its backward for a

@@ -1,0 +1,212 @@
+// The op list: every entry of the op table ct_ops, once (ggml's style: an X-macro, an enum, a
+// name table and a static assertion on the count). Everything that walks the table is generated
+// from it: the ct_ops fields (ops.h), the built-in CPU table (ops_cpu.c), the model's
+// completeness check (qwen3_layout.c), the profiler's enum, names and timing wrappers
+// (ops_profile.c) and where each plugin override point's kernels go (plugin/override.c).
+// Adding an op is one line here plus its kernels.
+//
+// X(kind, field, type, cpu, need, op, dir, params, args):
+//   kind    PLUGIN       a plugin override point's kernel: its type is plugin.h's, timed
+//           PLUGIN_SIZE  a plugin override point's workspace size query (plugin.h's type)
+//           OWN          a built-in op (the type is declared below from params), timed
+//           OWN_SIZE     a built-in size query (the type is declared below)
+//           FUSED        a fused kernel (fused.c): its first parameter is the table it runs
+//                        through; timed as one op against the untimed table
+//   field   the ct_ops member (the name the model code calls)
+//   type    its function pointer type
+//   cpu     the kernel in ct_ops_cpu (NULL: none)
+//   need    ALL (every model calls it), MOE (a MoE model does) or OPT (may be NULL)
+//   op      the op's name: the plugin override point's ("rope_hf"), the profiler's row
+//   dir     forward, backward, none (add), state or scratch (the workspace size queries)
+//   params  the parameter list, checked against `type` at compile time
+//   args    the arguments that pass params on (for a FUSED op, without the table)
+//
+// The contracts (shapes, aliasing, what accumulates) are plugin.h's for the PLUGIN entries and
+// ops.h's for the rest.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctitan/plugin.h"
+
+struct ct_ops;
+
+// clang-format off
+#define CT_OPS_LIST(X)                                                                             \
+    X(OWN, embedding_forward, ct_embedding_forward_fn, cpu_embedding_forward, ALL, "embedding",    \
+      forward, (float *out, const int32_t *ids, const float *table, int N, int C),                 \
+      (out, ids, table, N, C))                                                                     \
+    X(OWN, embedding_backward, ct_embedding_backward_fn, cpu_embedding_backward, ALL, "embedding", \
+      backward, (float *dtable, const float *dout, const int32_t *ids, int N, int C),              \
+      (dtable, dout, ids, N, C))                                                                   \
+    X(OWN, add, ct_add_fn, cpu_add, ALL, "add", none,                                              \
+      (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))                     \
+    X(PLUGIN, matmul_forward, ctitan_matmul_forward_fn, cpu_matmul_forward, ALL, "matmul",         \
+      forward,                                                                                     \
+      (float *out, const float *inp, const float *weight, const float *bias, int N, int C,         \
+       int OC),                                                                                    \
+      (out, inp, weight, bias, N, C, OC))                                                          \
+    X(PLUGIN, matmul_backward, ctitan_matmul_backward_fn, cpu_matmul_backward, ALL, "matmul",      \
+      backward,                                                                                    \
+      (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,             \
+       const float *weight, int N, int C, int OC),                                                 \
+      (dinp, dweight, dbias, dout, inp, weight, N, C, OC))                                         \
+    X(PLUGIN, rmsnorm_forward, ctitan_rmsnorm_forward_fn, cpu_rmsnorm_forward, ALL, "rmsnorm",     \
+      forward,                                                                                     \
+      (float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps),   \
+      (out, rstd, inp, weight, N, C, eps))                                                         \
+    X(PLUGIN, rmsnorm_backward, ctitan_rmsnorm_backward_fn, cpu_rmsnorm_backward, ALL, "rmsnorm",  \
+      backward,                                                                                    \
+      (float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,      \
+       const float *rstd, int N, int C),                                                           \
+      (dinp, dweight, dout, inp, weight, rstd, N, C))                                              \
+    X(PLUGIN, rope_forward, ctitan_rope_hf_forward_fn, cpu_rope_forward, ALL, "rope_hf", forward,  \
+      (float *out, const float *inp, const float *cos, const float *sin, int B, int T, int H,      \
+       int D),                                                                                     \
+      (out, inp, cos, sin, B, T, H, D))                                                            \
+    X(PLUGIN, rope_backward, ctitan_rope_hf_backward_fn, cpu_rope_backward, ALL, "rope_hf",        \
+      backward,                                                                                    \
+      (float *dinp, const float *dout, const float *cos, const float *sin, int B, int T, int H,    \
+       int D),                                                                                     \
+      (dinp, dout, cos, sin, B, T, H, D))                                                          \
+    X(PLUGIN_SIZE, attention_state_floats, ctitan_attention_floats_fn,                             \
+      cpu_attention_state_floats, ALL, "attention", state,                                         \
+      (int B, int T, int NH, int NKV, int D), (B, T, NH, NKV, D))                                  \
+    X(PLUGIN_SIZE, attention_scratch_floats, ctitan_attention_floats_fn,                           \
+      cpu_attention_scratch_floats, ALL, "attention", scratch,                                     \
+      (int B, int T, int NH, int NKV, int D), (B, T, NH, NKV, D))                                  \
+    X(PLUGIN, attention_forward, ctitan_attention_forward_fn, cpu_attention_forward, ALL,          \
+      "attention", forward,                                                                        \
+      (float *out, float *state, const float *q, const float *k, const float *v, int B, int T,     \
+       int NH, int NKV, int D),                                                                    \
+      (out, state, q, k, v, B, T, NH, NKV, D))                                                     \
+    X(PLUGIN, attention_backward, ctitan_attention_backward_fn, cpu_attention_backward, ALL,       \
+      "attention", backward,                                                                       \
+      (float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,       \
+       const float *state, const float *q, const float *k, const float *v, int B, int T, int NH,   \
+       int NKV, int D),                                                                            \
+      (dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D))                          \
+    X(PLUGIN, swiglu_forward, ctitan_swiglu_forward_fn, cpu_swiglu_forward, ALL, "swiglu",         \
+      forward, (float *out, const float *gate, const float *up, int64_t n), (out, gate, up, n))    \
+    X(PLUGIN, swiglu_backward, ctitan_swiglu_backward_fn, cpu_swiglu_backward, ALL, "swiglu",      \
+      backward,                                                                                    \
+      (float *dgate, float *dup, const float *dout, const float *gate, const float *up,            \
+       int64_t n),                                                                                 \
+      (dgate, dup, dout, gate, up, n))                                                             \
+    X(PLUGIN_SIZE, moe_state_floats, ctitan_moe_experts_floats_fn, cpu_moe_grouped_state_floats,   \
+      MOE, "moe_experts", state, (int N, int C, int F, int E, int K), (N, C, F, E, K))             \
+    X(PLUGIN_SIZE, moe_scratch_floats, ctitan_moe_experts_floats_fn,                               \
+      cpu_moe_grouped_scratch_floats, MOE, "moe_experts", scratch,                                 \
+      (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
+    X(PLUGIN, moe_forward, ctitan_moe_experts_forward_fn, cpu_moe_grouped_forward, MOE,            \
+      "moe_experts", forward,                                                                      \
+      (float *out, float *state, float *scratch, const float *x, const int32_t *expert,            \
+       const float *weight, const float *w, int N, int C, int F, int E, int K),                    \
+      (out, state, scratch, x, expert, weight, w, N, C, F, E, K))                                  \
+    X(PLUGIN, moe_backward, ctitan_moe_experts_backward_fn, cpu_moe_grouped_backward, MOE,         \
+      "moe_experts", backward,                                                                     \
+      (float *dx, float *dweight, float *dw, float *scratch, const float *dout,                    \
+       const float *state, const float *x, const int32_t *expert, const float *weight,             \
+       const float *w, int N, int C, int F, int E, int K),                                         \
+      (dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F, E, K))                \
+    X(PLUGIN, cross_entropy_forward, ctitan_cross_entropy_forward_fn, cpu_cross_entropy_forward,   \
+      ALL, "cross_entropy", forward,                                                               \
+      (float *losses, const float *logits, const int32_t *targets, int N, int V),                  \
+      (losses, logits, targets, N, V))                                                             \
+    X(PLUGIN, cross_entropy_backward, ctitan_cross_entropy_backward_fn,                            \
+      cpu_cross_entropy_backward, ALL, "cross_entropy", backward,                                  \
+      (float *dlogits, const float *logits, const int32_t *targets, float scale, int N, int V),    \
+      (dlogits, logits, targets, scale, N, V))                                                     \
+    X(FUSED, add_rmsnorm_forward, ct_add_rmsnorm_forward_fn, cpu_add_rmsnorm_forward, ALL,         \
+      "add+rmsnorm", forward,                                                                      \
+      (const struct ct_ops *ops, float *sum, float *out, float *rstd, const float *a,              \
+       const float *b, const float *weight, int N, int C, float eps),                              \
+      (sum, out, rstd, a, b, weight, N, C, eps))                                                   \
+    X(FUSED, rmsnorm_backward_add, ct_rmsnorm_backward_add_fn, cpu_rmsnorm_backward_add, ALL,      \
+      "rmsnorm+add", backward,                                                                     \
+      (const struct ct_ops *ops, float *dresid, float *dweight, float *scratch,                    \
+       const float *dout, const float *inp, const float *weight, const float *rstd, int N,         \
+       int C),                                                                                     \
+      (dresid, dweight, scratch, dout, inp, weight, rstd, N, C))                                   \
+    X(FUSED, qk_norm_rope_forward, ct_qk_norm_rope_forward_fn, cpu_qk_norm_rope_forward, ALL,      \
+      "qk_norm+rope", forward,                                                                     \
+      (const struct ct_ops *ops, float *qr, float *kr, float *v, float *q_rstd, float *k_rstd,     \
+       float *scratch, const float *qkv, const float *q_norm, const float *k_norm,                 \
+       const float *cos, const float *sin, int B, int T, int NH, int NKV, int D, float eps),       \
+      (qr, kr, v, q_rstd, k_rstd, scratch, qkv, q_norm, k_norm, cos, sin, B, T, NH, NKV, D,        \
+       eps))                                                                                       \
+    X(FUSED, qk_norm_rope_backward, ct_qk_norm_rope_backward_fn, cpu_qk_norm_rope_backward, ALL,   \
+      "qk_norm+rope", backward,                                                                    \
+      (const struct ct_ops *ops, float *dqkv, float *dq_norm, float *dk_norm, float *dqr,          \
+       float *dkr, const float *dv, const float *qkv, const float *q_norm, const float *k_norm,    \
+       const float *q_rstd, const float *k_rstd, const float *cos, const float *sin, int B,        \
+       int T, int NH, int NKV, int D),                                                             \
+      (dqkv, dq_norm, dk_norm, dqr, dkr, dv, qkv, q_norm, k_norm, q_rstd, k_rstd, cos, sin, B, T,  \
+       NH, NKV, D))                                                                                \
+    X(FUSED, swiglu_rows_forward, ct_swiglu_rows_forward_fn, cpu_swiglu_rows_forward, ALL,         \
+      "swiglu_rows", forward,                                                                      \
+      (const struct ct_ops *ops, float *h, float *scratch, const float *gate_up, int N, int F),    \
+      (h, scratch, gate_up, N, F))                                                                 \
+    X(FUSED, swiglu_rows_backward, ct_swiglu_rows_backward_fn, cpu_swiglu_rows_backward, ALL,      \
+      "swiglu_rows", backward,                                                                     \
+      (const struct ct_ops *ops, float *dgate_up, float *scratch, const float *dh,                 \
+       const float *gate_up, int N, int F),                                                        \
+      (dgate_up, scratch, dh, gate_up, N, F))                                                      \
+    X(OWN_SIZE, swiglu_rows_scratch_floats, ct_swiglu_rows_scratch_floats_fn, NULL, OPT,           \
+      "swiglu_rows", scratch, (int N, int F), (N, F))
+// clang-format on
+
+// What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
+// is x for those, nothing for the size queries).
+#define CT_OP_RET_PLUGIN void
+#define CT_OP_RET_PLUGIN_SIZE size_t
+#define CT_OP_RET_OWN void
+#define CT_OP_RET_OWN_SIZE size_t
+#define CT_OP_RET_FUSED void
+#define CT_OP_IF_TIMED_PLUGIN(...) __VA_ARGS__
+#define CT_OP_IF_TIMED_PLUGIN_SIZE(...)
+#define CT_OP_IF_TIMED_OWN(...) __VA_ARGS__
+#define CT_OP_IF_TIMED_OWN_SIZE(...)
+#define CT_OP_IF_TIMED_FUSED(...) __VA_ARGS__
+#define CT_OP_UNPACK(...) __VA_ARGS__
+
+// The types of the entries plugin.h does not declare, from their parameter lists; and for
+// every entry, a compile-time check that its parameter list is its type's (so the generated
+// wrappers and the plugin ABI cannot drift apart).
+#define CT_OP_TYPEDEF(kind, field, type, cpu, need, op, dir, params, args)                         \
+    CT_OP_TYPEDEF_##kind(CT_OP_RET_##kind, type, params)
+#define CT_OP_TYPEDEF_PLUGIN(ret, type, params)
+#define CT_OP_TYPEDEF_PLUGIN_SIZE(ret, type, params)
+#define CT_OP_TYPEDEF_OWN(ret, type, params) typedef ret(*type) params;
+#define CT_OP_TYPEDEF_OWN_SIZE(ret, type, params) typedef ret(*type) params;
+#define CT_OP_TYPEDEF_FUSED(ret, type, params) typedef ret(*type) params;
+CT_OPS_LIST(CT_OP_TYPEDEF)
+#undef CT_OP_TYPEDEF
+
+#define CT_OP_CHECK_TYPE(kind, field, type, cpu, need, op, dir, params, args)                      \
+    _Static_assert(_Generic((CT_OP_RET_##kind(*) params)0, type : 1, default : 0),                 \
+                   "the list's parameters of " #field " are not its type's");
+CT_OPS_LIST(CT_OP_CHECK_TYPE)
+#undef CT_OP_CHECK_TYPE
+
+// The enum and the name table: CT_OP_<field> indexes ct_op_field_names ("rope_forward").
+typedef enum ct_op_id {
+#define CT_OP_ENUM(kind, field, ...) CT_OP_##field,
+    CT_OPS_LIST(CT_OP_ENUM)
+#undef CT_OP_ENUM
+        CT_OP_COUNT
+} ct_op_id;
+
+// Adding an op changes this count: update it with the list (and its kernels).
+_Static_assert(CT_OP_COUNT == 28, "the op list has 28 entries");
+
+extern const char *const ct_op_field_names[CT_OP_COUNT];
+
+// Which direction an entry is (the plugin registry puts an override's kernels by it).
+typedef enum ct_op_dir {
+    CT_OP_DIR_forward,
+    CT_OP_DIR_backward,
+    CT_OP_DIR_none,
+    CT_OP_DIR_state,
+    CT_OP_DIR_scratch
+} ct_op_dir;
