@@ -127,7 +127,7 @@ int config_compat_inert_names(const char **names, int cap, const char *section) 
     return n;
 }
 
-// A value as TOML writes it, for comparing with `neutral`; "" for arrays (never neutral).
+// A value as TOML writes it, for comparing with `neutral`; "[...]" for arrays (never neutral).
 static void value_text(char *out, size_t cap, const toml_value *v) {
     switch (v->type) {
     case TOML_STRING:
