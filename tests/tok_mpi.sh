@@ -106,6 +106,9 @@ check() { # NAME CMD...: the command succeeds
   local name=$1; shift
   if "$@"; then ok; else bad "$name"; fi
 }
+# drop DUMP...: removes the checkpoints of runs no later check reads (each is 230 MB of this
+# model's weights and moments; the logs and metrics stay), so the test needs about 1 GB of disk.
+drop() { local d; for d in "$@"; do rm -rf "$d/checkpoint"; done; }
 
 # --- N ranks against one process on the same global batch (issue 5's three pairs). The README
 # claims losses within 1e-7 and weights within 1e-6 of one process. Measured on a 2-core x86-64
@@ -119,9 +122,11 @@ check "np2 B1 = np1 B2" same "$tmp/np2_b1" "$tmp/np1_b2" "${ranks_tol[@]}"
 check "np1 B3" run 1 "$tmp/np1_b3" --training.local_batch_size 3
 check "np3 B1" run 3 "$tmp/np3_b1"
 check "np3 B1 = np1 B3" same "$tmp/np3_b1" "$tmp/np1_b3" "${ranks_tol[@]}"
+drop "$tmp/np1_b2" "$tmp/np1_b3" "$tmp/np3_b1"
 check "np1 B4" run 1 "$tmp/np1_b4" --training.local_batch_size 4
 check "np2 accum 2" run 2 "$tmp/np2_acc" --training.global_batch_size 4
 check "np2 x accum 2 = np1 B4" same "$tmp/np2_acc" "$tmp/np1_b4" "${ranks_tol[@]}"
+drop "$tmp/np1_b4" "$tmp/np2_acc"
 grep -q "2 rank(s), ZeRO-1" "$tmp/np2_b1.log" && grep -q "1 thread(s) per rank" "$tmp/np2_b1.log" &&
   ok || bad "np2 log lacks the parallel line: $(grep parallel "$tmp/np2_b1.log")"
 ls "$tmp/np2_b1/checkpoint/step-4/optimizer-00001-of-00002.safetensors" >/dev/null && ok ||
@@ -133,6 +138,7 @@ moe=(--model.flavor debugmodel_moe --model.tie_embeddings true --model.load_bala
 check "moe hf np1 B2" run 1 "$tmp/moe_np1" "${moe[@]}" hf --training.local_batch_size 2
 check "moe hf np2 B1" run 2 "$tmp/moe_np2" "${moe[@]}" hf
 check "moe hf: np2 B1 = np1 B2" same "$tmp/moe_np2" "$tmp/moe_np1" "${ranks_tol[@]}"
+drop "$tmp/moe_np2" "$tmp/moe_np1"
 # The expert bias moves by a fixed step on the sign of each expert's load, so one ulp anywhere
 # that flips a near-tie in routing changes the bias, and the runs part a step or two later (the
 # flash kernel, or the unoptimised ASan build, differ by an ulp in a token's loss between B2
@@ -143,6 +149,7 @@ check "moe aux_free np1 B2" run 1 "$tmp/moef_np1" "${moe[@]}" aux_free \
 check "moe aux_free np2 B1" run 2 "$tmp/moef_np2" "${moe[@]}" aux_free \
   --model.load_balance_coeff 0.01
 check "moe aux_free: np2 B1 = np1 B2" same "$tmp/moef_np2" "$tmp/moef_np1" "${ranks_tol[@]}" 2
+drop "$tmp/moef_np2" "$tmp/moef_np1"
 
 # --- ZeRO-1 against replicated optimizer state (DDP); determinism; buckets and overlap
 check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicate_degree 2 \
@@ -152,6 +159,7 @@ check "np2 replicated" run 2 "$tmp/np2_rep" --parallelism.data_parallel_replicat
 # under 1e-6 of the L2). Only the gradient norm is summed per shard, then over ranks: measured
 # rel 1.2e-15 (Release), 3.1e-15 (ASan build); bound 3e-14.
 check "ZeRO-1 = replicated" same "$tmp/np2_b1" "$tmp/np2_rep" 0 3e-14 0
+drop "$tmp/np2_rep"
 grep -q "replicated optimizer state" "$tmp/np2_rep.log" && ok || bad "replicated mode not logged"
 # The same with norms, biases and the embedding excluded from weight decay: the no-decay ranges
 # are clipped to each rank's shard (adamw_exclude_decay), and a range cut one element wrong
@@ -161,11 +169,14 @@ check "np2 ZeRO-1, no-decay ranges" run 2 "$tmp/np2_nd" "${nodecay[@]}"
 check "np2 replicated, no-decay ranges" run 2 "$tmp/np2_nd_rep" "${nodecay[@]}" \
   --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
 check "ZeRO-1 = replicated with no-decay ranges" same "$tmp/np2_nd" "$tmp/np2_nd_rep" 0 3e-14 0
+drop "$tmp/np2_nd" "$tmp/np2_nd_rep"
 check "np2 again" run 2 "$tmp/np2_again"
 check "np2 twice: bit-identical" same "$tmp/np2_again" "$tmp/np2_b1" 0 0 0
+drop "$tmp/np2_again"
 check "np2 small buckets, no overlap" run 2 "$tmp/np2_small" --comm.bucket_cap_mb 0.05 \
   --comm.overlap false
 check "bucketing and overlap change nothing" same "$tmp/np2_small" "$tmp/np2_b1" 0 0 0
+drop "$tmp/np2_small" "$tmp/np2_b1"
 grep -q "gradient bucket(s)" "$tmp/np2_small.log" && ok || bad "bucket count not logged"
 "$CTITAN_PYTHON" - "$tmp/np2_b1/metrics.jsonl" <<'PY' && ok || bad "metrics lack tps_total/comm_s"
 import json, sys
@@ -181,18 +192,21 @@ check "np2 leg 1" run 2 "$tmp/resume21" --training.steps 2
 check "np1 leg 2" run 1 "$tmp/resume21" --training.steps 6 --training.global_batch_size 2
 grep -q "resumed from .*step-2" "$tmp/resume21.log" && ok || bad "np1 did not resume np2's checkpoint"
 check "2 -> 1 ranks = straight" same "$tmp/resume21" "$tmp/straight2" "${ranks_tol[@]}"
+drop "$tmp/straight2"
 check "np1 B3 6 steps" run 1 "$tmp/straight3" --training.local_batch_size 3 --training.steps 6
 check "np1 leg 1" run 1 "$tmp/resume13" --training.local_batch_size 3 --training.steps 2
 check "np3 leg 2" run 3 "$tmp/resume13" --training.steps 6
 check "1 -> 3 ranks = straight" same "$tmp/resume13" "$tmp/straight3" "${ranks_tol[@]}"
 ls "$tmp/resume13/checkpoint/step-6/optimizer-00002-of-00003.safetensors" >/dev/null && ok ||
   bad "np3 checkpoint lacks rank 2's shard"
+drop "$tmp/resume13" "$tmp/straight3"
 # A different global batch is a different run: refused, named, non-zero.
 if run 2 "$tmp/resume21" --training.steps 8 --training.global_batch_size 4; then
   bad "global batch change: exit 0"
 else
   grep -q "different config" "$tmp/resume21.log" && ok || bad "global batch change not refused"
 fi
+drop "$tmp/resume21"
 
 # --- SIGUSR1 to mpirun reaches every rank: they agree on the step, save it and exit 138
 # (128 + SIGUSR1), and so does mpirun; the next run resumes there
@@ -215,6 +229,7 @@ if [ -n "$stopped" ] && run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --ch
 else
   bad "the run after SIGUSR1 failed: $(tail -3 "$tmp/usr1.log")"
 fi
+drop "$tmp/usr1"
 
 # --- failures on one rank end every rank, non-zero, within 60 s, naming the rank
 fails() { # NAME PATTERN NP [--key value ...]
@@ -269,6 +284,7 @@ grep -q "idle OpenMP threads: passive$" "$tmp/np2_b1.log" && ok ||
 check "nan on rank 1" run 2 "$tmp/nan" --debug.fault nan --debug.fault_rank 1 --debug.fault_step 2
 grep -q "step 2: non-finite gradient norm; step skipped" "$tmp/nan.log" && ok ||
   bad "NaN step not skipped: $(grep -i 'step 2' "$tmp/nan.log")"
+drop "$tmp/nan"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

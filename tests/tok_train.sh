@@ -62,6 +62,9 @@ PY
 # --- same config, same seed: bit-identical losses
 train "$tmp/again" >/dev/null 2>&1
 [ "$(losses "$tmp/again")" = "$straight" ] && ok || bad "rerun differs: $(losses "$tmp/again") vs $straight"
+# Each checkpoint of this model is 230 MB (weights and moments): a run's checkpoints are removed
+# once no later check reads them, so the test needs about 1.5 GB of disk.
+rm -rf "$tmp/again/checkpoint"
 
 # Helpers for runs in the background. alive PID: the process exists and is not a zombie (bash
 # has not waited for it yet). resumed_step LOG: the step of the "resumed from" line, if any.
@@ -110,6 +113,7 @@ for sig in TERM INT; do
   train "$d" --checkpoint.interval 100 >"$d.2.log" 2>&1 && ok || bad "resume after SIG$sig failed: $(tail -3 "$d.2.log")"
   [ "$(resumed_step "$d.2.log")" = "$stop" ] && ok || bad "SIG$sig: did not resume from step $stop: $(grep resumed "$d.2.log")"
   [ "$(losses "$d")" = "$straight" ] && ok || bad "SIG$sig: resumed losses $(losses "$d") != $straight"
+  rm -rf "$d/checkpoint"
 done
 
 # --- a second Ctrl-C exits at once, without a checkpoint. The second one is sent as soon as the
@@ -199,6 +203,7 @@ done
 got=$(dedup_losses "$d") again=${got#*|} got=${got%|*}
 [ "$got" = "$straight" ] && ok || bad "SIGKILL chain: losses $got != $straight"
 compgen -G "$d/checkpoint/*.tmp-*" >/dev/null && bad "SIGKILL chain: left a temporary folder" || ok
+rm -rf "$d/checkpoint"
 # The events cannot be missed (each leaves a step to run) and each kill moves the chain on by at
 # most a step or two, so most of the 6 kills happen, after a checkpoint. Every kill during a
 # write made a row that the resumed run logs again; metrics.jsonl drops the old one on resume,
