@@ -240,7 +240,8 @@ static void test_adamw_shards(void) {
     const size_t cut[] = {0, 333, 667, 667, N}; // shard 2 is empty
     adamw part[4];
     for (int k = 0; k < 4; k++) {
-        CHECK(adamw_init_shard(&part[k], N, cut[k], cut[k + 1] - cut[k], &err) == 0, "%s", err.msg);
+        CHECK(adamw_init_shard(&part[k], NULL, N, cut[k], cut[k + 1] - cut[k], &err) == 0, "%s",
+              err.msg);
         for (int r = 0; r < 4; r++)
             CHECK(adamw_exclude_decay(&part[k], nd[r][0], nd[r][1], &err) == 0, "%s", err.msg);
     }
@@ -262,7 +263,7 @@ static void test_adamw_shards(void) {
         adamw_free(&part[k]);
     }
     CHECK(bad == 0, "%d moment elements differ", bad);
-    CHECK(adamw_init_shard(&part[0], N, 1000, 2, &err) != 0 && strstr(err.msg, "outside"),
+    CHECK(adamw_init_shard(&part[0], NULL, N, 1000, 2, &err) != 0 && strstr(err.msg, "outside"),
           "shard past the end refused: %s", err.msg);
     adamw_free(&whole);
 }
@@ -461,7 +462,7 @@ static void test_adamw_scaled(void) {
         memcpy(gs, g, sizeof g);
         clip_scale(gs, N, coefs[t]);
         adamw_step(&a, pa, gs, &h, 1e-2);
-        adamw_step_scaled(&b, pb, g, &h, 1e-2, coefs[t]);
+        adamw_step_scaled(&b, NULL, pb, g, &h, 1e-2, coefs[t]);
     }
     CHECK(memcmp(pa, pb, sizeof pa) == 0 && memcmp(a.m, b.m, sizeof(float) * N) == 0 &&
               memcmp(a.v, b.v, sizeof(float) * N) == 0,

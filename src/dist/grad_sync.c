@@ -52,15 +52,23 @@ size_t grad_sync_shard_start(size_t n, int r, int P) {
     return (size_t)(x / (unsigned)P);
 }
 
-int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, float *params, float *grads,
-                   size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_floats,
-                   ct_error *err) {
+int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
+                   float *grads, size_t n, const size_t *tensor_start, int n_tensors,
+                   size_t bucket_floats, ct_error *err) {
     memset(s, 0, sizeof *s);
     s->d = d;
     s->mode = mode;
+    s->be = ct_backend_or_cpu(be);
     s->params = params;
     s->grads = grads;
     s->n = n;
+    // MPI sends and receives host memory: the buffers themselves on the plain CPU backend,
+    // staging copies on others.
+    if (d->mpi && (!(s->host_params = s->be->view(s->be, params, n * sizeof(float), false, err)) ||
+                   !(s->host_grads = s->be->view(s->be, grads, n * sizeof(float), false, err)))) {
+        grad_sync_free(s);
+        return -1;
+    }
     int P = d->size;
     // MPI counts are ints: a bucket never exceeds 2^30 elements.
     size_t cap = bucket_floats < 1 ? 1 : bucket_floats > (1u << 30) ? (1u << 30) : bucket_floats;
@@ -92,6 +100,10 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, float *params, fl
 }
 
 void grad_sync_free(grad_sync *s) {
+    if (s->be) {
+        s->be->view_release(s->be, s->host_params, s->params, s->n * sizeof(float), false);
+        s->be->view_release(s->be, s->host_grads, s->grads, s->n * sizeof(float), false);
+    }
     free(s->shard_start);
     free(s->counts);
     free(s->displs);
@@ -108,8 +120,9 @@ void grad_sync_begin(grad_sync *s) {
 static int start_bucket(grad_sync *s, int i, ct_error *err) {
     double t0 = dist_clock();
     const grad_bucket *b = &s->buckets[i];
-    float *g = s->grads + b->lo;
+    float *g = s->host_grads + b->lo;
     int count = (int)(b->hi - b->lo), rc;
+    s->be->read(s->be, g, s->grads + b->lo, (size_t)count * sizeof(float));
     if (s->mode == GRAD_SYNC_REPLICATE) {
         rc =
             MPI_Iallreduce(MPI_IN_PLACE, g, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &s->reqs[i]);
@@ -145,19 +158,23 @@ int grad_sync_finish(grad_sync *s, ct_error *err) {
             const grad_bucket *b = &s->buckets[i];
             size_t at = (size_t)i * s->d->size + s->d->rank;
             if (s->counts[at] && s->displs[at])
-                memmove(s->grads + b->lo + s->displs[at], s->grads + b->lo,
+                memmove(s->host_grads + b->lo + s->displs[at], s->host_grads + b->lo,
                         (size_t)s->counts[at] * sizeof(float));
         }
+    s->be->write(s->be, s->grads + s->shard_lo, s->host_grads + s->shard_lo,
+                 (s->shard_hi - s->shard_lo) * sizeof(float));
     return 0;
 }
 
 int grad_sync_gather_params(grad_sync *s, ct_error *err) {
     if (!s->d->mpi || s->mode != GRAD_SYNC_SHARD) return 0;
     double t0 = dist_clock();
+    s->be->read(s->be, s->host_params + s->shard_lo, s->params + s->shard_lo,
+                (s->shard_hi - s->shard_lo) * sizeof(float));
     for (int i = 0; i < s->n_buckets; i++) {
         size_t at = (size_t)i * s->d->size;
         // In place: this rank's part is already at its displacement in the bucket.
-        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, s->params + s->buckets[i].lo,
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, s->host_params + s->buckets[i].lo,
                             s->counts + at, s->displs + at, MPI_FLOAT, MPI_COMM_WORLD,
                             &s->reqs[i]) != MPI_SUCCESS)
             return ct_fail(err, "rank %d: MPI failed to start the gather of parameter bucket %d",
@@ -166,5 +183,7 @@ int grad_sync_gather_params(grad_sync *s, ct_error *err) {
     s->d->comm_s += dist_clock() - t0;
     char what[64];
     snprintf(what, sizeof what, "the parameter all-gather (%d buckets)", s->n_buckets);
-    return dist_wait(s->d, s->n_buckets, s->reqs, what, err);
+    if (dist_wait(s->d, s->n_buckets, s->reqs, what, err) != 0) return -1;
+    s->be->write(s->be, s->params, s->host_params, s->n * sizeof(float));
+    return 0;
 }

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "backend/backend.h"
 #include "dist/dist.h"
 
 // The first element of rank r's shard of a buffer of n elements split over P ranks:
@@ -36,7 +37,9 @@ typedef struct grad_bucket {
 typedef struct grad_sync {
     dist *d;
     grad_sync_mode mode;
-    float *params, *grads;
+    ct_backend *be;
+    float *params, *grads;           // backend memory
+    float *host_params, *host_grads; // what MPI reads and writes: host views of the two
     size_t n;
     size_t shard_lo, shard_hi; // this rank's optimizer range ([0, n) when replicating)
     size_t *shard_start;       // size+1 boundaries: rank r owns [shard_start[r], shard_start[r+1])
@@ -48,9 +51,11 @@ typedef struct grad_sync {
 } grad_sync;
 
 // tensor_start: the first element of each tensor, ascending (tensor boundaries for bucketing).
-int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, float *params, float *grads,
-                   size_t n, const size_t *tensor_start, int n_tensors, size_t bucket_floats,
-                   ct_error *err);
+// params and grads live on backend be (NULL: the plain CPU one); MPI works on host views of
+// them (the buffers themselves on the plain CPU backend, so nothing is copied there).
+int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
+                   float *grads, size_t n, const size_t *tensor_start, int n_tensors,
+                   size_t bucket_floats, ct_error *err);
 void grad_sync_free(grad_sync *s);
 
 // A new step: no bucket started yet.

@@ -135,11 +135,12 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     const ct_ops *op = m->ops;
     const dims d = model_dims(m);
     op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
-    moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
-                      m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
+    op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
+                          m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
     if (count)
-        moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E, d.K);
+        op->moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E,
+                            d.K);
     op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w, w->experts,
                     d.N, d.C, d.Fm, d.E, d.K);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
@@ -154,8 +155,8 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     const dims d = model_dims(m);
     op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
                      a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
-    moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
-                       a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
+    op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
+                           a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
     op->matmul_backward(s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
     post_norm_backward(m, w, g, a, s);
@@ -285,12 +286,13 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     const dims d = model_dims(m);
     const int L = m->cfg.num_hidden_layers;
     if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
-    memcpy(s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
+    ct_backend *be = m->be;
+    be->write(be, s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
 
     if (m->n_sparse) {
         const size_t n = (size_t)m->n_sparse * d.E;
-        memset(m->moe_load, 0, n * sizeof *m->moe_load);
-        memset(m->moe_prob, 0, n * sizeof *m->moe_prob);
+        be->zero(be, m->moe_load, n * sizeof *m->moe_load);
+        be->zero(be, m->moe_prob, n * sizeof *m->moe_prob);
     }
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
     for (int l = 0; l < L; l++) layer_forward(m, l, QWEN3_AC_NONE);
@@ -301,19 +303,16 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
         if (rows == d.N) op->matmul_forward(s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V);
         return 0.0;
     }
-    memcpy(s->targets, targets, (size_t)d.N * sizeof(int32_t));
+    be->write(be, s->targets, targets, (size_t)d.N * sizeof(int32_t));
     // Chunked, a training forward also runs the head's backward while each chunk's logits are
     // at hand; whole, the logits stay for qwen3_backward.
     const bool fused = head_backward && rows < d.N;
     for (int r0 = 0; r0 < d.N; r0 += rows)
         head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, true, true, fused, loss_scale);
     double sum = 0.0;
+    op->loss_sum(&sum, s->losses, s->targets, QWEN3_IGNORE_INDEX, d.N);
     int64_t count = 0;
-    for (int i = 0; i < d.N; i++) {
-        if (s->targets[i] == QWEN3_IGNORE_INDEX) continue;
-        sum += s->losses[i];
-        count++;
-    }
+    for (int i = 0; i < d.N; i++) count += targets[i] != QWEN3_IGNORE_INDEX;
     if (n_valid) *n_valid = count;
     s->have_targets = true;
     s->head_done = fused;
@@ -331,7 +330,7 @@ double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t 
 }
 
 void qwen3_zero_grad(qwen3_model *m) {
-    memset(m->grad_mem, 0, m->num_params * sizeof(float));
+    m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
 }
 
 void qwen3_backward(qwen3_model *m, float loss_scale) {

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "model/qwen3_config.h"
 #include "ops/ops.h"
@@ -73,7 +74,8 @@ typedef struct qwen3_memory_opts {
 
 typedef struct qwen3_model {
     qwen3_config cfg;
-    const ct_ops *ops;
+    ct_backend *be;    // where every buffer below lives (host code reaches them through it)
+    const ct_ops *ops; // the table it runs, bound to `be` (owned by the model)
 
     qwen3_param *params; // fixed order: embed, layers 0..L-1, final norm, lm_head (if untied)
     int n_params;
@@ -126,7 +128,11 @@ bool qwen3_layer_checkpointed(int ac_every, int l);
 typedef enum qwen3_layer_ac { QWEN3_AC_NONE, QWEN3_AC_OPS, QWEN3_AC_LAYER } qwen3_layer_ac;
 qwen3_layer_ac qwen3_layer_recompute(const qwen3_memory_opts *opts, int l);
 
-// Builds the parameter table and allocates params + grads (zeroed). ops: NULL = built-in CPU.
+// Builds the parameter table and allocates params + grads (zeroed) on backend be (NULL: the
+// plain CPU one), running the op table ops (NULL = built-in CPU) as be binds it.
+int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                  ct_error *err);
+// qwen3_init_on the plain CPU backend.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
 // Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);

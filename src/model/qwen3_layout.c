@@ -317,32 +317,44 @@ qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T) {
 }
 
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err) {
+    return qwen3_init_on(m, cfg, NULL, ops, err);
+}
+
+int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                  ct_error *err) {
     memset(m, 0, sizeof *m);
     if (!ops) ops = &ct_ops_cpu;
+    be = ct_backend_or_cpu(be);
     const int n_sparse = qwen3_num_sparse_layers(cfg);
     if (qwen3_config_validate(cfg, "qwen3_init: config", err) ||
         model_check_ops(ops, n_sparse > 0, err))
         return -1;
     m->cfg = *cfg;
-    m->ops = ops;
+    m->be = be;
     const int L = cfg->num_hidden_layers;
     m->num_params = model_count_params(cfg, &m->n_params);
     const size_t bytes = m->num_params * sizeof(float);
+    ct_ops *bound = calloc(1, sizeof *bound);
+    m->ops = bound;
     m->params = calloc((size_t)m->n_params, sizeof *m->params);
     m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
     m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
-    m->param_mem = calloc(m->num_params, sizeof(float));
-    m->grad_mem = calloc(m->num_params, sizeof(float));
     m->n_sparse = n_sparse;
-    const size_t n_stats = (size_t)n_sparse * (size_t)cfg->num_experts;
-    m->moe_load = n_sparse ? calloc(n_stats, sizeof(double)) : NULL;
-    m->moe_prob = n_sparse ? calloc(n_stats, sizeof(double)) : NULL;
-    if (!m->params || !m->w.layers || !m->g.layers || !m->param_mem || !m->grad_mem ||
-        (n_sparse && (!m->moe_load || !m->moe_prob))) {
+    if (!bound || !m->params || !m->w.layers || !m->g.layers) {
         qwen3_free(m);
-        return ct_fail(err,
-                       "qwen3_init: out of memory allocating %zu parameters (%zu bytes for "
-                       "weights + %zu bytes for gradients)",
+        return ct_fail(err, "qwen3_init: out of memory for the parameter table");
+    }
+    const size_t n_stats = (size_t)n_sparse * (size_t)cfg->num_experts;
+    if (be->bind_ops(be, bound, ops, err) ||
+        !(m->param_mem = be->alloc(be, bytes, "the weights", err)) ||
+        !(m->grad_mem = be->alloc(be, bytes, "the gradients", err)) ||
+        (n_sparse &&
+         (!(m->moe_load = be->alloc(be, n_stats * sizeof(double), "MoE loads", err)) ||
+          !(m->moe_prob = be->alloc(be, n_stats * sizeof(double), "MoE probs", err))))) {
+        qwen3_free(m);
+        return ct_wrap(err,
+                       "qwen3_init: %zu parameters (%zu bytes for weights + %zu bytes for "
+                       "gradients)",
                        bytes / sizeof(float), bytes, bytes);
     }
     param_walk pw = {.table = m->params, .base = m->param_mem};
@@ -368,13 +380,14 @@ static void model_rope_tables(float *cos_t, float *sin_t, int T, int D, double t
 
 static void model_free_acts(qwen3_model *m) {
     qwen3_acts *a = m->acts;
+    ct_backend *be = m->be;
     if (a) {
         free(a->layers);
-        free(a->inputs);
-        free(a->targets);
+        be->free(be, a->inputs);
+        be->free(be, a->targets);
         free(a);
     }
-    free(m->act_mem);
+    if (be) be->free(be, m->act_mem);
     m->acts = NULL;
     m->act_mem = NULL;
     m->act_floats = 0;
@@ -404,11 +417,12 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     if (!a) return ct_fail(err, "qwen3_plan: out of memory");
     m->acts = a;
     const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T, &m->mem_opts);
+    ct_backend *be = m->be;
+    const size_t tokens = (size_t)B * T * sizeof(int32_t);
     a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
-    a->inputs = calloc((size_t)B * T, sizeof(int32_t));
-    a->targets = calloc((size_t)B * T, sizeof(int32_t));
-    m->act_mem = calloc(floats, sizeof(float));
-    if (!a->layers || !a->inputs || !a->targets || !m->act_mem) {
+    if (!a->layers || !(a->inputs = be->alloc(be, tokens, "the input tokens", err)) ||
+        !(a->targets = be->alloc(be, tokens, "the target tokens", err)) ||
+        !(m->act_mem = be->alloc(be, floats * sizeof(float), "the activations", err))) {
         model_free_acts(m);
         return ct_fail(err,
                        "qwen3_plan: out of memory allocating %zu bytes of activations for "
@@ -416,7 +430,17 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        floats * sizeof(float) + model_token_bytes(B, T), B, T);
     }
     m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
-    model_rope_tables(a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
+    // Built on the host, as HF builds them, then copied in.
+    const size_t half_table = (size_t)T * (c->head_dim / 2);
+    float *rope = malloc(2 * half_table * sizeof *rope);
+    if (!rope) {
+        model_free_acts(m);
+        return ct_fail(err, "qwen3_plan: out of memory for the RoPE tables");
+    }
+    model_rope_tables(rope, rope + half_table, T, c->head_dim, c->rope_theta);
+    be->write(be, a->rope_cos, rope, half_table * sizeof *rope);
+    be->write(be, a->rope_sin, rope + half_table, half_table * sizeof *rope);
+    free(rope);
     m->B = B;
     m->T = T;
     m->logits = a->logits;
@@ -428,10 +452,13 @@ void qwen3_free(qwen3_model *m) {
     free(m->params);
     free(m->w.layers);
     free(m->g.layers);
-    free(m->param_mem);
-    free(m->grad_mem);
-    free(m->moe_load);
-    free(m->moe_prob);
+    free((ct_ops *)m->ops);
+    if (m->be) {
+        m->be->free(m->be, m->param_mem);
+        m->be->free(m->be, m->grad_mem);
+        m->be->free(m->be, m->moe_load);
+        m->be->free(m->be, m->moe_prob);
+    }
     memset(m, 0, sizeof *m);
 }
 

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "ops/ops.h"
+#include "ops/moe_router.h"
 #include "ops/ops_cpu.h"
 
 const char *const ct_op_field_names[CT_OP_COUNT] = {

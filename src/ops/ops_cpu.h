@@ -2,7 +2,10 @@
 // ops_cpu.c can list them; everything else reaches them through ct_ops.
 #pragma once
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "ops/ops_list.h"
 
 // Column sums (bias, norm weight, embedding grads) are parallelised over blocks of this many
 // columns (one 64-byte cache line), each block summing its rows serially in row order: the
@@ -108,3 +111,13 @@ void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratc
                                   const float *dout, const float *out, const float *state,
                                   const float *q, const float *k, const float *v, int B, int T,
                                   int NH, int NKV, int D);
+
+// The routing (moe_router.h), the reductions (reduce.c) and the optimizer's update
+// (adamw_update.c). host_out: a result the caller reads on the host.
+void cpu_loss_sum(double *host_out, const float *losses, const int32_t *targets, int ignore, int N);
+void cpu_sum_squares(double *host_out, const float *x, size_t n);
+void cpu_first_nonfinite(size_t *host_out, const float *x, size_t n);
+void cpu_hash_xxh64(uint64_t *host_out, const void *p, size_t bytes);
+void cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                      const ct_adamw_range *no_decay, int n_no_decay, bool decay,
+                      const ct_adamw_coeffs *k);

@@ -24,12 +24,29 @@
 // The contracts (shapes, aliasing, what accumulates) are plugin.h's for the PLUGIN entries and
 // ops.h's for the rest.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ctitan/plugin.h"
 
 struct ct_ops;
+
+// The types the optimizer's entry takes: elements [offset, offset + numel) of the parameter
+// shard, and the step's scalars, each a Python float in torch rounded to fp32 where it meets a
+// tensor.
+typedef struct ct_adamw_range {
+    size_t offset, numel;
+} ct_adamw_range;
+typedef struct ct_adamw_coeffs {
+    float decay_mul;     // 1 - lr*wd
+    float beta1, one_b1; // beta1, 1 - beta1
+    float beta2, one_b2; // beta2, 1 - beta2
+    float bc2_sqrt;      // sqrt(1 - beta2^step)
+    float eps;
+    float neg_step_size; // -lr / (1 - beta1^step)
+    float grad_scale;    // the clipping coefficient (1: none; x * 1 is exact)
+} ct_adamw_coeffs;
 
 // clang-format off
 #define CT_OPS_LIST(X)                                                                             \
@@ -153,7 +170,34 @@ struct ct_ops;
        const float *gate_up, int N, int F),                                                        \
       (dgate_up, scratch, dh, gate_up, N, F))                                                      \
     X(OWN_SIZE, swiglu_rows_scratch_floats, ct_swiglu_rows_scratch_floats_fn, NULL, OPT,           \
-      "swiglu_rows", scratch, (int N, int F), (N, F))
+      "swiglu_rows", scratch, (int N, int F), (N, F))                                              \
+    X(OWN, moe_route_forward, ct_moe_route_forward_fn, moe_route_forward, MOE, "moe_router",       \
+      forward,                                                                                     \
+      (int32_t *expert, float *weight, float *probs, const float *bias, int N, int E, int K,       \
+       bool norm, float *scratch, int threads),                                                    \
+      (expert, weight, probs, bias, N, E, K, norm, scratch, threads))                              \
+    X(OWN, moe_route_backward, ct_moe_route_backward_fn, moe_route_backward, MOE, "moe_router",    \
+      backward,                                                                                    \
+      (float *dlogits, const float *dweight, const float *aux_dprob, const float *probs,           \
+       const int32_t *expert, const float *weight, int N, int E, int K, bool norm),                \
+      (dlogits, dweight, aux_dprob, probs, expert, weight, N, E, K, norm))                         \
+    X(OWN, moe_route_stats, ct_moe_route_stats_fn, moe_route_stats, MOE, "moe_route_stats", none,  \
+      (double *load, double *prob_sum, const int32_t *expert, const float *probs, int N, int E,    \
+       int K),                                                                                     \
+      (load, prob_sum, expert, probs, N, E, K))                                                    \
+    X(OWN, loss_sum, ct_loss_sum_fn, cpu_loss_sum, ALL, "loss_sum", none,                          \
+      (double *host_out, const float *losses, const int32_t *targets, int ignore, int N),          \
+      (host_out, losses, targets, ignore, N))                                                      \
+    X(OWN, sum_squares, ct_sum_squares_fn, cpu_sum_squares, ALL, "sum_squares", none,              \
+      (double *host_out, const float *x, size_t n), (host_out, x, n))                              \
+    X(OWN, first_nonfinite, ct_first_nonfinite_fn, cpu_first_nonfinite, ALL, "first_nonfinite",    \
+      none, (size_t *host_out, const float *x, size_t n), (host_out, x, n))                        \
+    X(OWN, hash_xxh64, ct_hash_xxh64_fn, cpu_hash_xxh64, ALL, "hash_xxh64", none,                  \
+      (uint64_t *host_out, const void *p, size_t bytes), (host_out, p, bytes))                     \
+    X(OWN, adamw_update, ct_adamw_update_fn, cpu_adamw_update, ALL, "adamw", none,                 \
+      (float *p, const float *g, float *m, float *v, size_t n, const ct_adamw_range *no_decay,     \
+       int n_no_decay, bool decay, const ct_adamw_coeffs *k),                                      \
+      (p, g, m, v, n, no_decay, n_no_decay, decay, k))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -198,7 +242,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 28, "the op list has 28 entries");
+_Static_assert(CT_OP_COUNT == 36, "the op list has 36 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 
 typedef struct adamw_hparams {
@@ -14,27 +15,26 @@ typedef struct adamw_hparams {
     double weight_decay; // decoupled: p *= 1 - lr * weight_decay before the Adam update
 } adamw_hparams;
 
-// Elements [offset, offset + numel) of the parameter buffer.
-typedef struct adamw_range {
-    size_t offset, numel;
-} adamw_range;
+// Elements [offset, offset + numel) of the parameter buffer (ops_list.h's ct_adamw_range).
+typedef ct_adamw_range adamw_range;
 
 typedef struct adamw {
-    size_t total; // floats in the parameter and gradient buffers
-    size_t base;  // the state covers elements [base, base + n) of them (a ZeRO-1 shard)
-    size_t n;     // floats in m and v
-    float *m;     // exp_avg (n), zero at init
-    float *v;     // exp_avg_sq (n), zero at init
-    int64_t step; // steps taken; adamw_step increments it first, so bias corrections start at 1
+    size_t total;   // floats in the parameter and gradient buffers
+    size_t base;    // the state covers elements [base, base + n) of them (a ZeRO-1 shard)
+    size_t n;       // floats in m and v
+    ct_backend *be; // where m and v live
+    float *m;       // exp_avg (n), zero at init
+    float *v;       // exp_avg_sq (n), zero at init
+    int64_t step;   // steps taken; adamw_step increments it first, so bias corrections start at 1
     adamw_range *no_decay; // sorted, disjoint ranges (relative to base) with no weight decay
     int n_no_decay;
 } adamw;
 
-// Allocates m and v (zeroed) for n parameters; step 0; every element decays.
+// Allocates m and v (zeroed) in host memory for n parameters; step 0; every element decays.
 int adamw_init(adamw *o, size_t n, ct_error *err);
-// The same for the shard [base, base + n) of a buffer of `total` floats (n may be 0 on a rank
-// whose shard is empty).
-int adamw_init_shard(adamw *o, size_t total, size_t base, size_t n, ct_error *err);
+// The same on backend be (NULL: the plain CPU one) for the shard [base, base + n) of a buffer of
+// `total` floats (n may be 0 on a rank whose shard is empty).
+int adamw_init_shard(adamw *o, ct_backend *be, size_t total, size_t base, size_t n, ct_error *err);
 void adamw_free(adamw *o);
 // Excludes [offset, offset + numel) of the whole buffer from weight decay (a second torch param
 // group with weight_decay 0); only its part inside the shard is kept. Ranges may come in any
@@ -54,10 +54,12 @@ bool adamw_param_decays(const char *name, int ndim);
 //   v = v*beta2 + ((1-beta2)*g)*g                 (fused likewise)
 //   p += (-lr/(1-beta1^step) * m) / (sqrt(v)/sqrt(1-beta2^step) + eps)
 // Scalars are formed in double and rounded to float once, as torch does with Python floats.
-// Element-wise over OpenMP threads, so the result does not depend on the thread count.
+// Element-wise over OpenMP threads, so the result does not depend on the thread count. Runs the
+// built-in CPU kernel on host buffers.
 void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr);
-// The same with every gradient first multiplied by grad_scale in fp32 (the clipping
-// coefficient), as clip_scale and then adamw_step would do, bit for bit, in one pass instead of
-// two; the gradients in memory are left as they were.
-void adamw_step_scaled(adamw *o, float *params, const float *grads, const adamw_hparams *h,
-                       double lr, float grad_scale);
+// The same through the op table `ops` (its adamw_update; NULL: the built-in CPU one) on the
+// buffers of o's backend, with every gradient first multiplied by grad_scale in fp32 (the
+// clipping coefficient), as clip_scale and then adamw_step would do, bit for bit, in one pass
+// instead of two; the gradients in memory are left as they were.
+void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, const float *grads,
+                       const adamw_hparams *h, double lr, float grad_scale);

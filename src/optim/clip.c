@@ -5,24 +5,12 @@
 
 #include <math.h>
 
-#define CLIP_MAX_CHUNKS 4096
-#define CLIP_MIN_CHUNK ((size_t)1 << 16)
+#include "ops/ops_cpu.h"
 
 double clip_sum_squares(const float *g, size_t n) {
-    size_t chunk = (n + CLIP_MAX_CHUNKS - 1) / CLIP_MAX_CHUNKS;
-    if (chunk < CLIP_MIN_CHUNK) chunk = CLIP_MIN_CHUNK;
-    size_t n_chunks = (n + chunk - 1) / chunk;
-    double part[CLIP_MAX_CHUNKS];
-#pragma omp parallel for schedule(static) if (n_chunks > 1)
-    for (size_t c = 0; c < n_chunks; c++) {
-        size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
-        double s = 0;
-        for (size_t i = lo; i < hi; i++) s += (double)g[i] * (double)g[i];
-        part[c] = s;
-    }
-    double total = 0;
-    for (size_t c = 0; c < n_chunks; c++) total += part[c];
-    return total;
+    double sum;
+    cpu_sum_squares(&sum, g, n);
+    return sum;
 }
 
 float clip_coefficient(double total_norm, double max_norm) {

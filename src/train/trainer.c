@@ -385,12 +385,12 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     for (int i = 0; i < m->n_params; i++) starts[i] = m->params[i].offset;
     size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
     int rc =
-        grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE,
+        grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
                        m->param_mem, m->grad_mem, m->num_params, starts, m->n_params, bucket, err);
     free(starts);
     if (rc != 0) return -1;
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
-    if (adamw_init_shard(&t->opt, m->num_params, lo, n, err) != 0) return -1;
+    if (adamw_init_shard(&t->opt, m->be, m->num_params, lo, n, err) != 0) return -1;
     // Buffers (the MoE expert bias) are not trained: no decay, and their gradient stays 0, so
     // AdamW leaves them alone.
     for (int i = 0; i < m->n_params; i++) {
@@ -704,7 +704,8 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         return -1;
     // The norm over the summed gradient: each shard's sum of squares, added in rank order.
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
-    double sq = clip_sum_squares(m->grad_mem + lo, n);
+    double sq;
+    m->ops->sum_squares(&sq, m->grad_mem + lo, n);
     if (t->shard && dist_sum(t->d, sq, &sq, "the gradient norm", err) != 0) return -1;
     r->ce = loss_sum / (double)valid;
     r->aux = aux_sum / t->accum;
@@ -715,7 +716,7 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     if (m->n_sparse) moe_before_optimizer(t, r->skipped);
     if (!r->skipped) {
         // Clipping folded into the update: one pass over the shard instead of two.
-        adamw_step_scaled(&t->opt, m->param_mem, m->grad_mem, &t->hp, r->lr,
+        adamw_step_scaled(&t->opt, m->ops, m->param_mem, m->grad_mem, &t->hp, r->lr,
                           clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
         if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
     }
@@ -769,13 +770,15 @@ static int check_replicas_equal(trainer *t, ct_error *err) {
     if (t->d->size == 1) return 0;
     // debug.fault weights: one weight of this rank moves by an ulp before the save of step
     // debug.fault_step, as memory corruption would move it.
+    qwen3_model *m = &t->model;
     if (fault_at(t, "weights", t->state.step)) {
         uint32_t bits;
-        memcpy(&bits, t->model.param_mem, sizeof bits);
+        m->be->read(m->be, &bits, m->param_mem, sizeof bits);
         bits ^= 1;
-        memcpy(t->model.param_mem, &bits, sizeof bits);
+        m->be->write(m->be, m->param_mem, &bits, sizeof bits);
     }
-    uint64_t mine = ct_xxh64(t->model.param_mem, t->model.num_params * sizeof(float), 0);
+    uint64_t mine;
+    m->ops->hash_xxh64(&mine, m->param_mem, m->num_params * sizeof(float));
     uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
     if (!all) return ct_fail(err, "out of memory");
     int rc = dist_allgather(t->d, &mine, all, sizeof mine, "the weights' checksums", err);
