@@ -130,7 +130,7 @@ static bool trained_like(qwen3_model *m, const qwen3_config *c, uint64_t seed) {
         CHECK(0, "qwen3_init: %s", err.msg);
         return false;
     }
-    qwen3_init_random(m, seed);
+    qwen3_init_random(m, seed, NULL);
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
         if (p->ndim != 1) continue;

@@ -273,12 +273,12 @@ static void test_layout_and_errors(void) {
           "activation bytes %zu vs %zu", mem.activations, m.act_floats * 4);
 
     // Random init: deterministic, norms 1, biases 0, matrices std 0.02.
-    qwen3_init_random(&m, 42);
+    qwen3_init_random(&m, 42, NULL);
     float *first = malloc(m.num_params * 4);
     memcpy(first, m.param_mem, m.num_params * 4);
-    qwen3_init_random(&m, 42);
+    qwen3_init_random(&m, 42, NULL);
     CHECK(memcmp(first, m.param_mem, m.num_params * 4) == 0, "init_random not deterministic");
-    qwen3_init_random(&m, 43);
+    qwen3_init_random(&m, 43, NULL);
     CHECK(memcmp(first, m.param_mem, m.num_params * 4) != 0, "seed ignored");
     const qwen3_param *bq = qwen3_find_param(&m, "model.layers.0.self_attn.q_proj.bias");
     const qwen3_param *nw = qwen3_find_param(&m, "model.norm.weight");

@@ -54,7 +54,7 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
     CHECK(qwen3_init(&m, cfg, ops, &err) == 0, "init: %s", err.msg);
     m.mem_opts = opts;
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
-    qwen3_init_random(&m, 7);
+    qwen3_init_random(&m, 7, NULL);
     qwen3_zero_grad(&m);
     for (int micro = 0; micro < 2; micro++) {
         int64_t n = B * T - 1; // one ignored target

@@ -615,7 +615,7 @@ static void test_wide_router_model(void) {
     ct_error err = {{0}};
     for (int i = 0; i < 2; i++) {
         int rc = qwen3_init(&m[i], &c, impls[i], &err);
-        if (rc == 0) qwen3_init_random(&m[i], 5);
+        if (rc == 0) qwen3_init_random(&m[i], 5, NULL);
         if (rc == 0) rc = qwen3_plan(&m[i], B, T, &err);
         CHECK(rc == 0, "1100 experts: %s", err.msg);
         if (rc != 0) return;

@@ -27,7 +27,6 @@ static bool file_exists(const char *dir, const char *name) {
     return stat(p, &st) == 0;
 }
 
-
 static void check_config_equal(const qwen3_config *a, const qwen3_config *b, const char *what) {
     CHECK(a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
               a->intermediate_size == b->intermediate_size &&
@@ -211,7 +210,8 @@ static void save_is_idempotent(const qwen3_model *m) {
     CHECK(rc == 0 && check_files_equal(fa, fb), "BF16 save -> load -> save changed the bytes");
     snprintf(fa, sizeof fa, "%s/config.json", a);
     snprintf(fb, sizeof fb, "%s/config.json", b);
-    CHECK(rc == 0 && check_files_equal(fa, fb), "config.json save -> load -> save changed the bytes");
+    CHECK(rc == 0 && check_files_equal(fa, fb),
+          "config.json save -> load -> save changed the bytes");
 }
 
 int main(void) {

@@ -575,6 +575,7 @@ static const struct {
     {"debug.fault_rank", false},
     {"debug.fault_step", false},
     {"debug.profile_ops", false},
+    {"debug.guard_device_memory", false},              // bit-identical (tests/guard.sh)
     {"parallelism.data_parallel_shard_degree", false}, // ZeRO-1 = replicated, bit for bit
     {"parallelism.data_parallel_replicate_degree", false},
     {"parallelism.threads_per_rank", false}, // BLAS rounding only

@@ -142,8 +142,25 @@ void qwen3_free(qwen3_model *m);
 size_t qwen3_num_hf_parameters(const qwen3_model *m);
 
 // Deterministic init from a seed: weights normal(0, 0.02), biases 0, norm weights 1.
-void qwen3_init_random(qwen3_model *m, uint64_t seed);
+int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err);
 const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name);
+
+// Parameter I/O (qwen3_params.c): the weights live on the model's backend, and host code reads
+// and writes them only through these. By HF name and element range [first, first + count):
+int qwen3_params_read(const qwen3_model *m, const char *name, size_t first, size_t count,
+                      float *out, ct_error *err);
+int qwen3_params_write(qwen3_model *m, const char *name, size_t first, size_t count,
+                       const float *in, ct_error *err);
+// The whole parameter buffer (param_mem's layout) as host memory, for bulk I/O: the buffer itself
+// on the plain CPU backend, else a copy (filled from the weights when `fill`). Release it, with
+// `write_back` to make what was written there the weights. NULL (err set) when out of memory.
+float *qwen3_params_view(qwen3_model *m, bool fill, ct_error *err);
+void qwen3_params_view_release(qwen3_model *m, float *host, bool write_back);
+// 1 and the first tensor in table order with a non-finite element (its index and value), or 0.
+int qwen3_params_first_nonfinite(const qwen3_model *m, const qwen3_param **param, size_t *at,
+                                 float *value);
+// XXH64 of the parameter buffer (the replicas' agreement check).
+uint64_t qwen3_params_hash(const qwen3_model *m);
 
 // Checks n token ids: inputs in [0, vocab_size), targets (may be NULL) too or -100. The error
 // names the position and value. qwen3_forward runs the same check.

@@ -512,11 +512,15 @@ static void fill_normal(float *x, size_t n, float stddev, uint64_t seed) {
     }
 }
 
-void qwen3_init_random(qwen3_model *m, uint64_t seed) {
+int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
+    // Filled on the host (in place on the plain CPU backend), tensors in parallel.
+    const size_t bytes = m->num_params * sizeof(float);
+    float *base = m->be->view(m->be, m->param_mem, bytes, false, err);
+    if (!base) return ct_wrap(err, "random init");
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        float *x = m->param_mem + p->offset;
+        float *x = base + p->offset;
         const size_t len = strlen(p->name);
         if (p->ndim == 2) {
             fill_normal(x, p->numel, 0.02f, seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
@@ -526,6 +530,8 @@ void qwen3_init_random(qwen3_model *m, uint64_t seed) {
             for (size_t j = 0; j < p->numel; j++) x[j] = is_bias ? 0.0f : 1.0f;
         }
     }
+    m->be->view_release(m->be, base, m->param_mem, bytes, true);
+    return 0;
 }
 
 size_t qwen3_num_hf_parameters(const qwen3_model *m) {

@@ -173,6 +173,10 @@ const config_key config_table[] = {
     KEY(debug, profile_ops, CONFIG_BOOL, "false", NULL, false,
         "time every op and print a table of ms per step and share of the step at the end (the "
         "first step, a warm-up, is left out)"),
+    KEY(debug, guard_device_memory, CONFIG_BOOL, "false", NULL, false,
+        "test only, slow: keep every model, gradient, optimizer and activation buffer "
+        "inaccessible (mprotect) outside backend calls, so host code that touches backend memory "
+        "directly crashes where a GPU build would; results are bit-identical"),
 
     KEY(parallelism, data_parallel_shard_degree, CONFIG_INT, "-1", NULL, false,
         "ranks that shard the optimizer state, ZeRO-1 (-1: every rank not used by "

@@ -110,6 +110,7 @@ typedef struct ct_config_debug {
                                     // none|bad_token|nan|exit|hang|weights
     int fault_rank, fault_step;     // where (rank) and when (1-based step) it happens
     bool profile_ops;               // time every op call; print a per-op table at the end
+    bool guard_device_memory;       // the guarded CPU backend (tests only)
 } ct_config_debug;
 
 // Data parallelism over the ranks of mpirun/srun. shard * replicate = ranks; one of them is 1.

@@ -332,7 +332,7 @@ static int setup_weights(trainer *t, ct_error *err) {
                        : strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path
                                                              : NULL;
     if (!from) {
-        qwen3_init_random(&t->model, (uint64_t)c->debug.seed);
+        if (qwen3_init_random(&t->model, (uint64_t)c->debug.seed, err) != 0) return -1;
         fprintf(t->log, "weights: random init, normal(0, 0.02), norms 1, seed %lld\n",
                 (long long)c->debug.seed);
         return 0;
@@ -496,7 +496,9 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     if (check_plan(t, &mc, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
 
-    if (qwen3_init(&t->model, &mc, &t->ops, err) != 0) return -1;
+    ct_backend *be = c->debug.guard_device_memory ? ct_backend_cpu_guarded() : ct_backend_cpu();
+    if (qwen3_init_on(&t->model, &mc, be, &t->ops, err) != 0) return -1;
+    fprintf(t->log, "backend: %s\n", be->name);
     t->model.mem_opts = t->mem_opts;
     if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
     fprintf(t->log,
@@ -777,8 +779,7 @@ static int check_replicas_equal(trainer *t, ct_error *err) {
         bits ^= 1;
         m->be->write(m->be, m->param_mem, &bits, sizeof bits);
     }
-    uint64_t mine;
-    m->ops->hash_xxh64(&mine, m->param_mem, m->num_params * sizeof(float));
+    uint64_t mine = qwen3_params_hash(m);
     uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
     if (!all) return ct_fail(err, "out of memory");
     int rc = dist_allgather(t->d, &mine, all, sizeof mine, "the weights' checksums", err);
