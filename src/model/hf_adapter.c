@@ -71,6 +71,10 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
                     ct_error *err) {
     memset(r, 0, sizeof *r);
     r->n_files = s->n_files;
+    // Converted into a host view of the weights (the weights themselves on the plain CPU
+    // backend); filled first, since a buffer that the folder lacks keeps its value.
+    float *host = qwen3_params_view(m, true, err);
+    if (!host) return ct_wrap(err, "%s", source);
     int rc = 0;
     bool have_dtype = false;
     for (int i = 0; i < m->n_params && rc == 0; i++) {
@@ -81,7 +85,7 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
             if (!p->buffer) rc = report_add(&r->missing, &r->n_missing, p->name, err);
             continue;
         }
-        rc = load_param(m->param_mem + p->offset, p, t, source, err);
+        rc = load_param(host + p->offset, p, t, source, err);
         if (rc != 0) break;
         r->n_loaded++;
         if (!have_dtype) {
@@ -91,6 +95,7 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
             r->mixed_dtypes = true;
         }
     }
+    qwen3_params_view_release(m, host, true);
     if (rc != 0) return -1;
 
     // Unexpected: on disk, unknown to the model. Both name lists sorted, then merged, so a
@@ -242,10 +247,11 @@ static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
 
     save_item *items = calloc((size_t)m->n_params + 1, sizeof *items);
     st_entry *entries = calloc((size_t)m->n_params + 1, sizeof *entries);
-    if (!items || !entries) {
+    float *host = items && entries ? qwen3_params_view(m, true, err) : NULL;
+    if (!host) {
         free(items);
         free(entries);
-        return ct_fail(err, "%s: out of memory", dir);
+        return items && entries ? ct_wrap(err, "%s", dir) : ct_fail(err, "%s: out of memory", dir);
     }
     int n = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -255,7 +261,7 @@ static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
         if (p->buffer && !buffers) continue;
         st_entry *e = &items[n].e;
         e->name = p->name;
-        e->data = m->param_mem + p->offset;
+        e->data = host + p->offset;
         e->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
         save_rank(items[n].key, p->name, i);
@@ -266,6 +272,7 @@ static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
     free(items);
     int rc = st_write_folder(dir, entries, n, dtype, max_shard_bytes, err);
     free(entries);
+    qwen3_params_view_release(m, host, false);
     return rc;
 }
 

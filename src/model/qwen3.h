@@ -154,8 +154,8 @@ int qwen3_params_write(qwen3_model *m, const char *name, size_t first, size_t co
 // The whole parameter buffer (param_mem's layout) as host memory, for bulk I/O: the buffer itself
 // on the plain CPU backend, else a copy (filled from the weights when `fill`). Release it, with
 // `write_back` to make what was written there the weights. NULL (err set) when out of memory.
-float *qwen3_params_view(qwen3_model *m, bool fill, ct_error *err);
-void qwen3_params_view_release(qwen3_model *m, float *host, bool write_back);
+float *qwen3_params_view(const qwen3_model *m, bool fill, ct_error *err);
+void qwen3_params_view_release(const qwen3_model *m, float *host, bool write_back);
 // 1 and the first tensor in table order with a non-finite element (its index and value), or 0.
 int qwen3_params_first_nonfinite(const qwen3_model *m, const qwen3_param **param, size_t *at,
                                  float *value);

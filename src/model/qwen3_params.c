@@ -37,11 +37,11 @@ int qwen3_params_write(qwen3_model *m, const char *name, size_t first, size_t co
     return 0;
 }
 
-float *qwen3_params_view(qwen3_model *m, bool fill, ct_error *err) {
+float *qwen3_params_view(const qwen3_model *m, bool fill, ct_error *err) {
     return m->be->view(m->be, m->param_mem, m->num_params * sizeof(float), fill, err);
 }
 
-void qwen3_params_view_release(qwen3_model *m, float *host, bool write_back) {
+void qwen3_params_view_release(const qwen3_model *m, float *host, bool write_back) {
     m->be->view_release(m->be, host, m->param_mem, m->num_params * sizeof(float), write_back);
 }
 
