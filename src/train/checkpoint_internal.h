@@ -1,13 +1,29 @@
-// Helpers shared by the checkpoint files: file checksums and the filesystem steps that make
-// a save crash-safe (fsync, rename, recursive delete, listing step folders).
+// Helpers shared by the checkpoint files (checkpoint_save.c, checkpoint_verify.c,
+// checkpoint_load.c, checkpoint_fs.c, checkpoint_state.c): file checksums, the filesystem steps
+// that make a save crash-safe (fsync, rename, recursive delete, listing step folders), state.json,
+// and the checked view of a folder that verify and load share.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/error.h"
 #include "core/xxh64.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
+
+#define CKPT_STATE_NAME "state.json"
+#define CKPT_STATE_MAX_BYTES (16u << 20)
+#define CKPT_SHARD_FORMAT "ctitan-optimizer-shard" // an optimizer shard's __metadata__ format
+
+// out = "<dir>/<name>"; fails only if it does not fit in cap.
+static inline int ckpt_join(char *out, size_t cap, const char *dir, const char *name,
+                            ct_error *err) {
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return ct_fail(err, "%s/%s: path too long", dir, name);
+    return 0;
+}
 
 // Size and XXH64 (core/xxh64.h, seed 0) of a whole file.
 int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err);
@@ -62,3 +78,35 @@ int ckpt_state_text(char **text, size_t *len, const train_state *st,
 // then format and other_format are still set and nothing is left to free.
 int ckpt_state_parse(ckpt_state *s, const char *text, size_t len, const char *path, ct_error *err);
 void ckpt_state_free(ckpt_state *s);
+
+// ---- a checkpoint folder, checked (checkpoint_verify.c; checkpoint_load.c copies from it)
+
+// Internal return code: the folder is corrupt or incomplete (skip it for an older one), as
+// opposed to -1, a failure that must stop the caller (a checkpoint of another architecture,
+// out of memory, bad arguments).
+#define CKPT_CORRUPT (-2)
+
+typedef struct ckpt_view {
+    const char *dir;
+    ckpt_state s;   // state.json
+    st_file model;  // open (mmap'd) after ckpt_view_open
+    st_file *optim; // [s.n_shards]; one with a path is open and checked
+} ckpt_view;
+
+// Integrity of state.json and the files other than the shards: 0, CKPT_CORRUPT, or -1. On 0
+// model.safetensors is open; on error the view is closed.
+int ckpt_view_open(ckpt_view *v, const char *dir, ct_error *err);
+void ckpt_view_close(ckpt_view *v);
+// The model matches m (else -1: another architecture); with `moments`, the shards cover its
+// parameters (else CKPT_CORRUPT: the model matched, so state.json's shard list is wrong).
+int ckpt_view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err);
+// Whether shard s holds any of [offset, offset + numel).
+bool ckpt_shard_overlaps(const ckpt_shard_info *s, size_t offset, size_t numel);
+// Opens and checks the shards that overlap [offset, offset + numel), or all of them.
+int ckpt_check_shards(ckpt_view *v, bool all, size_t offset, size_t numel, ct_error *err);
+
+// Walks root's checkpoints newest first. try(dir) returns 0 (done: this one), CKPT_CORRUPT (note
+// it and go on) or -1. Returns 1, 0 (none) or -1.
+typedef int (*ckpt_try_fn)(const char *dir, void *ctx, ct_error *err);
+int ckpt_walk_newest(char *dir_out, size_t cap, const char *root, ckpt_try_fn try, void *ctx,
+                     ckpt_notes *notes, ct_error *err);
