@@ -8,13 +8,16 @@
 #include "io/safetensors.h"
 #include "train/checkpoint_internal.h"
 
-// The model's tensors from f into its parameters: the only place a load writes param_mem.
-static void copy_model(qwen3_model *m, const st_file *f) {
+// The model's tensors from f into its parameters: the only place a load writes them (through the
+// model's parameter I/O).
+static int copy_model(qwen3_model *m, const st_file *f, ct_error *err) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
         const st_tensor *t = st_file_find(f, p->name); // present, F32, right shape: checked
-        memcpy(m->param_mem + p->offset, t->data, p->numel * sizeof(float));
+        if (qwen3_params_write(m, p->name, 0, p->numel, (const float *)t->data, err) != 0)
+            return -1;
     }
+    return 0;
 }
 
 // dst[k] = moment (k = 0: exp_avg, 1: exp_avg_sq) at flat element offset + k, from the shards
@@ -62,11 +65,13 @@ static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *
         rc = ckpt_join(path, sizeof path, dir, ckpt_file_names[CKPT_F_CONFIG_TOML], err);
         if (rc == 0) rc = file_read_all(&toml, &len, path, CKPT_STATE_MAX_BYTES, err);
     }
+    if (rc == 0) rc = copy_model(m, &v.model, err);
     if (rc == 0) {
-        copy_model(m, &v.model);
         if (exp_avg) copy_moments(exp_avg, exp_avg_sq, &v, offset, numel);
         if (st) *st = v.s.st;
         if (config_toml) *config_toml = toml;
+    } else {
+        free(toml);
     }
     ckpt_view_close(&v);
     return rc;

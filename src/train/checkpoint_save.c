@@ -26,7 +26,12 @@ int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_err
     return 0;
 }
 
-// The first non-finite element of buf (param_mem layout), as an error naming the tensor.
+#define NONFINITE_REFUSAL                                                                          \
+    "refusing to save a checkpoint: %s \"%s\" holds %g at element %zu (the previous checkpoint "   \
+    "is kept)"
+
+// The first non-finite element of buf (a host buffer in param_mem's layout: optimizer moments),
+// as an error naming the tensor.
 static int check_finite(const qwen3_model *m, const float *buf, const char *what, ct_error *err) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
@@ -37,17 +42,18 @@ static int check_finite(const qwen3_model *m, const float *buf, const char *what
             if (!isfinite(x[k]) && k < first) first = k;
         if (first != SIZE_MAX)
             return ct_fail(err,
-                           "refusing to save a checkpoint: %s \"%s\" holds %g at element %zu "
-                           "(the previous checkpoint is kept)",
-                           what, p->name, (double)x[first], first);
+                           NONFINITE_REFUSAL, what, p->name, (double)x[first], first);
     }
     return 0;
 }
 
-// The model's parameters: the only place a save reads param_mem itself (the weights go out
-// through the HF adapter).
+// The model's parameters (the weights go out through the HF adapter).
 static int check_params_finite(const qwen3_model *m, ct_error *err) {
-    return check_finite(m, m->param_mem, "parameter", err);
+    const qwen3_param *p;
+    size_t at;
+    float value;
+    if (!qwen3_params_first_nonfinite(m, &p, &at, &value)) return 0;
+    return ct_fail(err, NONFINITE_REFUSAL, "parameter", p->name, (double)value, at);
 }
 
 // The first non-finite element of a shard's moments, as an error naming its flat index.

@@ -293,6 +293,26 @@ static void refuse_resume(const trainer *t, const char *dir, ct_error *err) {
             n == 1 ? "that key" : "those keys");
 }
 
+// Host views of the optimizer moments' elements [lo, lo + n) of the parameter buffer (the
+// moments themselves on the plain CPU backend), for the checkpoint files; released with
+// `write_back` after a load.
+static int moments_view(trainer *t, size_t lo, size_t n, bool fill, float *host[2], ct_error *err) {
+    ct_backend *be = t->opt.be;
+    float *dev[2] = {t->opt.m + (lo - t->opt.base), t->opt.v + (lo - t->opt.base)};
+    host[1] = NULL;
+    if (!(host[0] = be->view(be, dev[0], n * sizeof(float), fill, err))) return -1;
+    if (!(host[1] = be->view(be, dev[1], n * sizeof(float), fill, err))) {
+        be->view_release(be, host[0], dev[0], n * sizeof(float), false);
+        return -1;
+    }
+    return 0;
+}
+static void moments_release(trainer *t, size_t lo, size_t n, float *host[2], bool write_back) {
+    ct_backend *be = t->opt.be;
+    be->view_release(be, host[0], t->opt.m + (lo - t->opt.base), n * sizeof(float), write_back);
+    be->view_release(be, host[1], t->opt.v + (lo - t->opt.base), n * sizeof(float), write_back);
+}
+
 // Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others;
 // each rank then loads the model and its own range of the optimizer state, whatever rank count
 // wrote it. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
@@ -310,7 +330,12 @@ static int resume(trainer *t, ct_error *err) {
         return -1;
     if (!dir[0]) return 0;
     size_t lo = t->opt.base;
-    rc = ckpt_load(dir, &t->model, t->opt.m, t->opt.v, lo, t->opt.n, &t->state, NULL, err);
+    float *moments[2];
+    rc = moments_view(t, lo, t->opt.n, false, moments, err);
+    if (rc == 0) {
+        rc = ckpt_load(dir, &t->model, moments[0], moments[1], lo, t->opt.n, &t->state, NULL, err);
+        moments_release(t, lo, t->opt.n, moments, rc == 0);
+    }
     if (rc == 0 && t->state.config_hash != t->config_hash) refuse_resume(t, dir, err), rc = -1;
     if (dist_agree(t->d, rc, "loading the checkpoint", err) != 0) return -1;
     t->opt.step = t->state.opt_step;
@@ -811,9 +836,12 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     ckpt_shard_info mine = {0}, *all = calloc((size_t)P, sizeof *all);
     rc = all ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
              : ct_fail(err, "out of memory");
-    if (rc == 0)
-        rc = ckpt_write_optimizer_shard(tmp, r, P, lo, hi - lo, n, t->opt.m + (lo - t->opt.base),
-                                        t->opt.v + (lo - t->opt.base), &mine, err);
+    float *moments[2];
+    if (rc == 0 && (rc = moments_view(t, lo, hi - lo, true, moments, err)) == 0) {
+        rc = ckpt_write_optimizer_shard(tmp, r, P, lo, hi - lo, n, moments[0], moments[1], &mine,
+                                        err);
+        moments_release(t, lo, hi - lo, moments, false);
+    }
     if (dist_agree(t->d, rc, "writing the optimizer shards", err) != 0 ||
         dist_allgather(t->d, &mine, all, sizeof mine, "the shards' checksums", err) != 0) {
         if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
