@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "model/flavors.h"
+#include "model/moe_balance.h"
 #include "model/qwen3.h"
 
 enum { B = 2, T = 24 };
@@ -55,6 +56,8 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
     m.mem_opts = opts;
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
     qwen3_init_random(&m, 7, NULL);
+    moe_balance bal;
+    CHECK(moe_balance_init(&bal, &m, 1, &err) == 0, "balance: %s", err.msg);
     qwen3_zero_grad(&m);
     for (int micro = 0; micro < 2; micro++) {
         int64_t n = B * T - 1; // one ignored target
@@ -62,7 +65,8 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
         r.loss += fused ? qwen3_forward_train(&m, in + micro, tg + micro, scale, &n)
                         : qwen3_forward(&m, in + micro, tg + micro, &n);
         CHECK(n == B * T - 1, "valid targets: %lld", (long long)n);
-        qwen3_moe_aux_grad(&m, m.moe_load, (double)B * T, 0.01f);
+        moe_balance_collect(&bal, &m);
+        moe_balance_aux_grad(&bal, &m, 0.01f);
         qwen3_backward(&m, scale);
     }
     const size_t stats = (size_t)m.n_sparse * cfg->num_experts;
@@ -75,6 +79,7 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
               qwen3_memory_plan_ops(cfg, ops, B, T, &opts).activations,
           "ac_every %d, ac_op %d, loss_chunk %d: the plan equals the allocation", opts.ac_every,
           opts.ac_op, opts.loss_chunk);
+    moe_balance_free(&bal);
     qwen3_free(&m);
     return r;
 }

@@ -18,6 +18,7 @@
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/hf_adapter.h"
+#include "model/moe_balance.h"
 
 #define LOGITS_MAX_ABS 3e-5 // measured 2.6e-6 (gqa3_hd4_tied_f32_sharded)
 #define LOSS_REL 1.5e-6     // loss, ce and aux; measured 1.5e-7 (moe_e8k8_nonorm_aux_tied)
@@ -211,11 +212,15 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
         double ce = n_valid ? sum / (double)n_valid : NAN, loss = ce, aux = 0;
         if (vm.moe) {
             // HF's loss: ce + router_aux_loss_coef * aux when output_router_logits.
-            aux = qwen3_moe_aux(&m, m.moe_load, m.moe_prob, (double)N);
+            moe_balance bal;
+            CHECK(moe_balance_init(&bal, &m, 1, &err) == 0, "%s: %s", variant, err.msg);
+            moe_balance_collect(&bal, &m);
+            aux = moe_balance_aux(&bal);
             if (m.cfg.output_router_logits) {
                 loss += m.cfg.router_aux_loss_coef * aux;
-                qwen3_moe_aux_grad(&m, m.moe_load, (double)N, (float)m.cfg.router_aux_loss_coef);
+                moe_balance_aux_grad(&bal, &m, (float)m.cfg.router_aux_loss_coef);
             }
+            moe_balance_free(&bal);
             double ce_rel = fabs(ce - vm.ce) / fabs(vm.ce);
             double aux_rel = fabs(aux - vm.aux) / fabs(vm.aux);
             CHECK(ce_rel <= LOSS_REL, "%s/%s: ce %.8f vs %.8f (rel %.3e)", variant, moe_impl, ce,

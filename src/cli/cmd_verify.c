@@ -17,6 +17,7 @@
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "model/moe_balance.h"
 #include "plugin/trusted_ops.h"
 
 static const cli_option verify_options[] = {
@@ -148,6 +149,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     int32_t *inputs = malloc((size_t)B * T * sizeof *inputs);
     int32_t *targets = malloc((size_t)B * T * sizeof *targets);
     int rc = -1;
+    moe_balance balance = {0};
     if (!stream || !inputs || !targets) {
         ct_fail(err, "out of memory for %zu tokens", need);
         goto done;
@@ -175,11 +177,12 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     }
     if ((rc = logits_summarise(&res->logits, m, k_logits, err)) != 0) goto done;
     res->ce = loss_sum / (double)res->n_valid;
-    res->aux = qwen3_moe_aux(m, m->moe_load, m->moe_prob, (double)B * T);
+    if ((rc = moe_balance_init(&balance, m, 1, err)) != 0) goto done;
+    moe_balance_collect(&balance, m);
+    res->aux = moe_balance_aux(&balance);
     const bool aux_in_loss = m->n_sparse > 0 && cfg.output_router_logits;
     res->loss = res->ce + (aux_in_loss ? cfg.router_aux_loss_coef * res->aux : 0.0);
-    if (aux_in_loss)
-        qwen3_moe_aux_grad(m, m->moe_load, (double)B * T, (float)cfg.router_aux_loss_coef);
+    if (aux_in_loss) moe_balance_aux_grad(&balance, m, (float)cfg.router_aux_loss_coef);
     double t2 = ct_now_s();
     qwen3_zero_grad(m);
     qwen3_backward(m, 1.0f / (float)res->n_valid);
@@ -188,6 +191,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     res->grad_norm = grad_global_norm(m);
     rc = 0;
 done:
+    moe_balance_free(&balance);
     free(stream);
     free(inputs);
     free(targets);

@@ -162,58 +162,6 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     post_norm_backward(m, w, g, a, s);
 }
 
-// Expert e's statistic summed over the sparse layers (layout of moe_load / moe_prob).
-static double over_layers(const qwen3_model *m, const double *stat, int e) {
-    double sum = 0;
-    for (int s = 0; s < m->n_sparse; s++) sum += stat[(size_t)s * m->cfg.num_experts + e];
-    return sum;
-}
-
-double qwen3_moe_aux(const qwen3_model *m, const double *load, const double *prob, double tokens) {
-    const int E = m->cfg.num_experts;
-    const double rows = tokens * m->n_sparse;
-    if (m->n_sparse == 0 || rows <= 0) return 0.0;
-    double sum = 0;
-    for (int e = 0; e < E; e++) sum += over_layers(m, load, e) * over_layers(m, prob, e);
-    return E * sum / (rows * rows);
-}
-
-void qwen3_moe_aux_grad(qwen3_model *m, const double *load, double tokens, float scale) {
-    qwen3_acts *s = m->acts;
-    if (!s || m->n_sparse == 0) return;
-    const int E = m->cfg.num_experts;
-    const double rows = tokens * m->n_sparse;
-    s->aux_active = scale != 0.0f && rows > 0;
-    if (!s->aux_active) return;
-    // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
-    // one-hot counts are constants, as in HF.
-    for (int e = 0; e < E; e++)
-        s->aux_dprob[e] = (float)(scale * E * over_layers(m, load, e) / (rows * rows));
-}
-
-void qwen3_moe_update_bias(qwen3_model *m, const double *load, float coeff) {
-    const int E = m->cfg.num_experts;
-    int s = 0;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-        float *bias = m->w.layers[l].expert_bias;
-        if (!bias) continue;
-        const double *count = load + (size_t)s++ * E;
-        double total = 0;
-        for (int e = 0; e < E; e++) total += count[e];
-        const float mean = (float)(total / E);
-        float dsum = 0;
-        for (int e = 0; e < E; e++) {
-            const float diff = mean - (float)count[e];
-            dsum += coeff * (float)((diff > 0) - (diff < 0));
-        }
-        const float dmean = dsum / (float)E;
-        for (int e = 0; e < E; e++) {
-            const float diff = mean - (float)count[e];
-            bias[e] += coeff * (float)((diff > 0) - (diff < 0)) - dmean;
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 
 int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
@@ -369,5 +317,5 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;
-    s->aux_active = false; // qwen3_moe_aux_grad holds for one backward
+    s->aux_active = false; // moe_balance_aux_grad holds for one backward
 }

@@ -105,6 +105,7 @@ typedef struct qwen3_model {
     // MoE routing statistics of the last forward, per sparse layer s (in layer order; n_sparse
     // of them) and expert e: moe_load[s*E + e] counts the tokens whose top K include e,
     // moe_prob[s*E + e] sums the router probability of e over the tokens. NULL when dense.
+    // Load balancing (model/moe_balance.h) reads them in moe_balance_collect only.
     int n_sparse;
     double *moe_load, *moe_prob;
 } qwen3_model;
@@ -185,20 +186,3 @@ void qwen3_zero_grad(qwen3_model *m);
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
 // forward with targets before it does nothing.
 void qwen3_backward(qwen3_model *m, float loss_scale);
-
-// HF's load-balancing statistic (load_balancing_loss_func) over every sparse layer's router,
-// from routing statistics in the layout of moe_load/moe_prob (the last forward's, or their
-// sums over data-parallel ranks) and the tokens they count (per layer):
-//   aux = E * sum_{j,e} f[j,e] * p[e] = E * sum_e load_e * prob_e / rows^2,
-// load_e and prob_e summed over the sparse layers, rows = tokens * n_sparse. 0 when dense.
-double qwen3_moe_aux(const qwen3_model *m, const double *load, const double *prob, double tokens);
-// Makes the next qwen3_backward add the gradient of scale * aux (aux as qwen3_moe_aux computes
-// it from these load and tokens; it does not depend on prob) to the router. scale 0 = none,
-// the state after every backward.
-void qwen3_moe_aux_grad(qwen3_model *m, const double *load, double tokens, float scale);
-// torchtitan's auxiliary-loss-free load balancing, run before each optimizer step: from the
-// step's token counts per sparse layer and expert (the layout of moe_load, summed over the
-// step's forwards), every expert_bias moves by delta - mean(delta), delta_e = coeff *
-// sign(mean load - load_e), in fp32. Underloaded experts become likelier choices; the bias never
-// changes the routing weights, only the choice.
-void qwen3_moe_update_bias(qwen3_model *m, const double *load, float coeff);

@@ -61,7 +61,7 @@ typedef struct qwen3_acts {
     float *dweight;        // (N,K) gradient of the routing weights
     float *dlogits;        // (N,E) gradient of the router logits
     float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability
-    bool aux_active;       // qwen3_moe_aux_grad set aux_dprob for the next backward
+    bool aux_active;       // moe_balance_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;

@@ -19,6 +19,7 @@
 #include "dist/grad_sync.h"
 #include "model/flavors.h"
 #include "model/hf_adapter.h"
+#include "model/moe_balance.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
@@ -59,9 +60,7 @@ typedef struct trainer {
     uint64_t config_hash; // of the effective config, with the global batch resolved
     double flops_per_token, peak_gflops;
     metrics_log metrics;
-    // MoE: routing statistics of a micro-batch over all ranks (load then prob, n_sparse*E each),
-    // the step's load summed over micro-batches, its max/mean per layer, and dist scratch.
-    double *moe_stats, *moe_step_load, *moe_balance, *moe_scratch;
+    moe_balance moe;  // MoE: the routing statistics, the aux loss, the expert bias
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
     bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
 } trainer;
@@ -445,13 +444,7 @@ static int setup_moe(trainer *t, ct_error *err) {
     const char *lb = t->cfg->model.load_balance;
     t->aux_in_loss = strcmp(lb, "hf") == 0 && mc->output_router_logits;
     t->aux_free = strcmp(lb, "aux_free") == 0;
-    size_t n = (size_t)m->n_sparse * mc->num_experts;
-    t->moe_stats = calloc(2 * n, sizeof(double));
-    t->moe_step_load = calloc(n, sizeof(double));
-    t->moe_balance = calloc((size_t)m->n_sparse, sizeof(double));
-    t->moe_scratch = calloc(2 * n * (size_t)t->d->size, sizeof(double));
-    if (!t->moe_stats || !t->moe_step_load || !t->moe_balance || !t->moe_scratch)
-        return ct_fail(err, "out of memory for the MoE routing statistics");
+    if (moe_balance_init(&t->moe, m, t->d->size, err) != 0) return -1;
     fprintf(t->log,
             "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
             "load balancing %s%s\n",
@@ -589,10 +582,7 @@ static void trainer_free(trainer *t) {
     if (t->tok) tok_free(t->tok);
     grad_sync_free(&t->sync);
     adamw_free(&t->opt);
-    free(t->moe_stats);
-    free(t->moe_step_load);
-    free(t->moe_balance);
-    free(t->moe_scratch);
+    moe_balance_free(&t->moe);
     qwen3_free(&t->model);
     override_close(&t->overrides);
     if (t->log && !is_root(t)) fclose(t->log);
@@ -654,6 +644,11 @@ typedef struct step_result {
     bool skipped;
 } step_result;
 
+// moe_balance's sum over ranks.
+static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
+    return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
+}
+
 // MoE, after a micro-batch's forward: its routing statistics summed over the ranks give the aux
 // of the global micro-batch (HF computes the aux per forward, over the batch it sees), so ranks
 // and micro-batches combine as one process with the same micro-batches would. When the aux is
@@ -661,18 +656,11 @@ typedef struct step_result {
 // step's, for the metrics and the expert bias.
 static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
     qwen3_model *m = &t->model;
-    const size_t n = (size_t)m->n_sparse * m->cfg.num_experts;
-    memcpy(t->moe_stats, m->moe_load, n * sizeof(double));
-    memcpy(t->moe_stats + n, m->moe_prob, n * sizeof(double));
-    if (dist_sum_array(t->d, t->moe_stats, (int)(2 * n), t->moe_scratch,
-                       "the MoE routing statistics", err) != 0)
-        return -1;
-    const double tokens = (double)t->B * t->T * t->d->size;
-    *aux = qwen3_moe_aux(m, t->moe_stats, t->moe_stats + n, tokens);
+    moe_balance_collect(&t->moe, m);
+    if (moe_balance_reduce(&t->moe, moe_sum_ranks, t->d, err) != 0) return -1;
+    *aux = moe_balance_aux(&t->moe);
     if (t->aux_in_loss)
-        qwen3_moe_aux_grad(m, t->moe_stats, tokens,
-                           (float)(m->cfg.router_aux_loss_coef / t->accum));
-    for (size_t i = 0; i < n; i++) t->moe_step_load[i] += t->moe_stats[i];
+        moe_balance_aux_grad(&t->moe, m, (float)(m->cfg.router_aux_loss_coef / t->accum));
     return 0;
 }
 
@@ -680,21 +668,8 @@ static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
 // load_balance = aux_free, the expert-bias update from the step's token counts (summed over
 // ranks, so every rank moves its biases alike).
 static void moe_before_optimizer(trainer *t, bool skipped) {
-    qwen3_model *m = &t->model;
-    const int E = m->cfg.num_experts;
-    const size_t n = (size_t)m->n_sparse * E;
-    for (int s = 0; s < m->n_sparse; s++) {
-        const double *load = t->moe_step_load + (size_t)s * E;
-        double sum = 0, most = 0;
-        for (int e = 0; e < E; e++) {
-            sum += load[e];
-            if (load[e] > most) most = load[e];
-        }
-        t->moe_balance[s] = sum > 0 ? most / (sum / E) : 0;
-    }
-    if (t->aux_free && !skipped)
-        qwen3_moe_update_bias(m, t->moe_step_load, (float)t->cfg->model.load_balance_coeff);
-    memset(t->moe_step_load, 0, n * sizeof *t->moe_step_load);
+    moe_balance_end_step(&t->moe, &t->model, t->aux_free && !skipped,
+                         (float)t->cfg->model.load_balance_coeff);
 }
 
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
@@ -914,7 +889,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
         .ce = r->ce,
         .aux = r->aux,
         .n_moe_layers = t->model.n_sparse,
-        .moe_load_max_over_mean = t->moe_balance,
+        .moe_load_max_over_mean = moe_balance_metric(&t->moe),
     };
     // The plugins' own call counters, as proof that their kernels ran.
     char *calls = NULL;

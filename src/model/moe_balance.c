@@ -1,0 +1,155 @@
+// MoE load balancing (moe_balance.h). All arithmetic here is on host copies of the statistics;
+// the model's memory is read in moe_balance_collect and written in set_router_aux_grad and
+// add_expert_bias, nowhere else.
+#include "model/moe_balance.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/qwen3_internal.h"
+
+static size_t stat_count(const moe_balance *b) {
+    return (size_t)b->n_sparse * b->E;
+}
+
+int moe_balance_init(moe_balance *b, const qwen3_model *m, int ranks, ct_error *err) {
+    *b = (moe_balance){0};
+    if (m->n_sparse == 0) return 0;
+    b->n_sparse = m->n_sparse;
+    b->E = m->cfg.num_experts;
+    const size_t n = stat_count(b);
+    b->stats = calloc(2 * n + 1, sizeof *b->stats);
+    b->step_load = calloc(n, sizeof *b->step_load);
+    b->balance = calloc((size_t)b->n_sparse, sizeof *b->balance);
+    b->scratch = calloc((2 * n + 1) * (size_t)(ranks > 1 ? ranks : 1), sizeof *b->scratch);
+    b->dprob = calloc((size_t)b->E, sizeof *b->dprob);
+    b->bias_delta = calloc(n, sizeof *b->bias_delta);
+    if (!b->stats || !b->step_load || !b->balance || !b->scratch || !b->dprob || !b->bias_delta) {
+        moe_balance_free(b);
+        return ct_fail(err, "out of memory for the MoE routing statistics");
+    }
+    return 0;
+}
+
+void moe_balance_free(moe_balance *b) {
+    free(b->stats);
+    free(b->step_load);
+    free(b->balance);
+    free(b->scratch);
+    free(b->dprob);
+    free(b->bias_delta);
+    *b = (moe_balance){0};
+}
+
+void moe_balance_collect(moe_balance *b, const qwen3_model *m) {
+    if (b->n_sparse == 0) return;
+    const size_t n = stat_count(b);
+    m->be->read(m->be, b->stats, m->moe_load, n * sizeof *b->stats);
+    m->be->read(m->be, b->stats + n, m->moe_prob, n * sizeof *b->stats);
+    b->stats[2 * n] = (double)m->B * m->T;
+}
+
+int moe_balance_reduce(moe_balance *b, moe_balance_sum_fn sum, void *ctx, ct_error *err) {
+    if (b->n_sparse == 0) return 0;
+    const size_t n = stat_count(b);
+    if (sum && sum(ctx, b->stats, (int)(2 * n + 1), b->scratch, err) != 0) return -1;
+    for (size_t i = 0; i < n; i++) b->step_load[i] += b->stats[i];
+    return 0;
+}
+
+// Expert e's statistic summed over the sparse layers (layout of b->stats).
+static double over_layers(const moe_balance *b, const double *stat, int e) {
+    double sum = 0;
+    for (int s = 0; s < b->n_sparse; s++) sum += stat[(size_t)s * b->E + e];
+    return sum;
+}
+
+double moe_balance_aux(const moe_balance *b) {
+    if (b->n_sparse == 0) return 0.0;
+    const size_t n = stat_count(b);
+    const double rows = b->stats[2 * n] * b->n_sparse;
+    if (rows <= 0) return 0.0;
+    double sum = 0;
+    for (int e = 0; e < b->E; e++)
+        sum += over_layers(b, b->stats, e) * over_layers(b, b->stats + n, e);
+    return b->E * sum / (rows * rows);
+}
+
+// Writes model memory: the router backward's aux gradient (dprob NULL: none).
+static void set_router_aux_grad(qwen3_model *m, const float *dprob) {
+    qwen3_acts *s = m->acts;
+    s->aux_active = dprob != NULL;
+    if (dprob)
+        m->be->write(m->be, s->aux_dprob, dprob, (size_t)m->cfg.num_experts * sizeof *s->aux_dprob);
+}
+
+void moe_balance_aux_grad(moe_balance *b, qwen3_model *m, float scale) {
+    if (!m->acts || b->n_sparse == 0) return;
+    const int E = b->E;
+    const double rows = b->stats[2 * stat_count(b)] * b->n_sparse;
+    if (scale == 0.0f || !(rows > 0)) {
+        set_router_aux_grad(m, NULL);
+        return;
+    }
+    // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
+    // one-hot counts are constants, as in HF.
+    for (int e = 0; e < E; e++)
+        b->dprob[e] = (float)(scale * E * over_layers(b, b->stats, e) / (rows * rows));
+    set_router_aux_grad(m, b->dprob);
+}
+
+// Writes model memory: every sparse layer's expert_bias += its row of delta, in layer order,
+// through `row` (E floats of host scratch).
+static void add_expert_bias(qwen3_model *m, const float *delta, float *row, int E) {
+    int s = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        float *bias = m->w.layers[l].expert_bias;
+        if (!bias) continue;
+        const float *d = delta + (size_t)s++ * E;
+        m->be->read(m->be, row, bias, (size_t)E * sizeof *row);
+        for (int e = 0; e < E; e++) row[e] += d[e];
+        m->be->write(m->be, bias, row, (size_t)E * sizeof *row);
+    }
+}
+
+static void update_bias(moe_balance *b, qwen3_model *m, float coeff) {
+    const int E = b->E;
+    for (int s = 0; s < b->n_sparse; s++) {
+        const double *count = b->step_load + (size_t)s * E;
+        float *delta = b->bias_delta + (size_t)s * E;
+        double total = 0;
+        for (int e = 0; e < E; e++) total += count[e];
+        const float mean = (float)(total / E);
+        float dsum = 0;
+        for (int e = 0; e < E; e++) {
+            const float diff = mean - (float)count[e];
+            dsum += coeff * (float)((diff > 0) - (diff < 0));
+        }
+        const float dmean = dsum / (float)E;
+        for (int e = 0; e < E; e++) {
+            const float diff = mean - (float)count[e];
+            delta[e] = coeff * (float)((diff > 0) - (diff < 0)) - dmean;
+        }
+    }
+    add_expert_bias(m, b->bias_delta, b->dprob, E);
+}
+
+void moe_balance_end_step(moe_balance *b, qwen3_model *m, bool update, float coeff) {
+    if (b->n_sparse == 0) return;
+    const int E = b->E;
+    for (int s = 0; s < b->n_sparse; s++) {
+        const double *load = b->step_load + (size_t)s * E;
+        double sum = 0, most = 0;
+        for (int e = 0; e < E; e++) {
+            sum += load[e];
+            if (load[e] > most) most = load[e];
+        }
+        b->balance[s] = sum > 0 ? most / (sum / E) : 0;
+    }
+    if (update) update_bias(b, m, coeff);
+    memset(b->step_load, 0, stat_count(b) * sizeof *b->step_load);
+}
+
+const double *moe_balance_metric(const moe_balance *b) {
+    return b->balance;
+}
