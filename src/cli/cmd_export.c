@@ -17,6 +17,8 @@ static const cli_option export_options[] = {
      "shard the weights above this size, as HF (500MB, 5GB, 2GiB; 0 = one file)", false},
     {"tokenizer", NULL,
      "folder with tokenizer.json to copy (default: the run's model.tokenizer_path)", false},
+    {"debug.guard_device_memory", "false",
+     "test only, slow: load and save through the guarded CPU backend (as train's option)", true},
 };
 
 static void print_notes(ckpt_notes *notes) {
@@ -71,7 +73,9 @@ static int export_run(const cli_args *args, ct_error *err) {
     qwen3_config cfg;
     if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
     qwen3_model m;
-    if (qwen3_init(&m, &cfg, NULL, err) != 0) return -1;
+    ct_backend *be =
+        cli_flag(args, "debug.guard_device_memory") ? ct_backend_cpu_guarded() : ct_backend_cpu();
+    if (qwen3_init_on(&m, &cfg, be, NULL, err) != 0) return -1;
     train_state st;
     char *toml = NULL;
     int rc = ckpt_load(dir, &m, NULL, NULL, 0, 0, &st, &toml, err);
