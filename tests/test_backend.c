@@ -1,0 +1,107 @@
+// The backends (src/backend/): the plain CPU one's buffers and views, and the guard itself: a
+// guarded buffer is readable inside backend calls (buffer calls, and the bound table's kernels)
+// and faults anywhere else, so tests/guard.sh's bit-identical runs mean no host code touched
+// backend memory.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+// Runs fn(arg) in a forked child: true when the child finished it (exit 0), false when it died
+// (a fault; under ASan, the sanitizer's report and exit).
+static bool survives(void (*fn)(void *), void *arg) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        fn(arg);
+        _exit(0);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return true;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static void host_read(void *p) {
+    volatile float x = *(volatile float *)p;
+    (void)x;
+}
+static void host_write(void *p) {
+    *(volatile float *)p = 1.0f;
+}
+static const float *direct_buf;
+static void direct_kernel(void *arg) {
+    double s;
+    ct_ops_cpu.sum_squares(&s, direct_buf, *(size_t *)arg);
+}
+
+static void test_plain(void) {
+    ct_backend *be = ct_backend_cpu();
+    ct_error err = {0};
+    float *p = be->alloc(be, 8 * sizeof(float), "test", &err);
+    CHECK(p && p[0] == 0 && p[7] == 0, "zeroed host memory");
+    const float in[3] = {1, 2, 3};
+    float out[3] = {0};
+    be->write(be, p + 1, in, sizeof in);
+    be->read(be, out, p + 1, sizeof out);
+    CHECK(out[0] == 1 && out[2] == 3 && p[1] == 1, "write then read");
+    CHECK(be->view(be, p, 8 * sizeof(float), true, &err) == p, "a view is the buffer itself");
+    be->free(be, p);
+    CHECK(ct_backend_or_cpu(NULL) == be, "NULL means the plain backend");
+}
+
+static void test_guarded(void) {
+    ct_backend *be = ct_backend_cpu_guarded();
+    ct_error err = {0};
+    const size_t n = 3000; // more than a page
+    float *p = be->alloc(be, n * sizeof(float), "test", &err);
+    CHECK(p != NULL, "alloc: %s", err.msg);
+    if (!p) return;
+    CHECK(!survives(host_read, p), "a host read of a guarded buffer faults");
+    CHECK(!survives(host_write, p + n - 1), "a host write to its last element faults");
+
+    float *in = malloc(n * sizeof *in), *out = calloc(n, sizeof *out);
+    for (size_t i = 0; i < n; i++) in[i] = (float)i;
+    be->write(be, p, in, n * sizeof *in);
+    be->read(be, out, p, n * sizeof *out);
+    CHECK(memcmp(in, out, n * sizeof *in) == 0, "write then read through the backend");
+    float *view = be->view(be, p, n * sizeof(float), true, &err);
+    CHECK(view && view != p && view[n - 1] == (float)(n - 1), "a filled host view is a copy");
+    if (view) {
+        view[5] = -1.0f;
+        be->view_release(be, view, p, n * sizeof(float), true);
+        be->read(be, out, p, n * sizeof *out);
+        CHECK(out[5] == -1.0f, "a released view writes back");
+    }
+    be->zero(be, p, n * sizeof(float));
+    be->read(be, out, p, n * sizeof *out);
+    CHECK(out[0] == 0 && out[n - 1] == 0, "zero");
+
+    // The bound table's kernels run with the buffers accessible; the raw kernel does not.
+    ct_ops bound;
+    CHECK(be->bind_ops(be, &bound, &ct_ops_cpu, &err) == 0, "bind: %s", err.msg);
+    be->write(be, p, in, 4 * sizeof *in); // 0, 1, 2, 3
+    double sq = 0;
+    bound.sum_squares(&sq, p, 4);
+    CHECK(sq == 14.0, "a bound kernel reads guarded memory: %g", sq);
+    size_t four = 4;
+    direct_buf = p;
+    CHECK(!survives(direct_kernel, &four), "the unbound kernel on guarded memory faults");
+    CHECK(!survives(host_read, p), "the buffer is guarded again after the calls");
+
+    ct_ops other = ct_ops_cpu;
+    other.add = NULL;
+    CHECK(be->bind_ops(be, &bound, &other, &err) != 0 && strstr(err.msg, "one op table"),
+          "a second, different table is refused: %s", err.msg);
+    CHECK(be->bind_ops(be, &bound, &ct_ops_cpu, &err) == 0, "the same table again is fine");
+    be->free(be, p);
+    free(in);
+    free(out);
+}
+
+int main(void) {
+    test_plain();
+    test_guarded();
+    return check_summary();
+}
