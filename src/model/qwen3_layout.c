@@ -173,9 +173,9 @@ static void take(float **p, carve *cv, unsigned own, unsigned cls, size_t n) {
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
                          const ct_ops *ops, int B, int T, unsigned dense, unsigned sparse) {
-    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
-    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
-    const size_t D = cfg->head_dim, E = cfg->num_experts, K = cfg->num_experts_per_tok;
+    const qwen3_dims d = qwen3_dims_of(cfg, B, T);
+    const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
+    const size_t E = d.E, K = d.K;
     const unsigned any = dense | sparse;
     take(&la->ln1, cv, any, ACT_CHEAP, N * C);
     take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
@@ -215,15 +215,11 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
                          int B, int T, const qwen3_memory_opts *opts) {
     const int chunk =
         opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk : B * T;
-    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
-    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
-    const size_t D = cfg->head_dim, V = cfg->vocab_size;
-    const int nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
-    const size_t E = cfg->num_experts, K = cfg->num_experts_per_tok;
-    const int n = B * T, c = cfg->hidden_size, fm = cfg->moe_intermediate_size;
-    const int e = cfg->num_experts, k = cfg->num_experts_per_tok;
-    const int L = cfg->num_hidden_layers, n_sparse_layers = qwen3_num_sparse_layers(cfg);
-    const bool moe = n_sparse_layers > 0;
+    const qwen3_dims d = qwen3_dims_of(cfg, B, T);
+    const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D, V = d.V;
+    const size_t E = d.E, K = d.K;
+    const int nh = d.NH, nkv = d.NKV, n = d.N, c = d.C, fm = d.Fm, e = d.E, k = d.K, L = d.L;
+    const bool moe = d.E > 0;
     carve cv = {base, 0};
     // The recompute set: one layer's worth of the buffers that some layer recomputes, of each
     // kind (dense, sparse) that such a layer has.
