@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/clock.h"
+#include "core/rng.h"
 
 #define KC_MAX_T 256           // model case: at most this many tokens
 #define KC_MAX_E 16            // model case: at most this many experts
@@ -52,21 +53,15 @@ double kernel_check_tolerance(override_op op) {
     }
 }
 
-// ---- random inputs (splitmix64; fixed seeds, so every run checks the same values) ----------
+// ---- random inputs (core/rng.h's splitmix64 sequence; fixed seeds, so every run checks the
+// same values) ---------------------------------------------------------------------------------
 
 typedef struct kc_rng {
-    uint64_t s;
+    uint64_t seed, next; // the sequence and its next draw
 } kc_rng;
 
-static uint64_t rng_next(kc_rng *g) {
-    uint64_t z = (g->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double rng_uniform(kc_rng *g) { // [0, 1)
-    return (double)(rng_next(g) >> 11) * 0x1.0p-53;
+    return ct_splitmix64_uniform_at(g->seed, g->next++);
 }
 
 static int rng_int(kc_rng *g, int n) {
@@ -126,14 +121,9 @@ static float *kc_nan(kc_case *k, size_t n) {
     return p;
 }
 
-// N(mean, std) by Box-Muller, two values per pair of uniforms.
+// N(mean, std), the sequence's next 2 * ceil(n / 2) draws.
 static void fill_normal(float *p, size_t n, kc_rng *g, float mean, float std) {
-    for (size_t i = 0; i < n; i += 2) {
-        const double r = sqrt(-2.0 * log(1.0 - rng_uniform(g)));
-        const double a = 6.283185307179586 * rng_uniform(g);
-        p[i] = mean + std * (float)(r * cos(a));
-        if (i + 1 < n) p[i + 1] = mean + std * (float)(r * sin(a));
-    }
+    g->next += ct_rng_normal(p, n, mean, std, g->seed, g->next, CT_RNG_COUNTER);
 }
 
 static float *kc_normal(kc_case *k, kc_rng *g, size_t n, float mean, float std) {
@@ -536,7 +526,7 @@ int kernel_check_run(kernel_check_report *r, const override_set *s, const ct_ops
         if (!e->set) continue;
         for (int model = 1; model >= 0; model--) {
             kc_case k = {.model = model, .inplace = model, .ops = {builtin, &plugin}};
-            kc_rng g = {0x6B65726E656C00ull + (uint64_t)op * 2 + (uint64_t)model};
+            kc_rng g = {.seed = 0x6B65726E656C00ull + (uint64_t)op * 2 + (uint64_t)model};
             kc_ops[op].setup(&k, &g, shape);
             const int rc = k.oom ? -1 : check_case(r, &cap, (override_op)op, e, &k, progress);
             kc_release(&k);
