@@ -19,25 +19,8 @@
 #include "model/qwen3_internal.h"
 #include "ops/moe_router.h"
 
-typedef struct dims {
-    int B, T, N, C, NH, NKV, D, F, V;
-    int E, K, Fm; // experts, experts per token, expert width (MoE)
-} dims;
-
-static dims model_dims(const qwen3_model *m) {
-    const qwen3_config *c = &m->cfg;
-    return (dims){.B = m->B,
-                  .T = m->T,
-                  .N = m->B * m->T,
-                  .C = c->hidden_size,
-                  .NH = c->num_attention_heads,
-                  .NKV = c->num_key_value_heads,
-                  .D = c->head_dim,
-                  .F = c->intermediate_size,
-                  .V = c->vocab_size,
-                  .E = c->num_experts,
-                  .K = c->num_experts_per_tok,
-                  .Fm = c->moe_intermediate_size};
+static qwen3_dims model_dims(const qwen3_model *m) {
+    return qwen3_dims_of(&m->cfg, m->B, m->T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -49,7 +32,7 @@ static dims model_dims(const qwen3_model *m) {
 static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                                     qwen3_layer_acts *a, const qwen3_acts *s, bool gemms) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
@@ -73,7 +56,7 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
                                      qwen3_layer_weights *g, const qwen3_layer_acts *a,
                                      qwen3_acts *s) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     op->matmul_backward(s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
     op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
@@ -90,7 +73,7 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
 // s->dresid (which then holds the gradient of resid2).
 static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     m->ops->rmsnorm_backward_add(m->ops, s->dresid, g->post_norm, s->dtmp, s->dln, a->resid2,
                                  w->post_norm, a->ln2_rstd, d.N, d.C);
 }
@@ -102,7 +85,7 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     if (gemms) op->matmul_forward(a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
     op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
     if (!gemms) return;
@@ -114,7 +97,7 @@ static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
 static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     op->matmul_backward(s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
     float *dgate_up = a->gate_up;
@@ -133,7 +116,7 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                           m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
@@ -152,7 +135,7 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
 static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
                      a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
@@ -210,7 +193,7 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
                            float loss_scale) {
     qwen3_acts *s = m->acts;
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     const int R = r1 - r0;
     const float *lnf = s->lnf + (size_t)r0 * d.C;
     if (logits) op->matmul_forward(s->logits, lnf, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
@@ -231,7 +214,7 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     s->head_done = false;
     s->aux_active = false;
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     const int L = m->cfg.num_hidden_layers;
     if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
     ct_backend *be = m->be;
@@ -285,7 +268,7 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     qwen3_acts *s = m->acts;
     if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
     const ct_ops *op = m->ops;
-    const dims d = model_dims(m);
+    const qwen3_dims d = model_dims(m);
     // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
     // m->logits holds gradients from here on), or by recomputing each chunk's logits.
     const int rows = head_rows(m);

@@ -1,4 +1,6 @@
 // The architecture of a Qwen3 model, as Hugging Face's config.json describes it.
+// qwen3_config.c: validation, the sparse-layer rule and the derived sizes; hf_config.c:
+// config.json both ways.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,6 +50,17 @@ typedef struct qwen3_config {
     // the ones they were read from.
     char hf_source[QWEN3_HF_SOURCE_MAX];
 } qwen3_config;
+
+// The sizes the decoder and its kernels are called with, derived from a config and a batch
+// of B sequences of T tokens. One definition for the model, its layout and the kernel check.
+typedef struct qwen3_dims {
+    int B, T, N;       // batch, sequence length, tokens (N = B*T)
+    int C, NH, NKV, D; // hidden size, query heads, key/value heads, head_dim
+    int F, V, L;       // dense MLP width, vocabulary, layers
+    int E, K, Fm;      // experts, experts per token, expert MLP width; 0 when no layer is sparse
+} qwen3_dims;
+
+qwen3_dims qwen3_dims_of(const qwen3_config *c, int B, int T);
 
 // HF's rule: layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
 // and (i + 1) % decoder_sparse_step == 0. Every other layer has the dense MLP.

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/rng.h"
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
 #include "ops/moe_router.h"
@@ -173,9 +174,9 @@ static void take(float **p, carve *cv, unsigned own, unsigned cls, size_t n) {
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
                          const ct_ops *ops, int B, int T, unsigned dense, unsigned sparse) {
-    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
-    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
-    const size_t D = cfg->head_dim, E = cfg->num_experts, K = cfg->num_experts_per_tok;
+    const qwen3_dims d = qwen3_dims_of(cfg, B, T);
+    const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
+    const size_t E = d.E, K = d.K;
     const unsigned any = dense | sparse;
     take(&la->ln1, cv, any, ACT_CHEAP, N * C);
     take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
@@ -215,15 +216,11 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
                          int B, int T, const qwen3_memory_opts *opts) {
     const int chunk =
         opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk : B * T;
-    const size_t N = (size_t)B * T, C = cfg->hidden_size, F = cfg->intermediate_size;
-    const size_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
-    const size_t D = cfg->head_dim, V = cfg->vocab_size;
-    const int nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
-    const size_t E = cfg->num_experts, K = cfg->num_experts_per_tok;
-    const int n = B * T, c = cfg->hidden_size, fm = cfg->moe_intermediate_size;
-    const int e = cfg->num_experts, k = cfg->num_experts_per_tok;
-    const int L = cfg->num_hidden_layers, n_sparse_layers = qwen3_num_sparse_layers(cfg);
-    const bool moe = n_sparse_layers > 0;
+    const qwen3_dims d = qwen3_dims_of(cfg, B, T);
+    const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D, V = d.V;
+    const size_t E = d.E, K = d.K;
+    const int nh = d.NH, nkv = d.NKV, n = d.N, c = d.C, fm = d.Fm, e = d.E, k = d.K, L = d.L;
+    const bool moe = d.E > 0;
     carve cv = {base, 0};
     // The recompute set: one layer's worth of the buffers that some layer recomputes, of each
     // kind (dense, sparse) that such a layer has.
@@ -470,47 +467,8 @@ const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Random init: splitmix64 seeds one xoshiro256** stream per tensor, so a tensor's values
+// Random init: each tensor fills from its own stream (core/rng.h), so a tensor's values
 // depend only on (seed, its index) and tensors can be filled in parallel.
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl64(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro_next(uint64_t st[4]) {
-    const uint64_t result = rotl64(st[1] * 5, 7) * 9, t = st[1] << 17;
-    st[2] ^= st[0];
-    st[3] ^= st[1];
-    st[1] ^= st[2];
-    st[0] ^= st[3];
-    st[2] ^= t;
-    st[3] = rotl64(st[3], 45);
-    return result;
-}
-
-// Uniform in (0, 1]: 53 random bits, never 0 so log() is finite.
-static double xoshiro_uniform(uint64_t st[4]) {
-    return ((double)(xoshiro_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-static void fill_normal(float *x, size_t n, float stddev, uint64_t seed) {
-    uint64_t sm = seed, st[4];
-    for (int i = 0; i < 4; i++) st[i] = splitmix64(&sm);
-    const double two_pi = 6.283185307179586476925;
-    for (size_t i = 0; i < n; i += 2) { // Box-Muller: two normals per pair of uniforms
-        const double r = sqrt(-2.0 * log(xoshiro_uniform(st)));
-        const double th = two_pi * xoshiro_uniform(st);
-        x[i] = (float)(stddev * r * cos(th));
-        if (i + 1 < n) x[i + 1] = (float)(stddev * r * sin(th));
-    }
-}
 
 int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
     // Filled on the host (in place on the plain CPU backend), tensors in parallel.
@@ -523,7 +481,7 @@ int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
         float *x = base + p->offset;
         const size_t len = strlen(p->name);
         if (p->ndim == 2) {
-            fill_normal(x, p->numel, 0.02f, seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
+            ct_rng_normal(x, p->numel, 0.0f, 0.02f, seed, (uint64_t)i, CT_RNG_STREAM);
         } else {
             // 1-D tensors are biases (0) or norm weights (1); buffers (the expert bias) start 0.
             const bool is_bias = p->buffer || (len >= 5 && strcmp(p->name + len - 5, ".bias") == 0);

@@ -5,24 +5,21 @@
 // Everything else - NaN / start values, comparing, timing, rows - is shared: a case lists the
 // tensors each direction writes, and how each one starts (NaN, or a copy of `init`: the start
 // of an accumulated gradient, or the input of an in-place call).
+//
+// Running the check in a forked child (what train, verify and check-kernels do) is
+// kernel_check_isolate.c.
 #include "plugin/kernel_check.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "core/clock.h"
+#include "core/rng.h"
+#include "plugin/kernel_check_internal.h"
 
 #define KC_MAX_T 256           // model case: at most this many tokens
 #define KC_MAX_E 16            // model case: at most this many experts
@@ -52,21 +49,15 @@ double kernel_check_tolerance(override_op op) {
     }
 }
 
-// ---- random inputs (splitmix64; fixed seeds, so every run checks the same values) ----------
+// ---- random inputs (core/rng.h's splitmix64 sequence; fixed seeds, so every run checks the
+// same values) ---------------------------------------------------------------------------------
 
 typedef struct kc_rng {
-    uint64_t s;
+    uint64_t seed, next; // the sequence and its next draw
 } kc_rng;
 
-static uint64_t rng_next(kc_rng *g) {
-    uint64_t z = (g->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double rng_uniform(kc_rng *g) { // [0, 1)
-    return (double)(rng_next(g) >> 11) * 0x1.0p-53;
+    return ct_splitmix64_uniform_at(g->seed, g->next++);
 }
 
 static int rng_int(kc_rng *g, int n) {
@@ -126,14 +117,9 @@ static float *kc_nan(kc_case *k, size_t n) {
     return p;
 }
 
-// N(mean, std) by Box-Muller, two values per pair of uniforms.
+// N(mean, std), the sequence's next 2 * ceil(n / 2) draws.
 static void fill_normal(float *p, size_t n, kc_rng *g, float mean, float std) {
-    for (size_t i = 0; i < n; i += 2) {
-        const double r = sqrt(-2.0 * log(1.0 - rng_uniform(g)));
-        const double a = 6.283185307179586 * rng_uniform(g);
-        p[i] = mean + std * (float)(r * cos(a));
-        if (i + 1 < n) p[i + 1] = mean + std * (float)(r * sin(a));
-    }
+    g->next += ct_rng_normal(p, n, mean, std, g->seed, g->next, CT_RNG_COUNTER);
 }
 
 static float *kc_normal(kc_case *k, kc_rng *g, size_t n, float mean, float std) {
@@ -502,7 +488,7 @@ static int check_case(kernel_check_report *r, int *cap, override_op op, const ov
     return 0;
 }
 
-static int check_shape(const kernel_check_shape *sh, ct_error *err) {
+int kernel_check_validate_shape(const kernel_check_shape *sh, ct_error *err) {
     if (sh->T < 1 || sh->C < 1 || sh->NH < 1 || sh->NKV < 1 || sh->NH % sh->NKV != 0 || sh->D < 2 ||
         sh->D % 2 != 0 || sh->F < 1 || sh->V < 1 || sh->E < 0 ||
         (sh->E > 0 && (sh->K < 1 || sh->K > sh->E || sh->FM < 1)) || !(sh->eps >= 0) ||
@@ -519,7 +505,7 @@ int kernel_check_run(kernel_check_report *r, const override_set *s, const ct_ops
                      const kernel_check_shape *shape, FILE *progress, ct_error *err) {
     memset(r, 0, sizeof *r);
     r->passed = true;
-    if (check_shape(shape, err) != 0) return -1;
+    if (kernel_check_validate_shape(shape, err) != 0) return -1;
     for (int op = 0; op < OVERRIDE_N_OPS; op++) {
         const override_entry *e = &s->ops[op];
         if (e->set && (!e->forward || (!e->forward_only && !e->backward)))
@@ -536,7 +522,7 @@ int kernel_check_run(kernel_check_report *r, const override_set *s, const ct_ops
         if (!e->set) continue;
         for (int model = 1; model >= 0; model--) {
             kc_case k = {.model = model, .inplace = model, .ops = {builtin, &plugin}};
-            kc_rng g = {0x6B65726E656C00ull + (uint64_t)op * 2 + (uint64_t)model};
+            kc_rng g = {.seed = 0x6B65726E656C00ull + (uint64_t)op * 2 + (uint64_t)model};
             kc_ops[op].setup(&k, &g, shape);
             const int rc = k.oom ? -1 : check_case(r, &cap, (override_op)op, e, &k, progress);
             kc_release(&k);
@@ -554,202 +540,6 @@ void kernel_check_free(kernel_check_report *r) {
     free(r->rows);
     r->rows = NULL;
     r->n_rows = 0;
-}
-
-// ---- in a child process ----------------------------------------------------------------------
-// The child writes to one pipe: its progress lines, then "rows N\n" and N binary rows (the same
-// binary on both ends), or "error MESSAGE\n" when the check itself fails (exit code 2).
-
-static void child_main(int fd, const override_set *s, const ct_ops *builtin,
-                       const kernel_check_shape *shape) {
-    FILE *f = fdopen(fd, "w");
-    if (!f) _exit(2);
-    kernel_check_report r;
-    ct_error err = {{0}};
-    if (kernel_check_run(&r, s, builtin, shape, f, &err) != 0) {
-        fprintf(f, "error %s\n", err.msg);
-        fflush(f);
-        _exit(2);
-    }
-    fprintf(f, "rows %d\n", r.n_rows);
-    if (fwrite(r.rows, sizeof *r.rows, (size_t)r.n_rows, f) != (size_t)r.n_rows || fflush(f) != 0)
-        _exit(2);
-    // The plugin's own prints; the parent flushed before fork, so nothing is written twice.
-    fflush(stdout);
-    fflush(stderr);
-    _exit(0);
-}
-
-static const char *signal_name(int sig, char *buf, size_t cap) {
-    static const struct {
-        int sig;
-        const char *name;
-    } names[] = {{SIGSEGV, "SIGSEGV"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-                 {SIGILL, "SIGILL"},   {SIGABRT, "SIGABRT"}, {SIGKILL, "SIGKILL"},
-                 {SIGTERM, "SIGTERM"}, {SIGTRAP, "SIGTRAP"}, {SIGSYS, "SIGSYS"},
-                 {SIGPIPE, "SIGPIPE"}, {SIGINT, "SIGINT"},   {SIGXCPU, "SIGXCPU"}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (names[i].sig == sig) return names[i].name;
-    snprintf(buf, cap, "signal %d", sig);
-    return buf;
-}
-
-// Where the child was: "rope_hf forward (model case)" from its last progress line.
-static void last_step(char *out, size_t cap, const char *buf, size_t len) {
-    snprintf(out, cap, "kernel check (before the first op)");
-    static const char tag[] = "checking ";
-    for (size_t i = 0; i < len;) {
-        const char *nl = memchr(buf + i, '\n', len - i);
-        const size_t end = nl ? (size_t)(nl - buf) : len;
-        const size_t n = end - i;
-        if (n > sizeof tag && memcmp(buf + i, tag, sizeof tag - 1) == 0 && buf[end - 1] == ')')
-            snprintf(out, cap, "%.*s case)", (int)(n - sizeof tag), buf + i + sizeof tag - 1);
-        else if (n >= 5 && memcmp(buf + i, "rows ", 5) == 0)
-            break; // binary rows follow
-        i = end + 1;
-    }
-}
-
-// Parses "rows N\n" + N rows or "error MSG\n" out of the child's output. 1: rows, 2: error
-// message in err, 0: neither (the child did not finish), -1: out of memory.
-static int parse_child(kernel_check_report *r, const char *buf, size_t len, ct_error *err) {
-    for (size_t i = 0; i < len;) {
-        const char *nl = memchr(buf + i, '\n', len - i);
-        if (!nl) return 0;
-        const size_t end = (size_t)(nl - buf), n_line = end - i;
-        if (n_line > 5 && n_line < 20 && memcmp(buf + i, "rows ", 5) == 0) {
-            char num[20];
-            memcpy(num, buf + i + 5, n_line - 5);
-            num[n_line - 5] = '\0';
-            char *tail;
-            const long n = strtol(num, &tail, 10);
-            if (*tail || n < 0 || n > INT_MAX || len - (end + 1) != (size_t)n * sizeof *r->rows)
-                return 0;
-            r->rows = malloc(n ? (size_t)n * sizeof *r->rows : 1);
-            if (!r->rows) return -1;
-            memcpy(r->rows, nl + 1, (size_t)n * sizeof *r->rows);
-            r->n_rows = (int)n;
-            r->passed = true;
-            for (int j = 0; j < r->n_rows; j++) r->passed = r->passed && r->rows[j].pass;
-            return 1;
-        }
-        if (n_line >= 6 && memcmp(buf + i, "error ", 6) == 0) {
-            ct_fail(err, "%.*s", (int)(n_line - 6), buf + i + 6);
-            return 2;
-        }
-        i = end + 1;
-    }
-    return 0;
-}
-
-static pid_t wait_eintr(pid_t pid, int *status, int flags) {
-    pid_t w;
-    while ((w = waitpid(pid, status, flags)) < 0 && errno == EINTR) {
-    }
-    return w;
-}
-
-// Reads the child's output into *buf until EOF: 0. 1: the child said nothing for timeout_s
-// (<= 0: no limit). -1: error.
-static int read_child(int fd, double timeout_s, char **buf, size_t *len, ct_error *err) {
-    size_t cap = 0;
-    double deadline = ct_now_s() + timeout_s;
-    for (;;) {
-        int ms = -1;
-        if (timeout_s > 0) {
-            const double left = deadline - ct_now_s();
-            if (left <= 0) return 1;
-            ms = left * 1000 + 1 < INT_MAX ? (int)(left * 1000 + 1) : INT_MAX;
-        }
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int rc = poll(&p, 1, ms);
-        if (rc < 0 && errno != EINTR)
-            return ct_fail(err, "kernel check: poll: %s", strerror(errno));
-        if (rc <= 0) continue;
-        if (*len == cap) {
-            const size_t nc = cap ? 2 * cap : 65536;
-            char *nb = realloc(*buf, nc);
-            if (!nb) return ct_fail(err, "kernel check: out of memory");
-            *buf = nb, cap = nc;
-        }
-        const ssize_t n = read(fd, *buf + *len, cap - *len);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (n < 0) return ct_fail(err, "kernel check: read: %s", strerror(errno));
-        if (n == 0) return 0;
-        *len += (size_t)n;
-        deadline = ct_now_s() + timeout_s;
-    }
-}
-
-// After EOF the child is exiting; 1 if it is still there timeout_s later.
-static int reap_child(pid_t pid, double timeout_s, int *status) {
-    const double deadline = ct_now_s() + timeout_s;
-    for (;;) {
-        const pid_t w = wait_eintr(pid, status, WNOHANG);
-        if (w == pid || w < 0) return 0;
-        if (timeout_s > 0 && ct_now_s() > deadline) return 1;
-        nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
-    }
-}
-
-int kernel_check_isolated(kernel_check_report *r, const override_set *s, const ct_ops *builtin,
-                          const kernel_check_shape *shape, double timeout_s, ct_error *err) {
-    memset(r, 0, sizeof *r);
-    if (check_shape(shape, err) != 0) return -1;
-    int fd[2];
-    if (pipe(fd) != 0) return ct_fail(err, "kernel check: pipe: %s", strerror(errno));
-    fflush(NULL); // else the child's copies of unwritten stdio buffers would be written twice
-    const pid_t pid = fork();
-    if (pid < 0) {
-        const int e = errno;
-        close(fd[0]), close(fd[1]);
-        return ct_fail(err, "kernel check: fork: %s", strerror(e));
-    }
-    if (pid == 0) {
-        close(fd[0]);
-        child_main(fd[1], s, builtin, shape);
-    }
-    close(fd[1]);
-
-    char *buf = NULL;
-    size_t len = 0;
-    int status = 0;
-    int rc = read_child(fd[0], timeout_s, &buf, &len, err);
-    close(fd[0]);
-    if (rc == 0) rc = reap_child(pid, timeout_s, &status);
-    if (rc != 0) {
-        kill(pid, SIGKILL);
-        wait_eintr(pid, &status, 0);
-    }
-    if (rc < 0) {
-        free(buf);
-        return -1;
-    }
-    const bool timed_out = rc == 1;
-    // Exit code 0 comes with the rows, 2 with the check's own error.
-    const int code = !timed_out && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    const int got = code == 0 || code == 2 ? parse_child(r, buf, len, err) : 0;
-    if (got != 0 && (got != 1 || code == 0)) {
-        free(buf);
-        if (got == 1) return 0;
-        kernel_check_free(r);
-        return got < 0 ? ct_fail(err, "kernel check: out of memory") : -1;
-    }
-    kernel_check_free(r);
-    char where[160], sig[32];
-    last_step(where, sizeof where, buf, len);
-    free(buf);
-    r->crashed = true;
-    r->passed = false;
-    if (timed_out)
-        snprintf(r->crash, sizeof r->crash, "%s: no answer after %g s", where, timeout_s);
-    else if (WIFSIGNALED(status))
-        snprintf(r->crash, sizeof r->crash, "%s: killed by %s", where,
-                 signal_name(WTERMSIG(status), sig, sizeof sig));
-    else
-        snprintf(r->crash, sizeof r->crash, "%s: exited with code %d without finishing", where,
-                 WEXITSTATUS(status));
-    return 0;
 }
 
 // ---- reports ---------------------------------------------------------------------------------

@@ -3,21 +3,19 @@
 #include <string.h>
 
 kernel_check_shape kernel_check_shape_of(const qwen3_config *c, int seq_len) {
-    bool moe = qwen3_num_sparse_layers(c) > 0;
-    return (kernel_check_shape){
-        .T = seq_len,
-        .C = c->hidden_size,
-        .NH = c->num_attention_heads,
-        .NKV = c->num_key_value_heads,
-        .D = c->head_dim,
-        .F = c->intermediate_size,
-        .V = c->vocab_size,
-        .E = moe ? c->num_experts : 0,
-        .K = moe ? c->num_experts_per_tok : 0,
-        .FM = moe ? c->moe_intermediate_size : 0,
-        .eps = c->rms_norm_eps,
-        .rope_theta = c->rope_theta,
-    };
+    const qwen3_dims d = qwen3_dims_of(c, 1, seq_len);
+    return (kernel_check_shape){.T = d.T,
+                                .C = d.C,
+                                .NH = d.NH,
+                                .NKV = d.NKV,
+                                .D = d.D,
+                                .F = d.F,
+                                .V = d.V,
+                                .E = d.E,
+                                .K = d.K,
+                                .FM = d.Fm,
+                                .eps = c->rms_norm_eps,
+                                .rope_theta = c->rope_theta};
 }
 
 // The library behind a report line that starts with an op's name.
