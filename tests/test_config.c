@@ -637,6 +637,7 @@ static void fake_moe_init(fake_moe *f) {
     qsort(names, (size_t)n, sizeof names[0], name_cmp);
     for (int i = 0; i < n; i++) fake_add(f, names[i], strstr(names[i], "expert_bias") != NULL);
     f->m.params = f->params;
+    f->m.be = ct_backend_cpu();
     f->m.param_mem = calloc(f->m.num_params, sizeof(float));
     for (size_t i = 0; i < f->m.num_params; i++) f->m.param_mem[i] = (float)i;
 }
