@@ -75,6 +75,6 @@ void ops_profile_print(FILE *f, double step_seconds, int steps) {
                 (double)calls[p] / steps, ms, 100.0 * seconds[p] / steps / step_seconds);
     }
     const double rest = step_seconds - covered;
-    fprintf(f, "  %-14s %-9s %9s %10.2f %6.1f%%  (routing, optimizer, data, comm)\n", "other", "-",
+    fprintf(f, "  %-14s %-9s %9s %10.2f %6.1f%%  (data, communication, host work)\n", "other", "-",
             "", rest * 1e3, 100.0 * rest / step_seconds);
 }

@@ -14,5 +14,5 @@ void ops_profile_wrap(ct_ops *out, const ct_ops *inner);
 void ops_profile_reset(void);
 // The table: per op and direction, calls and milliseconds per step and the share of
 // `step_seconds` (the mean wall time of a step over `steps` steps), then what the ops do not
-// cover (routing, the optimizer, data, communication).
+// cover (data, communication, host work).
 void ops_profile_print(FILE *f, double step_seconds, int steps);
