@@ -87,6 +87,18 @@ expect_err verify_bad_moe_impl 'moe_impl "fast": expected "grouped" or "loop"' \
   "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
   --model.moe_impl fast
 
+# verify runs the attention kernel train runs (model.attn_backend, auto = flash) and says which;
+# sdpa stays available.
+expect_ok verify_attn_default 'kernels: attention flash, experts grouped' "$ct" verify \
+  --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" --training.seq_len 5 \
+  --training.local_batch_size 2
+expect_ok verify_attn_sdpa '"attn_backend":"sdpa"' "$ct" verify --model.hf_path "$moe/hf" \
+  --training.dataset_path "$moe/tokens.npy" --training.seq_len 5 --training.local_batch_size 2 \
+  --model.attn_backend sdpa --json
+expect_err verify_bad_attn 'attn_backend "fast": expected "sdpa" or "flash"' \
+  "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+  --model.attn_backend fast
+
 # --- inspect
 v=$CTITAN_REF_DIR/gqa2_hd16_tied_bias_bf16_sharded/hf
 expect_ok inspect_sharded 'model\.embed_tokens\.weight +BF16' "$ct" inspect "$v"
@@ -165,7 +177,7 @@ import json, sys
 c = json.load(open(sys.argv[1])); c.update(hidden_size=65536, intermediate_size=262144, num_hidden_layers=512)
 json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_err memory_will_not_fit 'needs [0-9.]+ GiB.*available' run_verify "$d"
+expect_err memory_will_not_fit 'needs about [0-9.]+ GiB per node .*available' run_verify "$d"
 # The full Qwen3-30B-A3B is refused before any work, with the estimate; MoE overrides need a MoE
 # flavor.
 expect_err moe_full_model 'needs about [0-9.]+ GiB per node .*params [0-9.]+, grads' \
@@ -177,7 +189,7 @@ expect_err moe_override_dense 'override a MoE flavor; "debugmodel" is dense' \
 
 expect_err seq_over_max_pos 'training.seq_len 100 exceeds max_position_embeddings 64' \
   run_verify "$good/hf" "$good/tokens.npy" 100
-expect_err too_few_tokens 'tokens.npy: has [0-9]+ tokens, but batch 2 x \(seq_len 60 \+ 1\) needs 122' \
+expect_err too_few_tokens 'tokens.npy: has [1-9][0-9]* tokens, but batch 2 x \(seq_len 60 \+ 1\) needs 122' \
   run_verify "$good/hf" "$good/tokens.npy" 60
 "$CTITAN_PYTHON" -c "import numpy as np, sys; np.save(sys.argv[1], np.zeros(100, np.float32))" "$tmp/float.npy"
 expect_err npy_float 'float.npy.*<f4' run_verify "$good/hf" "$tmp/float.npy"

@@ -4,8 +4,9 @@
 shared/golden/hf-qwen3/ (beside the repository; CTITAN_GOLDEN_DIR overrides) holds four tiny
 Qwen3 and Qwen3-MoE HF folders with the loss, aux, global and per-parameter gradient norms,
 num_parameters and logits that transformers' modeling_qwen3.py / modeling_qwen3_moe.py compute
-(see its README). For each folder this runs `ctitan verify --json` with the golden T and B and
-compares:
+(see its README). For each folder this runs `ctitan verify --json` with the golden T and B, once
+with each attention kernel (flash, what train and verify use by default, and sdpa, the
+reference), and compares:
 
 - loss, ce and (with aux in the loss) aux, relative;
 - the global gradient norm, relative;
@@ -34,15 +35,17 @@ FOLDERS = ["dense_untied_bias_bf16", "dense_tied_gqa3_f32", "moe_norm_aux",
            "moe_mixed_noaux_bf16"]
 
 # Bounds about 10x the worst error measured at the commit that added this test, over the four
-# folders (measured figure beside each). The golden README's bounds for any correct fp32
-# implementation are 1e-6 (loss), 1e-5 (grad norm, per-parameter, logits).
-LOSS_REL = 1e-6        # measured 8.2e-8 (moe_norm_aux; the loss and ce)
-AUX_REL = 6e-7         # measured 6.3e-8 (moe_norm_aux)
-GRAD_NORM_REL = 2e-7   # measured 2.0e-8 (moe_norm_aux)
-PARAM_NORM_REL = 2e-7  # each tensor's |diff| / the global norm; measured 2.2e-8 (moe_norm_aux)
-LOGITS_REL = 5e-6      # |diff| / max |logit| of the 8 given per row; measured 4.9e-7 (moe_norm_aux)
-SQ_SUM_REL = 2e-7      # logits' sum of squares, relative; measured 2.4e-8 (dense_untied_bias_bf16)
-SUM_REL = 1e-7         # logits' sum / sqrt(count * sum of squares); measured 1.2e-8 (moe_mixed)
+# folders (measured figure beside each: sdpa, then flash, measured when verify began to follow
+# model.attn_backend). The golden README's bounds for any correct fp32 implementation are 1e-6
+# (loss), 1e-5 (grad norm, per-parameter, logits).
+LOSS_REL = 1e-6        # measured 8.2e-8, flash 8.2e-8 (moe_norm_aux; the loss and ce)
+AUX_REL = 6e-7         # measured 6.3e-8, flash 5.8e-8 (moe_norm_aux)
+GRAD_NORM_REL = 2e-7   # measured 2.0e-8, flash 2.9e-8
+PARAM_NORM_REL = 2e-7  # each tensor's |diff| / the global norm; measured 2.2e-8, flash 2.0e-8
+LOGITS_REL = 5e-6      # |diff| / max |logit| of the 8 given per row; measured 4.9e-7, flash 5.8e-7
+SQ_SUM_REL = 2e-7      # logits' sum of squares, relative; measured 2.4e-8, flash 2.7e-8
+SUM_REL = 1e-7         # logits' sum / sqrt(count * sum of squares); measured 1.2e-8, flash 1.2e-8
+ATTENTION = ["flash", "sdpa"]
 
 worst = {}  # over all folders
 here = {}   # this folder
@@ -62,14 +65,14 @@ def rel(a, b):
     return abs(a - b) / abs(b)
 
 
-def run(folder):
+def run(folder, attn):
     g = json.load(open(os.path.join(folder, "golden.json")))
-    name = os.path.basename(folder)
+    name = "%s (%s)" % (os.path.basename(folder), attn)
     k = len(g["logits_sample0_pos0_first8"])
     cmd = [BIN, "verify", "--model.hf_path", folder,
            "--training.dataset_path", os.path.join(folder, "tokens.npy"),
            "--training.seq_len", str(g["T"]), "--training.local_batch_size", str(g["B"]),
-           "--logits", str(k), "--json"]
+           "--logits", str(k), "--model.attn_backend", attn, "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     check(r.returncode == 0, "%s: ctitan verify failed: %s" % (name, (r.stdout + r.stderr)[-3000:]))
     if r.returncode != 0:
@@ -80,6 +83,8 @@ def run(folder):
     except ValueError:
         check(False, "%s: stdout is not one JSON object: %r" % (name, r.stdout[:300]))
         return
+    check(out.get("attn_backend") == attn, "%s: verify says attn_backend %r"
+          % (name, out.get("attn_backend")))
     check(not out["missing"] and not out["unexpected"],
           "%s: missing %r, unexpected %r" % (name, out["missing"], out["unexpected"]))
 
@@ -136,8 +141,10 @@ root = os.path.join(GOLDEN, "hf-qwen3")
 if not os.path.isdir(root):
     print("no golden folder %s (set CTITAN_GOLDEN_DIR)" % root)
     sys.exit(1 if os.environ.get("CI") == "true" else 77)
-for f in FOLDERS:
-    here.clear()
-    run(os.path.join(root, f))
-print("worst errors: " + errors(worst))
+for attn in ATTENTION:
+    worst.clear()
+    for f in FOLDERS:
+        here.clear()
+        run(os.path.join(root, f), attn)
+    print("worst errors with %s: %s" % (attn, errors(worst)))
 summary()

@@ -6,9 +6,8 @@
 
 #include "cli/cli.h"
 #include "io/json.h"
-#include "plugin/trusted_ops.h"
 #include "train/config.h"
-#include "train/trainer.h"
+#include "train/run_setup.h"
 
 // Which ops the plugins override, for the JSON.
 static void overrides_json(const override_set *s, FILE *f) {
@@ -29,36 +28,27 @@ static void overrides_json(const override_set *s, FILE *f) {
 static int check(const ct_config *cfg, bool json, ct_error *err) {
     if (!cfg->override.imports[0])
         return ct_fail(err, "check-kernels needs --override.imports LIB.so[,LIB2.so]");
-    qwen3_config mc;
-    if (train_model_config(&mc, cfg, err) != 0) return -1;
-    ct_ops ops;
-    const char *attn;
-    if (train_builtin_ops(&ops, &attn, cfg, err) != 0) return -1;
-    override_set s;
-    if (override_load(&s, cfg->override.imports, err) != 0) return -1;
-    if (!json) override_log(&s, stdout);
-    kernel_check_shape shape = kernel_check_shape_of(&mc, cfg->training.seq_len);
-    kernel_check_report r;
-    int rc = kernel_check_isolated(&r, &s, &ops, &shape, KERNEL_CHECK_TIMEOUT_S, err);
-    if (rc == 0) {
-        if (json) {
-            fputs("{\"overrides\": ", stdout);
-            overrides_json(&s, stdout);
-            fputs(", \"check\": ", stdout);
-            kernel_check_json(&r, stdout);
-            fputs("}\n", stdout);
-        } else {
-            kernel_check_print(&r, &s, stdout);
-        }
-        char why[512];
-        kernel_check_first_failure(&r, why, sizeof why);
-        if (r.crashed)
-            rc = ct_fail(err, "a plugin crashed in the parity check: %s", r.crash);
-        else if (!r.passed)
-            rc = ct_fail(err, "the parity check failed: %s", why);
-        kernel_check_free(&r);
+    // The run setup of train and verify, stopping at the check: the same model, kernels and
+    // reference table; nothing is refused or applied here.
+    run_setup setup;
+    run_setup_opts so = {.log = json ? NULL : stdout, .check_only = true};
+    if (run_setup_open(&setup, cfg, &so, err) != 0) return -1;
+    const kernel_check_report *r = &setup.check;
+    if (json) {
+        fputs("{\"overrides\": ", stdout);
+        overrides_json(&setup.overrides, stdout);
+        fputs(", \"check\": ", stdout);
+        kernel_check_json(r, stdout);
+        fputs("}\n", stdout);
     }
-    override_close(&s);
+    char why[512];
+    kernel_check_first_failure(r, why, sizeof why);
+    int rc = 0;
+    if (r->crashed)
+        rc = ct_fail(err, "a plugin crashed in the parity check: %s", r->crash);
+    else if (!r->passed)
+        rc = ct_fail(err, "the parity check failed: %s", why);
+    run_setup_close(&setup);
     return rc;
 }
 

@@ -4,6 +4,8 @@
 // output_router_logits is on; both parts are printed. With --json the results also name each
 // parameter's gradient norm and summarise the logits, so a difference from HF's own numbers can
 // be traced to one tensor.
+// The model config, kernels, plugin trust and memory check are train's (train/run_setup.c), so
+// verify computes with the kernels a training run with the same options would use.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,7 @@
 #include "io/npy.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
-#include "plugin/trusted_ops.h"
+#include "train/run_setup.h"
 
 static const cli_option verify_options[] = {
     {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
@@ -26,8 +28,12 @@ static const cli_option verify_options[] = {
     {"training.seq_len", "2048", "tokens per sample T (each sample reads T+1 tokens)", false},
     {"training.local_batch_size", "8", "samples B in the batch", false},
     {"model.moe_impl", "grouped", "MoE expert kernel: grouped | loop", false},
+    {"model.attn_backend", "auto", "attention kernel: auto (= flash, as train) | flash | sdpa",
+     false},
     {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
     {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
+    {"debug.guard_device_memory", "false",
+     "test only, slow: run on the guarded CPU backend (as train's option)", true},
     {"json", "false",
      "print the results as exactly one JSON object on stdout (the readable report goes to "
      "stderr): also each parameter's gradient norm by HF name and the sum and sum of squares "
@@ -43,8 +49,16 @@ static double sum_squares(const float *x, size_t n) {
     return sum;
 }
 
-static double grad_global_norm(const qwen3_model *m) {
-    return sqrt(sum_squares(m->grad_mem, m->num_params));
+// Each trained tensor's gradient L2 norm by HF name (a tied embedding once, as its one entry),
+// from a host view of the gradients.
+static cJSON *grad_norms_json(const qwen3_model *m, const float *grads) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (!p->buffer)
+            cJSON_AddNumberToObject(o, p->name, sqrt(sum_squares(grads + p->offset, p->numel)));
+    }
+    return o;
 }
 
 // The logits after the forward, before the backward overwrites them with their gradient: the
@@ -58,36 +72,20 @@ typedef struct logits_summary {
 static int logits_summarise(logits_summary *s, const qwen3_model *m, int k, ct_error *err) {
     const size_t V = (size_t)m->cfg.vocab_size, n = (size_t)m->B * m->T * V;
     s->k = k < (int)V ? k : (int)V;
+    const float *logits = m->be->view(m->be, m->logits, n * sizeof(float), true, err);
+    if (!logits) return -1;
     s->sum = 0;
-    for (size_t i = 0; i < n; i++) s->sum += m->logits[i];
-    s->sq_sum = sum_squares(m->logits, n);
-    if (s->k == 0) return 0;
-    s->first = malloc((size_t)s->k * sizeof *s->first);
-    s->last = malloc((size_t)s->k * sizeof *s->last);
-    if (!s->first || !s->last) return ct_fail(err, "out of memory for %d logits", 2 * s->k);
-    memcpy(s->first, m->logits, (size_t)s->k * sizeof *s->first);
-    memcpy(s->last, m->logits + (size_t)(m->T - 1) * V, (size_t)s->k * sizeof *s->last);
-    return 0;
-}
-
-// Refuses a config that cannot fit before allocating anything.
-static int check_fits(const qwen3_config *c, const ct_ops *ops, int B, int T, const char *dir,
-                      ct_error *err) {
-    if (T > c->max_position_embeddings)
-        return ct_fail(err,
-                       "training.seq_len %d exceeds max_position_embeddings %d of %s/config.json",
-                       T, c->max_position_embeddings, dir);
-    qwen3_memory mem = qwen3_memory_plan_ops(c, ops, B, T, NULL);
-    uint64_t need = mem.params + mem.grads + mem.activations;
-    uint64_t avail = sysmem_available_bytes();
-    if (avail && need > avail)
-        return ct_fail(err,
-                       "%s with batch %d x seq_len %d needs %.2f GiB (params %.2f, grads %.2f, "
-                       "activations %.2f) but only %.2f GiB of memory is available",
-                       dir, B, T, need / 1073741824.0, mem.params / 1073741824.0,
-                       mem.grads / 1073741824.0, mem.activations / 1073741824.0,
-                       avail / 1073741824.0);
-    return 0;
+    for (size_t i = 0; i < n; i++) s->sum += logits[i];
+    s->sq_sum = sum_squares(logits, n);
+    s->first = malloc((size_t)(s->k ? s->k : 1) * sizeof *s->first);
+    s->last = malloc((size_t)(s->k ? s->k : 1) * sizeof *s->last);
+    int rc = s->first && s->last ? 0 : ct_fail(err, "out of memory for %d logits", 2 * s->k);
+    if (rc == 0) {
+        memcpy(s->first, logits, (size_t)s->k * sizeof *s->first);
+        memcpy(s->last, logits + (size_t)(m->T - 1) * V, (size_t)s->k * sizeof *s->last);
+    }
+    m->be->view_release(m->be, (float *)logits, m->logits, n * sizeof(float), false);
+    return rc;
 }
 
 static void print_key_report(FILE *out, const hf_load_report *r) {
@@ -120,30 +118,63 @@ typedef struct verify_result {
     double loss, ce, aux, grad_norm, forward_s, backward_s;
     int64_t n_valid;
     logits_summary logits;
+    cJSON *grad_norms; // by HF name
 } verify_result;
 
-static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
-                      override_set *overrides, const cli_args *args, const char *dir,
-                      const char *data_path, int B, int T, int k_logits, ct_ops *ops, FILE *out,
-                      ct_error *err) {
-    char cfg_path[4096];
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    qwen3_config cfg;
-    if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
+// The run setup's config: train's defaults with verify's options. Whole-batch loss head and no
+// activation checkpointing: verify summarises all the logits after the forward.
+static int verify_config(ct_config *c, const cli_args *args, int B, int T, ct_error *err) {
+    config_defaults(c);
+    c->training.local_batch_size = B;
+    c->training.seq_len = T;
+    c->training.loss_chunk_tokens = 0;
+    snprintf(c->model.backend, sizeof c->model.backend, "hf");
+    snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "none");
+    c->override.allow_mismatch = cli_flag(args, "override.allow_mismatch");
+    c->debug.guard_device_memory = cli_flag(args, "debug.guard_device_memory");
+    const struct {
+        const char *key;
+        char *dst;
+        size_t cap;
+    } strs[] = {
+        {"model.hf_path", c->model.hf_path, sizeof c->model.hf_path},
+        {"model.moe_impl", c->model.moe_impl, sizeof c->model.moe_impl},
+        {"model.attn_backend", c->model.attn_backend, sizeof c->model.attn_backend},
+        {"override.imports", c->override.imports, sizeof c->override.imports},
+    };
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+        const char *v = cli_str(args, strs[i].key);
+        if (!v) v = "";
+        if (strlen(v) >= strs[i].cap)
+            return ct_fail(err, "--%s: %zu characters, at most %zu", strs[i].key, strlen(v),
+                           strs[i].cap - 1);
+        memcpy(strs[i].dst, v, strlen(v) + 1);
+    }
+    return 0;
+}
+
+static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, run_setup *setup,
+                      run_memory *mem, const cli_args *args, const char *dir, const char *data_path,
+                      int B, int T, int k_logits, FILE *out, ct_error *err) {
+    ct_config run_cfg;
+    if (verify_config(&run_cfg, args, B, T, err) != 0) return -1;
     // Before anything runs an OpenMP region: the parity check forks.
-    kernel_check_shape shape = kernel_check_shape_of(&cfg, T);
-    if (trusted_ops_setup(ops, overrides, cli_str(args, "override.imports"),
-                          cli_flag(args, "override.allow_mismatch"), &shape, out, stderr, err) != 0)
-        return -1;
-    if (check_fits(&cfg, ops, B, T, dir, err) != 0) return -1;
+    run_setup_opts so = {.log = out, .warn = stderr};
+    if (run_setup_open(setup, &run_cfg, &so, err) != 0) return -1;
+    const qwen3_config cfg = setup->model;
+    char what[4200];
+    snprintf(what, sizeof what, "%s with batch %d x seq_len %d", dir, B, T);
+    *mem = run_setup_memory(setup, 0, 0, 1);
+    if (run_setup_check_fit(setup, mem, what, false, err) != 0) return -1;
 
     npy_tokens tokens;
     if (npy_open(&tokens, data_path, err) != 0) return -1;
     size_t window = (size_t)T + 1, need = (size_t)B * window;
     if (tokens.count < need) {
-        npy_close(&tokens);
-        return ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu",
-                       data_path, (unsigned long long)tokens.count, B, T, need);
+        ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu", data_path,
+                (unsigned long long)tokens.count, B, T, need);
+        npy_close(&tokens); // after the message: closing zeroes the count
+        return -1;
     }
     int32_t *stream = malloc(need * sizeof *stream);
     int32_t *inputs = malloc((size_t)B * T * sizeof *inputs);
@@ -162,7 +193,8 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
 
     st_set set;
     if (st_set_open(&set, dir, err) != 0) goto done;
-    rc = qwen3_init(m, &cfg, ops, err);
+    rc = qwen3_init_on(m, &cfg, setup->be, &setup->ops, err);
+    if (rc == 0) m->mem_opts = setup->mem_opts;
     if (rc == 0) rc = hf_load_weights(m, rep, &set, dir, err);
     st_set_close(&set);
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
@@ -188,7 +220,16 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep,
     qwen3_backward(m, 1.0f / (float)res->n_valid);
     res->forward_s = t1 - t0;
     res->backward_s = ct_now_s() - t2;
-    res->grad_norm = grad_global_norm(m);
+    // The gradients through a host view (the gradients themselves on the plain CPU backend).
+    const size_t bytes = m->num_params * sizeof(float);
+    const float *grads = m->be->view(m->be, m->grad_mem, bytes, true, err);
+    if (!grads) {
+        rc = -1;
+        goto done;
+    }
+    res->grad_norm = sqrt(sum_squares(grads, m->num_params));
+    res->grad_norms = grad_norms_json(m, grads);
+    m->be->view_release(m->be, (float *)grads, m->grad_mem, bytes, false);
     rc = 0;
 done:
     moe_balance_free(&balance);
@@ -199,25 +240,13 @@ done:
     return rc;
 }
 
-// Each trained tensor's gradient L2 norm by HF name (a tied embedding once, as its one entry).
-static cJSON *grad_norms_json(const qwen3_model *m) {
-    cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i];
-        if (!p->buffer)
-            cJSON_AddNumberToObject(o, p->name,
-                                    sqrt(sum_squares(m->grad_mem + p->offset, p->numel)));
-    }
-    return o;
-}
-
-static void verify_free(qwen3_model *m, hf_load_report *rep, override_set *overrides,
-                        verify_result *res) {
+static void verify_free(qwen3_model *m, hf_load_report *rep, run_setup *setup, verify_result *res) {
     qwen3_free(m);
     hf_report_free(rep);
-    override_close(overrides);
+    run_setup_close(setup);
     free(res->logits.first);
     free(res->logits.last);
+    cJSON_Delete(res->grad_norms);
 }
 
 int cmd_verify(int argc, char **argv) {
@@ -227,8 +256,9 @@ int cmd_verify(int argc, char **argv) {
                        "[--training.seq_len T] [--training.local_batch_size B] [--json]",
                        "Loads an HF Qwen3 folder, takes the first B windows of T+1 tokens "
                        "(input: first T,\nlabels: last T) and runs one forward and backward "
-                       "pass in fp32. Prints the loss,\nthe global gradient L2 norm, the "
-                       "parameter count, key report, source dtype and peak memory.",
+                       "pass in fp32\nwith the kernels train uses (model.attn_backend, "
+                       "model.moe_impl). Prints the kernels,\nthe loss, the global gradient L2 "
+                       "norm, the parameter count, key report, source dtype\nand peak memory.",
                        verify_options, n_opts);
         return 0;
     }
@@ -260,30 +290,25 @@ int cmd_verify(int argc, char **argv) {
 
     // With --json, stdout holds exactly the one JSON object; the readable report goes to stderr.
     FILE *out = cli_flag(&args, "json") ? stderr : stdout;
-    ct_ops ops;
-    const char *impl = cli_str(&args, "model.moe_impl");
-    if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, impl) != 0) {
-        ct_fail(&err, "--model.moe_impl \"%s\": expected \"grouped\" or \"loop\"", impl);
-        return cli_report(&err);
-    }
     qwen3_model m = {0};
     hf_load_report rep = {0};
     verify_result res = {0};
-    override_set overrides = {0};
-    int rc = verify_run(&res, &m, &rep, &overrides, &args, dir, data, (int)B, (int)T, (int)k_logits,
-                        &ops, out, &err);
+    run_setup setup = {0};
+    run_memory mem = {0};
+    int rc = verify_run(&res, &m, &rep, &setup, &mem, &args, dir, data, (int)B, (int)T,
+                        (int)k_logits, out, &err);
     if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(out, &rep);
     if (rc != 0) {
-        verify_free(&m, &rep, &overrides, &res);
+        verify_free(&m, &rep, &setup, &res);
         return cli_report(&err);
     }
     double peak_mib = sysmem_peak_rss_bytes() / 1048576.0;
-    qwen3_memory plan = qwen3_memory_plan_ops(&m.cfg, &ops, (int)B, (int)T, NULL);
-    double plan_mib = (plan.params + plan.grads + plan.activations) / 1048576.0;
+    double plan_mib = (mem.model.params + mem.model.grads + mem.model.activations) / 1048576.0;
     fprintf(out, "model: %s: %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s\n",
             dir, m.cfg.num_hidden_layers, m.cfg.hidden_size, m.cfg.num_attention_heads,
             m.cfg.num_key_value_heads, m.cfg.head_dim, m.cfg.vocab_size,
             m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
+    run_setup_log_kernels(&setup, out);
     fprintf(out, "source dtype: %s%s (%d file(s)); computed in fp32\n",
             dtype_name(rep.source_dtype), rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
     const size_t n_hf = qwen3_num_hf_parameters(&m);
@@ -298,7 +323,7 @@ int cmd_verify(int argc, char **argv) {
     if (moe) {
         fprintf(out, "moe: %d of %d layers sparse, %d experts, top-%d, expert kernel %s\n",
                 m.n_sparse, m.cfg.num_hidden_layers, m.cfg.num_experts, m.cfg.num_experts_per_tok,
-                impl);
+                setup.moe_impl);
         fprintf(out, "ce: %.6f\naux: %.6f (%s)\n", res.ce, res.aux,
                 m.cfg.output_router_logits ? "in the loss: output_router_logits is on"
                                            : "not in the loss: output_router_logits is off");
@@ -308,16 +333,18 @@ int cmd_verify(int argc, char **argv) {
             res.backward_s * 1e3);
     fprintf(out, "memory: peak RSS %.1f MiB (planned model buffers %.1f MiB)\n", peak_mib,
             plan_mib);
-    override_report_calls(&overrides, out);
+    override_report_calls(&setup.overrides, out);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "loss", res.loss);
+        cJSON_AddStringToObject(o, "attn_backend", setup.attn_backend);
         if (moe) {
             cJSON_AddNumberToObject(o, "ce", res.ce);
             cJSON_AddNumberToObject(o, "aux", res.aux);
         }
         cJSON_AddNumberToObject(o, "grad_norm", res.grad_norm);
-        cJSON_AddItemToObject(o, "grad_norm_by_parameter", grad_norms_json(&m));
+        cJSON_AddItemToObject(o, "grad_norm_by_parameter", res.grad_norms);
+        res.grad_norms = NULL;
         cJSON_AddNumberToObject(o, "logits_sum", res.logits.sum);
         cJSON_AddNumberToObject(o, "logits_sq_sum", res.logits.sq_sum);
         if (res.logits.k) {
@@ -335,13 +362,13 @@ int cmd_verify(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "peak_rss_mib", peak_mib);
         cJSON_AddNumberToObject(o, "forward_ms", res.forward_s * 1e3);
         cJSON_AddNumberToObject(o, "backward_ms", res.backward_s * 1e3);
-        if (override_any(&overrides))
-            cJSON_AddItemToObject(o, "override_calls", calls_json(&overrides));
+        if (override_any(&setup.overrides))
+            cJSON_AddItemToObject(o, "override_calls", calls_json(&setup.overrides));
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text);
         cJSON_free(text);
         cJSON_Delete(o);
     }
-    verify_free(&m, &rep, &overrides, &res);
+    verify_free(&m, &rep, &setup, &res);
     return 0;
 }

@@ -27,15 +27,26 @@ static const char *library_of(const override_set *s, const char *line) {
     return i >= 0 && s->ops[i].set ? s->libs[s->ops[i].lib] : "?";
 }
 
+int trusted_ops_check(kernel_check_report *r, override_set *s, const char *imports,
+                      const ct_ops *builtin, const kernel_check_shape *shape, FILE *log,
+                      ct_error *err) {
+    memset(r, 0, sizeof *r);
+    if (override_load(s, imports, err) != 0) return -1;
+    if (log) override_log(s, log);
+    if (kernel_check_isolated(r, s, builtin, shape, KERNEL_CHECK_TIMEOUT_S, err) != 0) {
+        override_close(s);
+        return -1;
+    }
+    if (log) kernel_check_print(r, s, log);
+    return 0;
+}
+
 int trusted_ops_setup(ct_ops *ops, override_set *s, const char *imports, bool allow_mismatch,
                       const kernel_check_shape *shape, FILE *log, FILE *warn, ct_error *err) {
     memset(s, 0, sizeof *s);
     if (!imports || !*imports) return 0;
-    if (override_load(s, imports, err) != 0) return -1;
-    override_log(s, log);
     kernel_check_report r;
-    if (kernel_check_isolated(&r, s, ops, shape, KERNEL_CHECK_TIMEOUT_S, err) != 0) return -1;
-    kernel_check_print(&r, s, log);
+    if (trusted_ops_check(&r, s, imports, ops, shape, log, err) != 0) return -1;
     int rc = 0;
     if (r.crashed) {
         rc = ct_fail(err, "plugin %s crashed in the parity check: %s; it is not used",
@@ -51,7 +62,7 @@ int trusted_ops_setup(ct_ops *ops, override_set *s, const char *imports, bool al
         } else {
             const char *loud = "WARNING: override.allow_mismatch: running with a kernel that "
                                "FAILED its parity check against the built-in op: ";
-            fprintf(log, "%s%s (%s)\n", loud, why, library_of(s, why));
+            if (log) fprintf(log, "%s%s (%s)\n", loud, why, library_of(s, why));
             if (warn && warn != log) fprintf(warn, "%s%s (%s)\n", loud, why, library_of(s, why));
         }
     }

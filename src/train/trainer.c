@@ -17,7 +17,6 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/grad_sync.h"
-#include "model/flavors.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
 #include "optim/adamw.h"
@@ -27,7 +26,7 @@
 #include "train/peak.h"
 #include "train/metrics.h"
 #include "ops/ops_profile.h"
-#include "plugin/trusted_ops.h"
+#include "train/run_setup.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -35,14 +34,12 @@
 // nothing.
 typedef struct trainer {
     const ct_config *cfg;
-    FILE *log;      // rank 0: the caller's stream; other ranks: /dev/null (owned)
-    dist *d;        // the ranks (a world of one without a launcher)
-    grad_sync sync; // gradient reduction and, with ZeRO-1, the parameter all-gather
-    bool shard;     // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
-    long save_tag;  // rank 0's pid: names the temporary folder every rank saves into
-    ct_ops ops;     // the built-in table with model.moe_impl's expert kernel, then overrides
-    override_set overrides;     // the plugins of override.imports
-    qwen3_memory_opts mem_opts; // activation checkpointing and the chunked loss
+    FILE *log;       // rank 0: the caller's stream; other ranks: /dev/null (owned)
+    dist *d;         // the ranks (a world of one without a launcher)
+    grad_sync sync;  // gradient reduction and, with ZeRO-1, the parameter all-gather
+    bool shard;      // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
+    long save_tag;   // rank 0's pid: names the temporary folder every rank saves into
+    run_setup setup; // model config, kernels, trusted plugins, the op table, memory options
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -68,60 +65,6 @@ typedef struct trainer {
 static void log_notes(trainer *t, ckpt_notes *notes) {
     for (int i = 0; i < notes->n; i++) fprintf(t->log, "checkpoint: %s\n", notes->msgs[i]);
     ckpt_notes_free(notes);
-}
-
-// The load-balancing loss keys are training choices, not architecture: they apply to either
-// backend.
-static void apply_aux_overrides(qwen3_config *out, const ct_config_model *m) {
-    if (m->router_aux_loss_coef >= 0) out->router_aux_loss_coef = m->router_aux_loss_coef;
-    if (m->output_router_logits >= 0) out->output_router_logits = m->output_router_logits;
-}
-
-int train_builtin_ops(ct_ops *out, const char **attn, const ct_config *c, ct_error *err) {
-    if (ct_ops_with_moe_impl(out, &ct_ops_cpu, c->model.moe_impl) != 0)
-        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
-                       c->model.moe_impl);
-    *attn = strcmp(c->model.attn_backend, "auto") == 0 ? "flash" : c->model.attn_backend;
-    if (ct_ops_with_attention(out, out, *attn) != 0)
-        return ct_fail(err, "model.attn_backend \"%s\": expected \"sdpa\" or \"flash\"", *attn);
-    return 0;
-}
-
-int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
-    const ct_config_model *m = &c->model;
-    if (strcmp(m->backend, "hf") == 0) {
-        char path[CT_CONFIG_PATH_MAX + 16];
-        snprintf(path, sizeof path, "%s/config.json", m->hf_path);
-        if (qwen3_config_load(out, path, err) != 0) return -1;
-        apply_aux_overrides(out, m);
-        return 0;
-    }
-    if (flavor_lookup(out, m->flavor, err) != 0) return -1;
-    // model.* overrides make small runs of big shapes possible; 0 keeps the flavor's value.
-    if (m->n_layers) out->num_hidden_layers = m->n_layers;
-    if (m->dim) out->hidden_size = m->dim;
-    if (m->n_heads) out->num_attention_heads = m->n_heads;
-    if (m->n_kv_heads) out->num_key_value_heads = m->n_kv_heads;
-    if (m->head_dim) out->head_dim = m->head_dim;
-    if (m->ffn_dim) out->intermediate_size = m->ffn_dim;
-    if (m->vocab_size) out->vocab_size = m->vocab_size;
-    if (m->max_seq_len) out->max_position_embeddings = m->max_seq_len;
-    apply_aux_overrides(out, m);
-    if (m->tie_embeddings >= 0) out->tie_word_embeddings = m->tie_embeddings;
-    if (m->num_experts || m->num_experts_per_tok || m->moe_intermediate_size) {
-        if (out->num_experts == 0)
-            return ct_fail(err,
-                           "model.num_experts, num_experts_per_tok and moe_intermediate_size "
-                           "override a MoE flavor; \"%s\" is dense (MoE flavors: "
-                           "debugmodel_moe, 30B-A3B, 235B-A22B)",
-                           m->flavor);
-        if (m->num_experts) out->num_experts = m->num_experts;
-        if (m->num_experts_per_tok) out->num_experts_per_tok = m->num_experts_per_tok;
-        if (m->moe_intermediate_size) out->moe_intermediate_size = m->moe_intermediate_size;
-    }
-    char source[128];
-    snprintf(source, sizeof source, "model.flavor \"%s\" with model.* overrides", m->flavor);
-    return qwen3_config_validate(out, source, err);
 }
 
 static bool is_root(const trainer *t) {
@@ -198,37 +141,24 @@ static void setup_threads(trainer *t) {
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory
 // estimate is printed in any case.
-static int check_plan(trainer *t, const qwen3_config *mc, ct_error *err) {
+static int check_plan(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    if (c->training.seq_len > mc->max_position_embeddings)
-        return ct_fail(err, "training.seq_len %d exceeds the model's max_position_embeddings %d",
-                       c->training.seq_len, mc->max_position_embeddings);
-    qwen3_memory mem = qwen3_memory_plan_ops(mc, &t->ops, t->B, t->T, &t->mem_opts);
     const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
     const bool selective = strcmp(ac->mode, "selective") == 0;
     // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
-    double optim = 2.0 * (double)mem.params / (t->shard ? t->d->size : 1);
+    double optim = 2.0 * (double)run_setup_plan(&t->setup).params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
-    double total = (double)mem.params + mem.grads + optim + mem.activations + batch;
-    double node = total * t->d->local_size; // the ranks on a node share its memory
-    uint64_t avail = sysmem_available_bytes();
+    run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
     fprintf(t->log,
             "memory estimate per rank: params %.3f GiB, grads %.3f GiB, optimizer %.3f GiB%s, "
             "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
             "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
-            mem.params / GIB, mem.grads / GIB, optim / GIB, t->shard ? " (ZeRO-1 shard)" : "",
-            mem.activations / GIB, mem.activations / (1024.0 * 1024.0), ac->mode,
-            selective ? " " : "", selective ? ac->selective_ac_option : "", total / GIB,
-            t->d->local_size, node / GIB, avail / GIB);
-    if (avail && node > (double)avail && !c->training.allow_overcommit)
-        return ct_fail(err,
-                       "the run needs about %.2f GiB per node (%d rank(s) x params %.2f, grads "
-                       "%.2f, optimizer %.2f, activations %.2f) but %.2f GiB is available; "
-                       "reduce training.local_batch_size, training.seq_len or the model, or set "
-                       "--training.allow_overcommit",
-                       node / GIB, t->d->local_size, mem.params / GIB, mem.grads / GIB, optim / GIB,
-                       mem.activations / GIB, avail / GIB);
-    return 0;
+            mem.model.params / GIB, mem.model.grads / GIB, optim / GIB,
+            t->shard ? " (ZeRO-1 shard)" : "", mem.model.activations / GIB,
+            mem.model.activations / (1024.0 * 1024.0), ac->mode, selective ? " " : "",
+            selective ? ac->selective_ac_option : "", mem.total / GIB, t->d->local_size,
+            mem.node / GIB, mem.avail / GIB);
+    return run_setup_check_fit(&t->setup, &mem, "the run", true, err);
 }
 
 static bool dataset_is_npy_only(const char *path) {
@@ -493,31 +423,19 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
     if (setup_parallel(t, err) != 0) return -1;
     setup_threads(t);
-    const char *attn = NULL;
-    if (train_builtin_ops(&t->ops, &attn, c, err) != 0) return -1;
-
-    qwen3_config mc;
-    if (train_model_config(&mc, c, err) != 0) return -1;
-    // First thing after the config: the check forks, which must precede any OpenMP region.
-    kernel_check_shape shape = kernel_check_shape_of(&mc, t->T);
-    int rc =
-        trusted_ops_setup(&t->ops, &t->overrides, c->override.imports, c->override.allow_mismatch,
-                          &shape, t->log, is_root(t) ? stderr : NULL, err);
-    if (dist_agree(t->d, rc, "loading and checking the override kernels", err) != 0) return -1;
-    if (c->debug.profile_ops) {
-        const ct_ops timed = t->ops;
-        ops_profile_wrap(&t->ops, &timed);
-    }
-    t->mem_opts.ac_every = config_ac_every(c);
-    t->mem_opts.ac_op = config_ac_op(c);
-    t->mem_opts.loss_chunk = config_loss_chunk(c, mc.vocab_size, t->B * t->T);
-    if (check_plan(t, &mc, err) != 0) return -1;
+    // First thing after the config: the plugins' parity check forks, which must precede any
+    // OpenMP region.
+    run_setup_opts so = {.log = t->log, .warn = is_root(t) ? stderr : NULL, .d = t->d};
+    if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
+    const qwen3_config mc = t->setup.model;
+    const qwen3_memory_opts *mo = &t->setup.mem_opts;
+    if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
 
-    ct_backend *be = c->debug.guard_device_memory ? ct_backend_cpu_guarded() : ct_backend_cpu();
-    if (qwen3_init_on(&t->model, &mc, be, &t->ops, err) != 0) return -1;
+    ct_backend *be = t->setup.be;
+    if (qwen3_init_on(&t->model, &mc, be, &t->setup.ops, err) != 0) return -1;
     fprintf(t->log, "backend: %s\n", be->name);
-    t->model.mem_opts = t->mem_opts;
+    t->model.mem_opts = *mo;
     if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
     fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
@@ -526,20 +444,18 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
             mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
             mc.head_dim, mc.intermediate_size, mc.vocab_size,
             mc.tie_word_embeddings ? "tied" : "untied", qwen3_num_hf_parameters(&t->model));
-    fprintf(t->log, "kernels: attention %s%s%s\n",
-            t->overrides.ops[OVERRIDE_ATTENTION].set ? "from a plugin" : attn,
-            t->model.n_sparse ? ", experts " : "", t->model.n_sparse ? c->model.moe_impl : "");
-    if (t->mem_opts.loss_chunk > 0)
+    run_setup_log_kernels(&t->setup, t->log);
+    if (mo->loss_chunk > 0)
         fprintf(t->log, "loss head: in chunks of %d tokens (training.loss_chunk_tokens)\n",
-                t->mem_opts.loss_chunk);
-    if (t->mem_opts.ac_op)
+                mo->loss_chunk);
+    if (mo->ac_op)
         fprintf(t->log,
                 "activation checkpointing: selective op, every layer keeps its GEMM and attention "
                 "outputs and recomputes its norms, q/k norm + RoPE and SwiGLU in the backward\n");
-    else if (t->mem_opts.ac_every > 0) {
+    else if (mo->ac_every > 0) {
         int n = 0;
         for (int l = 0; l < mc.num_hidden_layers; l++)
-            n += qwen3_layer_checkpointed(t->mem_opts.ac_every, l);
+            n += qwen3_layer_checkpointed(mo->ac_every, l);
         fprintf(t->log,
                 "activation checkpointing: %s, %d of %d layers recompute their forward in the "
                 "backward\n",
@@ -564,7 +480,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
             "mfu: against a peak of %.1f GFLOP/s per rank (%s)\n",
             t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops, peak_source);
     // The dump folder changes only now, when nothing can refuse the run any more.
-    rc = is_root(t) ? save_config(t, err) : 0;
+    int rc = is_root(t) ? save_config(t, err) : 0;
     if (dist_agree(t->d, rc, "writing the run's config", err) != 0) return -1;
     rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, t->state.step, err) : 0;
     return dist_agree(t->d, rc, "opening metrics.jsonl", err);
@@ -584,7 +500,7 @@ static void trainer_free(trainer *t) {
     adamw_free(&t->opt);
     moe_balance_free(&t->moe);
     qwen3_free(&t->model);
-    override_close(&t->overrides);
+    run_setup_close(&t->setup);
     if (t->log && !is_root(t)) fclose(t->log);
 }
 
@@ -894,9 +810,9 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
     // The plugins' own call counters, as proof that their kernels ran.
     char *calls = NULL;
     size_t calls_len = 0;
-    FILE *f = override_any(&t->overrides) ? open_memstream(&calls, &calls_len) : NULL;
+    FILE *f = override_any(&t->setup.overrides) ? open_memstream(&calls, &calls_len) : NULL;
     if (f) {
-        override_calls_json(&t->overrides, f);
+        override_calls_json(&t->setup.overrides, f);
         fclose(f);
         row.override_calls_json = calls;
     }
@@ -997,7 +913,7 @@ int train_run(const ct_config *c, const train_options *opt, ct_error *err) {
     }
     int rc = trainer_setup(&t, c, opt->log, err);
     if (rc == 0) rc = train_loop(&t, opt, err);
-    if (rc == 0) override_report_calls(&t.overrides, t.log);
+    if (rc == 0) override_report_calls(&t.setup.overrides, t.log);
     if (rc == 0)
         fprintf(t.log, "done: step %lld; outputs in %s (metrics.jsonl, config.toml%s)\n",
                 (long long)t.state.step, c->job.dump_folder,

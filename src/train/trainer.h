@@ -20,13 +20,6 @@ typedef struct train_options {
     dist *dist;      // the ranks of a data-parallel job; NULL = one process
 } train_options;
 
-// The architecture a config describes: backend=hf reads hf_path/config.json, backend=native
-// takes the flavor with the model.* overrides applied.
-int train_model_config(qwen3_config *out, const ct_config *c, ct_error *err);
-// The built-in op table a run uses: model.moe_impl's expert kernel and model.attn_backend's
-// attention ("auto" is flash; *attn gets the name chosen).
-int train_builtin_ops(ct_ops *out, const char **attn, const ct_config *c, ct_error *err);
-
 // Runs the training job; returns 0 when it finished or was stopped cleanly by a signal (a
 // checkpoint was written; *opt->stopped_by says which signal), -1 with err set otherwise. With
 // several ranks, an error that every rank returned alike sets dist->failure_agreed; any other error

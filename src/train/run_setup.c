@@ -1,0 +1,161 @@
+#include "train/run_setup.h"
+
+#include <string.h>
+
+#include "core/sysmem.h"
+#include "model/flavors.h"
+#include "ops/ops_profile.h"
+#include "plugin/trusted_ops.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+// The load-balancing loss keys are training choices, not architecture: they apply to either
+// backend.
+static void apply_aux_overrides(qwen3_config *out, const ct_config_model *m) {
+    if (m->router_aux_loss_coef >= 0) out->router_aux_loss_coef = m->router_aux_loss_coef;
+    if (m->output_router_logits >= 0) out->output_router_logits = m->output_router_logits;
+}
+
+int run_setup_model_config(qwen3_config *out, const ct_config *c, ct_error *err) {
+    const ct_config_model *m = &c->model;
+    if (strcmp(m->backend, "hf") == 0) {
+        char path[CT_CONFIG_PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/config.json", m->hf_path);
+        if (qwen3_config_load(out, path, err) != 0) return -1;
+        apply_aux_overrides(out, m);
+        return 0;
+    }
+    if (flavor_lookup(out, m->flavor, err) != 0) return -1;
+    // model.* overrides make small runs of big shapes possible; 0 keeps the flavor's value.
+    if (m->n_layers) out->num_hidden_layers = m->n_layers;
+    if (m->dim) out->hidden_size = m->dim;
+    if (m->n_heads) out->num_attention_heads = m->n_heads;
+    if (m->n_kv_heads) out->num_key_value_heads = m->n_kv_heads;
+    if (m->head_dim) out->head_dim = m->head_dim;
+    if (m->ffn_dim) out->intermediate_size = m->ffn_dim;
+    if (m->vocab_size) out->vocab_size = m->vocab_size;
+    if (m->max_seq_len) out->max_position_embeddings = m->max_seq_len;
+    apply_aux_overrides(out, m);
+    if (m->tie_embeddings >= 0) out->tie_word_embeddings = m->tie_embeddings;
+    if (m->num_experts || m->num_experts_per_tok || m->moe_intermediate_size) {
+        if (out->num_experts == 0)
+            return ct_fail(err,
+                           "model.num_experts, num_experts_per_tok and moe_intermediate_size "
+                           "override a MoE flavor; \"%s\" is dense (MoE flavors: "
+                           "debugmodel_moe, 30B-A3B, 235B-A22B)",
+                           m->flavor);
+        if (m->num_experts) out->num_experts = m->num_experts;
+        if (m->num_experts_per_tok) out->num_experts_per_tok = m->num_experts_per_tok;
+        if (m->moe_intermediate_size) out->moe_intermediate_size = m->moe_intermediate_size;
+    }
+    char source[128];
+    snprintf(source, sizeof source, "model.flavor \"%s\" with model.* overrides", m->flavor);
+    return qwen3_config_validate(out, source, err);
+}
+
+// The built-in table: model.moe_impl's expert kernel and model.attn_backend's attention
+// ("auto" is flash).
+static int choose_kernels(run_setup *s, const ct_config *c, ct_error *err) {
+    if (ct_ops_with_moe_impl(&s->builtin, &ct_ops_cpu, c->model.moe_impl) != 0)
+        return ct_fail(err, "model.moe_impl \"%s\": expected \"grouped\" or \"loop\"",
+                       c->model.moe_impl);
+    const char *attn = strcmp(c->model.attn_backend, "auto") == 0 ? "flash" : c->model.attn_backend;
+    if (ct_ops_with_attention(&s->builtin, &s->builtin, attn) != 0)
+        return ct_fail(err, "model.attn_backend \"%s\": expected \"sdpa\" or \"flash\"", attn);
+    snprintf(s->moe_impl, sizeof s->moe_impl, "%s", c->model.moe_impl);
+    snprintf(s->attn_backend, sizeof s->attn_backend, "%s", attn);
+    s->ops = s->builtin;
+    return 0;
+}
+
+// Load, check, then refuse or apply (or, check_only, keep the report). Every rank of a job
+// checks its own plugins (ranks may sit on different CPUs) and the ranks agree on the outcome.
+static int trust_plugins(run_setup *s, const ct_config *c, const run_setup_opts *o, ct_error *err) {
+    const char *imports = c->override.imports;
+    kernel_check_shape shape = kernel_check_shape_of(&s->model, s->T);
+    int rc;
+    if (o->check_only)
+        rc = trusted_ops_check(&s->check, &s->overrides, imports, &s->builtin, &shape, o->log, err);
+    else
+        rc = trusted_ops_setup(&s->ops, &s->overrides, imports, c->override.allow_mismatch, &shape,
+                               o->log, o->warn, err);
+    if (o->d) rc = dist_agree(o->d, rc, "loading and checking the override kernels", err);
+    return rc;
+}
+
+int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    s->B = c->training.local_batch_size;
+    s->T = c->training.seq_len;
+    s->allow_overcommit = c->training.allow_overcommit;
+    if (strcmp(c->model.backend, "hf") == 0)
+        snprintf(s->model_source, sizeof s->model_source, "%s/config.json", c->model.hf_path);
+    else
+        snprintf(s->model_source, sizeof s->model_source,
+                 "model.flavor \"%s\" with model.* overrides", c->model.flavor);
+    s->be = c->debug.guard_device_memory ? ct_backend_cpu_guarded() : ct_backend_cpu();
+    if (choose_kernels(s, c, err) != 0 || run_setup_model_config(&s->model, c, err) != 0) return -1;
+    // First thing after the config: the check forks, which must precede any OpenMP region.
+    if (trust_plugins(s, c, o, err) != 0) {
+        run_setup_close(s);
+        return -1;
+    }
+    s->plugins_applied = !o->check_only && override_any(&s->overrides);
+    if (c->debug.profile_ops && !o->check_only) {
+        const ct_ops timed = s->ops;
+        ops_profile_wrap(&s->ops, &timed);
+    }
+    s->mem_opts.ac_every = config_ac_every(c);
+    s->mem_opts.ac_op = config_ac_op(c);
+    s->mem_opts.loss_chunk = config_loss_chunk(c, s->model.vocab_size, s->B * s->T);
+    return 0;
+}
+
+void run_setup_close(run_setup *s) {
+    kernel_check_free(&s->check);
+    override_close(&s->overrides);
+}
+
+const char *run_setup_attention(const run_setup *s) {
+    return s->plugins_applied && s->overrides.ops[OVERRIDE_ATTENTION].set ? "from a plugin"
+                                                                          : s->attn_backend;
+}
+
+void run_setup_log_kernels(const run_setup *s, FILE *f) {
+    const bool moe = qwen3_num_sparse_layers(&s->model) > 0;
+    fprintf(f, "kernels: attention %s%s%s\n", run_setup_attention(s), moe ? ", experts " : "",
+            moe ? s->moe_impl : "");
+}
+
+qwen3_memory run_setup_plan(const run_setup *s) {
+    return qwen3_memory_plan_ops(&s->model, &s->ops, s->B, s->T, &s->mem_opts);
+}
+
+run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double batch_bytes,
+                            int ranks_per_node) {
+    run_memory m = {.model = run_setup_plan(s),
+                    .optimizer = optimizer_bytes,
+                    .batch = batch_bytes,
+                    .ranks_per_node = ranks_per_node > 0 ? ranks_per_node : 1};
+    m.total = (double)m.model.params + m.model.grads + m.optimizer + m.model.activations + m.batch;
+    m.node = m.total * m.ranks_per_node;
+    m.avail = sysmem_available_bytes();
+    return m;
+}
+
+int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *what,
+                        bool overcommit_option, ct_error *err) {
+    if (s->T > s->model.max_position_embeddings)
+        return ct_fail(err, "training.seq_len %d exceeds max_position_embeddings %d of %s", s->T,
+                       s->model.max_position_embeddings, s->model_source);
+    if (m->avail && m->node > (double)m->avail && !s->allow_overcommit)
+        return ct_fail(err,
+                       "%s needs about %.2f GiB per node (%d rank(s) x params %.2f, grads %.2f, "
+                       "optimizer %.2f, activations %.2f) but %.2f GiB is available; reduce "
+                       "training.local_batch_size, training.seq_len or the model%s",
+                       what, m->node / GIB, m->ranks_per_node, m->model.params / GIB,
+                       m->model.grads / GIB, m->optimizer / GIB, m->model.activations / GIB,
+                       m->avail / GIB,
+                       overcommit_option ? ", or set --training.allow_overcommit" : "");
+    return 0;
+}

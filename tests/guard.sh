@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The guarded backend (--debug.guard_device_memory): every model, gradient, optimizer and
+# activation buffer is inaccessible outside backend calls, so any host code that reads or writes
+# backend memory past the seam crashes. Each run below goes twice, on the plain CPU backend and
+# on the guarded one, and must give the same bits: losses, gradient norms, checkpoints (weights
+# and AdamW moments), exports and verify's numbers. Covered: dense and MoE (HF aux loss and
+# aux-free bias), both expert kernels, flash and sdpa, activation checkpointing (full and op),
+# the chunked loss head, gradient accumulation, clipping, a plugin kernel, checkpoint save and
+# resume, mpirun -np 2 with ZeRO-1 and replicated state, verify, export and check-kernels.
+set -u
+: "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_BUILD_DIR:?}"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+[ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" # Open MPI's own
+ct=$CTITAN_BIN tmp=$CTITAN_TMP
+rm -rf "$tmp"; mkdir -p "$tmp"
+dense=$CTITAN_REF_DIR/train/warmup_cosine_clip_accum_untied
+moe=$CTITAN_REF_DIR/train/moe_hf_aux_clip_accum
+guard=(--debug.guard_device_memory=true)
+
+# train DUMP CASE [--key value ...]: STEPS (4) steps of 2 micro-batches, clipped, a checkpoint
+# every 2.
+train() {
+  local dump=$1 case=$2; shift 2
+  "$ct" train --model.backend hf --model.hf_path "$case/hf" \
+    --training.dataset_path "$case/tokens.npy" --training.seq_len 5 \
+    --training.local_batch_size 2 --training.global_batch_size 4 --training.steps "${STEPS:-4}" \
+    --training.max_norm 0.5 --optimizer.lr 3e-3 --lr_scheduler.warmup_steps 1 \
+    --metrics.log_freq 1 --metrics.peak_gflops 100 --checkpoint.interval 2 \
+    --checkpoint.keep_latest_k 0 --job.dump_folder "$dump" "$@" >"$dump.log" 2>&1
+}
+# numbers DUMP: each step's loss, aux, grad_norm and lr as logged (17 digits)
+numbers() { grep -o '"\(step\|loss\|aux_loss\|grad_norm\|lr\)":[^,}]*' "$1/metrics.jsonl"; }
+# same_run A B: the same numbers and the same bytes in every weight and optimizer file saved
+same_run() {
+  local a=$1 b=$2 f n=0
+  [ -n "$(numbers "$a")" ] && [ "$(numbers "$a")" = "$(numbers "$b")" ] ||
+    { echo "numbers differ: $(diff <(numbers "$a") <(numbers "$b") | head -4)"; return 1; }
+  for f in "$a"/checkpoint/step-*/*.safetensors; do
+    [ -e "$f" ] || continue
+    cmp -s "$f" "$b/${f#"$a"/}" || { echo "${f#"$a"/} differs"; return 1; }
+    n=$((n + 1))
+  done
+  [ $n -gt 0 ] || { echo "no checkpoint files in $a"; return 1; }
+}
+# pair NAME CASE [--key value ...]: plain and guarded, the same bits
+pair() {
+  local name=$1 case=$2; shift 2
+  if ! train "$tmp/$name.plain" "$case" "$@"; then bad "$name (plain): $(tail -3 "$tmp/$name.plain.log")"; return; fi
+  if ! train "$tmp/$name.guard" "$case" "$@" "${guard[@]}"; then
+    bad "$name (guarded): $(tail -3 "$tmp/$name.guard.log")"; return
+  fi
+  local why
+  why=$(same_run "$tmp/$name.plain" "$tmp/$name.guard") && ok || bad "$name: $why"
+}
+
+pair dense_sdpa_full_ac "$dense" --model.attn_backend sdpa --activation_checkpoint.mode full
+pair dense_flash_op_ac_chunked "$dense" --model.attn_backend flash \
+  --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op \
+  --training.loss_chunk_tokens 3
+pair moe_grouped_hf_aux "$moe" --model.moe_impl grouped --model.load_balance hf
+pair moe_loop_aux_free "$moe" --model.moe_impl loop --model.load_balance aux_free \
+  --model.load_balance_coeff 0.01 --activation_checkpoint.mode full
+pair dense_plugin "$dense" --override.imports "$CTITAN_BUILD_DIR/examples/kernels/librope_hf_avx2.so"
+grep -q "cpu-guarded" "$tmp/dense_plugin.guard.log" && ok || bad "the guarded run does not say its backend"
+
+# --- resume: a guarded run stopped at step 2 and resumed gives a plain straight run's bits (a
+# constant LR after warmup, so that the first leg's shorter run does not change the schedule)
+const=(--lr_scheduler.decay_ratio 0)
+train "$tmp/straight.plain" "$dense" "${const[@]}" || bad "straight: $(tail -3 "$tmp/straight.plain.log")"
+STEPS=2 train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
+  train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
+  grep -q "resumed from .*step-2" "$tmp/resume.guard.log" &&
+  ok || bad "guarded resume: $(tail -3 "$tmp/resume.guard.log")"
+why=$(same_run "$tmp/straight.plain" "$tmp/resume.guard") && ok || bad "guarded resume: $why"
+
+# --- two ranks under mpirun: ZeRO-1 and replicated optimizer state
+if command -v mpirun >/dev/null; then
+  for mode in zero1 replicated; do
+    opts=(--training.local_batch_size 1)
+    [ $mode = replicated ] && opts+=(--parallelism.data_parallel_replicate_degree 2
+      --parallelism.data_parallel_shard_degree 1)
+    for side in plain guard; do
+      extra=(); [ $side = guard ] && extra=("${guard[@]}")
+      d=$tmp/np2_$mode.$side
+      mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
+        --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+        --training.seq_len 5 --training.global_batch_size 4 --training.steps 4 \
+        --training.max_norm 0.5 --metrics.log_freq 1 --metrics.peak_gflops 100 \
+        --checkpoint.interval 2 --checkpoint.keep_latest_k 0 --job.dump_folder "$d" \
+        --parallelism.threads_per_rank 1 "${opts[@]}" "${extra[@]}" >"$d.log" 2>&1 ||
+        bad "np2 $mode ($side): $(tail -3 "$d.log")"
+    done
+    why=$(same_run "$tmp/np2_$mode.plain" "$tmp/np2_$mode.guard") && ok || bad "np2 $mode: $why"
+  done
+else
+  bad "mpirun not found (apt-get install openmpi-bin)"
+fi
+
+# --- verify, export and check-kernels under the guard
+ckpt=$tmp/moe_grouped_hf_aux.plain/checkpoint/step-4
+verify_numbers() { # the --json object without its timings and memory
+  "$ct" verify --model.hf_path "$1" --training.dataset_path "$moe/tokens.npy" \
+    --training.seq_len 5 --training.local_batch_size 2 --json "${@:2}" |
+    sed -E 's/,"(peak_rss_mib|forward_ms|backward_ms)":[0-9.e+-]+//g'
+}
+for side in plain guard; do
+  extra=(); [ $side = guard ] && extra=("${guard[@]}")
+  "$ct" export --checkpoint "$ckpt" --output "$tmp/export.$side" --dtype float32 \
+    "${extra[@]}" >"$tmp/export.$side.log" 2>&1 || bad "export ($side): $(tail -3 "$tmp/export.$side.log")"
+  verify_numbers "$tmp/export.$side" "${extra[@]}" >"$tmp/verify.$side.json" 2>"$tmp/verify.$side.log" ||
+    bad "verify ($side): $(tail -3 "$tmp/verify.$side.log")"
+  "$ct" check-kernels --override.imports "$CTITAN_BUILD_DIR/examples/kernels/librope_hf_avx2.so" \
+    "${extra[@]}" >"$tmp/check.$side.log" 2>&1 || bad "check-kernels ($side): $(tail -3 "$tmp/check.$side.log")"
+done
+cmp -s "$tmp/export.plain/model.safetensors" "$tmp/export.guard/model.safetensors" && ok ||
+  bad "guarded export differs"
+[ -s "$tmp/verify.plain.json" ] && cmp -s "$tmp/verify.plain.json" "$tmp/verify.guard.json" && ok ||
+  bad "guarded verify differs: $(diff "$tmp/verify.plain.json" "$tmp/verify.guard.json" | head -c 600)"
+grep -q '"loss"' "$tmp/verify.plain.json" && ok || bad "verify printed no loss: $(head -c 300 "$tmp/verify.plain.json")"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
