@@ -44,16 +44,16 @@ static int cpu_bind_ops(ct_backend *b, ct_ops *out, const ct_ops *in, ct_error *
     return 0;
 }
 
-static ct_backend cpu = {.name = "cpu",
-                         .alloc = cpu_alloc,
-                         .free = cpu_free,
-                         .zero = cpu_zero,
-                         .write = cpu_copy,
-                         .read = cpu_copy,
-                         .copy = cpu_copy,
-                         .view = cpu_view,
-                         .view_release = cpu_view_release,
-                         .bind_ops = cpu_bind_ops};
+// A backend of the functions named PREFIX_alloc, PREFIX_free, ... (write and read are copies).
+#define CPU_BACKEND(label, prefix)                                                                 \
+    {                                                                                              \
+        .name = label, .alloc = prefix##_alloc, .free = prefix##_free, .zero = prefix##_zero,      \
+        .write = prefix##_copy, .read = prefix##_copy, .copy = prefix##_copy,                      \
+        .view = prefix##_view, .view_release = prefix##_view_release,                              \
+        .bind_ops = prefix##_bind_ops                                                              \
+    }
+
+static ct_backend cpu = CPU_BACKEND("cpu", cpu);
 
 ct_backend *ct_backend_cpu(void) {
     return &cpu;
@@ -174,16 +174,7 @@ static int guarded_bind_ops(ct_backend *b, ct_ops *out, const ct_ops *in, ct_err
     return 0;
 }
 
-static ct_backend guarded = {.name = "cpu-guarded",
-                             .alloc = guarded_alloc,
-                             .free = guarded_free,
-                             .zero = guarded_zero,
-                             .write = guarded_copy,
-                             .read = guarded_copy,
-                             .copy = guarded_copy,
-                             .view = guarded_view,
-                             .view_release = guarded_view_release,
-                             .bind_ops = guarded_bind_ops};
+static ct_backend guarded = CPU_BACKEND("cpu-guarded", guarded);
 
 ct_backend *ct_backend_cpu_guarded(void) {
     return &guarded;

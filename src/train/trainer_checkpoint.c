@@ -1,0 +1,173 @@
+// The trainer's checkpoints: resume (rank 0 picks the newest complete one, every rank loads
+// the model and its range of the optimizer state), save (every rank its optimizer shard, rank 0
+// the model and state.json, after the replicas agree bit for bit), and the final HF export.
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/trainer_internal.h"
+
+// A checkpoint of another config: name each key that changed, from the config.toml saved in
+// the checkpoint, and the two ways out.
+static void refuse_resume(const trainer *t, const char *dir, ct_error *err) {
+    char path[4200], changes[2048] = "";
+    snprintf(path, sizeof path, "%s/config.toml", dir);
+    ct_config old;
+    ct_error ignored;
+    int n = 0;
+    if (config_load(&old, path, 0, NULL, &ignored) == 0) {
+        n = config_describe_changes(changes, sizeof changes, &old, t->cfg);
+        if (n == 0) // the same keys, but not the same resolved global batch
+            snprintf(changes, sizeof changes,
+                     "the global batch (training.global_batch_size resolves to %d sequences now)",
+                     t->global_batch);
+    }
+    ct_fail(err,
+            "%s was written by a run with a different config: %s; to resume, restore %s, or "
+            "train into a new job.dump_folder",
+            dir, changes[0] ? changes : "its config.toml could not be compared",
+            n == 1 ? "that key" : "those keys");
+}
+
+// Host views of the optimizer moments' elements [lo, lo + n) of the parameter buffer (the
+// moments themselves on the plain CPU backend), for the checkpoint files; released with
+// `write_back` after a load.
+static int moments_view(trainer *t, size_t lo, size_t n, bool fill, float *host[2], ct_error *err) {
+    ct_backend *be = t->opt.be;
+    float *dev[2] = {t->opt.m + (lo - t->opt.base), t->opt.v + (lo - t->opt.base)};
+    host[1] = NULL;
+    if (!(host[0] = be->view(be, dev[0], n * sizeof(float), fill, err))) return -1;
+    if (!(host[1] = be->view(be, dev[1], n * sizeof(float), fill, err))) {
+        be->view_release(be, host[0], dev[0], n * sizeof(float), false);
+        return -1;
+    }
+    return 0;
+}
+static void moments_release(trainer *t, size_t lo, size_t n, float *host[2], bool write_back) {
+    ct_backend *be = t->opt.be;
+    be->view_release(be, host[0], t->opt.m + (lo - t->opt.base), n * sizeof(float), write_back);
+    be->view_release(be, host[1], t->opt.v + (lo - t->opt.base), n * sizeof(float), write_back);
+}
+
+// Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others;
+// each rank then loads the model and its own range of the optimizer state, whatever rank count
+// wrote it. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
+int trainer_resume(trainer *t, ct_error *err) {
+    char dir[4096] = "";
+    int rc = 0;
+    if (is_root(t)) {
+        ckpt_notes notes = {0};
+        rc = ckpt_clean_stale(t->ckpt_root, &notes, err);
+        if (rc == 0) rc = ckpt_find_latest(dir, sizeof dir, NULL, t->ckpt_root, NULL, &notes, err);
+        trainer_log_notes(t, &notes);
+    }
+    if (dist_agree(t->d, rc < 0 ? -1 : 0, "finding the checkpoint to resume", err) != 0 ||
+        dist_bcast(t->d, dir, sizeof dir, 0, "the checkpoint to resume", err) != 0)
+        return -1;
+    if (!dir[0]) return 0;
+    size_t lo = t->opt.base;
+    float *moments[2];
+    rc = moments_view(t, lo, t->opt.n, false, moments, err);
+    if (rc == 0) {
+        rc = ckpt_load(dir, &t->model, moments[0], moments[1], lo, t->opt.n, &t->state, NULL, err);
+        moments_release(t, lo, t->opt.n, moments, rc == 0);
+    }
+    if (rc == 0 && t->state.config_hash != t->config_hash) refuse_resume(t, dir, err), rc = -1;
+    if (dist_agree(t->d, rc, "loading the checkpoint", err) != 0) return -1;
+    t->opt.step = t->state.opt_step;
+    fprintf(t->log, "resumed from %s at step %lld (sample %llu)\n", dir, (long long)t->state.step,
+            (unsigned long long)t->state.samples_seen);
+    return 1;
+}
+
+// Replicas must agree bit for bit; a difference means the reduction was not deterministic or
+// memory was corrupted, and is caught before it is saved.
+static int check_replicas_equal(trainer *t, ct_error *err) {
+    if (t->d->size == 1) return 0;
+    // debug.fault weights: one weight of this rank moves by an ulp before the save of step
+    // debug.fault_step, as memory corruption would move it.
+    qwen3_model *m = &t->model;
+    if (trainer_fault_at(t, "weights", t->state.step)) {
+        uint32_t bits;
+        m->be->read(m->be, &bits, m->param_mem, sizeof bits);
+        bits ^= 1;
+        m->be->write(m->be, m->param_mem, &bits, sizeof bits);
+    }
+    uint64_t mine = qwen3_params_hash(m);
+    uint64_t *all = malloc((size_t)t->d->size * sizeof *all);
+    if (!all) return ct_fail(err, "out of memory");
+    int rc = dist_allgather(t->d, &mine, all, sizeof mine, "the weights' checksums", err);
+    for (int r = 1; rc == 0 && r < t->d->size; r++)
+        if (all[r] != all[0])
+            rc = ct_fail(err,
+                         "at step %lld rank %d's weights differ from rank 0's (XXH64 %016llx vs "
+                         "%016llx): refusing to save them",
+                         (long long)t->state.step, r, (unsigned long long)all[r],
+                         (unsigned long long)all[0]);
+    free(all);
+    return rc;
+}
+
+// Every rank writes its 1/N of the optimizer state into one temporary folder that rank 0
+// created; rank 0 then writes the model and state.json (which lists every shard) and renames
+// the folder into place. The shards are cut the same way in both modes, so the files do not
+// depend on whether the state was replicated.
+int trainer_save_checkpoint(trainer *t, ct_error *err) {
+    const int P = t->d->size, r = t->d->rank;
+    const int64_t step = t->state.step;
+    int rc = check_replicas_equal(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
+
+    size_t n = t->model.num_params;
+    size_t lo = grad_sync_shard_start(n, r, P), hi = grad_sync_shard_start(n, r + 1, P);
+    char tmp[4200];
+    ckpt_shard_info mine = {0}, *all = calloc((size_t)P, sizeof *all);
+    rc = all ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
+             : ct_fail(err, "out of memory");
+    float *moments[2];
+    if (rc == 0 && (rc = moments_view(t, lo, hi - lo, true, moments, err)) == 0) {
+        rc = ckpt_write_optimizer_shard(tmp, r, P, lo, hi - lo, n, moments[0], moments[1], &mine,
+                                        err);
+        moments_release(t, lo, hi - lo, moments, false);
+    }
+    if (dist_agree(t->d, rc, "writing the optimizer shards", err) != 0 ||
+        dist_allgather(t->d, &mine, all, sizeof mine, "the shards' checksums", err) != 0) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
+        free(all);
+        return -1;
+    }
+    rc = 0;
+    if (is_root(t)) {
+        rc = ckpt_commit(t->ckpt_root, t->save_tag, &t->model, all, P, &t->state, t->config_toml,
+                         err);
+        ckpt_notes notes = {0};
+        if (rc == 0)
+            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+        trainer_log_notes(t, &notes);
+        if (rc == 0)
+            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%d optimizer shard%s)\n",
+                    (long long)step, t->ckpt_root, (long long)step, P, P > 1 ? "s" : "");
+    }
+    free(all);
+    return dist_agree(t->d, rc, "committing the checkpoint", err);
+}
+
+int trainer_export_final(trainer *t, ct_error *err) {
+    int rc = 0;
+    if (is_root(t)) {
+        ct_dtype dtype;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
+        rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
+        // 5 GB shards, as transformers' save_pretrained default.
+        int copied = rc ? -1
+                        : ckpt_export_hf(&t->model, dir, dtype, 5000000000ull,
+                                         t->cfg->model.tokenizer_path, err);
+        if (copied < 0)
+            rc = -1;
+        else
+            fprintf(t->log, "export: %s (%s%s)\n", dir, t->cfg->checkpoint.export_dtype,
+                    copied ? ", with tokenizer files" : ", no tokenizer files");
+    }
+    return dist_agree(t->d, rc, "the final export", err);
+}

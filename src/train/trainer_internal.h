@@ -1,0 +1,64 @@
+// What the trainer's files share: the run's state (trainer.c: setup, the step, the loop;
+// trainer_checkpoint.c: resume, save, the final export).
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "dist/grad_sync.h"
+#include "model/moe_balance.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/run_setup.h"
+#include "train/trainer.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+// Everything one run holds. Buffers are allocated in trainer_setup; the step loop allocates
+// nothing.
+typedef struct trainer {
+    const ct_config *cfg;
+    FILE *log;       // rank 0: the caller's stream; other ranks: /dev/null (owned)
+    dist *d;         // the ranks (a world of one without a launcher)
+    grad_sync sync;  // gradient reduction and, with ZeRO-1, the parameter all-gather
+    bool shard;      // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
+    long save_tag;   // rank 0's pid: names the temporary folder every rank saves into
+    run_setup setup; // model config, kernels, trusted plugins, the op table, memory options
+    qwen3_model model;
+    adamw opt;
+    adamw_hparams hp;
+    lr_schedule_cfg sched;
+    tokenizer *tok;
+    token_stream train_data, val_data;
+    data_loader train_loader, val_loader;
+    bool has_val;
+    int B, T, accum;           // micro-batch, sequence length, micro-batches per step per rank
+    int global_batch;          // sequences per step over all ranks: accum * B * ranks
+    int32_t *inputs, *targets; // (accum*B, T): this rank's samples of the step
+    train_state state;
+    char ckpt_root[4096];
+    char *config_toml;    // the effective config, saved in every checkpoint
+    uint64_t config_hash; // of the effective config, with the global batch resolved
+    double flops_per_token, peak_gflops;
+    metrics_log metrics;
+    moe_balance moe;  // MoE: the routing statistics, the aux loss, the expert bias
+    bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
+    bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
+} trainer;
+
+static inline bool is_root(const trainer *t) {
+    return t->d->rank == 0;
+}
+// Prints the checkpoint notes to the log (rank 0's) and frees them.
+void trainer_log_notes(trainer *t, ckpt_notes *notes);
+// debug.fault: true when `kind` hits this rank at `step` (from 1).
+bool trainer_fault_at(const trainer *t, const char *kind, int64_t step);
+
+// trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
+int trainer_resume(trainer *t, ct_error *err);
+int trainer_save_checkpoint(trainer *t, ct_error *err);
+int trainer_export_final(trainer *t, ct_error *err);
