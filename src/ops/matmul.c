@@ -13,8 +13,11 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, const
     // out(N,OC) = inp(N,C) @ weight(OC,C)^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
                 out, OC);
-    if (!bias) return;
-        // Added after the product, as torch's addmm does: out = (inp @ W^T) + bias.
+    if (bias) cpu_matmul_add_bias(out, bias, N, OC);
+}
+
+// Added after the product, as torch's addmm does: out = (inp @ W^T) + bias.
+void cpu_matmul_add_bias(float *out, const float *bias, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((int64_t)N * OC >= CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *row = out + (size_t)n * OC;
@@ -32,7 +35,11 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
     // dweight(OC,C) += dout(N,OC)^T @ inp(N,C)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dweight, C);
-    if (!dbias) return;
+    if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
+}
+
+// dbias(OC) += the column sums of dout (N,OC), by column blocks, rows in order, in double.
+void cpu_matmul_bias_grad(float *dbias, const float *dout, int N, int OC) {
     const int nblocks = (OC + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if ((int64_t)N * OC >= CPU_PAR_MIN)
     for (int blk = 0; blk < nblocks; blk++) {

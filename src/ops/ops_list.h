@@ -197,7 +197,22 @@ typedef struct ct_adamw_coeffs {
     X(OWN, adamw_update, ct_adamw_update_fn, cpu_adamw_update, ALL, "adamw", none,                 \
       (float *p, const float *g, float *m, float *v, size_t n, const ct_adamw_range *no_decay,     \
        int n_no_decay, bool decay, const ct_adamw_coeffs *k),                                      \
-      (p, g, m, v, n, no_decay, n_no_decay, decay, k))
+      (p, g, m, v, n, no_decay, n_no_decay, decay, k))                                                 \
+    X(OWN_SIZE, matmul_bf16_scratch_floats, ct_matmul_bf16_scratch_floats_fn,                      \
+      cpu_matmul_bf16_scratch_floats, OPT, "matmul_bf16", scratch, (int N, int C, int OC),         \
+      (N, C, OC))                                                                                  \
+    X(OWN, matmul_bf16_forward, ct_matmul_bf16_forward_fn, cpu_matmul_bf16_forward, OPT,           \
+      "matmul_bf16", forward,                                                                      \
+      (float *out, float *scratch, const float *inp, const uint16_t *weight, const float *bias,    \
+       int N, int C, int OC),                                                                      \
+      (out, scratch, inp, weight, bias, N, C, OC))                                                 \
+    X(OWN, matmul_bf16_backward, ct_matmul_bf16_backward_fn, cpu_matmul_bf16_backward, OPT,        \
+      "matmul_bf16", backward,                                                                     \
+      (float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,                \
+       const float *inp, const uint16_t *weight, int N, int C, int OC),                            \
+      (dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC))                                \
+    X(OWN, f32_to_bf16, ct_f32_to_bf16_fn, cpu_f32_to_bf16, OPT, "to_bf16", none,                  \
+      (uint16_t *dst, const float *src, size_t n), (dst, src, n))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -242,7 +257,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 36, "the op list has 36 entries");
+_Static_assert(CT_OP_COUNT == 40, "the op list has 40 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -41,8 +41,7 @@ static int check_finite(const qwen3_model *m, const float *buf, const char *what
         for (size_t k = 0; k < p->numel; k++)
             if (!isfinite(x[k]) && k < first) first = k;
         if (first != SIZE_MAX)
-            return ct_fail(err,
-                           NONFINITE_REFUSAL, what, p->name, (double)x[first], first);
+            return ct_fail(err, NONFINITE_REFUSAL, what, p->name, (double)x[first], first);
     }
     return 0;
 }

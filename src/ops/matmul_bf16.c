@@ -1,0 +1,185 @@
+// bf16 linear layers through oneDNN (training.mixed_precision_param = "bfloat16"): the input
+// rounded to bf16, the weight's bf16 copy, fp32 accumulation and an fp32 result, as torch's CPU
+// autocast runs nn.Linear through oneDNN. The three products of matmul.c:
+//   forward  out  = inp @ W^T
+//   backward dinp = dout @ W,  dW += dout^T @ inp (oneDNN's sum post-op: accumulated in fp32)
+// Each shape's three primitives are created once, by matmul_bf16_scratch_floats when the model
+// plans its buffers; the kernels then run them with user-provided scratch (the bf16 copies of
+// the activations and oneDNN's scratchpad), so nothing is allocated inside a step. oneDNN runs on
+// the same OpenMP threads as the rest.
+#include <oneapi/dnnl/dnnl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops_cpu.h"
+
+typedef enum { MM_FORWARD, MM_DINP, MM_DWEIGHT, MM_KINDS } mm_kind;
+
+typedef struct mm_prim {
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, weights, dst, pad; // data handles set per call
+    size_t pad_bytes;
+} mm_prim;
+
+typedef struct mm_shape {
+    int N, C, OC;
+    mm_prim kind[MM_KINDS];
+} mm_shape;
+
+#define MM_MAX_SHAPES 64
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static mm_shape shapes[MM_MAX_SHAPES];
+static int n_shapes;
+
+static dnnl_memory_desc_t md2(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                              dnnl_data_type_t t) {
+    dnnl_memory_desc_t md;
+    dnnl_dims_t dims = {rows, cols}, strides = {rs, cs};
+    dnnl_memory_desc_init_by_strides(&md, 2, dims, t, strides);
+    return md;
+}
+
+// One primitive: src (M,K) @ weights (K,Nn) -> dst (M,Nn), dst += when `accumulate`.
+static int make_prim(mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weights,
+                     dnnl_memory_desc_t dst, bool accumulate) {
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok =
+        dnnl_matmul_desc_init(&desc, &src, &weights, NULL, &dst) == dnnl_success &&
+        dnnl_primitive_attr_create(&attr) == dnnl_success &&
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+    if (ok && accumulate)
+        ok = dnnl_post_ops_create(&post) == dnnl_success &&
+             dnnl_post_ops_append_sum(post, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL) == dnnl_success &&
+         dnnl_primitive_create(&p->prim, pd) == dnnl_success;
+    const dnnl_memory_desc_t *pad =
+        ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+    p->pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
+    ok = ok && dnnl_memory_create(&p->src, &src, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&p->weights, &weights, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&p->dst, &dst, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         (!pad || dnnl_memory_create(&p->pad, pad, engine, DNNL_MEMORY_NONE) == dnnl_success);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (post) dnnl_post_ops_destroy(post);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok ? 0 : -1;
+}
+
+static mm_shape *find_shape(int N, int C, int OC) {
+    for (int i = 0; i < n_shapes; i++)
+        if (shapes[i].N == N && shapes[i].C == C && shapes[i].OC == OC) return &shapes[i];
+    return NULL;
+}
+
+static mm_shape *prepare(int N, int C, int OC) {
+    mm_shape *s = find_shape(N, C, OC);
+    if (s) return s;
+    if (n_shapes == MM_MAX_SHAPES) return NULL;
+    if (!engine && (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
+                    dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success))
+        return NULL;
+    s = &shapes[n_shapes];
+    *s = (mm_shape){.N = N, .C = C, .OC = OC};
+    const dnnl_data_type_t b16 = dnnl_bf16, f32 = dnnl_f32;
+    // forward: inp (N,C) @ W^T, W (OC,C) read as (C,OC) with strides (1,C)
+    if (make_prim(&s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
+                  md2(N, OC, OC, 1, f32), false) ||
+        // dinp: dout (N,OC) @ W (OC,C)
+        make_prim(&s->kind[MM_DINP], md2(N, OC, OC, 1, b16), md2(OC, C, C, 1, b16),
+                  md2(N, C, C, 1, f32), false) ||
+        // dW += dout^T (OC,N) @ inp (N,C)
+        make_prim(&s->kind[MM_DWEIGHT], md2(OC, N, 1, OC, b16), md2(N, C, C, 1, b16),
+                  md2(OC, C, C, 1, f32), true))
+        return NULL;
+    n_shapes++;
+    return s;
+}
+
+// Scratch layout: inp in bf16 (N*C), dout in bf16 (N*OC), then oneDNN's scratchpad, 64-byte
+// aligned; in floats.
+static size_t align64(size_t bytes) {
+    return (bytes + 63) / 64 * 64;
+}
+static size_t pad_offset(int N, int C, int OC) {
+    return align64((size_t)N * C * 2) + align64((size_t)N * OC * 2);
+}
+
+size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC) {
+    const mm_shape *s = prepare(N, C, OC);
+    if (!s) return SIZE_MAX;
+    size_t pad = 0;
+    for (int k = 0; k < MM_KINDS; k++)
+        if (s->kind[k].pad_bytes > pad) pad = s->kind[k].pad_bytes;
+    return (pad_offset(N, C, OC) + align64(pad) + 64) / sizeof(float);
+}
+
+static void run(mm_prim *p, const void *src, const void *weights, void *dst, void *scratch) {
+    dnnl_memory_set_data_handle(p->src, (void *)src);
+    dnnl_memory_set_data_handle(p->weights, (void *)weights);
+    dnnl_memory_set_data_handle(p->dst, dst);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->src},
+                               {DNNL_ARG_WEIGHTS, p->weights},
+                               {DNNL_ARG_DST, p->dst},
+                               {DNNL_ARG_SCRATCHPAD, p->pad}};
+    if (p->pad) dnnl_memory_set_data_handle(p->pad, scratch);
+    dnnl_primitive_execute(p->prim, stream, p->pad ? 4 : 3, args);
+    dnnl_stream_wait(stream);
+}
+
+// The shape's primitives: prepared when the model planned its buffers.
+static mm_shape *planned(int N, int C, int OC) {
+    mm_shape *s = find_shape(N, C, OC);
+    if (!s) {
+        fprintf(stderr, "ctitan: internal error: bf16 matmul %d x %d x %d was not planned\n", N, C,
+                OC);
+        abort();
+    }
+    return s;
+}
+
+static char *aligned(float *scratch) {
+    return (char *)(((uintptr_t)scratch + 63) / 64 * 64);
+}
+
+void cpu_matmul_bf16_forward(float *out, float *scratch, const float *inp, const uint16_t *weight,
+                             const float *bias, int N, int C, int OC) {
+    mm_shape *s = planned(N, C, OC);
+    char *base = aligned(scratch);
+    uint16_t *inp16 = (uint16_t *)base;
+    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
+    run(&s->kind[MM_FORWARD], inp16, weight, out, base + pad_offset(N, C, OC));
+    if (bias) cpu_matmul_add_bias(out, bias, N, OC);
+}
+
+void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
+                              const float *dout, const float *inp, const uint16_t *weight, int N,
+                              int C, int OC) {
+    mm_shape *s = planned(N, C, OC);
+    char *base = aligned(scratch);
+    uint16_t *inp16 = (uint16_t *)base, *dout16 = (uint16_t *)(base + align64((size_t)N * C * 2));
+    void *pad = base + pad_offset(N, C, OC);
+    cpu_f32_to_bf16(dout16, dout, (size_t)N * OC);
+    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
+    if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, pad);
+    run(&s->kind[MM_DWEIGHT], dout16, inp16, dweight, pad);
+    if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
+}
+
+// Round to nearest even, as torch's .to(torch.bfloat16); a NaN stays a (quiet) NaN.
+void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
+    }
+}
