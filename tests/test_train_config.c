@@ -318,8 +318,16 @@ static void test_checks(void) {
                 NULL);
     expect_fail("seq_len", p, ARGV("--training.seq_len=0"), "training.seq_len = 0", NULL);
     expect_fail("max_norm", p, ARGV("--training.max_norm=-1"), "training.max_norm = -1", NULL);
-    expect_fail("bf16 params", p, ARGV("--training.mixed_precision_param=bfloat16"),
-                "\"bfloat16\" is not supported on CPU", NULL);
+    {
+        ct_config bf;
+        ct_error e = {{0}};
+        char *argv[] = {"--training.mixed_precision_param=bfloat16"};
+        CHECK(config_load(&bf, p, 1, argv, &e) == 0 &&
+                  strcmp(bf.training.mixed_precision_param, "bfloat16") == 0,
+              "bf16 mixed precision accepted: %s", e.msg);
+    }
+    expect_fail("fp16 params", p, ARGV("--training.mixed_precision_param=float16"),
+                "training.mixed_precision_param", NULL);
     expect_fail("initial hf", p, ARGV("--checkpoint.initial_load_in_hf"),
                 "command line --checkpoint.initial_load_in_hf: checkpoint.initial_load_in_hf = "
                 "true needs checkpoint.initial_load_path",

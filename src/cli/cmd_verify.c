@@ -32,6 +32,8 @@ static const cli_option verify_options[] = {
      false},
     {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
     {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
+    {"training.mixed_precision_param", "float32",
+     "float32, or bfloat16: the linear layers in bf16 with fp32 accumulation (as train)", false},
     {"debug.guard_device_memory", "false",
      "test only, slow: run on the guarded CPU backend (as train's option)", true},
     {"json", "false",
@@ -140,6 +142,8 @@ static int verify_config(ct_config *c, const cli_args *args, int B, int T, ct_er
         {"model.hf_path", c->model.hf_path, sizeof c->model.hf_path},
         {"model.moe_impl", c->model.moe_impl, sizeof c->model.moe_impl},
         {"model.attn_backend", c->model.attn_backend, sizeof c->model.attn_backend},
+        {"training.mixed_precision_param", c->training.mixed_precision_param,
+         sizeof c->training.mixed_precision_param},
         {"override.imports", c->override.imports, sizeof c->override.imports},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
@@ -150,6 +154,10 @@ static int verify_config(ct_config *c, const cli_args *args, int B, int T, ct_er
                            strs[i].cap - 1);
         memcpy(strs[i].dst, v, strlen(v) + 1);
     }
+    const char *p = c->training.mixed_precision_param;
+    if (strcmp(p, "float32") != 0 && strcmp(p, "bfloat16") != 0)
+        return ct_fail(err, "--training.mixed_precision_param \"%s\": expected float32 or bfloat16",
+                       p);
     return 0;
 }
 
@@ -198,6 +206,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     if (rc == 0) rc = hf_load_weights(m, rep, &set, dir, err);
     st_set_close(&set);
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
+    if (rc == 0) qwen3_refresh_bf16(m);
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
@@ -309,8 +318,10 @@ int cmd_verify(int argc, char **argv) {
             m.cfg.num_key_value_heads, m.cfg.head_dim, m.cfg.vocab_size,
             m.cfg.tie_word_embeddings ? "tied embeddings" : "untied embeddings");
     run_setup_log_kernels(&setup, out);
-    fprintf(out, "source dtype: %s%s (%d file(s)); computed in fp32\n",
-            dtype_name(rep.source_dtype), rep.mixed_dtypes ? " (mixed)" : "", rep.n_files);
+    fprintf(out, "source dtype: %s%s (%d file(s)); computed in %s\n", dtype_name(rep.source_dtype),
+            rep.mixed_dtypes ? " (mixed)" : "", rep.n_files,
+            setup.mem_opts.bf16 ? "bf16 mixed precision (linear layers in bf16, the rest fp32)"
+                                : "fp32");
     const size_t n_hf = qwen3_num_hf_parameters(&m);
     if (n_hf == m.num_params)
         fprintf(out, "params: %zu\n", n_hf);
@@ -338,6 +349,8 @@ int cmd_verify(int argc, char **argv) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "loss", res.loss);
         cJSON_AddStringToObject(o, "attn_backend", setup.attn_backend);
+        cJSON_AddStringToObject(o, "mixed_precision_param",
+                                setup.mem_opts.bf16 ? "bfloat16" : "float32");
         if (moe) {
             cJSON_AddNumberToObject(o, "ce", res.ce);
             cJSON_AddNumberToObject(o, "aux", res.aux);

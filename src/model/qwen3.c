@@ -23,6 +23,29 @@ static qwen3_dims model_dims(const qwen3_model *m) {
     return qwen3_dims_of(&m->cfg, m->B, m->T);
 }
 
+// A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
+// w's bf16 copy (the same offset in param_bf16), else the fp32 matmul.
+static void linear_forward(const qwen3_model *m, float *out, const float *inp, const float *w,
+                           const float *bias, int N, int C, int OC) {
+    const ct_ops *op = m->ops;
+    if (m->mem_opts.bf16)
+        op->matmul_bf16_forward(out, ((const qwen3_acts *)m->acts)->mm_scratch, inp,
+                                m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
+    else
+        op->matmul_forward(out, inp, w, bias, N, C, OC);
+}
+
+static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float *dbias,
+                            const float *dout, const float *inp, const float *w, int N, int C,
+                            int OC) {
+    const ct_ops *op = m->ops;
+    if (m->mem_opts.bf16)
+        op->matmul_bf16_backward(dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch, dout,
+                                 inp, m->param_bf16 + (w - m->param_mem), N, C, OC);
+    else
+        op->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)), and a->ln2 =
 // post_attention_layernorm(a->resid2) in the same pass (the next block's input).
@@ -36,7 +59,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
-    if (gemms) op->matmul_forward(a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+    if (gemms) linear_forward(m, a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
     op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
                              w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
@@ -46,7 +69,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
         return;
     }
     op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
-    op->matmul_forward(a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    linear_forward(m, a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
                             d.N, d.C, eps);
 }
@@ -58,13 +81,13 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
-    op->matmul_backward(s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
+    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
     op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
                            a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
                               w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,
                               d.B, d.T, d.NH, d.NKV, d.D);
-    op->matmul_backward(s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, w->wqkv, d.N, d.C, QKV);
+    linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, w->wqkv, d.N, d.C, QKV);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
                              a->ln1_rstd, d.N, d.C);
 }
@@ -86,10 +109,10 @@ static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    if (gemms) op->matmul_forward(a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
+    if (gemms) linear_forward(m, a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
     op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
     if (!gemms) return;
-    op->matmul_forward(out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    linear_forward(m, out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
 
@@ -98,12 +121,12 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    op->matmul_backward(s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
+    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
     float *dgate_up = a->gate_up;
     op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
-    op->matmul_backward(s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, w->w_gate_up, d.N, d.C,
-                        2 * d.F);
+    linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, w->w_gate_up, d.N, d.C,
+                    2 * d.F);
     post_norm_backward(m, w, g, a, s);
 }
 
@@ -117,7 +140,7 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    op->matmul_forward(a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
+    linear_forward(m, a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                           m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
@@ -140,7 +163,7 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                      a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
                            a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
-    op->matmul_backward(s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
+    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
     post_norm_backward(m, w, g, a, s);
 }
@@ -196,13 +219,13 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     const qwen3_dims d = model_dims(m);
     const int R = r1 - r0;
     const float *lnf = s->lnf + (size_t)r0 * d.C;
-    if (logits) op->matmul_forward(s->logits, lnf, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
+    if (logits) linear_forward(m, s->logits, lnf, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
     if (forward) op->cross_entropy_forward(s->losses + r0, s->logits, s->targets + r0, R, d.V);
     if (!backward) return;
     op->cross_entropy_backward(s->logits, s->logits, s->targets + r0, loss_scale, R, d.V);
     // A tied lm_head shares its gradient with the embedding: both add into g.embed.
-    op->matmul_backward(s->dln + (size_t)r0 * d.C, m->g.lm_head, NULL, s->logits, lnf, m->w.lm_head,
-                        R, d.C, d.V);
+    linear_backward(m, s->dln + (size_t)r0 * d.C, m->g.lm_head, NULL, s->logits, lnf, m->w.lm_head,
+                    R, d.C, d.V);
 }
 
 static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
@@ -231,7 +254,7 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
                         m->cfg.rms_norm_eps);
     const int rows = head_rows(m);
     if (!targets) {
-        if (rows == d.N) op->matmul_forward(s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V);
+        if (rows == d.N) linear_forward(m, s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V);
         return 0.0;
     }
     be->write(be, s->targets, targets, (size_t)d.N * sizeof(int32_t));
@@ -258,6 +281,10 @@ double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targe
 double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                            float loss_scale, int64_t *n_valid) {
     return forward(m, inputs, targets, true, loss_scale, n_valid);
+}
+
+void qwen3_refresh_bf16(qwen3_model *m) {
+    if (m->param_bf16) m->ops->f32_to_bf16(m->param_bf16, m->param_mem, m->num_params);
 }
 
 void qwen3_zero_grad(qwen3_model *m) {

@@ -70,6 +70,11 @@ typedef struct qwen3_memory_opts {
     // at once, only (loss_chunk, V). qwen3_forward_train then also runs the head's backward, and
     // qwen3_backward after a plain qwen3_forward recomputes the logits chunk by chunk.
     int loss_chunk;
+    // bf16 mixed precision (training.mixed_precision_param = "bfloat16"): every linear layer
+    // (q|k|v, o, gate|up, down, the router, lm_head) runs the table's matmul_bf16 kernels on a
+    // bf16 copy of the weights (param_bf16, refreshed by qwen3_refresh_bf16) with fp32
+    // accumulation; the rest stays fp32. The weights, gradients and optimizer stay fp32.
+    bool bf16;
 } qwen3_memory_opts;
 
 typedef struct qwen3_model {
@@ -108,11 +113,16 @@ typedef struct qwen3_model {
     // Load balancing (model/moe_balance.h) reads them in moe_balance_collect only.
     int n_sparse;
     double *moe_load, *moe_prob;
+
+    // mem_opts.bf16: the weights rounded to bf16, param_mem's layout (qwen3_plan allocates it;
+    // qwen3_refresh_bf16 fills it); NULL otherwise.
+    uint16_t *param_bf16;
 } qwen3_model;
 
 // Bytes the model needs for a (B, T) step: parameters, gradients and activations.
 typedef struct qwen3_memory {
     size_t params, grads, activations;
+    size_t weights_bf16; // the bf16 copy of the weights under mem_opts.bf16, else 0
 } qwen3_memory;
 // These are exactly the sizes of param_mem, grad_mem and the activation buffers (act_mem plus
 // the saved token ids) that qwen3_init + qwen3_plan allocate with the built-in CPU ops; the
@@ -182,6 +192,9 @@ double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targe
 double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                            float loss_scale, int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
+// Under mem_opts.bf16: rounds the weights into param_bf16. Call after the weights change (load,
+// init, resume, each optimizer step), before the next forward. Does nothing otherwise.
+void qwen3_refresh_bf16(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
 // forward with targets before it does nothing.

@@ -44,7 +44,8 @@ typedef struct qwen3_acts {
     float *resid_out;           // (N,C) output of the last layer
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
-    float *losses;              // (N) per-token cross-entropy
+    float *mm_scratch; // mem_opts.bf16: the largest matmul_bf16_scratch_floats of the model's GEMMs
+    float *losses;     // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time). From dq
     // to dlogits it shares memory with `logits` (see qwen3_acts_layout).
     float *dresid;         // (N,C) gradient of the residual stream

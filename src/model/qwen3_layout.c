@@ -212,6 +212,31 @@ static unsigned recomputed_classes(qwen3_layer_ac ac) {
     return ac == QWEN3_AC_LAYER ? ACT_ALL : ac == QWEN3_AC_OPS ? ACT_CHEAP : 0;
 }
 
+// Under bf16 mixed precision: the scratch of the largest of the model's linear layers (every
+// shape's oneDNN primitives are created here, once), or SIZE_MAX when one cannot be made.
+static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
+                                  int chunk) {
+    const qwen3_dims d = qwen3_dims_of(cfg, B, T);
+    const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
+    bool dense = false;
+    for (int l = 0; l < d.L; l++) dense |= !qwen3_layer_is_sparse(cfg, l);
+    const int shapes[][3] = {{d.N, d.C, QKV},
+                             {d.N, QD, d.C},
+                             {dense ? d.N : 0, d.C, 2 * d.F},
+                             {dense ? d.N : 0, d.F, d.C},
+                             {d.E ? d.N : 0, d.C, d.E},
+                             {chunk, d.C, d.V},
+                             {d.N % chunk, d.C, d.V}};
+    size_t most = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        if (shapes[i][0] == 0) continue;
+        const size_t n = ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2]);
+        if (n == SIZE_MAX) return SIZE_MAX;
+        if (n > most) most = n;
+    }
+    return most;
+}
+
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
                          int B, int T, const qwen3_memory_opts *opts) {
     const int chunk =
@@ -280,6 +305,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->dweight = moe ? carve_take(&cv, N * K) : NULL;
     a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
     if (cv.off < logits_end) cv.off = logits_end;
+    // Live during every linear layer, the loss head's among them: not in the region above.
+    const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk) : 0;
+    a->mm_scratch = mm ? carve_take(&cv, mm == SIZE_MAX ? 0 : mm) : NULL;
     return cv.off;
 }
 
@@ -302,6 +330,7 @@ qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, i
     const size_t np = model_count_params(cfg, NULL);
     mem.params = np * sizeof(float);
     mem.grads = np * sizeof(float);
+    mem.weights_bf16 = opts && opts->bf16 ? np * sizeof(uint16_t) : 0;
     qwen3_acts a = {0};
     mem.activations =
         qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T, opts) * sizeof(float) +
@@ -410,11 +439,25 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        "qwen3_plan: batch %d x seq_len %d x %d experts per token x 2 x "
                        "moe_intermediate_size %d exceeds %d",
                        B, T, c->num_experts_per_tok, c->moe_intermediate_size, INT_MAX);
+    ct_backend *be = m->be;
+    if (m->mem_opts.bf16) {
+        const int chunk = m->mem_opts.loss_chunk > 0 && m->mem_opts.loss_chunk < B * T
+                              ? m->mem_opts.loss_chunk
+                              : B * T;
+        if (!m->ops->matmul_bf16_forward || !m->ops->matmul_bf16_scratch_floats ||
+            bf16_scratch_floats(c, m->ops, B, T, chunk) == SIZE_MAX)
+            return ct_fail(err,
+                           "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
+                           "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",
+                           B, T);
+        if (!m->param_bf16 && !(m->param_bf16 = be->alloc(be, m->num_params * sizeof(uint16_t),
+                                                          "the bf16 copy of the weights", err)))
+            return ct_wrap(err, "qwen3_plan");
+    }
     qwen3_acts *a = calloc(1, sizeof *a);
     if (!a) return ct_fail(err, "qwen3_plan: out of memory");
     m->acts = a;
     const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T, &m->mem_opts);
-    ct_backend *be = m->be;
     const size_t tokens = (size_t)B * T * sizeof(int32_t);
     a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
     if (!a->layers || !(a->inputs = be->alloc(be, tokens, "the input tokens", err)) ||
@@ -455,6 +498,7 @@ void qwen3_free(qwen3_model *m) {
         m->be->free(m->be, m->grad_mem);
         m->be->free(m->be, m->moe_load);
         m->be->free(m->be, m->moe_prob);
+        m->be->free(m->be, m->param_bf16);
     }
     memset(m, 0, sizeof *m);
 }

@@ -110,7 +110,9 @@ const config_key config_table[] = {
         "tokens, so the (tokens x vocab) logits are never held at once; 0: whole; -1: auto "
         "(chunks of at most 256 MiB of logits, 64 MiB with activation checkpointing)"),
     KEY(training, mixed_precision_param, CONFIG_STR, "float32", "float32|bfloat16", true,
-        "parameter dtype (float32 only on CPU)"),
+        "the dtype the linear layers compute in: float32 (exact parity, ctitan's default) or "
+        "bfloat16 (bf16 GEMMs with fp32 accumulation through oneDNN; weights, gradients and the "
+        "optimizer stay fp32; torchtitan's default)"),
 
     KEY(optimizer, name, CONFIG_STR, "AdamW", "AdamW", true, "optimizer"),
     KEY(optimizer, lr, CONFIG_FLOAT, "8e-4", NULL, true, "peak learning rate"),

@@ -201,9 +201,6 @@ static int check_training(const ct_config *c, const vctx *vp) {
          "training.max_norm = %g; expected 0 (off) or a positive norm", t->max_norm);
     NEED(t->max_skipped_steps >= 0, "training.max_skipped_steps", NULL,
          "training.max_skipped_steps = %d; expected 0 or more", t->max_skipped_steps);
-    NEED(strcmp(t->mixed_precision_param, "float32") == 0, "training.mixed_precision_param", NULL,
-         "training.mixed_precision_param = \"%s\" is not supported on CPU; use \"float32\"",
-         t->mixed_precision_param);
     return 0;
 }
 

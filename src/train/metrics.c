@@ -14,6 +14,7 @@
 #include "core/clock.h"
 #include "io/atomic.h"
 #include "io/json.h"
+#include "ops/ops.h"
 
 // The rows of steps up to `keep_through`: a resumed run logs the later steps again, and a
 // line cut short by a kill is not JSON. Rewritten atomically, so a crash here loses nothing.
@@ -162,5 +163,29 @@ double metrics_sgemm_gflops(int n, int repeats) {
         }
     }
     free(a), free(b), free(c);
+    return best;
+}
+
+double metrics_bf16_gflops(int n, int repeats) {
+    if (n < 1 || repeats < 1) return 0;
+    const size_t nn = (size_t)n * (size_t)n,
+                 scratch_n = ct_ops_cpu.matmul_bf16_scratch_floats(n, n, n);
+    if (scratch_n == SIZE_MAX) return 0;
+    float *a = malloc(nn * sizeof *a), *c = malloc(nn * sizeof *c);
+    float *scratch = malloc(scratch_n * sizeof *scratch);
+    uint16_t *b = malloc(nn * sizeof *b);
+    double best = 0;
+    if (a && b && c && scratch) {
+        for (size_t i = 0; i < nn; i++) a[i] = (float)(i % 13) * 0.01f;
+        ct_ops_cpu.f32_to_bf16(b, a, nn);
+        // As a bf16 linear layer runs: the input rounded to bf16 first, fp32 out.
+        for (int r = 0; r < repeats; r++) {
+            double t0 = ct_now_s();
+            ct_ops_cpu.matmul_bf16_forward(c, scratch, a, b, NULL, n, n, n);
+            double rate = 2.0 * n * n * (double)n / (ct_now_s() - t0) / 1e9;
+            if (rate > best) best = rate;
+        }
+    }
+    free(a), free(b), free(c), free(scratch);
     return best;
 }

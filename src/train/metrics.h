@@ -49,3 +49,6 @@ double metrics_flops_per_token(const qwen3_config *c, int seq_len);
 // is below 1, or out of memory). With n = 1024 it is the MFU denominator the trainer measures;
 // bench_step reports it for any n.
 double metrics_sgemm_gflops(int n, int repeats);
+// The same for oneDNN's bf16 matmul as a bf16 linear layer runs it (the input rounded to bf16,
+// fp32 out): the peak of bf16 mixed precision's GEMMs. 0 when oneDNN cannot make it.
+double metrics_bf16_gflops(int n, int repeats);

@@ -108,6 +108,13 @@ int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct
     s->mem_opts.ac_every = config_ac_every(c);
     s->mem_opts.ac_op = config_ac_op(c);
     s->mem_opts.loss_chunk = config_loss_chunk(c, s->model.vocab_size, s->B * s->T);
+    // bf16 mixed precision: the linear layers on the table's bf16 kernels, unless a plugin
+    // replaced matmul (the plugin ABI is fp32: its kernel then runs in fp32, as the log says).
+    s->matmul_plugin = s->plugins_applied && s->overrides.ops[OVERRIDE_MATMUL].set;
+    s->warn = o->warn;
+    s->mem_opts.bf16 =
+        strcmp(c->training.mixed_precision_param, "bfloat16") == 0 && !s->matmul_plugin;
+    snprintf(s->precision, sizeof s->precision, "%s", c->training.mixed_precision_param);
     return 0;
 }
 
@@ -121,10 +128,31 @@ const char *run_setup_attention(const run_setup *s) {
                                                                           : s->attn_backend;
 }
 
+// Whether this CPU computes bf16 products natively (AVX512-BF16 or AMX); oneDNN emulates them
+// otherwise, correctly but slower than fp32.
+static bool cpu_has_native_bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#else
+    return false;
+#endif
+}
+
 void run_setup_log_kernels(const run_setup *s, FILE *f) {
     const bool moe = qwen3_num_sparse_layers(&s->model) > 0;
     fprintf(f, "kernels: attention %s%s%s\n", run_setup_attention(s), moe ? ", experts " : "",
             moe ? s->moe_impl : "");
+    if (strcmp(s->precision, "bfloat16") == 0)
+        fprintf(f, "precision: %s\n",
+                s->mem_opts.bf16
+                    ? "bf16 mixed precision: linear layers in bf16 (oneDNN, fp32 accumulation); "
+                      "attention, norms, softmax, the loss and the optimizer in fp32; fp32 "
+                      "weights, gradients and AdamW state"
+                    : "float32: the matmul plugin's kernel is fp32 (the plugin ABI), so the "
+                      "linear layers run in fp32 around it");
+    if (s->mem_opts.bf16 && !cpu_has_native_bf16() && s->warn)
+        fprintf(s->warn, "ctitan: warning: this CPU has no native bf16 (AVX512-BF16 or AMX): the "
+                         "bf16 matmuls are emulated, correct but slower than float32\n");
 }
 
 qwen3_memory run_setup_plan(const run_setup *s) {
@@ -137,7 +165,8 @@ run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double b
                     .optimizer = optimizer_bytes,
                     .batch = batch_bytes,
                     .ranks_per_node = ranks_per_node > 0 ? ranks_per_node : 1};
-    m.total = (double)m.model.params + m.model.grads + m.optimizer + m.model.activations + m.batch;
+    m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
+              m.model.activations + m.batch;
     m.node = m.total * m.ranks_per_node;
     m.avail = sysmem_available_bytes();
     return m;

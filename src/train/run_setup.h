@@ -36,6 +36,10 @@ typedef struct run_setup {
     // one (debug.guard_device_memory). A CUDA backend would be chosen here. `builtin` below is
     // the CPU's table; the model binds `ops` to the backend.
     ct_backend *be;
+    // training.mixed_precision_param, and whether a plugin's matmul keeps it in fp32
+    char precision[CT_CONFIG_NAME_MAX];
+    bool matmul_plugin;
+    FILE *warn; // run_setup_opts.warn: where warnings also go
 
     // "flash" | "sdpa": model.attn_backend, "auto" resolved to "flash"
     char attn_backend[CT_CONFIG_NAME_MAX];

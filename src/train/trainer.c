@@ -107,11 +107,15 @@ static int check_plan(trainer *t, ct_error *err) {
     double optim = 2.0 * (double)run_setup_plan(&t->setup).params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
     run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
+    char bf16_copy[64] = "";
+    if (mem.model.weights_bf16)
+        snprintf(bf16_copy, sizeof bf16_copy, " (+ %.3f GiB bf16 copy)",
+                 mem.model.weights_bf16 / GIB);
     fprintf(t->log,
-            "memory estimate per rank: params %.3f GiB, grads %.3f GiB, optimizer %.3f GiB%s, "
+            "memory estimate per rank: params %.3f GiB%s, grads %.3f GiB, optimizer %.3f GiB%s, "
             "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
             "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
-            mem.model.params / GIB, mem.model.grads / GIB, optim / GIB,
+            mem.model.params / GIB, bf16_copy, mem.model.grads / GIB, optim / GIB,
             t->shard ? " (ZeRO-1 shard)" : "", mem.model.activations / GIB,
             mem.model.activations / (1024.0 * 1024.0), ac->mode, selective ? " " : "",
             selective ? ac->selective_ac_option : "", mem.total / GIB, t->d->local_size,
@@ -347,6 +351,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
                 c->activation_checkpoint.mode, n, mc.num_hidden_layers);
     }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
+    qwen3_refresh_bf16(&t->model);
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
     t->save_tag = (long)getpid();
@@ -527,6 +532,7 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         adamw_step_scaled(&t->opt, m->ops, m->param_mem, m->grad_mem, &t->hp, r->lr,
                           clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
         if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
+        qwen3_refresh_bf16(m); // once per step, not per micro-batch
     }
     t->state.samples_seen += (uint64_t)t->global_batch;
     t->state.step++;
