@@ -2,6 +2,7 @@
 // folder on a token stream, or of one MoE block alone, or measures the sgemm peak that MFU is
 // reported against. Prints one JSON line.
 //   bench_step sgemm N REPEATS
+//   bench_step bf16 N REPEATS   (the bf16 peak: oneDNN, as a bf16 linear layer runs)
 //   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
 //   bench_step moe N C F E K STEPS MOE_IMPL SEED
 // step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
@@ -81,6 +82,20 @@ static int bench_sgemm(int n, int repeats) {
         return 1;
     }
     printf("{\"sgemm_n\":%d,\"sgemm_gflops\":%.2f}\n", n, gflops);
+    return 0;
+}
+
+// The bf16 peak: oneDNN's bf16 matmul, N^3, the best of REPEATS.
+static int bench_bf16(int n, int repeats) {
+    double gflops = metrics_bf16_gflops(n, repeats);
+    if (gflops <= 0) {
+        fprintf(stderr,
+                "bench_step: bf16 %d x %d, %d repeats: bad size, out of memory or oneDNN "
+                "failed\n",
+                n, n, repeats);
+        return 1;
+    }
+    printf("{\"bf16_n\":%d,\"bf16_gflops\":%.2f}\n", n, gflops);
     return 0;
 }
 
@@ -223,6 +238,7 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
         return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "bf16") == 0) return bench_bf16(atoi(argv[2]), atoi(argv[3]));
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "step") == 0)
         return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                            argc == 8 ? argv[7] : "grouped");
@@ -230,6 +246,7 @@ int main(int argc, char **argv) {
         return bench_moe(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                          atoi(argv[7]), argv[8], strtoull(argv[9], NULL, 10));
     fprintf(stderr, "usage: bench_step sgemm N REPEATS\n"
+                    "       bench_step bf16 N REPEATS\n"
                     "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
                     "       bench_step moe N C F E K STEPS grouped|loop SEED\n");
     return 2;

@@ -37,6 +37,13 @@ ac_<mode>_peak_rss, ac_<mode>_step_time (with / without) and ac_<mode>_losses_eq
 (checkpointing changes no bit; the automatic loss chunk does, 64 MiB with checkpointing against
 256 MiB without, unless --ctitan-args fixes training.loss_chunk_tokens).
 
+--precision bf16 adds, per config, ctitan with training.mixed_precision_param = "bfloat16"
+(ctitan_bf16) and PyTorch with its forward under torch.autocast("cpu", dtype=torch.bfloat16)
+(pytorch_bf16), each with mfu_bf16_peak against oneDNN's bf16 2048^3 matmul measured in the same
+run (bf16_gflops_before/after), and ratios.bf16_tokens_per_s (ctitan bf16 / PyTorch autocast),
+bf16_over_fp32_tokens_per_s, bf16_planned_activations and bf16_peak_rss (bf16 / fp32 ctitan), and
+bf16_loss_mean_abs_diff_vs_autocast.
+
 By default glibc's malloc keeps its own settings, as a PyTorch user gets it. --malloc heap runs
 both sides as bench/moe.py does (freed memory kept in the heap, no mmap, no trim): PyTorch
 allocates each step's tensors afresh, and fresh mmaps fault in page by page, so heap is faster
@@ -67,6 +74,7 @@ MODELS = {"dense": DENSE, "moe": MOE}
 CONFIGS = {"c1": ("dense", 256, 2), "c2": ("dense", 2048, 2), "moe": ("moe", 256, 2)}
 OPT = dict(lr=8e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=1.0, warmup=0)
 SEED = 1234
+BF16_ARGS = "--training.mixed_precision_param bfloat16"
 AC_MODES = {"full": "--activation_checkpoint.mode full",
             "op": "--activation_checkpoint.mode selective "
                   "--activation_checkpoint.selective_ac_option op"}
@@ -91,8 +99,11 @@ def write_worker(kind, folder, tokens, n_tokens, threads):
     np.save(tokens, ids.astype(np.int32))
 
 
-def torch_worker(folder, tokens, B, T, steps, threads):
-    """PyTorch's training loop; progress on stderr, one JSON line on stdout."""
+def torch_worker(folder, tokens, B, T, steps, threads, bf16=False):
+    """PyTorch's training loop; progress on stderr, one JSON line on stdout. bf16: the forward
+    under torch.autocast("cpu", dtype=torch.bfloat16), the loss from the logits upcast to fp32
+    (as HF computes it), parameters, gradients and AdamW in fp32."""
+    import contextlib
     import numpy as np
     import torch
     import qwen3_ref
@@ -113,8 +124,9 @@ def torch_worker(folder, tokens, B, T, steps, threads):
         inputs, targets = qwen3_ref.windows(data[s * B * (T + 1):], B, T)
         for p in plist:
             p.grad = None
-        logits, routers = qwen3_ref.forward_full(params, cfg, inputs)
-        loss, _ = qwen3_ref.loss_fn(logits, targets)
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
+            logits, routers = qwen3_ref.forward_full(params, cfg, inputs)
+        loss, _ = qwen3_ref.loss_fn(logits.float(), targets)
         if routers and aux_coef:
             aux = qwen3_ref.aux_loss([r["logits"] for r in routers], cfg["num_experts"],
                                      cfg["num_experts_per_tok"])
@@ -198,10 +210,12 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work, extra=""):
     return side
 
 
-def torch_side(name, args, folder, tokens, B, T, env):
+def torch_side(name, args, folder, tokens, B, T, env, bf16=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--steps",
            str(args.steps), "--torch-worker", folder, tokens, str(B), str(T)]
-    lines, rss, wall = run_child(f"{name} pytorch", cmd, env, lambda s: not s.startswith("{"))
+    cmd += ["--torch-autocast"] if bf16 else []
+    lines, rss, wall = run_child(f"{name} pytorch{' bf16' if bf16 else ''}", cmd, env,
+                                 lambda s: not s.startswith("{"))
     side = json.loads(next(s for s in reversed(lines) if s.startswith("{")))
     side.update(peak_rss_gib=rss, wall_s=wall)
     return side
@@ -254,12 +268,17 @@ def main():
                     help="also run ctitan with full and with selective \"op\" activation "
                          "checkpointing: planned activations, peak RSS and step time against the "
                          "run without (ratios.ac_*)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: also ctitan with training.mixed_precision_param = bfloat16 and "
+                         "PyTorch under CPU autocast bf16 (ctitan_bf16, pytorch_bf16), MFU also "
+                         "against a oneDNN bf16 2048^3 peak, and ratios.bf16_*")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--tmp", help="folder for the HF folders and tokens (default: system temp)")
     ap.add_argument("--malloc", choices=["default", "heap"], default="default",
                     help="heap: keep freed memory, no mmap, no trim (bench/moe.py's setting)")
     ap.add_argument("--torch-worker", nargs=4, metavar=("DIR", "TOKENS", "B", "T"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--torch-autocast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--write-worker", nargs=4, metavar=("KIND", "DIR", "TOKENS", "N"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -268,7 +287,7 @@ def main():
         return write_worker(kind, d, tok, int(n), args.threads)
     if args.torch_worker:
         d, tok, b, t = args.torch_worker
-        return torch_worker(d, tok, int(b), int(t), args.steps, args.threads)
+        return torch_worker(d, tok, int(b), int(t), args.steps, args.threads, args.torch_autocast)
     names = [c for c in args.configs.split(",") if c]
     bad = [c for c in names if c not in CONFIGS]
     if bad or not names:
@@ -283,10 +302,13 @@ def main():
         env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     bench = os.path.join(args.build, "bench_step")
 
-    def sgemm_peak():
-        out = subprocess.run([bench, "sgemm", "2048", "5"], check=True, env=env,
+    def gemm_peak(kind):  # "sgemm" (OpenBLAS fp32) or "bf16" (oneDNN)
+        out = subprocess.run([bench, kind, "2048", "5"], check=True, env=env,
                              capture_output=True, text=True).stdout
-        return json.loads(out)["sgemm_gflops"]
+        return json.loads(out)[kind + "_gflops"]
+
+    def sgemm_peak():
+        return gemm_peak("sgemm")
 
     t_start = time.perf_counter()
     result = {"threads": args.threads, "steps": args.steps, "timed_steps": f"2..{args.steps}",
@@ -297,6 +319,10 @@ def main():
               "loadavg_1min_before": round(os.getloadavg()[0], 2)}
     result["sgemm_gflops_before"] = peak = sgemm_peak()
     log(f"sgemm 2048^3: {peak:.1f} GFLOP/s with {args.threads} thread(s)")
+    bf16 = args.precision == "bf16"
+    if bf16:
+        result["bf16_gflops_before"] = gemm_peak("bf16")
+        log(f"oneDNN bf16 2048^3: {result['bf16_gflops_before']:.1f} GFLOP/s")
     raw = {}
     with tempfile.TemporaryDirectory(prefix="ctitan-train-bench-", dir=args.tmp) as work:
         for kind in sorted({CONFIGS[c][0] for c in names}):
@@ -313,10 +339,16 @@ def main():
             raw[c] = (ctitan_side(c, args, folder, tokens, B, T, peak, env, work),
                       torch_side(c, args, folder, tokens, B, T, env),
                       {m: ctitan_side(c, args, folder, tokens, B, T, peak, env, work, extra)
-                       for m, extra in AC_MODES.items()} if args.ac else {})
+                       for m, extra in AC_MODES.items()} if args.ac else {},
+                      (ctitan_side(c, args, folder, tokens, B, T, peak, env, work, BF16_ARGS),
+                       torch_side(c, args, folder, tokens, B, T, env, bf16=True)) if bf16 else ())
     result["sgemm_gflops_after"] = sgemm_peak()
     # A busy machine lowers the rate: MFU uses the better of the two.
     peak = result["sgemm_peak_gflops"] = max(peak, result["sgemm_gflops_after"])
+    if bf16:
+        result["bf16_gflops_after"] = gemm_peak("bf16")
+        bf16_peak = result["bf16_peak_gflops"] = max(result["bf16_gflops_before"],
+                                                     result["bf16_gflops_after"])
 
     result["configs"] = {}
     for c in names:
@@ -344,6 +376,22 @@ def main():
                 f"ac_{mode}_peak_rss": round(ct["peak_rss_gib"] / ac["peak_rss_gib"], 3),
                 f"ac_{mode}_step_time": round(ac["step_s"] / ct["step_s"], 3),
                 f"ac_{mode}_losses_equal": ac["losses"] == ct["losses"]})
+        if bf16:
+            cb, pb = (summarise(s, B, T, fpt, peak) for s in raw[c][3])
+            cb["mfu_bf16_peak"] = round(cb["tokens_per_s"] * fpt / 1e9 / bf16_peak, 4)
+            pb["mfu_bf16_peak"] = round(pb["tokens_per_s"] * fpt / 1e9 / bf16_peak, 4)
+            result["configs"][c].update(ctitan_bf16=cb, pytorch_bf16=pb)
+            result["configs"][c]["ratios"].update({
+                "bf16_tokens_per_s": round(cb["tokens_per_s"] / pb["tokens_per_s"], 3),
+                "bf16_over_fp32_tokens_per_s": round(cb["tokens_per_s"] / ct["tokens_per_s"], 3),
+                "bf16_planned_activations": round(cb["planned_activations_gib"] /
+                                                  ct["planned_activations_gib"], 3),
+                "bf16_peak_rss": round(cb["peak_rss_gib"] / ct["peak_rss_gib"], 3),
+                "bf16_loss_mean_abs_diff_vs_autocast": sum(
+                    abs(a - b) for a, b in zip(cb["losses"], pb["losses"])) / len(cb["losses"])})
+            log(f"{c} bf16: ctitan {cb['tokens_per_s']:.0f} tok/s "
+                f"({cb['mfu_bf16_peak']:.0%} of the bf16 peak); pytorch autocast "
+                f"{pb['tokens_per_s']:.0f} tok/s")
         log(f"{c}: ctitan {ct['tokens_per_s']:.0f} tok/s, {ct['peak_rss_gib']:.2f} GiB; "
             f"pytorch {pt['tokens_per_s']:.0f} tok/s, {pt['peak_rss_gib']:.2f} GiB; "
             f"step-1 loss rel diff {result['configs'][c]['loss_step1_rel_diff']:.2e}")
