@@ -105,4 +105,3 @@ def write_all(out, quiet=False):
         json.dump({"cases": [c["name"] for c in CASES],
                    "moe_cases": [c["name"] for c in CASES if c.get("E")]}, f, indent=2)
         f.write("\n")
-
