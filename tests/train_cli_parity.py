@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.environ["CTITAN_SOURCE_DIR"], "tests", "ref"))
 from checks import check, summary  # noqa: E402
+from ctitan_cli import train_cmd  # noqa: E402
 import safetensors_ref  # noqa: E402
 
 BIN, REF, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_REF_DIR"], os.environ["CTITAN_TMP"]
@@ -60,34 +61,6 @@ def rel_err(got, want, what, bound, label):
                                                                         e, bound))
 
 
-def train_cmd(d, m, dump, moe_impl):
-    cmd = [BIN, "train", "--model.backend", "hf", "--model.hf_path", os.path.join(d, "hf"),
-           "--training.dataset_path", os.path.join(d, "tokens.npy"),
-           "--training.shuffle", "false", "--training.steps", str(m["steps"]),
-           "--training.seq_len", str(m["T"]), "--training.local_batch_size", str(m["B"]),
-           "--training.global_batch_size", str(m["B"] * m["accum"]),
-           "--training.max_norm", repr(m["max_norm"]),
-           "--optimizer.lr", repr(m["lr"]), "--optimizer.eps", repr(m["eps"]),
-           "--optimizer.beta1", repr(m["beta1"]), "--optimizer.beta2", repr(m["beta2"]),
-           "--optimizer.weight_decay", repr(m["weight_decay"]),
-           "--optimizer.decay_norms_and_embeddings", str(m["decay_norms_and_embeddings"]).lower(),
-           "--lr_scheduler.warmup_steps", str(m["warmup"]),
-           "--lr_scheduler.decay_ratio", repr(m["decay_ratio"]),
-           "--lr_scheduler.decay_type", m["decay_type"],
-           "--lr_scheduler.min_lr_factor", repr(m["min_lr_factor"]),
-           "--metrics.log_freq", "1", "--metrics.peak_gflops", "100",
-           "--checkpoint.interval", "100", "--job.dump_folder", dump]
-    if "load_balance" in m:
-        cmd += ["--model.moe_impl", moe_impl, "--model.load_balance", m["load_balance"],
-                "--model.load_balance_coeff", repr(m.get("load_balance_coeff", 1e-3))]
-    if "val" in m:
-        cmd += ["--validation.enable", "true",
-                "--validation.dataset_path", os.path.join(d, "val.npy"),
-                "--validation.freq", str(m["val"]["freq"]),
-                "--validation.steps", str(m["val"]["steps"])]
-    return cmd
-
-
 def run_case(name, moe_impl):
     d = os.path.join(REF, "train", name)
     m = json.load(open(os.path.join(d, "meta.json")))
@@ -95,7 +68,7 @@ def run_case(name, moe_impl):
     dump = os.path.join(TMP, label.replace("/", "_"))
     subprocess.run(["rm", "-rf", dump], check=True)
     case_worst.clear()
-    r = subprocess.run(train_cmd(d, m, dump, moe_impl), capture_output=True, text=True)
+    r = subprocess.run(train_cmd(BIN, d, m, dump, moe_impl), capture_output=True, text=True)
     check(r.returncode == 0, "%s: ctitan train failed: %s" % (label, (r.stdout + r.stderr)[-2000:]))
     if r.returncode != 0:
         return

@@ -6,6 +6,8 @@ DIR/golden/        byte-exactness fixtures for the C safetensors writer:
                    single_{f32,bf16,f16}/model.safetensors, sharded_{f32,bf16}/ (max 100 bytes)
 DIR/index.json     {"variants": [all names], "moe_variants": [the MoE ones]}
 DIR/train/         training references (tests/ref/train_ref.py)
+DIR/bf16/          bf16 mixed-precision training references, autocast and fp32
+                   (tests/ref/bf16_ref.py)
 DIR/topk_ties.json torch.topk's choices among tied router scores (tests/ref/topk_ties.py)
 DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or sharded)
 DIR/<variant>/tokens.npy        the token stream (dtype varies across variants)
@@ -50,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_ref  # noqa: E402
 import safetensors_ref  # noqa: E402
 import train_ref  # noqa: E402
+import bf16_ref  # noqa: E402
 import topk_ties  # noqa: E402
 
 # Each variant: architecture, storage and batch. Together they cover head_dim != C/NH, GQA ratios
@@ -399,6 +402,7 @@ def main():
         json.dump({"variants": names, "moe_variants": moe_names}, f, indent=2)
         f.write("\n")
     train_ref.write_all(args.out, args.quiet)  # DIR/train/: training parity, AdamW, schedules
+    bf16_ref.write_all(args.out, args.quiet)  # DIR/bf16/: autocast bf16 training
     topk_ties.write(args.out)  # DIR/topk_ties.json: torch.topk on tied router scores
     return 0
 

@@ -88,7 +88,14 @@ def rms_norm(x, w, eps):
 
 
 def rope_cos_sin(cfg, T, dtype):
-    """(T, D) cos and sin tables, as Qwen3RotaryEmbedding builds them (fp32 angles)."""
+    """(T, D) cos and sin tables, as Qwen3RotaryEmbedding builds them (fp32 angles). Like HF it
+    turns autocast off here: under bf16 autocast the angles' matmul would otherwise run in
+    bf16."""
+    with torch.autocast("cpu", enabled=False):
+        return _rope_cos_sin(cfg, T, dtype)
+
+
+def _rope_cos_sin(cfg, T, dtype):
     D = cfg["head_dim"]
     base = cfg.get("rope_theta", 10000.0)
     ang_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -199,7 +206,10 @@ def aux_loss(router_logits, E, K, selected=None):
         _, chosen = torch.topk(routing, K, dim=-1)
     else:
         chosen = torch.cat(list(selected), dim=0)
-    mask = F.one_hot(chosen, E).to(routing.dtype)  # (rows, K, E); .float() in fp32, as HF
+    # HF's .float() (fp32 even when autocast leaves the logits and routing in bf16; fp64 runs
+    # keep fp64)
+    mask = F.one_hot(chosen, E).to(torch.float64 if routing.dtype == torch.float64
+                                   else torch.float32)  # (rows, K, E)
     tokens_per_expert = torch.mean(mask, dim=0)  # (K, E)
     prob_per_expert = torch.mean(routing, dim=0)  # (E,)
     return torch.sum(tokens_per_expert * prob_per_expert.unsqueeze(0)) * E

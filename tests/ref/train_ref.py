@@ -287,34 +287,51 @@ def step_batches(tokens, c, s):
     return out
 
 
-def train_case(d, c, gen, make_ref):
+def write_case_inputs(d, c, gen, make_ref, dtype="F32"):
+    """Writes d/hf/ (the initial weights stored as `dtype`), d/tokens.npy and, with "val",
+    d/val.npy. Returns (cfg, order, params, tokens, val_tokens): params are the values a reader
+    of the stored weights sees (rounded to `dtype`), the ones training starts from."""
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(os.path.join(d, "hf"))
     cfg = model_cfg(c)
-    moe = bool(c.get("E"))
-    if moe:
+    if c.get("E"):
         cfg.update(make_ref.moe_keys(c))
     order = [n for n, _ in qwen3_ref.param_shapes(cfg)]
-    params = make_ref.make_params(cfg, gen)
-    hfc = make_ref.hf_config(dict(c, dtype="F32", eps=cfg["rms_norm_eps"],
+    params = {n: safetensors_ref.round_to(t, dtype)
+              for n, t in make_ref.make_params(cfg, gen).items()}
+    hfc = make_ref.hf_config(dict(c, dtype=dtype, eps=cfg["rms_norm_eps"],
                                   theta=cfg["rope_theta"]))
     hfc["max_position_embeddings"] = max(hfc["max_position_embeddings"], c["T"])
     with open(os.path.join(d, "hf", "config.json"), "w") as f:
         json.dump(hfc, f, indent=2, sort_keys=True)
         f.write("\n")
     safetensors_ref.write_file(os.path.join(d, "hf", "model.safetensors"),
-                               [(n, params[n]) for n in order], "F32")
+                               [(n, params[n]) for n in order], dtype)
     G, T, steps = c["B"] * c["accum"], c["T"], c["steps"]
     tokens = torch.randint(0, c["V"], (steps * G * (T + 1) + 5,), generator=gen).numpy()
     np.save(os.path.join(d, "tokens.npy"), tokens.astype("<i4"))
     val = c.get("val")
+    val_tokens = None
     if val:
-        assert not moe and val["windows"] % c["B"] == 0
+        assert not c.get("E") and val["windows"] % c["B"] == 0
         # A few tokens past the last window, which the loader leaves out.
         val_tokens = torch.randint(0, c["V"], (val["windows"] * (T + 1) + 3,),
                                    generator=gen).numpy()
         np.save(os.path.join(d, "val.npy"), val_tokens.astype("<i4"))
+    return cfg, order, params, tokens, val_tokens
 
+
+def train_run(c, cfg, order, params, tokens, val_tokens=None, autocast=False):
+    """The training loop of case c from params (not modified). autocast: every forward, the
+    loss and the MoE aux loss run under torch.autocast("cpu", dtype=torch.bfloat16), as an HF
+    model's forward under autocast would (tests/ref/bf16_ref.py); parameters, gradients and the
+    AdamW state stay fp32. The cross-entropy reads the logits upcast to fp32 (HF's
+    logits.float(); a no-op in fp32). Under autocast, exact ties in the router's top-k (bf16
+    router logits make them common) are counted in the log's "router_ties", not refused.
+    Returns dict(log, ps {name: parameter}, opt, expert_bias, min_gap)."""
+    moe = bool(c.get("E"))
+    steps = c["steps"]
+    val = c.get("val")
     ps = {n: params[n].clone().requires_grad_(True) for n in order}
     plist = [ps[n] for n in order]
     decay = [ps[n] for n in order if c["decay_all"] or param_decays(n, ps[n].dim())]
@@ -337,15 +354,17 @@ def train_case(d, c, gen, make_ref):
         n_valid = sum(int((t != qwen3_ref.IGNORE_INDEX).sum()) for _, t in batches)
         loss_sum = 0.0
         if moe:
-            st = dict(aux_sum=0.0, load=torch.zeros(len(sparse), c["E"]), changed=0)
+            st = dict(aux_sum=0.0, load=torch.zeros(len(sparse), c["E"]), changed=0, ties=0)
         for inp, tgt in batches:
             if moe:
-                min_gap = moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap)
+                min_gap = moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap,
+                                         autocast)
                 loss_sum += st.pop("ce")
                 continue
-            logits = qwen3_ref.forward(ps, cfg, inp)
-            ce = F.cross_entropy(logits.reshape(-1, c["V"]), tgt.reshape(-1),
-                                 ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = qwen3_ref.forward(ps, cfg, inp)
+                ce = F.cross_entropy(logits.float().reshape(-1, c["V"]), tgt.reshape(-1),
+                                     ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
             (ce / n_valid).backward()
             loss_sum += float(ce)
         for p in plist:  # experts that saw no token in the step: zero gradients, as in ctitan
@@ -356,6 +375,8 @@ def train_case(d, c, gen, make_ref):
             aux = st["aux_sum"] / c["accum"]
             entry = dict(ce=loss_sum / n_valid, aux=aux,
                          tokens_per_expert=[[int(x) for x in row] for row in st["load"]])
+            if autocast:
+                entry["router_ties"] = st["ties"]
             if expert_bias is not None:
                 for k, i in enumerate(sparse):  # torchtitan's update, in fp32
                     tpe = st["load"][k]
@@ -375,20 +396,48 @@ def train_case(d, c, gen, make_ref):
             entry["val_loss"] = eval_loss(ps, cfg, c, val_tokens)
         log.append(dict(loss=loss, grad_norm=norm, lr=lr, n_valid=n_valid,
                         clipped=bool(max_norm > 0 and norm > max_norm), **entry))
-    if lb == "aux_free" and not any(e["bias_changed_choices"] for e in log):
-        raise RuntimeError("%s: the expert bias never changed a choice" % c["name"])
+    return dict(log=log, ps=ps, opt=opt, expert_bias=expert_bias, min_gap=min_gap)
 
+
+def check_clipping(c, log, margin=1e-3):
+    """Refuses a case whose clipping does not do what it is there for: "clip": "hard" must clip
+    every step to at most half, by varying coefficients; otherwise, with max_norm > 0, some
+    steps must clip and some not, and no norm may lie within `margin` (relative) of max_norm,
+    where another implementation's rounding could decide the other way."""
+    max_norm = c["max_norm"]
     coefs = [max_norm / (e["grad_norm"] + 1e-6) for e in log]
     if c.get("clip") == "hard" and (max(coefs) > 0.5 or min(coefs) > 0.8 * max(coefs)):
         raise RuntimeError("%s: max_norm %g gives clip coefficients %s: want all <= 0.5 and "
                            "varying by over 20%%" % (c["name"], max_norm, coefs))
     if max_norm > 0 and c.get("clip") != "hard":
-        # Both branches of clipping, each decided with room to spare against float noise.
         clipped = [e["clipped"] for e in log]
-        near = [e["grad_norm"] for e in log if abs(e["grad_norm"] - max_norm) < 1e-3 * max_norm]
+        near = [e["grad_norm"] for e in log
+                if abs(e["grad_norm"] - max_norm) < margin * max_norm]
         if all(clipped) or not any(clipped) or near:
             raise RuntimeError("%s: max_norm %g clips steps %s, norms %s" % (
                 c["name"], max_norm, clipped, [e["grad_norm"] for e in log]))
+
+
+def case_meta(c, order, log):
+    """meta.json's run settings (the keys train_cli_parity.py's command line reads), params and
+    the log."""
+    meta = {k: c[k] for k in ("name", "B", "T", "accum", "steps", "lr", "eps", "warmup",
+                              "decay_ratio", "decay_type", "min_lr_factor", "ignore")}
+    meta.update(beta1=c["betas"][0], beta2=c["betas"][1], weight_decay=c["wd"],
+                max_norm=c["max_norm"], decay_norms_and_embeddings=c["decay_all"], params=order,
+                log=log)
+    return meta
+
+
+def train_case(d, c, gen, make_ref):
+    cfg, order, params, tokens, val_tokens = write_case_inputs(d, c, gen, make_ref)
+    r = train_run(c, cfg, order, params, tokens, val_tokens)
+    log, ps, opt, expert_bias = r["log"], r["ps"], r["opt"], r["expert_bias"]
+    lb = c.get("lb")
+    if lb == "aux_free" and not any(e["bias_changed_choices"] for e in log):
+        raise RuntimeError("%s: the expert bias never changed a choice" % c["name"])
+    check_clipping(c, log)
+    sparse = qwen3_ref.sparse_layers(cfg)
     final = [(n, ps[n].detach()) for n in order]
     for n in order:
         st = opt.state[ps[n]]
@@ -396,16 +445,12 @@ def train_case(d, c, gen, make_ref):
     if expert_bias is not None:
         final += [("model.layers.%d.mlp.expert_bias" % i, expert_bias[i]) for i in sparse]
     safetensors_ref.write_file(os.path.join(d, "final.safetensors"), final, "F32")
-    meta = {k: c[k] for k in ("name", "B", "T", "accum", "steps", "lr", "eps", "warmup",
-                              "decay_ratio", "decay_type", "min_lr_factor", "ignore")}
-    meta.update(beta1=c["betas"][0], beta2=c["betas"][1], weight_decay=c["wd"],
-                max_norm=max_norm, decay_norms_and_embeddings=c["decay_all"], params=order,
-                log=log)
-    if val:
-        meta["val"] = dict(val, steps=-1)
-    if moe:
+    meta = case_meta(c, order, log)
+    if c.get("val"):
+        meta["val"] = dict(c["val"], steps=-1)
+    if c.get("E"):
         meta.update(moe=True, **make_ref.moe_keys(c), sparse_layers=sparse, load_balance=lb,
-                    moe_min_gap=min_gap)
+                    moe_min_gap=r["min_gap"])
         if lb == "aux_free":
             meta["load_balance_coeff"] = c["lb_coeff"]
     with open(os.path.join(d, "meta.json"), "w") as f:
@@ -432,19 +477,21 @@ def eval_loss(ps, cfg, c, val_tokens):
     return total / count
 
 
-def moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap):
+def moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap, autocast=False):
     """Forward + backward of one MoE micro-batch: its share of the step's loss (see the module
-    doc). Adds to st: "ce" (the CE sum), "aux_sum", "load" (per sparse layer and expert) and
-    "changed" (choices the expert bias changed). Returns the smallest top-k gap so far, after
-    refusing choices that hang on an exact tie or a gap under make_ref.MIN_GAP."""
+    doc). Adds to st: "ce" (the CE sum), "aux_sum", "load" (per sparse layer and expert),
+    "changed" (choices the expert bias changed) and "ties" (exact ties at the top-k boundary).
+    Returns the smallest top-k gap so far, after refusing choices that hang on an exact tie or a
+    gap under make_ref.MIN_GAP (under autocast ties are counted, not refused)."""
     import make_ref
 
     E, K = c["E"], c["K"]
-    logits, routers = qwen3_ref.forward_full(ps, cfg, inp, expert_bias)
-    ce = F.cross_entropy(logits.reshape(-1, c["V"]), tgt.reshape(-1),
-                         ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
-    chosen = [r["selected"] for r in routers] if expert_bias is not None else None
-    aux = qwen3_ref.aux_loss([r["logits"] for r in routers], E, K, chosen)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # as HF's forward
+        logits, routers = qwen3_ref.forward_full(ps, cfg, inp, expert_bias)
+        ce = F.cross_entropy(logits.float().reshape(-1, c["V"]), tgt.reshape(-1),
+                             ignore_index=qwen3_ref.IGNORE_INDEX, reduction="sum")
+        chosen = [r["selected"] for r in routers] if expert_bias is not None else None
+        aux = qwen3_ref.aux_loss([r["logits"] for r in routers], E, K, chosen)
     obj = ce / n_valid
     if c["lb"] == "hf":
         obj = obj + aux * (c["coef"] / c["accum"])
@@ -457,6 +504,9 @@ def moe_microbatch(ps, cfg, c, inp, tgt, n_valid, expert_bias, st, min_gap):
         probs = r["probs"].detach()
         scores = probs if expert_bias is None else probs + expert_bias[r["layer"]]
         ties, gap = qwen3_ref.topk_margin(scores, K)
+        st["ties"] += ties
+        if autocast:
+            ties, gap = 0, None
         if ties or (gap is not None and gap < make_ref.MIN_GAP):
             raise RuntimeError("%s: layer %d: %d tied choices, smallest gap %s" % (
                 c["name"], r["layer"], ties, gap))
