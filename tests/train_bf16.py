@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """bf16 mixed-precision training (issue 18) against PyTorch's CPU autocast: each case of
 tests/ref/bf16_ref.py (DIR/bf16/) runs through `ctitan train ... --training.mixed_precision_param
-bfloat16` (and the MoE case with both expert kernels) and float32, with the issue's bounds:
+bfloat16` (and the MoE case with both expert kernels) and float32, with the issue's bounds or
+tighter ones (the constants below: about 10x what was measured):
 
-- the first step's loss within 1e-2 relative of torch's autocast run, its pre-clip gradient norm
-  within 5e-2 relative;
+- the first step's loss within 1e-3 relative of torch's autocast run (the issue: 1e-2), its
+  pre-clip gradient norm within 1e-2 relative (the issue: 5e-2);
 - the 20-step curve: mean |loss_ctitan_bf16 - loss_torch_bf16| <= 2e-2, and against ctitan's own
   float32 run on the same data, mean |loss_bf16 - loss_fp32| <= 2e-2;
 - the same config run twice gives bit-identical bf16 losses (metrics.jsonl);
@@ -13,13 +14,12 @@ bfloat16` (and the MoE case with both expert kernels) and float32, with the issu
   bit for bit (the bf16 copies of the weights must come back from the fp32 masters; a timed
   SIGTERM cannot land mid-run in runs this short, and tok_train.sh covers the signal itself);
 - `ctitan verify --training.mixed_precision_param bfloat16` on the case's hf/ over step 1's
-  windows (B * accum, one batch) prints a loss within 1e-2 relative of torch's first-step loss
-  (MoE: the aux loss then covers the whole batch, not each micro-batch: 1e-6 of the loss here),
-  a gradient norm within 5e-2, and says it computed in bf16 (its "source dtype:" line says
+  windows (B * accum, one batch) prints a loss within 3e-3 relative of torch's first-step loss
+  (MoE: the aux loss then covers the whole batch, not each micro-batch), a gradient norm within
+  1e-2, and says it computed in bf16 (its "source dtype:" line says
   "computed in" bf16/bfloat16, or --json has "mixed_precision_param": "bfloat16").
 Also, as a check of this test's own command lines: ctitan's float32 run against torch's fp32 run
-of the same case (meta "fp32_loss"), mean |diff| <= 1e-4 (train_cli_parity.py's 1.5e-6 relative
-per step, loosened for 20 steps).
+of the same case (meta "fp32_loss"), mean |diff| <= 3e-6 (measured 2.4e-7).
 
 The scale (bf16_ref.py, printed by make_ref.py): torch's own autocast run against its fp32 run,
     case                        first loss rel  first grad-norm rel  mean |loss|  max |loss|
@@ -90,11 +90,14 @@ from ctitan_cli import train_cmd  # noqa: E402
 
 BIN, REF, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_REF_DIR"], os.environ["CTITAN_TMP"]
 
-FIRST_LOSS_REL = 1e-2
-FIRST_GRAD_NORM_REL = 5e-2
-CURVE_MEAN_ABS = 2e-2  # against torch's autocast run, and against ctitan's float32 run
-VERIFY_LOSS_REL = 1e-2
-FP32_MEAN_ABS = 1e-4  # ctitan float32 against torch fp32: this test's own plumbing
+# The issue's contract is 1e-2 (first loss), 5e-2 (first gradient norm) and 2e-2 (the curves);
+# the bounds here are tighter, about 10x what was measured (the worst case beside each), so that a
+# regression well inside the contract still shows.
+FIRST_LOSS_REL = 1e-3  # measured 1.1e-4
+FIRST_GRAD_NORM_REL = 1e-2  # measured 1.1e-3
+CURVE_MEAN_ABS = 2e-2  # measured 4.2e-3 against torch's autocast run, 3.3e-3 against ctitan fp32
+VERIFY_LOSS_REL = 3e-3  # measured 3.9e-4 (MoE: verify's aux is over the whole batch)
+FP32_MEAN_ABS = 3e-6  # measured 2.4e-7: ctitan float32 against torch fp32, this test's plumbing
 STOP = 10  # the checkpoint the resumed run starts from
 
 BF16 = "bfloat16"
