@@ -5,7 +5,8 @@
 # on the guarded one, and must give the same bits: losses, gradient norms, checkpoints (weights
 # and AdamW moments), exports and verify's numbers. Covered: dense and MoE (HF aux loss and
 # aux-free bias), both expert kernels, flash and sdpa, activation checkpointing (full and op),
-# the chunked loss head, gradient accumulation, clipping, a plugin kernel, checkpoint save and
+# the chunked loss head, gradient accumulation, clipping, bf16 mixed precision (oneDNN's kernels
+# through the bound table), a plugin kernel, checkpoint save and
 # resume, mpirun -np 2 with ZeRO-1 and replicated state, verify, export and check-kernels.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_BUILD_DIR:?}"
@@ -64,6 +65,7 @@ pair dense_flash_op_ac_chunked "$dense" --model.attn_backend flash \
 pair moe_grouped_hf_aux "$moe" --model.moe_impl grouped --model.load_balance hf
 pair moe_loop_aux_free "$moe" --model.moe_impl loop --model.load_balance aux_free \
   --model.load_balance_coeff 0.01 --activation_checkpoint.mode full
+pair moe_bf16 "$moe" --training.mixed_precision_param bfloat16
 pair dense_plugin "$dense" --override.imports "$CTITAN_BUILD_DIR/examples/kernels/librope_hf_avx2.so"
 grep -q "cpu-guarded" "$tmp/dense_plugin.guard.log" && ok || bad "the guarded run does not say its backend"
 

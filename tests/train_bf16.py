@@ -113,14 +113,16 @@ def metric_rows(dump):
     return rows
 
 
-def train(d, m, dump, precision, impl="grouped"):
+def train(d, m, dump, precision, impl="grouped", log=None, **extra):
     """Runs the case into a fresh dump; returns its metric rows by step, or None after
-    recording the failure."""
+    recording the failure. log: a list that gets the run's output."""
     shutil.rmtree(dump, ignore_errors=True)
     cmd = train_cmd(BIN, d, m, dump, impl, **{
         "training.mixed_precision_param": precision, "checkpoint.interval": STOP,
-        "checkpoint.keep_latest_k": 0})
+        "checkpoint.keep_latest_k": 0, **extra})
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if log is not None:
+        log.append(r.stdout + r.stderr)
     check(r.returncode == 0, "%s: ctitan train (%s) failed (rc %d): %s\n  command: %s" % (
         os.path.basename(dump), precision, r.returncode, (r.stdout + r.stderr)[-1500:],
         " ".join(cmd)))
@@ -204,6 +206,26 @@ def verify(label, d, m):
           abs(out["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"], FIRST_GRAD_NORM_REL)
 
 
+def matmul_plugin(name, d, m, fp):
+    """The plugin ABI is fp32: with a plugin's matmul, a bfloat16 run keeps its linear layers in
+    fp32 around it and says so. The test plugin's forward is the built-in's sgemm call, so the
+    run's losses are ctitan's float32 run's, bit for bit."""
+    plugin = os.path.join(os.environ["CTITAN_BUILD_DIR"], "tests", "plugins",
+                          "libmatmul_forward_blas.so")
+    out = []
+    rows = train(d, m, os.path.join(TMP, name + "_plugin"), BF16, log=out,
+                 **{"override.imports": plugin})
+    if not rows:
+        return
+    check("float32: the matmul plugin's kernel is fp32" in out[0],
+          "%s: a bf16 run with a matmul plugin does not say it keeps fp32: %s" % (
+              name, [s for s in out[0].splitlines() if s.startswith("precision")]))
+    same = [rows[k]["loss"] for k in sorted(rows)] == [fp[k]["loss"] for k in sorted(fp)]
+    print("%-40s bf16 with a matmul plugin: fp32 losses %s" % (
+        name, "bit for bit" if same else "DIFFER"))
+    check(same, "%s: a bf16 run with a matmul plugin is not the float32 run" % name)
+
+
 def run_case(name):
     d = os.path.join(REF, "bf16", name)
     m = json.load(open(os.path.join(d, "meta.json")))
@@ -228,6 +250,8 @@ def run_case(name):
             print("%-40s rerun: losses %s" % (name, "bit-identical" if same else "DIFFER"))
             check(same, "%s: rerun losses differ" % name)
         resume(name, d, m, dump, {k: bf[k] for k in bf if k > STOP})
+    if fp and "load_balance" not in m and m.get("weights_dtype") == "F32":
+        matmul_plugin(name, d, m, fp)
     if "load_balance" in m:  # the other expert kernel against the reference too
         loop = train(d, m, dump + "_loop", BF16, "loop")
         if loop:
