@@ -13,7 +13,7 @@ static void check_buckets(size_t cap, const char *what) {
     grad_sync s;
     ct_error err;
     static float p[N], g[N];
-    CHECK(grad_sync_init(&s, &d, GRAD_SYNC_REPLICATE, NULL, p, g, N, starts, N_TENSORS, cap,
+    CHECK(grad_sync_init(&s, &d, GRAD_SYNC_REPLICATE, NULL, p, g, N, starts, N_TENSORS, cap, false,
                          &err) == 0,
           "%s: %s", what, err.msg);
     size_t end = N;
@@ -47,7 +47,7 @@ static void check_shards(int P, size_t cap) {
         dist d = {.rank = r, .size = P, .local_size = P};
         grad_sync s;
         ct_error err;
-        CHECK(grad_sync_init(&s, &d, GRAD_SYNC_SHARD, NULL, p, g, N, starts, N_TENSORS, cap,
+        CHECK(grad_sync_init(&s, &d, GRAD_SYNC_SHARD, NULL, p, g, N, starts, N_TENSORS, cap, false,
                              &err) == 0,
               "P=%d: %s", P, err.msg);
         size_t n = s.shard_hi - s.shard_lo;

@@ -551,6 +551,7 @@ static const struct {
     {"training.allow_overcommit", false},
     {"training.loss_chunk_tokens", false}, // fp32 rounding only (1e-6, test_memory_opts)
     {"training.mixed_precision_param", true},
+    {"training.mixed_precision_reduce", true},
     {"optimizer.name", true},
     {"optimizer.lr", true},
     {"optimizer.beta1", true},

@@ -1,5 +1,7 @@
 #include "dist/grad_sync.h"
 
+#include "core/dtype.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,9 +54,19 @@ size_t grad_sync_shard_start(size_t n, int r, int P) {
     return (size_t)(x / (unsigned)P);
 }
 
+// MPI has no bf16: the reduction's element is a uint16 holding a bf16, and its sum rounds each
+// addition to bf16, as a bf16 all-reduce does. Open MPI applies it in a fixed order for a given
+// rank count and size, so the sums stay deterministic.
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
 int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
                    float *grads, size_t n, const size_t *tensor_start, int n_tensors,
-                   size_t bucket_floats, ct_error *err) {
+                   size_t bucket_floats, bool bf16_reduce, ct_error *err) {
     memset(s, 0, sizeof *s);
     s->d = d;
     s->mode = mode;
@@ -68,6 +80,15 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, f
                    !(s->host_grads = s->be->view(s->be, grads, n * sizeof(float), false, err)))) {
         grad_sync_free(s);
         return -1;
+    }
+    // training.mixed_precision_reduce = "bfloat16": each bucket goes out as bf16 (half the
+    // bytes) and comes back into the fp32 gradient.
+    if (d->mpi && bf16_reduce) {
+        s->bf16_grads = malloc((n ? n : 1) * sizeof *s->bf16_grads);
+        if (!s->bf16_grads || MPI_Op_create(bf16_sum, 1, &s->bf16_op) != MPI_SUCCESS) {
+            grad_sync_free(s);
+            return ct_fail(err, "out of memory for the bf16 gradient reduction");
+        }
     }
     int P = d->size;
     // MPI counts are ints: a bucket never exceeds 2^30 elements.
@@ -104,6 +125,8 @@ void grad_sync_free(grad_sync *s) {
         s->be->view_release(s->be, s->host_params, s->params, s->n * sizeof(float), false);
         s->be->view_release(s->be, s->host_grads, s->grads, s->n * sizeof(float), false);
     }
+    if (s->bf16_grads) MPI_Op_free(&s->bf16_op);
+    free(s->bf16_grads);
     free(s->shard_start);
     free(s->counts);
     free(s->displs);
@@ -123,7 +146,15 @@ static int start_bucket(grad_sync *s, int i, ct_error *err) {
     float *g = s->host_grads + b->lo;
     int count = (int)(b->hi - b->lo), rc;
     s->be->read(s->be, g, s->grads + b->lo, (size_t)count * sizeof(float));
-    if (s->mode == GRAD_SYNC_REPLICATE) {
+    if (s->bf16_grads) {
+        uint16_t *h = s->bf16_grads + b->lo;
+        for (int i = 0; i < count; i++) h[i] = f32_to_bf16(g[i]);
+        rc = s->mode == GRAD_SYNC_REPLICATE
+                 ? MPI_Iallreduce(MPI_IN_PLACE, h, count, MPI_UINT16_T, s->bf16_op, MPI_COMM_WORLD,
+                                  &s->reqs[i])
+                 : MPI_Ireduce_scatter(MPI_IN_PLACE, h, s->counts + (size_t)i * s->d->size,
+                                       MPI_UINT16_T, s->bf16_op, MPI_COMM_WORLD, &s->reqs[i]);
+    } else if (s->mode == GRAD_SYNC_REPLICATE) {
         rc =
             MPI_Iallreduce(MPI_IN_PLACE, g, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &s->reqs[i]);
     } else {
@@ -153,6 +184,8 @@ int grad_sync_finish(grad_sync *s, ct_error *err) {
     char what[64];
     snprintf(what, sizeof what, "the gradient reduction (%d buckets)", s->n_buckets);
     if (dist_wait(s->d, s->n_buckets, s->reqs, what, err) != 0) return -1;
+    if (s->bf16_grads) // back to fp32, then as an fp32 reduction left it
+        for (size_t i = 0; i < s->n; i++) s->host_grads[i] = bf16_to_f32(s->bf16_grads[i]);
     if (s->mode == GRAD_SYNC_SHARD)
         for (int i = 0; i < s->n_buckets; i++) {
             const grad_bucket *b = &s->buckets[i];

@@ -113,6 +113,9 @@ const config_key config_table[] = {
         "the dtype the linear layers compute in: float32 (exact parity, ctitan's default) or "
         "bfloat16 (bf16 GEMMs with fp32 accumulation through oneDNN; weights, gradients and the "
         "optimizer stay fp32; torchtitan's default)"),
+    KEY(training, mixed_precision_reduce, CONFIG_STR, "float32", "float32|bfloat16", true,
+        "the dtype data parallelism sums gradients in: float32, or bfloat16 (half the bytes, each "
+        "addition rounded to bf16; the sum returns to the fp32 gradient)"),
 
     KEY(optimizer, name, CONFIG_STR, "AdamW", "AdamW", true, "optimizer"),
     KEY(optimizer, lr, CONFIG_FLOAT, "8e-4", NULL, true, "peak learning rate"),

@@ -57,7 +57,8 @@ typedef struct ct_config_training {
     bool shuffle;
     int max_skipped_steps; // non-finite steps in a row before the run stops with an error
     bool allow_overcommit; // train even when the memory estimate exceeds available memory
-    char mixed_precision_param[CT_CONFIG_NAME_MAX]; // "float32" | "bfloat16" (the GEMMs)
+    char mixed_precision_param[CT_CONFIG_NAME_MAX];  // "float32" | "bfloat16" (the GEMMs)
+    char mixed_precision_reduce[CT_CONFIG_NAME_MAX]; // "float32" | "bfloat16" (the DP sums)
     int loss_chunk_tokens; // the loss head in chunks of this many tokens; 0 = whole; -1 = auto
 } ct_config_training;
 

@@ -30,7 +30,6 @@ static const inert_key INERT[] = {
     {"metrics", "enable_wandb", "false", "metrics.jsonl"},
     {"metrics", "disable_color_printing", NULL, NULL},
     {"metrics", "enable_color_printing", NULL, NULL},
-    {"training", "mixed_precision_reduce", "\"float32\"", "gradients are reduced in float32"},
     {"training", "gc_freq", NULL, NULL},
     {"training", "deterministic", NULL, NULL},
     {"training", "enable_cpu_offload", "false",

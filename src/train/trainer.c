@@ -227,9 +227,9 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     if (!starts) return ct_fail(err, "out of memory for the parameter table");
     for (int i = 0; i < m->n_params; i++) starts[i] = m->params[i].offset;
     size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    int rc =
-        grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
-                       m->param_mem, m->grad_mem, m->num_params, starts, m->n_params, bucket, err);
+    int rc = grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
+                            m->param_mem, m->grad_mem, m->num_params, starts, m->n_params, bucket,
+                            strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
     free(starts);
     if (rc != 0) return -1;
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
@@ -247,9 +247,10 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
                                  c->lr_scheduler.decay_ratio, LR_DECAY_LINEAR,
                                  c->lr_scheduler.min_lr_factor};
-    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s\n", t->sync.n_buckets,
+    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s, in %s\n", t->sync.n_buckets,
             c->comm.bucket_cap_mb,
-            c->comm.overlap ? "reduced during the backward" : "reduced after the backward");
+            c->comm.overlap ? "reduced during the backward" : "reduced after the backward",
+            c->training.mixed_precision_reduce);
     if (lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err) != 0) return -1;
     log_lr_schedule(t);
     return 0;
