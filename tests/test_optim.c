@@ -462,7 +462,7 @@ static void test_adamw_scaled(void) {
         memcpy(gs, g, sizeof g);
         clip_scale(gs, N, coefs[t]);
         adamw_step(&a, pa, gs, &h, 1e-2);
-        adamw_step_scaled(&b, NULL, pb, g, &h, 1e-2, coefs[t]);
+        adamw_step_scaled(&b, NULL, pb, NULL, g, &h, 1e-2, coefs[t]);
     }
     CHECK(memcmp(pa, pb, sizeof pa) == 0 && memcmp(a.m, b.m, sizeof(float) * N) == 0 &&
               memcmp(a.v, b.v, sizeof(float) * N) == 0,

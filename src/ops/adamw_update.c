@@ -2,6 +2,7 @@
 // ranges decay): element-wise, so the result does not depend on the thread count.
 #include <math.h>
 
+#include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
 
 // x86-64 with FMA or AVX-512 gets a vectorised copy of the update, picked at load time by CPU
@@ -33,18 +34,23 @@ static void adamw_block(float *restrict p, const float *restrict g, float *restr
 
 #define ADAMW_BLOCK 4096
 
-// Elements [lo, hi), shared out in blocks over the threads of the enclosing parallel region.
-static void adamw_update(float *p, const float *g, float *m, float *v, size_t lo, size_t hi,
-                         bool decay, const ct_adamw_coeffs *k) {
+// Elements [lo, hi), shared out in blocks over the threads of the enclosing parallel region;
+// with p16, each block's new weights are also rounded into it while they are in cache.
+static void adamw_update(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t lo,
+                         size_t hi, bool decay, const ct_adamw_coeffs *k) {
     const size_t n_blocks = hi > lo ? (hi - lo + ADAMW_BLOCK - 1) / ADAMW_BLOCK : 0;
 #pragma omp for schedule(static) nowait
     for (size_t b = 0; b < n_blocks; b++) {
-        const size_t b0 = lo + b * ADAMW_BLOCK;
-        adamw_block(p, g, m, v, b0, b0 + ADAMW_BLOCK < hi ? b0 + ADAMW_BLOCK : hi, decay, *k);
+        const size_t b0 = lo + b * ADAMW_BLOCK, b1 = b0 + ADAMW_BLOCK < hi ? b0 + ADAMW_BLOCK : hi;
+        adamw_block(p, g, m, v, b0, b1, decay, *k);
+        if (p16) {
+#pragma omp simd
+            for (size_t i = b0; i < b1; i++) p16[i] = bf16_round(p[i]);
+        }
     }
 }
 
-void cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+void cpu_adamw_update(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
                       const ct_adamw_range *no_decay, int n_no_decay, bool decay,
                       const ct_adamw_coeffs *k) {
 #pragma omp parallel
@@ -52,9 +58,9 @@ void cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
         size_t at = 0;
         for (int r = 0; r <= n_no_decay; r++) {
             size_t end = r < n_no_decay ? no_decay[r].offset : n;
-            adamw_update(p, g, m, v, at, end, decay, k);
+            adamw_update(p, p16, g, m, v, at, end, decay, k);
             if (r < n_no_decay) {
-                adamw_update(p, g, m, v, end, end + no_decay[r].numel, false, k);
+                adamw_update(p, p16, g, m, v, end, end + no_decay[r].numel, false, k);
                 at = end + no_decay[r].numel;
             }
         }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
 
 typedef enum { MM_FORWARD, MM_DINP, MM_DWEIGHT, MM_KINDS } mm_kind;
@@ -172,14 +173,7 @@ void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }
 
-// Round to nearest even, as torch's .to(torch.bfloat16); a NaN stays a (quiet) NaN.
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof u);
-        const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
-    }
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_round(src[i]);
 }

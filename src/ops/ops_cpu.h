@@ -130,6 +130,6 @@ void cpu_loss_sum(double *host_out, const float *losses, const int32_t *targets,
 void cpu_sum_squares(double *host_out, const float *x, size_t n);
 void cpu_first_nonfinite(size_t *host_out, const float *x, size_t n);
 void cpu_hash_xxh64(uint64_t *host_out, const void *p, size_t bytes);
-void cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+void cpu_adamw_update(float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,
                       const ct_adamw_range *no_decay, int n_no_decay, bool decay,
                       const ct_adamw_coeffs *k);

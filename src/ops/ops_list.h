@@ -195,9 +195,9 @@ typedef struct ct_adamw_coeffs {
     X(OWN, hash_xxh64, ct_hash_xxh64_fn, cpu_hash_xxh64, ALL, "hash_xxh64", none,                  \
       (uint64_t *host_out, const void *p, size_t bytes), (host_out, p, bytes))                     \
     X(OWN, adamw_update, ct_adamw_update_fn, cpu_adamw_update, ALL, "adamw", none,                 \
-      (float *p, const float *g, float *m, float *v, size_t n, const ct_adamw_range *no_decay,     \
-       int n_no_decay, bool decay, const ct_adamw_coeffs *k),                                      \
-      (p, g, m, v, n, no_decay, n_no_decay, decay, k))                                                 \
+      (float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n,                      \
+       const ct_adamw_range *no_decay, int n_no_decay, bool decay, const ct_adamw_coeffs *k),      \
+      (p, p16, g, m, v, n, no_decay, n_no_decay, decay, k))                                                 \
     X(OWN_SIZE, matmul_bf16_scratch_floats, ct_matmul_bf16_scratch_floats_fn,                      \
       cpu_matmul_bf16_scratch_floats, OPT, "matmul_bf16", scratch, (int N, int C, int OC),         \
       (N, C, OC))                                                                                  \

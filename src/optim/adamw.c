@@ -69,11 +69,11 @@ bool adamw_param_decays(const char *name, int ndim) {
 }
 
 void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams *h, double lr) {
-    adamw_step_scaled(o, NULL, params, grads, h, lr, 1.0f);
+    adamw_step_scaled(o, NULL, params, NULL, grads, h, lr, 1.0f);
 }
 
-void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, const float *grads,
-                       const adamw_hparams *h, double lr, float grad_scale) {
+void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, uint16_t *params_bf16,
+                       const float *grads, const adamw_hparams *h, double lr, float grad_scale) {
     o->step++;
     double step = (double)o->step;
     double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
@@ -91,6 +91,6 @@ void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, const float *
     // Multiplying by 1 - lr*0 is the identity, so decay off equals torch's weight_decay=0 group.
     const bool decay = h->weight_decay != 0.0;
     (ops ? ops : &ct_ops_cpu)
-        ->adamw_update(params + o->base, grads + o->base, o->m, o->v, o->n, o->no_decay,
-                       o->n_no_decay, decay, &k);
+        ->adamw_update(params + o->base, params_bf16 ? params_bf16 + o->base : NULL,
+                       grads + o->base, o->m, o->v, o->n, o->no_decay, o->n_no_decay, decay, &k);
 }

@@ -61,5 +61,7 @@ void adamw_step(adamw *o, float *params, const float *grads, const adamw_hparams
 // buffers of o's backend, with every gradient first multiplied by grad_scale in fp32 (the
 // clipping coefficient), as clip_scale and then adamw_step would do, bit for bit, in one pass
 // instead of two; the gradients in memory are left as they were.
-void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, const float *grads,
-                       const adamw_hparams *h, double lr, float grad_scale);
+// params_bf16 (NULL: none): the shard's new weights are also rounded to bf16 there, in the same
+// pass (bf16 mixed precision's weight copy).
+void adamw_step_scaled(adamw *o, const ct_ops *ops, float *params, uint16_t *params_bf16,
+                       const float *grads, const adamw_hparams *h, double lr, float grad_scale);

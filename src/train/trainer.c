@@ -529,11 +529,14 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
     if (m->n_sparse) moe_before_optimizer(t, r->skipped);
     if (!r->skipped) {
-        // Clipping folded into the update: one pass over the shard instead of two.
-        adamw_step_scaled(&t->opt, m->ops, m->param_mem, m->grad_mem, &t->hp, r->lr,
-                          clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
+        // Clipping folded into the update: one pass over the shard instead of two. The bf16
+        // weight copy (mixed precision) is refreshed once per step, not per micro-batch: in the
+        // same pass when this rank updates every weight, else after the gather.
+        const bool whole = t->sync.shard_lo == 0 && t->sync.shard_hi == m->num_params;
+        adamw_step_scaled(&t->opt, m->ops, m->param_mem, whole ? m->param_bf16 : NULL, m->grad_mem,
+                          &t->hp, r->lr, clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
         if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
-        qwen3_refresh_bf16(m); // once per step, not per micro-batch
+        if (!whole) qwen3_refresh_bf16(m);
     }
     t->state.samples_seen += (uint64_t)t->global_batch;
     t->state.step++;

@@ -1,0 +1,13 @@
+// fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest even; a NaN stays a (quiet)
+// NaN. Inline and branch-free, so that loops over it vectorise (matmul_bf16.c, adamw_update.c).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
+}
