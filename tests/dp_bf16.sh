@@ -7,13 +7,7 @@
 # reduction's.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-[ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" # Open MPI's own
-if ! command -v mpirun >/dev/null; then echo "mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; fi
+source "$(dirname "$0")/mpi_test.bash"
 tmp=$CTITAN_TMP
 rm -rf "$tmp"; mkdir -p "$tmp"
 case=$CTITAN_REF_DIR/bf16/dense_odd_gqa3_untied_f32
@@ -54,5 +48,4 @@ print(f"bf16 against fp32 reduction, 12 steps: mean |loss diff| {d:.2e} (bound 5
 sys.exit(0 if len(a) == len(b) == 12 and 0 < d <= 5e-3 else 1)
 PY
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -10,12 +10,7 @@
 # resume, mpirun -np 2 with ZeRO-1 and replicated state, verify, export and check-kernels.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_BUILD_DIR:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-[ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" # Open MPI's own
+source "$(dirname "$0")/mpi_test.bash"
 ct=$CTITAN_BIN tmp=$CTITAN_TMP
 rm -rf "$tmp"; mkdir -p "$tmp"
 dense=$CTITAN_REF_DIR/train/warmup_cosine_clip_accum_untied
@@ -80,27 +75,23 @@ STEPS=2 train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
 why=$(same_run "$tmp/straight.plain" "$tmp/resume.guard") && ok || bad "guarded resume: $why"
 
 # --- two ranks under mpirun: ZeRO-1 and replicated optimizer state
-if command -v mpirun >/dev/null; then
-  for mode in zero1 replicated; do
-    opts=(--training.local_batch_size 1)
-    [ $mode = replicated ] && opts+=(--parallelism.data_parallel_replicate_degree 2
-      --parallelism.data_parallel_shard_degree 1)
-    for side in plain guard; do
-      extra=(); [ $side = guard ] && extra=("${guard[@]}")
-      d=$tmp/np2_$mode.$side
-      mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
-        --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
-        --training.seq_len 5 --training.global_batch_size 4 --training.steps 4 \
-        --training.max_norm 0.5 --metrics.log_freq 1 --metrics.peak_gflops 100 \
-        --checkpoint.interval 2 --checkpoint.keep_latest_k 0 --job.dump_folder "$d" \
-        --parallelism.threads_per_rank 1 "${opts[@]}" "${extra[@]}" >"$d.log" 2>&1 ||
-        bad "np2 $mode ($side): $(tail -3 "$d.log")"
-    done
-    why=$(same_run "$tmp/np2_$mode.plain" "$tmp/np2_$mode.guard") && ok || bad "np2 $mode: $why"
+for mode in zero1 replicated; do
+  opts=(--training.local_batch_size 1)
+  [ $mode = replicated ] && opts+=(--parallelism.data_parallel_replicate_degree 2
+    --parallelism.data_parallel_shard_degree 1)
+  for side in plain guard; do
+    extra=(); [ $side = guard ] && extra=("${guard[@]}")
+    d=$tmp/np2_$mode.$side
+    mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
+      --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+      --training.seq_len 5 --training.global_batch_size 4 --training.steps 4 \
+      --training.max_norm 0.5 --metrics.log_freq 1 --metrics.peak_gflops 100 \
+      --checkpoint.interval 2 --checkpoint.keep_latest_k 0 --job.dump_folder "$d" \
+      --parallelism.threads_per_rank 1 "${opts[@]}" "${extra[@]}" >"$d.log" 2>&1 ||
+      bad "np2 $mode ($side): $(tail -3 "$d.log")"
   done
-else
-  bad "mpirun not found (apt-get install openmpi-bin)"
-fi
+  why=$(same_run "$tmp/np2_$mode.plain" "$tmp/np2_$mode.guard") && ok || bad "np2 $mode: $why"
+done
 
 # --- verify, export and check-kernels under the guard
 ckpt=$tmp/moe_grouped_hf_aux.plain/checkpoint/step-4
@@ -124,5 +115,4 @@ cmp -s "$tmp/export.plain/model.safetensors" "$tmp/export.guard/model.safetensor
   bad "guarded verify differs: $(diff "$tmp/verify.plain.json" "$tmp/verify.guard.json" | head -c 600)"
 grep -q '"loss"' "$tmp/verify.plain.json" && ok || bad "verify printed no loss: $(head -c 300 "$tmp/verify.plain.json")"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

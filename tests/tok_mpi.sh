@@ -7,18 +7,9 @@
 # aux loss, aux-free bias) match one process too.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Quiet Open MPI's own warnings (no InfiniBand here); threads are set per rank by the option.
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+source "$(dirname "$0")/mpi_test.bash"
+# Threads are set per rank by the option.
 unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
-# Under ASan, Open MPI's own start-up allocations (in plugins it unloads at exit, so they cannot
-# be suppressed by name) would fail every run at exit: leak checking stays on for ctitan's code
-# in the single-process tests, and ASan/UBSan errors still stop these runs.
-[ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
-if ! command -v mpirun >/dev/null; then echo "mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; fi
 
 ct=$CTITAN_BIN
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -286,5 +277,4 @@ grep -q "step 2: non-finite gradient norm; step skipped" "$tmp/nan.log" && ok ||
   bad "NaN step not skipped: $(grep -i 'step 2' "$tmp/nan.log")"
 drop "$tmp/nan"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
