@@ -184,16 +184,20 @@ int grad_sync_finish(grad_sync *s, ct_error *err) {
     char what[64];
     snprintf(what, sizeof what, "the gradient reduction (%d buckets)", s->n_buckets);
     if (dist_wait(s->d, s->n_buckets, s->reqs, what, err) != 0) return -1;
-    if (s->bf16_grads) // back to fp32, then as an fp32 reduction left it
-        for (size_t i = 0; i < s->n; i++) s->host_grads[i] = bf16_to_f32(s->bf16_grads[i]);
-    if (s->mode == GRAD_SYNC_SHARD)
-        for (int i = 0; i < s->n_buckets; i++) {
-            const grad_bucket *b = &s->buckets[i];
-            size_t at = (size_t)i * s->d->size + s->d->rank;
-            if (s->counts[at] && s->displs[at])
-                memmove(s->host_grads + b->lo + s->displs[at], s->host_grads + b->lo,
-                        (size_t)s->counts[at] * sizeof(float));
-        }
+    // Each bucket's sum for this rank: all of it when replicating; with ZeRO-1 this rank's part,
+    // which the in-place reduce-scatter left at the bucket's start, moved to its own offset. A
+    // bf16 reduction's part returns to fp32 on the way (only the part this rank keeps).
+    for (int i = 0; i < s->n_buckets; i++) {
+        const grad_bucket *b = &s->buckets[i];
+        const size_t at = (size_t)i * s->d->size + s->d->rank;
+        const bool shard = s->mode == GRAD_SYNC_SHARD;
+        const size_t n = shard ? (size_t)s->counts[at] : b->hi - b->lo;
+        float *to = s->host_grads + b->lo + (shard ? (size_t)s->displs[at] : 0);
+        if (s->bf16_grads)
+            for (size_t k = 0; k < n; k++) to[k] = bf16_to_f32(s->bf16_grads[b->lo + k]);
+        else if (n && to != s->host_grads + b->lo)
+            memmove(to, s->host_grads + b->lo, n * sizeof(float));
+    }
     s->be->write(s->be, s->grads + s->shard_lo, s->host_grads + s->shard_lo,
                  (s->shard_hi - s->shard_lo) * sizeof(float));
     return 0;
