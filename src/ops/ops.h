@@ -50,6 +50,14 @@
 // swiglu_rows_backward: dgate_up (N, 2F) = (dgate | dup) from dh (N,F). scratch as above.
 //   dgate_up may alias gate_up (the model calls it in place: the layer's backward is gate_up's
 //   last reader).
+//
+// bf16 mixed precision (training.mixed_precision_param = "bfloat16"; not plugin override
+// points: a plugin's kernel is fp32, and the model then runs it instead, in fp32):
+// moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with w the bf16 copy of
+//   the experts' weights (the same layout) and the GEMMs in bf16 with fp32 accumulation,
+//   rounded where torch's CPU autocast rounds (moe_experts_bf16.c); dw is the fp32 gradient
+//   (+=). Their state and scratch sizes are moe_bf16_state_floats / moe_bf16_scratch_floats;
+//   the scratch query also creates the kernels' oneDNN matmuls (SIZE_MAX: it could not).
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;
@@ -65,7 +73,7 @@ extern const ct_ops ct_ops_cpu;
 
 // model.moe_impl: "grouped" (the default: slots sorted by expert, one fused gate/up GEMM per
 // expert) or "loop" (the reference: one GEMM per expert and projection). Copies `base` into *out
-// with that expert kernel; returns -1 for an unknown name.
+// with that expert kernel and its bf16 variant (moe_bf16_*); returns -1 for an unknown name.
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
 
 // model.attn_backend: "sdpa" (the reference, and ct_ops_cpu's: materialised (B,NH,T,T)
