@@ -70,6 +70,12 @@ typedef struct qwen3_acts {
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
 } qwen3_acts;
 
+// Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
+// .bf16_experts.
+static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
+    return opts && opts->bf16 && opts->bf16_experts;
+}
+
 // Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL
 // when counting) and returns the floats needed. The same walk sizes and carves, so the plan
 // and the allocation cannot disagree.
