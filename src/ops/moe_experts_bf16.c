@@ -24,9 +24,10 @@
 // runtime dimension (the rows; for dW the reduction), the ten of them created once per (C, F) by
 // the scratch size query when the model plans its buffers. oneDNN 2.6 runs them through its gemm
 // driver (AVX512-BF16 where the CPU has it), which takes no scratchpad but allocates its packing
-// buffers in each call (onednn.h): measured on this machine's Zen 4, 1.9-2.2x sgemm's speed from
-// 16 rows per expert up, single-threaded (0.7-0.9x at 8 rows); the alternative, sgemm on operands
-// rounded to bf16 in fp32, computes the same products at sgemm's speed.
+// buffers in each call (onednn.h). Measured on the development machine's Zen 4, single-threaded:
+// 1.6-2.1x sgemm's speed from 64 rows per expert up, 1.3-2.1x at 32, 0.7-2.8x at 8 (2 threads:
+// 2.9-6x from 32 rows); the alternative, sgemm on operands rounded to bf16 in fp32, computes the
+// same products at sgemm's speed.
 //
 // Determinism: as in fp32, every expert's rows go through one call per product, of a shape fixed
 // by the routing, and its mode (alone, with every OpenMP thread inside oneDNN, or concurrently on
