@@ -18,7 +18,9 @@
 // whichever thread runs it, and every expert's mode (concurrent or alone) depends on the
 // routing and the BLAS thread count only. OpenBLAS rounds differently with a different number of
 // its own threads, so results are bitwise reproducible for a fixed BLAS thread count and do not
-// depend on the OpenMP thread count.
+// depend on the OpenMP thread count. (The bf16 variants, moe_experts_bf16.c, keep the plan, the
+// order and the schedule; their GEMMs are oneDNN's on OpenMP threads, so theirs are reproducible
+// for a fixed OpenMP thread count.)
 //
 // The per-layer state holds only what the backward needs (the plan and the gate/up outputs);
 // the forward's workspace is the shared scratch, and the backward re-gathers x.
