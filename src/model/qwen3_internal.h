@@ -30,6 +30,12 @@ typedef struct qwen3_layer_acts {
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
     int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
+    // bf16 mixed precision: the activations torch's autocast keeps in bf16 are saved here in bf16
+    // (each the size of its fp32 namesake), and ln1, qkv, atty, ln2, gate_up and h then point at
+    // the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes into the staging
+    // and rounds it (to_bf16 in qwen3.c), the backward widens back what it reads in fp32.
+    // NULL in fp32 runs.
+    uint16_t *ln1_16, *qkv16, *atty16, *ln2_16, *gate_up16, *h16;
     // Activation checkpointing. QWEN3_AC_LAYER: only resid is this layer's own; every other
     // buffer above is the shared recompute set, which the layer's forward fills again during the
     // backward. QWEN3_AC_OPS: the outputs of GEMMs and attention (qkv, att, atty, resid2,
@@ -43,6 +49,7 @@ typedef struct qwen3_acts {
     float *rope_cos, *rope_sin; // (T, D/2)
     float *resid_out;           // (N,C) output of the last layer
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
+    uint16_t *lnf16;            // bf16: lnf saved in bf16 (lnf is then stage_ln)
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
     float *mm_scratch; // mem_opts.bf16: the largest matmul_bf16_scratch_floats of the model's GEMMs
     float *losses;     // (N) per-token cross-entropy
@@ -62,7 +69,10 @@ typedef struct qwen3_acts {
     float *dweight;        // (N,K) gradient of the routing weights
     float *dlogits;        // (N,E) gradient of the router logits
     float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability
-    bool aux_active;       // moe_balance_aux_grad set aux_dprob for the next backward
+    // bf16: the fp32 staging of the layers' bf16 activations (NULL in fp32 runs). The MLP's h
+    // stages in dh.
+    float *stage_ln, *stage_qkv, *stage_atty, *stage_gate_up;
+    bool aux_active; // moe_balance_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;

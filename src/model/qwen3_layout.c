@@ -169,32 +169,44 @@ static void take(float **p, carve *cv, unsigned own, unsigned cls, size_t n) {
     if (own & cls) *p = carve_take(cv, n);
 }
 
+// A saved activation that torch's autocast keeps in bf16: under bf16 its bf16 copy *p16 (*p is
+// pointed at the fp32 staging later, by stage_layers), else *p in fp32.
+static void take_act(float **p, uint16_t **p16, bool bf16, carve *cv, unsigned own, unsigned cls,
+                     size_t n) {
+    if (!(own & cls)) return;
+    if (bf16)
+        *p16 = (uint16_t *)carve_take(cv, (n + 1) / 2);
+    else
+        *p = carve_take(cv, n);
+}
+
 // One layer's saved activations, except resid: the buffers of the classes in `dense` that a
 // dense layer has, and of those in `sparse` that a sparse one has (the recompute set may need
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
-                         const ct_ops *ops, int B, int T, unsigned dense, unsigned sparse) {
+                         const ct_ops *ops, int B, int T, bool bf16, unsigned dense,
+                         unsigned sparse) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
     const size_t E = d.E, K = d.K;
     const unsigned any = dense | sparse;
-    take(&la->ln1, cv, any, ACT_CHEAP, N * C);
+    take_act(&la->ln1, &la->ln1_16, bf16, cv, any, ACT_CHEAP, N * C);
     take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
-    take(&la->qkv, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
+    take_act(&la->qkv, &la->qkv16, bf16, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
     take(&la->v, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->q_rstd, cv, any, ACT_CHEAP, N * NH);
     take(&la->k_rstd, cv, any, ACT_CHEAP, N * NKV);
     take(&la->qr, cv, any, ACT_CHEAP, N * NH * D);
     take(&la->kr, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->att, cv, any, ACT_KEPT, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
-    take(&la->atty, cv, any, ACT_KEPT, N * NH * D);
+    take_act(&la->atty, &la->atty16, bf16, cv, any, ACT_KEPT, N * NH * D);
     // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
     // add to redo. down_proj's (and the experts') is the next layer's resid.
     take(&la->resid2, cv, any, ACT_KEPT, N * C);
-    take(&la->ln2, cv, any, ACT_CHEAP, N * C);
+    take_act(&la->ln2, &la->ln2_16, bf16, cv, any, ACT_CHEAP, N * C);
     take(&la->ln2_rstd, cv, any, ACT_CHEAP, N);
-    take(&la->gate_up, cv, dense, ACT_KEPT, N * 2 * F);
-    take(&la->h, cv, dense, ACT_CHEAP, N * F);
+    take_act(&la->gate_up, &la->gate_up16, bf16, cv, dense, ACT_KEPT, N * 2 * F);
+    take_act(&la->h, &la->h16, bf16, cv, dense, ACT_CHEAP, N * F);
     // The router logits (softmaxed in place), the routing and the expert kernel's state (its
     // GEMM outputs) are all kept: recomputing them would mean the expert GEMMs again.
     take(&la->probs, cv, sparse, ACT_KEPT, N * E);
@@ -237,6 +249,20 @@ static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, in
     return most;
 }
 
+// Under bf16, points the layers' fp32 names of their bf16 activations, and lnf, at the staging.
+static void stage_layers(qwen3_acts *a, int L) {
+    a->lnf = a->stage_ln;
+    for (int l = 0; a->layers && l < L; l++) {
+        qwen3_layer_acts *la = &a->layers[l];
+        la->ln1 = a->stage_ln;
+        la->qkv = a->stage_qkv;
+        la->atty = a->stage_atty;
+        la->ln2 = a->stage_ln;
+        la->gate_up = la->gate_up16 ? a->stage_gate_up : NULL;
+        la->h = la->h16 ? a->dh : NULL;
+    }
+}
+
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
                          int B, int T, const qwen3_memory_opts *opts) {
     const int chunk =
@@ -245,7 +271,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D, V = d.V;
     const size_t E = d.E, K = d.K;
     const int nh = d.NH, nkv = d.NKV, n = d.N, c = d.C, fm = d.Fm, e = d.E, k = d.K, L = d.L;
-    const bool moe = d.E > 0;
+    const bool moe = d.E > 0, bf16 = opts && opts->bf16;
     carve cv = {base, 0};
     // The recompute set: one layer's worth of the buffers that some layer recomputes, of each
     // kind (dense, sparse) that such a layer has.
@@ -258,7 +284,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         else
             dense_rc |= cls;
     }
-    if (dense_rc | sparse_rc) layer_layout(&shared, &cv, cfg, ops, B, T, dense_rc, sparse_rc);
+    if (dense_rc | sparse_rc) layer_layout(&shared, &cv, cfg, ops, B, T, bf16, dense_rc, sparse_rc);
     int n_sparse = 0;
     for (int l = 0; l < L; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
@@ -266,7 +292,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         const qwen3_layer_ac ac = qwen3_layer_recompute(opts, l);
         const unsigned own = ACT_ALL & ~recomputed_classes(ac);
         *la = ac == QWEN3_AC_NONE ? (qwen3_layer_acts){0} : shared;
-        layer_layout(la, &cv, cfg, ops, B, T, sparse ? 0 : own, sparse ? own : 0);
+        layer_layout(la, &cv, cfg, ops, B, T, bf16, sparse ? 0 : own, sparse ? own : 0);
         la->resid = carve_take(&cv, N * C);
         la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
@@ -274,7 +300,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
     a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
     a->resid_out = carve_take(&cv, N * C);
-    a->lnf = carve_take(&cv, N * C);
+    if (bf16)
+        a->lnf16 = (uint16_t *)carve_take(&cv, N * C / 2 + 1);
+    else
+        a->lnf = carve_take(&cv, N * C);
     a->lnf_rstd = carve_take(&cv, N);
     a->losses = carve_take(&cv, N);
     a->dresid = carve_take(&cv, N * C);
@@ -304,6 +333,13 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->route_scratch = moe ? carve_take(&cv, moe_route_scratch_floats(e, a->route_threads)) : NULL;
     a->dweight = moe ? carve_take(&cv, N * K) : NULL;
     a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
+    if (bf16) {
+        a->stage_ln = carve_take(&cv, N * C);
+        a->stage_qkv = carve_take(&cv, N * (NH + 2 * NKV) * D);
+        a->stage_atty = carve_take(&cv, N * NH * D);
+        a->stage_gate_up = carve_take(&cv, N * 2 * F);
+        stage_layers(a, L);
+    }
     if (cv.off < logits_end) cv.off = logits_end;
     // Live during every linear layer, the loss head's among them: not in the region above.
     const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk) : 0;

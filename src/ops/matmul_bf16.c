@@ -149,31 +149,51 @@ static char *aligned(float *scratch) {
     return (char *)(((uintptr_t)scratch + 63) / 64 * 64);
 }
 
-void cpu_matmul_bf16_forward(float *out, float *scratch, const float *inp, const uint16_t *weight,
-                             const float *bias, int N, int C, int OC) {
+// The input in bf16: inp16 when given, else inp rounded into the scratch.
+static const uint16_t *input_bf16(char *base, const float *inp, const uint16_t *inp16, size_t n) {
+    if (inp16) return inp16;
+    cpu_f32_to_bf16((uint16_t *)base, inp, n);
+    return (const uint16_t *)base;
+}
+
+void cpu_matmul_bf16_forward(float *out, float *scratch, const float *inp, const uint16_t *inp16,
+                             const uint16_t *weight, const float *bias, int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
     char *base = aligned(scratch);
-    uint16_t *inp16 = (uint16_t *)base;
-    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
-    run(&s->kind[MM_FORWARD], inp16, weight, out, base + pad_offset(N, C, OC));
+    run(&s->kind[MM_FORWARD], input_bf16(base, inp, inp16, (size_t)N * C), weight, out,
+        base + pad_offset(N, C, OC));
     if (bias) cpu_matmul_add_bias(out, bias, N, OC);
 }
 
 void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                              const float *dout, const float *inp, const uint16_t *weight, int N,
-                              int C, int OC) {
+                              const float *dout, const float *inp, const uint16_t *inp16,
+                              const uint16_t *weight, int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
     char *base = aligned(scratch);
-    uint16_t *inp16 = (uint16_t *)base, *dout16 = (uint16_t *)(base + align64((size_t)N * C * 2));
+    uint16_t *dout16 = (uint16_t *)(base + align64((size_t)N * C * 2));
     void *pad = base + pad_offset(N, C, OC);
     cpu_f32_to_bf16(dout16, dout, (size_t)N * OC);
-    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
     if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, pad);
-    run(&s->kind[MM_DWEIGHT], dout16, inp16, dweight, pad);
+    run(&s->kind[MM_DWEIGHT], dout16, input_bf16(base, inp, inp16, (size_t)N * C), dweight, pad);
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }
 
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) dst[i] = bf16_round(src[i]);
+}
+
+void cpu_round_to_bf16(uint16_t *dst, float *x, size_t n) {
+    if (dst) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_value(dst[i] = bf16_round(x[i]));
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_value(bf16_round(x[i]));
+    }
+}
+
+void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_value(src[i]);
 }

@@ -203,16 +203,20 @@ typedef struct ct_adamw_coeffs {
       (N, C, OC))                                                                                  \
     X(OWN, matmul_bf16_forward, ct_matmul_bf16_forward_fn, cpu_matmul_bf16_forward, OPT,           \
       "matmul_bf16", forward,                                                                      \
-      (float *out, float *scratch, const float *inp, const uint16_t *weight, const float *bias,    \
-       int N, int C, int OC),                                                                      \
-      (out, scratch, inp, weight, bias, N, C, OC))                                                 \
+      (float *out, float *scratch, const float *inp, const uint16_t *inp16,                       \
+       const uint16_t *weight, const float *bias, int N, int C, int OC),                           \
+      (out, scratch, inp, inp16, weight, bias, N, C, OC))                                          \
     X(OWN, matmul_bf16_backward, ct_matmul_bf16_backward_fn, cpu_matmul_bf16_backward, OPT,        \
       "matmul_bf16", backward,                                                                     \
       (float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,                \
-       const float *inp, const uint16_t *weight, int N, int C, int OC),                            \
-      (dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC))                                \
+       const float *inp, const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC),     \
+      (dinp, dweight, dbias, scratch, dout, inp, inp16, weight, N, C, OC))                         \
     X(OWN, f32_to_bf16, ct_f32_to_bf16_fn, cpu_f32_to_bf16, OPT, "to_bf16", none,                  \
-      (uint16_t *dst, const float *src, size_t n), (dst, src, n))
+      (uint16_t *dst, const float *src, size_t n), (dst, src, n))                                  \
+    X(OWN, round_to_bf16, ct_round_to_bf16_fn, cpu_round_to_bf16, OPT, "to_bf16", none,            \
+      (uint16_t *dst, float *x, size_t n), (dst, x, n))                                            \
+    X(OWN, bf16_to_f32, ct_bf16_to_f32_fn, cpu_bf16_to_f32, OPT, "from_bf16", none,                \
+      (float *dst, const uint16_t *src, size_t n), (dst, src, n))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -257,7 +261,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 40, "the op list has 40 entries");
+_Static_assert(CT_OP_COUNT == 42, "the op list has 42 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

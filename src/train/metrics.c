@@ -181,7 +181,7 @@ double metrics_bf16_gflops(int n, int repeats) {
         // As a bf16 linear layer runs: the input rounded to bf16 first, fp32 out.
         for (int r = 0; r < repeats; r++) {
             double t0 = ct_now_s();
-            ct_ops_cpu.matmul_bf16_forward(c, scratch, a, b, NULL, n, n, n);
+            ct_ops_cpu.matmul_bf16_forward(c, scratch, a, NULL, b, NULL, n, n, n);
             double rate = 2.0 * n * n * (double)n / (ct_now_s() - t0) / 1e9;
             if (rate > best) best = rate;
         }
