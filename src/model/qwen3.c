@@ -31,7 +31,7 @@ static void linear_forward(const qwen3_model *m, float *out, const float *inp,
                            int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
-        op->matmul_bf16_forward(out, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
+        op->matmul_bf16_forward(out, NULL, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
                                 m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
     else
         op->matmul_forward(out, inp, w, bias, N, C, OC);
@@ -43,7 +43,7 @@ static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float 
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
         op->matmul_bf16_backward(dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch, dout,
-                                 inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
+                                 NULL, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
     else
         op->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
@@ -261,6 +261,22 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     const int R = r1 - r0;
     const float *lnf = s->lnf + (size_t)r0 * d.C;
     const uint16_t *lnf16 = s->lnf16 ? s->lnf16 + (size_t)r0 * d.C : NULL;
+    float *dlnf = s->dln + (size_t)r0 * d.C;
+    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
+    if (s->logits16) { // bf16: bf16 logits, the loss over them in fp32, bf16 dlogits in place
+        const uint16_t *w16 = m->param_bf16 + (m->w.lm_head - m->param_mem);
+        if (logits)
+            op->matmul_bf16_forward(NULL, s->logits16, s->mm_scratch, lnf, lnf16, w16, NULL, R, d.C,
+                                    d.V);
+        if (forward)
+            op->cross_entropy_bf16_forward(s->losses + r0, s->logits16, s->targets + r0, R, d.V);
+        if (!backward) return;
+        op->cross_entropy_bf16_backward(s->logits16, s->logits16, s->targets + r0, loss_scale, R,
+                                        d.V);
+        op->matmul_bf16_backward(dlnf, m->g.lm_head, NULL, s->mm_scratch, NULL, s->logits16, lnf,
+                                 lnf16, w16, R, d.C, d.V);
+        return;
+    }
     if (logits) {
         linear_forward(m, s->logits, lnf, lnf16, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
         to_bf16(m, NULL, s->logits, (size_t)R * d.V);
@@ -268,9 +284,7 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     if (forward) op->cross_entropy_forward(s->losses + r0, s->logits, s->targets + r0, R, d.V);
     if (!backward) return;
     op->cross_entropy_backward(s->logits, s->logits, s->targets + r0, loss_scale, R, d.V);
-    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
-    linear_backward(m, s->dln + (size_t)r0 * d.C, m->g.lm_head, NULL, s->logits, lnf, lnf16,
-                    m->w.lm_head, R, d.C, d.V);
+    linear_backward(m, dlnf, m->g.lm_head, NULL, s->logits, lnf, lnf16, m->w.lm_head, R, d.C, d.V);
 }
 
 static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,

@@ -51,6 +51,7 @@ typedef struct qwen3_acts {
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
     uint16_t *lnf16;            // bf16: lnf saved in bf16 (lnf is then stage_ln)
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
+    uint16_t *logits16;         // bf16 head (qwen3_head_bf16): the same buffer, holding bf16 logits
     float *mm_scratch; // mem_opts.bf16: the largest matmul_bf16_scratch_floats of the model's GEMMs
     float *losses;     // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time). From dq
@@ -79,6 +80,14 @@ typedef struct qwen3_acts {
     bool have_targets; // the last forward computed a loss, so backward has something to do
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
 } qwen3_acts;
+
+// bf16 mixed precision's loss head: the lm_head writes bf16 logits and the cross-entropy reads
+// them, as torch's autocast does (unless a plugin's cross-entropy, fp32 by the ABI, replaced the
+// table's: then the logits stay fp32).
+static inline bool qwen3_head_bf16(const ct_ops *ops, const qwen3_memory_opts *opts) {
+    return opts && opts->bf16 && ops->cross_entropy_bf16_forward &&
+           ops->cross_entropy_bf16_backward;
+}
 
 // Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL
 // when counting) and returns the floats needed. The same walk sizes and carves, so the plan

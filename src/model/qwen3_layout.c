@@ -227,22 +227,24 @@ static unsigned recomputed_classes(qwen3_layer_ac ac) {
 // Under bf16 mixed precision: the scratch of the largest of the model's linear layers (every
 // shape's oneDNN primitives are created here, once), or SIZE_MAX when one cannot be made.
 static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
-                                  int chunk) {
+                                  int chunk, bool head_bf16) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     bool dense = false;
     for (int l = 0; l < d.L; l++) dense |= !qwen3_layer_is_sparse(cfg, l);
-    const int shapes[][3] = {{d.N, d.C, QKV},
-                             {d.N, QD, d.C},
-                             {dense ? d.N : 0, d.C, 2 * d.F},
-                             {dense ? d.N : 0, d.F, d.C},
-                             {d.E ? d.N : 0, d.C, d.E},
-                             {chunk, d.C, d.V},
-                             {d.N % chunk, d.C, d.V}};
+    // {N, C, OC, staged}: the bf16 head passes its bf16 logits' gradient (the layers round theirs).
+    const int shapes[][4] = {{d.N, d.C, QKV, 0},
+                             {d.N, QD, d.C, 0},
+                             {dense ? d.N : 0, d.C, 2 * d.F, 0},
+                             {dense ? d.N : 0, d.F, d.C, 0},
+                             {d.E ? d.N : 0, d.C, d.E, 0},
+                             {chunk, d.C, d.V, head_bf16},
+                             {d.N % chunk, d.C, d.V, head_bf16}};
     size_t most = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         if (shapes[i][0] == 0) continue;
-        const size_t n = ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2]);
+        const size_t n =
+            ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
         if (n == SIZE_MAX) return SIZE_MAX;
         if (n > most) most = n;
     }
@@ -314,7 +316,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     // is done before the head starts and its backward starts after the head is done (and the
     // logits are not read after the backward). So they share one region, the larger of the two.
     const size_t shared_from = cv.off;
-    a->logits = carve_take(&cv, (size_t)chunk * V);
+    a->logits = carve_take(&cv, qwen3_head_bf16(ops, opts) ? ((size_t)chunk * V + 1) / 2
+                                                           : (size_t)chunk * V);
+    a->logits16 = qwen3_head_bf16(ops, opts) ? (uint16_t *)a->logits : NULL;
     const size_t logits_end = cv.off;
     cv.off = shared_from;
     a->dq = carve_take(&cv, N * NH * D);
@@ -342,7 +346,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     }
     if (cv.off < logits_end) cv.off = logits_end;
     // Live during every linear layer, the loss head's among them: not in the region above.
-    const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk) : 0;
+    const size_t mm = opts && opts->bf16
+                          ? bf16_scratch_floats(cfg, ops, B, T, chunk, qwen3_head_bf16(ops, opts))
+                          : 0;
     a->mm_scratch = mm ? carve_take(&cv, mm == SIZE_MAX ? 0 : mm) : NULL;
     return cv.off;
 }
@@ -481,7 +487,8 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                               ? m->mem_opts.loss_chunk
                               : B * T;
         if (!m->ops->matmul_bf16_forward || !m->ops->matmul_bf16_scratch_floats ||
-            bf16_scratch_floats(c, m->ops, B, T, chunk) == SIZE_MAX)
+            bf16_scratch_floats(c, m->ops, B, T, chunk, qwen3_head_bf16(m->ops, &m->mem_opts)) ==
+                SIZE_MAX)
             return ct_fail(err,
                            "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
                            "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",
@@ -520,6 +527,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     m->B = B;
     m->T = T;
     m->logits = a->logits;
+    m->logits_bf16 = a->logits16 != NULL;
     return 0;
 }
 

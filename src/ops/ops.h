@@ -52,15 +52,20 @@
 //   last reader).
 //
 // bf16 mixed precision (matmul_bf16.c; optional entries, needed only under bf16). Weights are
-// the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(N, C, OC) floats (SIZE_MAX:
-// the shape cannot be run), asked once at plan time, which also prepares the shape.
+// the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(N, C, OC, staged) floats
+// (SIZE_MAX: the shape cannot be run), asked once at plan time, which also prepares the shape;
+// `staged`: every call passes inp16, and the backward's dout16 too (less scratch).
 // matmul_bf16_forward: out(N,OC) = bf16(inp)(N,C) @ weight(OC,C)^T + bias, fp32 accumulation. When
-//   inp16 is not NULL it is the input already in bf16 and inp is not read.
+//   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
+//   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
 // matmul_bf16_backward: dinp(N,C) = bf16(dout) @ weight (skipped when dinp is NULL), dweight +=
-//   bf16(dout)^T @ bf16(inp), dbias += column sums of dout (fp32); inp16 as in the forward.
+//   bf16(dout)^T @ bf16(inp), dbias += column sums of dout (fp32); inp16 as in the forward, and
+//   likewise dout16 for dout (dbias must then be NULL).
 // f32_to_bf16: dst(n) = src rounded to bf16 (to nearest even, as torch's .to(torch.bfloat16)).
 // round_to_bf16: x(n) rounded in place to bf16's values (kept in fp32), and written to dst as
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
+// cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
+//   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;
