@@ -210,8 +210,9 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     fill_uniform(router, EC, seed, MOE_ROUTER, init);
     fill_uniform(w, W, seed, MOE_EXPERTS, init);
     fill_uniform(dout, NC, seed, MOE_DOUT, unit / N);
-    uint16_t *w16 = bf16 ? malloc(W * sizeof *w16) : NULL;
+    uint16_t *w16 = bf16 ? malloc(W * sizeof *w16) : NULL, *x16 = bf16 ? malloc(NC * 2) : NULL;
     if (w16) ct_ops_cpu.f32_to_bf16(w16, w, W);
+    if (x16) ct_ops_cpu.f32_to_bf16(x16, x, NC);
     for (int s = 0; s < steps + 1; s++) { // first step is warm-up
         const step_clock t0 = clock_start();
         memset(drouter, 0, EC * 4);
@@ -219,9 +220,9 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
         ops.matmul_forward(probs, x, router, NULL, N, C, E); // logits, softmaxed in place
         moe_route_forward(expert, weight, probs, NULL, N, E, K, true, route_scratch, threads);
         if (bf16) {
-            ops.moe_bf16_forward(out, state, scratch, x, expert, weight, w16, N, C, F, E, K);
-            ops.moe_bf16_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w16, N,
-                                  C, F, E, K);
+            ops.moe_bf16_forward(out, state, scratch, x16, expert, weight, w16, N, C, F, E, K);
+            ops.moe_bf16_backward(dx, dweight, dw, scratch, dout, state, x16, expert, weight, w16,
+                                  N, C, F, E, K);
         } else {
             ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
             ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F,
@@ -245,7 +246,7 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
            dot, sqrt(ndx), sqrt(ndw), sqrt(ndr), sysmem_peak_rss_bytes() / 1048576.0);
     free(x), free(router), free(w), free(dout), free(out), free(dx), free(dtmp), free(probs);
     free(dlogits), free(weight), free(dweight), free(expert), free(drouter), free(dw);
-    free(state), free(scratch), free(route_scratch), free(ms), free(w16);
+    free(state), free(scratch), free(route_scratch), free(ms), free(w16), free(x16);
     return 0;
 }
 

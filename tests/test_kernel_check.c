@@ -385,6 +385,11 @@ static void test_apply_slots(void) {
         CHECK(count_field(&o, marker_bwd) == 1, "%s: the backward in one field", name);
         CHECK(count_field(&o, marker_state) == ws && count_field(&o, marker_scratch) == ws,
               "%s: the workspace sizes %s", name, ws ? "in one field each" : "nowhere");
+        // The ABI is fp32: a replaced cross-entropy drops the table's bf16 one (the model's bf16
+        // head then keeps fp32 logits for the plugin).
+        const bool ce = op == OVERRIDE_CROSS_ENTROPY;
+        CHECK(!o.cross_entropy_bf16_forward == ce && !o.cross_entropy_bf16_backward == ce,
+              "%s: the bf16 cross-entropy %s", name, ce ? "dropped" : "kept");
     }
 }
 

@@ -39,24 +39,14 @@ static float *uniforms(size_t n, float lo, float hi) {
 }
 
 static double bfv(double v) { // v rounded to fp32, then to bf16
-    const uint32_t u = (uint32_t)bf16_round((float)v) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static double bw(const uint16_t *m, size_t i) { // a bf16 value
-    const uint32_t u = (uint32_t)m[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return bf16_value(bf16_round((float)v));
 }
 
 typedef struct problem {
     int N, C, F, E, K;
     int32_t *expert;
     float *weight, *x, *w, *dout, *dw0;
-    uint16_t *w16;
+    uint16_t *w16, *x16; // the bf16 copies the kernels take
 } problem;
 
 // K distinct experts per token (never `skip`, when >= 0), weights in [0.1, 1).
@@ -85,12 +75,14 @@ static problem make_problem(int N, int C, int F, int E, int K, int skip, int hot
     p.dw0 = uniforms(nw, -1, 1);
     p.w16 = malloc(nw * sizeof *p.w16);
     for (size_t i = 0; i < nw; i++) p.w16[i] = bf16_round(p.w[i]);
+    p.x16 = malloc((size_t)N * C * sizeof *p.x16);
+    for (size_t i = 0; i < (size_t)N * C; i++) p.x16[i] = bf16_round(p.x[i]);
     return p;
 }
 
 static void free_problem(problem *p) {
     free(p->expert), free(p->weight), free(p->x), free(p->w), free(p->dout), free(p->dw0);
-    free(p->w16);
+    free(p->w16), free(p->x16);
 }
 
 typedef struct outputs {
@@ -120,8 +112,8 @@ static outputs reference(const problem *p) {
             for (int f = 0; f < F; f++) {
                 double sg = 0, su = 0;
                 for (int c = 0; c < C; c++) {
-                    sg += bw(wg, (size_t)f * C + c) * xb[c];
-                    su += bw(wu, (size_t)f * C + c) * xb[c];
+                    sg += bf16_value(wg[(size_t)f * C + c]) * xb[c];
+                    su += bf16_value(wu[(size_t)f * C + c]) * xb[c];
                 }
                 g[f] = bfv(sg), u[f] = bfv(su);
                 h[f] = bfv(g[f] / (1 + exp(-g[f])) * u[f]);
@@ -130,12 +122,12 @@ static outputs reference(const problem *p) {
             double dweight = 0;
             for (int c = 0; c < C; c++) {
                 double y = 0;
-                for (int f = 0; f < F; f++) y += bw(wd, (size_t)c * F + f) * h[f];
+                for (int f = 0; f < F; f++) y += bf16_value(wd[(size_t)c * F + f]) * h[f];
                 r.out[(size_t)t * C + c] += wt * bfv(y);
             }
             for (int f = 0; f < F; f++) {
                 double U = 0;
-                for (int c = 0; c < C; c++) U += bfv(d[c]) * bw(wd, (size_t)c * F + f);
+                for (int c = 0; c < C; c++) U += bfv(d[c]) * bf16_value(wd[(size_t)c * F + f]);
                 dweight += U * h[f];
                 const double s = 1 / (1 + exp(-g[f])), dh = wt * U;
                 dg[f] = bfv(dh * u[f] * s * (1 + g[f] * (1 - s)));
@@ -149,7 +141,8 @@ static outputs reference(const problem *p) {
                     dwd[(size_t)c * F + f] += dy * h[f];
                     dwg[(size_t)f * C + c] += dg[f] * xb[c];
                     dwu[(size_t)f * C + c] += du[f] * xb[c];
-                    dxc += dg[f] * bw(wg, (size_t)f * C + c) + du[f] * bw(wu, (size_t)f * C + c);
+                    dxc += dg[f] * bf16_value(wg[(size_t)f * C + c]) +
+                           du[f] * bf16_value(wu[(size_t)f * C + c]);
                 }
                 r.dx[(size_t)t * C + c] += dxc;
             }
@@ -192,8 +185,9 @@ static result run(const ct_ops *ops, const char *name, const problem *p) {
     result r = {malloc((size_t)N * C * 4), malloc((size_t)N * C * 4), malloc((size_t)N * K * 4),
                 malloc(nw * 4)};
     memcpy(r.dw, p->dw0, nw * 4);
-    ops->moe_bf16_forward(r.out, state, scratch, p->x, p->expert, p->weight, p->w16, N, C, F, E, K);
-    ops->moe_bf16_backward(r.dx, r.dweight, r.dw, scratch, p->dout, state, p->x, p->expert,
+    ops->moe_bf16_forward(r.out, state, scratch, p->x16, p->expert, p->weight, p->w16, N, C, F, E,
+                          K);
+    ops->moe_bf16_backward(r.dx, r.dweight, r.dw, scratch, p->dout, state, p->x16, p->expert,
                            p->weight, p->w16, N, C, F, E, K);
     CHECK(guard_intact(state, ns) && guard_intact(scratch, nsc),
           "%s N%d C%d F%d E%d K%d: wrote past its state (%zu) or scratch (%zu)", name, N, C, F, E,

@@ -394,6 +394,30 @@ static void test_cross_entropy(int N, int V, float spread) {
     free(t), free(x), free(loss), free(ref), free(ones), free(dx);
 }
 
+// The bf16 head (bf16 mixed precision): the cross-entropy over bf16 logits is the fp32 one over
+// their widened values, bit for bit, and its dlogits are the fp32 ones rounded to bf16.
+static void test_cross_entropy_bf16(int N, int V, float spread) {
+    int32_t *t = malloc(N * sizeof *t);
+    for (int n = 0; n < N; n++) t[n] = (n * 5 + 1) % V;
+    t[N - 1] = -100;
+    const size_t nl = (size_t)N * V;
+    float *x = frand_array(nl, -spread, spread), *loss = malloc(N * sizeof *loss);
+    float *loss16 = malloc(N * sizeof *loss16), *dx = malloc(nl * sizeof *dx);
+    uint16_t *x16 = malloc(nl * sizeof *x16), *dx16 = malloc(nl * sizeof *dx16);
+    ops->round_to_bf16(x16, x, nl); // x now holds x16's values
+    ops->cross_entropy_forward(loss, x, t, N, V);
+    ops->cross_entropy_bf16_forward(loss16, x16, t, N, V);
+    CHECK(memcmp(loss, loss16, N * sizeof *loss) == 0, "bf16 cross entropy fwd N%d V%d", N, V);
+    ops->cross_entropy_backward(dx, x, t, 0.37f, N, V);
+    ops->cross_entropy_bf16_backward(dx16, x16, t, 0.37f, N, V);
+    int same = 1;
+    for (size_t i = 0; i < nl; i++) same &= dx16[i] == f32_to_bf16(dx[i]);
+    CHECK(same, "bf16 cross entropy bwd N%d V%d is not the fp32 one rounded", N, V);
+    ops->cross_entropy_bf16_backward(x16, x16, t, 0.37f, N, V); // in place
+    CHECK(memcmp(x16, dx16, nl * sizeof *dx16) == 0, "bf16 cross entropy bwd in place differs");
+    free(t), free(x), free(loss), free(loss16), free(dx), free(x16), free(dx16);
+}
+
 // ---- embedding and add ----------------------------------------------------------------------
 
 static void test_embedding(int N, int V, int C) {
@@ -513,6 +537,7 @@ int main(void) {
     test_swiglu(37);
     test_cross_entropy(5, 11, 3.0f);
     test_cross_entropy(3, 1000, 30.0f); // a wide row, large logits
+    test_cross_entropy_bf16(4, 1537, 20.0f);
     test_embedding(9, 4, 37);
     test_add();
     test_thread_invariance();

@@ -116,6 +116,9 @@ FP32_MEAN_ABS = 3e-6  # measured 2.4e-7: ctitan float32 against torch fp32, this
 STOP = 10  # the checkpoint the resumed run starts from
 
 BF16 = "bfloat16"
+AC_RUNS = {"full": {"activation_checkpoint.mode": "full"},
+           "op": {"activation_checkpoint.mode": "selective",
+                  "activation_checkpoint.selective_ac_option": "op"}}
 
 
 def metric_rows(dump):
@@ -297,6 +300,15 @@ def run_case(name):
             print("%-40s rerun: losses %s" % (name, "bit-identical" if same else "DIFFER"))
             check(same, "%s: rerun losses differ" % name)
         resume(name, d, m, dump, {k: bf[k] for k in bf if k > STOP})
+        # Checkpointing recomputes from the bf16-saved activations (rounding again what was
+        # rounded, widening what was saved): no bit may change.
+        for mode, keys in AC_RUNS.items():
+            ac = train(d, m, dump + "_ac_" + mode, BF16, **keys)
+            if ac:
+                same = [ac[k]["loss"] for k in sorted(ac)] == got
+                print("%-40s activation checkpointing %s: losses %s" % (
+                    name, mode, "bit-identical" if same else "DIFFER"))
+                check(same, "%s: losses with activation checkpointing %s differ" % (name, mode))
     if fp and "load_balance" not in m and m.get("weights_dtype") == "F32":
         matmul_plugin(name, d, m, fp)
     if "load_balance" in m:  # the other expert kernel against the reference too

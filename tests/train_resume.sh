@@ -34,6 +34,15 @@ out=$(run "$tmp/a" --optimizer.lr 0.001 --training.seq_len 4 2>&1 >/dev/null); r
   grep -q 'written by a run with a different config: training.seq_len 8 -> 4, optimizer.lr 0.002 -> 0.001; to resume, restore those keys, or train into a new job.dump_folder' <<<"$out" &&
   ok || bad "refused resume (rc $rc): $out"
 diff -r "$tmp/a.before" "$tmp/a" >/dev/null && ok || bad "the refused start changed the dump folder: $(diff -r "$tmp/a.before" "$tmp/a" | head -5)"
+# A start that fails after its config is accepted (a plugin that is not there; override.imports
+# is not hashed, so the resume check passes) leaves the folder as it was too, config.toml
+# included, and a failed start in a new folder creates none.
+out=$(run "$tmp/a" --optimizer.lr 0.002 --training.seq_len 8 --override.imports "$tmp/nope.so" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && grep -q "^ctitan: error: plugin $tmp/nope.so" <<<"$out" &&
+  diff -r "$tmp/a.before" "$tmp/a" >/dev/null && ok ||
+  bad "a failed start (rc $rc: $out) changed the dump folder: $(diff -r "$tmp/a.before" "$tmp/a" | head -5)"
+run "$tmp/fresh" --override.imports "$tmp/nope.so" >/dev/null 2>&1
+[ ! -e "$tmp/fresh" ] && ok || bad "a failed start created its dump folder: $(ls -A "$tmp/fresh")"
 
 # Resume from an older checkpoint than the last logged step (as after a kill): steps 5 and 6 are
 # logged again, and each step appears once with the straight run's loss.

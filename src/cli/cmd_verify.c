@@ -16,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "core/clock.h"
+#include "core/dtype.h"
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
@@ -74,8 +75,16 @@ typedef struct logits_summary {
 static int logits_summarise(logits_summary *s, const qwen3_model *m, int k, ct_error *err) {
     const size_t V = (size_t)m->cfg.vocab_size, n = (size_t)m->B * m->T * V;
     s->k = k < (int)V ? k : (int)V;
-    const float *logits = m->be->view(m->be, m->logits, n * sizeof(float), true, err);
-    if (!logits) return -1;
+    // bf16 mixed precision's logits are bf16: widened into a host copy.
+    const size_t bytes = n * (m->logits_bf16 ? sizeof(uint16_t) : sizeof(float));
+    void *raw = m->be->view(m->be, m->logits, bytes, true, err);
+    if (!raw) return -1;
+    float *logits = m->logits_bf16 ? malloc(n * sizeof *logits) : raw;
+    if (!logits) {
+        m->be->view_release(m->be, raw, m->logits, bytes, false);
+        return ct_fail(err, "out of memory for %zu logits", n);
+    }
+    for (size_t i = 0; m->logits_bf16 && i < n; i++) logits[i] = bf16_to_f32(((uint16_t *)raw)[i]);
     s->sum = 0;
     for (size_t i = 0; i < n; i++) s->sum += logits[i];
     s->sq_sum = sum_squares(logits, n);
@@ -86,7 +95,8 @@ static int logits_summarise(logits_summary *s, const qwen3_model *m, int k, ct_e
         memcpy(s->first, logits, (size_t)s->k * sizeof *s->first);
         memcpy(s->last, logits + (size_t)(m->T - 1) * V, (size_t)s->k * sizeof *s->last);
     }
-    m->be->view_release(m->be, (float *)logits, m->logits, n * sizeof(float), false);
+    if (logits != raw) free(logits);
+    m->be->view_release(m->be, raw, m->logits, bytes, false);
     return rc;
 }
 

@@ -24,26 +24,40 @@ static qwen3_dims model_dims(const qwen3_model *m) {
 }
 
 // A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
-// w's bf16 copy (the same offset in param_bf16), else the fp32 matmul.
-static void linear_forward(const qwen3_model *m, float *out, const float *inp, const float *w,
-                           const float *bias, int N, int C, int OC) {
+// w's bf16 copy (the same offset in param_bf16) and the input's saved bf16 copy inp16, else the
+// fp32 matmul.
+static void linear_forward(const qwen3_model *m, float *out, const float *inp,
+                           const uint16_t *inp16, const float *w, const float *bias, int N, int C,
+                           int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
-        op->matmul_bf16_forward(out, ((const qwen3_acts *)m->acts)->mm_scratch, inp,
+        op->matmul_bf16_forward(out, NULL, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
                                 m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
     else
         op->matmul_forward(out, inp, w, bias, N, C, OC);
 }
 
 static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float *dbias,
-                            const float *dout, const float *inp, const float *w, int N, int C,
-                            int OC) {
+                            const float *dout, const float *inp, const uint16_t *inp16,
+                            const float *w, int N, int C, int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
         op->matmul_bf16_backward(dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch, dout,
-                                 inp, m->param_bf16 + (w - m->param_mem), N, C, OC);
+                                 NULL, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
     else
         op->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+// Under bf16, where torch's autocast produces a bf16 tensor: x (n) rounded to bf16 in place, and
+// saved in x16 unless it is NULL. Nothing in fp32 runs.
+static void to_bf16(const qwen3_model *m, uint16_t *x16, float *x, size_t n) {
+    if (m->mem_opts.bf16) m->ops->round_to_bf16(x16, x, n);
+}
+
+// Under bf16: the staging x (n) of a saved bf16 activation, widened back from x16 for a kernel
+// that reads fp32. Nothing in fp32 runs (x is the activation itself).
+static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_t n) {
+    if (m->mem_opts.bf16) m->ops->bf16_to_f32(x, x16, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -57,21 +71,32 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
+    const size_t N = (size_t)d.N;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
-    if (gemms) linear_forward(m, a->qkv, a->ln1, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+    to_bf16(m, a->ln1_16, a->ln1, N * d.C);
+    if (gemms) {
+        linear_forward(m, a->qkv, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+        to_bf16(m, a->qkv16, a->qkv, N * QKV);
+    } else {
+        from_bf16(m, a->qkv, a->qkv16, N * QKV);
+    }
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
     op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
                              w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
         op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
+        to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
     op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
-    linear_forward(m, a->resid2, a->atty, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    to_bf16(m, a->atty16, a->atty, N * QD);
+    linear_forward(m, a->resid2, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    to_bf16(m, NULL, a->resid2, N * d.C);
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
                             d.N, d.C, eps);
+    to_bf16(m, a->ln2_16, a->ln2, N * d.C);
 }
 
 // On entry s->dresid is the gradient of a->resid2; on exit, of a->resid.
@@ -81,13 +106,17 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
-    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, a->atty, w->wo, d.N, QD, d.C);
+    const size_t N = (size_t)d.N;
+    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, a->atty, a->atty16, w->wo, d.N, QD, d.C);
+    from_bf16(m, a->atty, a->atty16, N * QD);
     op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
                            a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    from_bf16(m, a->qkv, a->qkv16, N * QKV);
     op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
                               w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,
                               d.B, d.T, d.NH, d.NKV, d.D);
-    linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, w->wqkv, d.N, d.C, QKV);
+    linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, a->ln1_16, w->wqkv, d.N, d.C,
+                    QKV);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
                              a->ln1_rstd, d.N, d.C);
 }
@@ -109,10 +138,18 @@ static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    if (gemms) linear_forward(m, a->gate_up, a->ln2, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
+    const size_t N = (size_t)d.N;
+    if (gemms) {
+        linear_forward(m, a->gate_up, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
+        to_bf16(m, a->gate_up16, a->gate_up, N * 2 * d.F);
+    } else {
+        from_bf16(m, a->gate_up, a->gate_up16, N * 2 * d.F);
+    }
     op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
+    to_bf16(m, a->h16, a->h, N * d.F);
     if (!gemms) return;
-    linear_forward(m, out, a->h, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    linear_forward(m, out, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    to_bf16(m, NULL, out, N * d.C);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
 
@@ -121,12 +158,13 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, a->h, w->w_down, d.N, d.F, d.C);
+    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, a->h, a->h16, w->w_down, d.N, d.F, d.C);
+    from_bf16(m, a->gate_up, a->gate_up16, (size_t)d.N * 2 * d.F);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
     float *dgate_up = a->gate_up;
     op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
-    linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, w->w_gate_up, d.N, d.C,
-                    2 * d.F);
+    linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, a->ln2_16, w->w_gate_up, d.N,
+                    d.C, 2 * d.F);
     post_norm_backward(m, w, g, a, s);
 }
 
@@ -145,7 +183,8 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    linear_forward(m, a->probs, a->ln2, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
+    linear_forward(m, a->probs, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
+    to_bf16(m, NULL, a->probs, (size_t)d.N * d.E);
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                           m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
@@ -153,7 +192,7 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
         op->moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E,
                             d.K);
     if (qwen3_bf16_experts(&m->mem_opts))
-        op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w,
+        op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2_16, a->expert, a->route_w,
                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
         op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w,
@@ -168,16 +207,20 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    if (qwen3_bf16_experts(&m->mem_opts))
+    // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
+    if (qwen3_bf16_experts(&m->mem_opts)) {
         op->moe_bf16_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid,
-                              a->moe_state, a->ln2, a->expert, a->route_w, bf16_copy(m, w->experts),
-                              d.N, d.C, d.Fm, d.E, d.K);
-    else
+                              a->moe_state, a->ln2_16, a->expert, a->route_w,
+                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
+    } else {
+        from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
         op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
                          a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
+    }
     op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
                            a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
-    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, a->ln2, w->router, d.N, d.C, d.E);
+    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, a->ln2, a->ln2_16, w->router, d.N, d.C,
+                    d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
     post_norm_backward(m, w, g, a, s);
 }
@@ -233,13 +276,31 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     const qwen3_dims d = model_dims(m);
     const int R = r1 - r0;
     const float *lnf = s->lnf + (size_t)r0 * d.C;
-    if (logits) linear_forward(m, s->logits, lnf, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
+    const uint16_t *lnf16 = s->lnf16 ? s->lnf16 + (size_t)r0 * d.C : NULL;
+    float *dlnf = s->dln + (size_t)r0 * d.C;
+    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
+    if (s->logits16) { // bf16: bf16 logits, the loss over them in fp32, bf16 dlogits in place
+        const uint16_t *w16 = m->param_bf16 + (m->w.lm_head - m->param_mem);
+        if (logits)
+            op->matmul_bf16_forward(NULL, s->logits16, s->mm_scratch, lnf, lnf16, w16, NULL, R, d.C,
+                                    d.V);
+        if (forward)
+            op->cross_entropy_bf16_forward(s->losses + r0, s->logits16, s->targets + r0, R, d.V);
+        if (!backward) return;
+        op->cross_entropy_bf16_backward(s->logits16, s->logits16, s->targets + r0, loss_scale, R,
+                                        d.V);
+        op->matmul_bf16_backward(dlnf, m->g.lm_head, NULL, s->mm_scratch, NULL, s->logits16, lnf,
+                                 lnf16, w16, R, d.C, d.V);
+        return;
+    }
+    if (logits) {
+        linear_forward(m, s->logits, lnf, lnf16, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
+        to_bf16(m, NULL, s->logits, (size_t)R * d.V);
+    }
     if (forward) op->cross_entropy_forward(s->losses + r0, s->logits, s->targets + r0, R, d.V);
     if (!backward) return;
     op->cross_entropy_backward(s->logits, s->logits, s->targets + r0, loss_scale, R, d.V);
-    // A tied lm_head shares its gradient with the embedding: both add into g.embed.
-    linear_backward(m, s->dln + (size_t)r0 * d.C, m->g.lm_head, NULL, s->logits, lnf, m->w.lm_head,
-                    R, d.C, d.V);
+    linear_backward(m, dlnf, m->g.lm_head, NULL, s->logits, lnf, lnf16, m->w.lm_head, R, d.C, d.V);
 }
 
 static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
@@ -266,9 +327,10 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     for (int l = 0; l < L; l++) layer_forward(m, l, QWEN3_AC_NONE);
     op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
                         m->cfg.rms_norm_eps);
+    to_bf16(m, s->lnf16, s->lnf, (size_t)d.N * d.C);
     const int rows = head_rows(m);
     if (!targets) {
-        if (rows == d.N) linear_forward(m, s->logits, s->lnf, m->w.lm_head, NULL, d.N, d.C, d.V);
+        if (rows == d.N) head_rows_pass(m, 0, d.N, true, false, false, 0.0f);
         return 0.0;
     }
     be->write(be, s->targets, targets, (size_t)d.N * sizeof(int32_t));

@@ -100,10 +100,11 @@ typedef struct qwen3_model {
     int B, T;
     float *act_mem;
     size_t act_floats;
-    void *acts;    // layout private to src/model (qwen3_internal.h)
-    float *logits; // (B, T, V), valid after qwen3_forward until qwen3_backward, which
-                   // reuses the buffer for the logits' gradient; with loss_chunk only the
-                   // last chunk's rows
+    void *acts;       // layout private to src/model (qwen3_internal.h)
+    float *logits;    // (B, T, V), valid after qwen3_forward until qwen3_backward, which
+                      // reuses the buffer for the logits' gradient; with loss_chunk only the
+                      // last chunk's rows
+    bool logits_bf16; // the logits are bf16 (uint16_t) values: bf16 mixed precision's head
 
     // Optional (NULL = none): qwen3_backward calls grad_ready(ctx, from) each time the gradients
     // of every parameter at offsets >= from are final: after the head, after each layer, and

@@ -30,6 +30,12 @@ typedef struct qwen3_layer_acts {
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
     int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
+    // bf16 mixed precision: the activations torch's autocast keeps in bf16 are saved here in bf16
+    // (each the size of its fp32 namesake), and ln1, qkv, atty, ln2, gate_up and h then point at
+    // the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes into the staging
+    // and rounds it (to_bf16 in qwen3.c), the backward widens back what it reads in fp32.
+    // NULL in fp32 runs.
+    uint16_t *ln1_16, *qkv16, *atty16, *ln2_16, *gate_up16, *h16;
     // Activation checkpointing. QWEN3_AC_LAYER: only resid is this layer's own; every other
     // buffer above is the shared recompute set, which the layer's forward fills again during the
     // backward. QWEN3_AC_OPS: the outputs of GEMMs and attention (qkv, att, atty, resid2,
@@ -43,7 +49,9 @@ typedef struct qwen3_acts {
     float *rope_cos, *rope_sin; // (T, D/2)
     float *resid_out;           // (N,C) output of the last layer
     float *lnf, *lnf_rstd;      // (N,C), (N) model.norm
+    uint16_t *lnf16;            // bf16: lnf saved in bf16 (lnf is then stage_ln)
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
+    uint16_t *logits16;         // bf16 head (qwen3_head_bf16): the same buffer, holding bf16 logits
     float *mm_scratch; // mem_opts.bf16: the largest matmul_bf16_scratch_floats of the model's GEMMs
     float *losses;     // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time). From dq
@@ -62,7 +70,10 @@ typedef struct qwen3_acts {
     float *dweight;        // (N,K) gradient of the routing weights
     float *dlogits;        // (N,E) gradient of the router logits
     float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability
-    bool aux_active;       // moe_balance_aux_grad set aux_dprob for the next backward
+    // bf16: the fp32 staging of the layers' bf16 activations (NULL in fp32 runs). The MLP's h
+    // stages in dh.
+    float *stage_ln, *stage_qkv, *stage_atty, *stage_gate_up;
+    bool aux_active; // moe_balance_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;
@@ -74,6 +85,14 @@ typedef struct qwen3_acts {
 // .bf16_experts.
 static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
     return opts && opts->bf16 && opts->bf16_experts;
+}
+
+// bf16 mixed precision's loss head: the lm_head writes bf16 logits and the cross-entropy reads
+// them, as torch's autocast does (unless a plugin's cross-entropy, fp32 by the ABI, replaced the
+// table's: then the logits stay fp32).
+static inline bool qwen3_head_bf16(const ct_ops *ops, const qwen3_memory_opts *opts) {
+    return opts && opts->bf16 && ops->cross_entropy_bf16_forward &&
+           ops->cross_entropy_bf16_backward;
 }
 
 // Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL

@@ -169,33 +169,44 @@ static void take(float **p, carve *cv, unsigned own, unsigned cls, size_t n) {
     if (own & cls) *p = carve_take(cv, n);
 }
 
+// A saved activation that torch's autocast keeps in bf16: under bf16 its bf16 copy *p16 (*p is
+// pointed at the fp32 staging later, by stage_layers), else *p in fp32.
+static void take_act(float **p, uint16_t **p16, bool bf16, carve *cv, unsigned own, unsigned cls,
+                     size_t n) {
+    if (!(own & cls)) return;
+    if (bf16)
+        *p16 = (uint16_t *)carve_take(cv, (n + 1) / 2);
+    else
+        *p = carve_take(cv, n);
+}
+
 // One layer's saved activations, except resid: the buffers of the classes in `dense` that a
 // dense layer has, and of those in `sparse` that a sparse one has (the recompute set may need
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
-                         const ct_ops *ops, const qwen3_memory_opts *opts, int B, int T,
+                         const ct_ops *ops, int B, int T, bool bf16, bool bf16_experts,
                          unsigned dense, unsigned sparse) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
     const size_t E = d.E, K = d.K;
     const unsigned any = dense | sparse;
-    take(&la->ln1, cv, any, ACT_CHEAP, N * C);
+    take_act(&la->ln1, &la->ln1_16, bf16, cv, any, ACT_CHEAP, N * C);
     take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
-    take(&la->qkv, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
+    take_act(&la->qkv, &la->qkv16, bf16, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
     take(&la->v, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->q_rstd, cv, any, ACT_CHEAP, N * NH);
     take(&la->k_rstd, cv, any, ACT_CHEAP, N * NKV);
     take(&la->qr, cv, any, ACT_CHEAP, N * NH * D);
     take(&la->kr, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->att, cv, any, ACT_KEPT, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
-    take(&la->atty, cv, any, ACT_KEPT, N * NH * D);
+    take_act(&la->atty, &la->atty16, bf16, cv, any, ACT_KEPT, N * NH * D);
     // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
     // add to redo. down_proj's (and the experts') is the next layer's resid.
     take(&la->resid2, cv, any, ACT_KEPT, N * C);
-    take(&la->ln2, cv, any, ACT_CHEAP, N * C);
+    take_act(&la->ln2, &la->ln2_16, bf16, cv, any, ACT_CHEAP, N * C);
     take(&la->ln2_rstd, cv, any, ACT_CHEAP, N);
-    take(&la->gate_up, cv, dense, ACT_KEPT, N * 2 * F);
-    take(&la->h, cv, dense, ACT_CHEAP, N * F);
+    take_act(&la->gate_up, &la->gate_up16, bf16, cv, dense, ACT_KEPT, N * 2 * F);
+    take_act(&la->h, &la->h16, bf16, cv, dense, ACT_CHEAP, N * F);
     // The router logits (softmaxed in place), the routing and the expert kernel's state (its
     // GEMM outputs) are all kept: recomputing them would mean the expert GEMMs again.
     take(&la->probs, cv, sparse, ACT_KEPT, N * E);
@@ -205,7 +216,7 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     la->expert = (int32_t *)expert;
     take(&la->route_w, cv, sparse, ACT_KEPT, N * K);
     const ctitan_moe_experts_floats_fn moe_state =
-        qwen3_bf16_experts(opts) ? ops->moe_bf16_state_floats : ops->moe_state_floats;
+        bf16_experts ? ops->moe_bf16_state_floats : ops->moe_state_floats;
     take(&la->moe_state, cv, sparse, ACT_KEPT,
          moe_state(B * T, (int)C, cfg->moe_intermediate_size, (int)E, (int)K));
 }
@@ -218,26 +229,42 @@ static unsigned recomputed_classes(qwen3_layer_ac ac) {
 // Under bf16 mixed precision: the scratch of the largest of the model's linear layers (every
 // shape's oneDNN primitives are created here, once), or SIZE_MAX when one cannot be made.
 static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
-                                  int chunk) {
+                                  int chunk, bool head_bf16) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     bool dense = false;
     for (int l = 0; l < d.L; l++) dense |= !qwen3_layer_is_sparse(cfg, l);
-    const int shapes[][3] = {{d.N, d.C, QKV},
-                             {d.N, QD, d.C},
-                             {dense ? d.N : 0, d.C, 2 * d.F},
-                             {dense ? d.N : 0, d.F, d.C},
-                             {d.E ? d.N : 0, d.C, d.E},
-                             {chunk, d.C, d.V},
-                             {d.N % chunk, d.C, d.V}};
+    // {N, C, OC, staged}: the bf16 head passes its bf16 logits' gradient (the layers round theirs).
+    const int shapes[][4] = {{d.N, d.C, QKV, 0},
+                             {d.N, QD, d.C, 0},
+                             {dense ? d.N : 0, d.C, 2 * d.F, 0},
+                             {dense ? d.N : 0, d.F, d.C, 0},
+                             {d.E ? d.N : 0, d.C, d.E, 0},
+                             {chunk, d.C, d.V, head_bf16},
+                             {d.N % chunk, d.C, d.V, head_bf16}};
     size_t most = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         if (shapes[i][0] == 0) continue;
-        const size_t n = ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2]);
+        const size_t n =
+            ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
         if (n == SIZE_MAX) return SIZE_MAX;
         if (n > most) most = n;
     }
     return most;
+}
+
+// Under bf16, points the layers' fp32 names of their bf16 activations, and lnf, at the staging.
+static void stage_layers(qwen3_acts *a, int L) {
+    a->lnf = a->stage_ln;
+    for (int l = 0; a->layers && l < L; l++) {
+        qwen3_layer_acts *la = &a->layers[l];
+        la->ln1 = a->stage_ln;
+        la->qkv = a->stage_qkv;
+        la->atty = a->stage_atty;
+        la->ln2 = a->stage_ln;
+        la->gate_up = la->gate_up16 ? a->stage_gate_up : NULL;
+        la->h = la->h16 ? a->dh : NULL;
+    }
 }
 
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
@@ -248,7 +275,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D, V = d.V;
     const size_t E = d.E, K = d.K;
     const int nh = d.NH, nkv = d.NKV, n = d.N, c = d.C, fm = d.Fm, e = d.E, k = d.K, L = d.L;
-    const bool moe = d.E > 0;
+    const bool moe = d.E > 0, bf16 = opts && opts->bf16;
     carve cv = {base, 0};
     // The recompute set: one layer's worth of the buffers that some layer recomputes, of each
     // kind (dense, sparse) that such a layer has.
@@ -261,7 +288,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         else
             dense_rc |= cls;
     }
-    if (dense_rc | sparse_rc) layer_layout(&shared, &cv, cfg, ops, opts, B, T, dense_rc, sparse_rc);
+    if (dense_rc | sparse_rc)
+        layer_layout(&shared, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), dense_rc,
+                     sparse_rc);
     int n_sparse = 0;
     for (int l = 0; l < L; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
@@ -269,7 +298,8 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         const qwen3_layer_ac ac = qwen3_layer_recompute(opts, l);
         const unsigned own = ACT_ALL & ~recomputed_classes(ac);
         *la = ac == QWEN3_AC_NONE ? (qwen3_layer_acts){0} : shared;
-        layer_layout(la, &cv, cfg, ops, opts, B, T, sparse ? 0 : own, sparse ? own : 0);
+        layer_layout(la, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), sparse ? 0 : own,
+                     sparse ? own : 0);
         la->resid = carve_take(&cv, N * C);
         la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
@@ -277,7 +307,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
     a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
     a->resid_out = carve_take(&cv, N * C);
-    a->lnf = carve_take(&cv, N * C);
+    if (bf16)
+        a->lnf16 = (uint16_t *)carve_take(&cv, N * C / 2 + 1);
+    else
+        a->lnf = carve_take(&cv, N * C);
     a->lnf_rstd = carve_take(&cv, N);
     a->losses = carve_take(&cv, N);
     a->dresid = carve_take(&cv, N * C);
@@ -288,7 +321,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     // is done before the head starts and its backward starts after the head is done (and the
     // logits are not read after the backward). So they share one region, the larger of the two.
     const size_t shared_from = cv.off;
-    a->logits = carve_take(&cv, (size_t)chunk * V);
+    a->logits = carve_take(&cv, qwen3_head_bf16(ops, opts) ? ((size_t)chunk * V + 1) / 2
+                                                           : (size_t)chunk * V);
+    a->logits16 = qwen3_head_bf16(ops, opts) ? (uint16_t *)a->logits : NULL;
     const size_t logits_end = cv.off;
     cv.off = shared_from;
     a->dq = carve_take(&cv, N * NH * D);
@@ -310,9 +345,18 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->route_scratch = moe ? carve_take(&cv, moe_route_scratch_floats(e, a->route_threads)) : NULL;
     a->dweight = moe ? carve_take(&cv, N * K) : NULL;
     a->dlogits = moe ? carve_take(&cv, N * E) : NULL;
+    if (bf16) {
+        a->stage_ln = carve_take(&cv, N * C);
+        a->stage_qkv = carve_take(&cv, N * (NH + 2 * NKV) * D);
+        a->stage_atty = carve_take(&cv, N * NH * D);
+        a->stage_gate_up = carve_take(&cv, N * 2 * F);
+        stage_layers(a, L);
+    }
     if (cv.off < logits_end) cv.off = logits_end;
     // Live during every linear layer, the loss head's among them: not in the region above.
-    const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk) : 0;
+    const size_t mm = opts && opts->bf16
+                          ? bf16_scratch_floats(cfg, ops, B, T, chunk, qwen3_head_bf16(ops, opts))
+                          : 0;
     a->mm_scratch = mm ? carve_take(&cv, mm == SIZE_MAX ? 0 : mm) : NULL;
     return cv.off;
 }
@@ -451,7 +495,8 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                               ? m->mem_opts.loss_chunk
                               : B * T;
         if (!m->ops->matmul_bf16_forward || !m->ops->matmul_bf16_scratch_floats ||
-            bf16_scratch_floats(c, m->ops, B, T, chunk) == SIZE_MAX)
+            bf16_scratch_floats(c, m->ops, B, T, chunk, qwen3_head_bf16(m->ops, &m->mem_opts)) ==
+                SIZE_MAX)
             return ct_fail(err,
                            "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
                            "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",
@@ -500,6 +545,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     m->B = B;
     m->T = T;
     m->logits = a->logits;
+    m->logits_bf16 = a->logits16 != NULL;
     return 0;
 }
 

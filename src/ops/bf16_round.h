@@ -11,3 +11,11 @@ static inline uint16_t bf16_round(float f) {
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     return (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
 }
+
+// bf16 -> fp32, exact.
+static inline float bf16_value(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}

@@ -8,73 +8,89 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
 
 #define CE_IGNORE (-100)
 #define CE_BLOCK 512
 
-CPU_SIMD_CLONES
-static float row_max(const float *x, int V) {
-    float m = x[0];
-#pragma omp simd reduction(max : m)
-    for (int i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-// sum(exp(x - m)) over the row.
-CPU_SIMD_CLONES
-static double row_exp_sum(const float *x, int V, float m) {
-    double s = 0.0;
-    for (int b = 0; b < V; b += CE_BLOCK) {
-        const int e = b + CE_BLOCK < V ? b + CE_BLOCK : V;
-        float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-        for (int i = b; i < e; i++) part += vexp(x[i] - m);
-        s += part;
+// The row passes and the two kernels, once for fp32 logits and once for bf16 logits (bf16
+// mixed precision: torch's autocast computes the lm_head in bf16 and the loss in fp32 over
+// `logits.float()`; its gradient is rounded back to bf16). LOAD widens an element to fp32, STORE
+// writes one; in fp32 they are the identity, so both read the same arithmetic.
+#define CE_KERNELS(T, LOAD, STORE, forward, backward)                                              \
+    CPU_SIMD_CLONES                                                                                \
+    static float forward##_row_max(const T *x, int V) {                                            \
+        float m = LOAD(x[0]);                                                                      \
+        _Pragma("omp simd reduction(max : m)") for (int i = 0; i < V; i++) {                       \
+            const float v = LOAD(x[i]);                                                            \
+            m = v > m ? v : m;                                                                     \
+        }                                                                                          \
+        return m;                                                                                  \
+    }                                                                                              \
+    /* sum(exp(x - m)) over the row. */                                                            \
+    CPU_SIMD_CLONES                                                                                \
+    static double forward##_row_exp_sum(const T *x, int V, float m) {                              \
+        double s = 0.0;                                                                            \
+        for (int b = 0; b < V; b += CE_BLOCK) {                                                    \
+            const int e = b + CE_BLOCK < V ? b + CE_BLOCK : V;                                     \
+            float part = 0.0f;                                                                     \
+            _Pragma("omp simd reduction(+ : part)") for (int i = b; i < e; i++) part +=            \
+                vexp(LOAD(x[i]) - m);                                                              \
+            s += part;                                                                             \
+        }                                                                                          \
+        return s;                                                                                  \
+    }                                                                                              \
+    /* dx = scale * exp(x - m) * inv, elementwise (dx may alias x). */                             \
+    CPU_SIMD_CLONES                                                                                \
+    static void forward##_row_softmax_scaled(T *dx, const T *x, int V, float m, float inv,         \
+                                             float scale) {                                        \
+        _Pragma("omp simd") for (int i = 0; i < V; i++) dx[i] =                                    \
+            STORE(scale * (vexp(LOAD(x[i]) - m) * inv));                                           \
+    }                                                                                              \
+    void forward(float *losses, const T *logits, const int32_t *targets, int N, int V) {           \
+        _Pragma(                                                                                   \
+            "omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)") for (int n =   \
+                                                                                             0;    \
+                                                                                         n < N;    \
+                                                                                         n++) {    \
+            if (targets[n] == CE_IGNORE) {                                                         \
+                losses[n] = 0.0f;                                                                  \
+                continue;                                                                          \
+            }                                                                                      \
+            const T *x = logits + (size_t)n * V;                                                   \
+            const float m = forward##_row_max(x, V);                                               \
+            /* -log_softmax[t] = log(sum) - (x[t] - max) */                                        \
+            losses[n] =                                                                            \
+                (float)(log(forward##_row_exp_sum(x, V, m)) - (double)(LOAD(x[targets[n]]) - m));  \
+        }                                                                                          \
+    }                                                                                              \
+    /* p - 1 in double: near p = 1 the fp32 difference would cancel. x[t] is read before the row   \
+       is overwritten (dlogits may alias logits). */                                               \
+    void backward(T *dlogits, const T *logits, const int32_t *targets, float scale, int N,         \
+                  int V) {                                                                         \
+        _Pragma(                                                                                   \
+            "omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)") for (int n =   \
+                                                                                             0;    \
+                                                                                         n < N;    \
+                                                                                         n++) {    \
+            T *dx = dlogits + (size_t)n * V;                                                       \
+            if (targets[n] == CE_IGNORE) {                                                         \
+                memset(dx, 0, (size_t)V * sizeof(T));                                              \
+                continue;                                                                          \
+            }                                                                                      \
+            const T *x = logits + (size_t)n * V;                                                   \
+            const float m = forward##_row_max(x, V);                                               \
+            const double inv = 1.0 / forward##_row_exp_sum(x, V, m);                               \
+            const int t = targets[n];                                                              \
+            const float dt = scale * (float)((double)vexp(LOAD(x[t]) - m) * inv - 1.0);            \
+            forward##_row_softmax_scaled(dx, x, V, m, (float)inv, scale);                          \
+            dx[t] = STORE(dt);                                                                     \
+        }                                                                                          \
     }
-    return s;
-}
 
-// dx = scale * exp(x - m) * inv, elementwise (dx may alias x).
-CPU_SIMD_CLONES
-static void row_softmax_scaled(float *dx, const float *x, int V, float m, float inv, float scale) {
-#pragma omp simd
-    for (int i = 0; i < V; i++) dx[i] = scale * (vexp(x[i] - m) * inv);
-}
-
-void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
-                               int V) {
-#pragma omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        if (targets[n] == CE_IGNORE) {
-            losses[n] = 0.0f;
-            continue;
-        }
-        const float *x = logits + (size_t)n * V;
-        const float m = row_max(x, V);
-        // -log_softmax[t] = log(sum) - (x[t] - max)
-        losses[n] = (float)(log(row_exp_sum(x, V, m)) - (double)(x[targets[n]] - m));
-    }
-}
-
-void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
-                                float scale, int N, int V) {
-#pragma omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        float *dx = dlogits + (size_t)n * V;
-        if (targets[n] == CE_IGNORE) {
-            memset(dx, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        const float *x = logits + (size_t)n * V;
-        const float m = row_max(x, V);
-        const double inv = 1.0 / row_exp_sum(x, V, m);
-        // p - 1 in double: near p = 1 the fp32 difference would cancel. Read x[t] before the
-        // row is overwritten (dlogits may alias logits).
-        const int t = targets[n];
-        const float dt = scale * (float)((double)vexp(x[t] - m) * inv - 1.0);
-        row_softmax_scaled(dx, x, V, m, (float)inv, scale);
-        dx[t] = dt;
-    }
-}
+#define CE_F32(v) (v)
+CE_KERNELS(float, CE_F32, CE_F32, cpu_cross_entropy_forward, cpu_cross_entropy_backward)
+CE_KERNELS(uint16_t, bf16_value, bf16_round, cpu_cross_entropy_bf16_forward,
+           cpu_cross_entropy_bf16_backward)

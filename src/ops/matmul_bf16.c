@@ -17,7 +17,7 @@
 #include "ops/onednn.h"
 #include "ops/ops_cpu.h"
 
-typedef enum { MM_FORWARD, MM_DINP, MM_DWEIGHT, MM_KINDS } mm_kind;
+typedef enum { MM_FORWARD, MM_FORWARD_BF16_OUT, MM_DINP, MM_DWEIGHT, MM_KINDS } mm_kind;
 
 typedef struct mm_prim {
     dnnl_primitive_t prim;
@@ -67,6 +67,8 @@ static mm_shape *prepare(int N, int C, int OC) {
     // forward: inp (N,C) @ W^T, W (OC,C) read as (C,OC) with strides (1,C)
     if (make_prim(&s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
                   md2(N, OC, OC, 1, f32), false) ||
+        make_prim(&s->kind[MM_FORWARD_BF16_OUT], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
+                  md2(N, OC, OC, 1, b16), false) ||
         // dinp: dout (N,OC) @ W (OC,C)
         make_prim(&s->kind[MM_DINP], md2(N, OC, OC, 1, b16), md2(OC, C, C, 1, b16),
                   md2(N, C, C, 1, f32), false) ||
@@ -78,22 +80,36 @@ static mm_shape *prepare(int N, int C, int OC) {
     return s;
 }
 
-// Scratch layout: inp in bf16 (N*C), dout in bf16 (N*OC), then oneDNN's scratchpad, 64-byte
-// aligned; in floats.
+// Scratch layout, in order: the input rounded to bf16 (N*C) unless the caller gives it (inp16),
+// dout rounded (N*OC) unless given (dout16; the backward only), then oneDNN's scratchpad; each
+// 64-byte aligned. Sized for the worst case, or for oneDNN's scratchpad alone when `staged`.
 static size_t align64(size_t bytes) {
     return (bytes + 63) / 64 * 64;
 }
-static size_t pad_offset(int N, int C, int OC) {
-    return align64((size_t)N * C * 2) + align64((size_t)N * OC * 2);
+
+typedef struct mm_scratch {
+    uint16_t *inp, *dout;
+    void *pad;
+} mm_scratch;
+
+static mm_scratch scratch_parts(float *scratch, int N, int C, int OC, bool need_inp,
+                                bool need_dout) {
+    char *p = (char *)(((uintptr_t)scratch + 63) / 64 * 64);
+    mm_scratch s = {NULL, NULL, NULL};
+    if (need_inp) s.inp = (uint16_t *)p, p += align64((size_t)N * C * 2);
+    if (need_dout) s.dout = (uint16_t *)p, p += align64((size_t)N * OC * 2);
+    s.pad = p;
+    return s;
 }
 
-size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC) {
+size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged) {
     const mm_shape *s = prepare(N, C, OC);
     if (!s) return SIZE_MAX;
     size_t pad = 0;
     for (int k = 0; k < MM_KINDS; k++)
         if (s->kind[k].pad_bytes > pad) pad = s->kind[k].pad_bytes;
-    return (pad_offset(N, C, OC) + align64(pad) + 64) / sizeof(float);
+    const size_t copies = staged ? 0 : align64((size_t)N * C * 2) + align64((size_t)N * OC * 2);
+    return (copies + align64(pad) + 64) / sizeof(float);
 }
 
 static void run(mm_prim *p, const void *src, const void *weights, void *dst, void *scratch) {
@@ -120,35 +136,45 @@ static mm_shape *planned(int N, int C, int OC) {
     return s;
 }
 
-static char *aligned(float *scratch) {
-    return (char *)(((uintptr_t)scratch + 63) / 64 * 64);
-}
-
-void cpu_matmul_bf16_forward(float *out, float *scratch, const float *inp, const uint16_t *weight,
-                             const float *bias, int N, int C, int OC) {
+void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
+                             const uint16_t *inp16, const uint16_t *weight, const float *bias,
+                             int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
-    char *base = aligned(scratch);
-    uint16_t *inp16 = (uint16_t *)base;
-    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
-    run(&s->kind[MM_FORWARD], inp16, weight, out, base + pad_offset(N, C, OC));
+    const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, false);
+    if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
+    run(&s->kind[out16 ? MM_FORWARD_BF16_OUT : MM_FORWARD], inp16, weight,
+        out16 ? (void *)out16 : out, sc.pad);
     if (bias) cpu_matmul_add_bias(out, bias, N, OC);
 }
 
 void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                              const float *dout, const float *inp, const uint16_t *weight, int N,
-                              int C, int OC) {
+                              const float *dout, const uint16_t *dout16, const float *inp,
+                              const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
-    char *base = aligned(scratch);
-    uint16_t *inp16 = (uint16_t *)base, *dout16 = (uint16_t *)(base + align64((size_t)N * C * 2));
-    void *pad = base + pad_offset(N, C, OC);
-    cpu_f32_to_bf16(dout16, dout, (size_t)N * OC);
-    cpu_f32_to_bf16(inp16, inp, (size_t)N * C);
-    if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, pad);
-    run(&s->kind[MM_DWEIGHT], dout16, inp16, dweight, pad);
+    const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, !dout16);
+    if (!dout16) cpu_f32_to_bf16(sc.dout, dout, (size_t)N * OC), dout16 = sc.dout;
+    if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, sc.pad);
+    if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
+    run(&s->kind[MM_DWEIGHT], dout16, inp16, dweight, sc.pad);
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }
 
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) dst[i] = bf16_round(src[i]);
+}
+
+void cpu_round_to_bf16(uint16_t *dst, float *x, size_t n) {
+    if (dst) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_value(dst[i] = bf16_round(x[i]));
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_value(bf16_round(x[i]));
+    }
+}
+
+void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_value(src[i]);
 }

@@ -2,7 +2,8 @@
 // implementations, loop and grouped, with their GEMMs in bf16 (oneDNN, fp32 accumulation), as
 // torch.autocast("cpu", dtype=torch.bfloat16) runs HF's Qwen3MoeSparseMoeBlock:
 //
-//   forward   each expert's x rows rounded to bf16; gate, up = x @ W^T rounded to bf16 (autocast's
+//   forward   each expert's x rows in bf16 (x16: the model's saved bf16 copy of its input, as
+//             autocast rounds x for each Linear); gate, up = x @ W^T rounded to bf16 (autocast's
 //             Linear outputs); h = silu(gate) * up in fp32 from those, rounded to bf16 (the down
 //             GEMM's input); y = h @ W_down^T rounded to bf16; then out[t] = sum over t's experts
 //             in ascending order of (weight * y), in fp32, as the fp32 kernels (HF's mul by the
@@ -44,13 +45,6 @@
 #include "ops/onednn.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
-
-static inline float bf16_value(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 // ---- the GEMMs, per (C, F) ------------------------------------------------------------------
 
@@ -152,6 +146,14 @@ static void gather_rows_bf16(uint16_t *dst, const float *src, const int32_t *per
     }
 }
 
+// The same for rows already in bf16 (x: the model saves its bf16 copy).
+static void gather_rows16(uint16_t *dst, const uint16_t *src, const int32_t *perm, int r0, int r1,
+                          int K, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * C >= CPU_PAR_MIN)
+    for (int r = r0; r < r1; r++)
+        memcpy(dst + (size_t)(r - r0) * C, src + (size_t)(perm[r] / K) * C, (size_t)C * 2);
+}
+
 // h = bf16(silu(g) * u) over one row of F.
 static void swiglu_row(uint16_t *h, const uint16_t *g, const uint16_t *u, int F) {
     for (int f = 0; f < F; f++) h[f] = bf16_round(swiglu_value(bf16_value(g[f]), bf16_value(u[f])));
@@ -229,7 +231,7 @@ size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K) {
     return prepare(C, F) ? scratch_floats((size_t)N, C, F) : SIZE_MAX;
 }
 
-void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const float *x,
+void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
                                const int32_t *expert, const float *weight, const uint16_t *w, int N,
                                int C, int F, int E, int K) {
     const expert_gemms *mm = planned(C, F);
@@ -247,7 +249,7 @@ void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const f
         const uint16_t *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
         const uint16_t *wd = wu + (size_t)F * C;
         uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
-        gather_rows_bf16(s.a, x, p.perm, r0, r0 + n, K, C);
+        gather_rows16(s.a, x16, p.perm, r0, r0 + n, K, C);
         gemm(mm, FWD_G, n, s.a, wg, ge);
         gemm(mm, FWD_G, n, s.a, wu, ue);
 #pragma omp parallel for schedule(static) if ((int64_t)n * F >= CPU_PAR_MIN)
@@ -270,7 +272,7 @@ void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const f
 }
 
 void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                const float *dout, const float *state, const float *x,
+                                const float *dout, const float *state, const uint16_t *x16,
                                 const int32_t *expert, const float *weight, const uint16_t *w,
                                 int N, int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
@@ -292,7 +294,7 @@ void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scr
         float *dwd = dwu + (size_t)F * C;
         const uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
         gather_rows_bf16(s.a, dout, p.perm, r0, r0 + n, K, C);
-        gather_rows_bf16(s.b, x, p.perm, r0, r0 + n, K, C);
+        gather_rows16(s.b, x16, p.perm, r0, r0 + n, K, C);
         gemm(mm, BWD_U, n, s.a, wd, s.u);
 #pragma omp parallel for schedule(static) if ((int64_t)n * (F + C) >= CPU_PAR_MIN)
         for (int i = 0; i < n; i++) {
@@ -393,20 +395,20 @@ static grouped_args grouped_setup(float *scratch, const float *state, const floa
     return g;
 }
 
-void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const float *x,
+void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
                                   const int32_t *expert, const float *weight, const uint16_t *w,
                                   int N, int C, int F, int E, int K) {
     const int S = N * K;
     grouped_args g = grouped_setup(scratch, state, weight, w, N, C, F, E, K);
     moe_plan_build(g.p, expert, N, E, K);
     g.gu = (uint16_t *)(state + moe_plan_floats(N, E, K));
-    gather_rows_bf16(g.s.a, x, g.p.perm, 0, S, K, C);
+    gather_rows16(g.s.a, x16, g.p.perm, 0, S, K, C);
     grouped_run(&g, grouped_forward_expert, E, S);
     moe_combine_rows(out, g.s.y, weight, g.p, N, C, K);
 }
 
 void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                   const float *dout, const float *state, const float *x,
+                                   const float *dout, const float *state, const uint16_t *x16,
                                    const int32_t *expert, const float *weight, const uint16_t *w,
                                    int N, int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
@@ -417,7 +419,7 @@ void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *
     g.dweight = dweight;
     g.dw = dw;
     gather_rows_bf16(g.s.a, dout, g.p.perm, 0, S, K, C);
-    gather_rows_bf16(g.s.b, x, g.p.perm, 0, S, K, C);
+    gather_rows16(g.s.b, x16, g.p.perm, 0, S, K, C);
     grouped_run(&g, grouped_backward_expert, E, S);
     moe_combine_rows(dx, g.s.y, NULL, g.p, N, C, K);
 }

@@ -51,13 +51,28 @@
 //   dgate_up may alias gate_up (the model calls it in place: the layer's backward is gate_up's
 //   last reader).
 //
-// bf16 mixed precision (training.mixed_precision_param = "bfloat16"; not plugin override
-// points: a plugin's kernel is fp32, and the model then runs it instead, in fp32):
-// moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with w the bf16 copy of
-//   the experts' weights (the same layout) and the GEMMs in bf16 with fp32 accumulation,
-//   rounded where torch's CPU autocast rounds (moe_experts_bf16.c); dw is the fp32 gradient
-//   (+=). Their state and scratch sizes are moe_bf16_state_floats / moe_bf16_scratch_floats;
-//   the scratch query also creates the kernels' oneDNN matmuls (SIZE_MAX: it could not).
+// bf16 mixed precision (matmul_bf16.c; optional entries, needed only under bf16). Weights are
+// the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(N, C, OC, staged) floats
+// (SIZE_MAX: the shape cannot be run), asked once at plan time, which also prepares the shape;
+// `staged`: every call passes inp16, and the backward's dout16 too (less scratch).
+// matmul_bf16_forward: out(N,OC) = bf16(inp)(N,C) @ weight(OC,C)^T + bias, fp32 accumulation. When
+//   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
+//   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
+// matmul_bf16_backward: dinp(N,C) = bf16(dout) @ weight (skipped when dinp is NULL), dweight +=
+//   bf16(dout)^T @ bf16(inp), dbias += column sums of dout (fp32); inp16 as in the forward, and
+//   likewise dout16 for dout (dbias must then be NULL).
+// f32_to_bf16: dst(n) = src rounded to bf16 (to nearest even, as torch's .to(torch.bfloat16)).
+// round_to_bf16: x(n) rounded in place to bf16's values (kept in fp32), and written to dst as
+//   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
+// cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
+//   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
+// moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
+//   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
+//   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
+//   dw is the fp32 gradient (+=). State and scratch sizes: moe_bf16_state_floats /
+//   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls
+//   (SIZE_MAX: it could not). Not plugin override points: under a plugin's moe_experts (fp32 by
+//   the ABI) the model runs that instead, in fp32.
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;

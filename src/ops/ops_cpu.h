@@ -27,16 +27,21 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int N, int C, int OC);
 void cpu_matmul_add_bias(float *out, const float *bias, int N, int OC);
 void cpu_matmul_bias_grad(float *dbias, const float *dout, int N, int OC);
-// bf16 mixed precision (matmul_bf16.c, oneDNN): weights are bf16 copies; scratch holds
-// cpu_matmul_bf16_scratch_floats(N, C, OC) floats (SIZE_MAX: oneDNN could not make the shape's
-// primitives), which also creates them.
-size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC);
-void cpu_matmul_bf16_forward(float *out, float *scratch, const float *inp, const uint16_t *weight,
-                             const float *bias, int N, int C, int OC);
+// bf16 mixed precision (matmul_bf16.c, oneDNN; the contracts are ops.h's).
+size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged);
+void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
+                             const uint16_t *inp16, const uint16_t *weight, const float *bias,
+                             int N, int C, int OC);
 void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                              const float *dout, const float *inp, const uint16_t *weight, int N,
-                              int C, int OC);
+                              const float *dout, const uint16_t *dout16, const float *inp,
+                              const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC);
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void cpu_round_to_bf16(uint16_t *dst, float *x, size_t n);
+void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+void cpu_cross_entropy_bf16_forward(float *losses, const uint16_t *logits, const int32_t *targets,
+                                    int N, int V);
+void cpu_cross_entropy_bf16_backward(uint16_t *dlogits, const uint16_t *logits,
+                                     const int32_t *targets, float scale, int N, int V);
 
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
                          int C, float eps);
@@ -107,25 +112,25 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                               const float *dout, const float *state, const float *x,
                               const int32_t *expert, const float *weight, const float *w, int N,
                               int C, int F, int E, int K);
-// The same two under bf16 mixed precision (moe_experts_bf16.c, oneDNN): w is the bf16 copy of
-// the experts' weights. The scratch size query creates the shape's oneDNN matmuls (SIZE_MAX:
-// oneDNN could not make them).
+// The same two under bf16 mixed precision (moe_experts_bf16.c, oneDNN): x16 is the input in
+// bf16, w the bf16 copy of the experts' weights. The scratch size query creates the shape's oneDNN
+// matmuls (SIZE_MAX: oneDNN could not make them).
 size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K);
 size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K);
-void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const float *x,
+void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
                                const int32_t *expert, const float *weight, const uint16_t *w, int N,
                                int C, int F, int E, int K);
 void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                const float *dout, const float *state, const float *x,
+                                const float *dout, const float *state, const uint16_t *x16,
                                 const int32_t *expert, const float *weight, const uint16_t *w,
                                 int N, int C, int F, int E, int K);
 size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K);
 size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K);
-void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const float *x,
+void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
                                   const int32_t *expert, const float *weight, const uint16_t *w,
                                   int N, int C, int F, int E, int K);
 void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                   const float *dout, const float *state, const float *x,
+                                   const float *dout, const float *state, const uint16_t *x16,
                                    const int32_t *expert, const float *weight, const uint16_t *w,
                                    int N, int C, int F, int E, int K);
 

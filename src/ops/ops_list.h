@@ -199,18 +199,19 @@ typedef struct ct_adamw_coeffs {
        const ct_adamw_range *no_decay, int n_no_decay, bool decay, const ct_adamw_coeffs *k),      \
       (p, p16, g, m, v, n, no_decay, n_no_decay, decay, k))                                                 \
     X(OWN_SIZE, matmul_bf16_scratch_floats, ct_matmul_bf16_scratch_floats_fn,                      \
-      cpu_matmul_bf16_scratch_floats, OPT, "matmul_bf16", scratch, (int N, int C, int OC),         \
-      (N, C, OC))                                                                                  \
+      cpu_matmul_bf16_scratch_floats, OPT, "matmul_bf16", scratch,                                 \
+      (int N, int C, int OC, bool staged), (N, C, OC, staged))                                     \
     X(OWN, matmul_bf16_forward, ct_matmul_bf16_forward_fn, cpu_matmul_bf16_forward, OPT,           \
       "matmul_bf16", forward,                                                                      \
-      (float *out, float *scratch, const float *inp, const uint16_t *weight, const float *bias,    \
-       int N, int C, int OC),                                                                      \
-      (out, scratch, inp, weight, bias, N, C, OC))                                                 \
+      (float *out, uint16_t *out16, float *scratch, const float *inp, const uint16_t *inp16,      \
+       const uint16_t *weight, const float *bias, int N, int C, int OC),                           \
+      (out, out16, scratch, inp, inp16, weight, bias, N, C, OC))                                   \
     X(OWN, matmul_bf16_backward, ct_matmul_bf16_backward_fn, cpu_matmul_bf16_backward, OPT,        \
       "matmul_bf16", backward,                                                                     \
       (float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,                \
-       const float *inp, const uint16_t *weight, int N, int C, int OC),                            \
-      (dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC))                                \
+       const uint16_t *dout16, const float *inp, const uint16_t *inp16, const uint16_t *weight,    \
+       int N, int C, int OC),                                                                      \
+      (dinp, dweight, dbias, scratch, dout, dout16, inp, inp16, weight, N, C, OC))                 \
     X(OWN_SIZE, moe_bf16_state_floats, ct_moe_bf16_floats_fn,                                      \
       cpu_moe_grouped_bf16_state_floats, OPT, "experts_bf16", state,                               \
       (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
@@ -219,17 +220,30 @@ typedef struct ct_adamw_coeffs {
       (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
     X(OWN, moe_bf16_forward, ct_moe_bf16_forward_fn, cpu_moe_grouped_bf16_forward, OPT,            \
       "experts_bf16", forward,                                                                     \
-      (float *out, float *state, float *scratch, const float *x, const int32_t *expert,            \
+      (float *out, float *state, float *scratch, const uint16_t *x16, const int32_t *expert,       \
        const float *weight, const uint16_t *w, int N, int C, int F, int E, int K),                 \
-      (out, state, scratch, x, expert, weight, w, N, C, F, E, K))                                  \
+      (out, state, scratch, x16, expert, weight, w, N, C, F, E, K))                                \
     X(OWN, moe_bf16_backward, ct_moe_bf16_backward_fn, cpu_moe_grouped_bf16_backward, OPT,         \
       "experts_bf16", backward,                                                                    \
       (float *dx, float *dweight, float *dw, float *scratch, const float *dout,                    \
-       const float *state, const float *x, const int32_t *expert, const float *weight,             \
+       const float *state, const uint16_t *x16, const int32_t *expert, const float *weight,        \
        const uint16_t *w, int N, int C, int F, int E, int K),                                      \
-      (dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F, E, K))                \
+      (dx, dweight, dw, scratch, dout, state, x16, expert, weight, w, N, C, F, E, K))              \
     X(OWN, f32_to_bf16, ct_f32_to_bf16_fn, cpu_f32_to_bf16, OPT, "to_bf16", none,                  \
-      (uint16_t *dst, const float *src, size_t n), (dst, src, n))
+      (uint16_t *dst, const float *src, size_t n), (dst, src, n))                                  \
+    X(OWN, round_to_bf16, ct_round_to_bf16_fn, cpu_round_to_bf16, OPT, "to_bf16", none,            \
+      (uint16_t *dst, float *x, size_t n), (dst, x, n))                                            \
+    X(OWN, bf16_to_f32, ct_bf16_to_f32_fn, cpu_bf16_to_f32, OPT, "from_bf16", none,                \
+      (float *dst, const uint16_t *src, size_t n), (dst, src, n))                                  \
+    X(OWN, cross_entropy_bf16_forward, ct_cross_entropy_bf16_forward_fn,                           \
+      cpu_cross_entropy_bf16_forward, OPT, "cross_entropy_bf16", forward,                          \
+      (float *losses, const uint16_t *logits, const int32_t *targets, int N, int V),               \
+      (losses, logits, targets, N, V))                                                             \
+    X(OWN, cross_entropy_bf16_backward, ct_cross_entropy_bf16_backward_fn,                         \
+      cpu_cross_entropy_bf16_backward, OPT, "cross_entropy_bf16", backward,                        \
+      (uint16_t *dlogits, const uint16_t *logits, const int32_t *targets, float scale, int N,      \
+       int V),                                                                                     \
+      (dlogits, logits, targets, scale, N, V))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -274,7 +288,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 44, "the op list has 44 entries");
+_Static_assert(CT_OP_COUNT == 48, "the op list has 48 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -300,6 +300,9 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
             if (!e->backward) out->attention_backward = cpu_attention_backward;
         }
     }
+    // The plugin ABI is fp32: a replaced cross-entropy runs over fp32 logits under bf16 too.
+    if (s->ops[OVERRIDE_CROSS_ENTROPY].set)
+        out->cross_entropy_bf16_forward = NULL, out->cross_entropy_bf16_backward = NULL;
     ct_ops_fit_fusions(out); // a replaced rmsnorm, rope or swiglu must run inside them too
 }
 

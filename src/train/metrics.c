@@ -169,7 +169,7 @@ double metrics_sgemm_gflops(int n, int repeats) {
 double metrics_bf16_gflops(int n, int repeats) {
     if (n < 1 || repeats < 1) return 0;
     const size_t nn = (size_t)n * (size_t)n,
-                 scratch_n = ct_ops_cpu.matmul_bf16_scratch_floats(n, n, n);
+                 scratch_n = ct_ops_cpu.matmul_bf16_scratch_floats(n, n, n, false);
     if (scratch_n == SIZE_MAX) return 0;
     float *a = malloc(nn * sizeof *a), *c = malloc(nn * sizeof *c);
     float *scratch = malloc(scratch_n * sizeof *scratch);
@@ -181,7 +181,7 @@ double metrics_bf16_gflops(int n, int repeats) {
         // As a bf16 linear layer runs: the input rounded to bf16 first, fp32 out.
         for (int r = 0; r < repeats; r++) {
             double t0 = ct_now_s();
-            ct_ops_cpu.matmul_bf16_forward(c, scratch, a, b, NULL, n, n, n);
+            ct_ops_cpu.matmul_bf16_forward(c, NULL, scratch, a, NULL, b, NULL, n, n, n);
             double rate = 2.0 * n * n * (double)n / (ct_now_s() - t0) / 1e9;
             if (rate > best) best = rate;
         }
