@@ -102,15 +102,17 @@ GLOBAL_BOUNDS = dict(
     curve_mean_abs=2e-2,  # measured 4.2e-3 against torch's autocast run, 3.3e-3 against fp32
     verify_loss_rel=3e-3,  # measured 3.9e-4 (MoE: verify's aux is over the whole batch)
 )
-# The MoE case since its experts run in bf16 too (before, with fp32 experts: first loss 4.0e-5,
-# grad norm 1.0e-3, curve 4.2e-3 (loop 4.0e-3) and 3.3e-3 against fp32, verify 3.9e-4 / 1.1e-3).
-# The curve stays at the issue's 2e-2: 20 steps of bf16 drift, not the first step, set it.
+# The MoE case since its experts run in bf16 too. Measured on main before (fp32 experts; main's
+# bf16 activations and loss head): first loss 8.1e-5, grad norm 7.8e-4, curve 2.2e-3 and 1.6e-3
+# against fp32, verify 5.2e-4 / 5.4e-4. The first loss is a single sum of many terms that moves
+# by 5e-5 with the experts' fp32 summation order alone (an expert plugin's: 1.3e-4), so its bound
+# is 10x the measured; the curve stays at the issue's 2e-2 (20 steps of drift, router ties).
 MOE_BOUNDS = dict(
     cases=["moe_hf_aux_norm_f32"],
-    first_loss_rel=1e-5,  # measured 1.1e-6
-    first_grad_norm_rel=2e-3,  # measured 1.3e-4 (verify 2.4e-4)
-    curve_mean_abs=2e-2,  # measured 3.9e-3 (loop 3.2e-3) against autocast, 2.8e-3 against fp32
-    verify_loss_rel=3e-3,  # measured 4.4e-4 (verify's aux is over the whole batch)
+    first_loss_rel=2e-3,  # measured 1.9e-4 (both kernels and emulated)
+    first_grad_norm_rel=5e-3,  # measured 5.3e-4 (verify 7.1e-4)
+    curve_mean_abs=2e-2,  # measured 3.2e-3 (emulated 3.9e-3) against autocast, 1.3e-3 against fp32
+    verify_loss_rel=5e-3,  # measured 6.3e-4 (verify's aux is over the whole batch)
 )
 FP32_MEAN_ABS = 3e-6  # measured 2.4e-7: ctitan float32 against torch fp32, this test's plumbing
 STOP = 10  # the checkpoint the resumed run starts from
@@ -131,14 +133,14 @@ def metric_rows(dump):
     return rows
 
 
-def train(d, m, dump, precision, impl="grouped", log=None, **extra):
+def train(d, m, dump, precision, impl="grouped", log=None, env=None, **extra):
     """Runs the case into a fresh dump; returns its metric rows by step, or None after
-    recording the failure. log: a list that gets the run's output."""
+    recording the failure. log: a list that gets the run's output; env: variables to add."""
     shutil.rmtree(dump, ignore_errors=True)
     cmd = train_cmd(BIN, d, m, dump, impl, **{
         "training.mixed_precision_param": precision, "checkpoint.interval": STOP,
         "checkpoint.keep_latest_k": 0, **extra})
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if log is not None:
         log.append(r.stdout + r.stderr)
     check(r.returncode == 0, "%s: ctitan train (%s) failed (rc %d): %s\n  command: %s" % (
@@ -311,6 +313,15 @@ def run_case(name):
                 check(same, "%s: losses with activation checkpointing %s differ" % (name, mode))
     if fp and "load_balance" not in m and m.get("weights_dtype") == "F32":
         matmul_plugin(name, d, m, fp)
+    # A CPU without oneDNN's bf16 matmul (no AVX-512) runs the same products emulated on sgemm;
+    # CTITAN_BF16_GEMM=emulated takes that path here. It rounds differently only by summation
+    # order, so it meets the same bounds against torch.
+    out = []
+    emulated = train(d, m, dump + "_emulated", BF16, log=out, env={"CTITAN_BF16_GEMM": "emulated"})
+    if emulated:
+        check("bf16 matmuls are emulated on OpenBLAS sgemm" in out[0],
+              "%s: an emulated bf16 run does not say so" % name)
+        compare_to_ref(name + "/emulated", emulated, m, b)
     if "load_balance" in m:  # the other expert kernel against the reference too
         loop = train(d, m, dump + "_loop", BF16, "loop")
         if loop:

@@ -1,12 +1,13 @@
 // bf16 linear layers through oneDNN (training.mixed_precision_param = "bfloat16"): the input
-// rounded to bf16, the weight's bf16 copy, fp32 accumulation and an fp32 result, as torch's CPU
+// in bf16, the weight's bf16 copy, fp32 accumulation and an fp32 (or bf16) result, as torch's CPU
 // autocast runs nn.Linear through oneDNN. The three products of matmul.c:
 //   forward  out  = inp @ W^T
 //   backward dinp = dout @ W,  dW += dout^T @ inp (oneDNN's sum post-op: accumulated in fp32)
-// Each shape's three primitives are created once, by matmul_bf16_scratch_floats when the model
-// plans its buffers; the kernels then run them with user-provided scratch (the bf16 copies of
-// the activations and oneDNN's scratchpad), so nothing is allocated inside a step. oneDNN runs on
-// the same OpenMP threads as the rest.
+// Each shape's primitives are created once, by matmul_bf16_scratch_floats when the model plans
+// its buffers; the kernels then run them with user-provided scratch (bf16 copies of inputs the
+// caller did not give in bf16, and oneDNN's scratchpad), so nothing is allocated inside a step.
+// oneDNN runs on the same OpenMP threads as the rest. Where oneDNN has no bf16 matmul, the same
+// products run emulated on sgemm (matmul_bf16_emulated.c).
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "ops/bf16_round.h"
+#include "ops/matmul_bf16_internal.h"
 #include "ops/onednn.h"
 #include "ops/ops_cpu.h"
 
@@ -57,12 +59,39 @@ static mm_shape *find_shape(int N, int C, int OC) {
     return NULL;
 }
 
+// How this process runs its bf16 GEMMs, decided by the first shape prepared: oneDNN, unless
+// CTITAN_BF16_GEMM=emulated asks for the emulation or oneDNN cannot make that first shape's
+// primitives (no bf16 matmul on this CPU).
+static enum { MODE_UNSET, MODE_ONEDNN, MODE_EMULATED } mode;
+
+static bool make_shape(mm_shape *s, int N, int C, int OC);
+static mm_shape *prepare(int N, int C, int OC);
+
+bool cpu_matmul_bf16_emulated(void) {
+    if (mode == MODE_UNSET) prepare(16, 16, 16); // decides
+    return mode == MODE_EMULATED;
+}
+
 static mm_shape *prepare(int N, int C, int OC) {
     mm_shape *s = find_shape(N, C, OC);
     if (s) return s;
-    if (n_shapes == MM_MAX_SHAPES || !onednn_engine()) return NULL;
+    if (n_shapes == MM_MAX_SHAPES) return NULL;
     s = &shapes[n_shapes];
     *s = (mm_shape){.N = N, .C = C, .OC = OC};
+    if (mode == MODE_UNSET) {
+        const char *env = getenv("CTITAN_BF16_GEMM");
+        mode = env && strcmp(env, "emulated") == 0 ? MODE_EMULATED : MODE_ONEDNN;
+        if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) mode = MODE_EMULATED;
+    } else if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) {
+        return NULL;
+    }
+    n_shapes++;
+    return s;
+}
+
+// The shape's oneDNN primitives; false when oneDNN cannot make them.
+static bool make_shape(mm_shape *s, int N, int C, int OC) {
+    if (!onednn_engine()) return false;
     const dnnl_data_type_t b16 = dnnl_bf16, f32 = dnnl_f32;
     // forward: inp (N,C) @ W^T, W (OC,C) read as (C,OC) with strides (1,C)
     if (make_prim(&s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
@@ -75,9 +104,8 @@ static mm_shape *prepare(int N, int C, int OC) {
         // dW += dout^T (OC,N) @ inp (N,C)
         make_prim(&s->kind[MM_DWEIGHT], md2(OC, N, 1, OC, b16), md2(N, C, C, 1, b16),
                   md2(OC, C, C, 1, f32), true))
-        return NULL;
-    n_shapes++;
-    return s;
+        return false;
+    return true;
 }
 
 // Scratch layout, in order: the input rounded to bf16 (N*C) unless the caller gives it (inp16),
@@ -105,6 +133,7 @@ static mm_scratch scratch_parts(float *scratch, int N, int C, int OC, bool need_
 size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged) {
     const mm_shape *s = prepare(N, C, OC);
     if (!s) return SIZE_MAX;
+    if (mode == MODE_EMULATED) return mm_emulated_scratch_floats(N, C, OC);
     size_t pad = 0;
     for (int k = 0; k < MM_KINDS; k++)
         if (s->kind[k].pad_bytes > pad) pad = s->kind[k].pad_bytes;
@@ -140,6 +169,11 @@ void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const 
                              const uint16_t *inp16, const uint16_t *weight, const float *bias,
                              int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
+    if (mode == MODE_EMULATED) {
+        mm_emulated_forward(out, out16, scratch, inp, inp16, weight, N, C, OC);
+        if (bias) cpu_matmul_add_bias(out, bias, N, OC);
+        return;
+    }
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, false);
     if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
     run(&s->kind[out16 ? MM_FORWARD_BF16_OUT : MM_FORWARD], inp16, weight,
@@ -151,6 +185,11 @@ void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *
                               const float *dout, const uint16_t *dout16, const float *inp,
                               const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
+    if (mode == MODE_EMULATED) {
+        mm_emulated_backward(dinp, dweight, scratch, dout, dout16, inp, inp16, weight, N, C, OC);
+        if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
+        return;
+    }
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, !dout16);
     if (!dout16) cpu_f32_to_bf16(sc.dout, dout, (size_t)N * OC), dout16 = sc.dout;
     if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, sc.pad);

@@ -35,6 +35,7 @@
 // one thread: oneDNN runs single-threaded inside a parallel region) depends on the routing and
 // the OpenMP thread count. So results are bitwise reproducible for a fixed OpenMP thread count,
 // and may change with it.
+#include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,11 @@ typedef enum {
 
 typedef struct expert_gemms {
     int C, F;
+    // Where oneDNN has no bf16 matmul (or CTITAN_BF16_GEMM=emulated; as the linear layers,
+    // matmul_bf16.c), the same products on sgemm over the bf16 values widened to fp32; the
+    // operands' descriptors (mm[k].op) say how.
+    bool emulated;
+    bool accumulate[N_GEMMS];
     onednn_rt_matmul mm[N_GEMMS];
 } expert_gemms;
 
@@ -104,12 +110,62 @@ static const expert_gemms *prepare(int C, int F) {
         [BWD_DW_GU] = {opd(G, R, 1, G, b), opd(R, C, C, 1, b), opd(G, C, C, 1, f), true},
         [BWD_DW_G] = {opd(F, R, 1, F, b), opd(R, C, C, 1, b), opd(F, C, C, 1, f), true},
     };
-    for (int k = 0; k < N_GEMMS; k++)
-        if (onednn_rt_create(&s->mm[k], spec[k].src, spec[k].weights, spec[k].dst,
-                             spec[k].accumulate))
-            return NULL;
+    s->emulated = cpu_matmul_bf16_emulated();
+    for (int k = 0; k < N_GEMMS; k++) {
+        s->accumulate[k] = spec[k].accumulate;
+        if (s->emulated || onednn_rt_create(&s->mm[k], spec[k].src, spec[k].weights, spec[k].dst,
+                                            spec[k].accumulate))
+            s->emulated = true;
+        s->mm[k].op[0] = spec[k].src, s->mm[k].op[1] = spec[k].weights;
+        s->mm[k].op[2] = spec[k].dst;
+    }
     n_shapes++;
     return s;
+}
+
+// ---- the emulation: sgemm on the bf16 operands widened to fp32 (exact products, fp32 sums) ----
+
+static int64_t dim(int64_t d, int64_t n) {
+    return d == DNNL_RUNTIME_DIM_VAL ? n : d;
+}
+
+// Elements an operand spans in memory, with its runtime dimension n (stored row- or
+// column-major: unit column or row stride).
+static size_t extent(const onednn_rt_operand *o, int64_t n) {
+    return (size_t)(o->cs == 1 ? dim(o->rows, n) * o->rs : dim(o->cols, n) * o->cs);
+}
+
+// Floats of emulation scratch for up to `rows` rows: each operand widened, and a bf16 result
+// staged in fp32, for the largest of the GEMMs.
+static size_t emulated_floats(const expert_gemms *s, size_t rows) {
+    size_t most = 0;
+    for (int k = 0; k < N_GEMMS; k++) {
+        const onednn_rt_operand *o = s->mm[k].op;
+        size_t n = extent(&o[0], (int64_t)rows) + extent(&o[1], (int64_t)rows);
+        if (o[2].t == dnnl_bf16) n += extent(&o[2], (int64_t)rows);
+        if (n > most) most = n;
+    }
+    return moe_align16(most);
+}
+
+static void widen(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_value(src[i]);
+}
+
+static void emulated_gemm(const expert_gemms *s, gemm_kind k, int n, const uint16_t *src,
+                          const uint16_t *weights, void *dst, float *scratch) {
+    const onednn_rt_operand *a = &s->mm[k].op[0], *b = &s->mm[k].op[1], *d = &s->mm[k].op[2];
+    const int64_t M = dim(a->rows, n), K = dim(a->cols, n), N = dim(b->cols, n);
+    float *A = scratch, *B = A + extent(a, n), *D = B + extent(b, n);
+    widen(A, src, extent(a, n));
+    widen(B, weights, extent(b, n));
+    float *out = d->t == dnnl_bf16 ? D : dst;
+    cblas_sgemm(CblasRowMajor, a->cs == 1 ? CblasNoTrans : CblasTrans,
+                b->cs == 1 ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, 1.0f, A,
+                (int)(a->cs == 1 ? a->rs : a->cs), B, (int)(b->cs == 1 ? b->rs : b->cs),
+                s->accumulate[k] ? 1.0f : 0.0f, out, (int)d->rs);
+    if (d->t == dnnl_bf16) cpu_f32_to_bf16(dst, D, extent(d, n));
 }
 
 // The shape's GEMMs: created when the model planned its buffers.
@@ -123,9 +179,13 @@ static const expert_gemms *planned(int C, int F) {
     return s;
 }
 
-static void gemm(const expert_gemms *s, gemm_kind k, int n, const void *src, const void *weights,
-                 void *dst) {
-    onednn_rt_run(&s->mm[k], n, src, weights, dst);
+// One of the GEMMs with n rows (dW: n terms). emu: the emulation's scratch (emulated_floats).
+static void gemm(const expert_gemms *s, gemm_kind k, int n, const uint16_t *src,
+                 const uint16_t *weights, void *dst, float *emu) {
+    if (s->emulated)
+        emulated_gemm(s, k, n, src, weights, dst, emu);
+    else
+        onednn_rt_run(&s->mm[k], n, src, weights, dst);
 }
 
 // ---- shared pieces --------------------------------------------------------------------------
@@ -193,6 +253,7 @@ typedef struct bf16_scratch {
     float *u;    // (rows,F): U
     uint16_t *g; // (rows,2F): dgate | dup (grouped: per row; loop: dgate rows, then dup rows)
     float *y;    // (rows,C): y (forward), dx rows (backward)
+    float *e;    // the emulation's (emulated_floats; none with oneDNN)
 } bf16_scratch;
 
 static float *take(float *base, size_t *off, size_t n) {
@@ -201,7 +262,8 @@ static float *take(float *base, size_t *off, size_t n) {
     return p;
 }
 
-static size_t scratch_layout(bf16_scratch *s, float *base, size_t rows, int C, int F) {
+static size_t scratch_layout(bf16_scratch *s, float *base, size_t rows, const expert_gemms *mm) {
+    const int C = mm->C, F = mm->F;
     const size_t nc = half_floats(rows * C), nf = half_floats(rows * F);
     size_t off = 0;
     s->a = (uint16_t *)take(base, &off, nc);
@@ -210,12 +272,15 @@ static size_t scratch_layout(bf16_scratch *s, float *base, size_t rows, int C, i
     s->u = take(base, &off, moe_align16(rows * F));
     s->g = (uint16_t *)take(base, &off, half_floats(rows * 2 * F));
     s->y = take(base, &off, moe_align16(rows * C));
+    s->e = take(base, &off, mm->emulated ? emulated_floats(mm, rows) : 0);
     return off;
 }
 
+// What the scratch size queries answer: SIZE_MAX when the GEMMs cannot be prepared.
 static size_t scratch_floats(size_t rows, int C, int F) {
+    const expert_gemms *mm = prepare(C, F);
     bf16_scratch s;
-    return scratch_layout(&s, NULL, rows, C, F);
+    return mm ? scratch_layout(&s, NULL, rows, mm) : SIZE_MAX;
 }
 
 // ---- loop -----------------------------------------------------------------------------------
@@ -228,7 +293,7 @@ size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K) {
 
 size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K) {
     (void)E, (void)K;
-    return prepare(C, F) ? scratch_floats((size_t)N, C, F) : SIZE_MAX;
+    return scratch_floats((size_t)N, C, F);
 }
 
 void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
@@ -241,7 +306,7 @@ void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const u
     uint16_t *gate = (uint16_t *)(state + moe_plan_floats(N, E, K));
     uint16_t *up = gate + 2 * half_floats(S * F);
     bf16_scratch s;
-    scratch_layout(&s, scratch, (size_t)N, C, F);
+    scratch_layout(&s, scratch, (size_t)N, mm);
     memset(out, 0, (size_t)N * C * sizeof *out);
     for (int e = 0; e < E; e++) {
         const int r0 = p.off[e], n = p.off[e + 1] - r0;
@@ -250,12 +315,12 @@ void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const u
         const uint16_t *wd = wu + (size_t)F * C;
         uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
         gather_rows16(s.a, x16, p.perm, r0, r0 + n, K, C);
-        gemm(mm, FWD_G, n, s.a, wg, ge);
-        gemm(mm, FWD_G, n, s.a, wu, ue);
+        gemm(mm, FWD_G, n, s.a, wg, ge, s.e);
+        gemm(mm, FWD_G, n, s.a, wu, ue, s.e);
 #pragma omp parallel for schedule(static) if ((int64_t)n * F >= CPU_PAR_MIN)
         for (int i = 0; i < n; i++)
             swiglu_row(s.h + (size_t)i * F, ge + (size_t)i * F, ue + (size_t)i * F, F);
-        gemm(mm, FWD_D, n, s.h, wd, s.y);
+        gemm(mm, FWD_D, n, s.h, wd, s.y, s.e);
         // Experts in ascending order: each token's terms land in ascending expert order.
 #pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
         for (int i = 0; i < n; i++) {
@@ -282,7 +347,7 @@ void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scr
     const uint16_t *gate = (const uint16_t *)(state + moe_plan_floats(N, E, K));
     const uint16_t *up = gate + 2 * half_floats(S * F);
     bf16_scratch s;
-    scratch_layout(&s, scratch, (size_t)N, C, F);
+    scratch_layout(&s, scratch, (size_t)N, mm);
     uint16_t *dg = s.g, *du = s.g + (size_t)N * F;
     memset(dx, 0, (size_t)N * C * sizeof *dx);
     for (int e = 0; e < E; e++) {
@@ -295,7 +360,7 @@ void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scr
         const uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
         gather_rows_bf16(s.a, dout, p.perm, r0, r0 + n, K, C);
         gather_rows16(s.b, x16, p.perm, r0, r0 + n, K, C);
-        gemm(mm, BWD_U, n, s.a, wd, s.u);
+        gemm(mm, BWD_U, n, s.a, wd, s.u, s.e);
 #pragma omp parallel for schedule(static) if ((int64_t)n * (F + C) >= CPU_PAR_MIN)
         for (int i = 0; i < n; i++) {
             const int slot = p.perm[r0 + i];
@@ -303,11 +368,11 @@ void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scr
             row_backward(s.h + f, dg + f, du + f, s.a + (size_t)i * C, &dweight[slot], ge + f,
                          ue + f, s.u + f, dout + (size_t)(slot / K) * C, weight[slot], F, C);
         }
-        gemm(mm, BWD_DW_D, n, s.a, s.h, dwd);
-        gemm(mm, BWD_DW_G, n, dg, s.b, dwg);
-        gemm(mm, BWD_DW_G, n, du, s.b, dwu);
-        gemm(mm, BWD_DX_G, n, dg, wg, s.y);
-        gemm(mm, BWD_DX_G1, n, du, wu, s.y);
+        gemm(mm, BWD_DW_D, n, s.a, s.h, dwd, s.e);
+        gemm(mm, BWD_DW_G, n, dg, s.b, dwg, s.e);
+        gemm(mm, BWD_DW_G, n, du, s.b, dwu, s.e);
+        gemm(mm, BWD_DX_G, n, dg, wg, s.y, s.e);
+        gemm(mm, BWD_DX_G1, n, du, wu, s.y, s.e);
         moe_add_rows(dx, s.y, p.perm + r0, n, K, C);
     }
 }
@@ -334,13 +399,13 @@ static void grouped_forward_expert(const void *ctx, int e, int par) {
     const uint16_t *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
     uint16_t *gu = g->gu + (size_t)r0 * 2 * F, *h = g->s.h + (size_t)r0 * F;
     float *y = g->s.y + (size_t)r0 * C;
-    gemm(g->mm, FWD_GU, n, g->s.a + (size_t)r0 * C, wgu, gu);
+    gemm(g->mm, FWD_GU, n, g->s.a + (size_t)r0 * C, wgu, gu, g->s.e);
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * F >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const uint16_t *gi = gu + (size_t)i * 2 * F;
         swiglu_row(h + (size_t)i * F, gi, gi + F, F);
     }
-    gemm(g->mm, FWD_D, n, h, wd, y);
+    gemm(g->mm, FWD_D, n, h, wd, y, g->s.e);
     round_rows(y, (int64_t)n * C, par);
 }
 
@@ -353,7 +418,7 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     uint16_t *de = g->s.a + (size_t)r0 * C, *h = g->s.h + (size_t)r0 * F;
     uint16_t *dgu = g->s.g + (size_t)r0 * 2 * F;
     float *u = g->s.u + (size_t)r0 * F;
-    gemm(g->mm, BWD_U, n, de, wd, u);
+    gemm(g->mm, BWD_U, n, de, wd, u, g->s.e);
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * (F + C) >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const int slot = g->p.perm[r0 + i];
@@ -363,13 +428,21 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
                      gi + F, u + (size_t)i * F, g->dout + (size_t)(slot / K) * C, g->weight[slot],
                      F, C);
     }
-    gemm(g->mm, BWD_DW_D, n, de, h, dwd);
-    gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu);
-    gemm(g->mm, BWD_DX_GU, n, dgu, wgu, g->s.y + (size_t)r0 * C);
+    gemm(g->mm, BWD_DW_D, n, de, h, dwd, g->s.e);
+    gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu, g->s.e);
+    gemm(g->mm, BWD_DX_GU, n, dgu, wgu, g->s.y + (size_t)r0 * C, g->s.e);
 }
 
+// oneDNN: moe_experts.c's schedule. Emulated: the experts one at a time, sgemm's threads inside
+// (one emulation scratch).
 static void grouped_run(const grouped_args *g, moe_expert_task task, int E, int S) {
-    moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, omp_get_max_threads(), false, task, g);
+    if (!g->mm->emulated) {
+        moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, omp_get_max_threads(), false, task,
+                        g);
+        return;
+    }
+    for (int e = 0; e < E; e++)
+        if (g->p.off[e + 1] > g->p.off[e]) task(g, e, 1);
 }
 
 size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K) {
@@ -379,7 +452,7 @@ size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K) {
 
 size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K) {
     (void)E;
-    return prepare(C, F) ? scratch_floats((size_t)N * K, C, F) : SIZE_MAX;
+    return scratch_floats((size_t)N * K, C, F);
 }
 
 static grouped_args grouped_setup(float *scratch, const float *state, const float *weight,
@@ -391,7 +464,7 @@ static grouped_args grouped_setup(float *scratch, const float *state, const floa
                       .C = C,
                       .F = F,
                       .K = K};
-    scratch_layout(&g.s, scratch, (size_t)N * K, C, F);
+    scratch_layout(&g.s, scratch, (size_t)N * K, g.mm);
     return g;
 }
 

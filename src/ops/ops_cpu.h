@@ -29,6 +29,8 @@ void cpu_matmul_add_bias(float *out, const float *bias, int N, int OC);
 void cpu_matmul_bias_grad(float *dbias, const float *dout, int N, int OC);
 // bf16 mixed precision (matmul_bf16.c, oneDNN; the contracts are ops.h's).
 size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged);
+// Whether this process's bf16 GEMMs are emulated on sgemm (matmul_bf16_emulated.c).
+bool cpu_matmul_bf16_emulated(void);
 void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
                              const uint16_t *inp16, const uint16_t *weight, const float *bias,
                              int N, int C, int OC);

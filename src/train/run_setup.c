@@ -1,9 +1,11 @@
 #include "train/run_setup.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/sysmem.h"
 #include "model/flavors.h"
+#include "ops/ops_cpu.h"
 #include "ops/ops_profile.h"
 #include "plugin/trusted_ops.h"
 
@@ -158,7 +160,14 @@ void run_setup_log_kernels(const run_setup *s, FILE *f) {
                     ? "; the MoE experts in fp32: the expert plugin's kernel is fp32 (the "
                       "plugin ABI)"
                     : "");
-    if (s->mem_opts.bf16 && !cpu_has_native_bf16() && s->warn)
+    if (s->mem_opts.bf16 && cpu_matmul_bf16_emulated() && s->warn)
+        fprintf(s->warn,
+                "ctitan: warning: the bf16 matmuls are emulated on OpenBLAS sgemm over "
+                "bf16-rounded values (%s): the same products as bf16 with fp32 "
+                "accumulation, slower than float32\n",
+                getenv("CTITAN_BF16_GEMM") ? "CTITAN_BF16_GEMM is set"
+                                           : "oneDNN has no bf16 matmul on this CPU");
+    else if (s->mem_opts.bf16 && !cpu_has_native_bf16() && s->warn)
         fprintf(s->warn, "ctitan: warning: this CPU has no native bf16 (AVX512-BF16 or AMX): the "
                          "bf16 matmuls are emulated, correct but slower than float32\n");
 }
