@@ -1,7 +1,8 @@
 // The bf16 MoE expert kernels (moe_experts_bf16.c, the table's moe_bf16_* of both
 // implementations) against a double-precision reference on the same bf16-rounded inputs that
 // rounds to bf16 where the kernels do (torch autocast's points): x, the weights' bf16 copy,
-// gate, up, h and y in the forward; dout (for U), weight * dout and dgate|dup in the backward.
+// gate, up, every step of SiLU, h and y in the forward; dout (for U), dh, weight * dout and every
+// step of SiLU's backward in the backward.
 // What is left is the kernels' fp32 accumulation against double, and the bf16 roundings it
 // tips over (one bf16 ulp, 2^-8 relative, on an occasional element), so the tolerances are
 // relative L2 norms near 10x the worst measured (beside each constant).
@@ -22,10 +23,10 @@
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
 
-#define TOL_FWD 5e-4  // out: measured 4.8e-5
+#define TOL_FWD 7e-4  // out: measured 6.9e-5
 #define TOL_DX 1e-4   // dx: measured 1.1e-5
-#define TOL_DW 1e-4   // dW (gate, up, down): measured 8.7e-6
-#define TOL_DWT 3e-5  // dweight (routing weights): measured 3.2e-6
+#define TOL_DW 1e-4   // dW (gate, up, down): measured 1.1e-5
+#define TOL_DWT 2e-5  // dweight (routing weights): measured 1.6e-6
 #define TOL_IMPL 2e-6 // loop vs grouped, each output: measured 1.4e-7
 
 static uint64_t draws; // uniforms of one splitmix64 sequence, in order
@@ -42,6 +43,11 @@ static float *uniforms(size_t n, float lo, float hi) {
 
 static double bfv(double v) { // v rounded to fp32, then to bf16
     return bf16_value(bf16_round((float)v));
+}
+
+// silu as torch computes it on a bf16 tensor: every step rounded to bf16.
+static double silu_bf(double g) {
+    return bfv(g / bfv(1 + bfv(exp(-g))));
 }
 
 typedef struct problem {
@@ -118,7 +124,7 @@ static outputs reference(const problem *p) {
                     su += bf16_value(wu[(size_t)f * C + c]) * xb[c];
                 }
                 g[f] = bfv(sg), u[f] = bfv(su);
-                h[f] = bfv(g[f] / (1 + exp(-g[f])) * u[f]);
+                h[f] = bfv(silu_bf(g[f]) * u[f]);
             }
             const float *d = p->dout + (size_t)t * C;
             double dweight = 0;
@@ -131,9 +137,10 @@ static outputs reference(const problem *p) {
                 double U = 0;
                 for (int c = 0; c < C; c++) U += bfv(d[c]) * bf16_value(wd[(size_t)c * F + f]);
                 dweight += U * h[f];
-                const double s = 1 / (1 + exp(-g[f])), dh = wt * U;
-                dg[f] = bfv(dh * u[f] * s * (1 + g[f] * (1 - s)));
-                du[f] = bfv(dh * g[f] * s);
+                // torch's bf16 SiLU backward, every step rounded (the kernel's comment)
+                const double s = bfv(1 / bfv(1 + bfv(exp(-g[f])))), dh = bfv(wt * U);
+                dg[f] = bfv(bfv(bfv(dh * u[f]) * s) * bfv(1 + bfv(g[f] * bfv(1 - s))));
+                du[f] = bfv(dh * silu_bf(g[f]));
             }
             r.dweight[(size_t)t * K + k] = dweight;
             for (int c = 0; c < C; c++) {

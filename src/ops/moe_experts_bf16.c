@@ -4,18 +4,22 @@
 //
 //   forward   each expert's x rows in bf16 (x16: the model's saved bf16 copy of its input, as
 //             autocast rounds x for each Linear); gate, up = x @ W^T rounded to bf16 (autocast's
-//             Linear outputs); h = silu(gate) * up in fp32 from those, rounded to bf16 (the down
-//             GEMM's input); y = h @ W_down^T rounded to bf16; then out[t] = sum over t's experts
-//             in ascending order of (weight * y), in fp32, as the fp32 kernels (HF's mul by the
-//             fp32 routing weight and its fp32 index_add_).
+//             Linear outputs); h = silu(gate) * up as torch computes it on bf16 tensors, every
+//             step rounded (below); y = h @ W_down^T rounded to bf16; then out[t] = sum over t's
+//             experts in ascending order of (weight * y), in fp32, as the fp32 kernels (HF's mul
+//             by the fp32 routing weight and its fp32 index_add_). Given the same inputs it gave
+//             torch 1.13's output bit for bit on a 64-token block (only a GEMM's other summation
+//             order, tipping a rounding, can make them differ).
 //   backward  every GEMM takes bf16-rounded inputs and accumulates in fp32: U = dout @ W_down
 //             (dout rows rounded; U is the gradient of h before the routing weight scales it),
-//             dW_down += bf16(weight * dout)^T @ h (y's gradient, rounded as torch rounds a
-//             gradient reaching a bf16 tensor), dW_gate|up += bf16(dgate | dup)^T @ x and
-//             dx = bf16(dgate | dup) @ W_gate|up. The weight gradients go straight into the fp32
+//             dh = bf16(weight * U), SwiGLU's backward every step rounded as torch's, dW_down +=
+//             bf16(weight * dout)^T @ h (y's gradient, rounded as torch rounds a gradient
+//             reaching a bf16 tensor), dW_gate|up += bf16(dgate | dup)^T @ x and dx =
+//             bf16(dgate | dup) @ W_gate|up. The weight gradients go straight into the fp32
 //             gradient (oneDNN's sum post-op) and dx stays fp32, as the linear layers' (torch
-//             rounds each of these products to bf16 first). dweight = U . h in double, SwiGLU's
-//             backward in fp32 from the saved bf16 gate and up, as the fp32 kernels.
+//             rounds each of these products to bf16 first; and it rounds weight * dout before
+//             the GEMM that gives dh, where this rounds dout and scales after, so that U also
+//             gives dweight = U . h, in double as the fp32 kernels, with no GEMM more).
 //
 // The weights are the model's bf16 copy (param_bf16: each expert's (2F,C) gate|up block then its
 // (C,F) down, as in fp32). The state holds gate and up in bf16 (they are bf16 values), half of
@@ -214,9 +218,34 @@ static void gather_rows16(uint16_t *dst, const uint16_t *src, const int32_t *per
         memcpy(dst + (size_t)(r - r0) * C, src + (size_t)(perm[r] / K) * C, (size_t)C * 2);
 }
 
+// SwiGLU as torch 1.13 computes it on bf16 tensors: every operation in fp32, its result rounded
+// to bf16 (bf below), with silu's exp that of the fp32 kernels (vec_math.h):
+//   silu(g) = bf(g / bf(1 + bf(exp(-g)))),  h = bf(silu(g) * u)
+// and the backward of h = silu(g) * u from its bf16 gradient dh:
+//   du = bf(dh * silu(g)),  ds = bf(dh * u),  s = bf(1 / bf(1 + bf(exp(-g)))),
+//   dg = bf(bf(ds * s) * bf(1 + bf(g * bf(1 - s))))
+static inline float bf(float x) {
+    return bf16_value(bf16_round(x));
+}
+
+// bf(1 + bf(exp(-g))): silu's and sigmoid's denominator.
+static inline float denominator_bf16(float g) {
+    return bf(1.0f + bf(vexp_inf(-g)));
+}
+
+static inline float silu_bf16(float g) {
+    return bf(g / denominator_bf16(g));
+}
+
 // h = bf16(silu(g) * u) over one row of F.
 static void swiglu_row(uint16_t *h, const uint16_t *g, const uint16_t *u, int F) {
-    for (int f = 0; f < F; f++) h[f] = bf16_round(swiglu_value(bf16_value(g[f]), bf16_value(u[f])));
+    for (int f = 0; f < F; f++) h[f] = bf16_round(silu_bf16(bf16_value(g[f])) * bf16_value(u[f]));
+}
+
+static inline void swiglu_grad_bf16(uint16_t *dg, uint16_t *du, float dh, float g, float u) {
+    const float den = denominator_bf16(g), s = bf(1.0f / den);
+    *du = bf16_round(dh * bf(g / den));
+    *dg = bf16_round(bf(bf(dh * u) * s) * bf(1.0f + bf(g * bf(1.0f - s))));
 }
 
 // y rows rounded to bf16 in place (the down GEMM's output, as autocast rounds it).
@@ -235,12 +264,8 @@ static void row_backward(uint16_t *h, uint16_t *dg, uint16_t *du, uint16_t *d, f
     double s = 0;
     for (int f = 0; f < F; f++) s += (double)U[f] * bf16_value(h[f]);
     *dweight = (float)s;
-    for (int f = 0; f < F; f++) {
-        float a, b;
-        swiglu_grad(&a, &b, wt * U[f], bf16_value(g[f]), bf16_value(u[f]));
-        dg[f] = bf16_round(a);
-        du[f] = bf16_round(b);
-    }
+    for (int f = 0; f < F; f++)
+        swiglu_grad_bf16(&dg[f], &du[f], bf(wt * U[f]), bf16_value(g[f]), bf16_value(u[f]));
     for (int c = 0; c < C; c++) d[c] = bf16_round(wt * dout[c]);
 }
 
