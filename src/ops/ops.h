@@ -66,6 +66,10 @@
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
 // cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
 //   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
+// attention_bf16_forward/backward: attention's contract, with q, k, v and dout holding bf16
+//   values (the caller rounds them) and the products' other operands and outputs rounded as
+//   torch's autocast rounds them (attention_flash.c). The state and scratch are the table's
+//   attention's: only a table whose attention is the flash kernel has these (else NULL).
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;
