@@ -390,6 +390,12 @@ static void test_apply_slots(void) {
         const bool ce = op == OVERRIDE_CROSS_ENTROPY;
         CHECK(!o.cross_entropy_bf16_forward == ce && !o.cross_entropy_bf16_backward == ce,
               "%s: the bf16 cross-entropy %s", name, ce ? "dropped" : "kept");
+        ct_ops flash, of;
+        ct_ops_with_attention(&flash, &ct_ops_cpu, "flash");
+        override_apply(&of, &flash, &s);
+        const bool att = op == OVERRIDE_ATTENTION;
+        CHECK(!of.attention_bf16_forward == att && !of.attention_bf16_backward == att,
+              "%s: the bf16 attention %s", name, att ? "dropped" : "kept");
     }
 }
 

@@ -54,6 +54,12 @@ static void to_bf16(const qwen3_model *m, uint16_t *x16, float *x, size_t n) {
     if (m->mem_opts.bf16) m->ops->round_to_bf16(x16, x, n);
 }
 
+// Attention under bf16: the table's bf16 kernel when it has one (the flash kernel: the products
+// rounded as torch's autocast rounds them), else its fp32 kernel on the bf16-rounded q, k, v.
+static bool attention_in_bf16(const qwen3_model *m) {
+    return m->mem_opts.bf16 && m->ops->attention_bf16_forward && m->ops->attention_bf16_backward;
+}
+
 // Under bf16: the staging x (n) of a saved bf16 activation, widened back from x16 for a kernel
 // that reads fp32. Nothing in fp32 runs (x is the activation itself).
 static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_t n) {
@@ -84,13 +90,17 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
     op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
                              w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
+    to_bf16(m, a->qr16, a->qr, N * QD); // autocast's matmuls read q, k and v in bf16
+    to_bf16(m, a->kr16, a->kr, N * d.NKV * d.D);
+    to_bf16(m, a->v16, a->v, N * d.NKV * d.D);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
         op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
         to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
-    op->attention_forward(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    (attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward)(
+        a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     to_bf16(m, a->atty16, a->atty, N * QD);
     linear_forward(m, a->resid2, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
     to_bf16(m, NULL, a->resid2, N * d.C);
@@ -109,8 +119,17 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const size_t N = (size_t)d.N;
     linear_backward(m, s->datty, g->wo, g->bo, s->dresid, a->atty, a->atty16, w->wo, d.N, QD, d.C);
     from_bf16(m, a->atty, a->atty16, N * QD);
-    op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr,
-                           a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    from_bf16(m, a->qr, a->qr16, N * QD);
+    from_bf16(m, a->kr, a->kr16, N * d.NKV * d.D);
+    from_bf16(m, a->v, a->v16, N * d.NKV * d.D);
+    if (attention_in_bf16(m)) {
+        to_bf16(m, NULL, s->datty, N * QD); // the gradient of a bf16 output is bf16
+        op->attention_bf16_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att,
+                                    a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    } else {
+        op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att,
+                               a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    }
     from_bf16(m, a->qkv, a->qkv16, N * QKV);
     op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
                               w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,

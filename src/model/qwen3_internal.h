@@ -30,12 +30,12 @@ typedef struct qwen3_layer_acts {
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
     int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
-    // bf16 mixed precision: the activations torch's autocast keeps in bf16 are saved here in bf16
-    // (each the size of its fp32 namesake), and ln1, qkv, atty, ln2, gate_up and h then point at
-    // the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes into the staging
-    // and rounds it (to_bf16 in qwen3.c), the backward widens back what it reads in fp32.
-    // NULL in fp32 runs.
-    uint16_t *ln1_16, *qkv16, *atty16, *ln2_16, *gate_up16, *h16;
+    // bf16 mixed precision: the activations torch's autocast keeps in bf16 (or casts to bf16 for
+    // a product) are saved here in bf16, each the size of its fp32 namesake, and the namesakes
+    // then point at the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes
+    // into the staging and rounds it (to_bf16 in qwen3.c), the backward widens back what it
+    // reads in fp32. NULL in fp32 runs.
+    uint16_t *ln1_16, *qkv16, *v16, *qr16, *kr16, *atty16, *ln2_16, *gate_up16, *h16;
     // Activation checkpointing. QWEN3_AC_LAYER: only resid is this layer's own; every other
     // buffer above is the shared recompute set, which the layer's forward fills again during the
     // backward. QWEN3_AC_OPS: the outputs of GEMMs and attention (qkv, att, atty, resid2,
@@ -72,7 +72,7 @@ typedef struct qwen3_acts {
     float *aux_dprob;      // (E) the load-balancing loss's gradient per router probability
     // bf16: the fp32 staging of the layers' bf16 activations (NULL in fp32 runs). The MLP's h
     // stages in dh.
-    float *stage_ln, *stage_qkv, *stage_atty, *stage_gate_up;
+    float *stage_ln, *stage_qkv, *stage_atty, *stage_qr, *stage_kr, *stage_v, *stage_gate_up;
     bool aux_active; // moe_balance_aux_grad set aux_dprob for the next backward
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.

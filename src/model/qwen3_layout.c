@@ -193,11 +193,11 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     take_act(&la->ln1, &la->ln1_16, bf16, cv, any, ACT_CHEAP, N * C);
     take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
     take_act(&la->qkv, &la->qkv16, bf16, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
-    take(&la->v, cv, any, ACT_CHEAP, N * NKV * D);
+    take_act(&la->v, &la->v16, bf16, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->q_rstd, cv, any, ACT_CHEAP, N * NH);
     take(&la->k_rstd, cv, any, ACT_CHEAP, N * NKV);
-    take(&la->qr, cv, any, ACT_CHEAP, N * NH * D);
-    take(&la->kr, cv, any, ACT_CHEAP, N * NKV * D);
+    take_act(&la->qr, &la->qr16, bf16, cv, any, ACT_CHEAP, N * NH * D);
+    take_act(&la->kr, &la->kr16, bf16, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->att, cv, any, ACT_KEPT, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
     take_act(&la->atty, &la->atty16, bf16, cv, any, ACT_KEPT, N * NH * D);
     // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
@@ -261,6 +261,9 @@ static void stage_layers(qwen3_acts *a, int L) {
         la->ln1 = a->stage_ln;
         la->qkv = a->stage_qkv;
         la->atty = a->stage_atty;
+        la->qr = a->stage_qr;
+        la->kr = a->stage_kr;
+        la->v = a->stage_v;
         la->ln2 = a->stage_ln;
         la->gate_up = la->gate_up16 ? a->stage_gate_up : NULL;
         la->h = la->h16 ? a->dh : NULL;
@@ -349,6 +352,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         a->stage_ln = carve_take(&cv, N * C);
         a->stage_qkv = carve_take(&cv, N * (NH + 2 * NKV) * D);
         a->stage_atty = carve_take(&cv, N * NH * D);
+        a->stage_qr = carve_take(&cv, N * NH * D);
+        a->stage_kr = carve_take(&cv, N * NKV * D);
+        a->stage_v = carve_take(&cv, N * NKV * D);
         a->stage_gate_up = carve_take(&cv, N * 2 * F);
         stage_layers(a, L);
     }

@@ -28,6 +28,13 @@
 // same order (heads, then query blocks, for dK and dV; key blocks for dQ), so they give the same
 // bits: no atomics, and the results depend neither on the schedule nor on the thread count.
 //
+// bf16 mixed precision (cpu_attention_flash_bf16_*): the caller gives q, k, v and dO holding
+// bf16 values, and the tiles round where torch's autocast rounds HF's eager attention: the
+// scores S = bf16(bf16(Q K^T) * scale), P to bf16 before P V (the forward's unnormalised
+// exp(S - m), torch's normalised P: the same relative rounding), dP = bf16(dO V^T), and dS =
+// bf16(bf16(P (dP - Di)) * scale), with P to bf16 for dV. The softmax, its statistics and every
+// accumulation stay fp32.
+//
 // state: lse (B,NH,T). scratch: Di (B,NH,T). The tiles live on each thread's stack (32 KiB).
 #include <cblas.h>
 #include <math.h>
@@ -35,6 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
 
@@ -131,20 +139,49 @@ static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, floa
     }
 }
 
+static inline float to_bf16_value(float x) {
+    return bf16_value(bf16_round(x));
+}
+
+// bf16: a tile's values rounded to bf16, times `scale` and rounded again when scale != 1.
+CPU_SIMD_CLONES
+static void round_tile(float *s, int ldt, int nr, int nc, float scale) {
+    for (int i = 0; i < nr; i++) {
+        float *si = s + (size_t)i * ldt;
+        if (scale == 1.0f) {
+#pragma omp simd
+            for (int j = 0; j < nc; j++) si[j] = to_bf16_value(si[j]);
+        } else {
+#pragma omp simd
+            for (int j = 0; j < nc; j++) si[j] = to_bf16_value(to_bf16_value(si[j]) * scale);
+        }
+    }
+}
+
 // Backward row work on a tile (layout as above): the scores s become P = exp(s - lse) and dP
 // in ds becomes dS = scale P (dP - Di); both 0 where masked, so the products read whole tiles.
+// bf16: dS and the P that dV reads rounded as the header says.
 CPU_SIMD_CLONES
 static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int c0,
-                      const float *lse, const float *di, float scale) {
+                      const float *lse, const float *di, float scale, int bf16) {
     for (int i = 0; i < nr; i++) {
         float *si = s + (size_t)i * ldt, *dsi = ds + (size_t)i * ldt;
         const int nv = valid_keys(r0 + i, c0, nc);
         const float li = lse[i], dii = di[i];
+        if (bf16) {
 #pragma omp simd
-        for (int j = 0; j < nv; j++) {
-            const float p = vexp(si[j] - li);
-            si[j] = p;
-            dsi[j] = scale * (p * (dsi[j] - dii));
+            for (int j = 0; j < nv; j++) {
+                const float p = vexp(si[j] - li);
+                si[j] = to_bf16_value(p);
+                dsi[j] = to_bf16_value(to_bf16_value(p * (dsi[j] - dii)) * scale);
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < nv; j++) {
+                const float p = vexp(si[j] - li);
+                si[j] = p;
+                dsi[j] = scale * (p * (dsi[j] - dii));
+            }
         }
         for (int j = nv; j < nc; j++) si[j] = dsi[j] = 0.0f;
     }
@@ -153,11 +190,13 @@ static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int 
 typedef struct flash_dims {
     int B, T, NH, NKV, D, rep, ldq, ldk, nr, nc, nqb, nkb;
     float scale;
+    int bf16; // round as bf16 mixed precision does (see the header)
 } flash_dims;
 
-static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D) {
+static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D, int bf16) {
     const int nr = FLASH_ROWS, nc = flash_cols(D);
-    return (flash_dims){.B = B,
+    return (flash_dims){.bf16 = bf16,
+                        .B = B,
                         .T = T,
                         .NH = NH,
                         .NKV = NKV,
@@ -184,9 +223,11 @@ static void fwd_block(const flash_dims *f, float *out, float *lse_all, const flo
     float *orow = out + ((size_t)b * T + r0) * ldq + (size_t)h * D;
     for (int c0 = 0; c0 < r1; c0 += f->nc) {
         const int nc = imin(c0 + f->nc, r1) - c0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->scale, qr, ldq,
-                    kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
+                    qr, ldq, kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
+        if (f->bf16) round_tile(s, ldt, nr, nc, f->scale);
         softmax_tile(s, ldt, nr, nc, r0, c0, m, l, orow, ldq, D);
+        if (f->bf16) round_tile(s, ldt, nr, nc, 1.0f);
         // The first tile overwrites the rows (out need not be initialised), later ones add.
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, s, ldt,
                     vh + (size_t)c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, orow, ldq);
@@ -201,16 +242,26 @@ static void fwd_block(const flash_dims *f, float *out, float *lse_all, const flo
     }
 }
 
-void cpu_attention_flash_forward(float *out, float *state, const float *q, const float *k,
-                                 const float *v, int B, int T, int NH, int NKV, int D) {
+static void flash_forward(float *out, float *state, const float *q, const float *k, const float *v,
+                          int B, int T, int NH, int NKV, int D, int bf16) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
-    const flash_dims f = flash_dims_of(B, T, NH, NKV, D);
+    const flash_dims f = flash_dims_of(B, T, NH, NKV, D, bf16);
     const int bh = B * NH, items = bh * f.nqb;
     // Longest items (last query blocks) first, handed out one at a time: balanced, and the
     // results do not depend on who runs what.
 #pragma omp parallel for schedule(dynamic, 1) if ((double)bh * T * T >= 2.0 * FLASH_PAR_MIN)
     for (int it = 0; it < items; it++)
         fwd_block(&f, out, state, q, k, v, it % bh / NH, it % NH, f.nqb - 1 - it / bh);
+}
+
+void cpu_attention_flash_forward(float *out, float *state, const float *q, const float *k,
+                                 const float *v, int B, int T, int NH, int NKV, int D) {
+    flash_forward(out, state, q, k, v, B, T, NH, NKV, D, 0);
+}
+
+void cpu_attention_flash_bf16_forward(float *out, float *state, const float *q, const float *k,
+                                      const float *v, int B, int T, int NH, int NKV, int D) {
+    flash_forward(out, state, q, k, v, B, T, NH, NKV, D, 1);
 }
 
 typedef struct flash_bwd {
@@ -230,11 +281,12 @@ static void bwd_tile(const flash_bwd *w, int b, int h, int qb, int kb, int want_
     const size_t qoff = ((size_t)b * T + r0) * ldq + (size_t)h * D;
     const size_t kvoff = ((size_t)b * T + c0) * ldk + (size_t)(h / f->rep) * D;
     const size_t roff = ((size_t)b * f->NH + h) * T + r0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->scale, w->q + qoff, ldq,
-                w->k + kvoff, ldk, 0.0f, s, ldt);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
+                w->q + qoff, ldq, w->k + kvoff, ldk, 0.0f, s, ldt);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, 1.0f, w->dout + qoff, ldq,
                 w->v + kvoff, ldk, 0.0f, ds, ldt);
-    grad_tile(s, ds, ldt, nr, nc, r0, c0, w->lse + roff, w->di + roff, f->scale);
+    if (f->bf16) round_tile(s, ldt, nr, nc, f->scale), round_tile(ds, ldt, nr, nc, 1.0f);
+    grad_tile(s, ds, ldt, nr, nc, r0, c0, w->lse + roff, w->di + roff, f->scale, f->bf16);
     if (want_dq)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, ds, ldt,
                     w->k + kvoff, ldk, kb == 0 ? 0.0f : 1.0f, w->dq + qoff, ldq);
@@ -289,13 +341,12 @@ static int single_pass(int groups, int threads) {
     return 4 * groups >= 3 * rounds * threads;
 }
 
-void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratch,
-                                  const float *dout, const float *out, const float *state,
-                                  const float *q, const float *k, const float *v, int B, int T,
-                                  int NH, int NKV, int D) {
+static void flash_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                           const float *out, const float *state, const float *q, const float *k,
+                           const float *v, int B, int T, int NH, int NKV, int D, int bf16) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     const flash_bwd w = {
-        flash_dims_of(B, T, NH, NKV, D), dq, dk, dv, scratch, dout, state, q, k, v};
+        flash_dims_of(B, T, NH, NKV, D, bf16), dq, dk, dv, scratch, dout, state, q, k, v};
     const flash_dims *f = &w.f;
     const int bh = B * NH, bg = B * NKV, par = (double)bh * T * T >= 2.0 * FLASH_PAR_MIN;
     const int one = single_pass(bg, par ? omp_get_max_threads() : 1);
@@ -325,4 +376,18 @@ void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratc
                 bwd_q_block(&w, it % bh / NH, it % NH, f->nqb - 1 - it / bh);
         }
     }
+}
+
+void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratch,
+                                  const float *dout, const float *out, const float *state,
+                                  const float *q, const float *k, const float *v, int B, int T,
+                                  int NH, int NKV, int D) {
+    flash_backward(dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D, 0);
+}
+
+void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *scratch,
+                                       const float *dout, const float *out, const float *state,
+                                       const float *q, const float *k, const float *v, int B, int T,
+                                       int NH, int NKV, int D) {
+    flash_backward(dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D, 1);
 }

@@ -66,6 +66,10 @@
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
 // cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
 //   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
+// attention_bf16_forward/backward: attention's contract, with q, k, v and dout holding bf16
+//   values (the caller rounds them) and the products' other operands and outputs rounded as
+//   torch's autocast rounds them (attention_flash.c). The state and scratch are the table's
+//   attention's: only a table whose attention is the flash kernel has these (else NULL).
 // moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
 //   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
 //   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);

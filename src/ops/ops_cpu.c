@@ -55,7 +55,9 @@ static const kernel_choice attention_backends[] = {
      {.attention_state_floats = cpu_attention_flash_state_floats,
       .attention_scratch_floats = cpu_attention_flash_scratch_floats,
       .attention_forward = cpu_attention_flash_forward,
-      .attention_backward = cpu_attention_flash_backward}},
+      .attention_backward = cpu_attention_flash_backward,
+      .attention_bf16_forward = cpu_attention_flash_bf16_forward,
+      .attention_bf16_backward = cpu_attention_flash_bf16_backward}},
 };
 
 static const kernel_choice *find_choice(const kernel_choice *c, size_t n, const char *name) {
@@ -88,5 +90,7 @@ int ct_ops_with_attention(ct_ops *out, const ct_ops *base, const char *backend) 
     out->attention_scratch_floats = c->kernels.attention_scratch_floats;
     out->attention_forward = c->kernels.attention_forward;
     out->attention_backward = c->kernels.attention_backward;
+    out->attention_bf16_forward = c->kernels.attention_bf16_forward;
+    out->attention_bf16_backward = c->kernels.attention_bf16_backward;
     return 0;
 }

@@ -151,6 +151,12 @@ void cpu_attention_flash_backward(float *dq, float *dk, float *dv, float *scratc
                                   const float *dout, const float *out, const float *state,
                                   const float *q, const float *k, const float *v, int B, int T,
                                   int NH, int NKV, int D);
+void cpu_attention_flash_bf16_forward(float *out, float *state, const float *q, const float *k,
+                                      const float *v, int B, int T, int NH, int NKV, int D);
+void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *scratch,
+                                       const float *dout, const float *out, const float *state,
+                                       const float *q, const float *k, const float *v, int B, int T,
+                                       int NH, int NKV, int D);
 
 // The routing (moe_router.h), the reductions (reduce.c) and the optimizer's update
 // (adamw_update.c). host_out: a result the caller reads on the host.

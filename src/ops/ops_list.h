@@ -243,7 +243,18 @@ typedef struct ct_adamw_coeffs {
       cpu_cross_entropy_bf16_backward, OPT, "cross_entropy_bf16", backward,                        \
       (uint16_t *dlogits, const uint16_t *logits, const int32_t *targets, float scale, int N,      \
        int V),                                                                                     \
-      (dlogits, logits, targets, scale, N, V))
+      (dlogits, logits, targets, scale, N, V))                                                     \
+    X(OWN, attention_bf16_forward, ct_attention_bf16_forward_fn, NULL, OPT, "attention_bf16",      \
+      forward,                                                                                     \
+      (float *out, float *state, const float *q, const float *k, const float *v, int B, int T,     \
+       int NH, int NKV, int D),                                                                    \
+      (out, state, q, k, v, B, T, NH, NKV, D))                                                     \
+    X(OWN, attention_bf16_backward, ct_attention_bf16_backward_fn, NULL, OPT, "attention_bf16",    \
+      backward,                                                                                    \
+      (float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,       \
+       const float *state, const float *q, const float *k, const float *v, int B, int T, int NH,   \
+       int NKV, int D),                                                                            \
+      (dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -288,7 +299,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 48, "the op list has 48 entries");
+_Static_assert(CT_OP_COUNT == 50, "the op list has 50 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

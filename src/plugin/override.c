@@ -300,9 +300,12 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
             if (!e->backward) out->attention_backward = cpu_attention_backward;
         }
     }
-    // The plugin ABI is fp32: a replaced cross-entropy runs over fp32 logits under bf16 too.
+    // The plugin ABI is fp32: a replaced cross-entropy or attention drops the table's bf16
+    // variant of it (under bf16 the plugin's kernel runs in fp32 around it).
     if (s->ops[OVERRIDE_CROSS_ENTROPY].set)
         out->cross_entropy_bf16_forward = NULL, out->cross_entropy_bf16_backward = NULL;
+    if (s->ops[OVERRIDE_ATTENTION].set)
+        out->attention_bf16_forward = NULL, out->attention_bf16_backward = NULL;
     ct_ops_fit_fusions(out); // a replaced rmsnorm, rope or swiglu must run inside them too
 }
 
