@@ -238,14 +238,23 @@ static inline float silu_bf16(float g) {
 }
 
 // h = bf16(silu(g) * u) over one row of F.
+CPU_SIMD_CLONES
 static void swiglu_row(uint16_t *h, const uint16_t *g, const uint16_t *u, int F) {
+#pragma omp simd
     for (int f = 0; f < F; f++) h[f] = bf16_round(silu_bf16(bf16_value(g[f])) * bf16_value(u[f]));
 }
 
-static inline void swiglu_grad_bf16(uint16_t *dg, uint16_t *du, float dh, float g, float u) {
-    const float den = denominator_bf16(g), s = bf(1.0f / den);
-    *du = bf16_round(dh * bf(g / den));
-    *dg = bf16_round(bf(bf(dh * u) * s) * bf(1.0f + bf(g * bf(1.0f - s))));
+// dg | du of one row of F from U (dh = bf16(wt * U), as torch's down_proj backward rounds it).
+CPU_SIMD_CLONES
+static void swiglu_grad_row(uint16_t *dg, uint16_t *du, const float *U, float wt, const uint16_t *g,
+                            const uint16_t *u, int F) {
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+        const float dh = bf(wt * U[f]), gf = bf16_value(g[f]), uf = bf16_value(u[f]);
+        const float den = denominator_bf16(gf), s = bf(1.0f / den);
+        du[f] = bf16_round(dh * bf(gf / den));
+        dg[f] = bf16_round(bf(bf(dh * uf) * s) * bf(1.0f + bf(gf * bf(1.0f - s))));
+    }
 }
 
 // y rows rounded to bf16 in place (the down GEMM's output, as autocast rounds it).
@@ -264,8 +273,7 @@ static void row_backward(uint16_t *h, uint16_t *dg, uint16_t *du, uint16_t *d, f
     double s = 0;
     for (int f = 0; f < F; f++) s += (double)U[f] * bf16_value(h[f]);
     *dweight = (float)s;
-    for (int f = 0; f < F; f++)
-        swiglu_grad_bf16(&dg[f], &du[f], bf(wt * U[f]), bf16_value(g[f]), bf16_value(u[f]));
+    swiglu_grad_row(dg, du, U, wt, g, u, F);
     for (int c = 0; c < C; c++) d[c] = bf16_round(wt * dout[c]);
 }
 
