@@ -161,21 +161,6 @@ static outputs reference(const problem *p) {
     return r;
 }
 
-enum { GUARD = 64 };
-static const float guard = -7777.25f;
-
-static float *with_guard(size_t n) {
-    float *b = malloc((n + GUARD) * sizeof *b);
-    for (size_t i = 0; i < n + GUARD; i++) b[i] = guard;
-    return b;
-}
-
-static bool guard_intact(const float *b, size_t n) {
-    for (size_t i = n; i < n + GUARD; i++)
-        if (b[i] != guard) return false;
-    return true;
-}
-
 typedef struct result {
     float *out, *dx, *dweight, *dw; // dw: after the backward (dw0 + the increment)
 } result;
@@ -190,7 +175,7 @@ static result run(const ct_ops *ops, const char *name, const problem *p) {
     const size_t nsc = ops->moe_bf16_scratch_floats(N, C, F, E, K);
     const size_t nw = (size_t)E * 3 * F * C;
     CHECK(nsc != SIZE_MAX, "%s: oneDNN could not make the bf16 expert GEMMs", name);
-    float *state = with_guard(ns), *scratch = with_guard(nsc);
+    float *state = check_guarded(ns), *scratch = check_guarded(nsc);
     result r = {malloc((size_t)N * C * 4), malloc((size_t)N * C * 4), malloc((size_t)N * K * 4),
                 malloc(nw * 4)};
     memcpy(r.dw, p->dw0, nw * 4);
@@ -198,7 +183,7 @@ static result run(const ct_ops *ops, const char *name, const problem *p) {
                           K);
     ops->moe_bf16_backward(r.dx, r.dweight, r.dw, scratch, p->dout, state, p->x16, p->expert,
                            p->weight, p->w16, N, C, F, E, K);
-    CHECK(guard_intact(state, ns) && guard_intact(scratch, nsc),
+    CHECK(check_guard_ok(state, ns) && check_guard_ok(scratch, nsc),
           "%s N%d C%d F%d E%d K%d: wrote past its state (%zu) or scratch (%zu)", name, N, C, F, E,
           K, ns, nsc);
     free(state), free(scratch);

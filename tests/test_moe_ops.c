@@ -80,30 +80,14 @@ static int bits_equal(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof *a) == 0;
 }
 
-// Buffers sized by the kernel get a guard band that must come back untouched.
-enum { GUARD = 64 };
-static const float guard_value = -12345.5f;
-
-static float *guarded(size_t n) {
-    float *p = malloc((n + GUARD) * sizeof *p);
-    for (size_t i = 0; i < n + GUARD; i++) p[i] = guard_value;
-    return p;
-}
-
-static int guard_ok(const float *p, size_t n) {
-    for (size_t i = n; i < n + GUARD; i++)
-        if (p[i] != guard_value) return 0;
-    return 1;
-}
-
 // moe_route_forward with the scratch a model plans for `threads` threads, in a guarded buffer.
 static void route(int32_t *expert, float *weight, float *probs, const float *bias, int N, int E,
                   int K, bool norm, int threads) {
     const size_t ns = moe_route_scratch_floats(E, threads);
-    float *scratch = guarded(ns);
+    float *scratch = check_guarded(ns);
     moe_route_forward(expert, weight, probs, bias, N, E, K, norm, scratch, threads);
-    CHECK(guard_ok(scratch, ns), "router E%d: wrote past its scratch (planned for %d threads)", E,
-          threads);
+    CHECK(check_guard_ok(scratch, ns),
+          "router E%d: wrote past its scratch (planned for %d threads)", E, threads);
     free(scratch);
 }
 
@@ -178,12 +162,12 @@ static moe_result run_impl(const ct_ops *ops, const char *name, const float *x, 
     const size_t nx = (size_t)N * C, nw = (size_t)E * 3 * F * C;
     const size_t ns = ops->moe_state_floats(N, C, F, E, K);
     const size_t nsc = ops->moe_scratch_floats(N, C, F, E, K);
-    float *state = guarded(ns), *scratch = guarded(nsc);
+    float *state = check_guarded(ns), *scratch = check_guarded(nsc);
     moe_result r = {malloc(nx * 4), malloc(nx * 4), malloc((size_t)N * K * 4), fcopy(dw0, nw)};
     ops->moe_forward(r.out, state, scratch, x, expert, weight, w, N, C, F, E, K);
     ops->moe_backward(r.dx, r.dweight, r.dw, scratch, dout, state, x, expert, weight, w, N, C, F, E,
                       K);
-    CHECK(guard_ok(state, ns) && guard_ok(scratch, nsc),
+    CHECK(check_guard_ok(state, ns) && check_guard_ok(scratch, nsc),
           "%s N%d C%d F%d E%d K%d: wrote past "
           "state (%zu) or scratch (%zu)",
           name, N, C, F, E, K, ns, nsc);
