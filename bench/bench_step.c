@@ -4,7 +4,7 @@
 //   bench_step sgemm N REPEATS
 //   bench_step bf16 N REPEATS   (the bf16 peak: oneDNN, as a bf16 linear layer runs)
 //   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
-//   bench_step moe N C F E K STEPS MOE_IMPL SEED
+//   bench_step moe N C F E K STEPS MOE_IMPL SEED [bf16]   (bf16: the experts' bf16 kernels)
 // step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
 // step ("ms") as well as the best ("ms_per_step").
 #include <math.h>
@@ -169,7 +169,7 @@ static void fill_uniform(float *out, size_t n, uint64_t seed, int stream, double
 // router matmul, routing (softmax, top-K, renormalised as Qwen3-30B-A3B), the experts, then the
 // backward of all three from dout; the parameter gradients are zeroed first, as in training.
 static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *moe_impl,
-                     uint64_t seed) {
+                     uint64_t seed, bool bf16) {
     ct_ops ops;
     if (ct_ops_with_moe_impl(&ops, &ct_ops_cpu, moe_impl) != 0) {
         fprintf(stderr, "bench_step: moe impl \"%s\": expected grouped or loop\n", moe_impl);
@@ -181,8 +181,14 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     }
     const size_t NC = (size_t)N * C, NE = (size_t)N * E, NK = (size_t)N * K;
     const size_t EC = (size_t)E * C, W = (size_t)E * 3 * F * C;
-    const size_t state_n = ops.moe_state_floats(N, C, F, E, K);
-    const size_t scratch_n = ops.moe_scratch_floats(N, C, F, E, K);
+    // bf16: the experts' bf16 kernels on a bf16 copy of their weights (the router stays fp32).
+    const size_t state_n = (bf16 ? ops.moe_bf16_state_floats : ops.moe_state_floats)(N, C, F, E, K);
+    const size_t scratch_n =
+        (bf16 ? ops.moe_bf16_scratch_floats : ops.moe_scratch_floats)(N, C, F, E, K);
+    if (scratch_n == SIZE_MAX) {
+        fprintf(stderr, "bench_step: moe: oneDNN could not make the bf16 expert GEMMs\n");
+        return 1;
+    }
     float *x = malloc(NC * 4), *router = malloc(EC * 4), *w = malloc(W * 4);
     float *dout = malloc(NC * 4), *out = malloc(NC * 4), *dx = malloc(NC * 4);
     float *dtmp = malloc(NC * 4), *probs = malloc(NE * 4), *dlogits = malloc(NE * 4);
@@ -204,15 +210,24 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     fill_uniform(router, EC, seed, MOE_ROUTER, init);
     fill_uniform(w, W, seed, MOE_EXPERTS, init);
     fill_uniform(dout, NC, seed, MOE_DOUT, unit / N);
+    uint16_t *w16 = bf16 ? malloc(W * sizeof *w16) : NULL, *x16 = bf16 ? malloc(NC * 2) : NULL;
+    if (w16) ct_ops_cpu.f32_to_bf16(w16, w, W);
+    if (x16) ct_ops_cpu.f32_to_bf16(x16, x, NC);
     for (int s = 0; s < steps + 1; s++) { // first step is warm-up
         const step_clock t0 = clock_start();
         memset(drouter, 0, EC * 4);
         memset(dw, 0, W * 4);
         ops.matmul_forward(probs, x, router, NULL, N, C, E); // logits, softmaxed in place
         moe_route_forward(expert, weight, probs, NULL, N, E, K, true, route_scratch, threads);
-        ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
-        ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F, E,
-                         K);
+        if (bf16) {
+            ops.moe_bf16_forward(out, state, scratch, x16, expert, weight, w16, N, C, F, E, K);
+            ops.moe_bf16_backward(dx, dweight, dw, scratch, dout, state, x16, expert, weight, w16,
+                                  N, C, F, E, K);
+        } else {
+            ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
+            ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F,
+                             E, K);
+        }
         moe_route_backward(dlogits, dweight, NULL, probs, expert, weight, N, E, K, true);
         ops.matmul_backward(dtmp, drouter, NULL, dlogits, x, router, N, C, E);
         ops.add(dx, dx, dtmp, (int64_t)NC);
@@ -224,14 +239,14 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     for (size_t i = 0; i < NC; i++) dot += (double)out[i] * dout[i], ndx += (double)dx[i] * dx[i];
     for (size_t i = 0; i < W; i++) ndw += (double)dw[i] * dw[i];
     for (size_t i = 0; i < EC; i++) ndr += (double)drouter[i] * drouter[i];
-    printf("{\"moe_impl\":\"%s\",", moe_impl);
+    printf("{\"moe_impl\":\"%s\",\"precision\":\"%s\",", moe_impl, bf16 ? "bf16" : "fp32");
     print_times(ms, steps);
     printf(",\"out_dot_dout\":%.9g,\"dx_norm\":%.9g,\"dw_norm\":%.9g,\"drouter_norm\":%.9g,"
            "\"peak_rss_mib\":%.1f}\n",
            dot, sqrt(ndx), sqrt(ndw), sqrt(ndr), sysmem_peak_rss_bytes() / 1048576.0);
     free(x), free(router), free(w), free(dout), free(out), free(dx), free(dtmp), free(probs);
     free(dlogits), free(weight), free(dweight), free(expert), free(drouter), free(dw);
-    free(state), free(scratch), free(route_scratch), free(ms);
+    free(state), free(scratch), free(route_scratch), free(ms), free(w16), free(x16);
     return 0;
 }
 
@@ -242,12 +257,13 @@ int main(int argc, char **argv) {
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "step") == 0)
         return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                            argc == 8 ? argv[7] : "grouped");
-    if (argc == 10 && strcmp(argv[1], "moe") == 0)
+    if ((argc == 10 || (argc == 11 && strcmp(argv[10], "bf16") == 0)) &&
+        strcmp(argv[1], "moe") == 0)
         return bench_moe(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
-                         atoi(argv[7]), argv[8], strtoull(argv[9], NULL, 10));
+                         atoi(argv[7]), argv[8], strtoull(argv[9], NULL, 10), argc == 11);
     fprintf(stderr, "usage: bench_step sgemm N REPEATS\n"
                     "       bench_step bf16 N REPEATS\n"
                     "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
-                    "       bench_step moe N C F E K STEPS grouped|loop SEED\n");
+                    "       bench_step moe N C F E K STEPS grouped|loop SEED [bf16]\n");
     return 2;
 }

@@ -49,6 +49,23 @@ static inline double check_rel_l2(const float *a, const float *b, size_t n) {
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
 }
 
+// A buffer of n floats followed by a guard band that must come back untouched: a kernel given
+// the size it asked for wrote nothing past it.
+#define CHECK_GUARD 64
+#define CHECK_GUARD_VALUE -12345.5f
+
+static inline float *check_guarded(size_t n) {
+    float *p = malloc((n + CHECK_GUARD) * sizeof *p);
+    for (size_t i = 0; i < n + CHECK_GUARD; i++) p[i] = CHECK_GUARD_VALUE;
+    return p;
+}
+
+static inline int check_guard_ok(const float *p, size_t n) {
+    for (size_t i = n; i < n + CHECK_GUARD; i++)
+        if (p[i] != CHECK_GUARD_VALUE) return 0;
+    return 1;
+}
+
 static inline double check_max_abs(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {

@@ -12,6 +12,8 @@
 // - The chunked loss head: the same loss and gradients (to fp32 rounding: the lm_head gradient
 //   is summed chunk by chunk), whether the head's backward runs inside qwen3_forward_train or
 //   recomputes the logits in qwen3_backward; the logits buffer shrinks to one chunk.
+// - bf16 mixed precision with the experts in bf16: checkpointing as bit-exact as in fp32, and
+//   the experts' smaller saved state in the plan.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,6 +58,7 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
     m.mem_opts = opts;
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
     qwen3_init_random(&m, 7, NULL);
+    qwen3_refresh_bf16(&m); // opts.bf16: the weights' bf16 copy
     moe_balance bal;
     CHECK(moe_balance_init(&bal, &m, 1, &err) == 0, "balance: %s", err.msg);
     qwen3_zero_grad(&m);
@@ -146,6 +149,47 @@ static void check_op_policy(const qwen3_config *cfg, size_t np, size_t ns, const
     }
 }
 
+// bf16 mixed precision with the experts in bf16 (both kernels): checkpointing, whole layers or
+// the op policy, recomputes them bit for bit; the loss stays near the one with fp32 experts; and
+// their saved state is smaller than the fp32 kernels' by half the gate/up outputs: with Qwen3's
+// vocabulary (the logits then set the shared scratch region) the plan is smaller by exactly
+// that, per sparse layer.
+static void check_bf16(const qwen3_config *cfg, size_t np, size_t ns, const int32_t *in,
+                       const int32_t *tg) {
+    const qwen3_memory_opts fp_experts = {.bf16 = true}, bf = {.bf16 = true, .bf16_experts = true};
+    const char *impl[] = {"grouped", "loop"};
+    for (int j = 0; j < 2; j++) {
+        ct_ops ops;
+        CHECK(ct_ops_with_moe_impl(&ops, &ct_ops_cpu, impl[j]) == 0, "%s", impl[j]);
+        run base = train_step(cfg, &ops, bf, true, in, tg);
+        for (int mode = 0; mode < 2; mode++) {
+            qwen3_memory_opts o = bf;
+            o.ac_every = mode == 0, o.ac_op = mode == 1;
+            run r = train_step(cfg, &ops, o, true, in, tg);
+            char what[64];
+            snprintf(what, sizeof what, "bf16 experts (%s), %s", impl[j],
+                     mode ? "ac_op" : "ac_every 1");
+            same_bits(&r, &base, np, ns, what);
+            free(r.grads), free(r.load);
+        }
+        run f = train_step(cfg, &ops, fp_experts, true, in, tg);
+        CHECK(isfinite(base.loss) && fabs(base.loss - f.loss) < 1e-2 * fabs(f.loss),
+              "bf16 experts (%s): loss %.9g, with fp32 experts %.9g", impl[j], base.loss, f.loss);
+        free(f.grads), free(f.load), free(base.grads), free(base.load);
+    }
+    qwen3_config big = *cfg;
+    big.vocab_size = 151936;
+    const int N = B * T, C = cfg->hidden_size, F = cfg->moe_intermediate_size;
+    const int E = cfg->num_experts, K = cfg->num_experts_per_tok;
+    const size_t per_layer = ct_ops_cpu.moe_state_floats(N, C, F, E, K) -
+                             ct_ops_cpu.moe_bf16_state_floats(N, C, F, E, K);
+    const size_t saved = qwen3_memory_plan_ops(&big, NULL, B, T, &fp_experts).activations -
+                         qwen3_memory_plan_ops(&big, NULL, B, T, &bf).activations;
+    CHECK(per_layer >= align16((size_t)N * K * F) && saved == 2 * per_layer * sizeof(float),
+          "bf16 experts: the plan shrank by %zu bytes, expected 2 sparse layers x %zu floats",
+          saved, per_layer);
+}
+
 int main(void) {
     const qwen3_config cfg = small_moe();
     int32_t in[B * T + 1], tg[B * T + 1]; // the second micro-batch starts one later
@@ -214,6 +258,7 @@ int main(void) {
           "a 16-row loss chunk saved %zu bytes of the logits", saved);
 
     check_op_policy(&cfg, np, ns, in, tg);
+    check_bf16(&cfg, np, ns, in, tg);
     const qwen3_memory_opts op3 = {.ac_every = 3, .ac_op = true};
     CHECK(qwen3_layer_recompute(&op3, 2) == QWEN3_AC_LAYER &&
               qwen3_layer_recompute(&op3, 1) == QWEN3_AC_OPS &&

@@ -80,30 +80,14 @@ static int bits_equal(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof *a) == 0;
 }
 
-// Buffers sized by the kernel get a guard band that must come back untouched.
-enum { GUARD = 64 };
-static const float guard_value = -12345.5f;
-
-static float *guarded(size_t n) {
-    float *p = malloc((n + GUARD) * sizeof *p);
-    for (size_t i = 0; i < n + GUARD; i++) p[i] = guard_value;
-    return p;
-}
-
-static int guard_ok(const float *p, size_t n) {
-    for (size_t i = n; i < n + GUARD; i++)
-        if (p[i] != guard_value) return 0;
-    return 1;
-}
-
 // moe_route_forward with the scratch a model plans for `threads` threads, in a guarded buffer.
 static void route(int32_t *expert, float *weight, float *probs, const float *bias, int N, int E,
                   int K, bool norm, int threads) {
     const size_t ns = moe_route_scratch_floats(E, threads);
-    float *scratch = guarded(ns);
+    float *scratch = check_guarded(ns);
     moe_route_forward(expert, weight, probs, bias, N, E, K, norm, scratch, threads);
-    CHECK(guard_ok(scratch, ns), "router E%d: wrote past its scratch (planned for %d threads)", E,
-          threads);
+    CHECK(check_guard_ok(scratch, ns),
+          "router E%d: wrote past its scratch (planned for %d threads)", E, threads);
     free(scratch);
 }
 
@@ -178,12 +162,12 @@ static moe_result run_impl(const ct_ops *ops, const char *name, const float *x, 
     const size_t nx = (size_t)N * C, nw = (size_t)E * 3 * F * C;
     const size_t ns = ops->moe_state_floats(N, C, F, E, K);
     const size_t nsc = ops->moe_scratch_floats(N, C, F, E, K);
-    float *state = guarded(ns), *scratch = guarded(nsc);
+    float *state = check_guarded(ns), *scratch = check_guarded(nsc);
     moe_result r = {malloc(nx * 4), malloc(nx * 4), malloc((size_t)N * K * 4), fcopy(dw0, nw)};
     ops->moe_forward(r.out, state, scratch, x, expert, weight, w, N, C, F, E, K);
     ops->moe_backward(r.dx, r.dweight, r.dw, scratch, dout, state, x, expert, weight, w, N, C, F, E,
                       K);
-    CHECK(guard_ok(state, ns) && guard_ok(scratch, nsc),
+    CHECK(check_guard_ok(state, ns) && check_guard_ok(scratch, nsc),
           "%s N%d C%d F%d E%d K%d: wrote past "
           "state (%zu) or scratch (%zu)",
           name, N, C, F, E, K, ns, nsc);
@@ -592,8 +576,11 @@ static void test_wide_router_threads(void) {
 // A tiny Qwen3-MoE with 1100 experts of width 2, top-2: the router's top-k needs the planned
 // scratch. Its training step allocates nothing; both expert kernels give the same loss and
 // gradients; its logits equal the PyTorch reference's (tests/ref/hf_logits.py on the model
-// saved as an HF folder; max abs 1e-4 as test_parity).
-static void test_wide_router_model(void) {
+// saved as an HF folder; max abs 1e-4 as test_parity). With bf16 (mixed precision, the experts
+// in bf16 too): the step allocates nothing either (oneDNN's own allocations are libdnnl's, not
+// ctitan's), and the two kernels agree as closely (measured: the same loss, gradients 5.5e-14
+// rel L2); no PyTorch comparison.
+static void test_wide_router_model(bool bf16) {
     qwen3_config c;
     memset(&c, 0, sizeof c);
     c.vocab_size = 40, c.hidden_size = 8, c.intermediate_size = 8, c.num_hidden_layers = 2;
@@ -615,6 +602,7 @@ static void test_wide_router_model(void) {
     ct_error err = {{0}};
     for (int i = 0; i < 2; i++) {
         int rc = qwen3_init(&m[i], &c, impls[i], &err);
+        m[i].mem_opts = (qwen3_memory_opts){.bf16 = bf16, .bf16_experts = bf16};
         if (rc == 0) qwen3_init_random(&m[i], 5, NULL);
         if (rc == 0) rc = qwen3_plan(&m[i], B, T, &err);
         CHECK(rc == 0, "1100 experts: %s", err.msg);
@@ -623,6 +611,7 @@ static void test_wide_router_model(void) {
         for (int l = 0; l < c.num_hidden_layers; l++)
             for (size_t k = 0; k < (size_t)c.num_experts * c.hidden_size; k++)
                 m[i].w.layers[l].router[k] *= 50.0f;
+        qwen3_refresh_bf16(&m[i]);
         for (int step = 0; step < 2; step++) { // the first warms up BLAS and OpenMP
             qwen3_zero_grad(&m[i]);
             int64_t n_valid = 0;
@@ -635,18 +624,23 @@ static void test_wide_router_model(void) {
         }
     }
     if (!COUNT_MALLOCS) printf("SKIP counting the step's mallocs: AddressSanitizer build\n");
+    const char *prec = bf16 ? "bf16" : "fp32";
     CHECK(mallocs[0] == 0 && mallocs[1] == 0,
-          "1100 experts: the training step called malloc %ld (loop) and %ld (grouped) times",
-          mallocs[0], mallocs[1]);
+          "1100 experts (%s): the training step called malloc %ld (loop) and %ld (grouped) times",
+          prec, mallocs[0], mallocs[1]);
     double dg = check_rel_l2(m[0].grad_mem, m[1].grad_mem, m[0].num_params);
+    printf("1100 experts (%s): loop vs grouped: loss rel %.2g, grads rel L2 %.2g\n", prec,
+           fabs(loss[0] - loss[1]) / fabs(loss[1]), dg);
     CHECK(isfinite(loss[0]) && fabs(loss[0] - loss[1]) <= 1e-6 * fabs(loss[1]) && dg < 1e-6,
-          "1100 experts: loop vs grouped: loss %.9g vs %.9g, grads rel L2 %.3g", loss[0], loss[1],
-          dg);
+          "1100 experts (%s): loop vs grouped: loss %.9g vs %.9g, grads rel L2 %.3g", prec, loss[0],
+          loss[1], dg);
 
     // Against PyTorch: the logits of the same weights saved as an HF folder.
     const char *tmp = getenv("CTITAN_TMP"), *py = getenv("CTITAN_PYTHON");
     const char *src = getenv("CTITAN_SOURCE_DIR");
-    if (!tmp || !py || !src) {
+    if (bf16) {
+        // fp32's comparison covers the model; bf16's logits are not PyTorch's fp32 ones.
+    } else if (!tmp || !py || !src) {
         printf("SKIP 1100 experts vs PyTorch: run through ctest\n");
     } else {
         char dir[4096], npy[4200], out[4200], cmd[16384];
@@ -756,7 +750,8 @@ int main(void) {
     test_router(2, 1100, 20, 0, 0, 0);
     test_router_threads();
     test_wide_router_threads();
-    test_wide_router_model();
+    test_wide_router_model(false);
+    test_wide_router_model(true);
     test_ties_hardcoded();
     test_ties_torch_file();
     return check_summary();

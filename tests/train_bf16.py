@@ -2,7 +2,8 @@
 """bf16 mixed-precision training (issue 18) against PyTorch's CPU autocast: each case of
 tests/ref/bf16_ref.py (DIR/bf16/) runs through `ctitan train ... --training.mixed_precision_param
 bfloat16` (and the MoE case with both expert kernels) and float32, with the issue's bounds or
-tighter ones (the constants below: about 10x what was measured):
+tighter ones (GLOBAL_BOUNDS below, and MOE_BOUNDS for the MoE case: about 10x what was
+measured):
 
 - the first step's loss within 1e-3 relative of torch's autocast run (the issue: 1e-2), its
   pre-clip gradient norm within 1e-2 relative (the issue: 5e-2);
@@ -17,7 +18,9 @@ tighter ones (the constants below: about 10x what was measured):
   windows (B * accum, one batch) prints a loss within 3e-3 relative of torch's first-step loss
   (MoE: the aux loss then covers the whole batch, not each micro-batch), a gradient norm within
   1e-2, and says it computed in bf16 (its "source dtype:" line says
-  "computed in" bf16/bfloat16, or --json has "mixed_precision_param": "bfloat16").
+  "computed in" bf16/bfloat16, or --json has "mixed_precision_param": "bfloat16");
+- plugins (the ABI is fp32): a matmul plugin keeps a bf16 run entirely fp32 (bit for bit the
+  float32 run); an expert plugin keeps only the experts fp32, which the precision: line says.
 Also, as a check of this test's own command lines: ctitan's float32 run against torch's fp32 run
 of the same case (meta "fp32_loss"), mean |diff| <= 3e-6 (measured 2.4e-7).
 
@@ -93,10 +96,25 @@ BIN, REF, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_REF_DIR"], os.envir
 # The issue's contract is 1e-2 (first loss), 5e-2 (first gradient norm) and 2e-2 (the curves);
 # the bounds here are tighter, about 10x what was measured (the worst case beside each), so that a
 # regression well inside the contract still shows.
-FIRST_LOSS_REL = 1e-3  # measured 1.1e-4
-FIRST_GRAD_NORM_REL = 1e-2  # measured 1.1e-3
-CURVE_MEAN_ABS = 2e-2  # measured 4.2e-3 against torch's autocast run, 3.3e-3 against ctitan fp32
-VERIFY_LOSS_REL = 3e-3  # measured 3.9e-4 (MoE: verify's aux is over the whole batch)
+GLOBAL_BOUNDS = dict(
+    first_loss_rel=1e-3,  # measured 1.1e-4
+    first_grad_norm_rel=1e-2,  # measured 1.1e-3
+    curve_mean_abs=2e-2,  # measured 4.2e-3 against torch's autocast run, 3.3e-3 against fp32
+    verify_loss_rel=3e-3,  # measured 3.9e-4 (MoE: verify's aux is over the whole batch)
+)
+# The MoE case since its experts run in bf16 too. Measured on main before (fp32 experts, after
+# main's bf16 activations, loss head and attention): first loss 8.1e-5, grad norm 7.8e-4 (verify
+# 5.4e-4), curve 2.2e-3 and 1.6e-3 against fp32, verify loss 5.2e-4. With bf16 experts (whose
+# forward is autocast's MoE block bit for bit given the same input) step 1 routes as torch and its
+# cross-entropy lands nearer (1.07e-3 -> 0.92e-3 absolute) but the total with the aux term further;
+# later steps are set by single routing flips (~3e-3 each), so the curve stays at the issue's 2e-2.
+MOE_BOUNDS = dict(
+    cases=["moe_hf_aux_norm_f32"],
+    first_loss_rel=1.5e-3,  # measured 1.4e-4 (both kernels and emulated)
+    first_grad_norm_rel=1e-2,  # measured 6.4e-4 (verify 1.2e-3)
+    curve_mean_abs=2e-2,  # measured 4.2e-3 (emulated 4.4e-3) against autocast, 2.7e-3 against fp32
+    verify_loss_rel=5e-3,  # measured 5.8e-4 (verify's aux is over the whole batch)
+)
 FP32_MEAN_ABS = 3e-6  # measured 2.4e-7: ctitan float32 against torch fp32, this test's plumbing
 STOP = 10  # the checkpoint the resumed run starts from
 
@@ -148,16 +166,21 @@ def bound(label, what, got, limit):
     check(ok, "%s: %s %.3e > %.0e" % (label, what, got, limit))
 
 
-def compare_to_ref(label, rows, m):
+def bounds_of(name):
+    """The case's bounds: the MoE case's own (MOE_BOUNDS) or the global ones."""
+    return MOE_BOUNDS if name in MOE_BOUNDS["cases"] else GLOBAL_BOUNDS
+
+
+def compare_to_ref(label, rows, m, b):
     ref = m["log"]
     got = [rows[k + 1]["loss"] for k in range(m["steps"])]
     bound(label, "first-step loss rel vs torch bf16",
-          abs(got[0] - ref[0]["loss"]) / ref[0]["loss"], FIRST_LOSS_REL)
+          abs(got[0] - ref[0]["loss"]) / ref[0]["loss"], b["first_loss_rel"])
     bound(label, "first-step grad_norm rel vs torch",
           abs(rows[1]["grad_norm"] - ref[0]["grad_norm"]) / ref[0]["grad_norm"],
-          FIRST_GRAD_NORM_REL)
+          b["first_grad_norm_rel"])
     bound(label, "mean |loss - torch bf16|", mean_abs(got, [e["loss"] for e in ref]),
-          CURVE_MEAN_ABS)
+          b["curve_mean_abs"])
     return got
 
 
@@ -187,7 +210,7 @@ def resume(label, d, m, straight_dump, straight):
         [straight[k]["loss"] for k in sorted(straight)]))
 
 
-def verify(label, d, m):
+def verify(label, d, m, b):
     cmd = [BIN, "verify", "--model.hf_path", os.path.join(d, "hf"), "--training.dataset_path",
            os.path.join(d, "tokens.npy"), "--training.seq_len", str(m["T"]),
            "--training.local_batch_size", str(m["B"] * m["accum"]),
@@ -204,29 +227,54 @@ def verify(label, d, m):
           "%s: verify does not say it computed in bf16: %s" % (label, line))
     ref = m["log"][0]
     bound(label, "verify loss rel vs torch bf16", abs(out["loss"] - ref["loss"]) / ref["loss"],
-          VERIFY_LOSS_REL)
+          b["verify_loss_rel"])
     bound(label, "verify grad_norm rel vs torch",
-          abs(out["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"], FIRST_GRAD_NORM_REL)
+          abs(out["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"], b["first_grad_norm_rel"])
+
+
+def with_plugin(name, d, m, stem, suffix):
+    """A bfloat16 run of the case with the test plugin lib<stem>.so: (its metric rows or None,
+    its precision: line or "")."""
+    plugin = os.path.join(os.environ["CTITAN_BUILD_DIR"], "tests", "plugins",
+                          "lib%s.so" % stem)
+    out = []
+    rows = train(d, m, os.path.join(TMP, name + suffix), BF16, log=out,
+                 **{"override.imports": plugin})
+    said = [s for s in out[0].splitlines() if s.startswith("precision")] if out else []
+    return rows, said[0] if said else ""
 
 
 def matmul_plugin(name, d, m, fp):
     """The plugin ABI is fp32: with a plugin's matmul, a bfloat16 run keeps its linear layers in
     fp32 around it and says so. The test plugin's forward is the built-in's sgemm call, so the
     run's losses are ctitan's float32 run's, bit for bit."""
-    plugin = os.path.join(os.environ["CTITAN_BUILD_DIR"], "tests", "plugins",
-                          "libmatmul_forward_blas.so")
-    out = []
-    rows = train(d, m, os.path.join(TMP, name + "_plugin"), BF16, log=out,
-                 **{"override.imports": plugin})
+    rows, said = with_plugin(name, d, m, "matmul_forward_blas", "_plugin")
     if not rows:
         return
-    check("float32: the matmul plugin's kernel is fp32" in out[0],
-          "%s: a bf16 run with a matmul plugin does not say it keeps fp32: %s" % (
-              name, [s for s in out[0].splitlines() if s.startswith("precision")]))
+    check("float32: the matmul plugin's kernel is fp32" in said,
+          "%s: a bf16 run with a matmul plugin does not say it keeps fp32: %s" % (name, said))
     same = [rows[k]["loss"] for k in sorted(rows)] == [fp[k]["loss"] for k in sorted(fp)]
     print("%-40s bf16 with a matmul plugin: fp32 losses %s" % (
         name, "bit for bit" if same else "DIFFER"))
     check(same, "%s: a bf16 run with a matmul plugin is not the float32 run" % name)
+
+
+def experts_plugin(name, d, m):
+    """The plugin ABI is fp32: with a plugin's experts (tests/plugins/moe_experts_naive.c), a
+    bfloat16 run keeps them in fp32 (the plugin's kernel runs, as its call counters show) while
+    the linear layers run in bf16, and says so. Its curve is held to the global bounds: fp32
+    experts land where the bf16 runs did before the experts went bf16."""
+    rows, said = with_plugin(name, d, m, "moe_experts_naive", "_experts_plugin")
+    if not rows:
+        return
+    check("linear layers in bf16" in said and
+          "the MoE experts in fp32: the expert plugin's kernel is fp32" in said,
+          "%s: a bf16 run with an expert plugin does not say it keeps them fp32: %s" % (
+              name, said))
+    calls = rows[m["steps"]].get("override_calls", {}).get("moe_experts", {})
+    check(calls.get("forward_calls", 0) > 0 and calls.get("backward_calls", 0) > 0,
+          "%s: the expert plugin's kernels did not run: %s" % (name, calls))
+    compare_to_ref(name + "/experts_plugin", rows, m, GLOBAL_BOUNDS)
 
 
 def run_case(name):
@@ -241,12 +289,14 @@ def run_case(name):
         bound(name, "fp32: mean |loss - torch fp32|", mean_abs(
             [fp[k + 1]["loss"] for k in range(m["steps"])], [x["fp32_loss"] for x in m["log"]]),
             FP32_MEAN_ABS)
+    b = bounds_of(name)
     bf = train(d, m, dump, BF16)
     if bf:
-        got = compare_to_ref(name, bf, m)
+        got = compare_to_ref(name, bf, m, b)
         if fp:
             bound(name, "mean |loss bf16 - ctitan fp32|",
-                  mean_abs(got, [fp[k + 1]["loss"] for k in range(m["steps"])]), CURVE_MEAN_ABS)
+                  mean_abs(got, [fp[k + 1]["loss"] for k in range(m["steps"])]),
+                  b["curve_mean_abs"])
         again = train(d, m, dump + "_again", BF16)
         if again:
             same = [again[k]["loss"] for k in sorted(again)] == got
@@ -272,12 +322,13 @@ def run_case(name):
     if emulated:
         check("bf16 matmuls are emulated on OpenBLAS sgemm" in out[0],
               "%s: an emulated bf16 run does not say so" % name)
-        compare_to_ref(name + "/emulated", emulated, m)
+        compare_to_ref(name + "/emulated", emulated, m, b)
     if "load_balance" in m:  # the other expert kernel against the reference too
         loop = train(d, m, dump + "_loop", BF16, "loop")
         if loop:
-            compare_to_ref(name + "/loop", loop, m)
-    verify(name, d, m)
+            compare_to_ref(name + "/loop", loop, m, b)
+        experts_plugin(name, d, m)
+    verify(name, d, m, b)
 
 
 index = json.load(open(os.path.join(REF, "bf16", "index.json")))

@@ -330,8 +330,10 @@ int cmd_verify(int argc, char **argv) {
     run_setup_log_kernels(&setup, out);
     fprintf(out, "source dtype: %s%s (%d file(s)); computed in %s\n", dtype_name(rep.source_dtype),
             rep.mixed_dtypes ? " (mixed)" : "", rep.n_files,
-            setup.mem_opts.bf16 ? "bf16 mixed precision (linear layers in bf16, the rest fp32)"
-                                : "fp32");
+            !setup.mem_opts.bf16 ? "fp32"
+            : m.n_sparse && setup.mem_opts.bf16_experts
+                ? "bf16 mixed precision (linear layers and MoE experts in bf16, the rest fp32)"
+                : "bf16 mixed precision (linear layers in bf16, the rest fp32)");
     const size_t n_hf = qwen3_num_hf_parameters(&m);
     if (n_hf == m.num_params)
         fprintf(out, "params: %zu\n", n_hf);

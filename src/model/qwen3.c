@@ -191,6 +191,11 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
 // Sparse MoE block: out (N,C) = a->resid2 + experts(ln2) routed by the router. The routing
 // statistics for the load-balancing loss and the expert bias are summed as a side effect.
 
+// A weight's bf16 copy: the same offset in param_bf16 (refreshed once per optimizer step).
+static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
+    return m->param_bf16 + (w - m->param_mem);
+}
+
 // `count` adds the routing statistics of these tokens; a recomputation (activation
 // checkpointing) must not count them twice.
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
@@ -205,8 +210,12 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     if (count)
         op->moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E,
                             d.K);
-    op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w, w->experts,
-                    d.N, d.C, d.Fm, d.E, d.K);
+    if (qwen3_bf16_experts(&m->mem_opts))
+        op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2_16, a->expert, a->route_w,
+                             bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
+    else
+        op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w,
+                        w->experts, d.N, d.C, d.Fm, d.E, d.K);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
 
@@ -217,9 +226,16 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
-    op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
-                     a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
+    // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
+    if (qwen3_bf16_experts(&m->mem_opts)) {
+        op->moe_bf16_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid,
+                              a->moe_state, a->ln2_16, a->expert, a->route_w,
+                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
+    } else {
+        from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
+        op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
+                         a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
+    }
     op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
                            a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
     linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, a->ln2, a->ln2_16, w->router, d.N, d.C,

@@ -75,6 +75,10 @@ typedef struct qwen3_memory_opts {
     // bf16 copy of the weights (param_bf16, refreshed by qwen3_refresh_bf16) with fp32
     // accumulation; the rest stays fp32. The weights, gradients and optimizer stay fp32.
     bool bf16;
+    // With bf16, a MoE model's experts run the table's moe_bf16 kernels too (bf16 GEMMs on the
+    // same copy; gate/up saved in bf16). false keeps them on the fp32 moe kernels: a plugin's
+    // expert kernel (the plugin ABI is fp32).
+    bool bf16_experts;
 } qwen3_memory_opts;
 
 typedef struct qwen3_model {

@@ -81,6 +81,12 @@ typedef struct qwen3_acts {
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
 } qwen3_acts;
 
+// Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
+// .bf16_experts.
+static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
+    return opts && opts->bf16 && opts->bf16_experts;
+}
+
 // bf16 mixed precision's loss head: the lm_head writes bf16 logits and the cross-entropy reads
 // them, as torch's autocast does (unless a plugin's cross-entropy, fp32 by the ABI, replaced the
 // table's: then the logits stay fp32).

@@ -184,8 +184,8 @@ static void take_act(float **p, uint16_t **p16, bool bf16, carve *cv, unsigned o
 // dense layer has, and of those in `sparse` that a sparse one has (the recompute set may need
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
-                         const ct_ops *ops, int B, int T, bool bf16, unsigned dense,
-                         unsigned sparse) {
+                         const ct_ops *ops, int B, int T, bool bf16, bool bf16_experts,
+                         unsigned dense, unsigned sparse) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
     const size_t E = d.E, K = d.K;
@@ -215,8 +215,10 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     take(&expert, cv, sparse, ACT_KEPT, N * K);
     la->expert = (int32_t *)expert;
     take(&la->route_w, cv, sparse, ACT_KEPT, N * K);
+    const ctitan_moe_experts_floats_fn moe_state =
+        bf16_experts ? ops->moe_bf16_state_floats : ops->moe_state_floats;
     take(&la->moe_state, cv, sparse, ACT_KEPT,
-         ops->moe_state_floats(B * T, (int)C, cfg->moe_intermediate_size, (int)E, (int)K));
+         moe_state(B * T, (int)C, cfg->moe_intermediate_size, (int)E, (int)K));
 }
 
 // The buffers a layer recomputed this way takes from the recompute set (and so does not own).
@@ -289,7 +291,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         else
             dense_rc |= cls;
     }
-    if (dense_rc | sparse_rc) layer_layout(&shared, &cv, cfg, ops, B, T, bf16, dense_rc, sparse_rc);
+    if (dense_rc | sparse_rc)
+        layer_layout(&shared, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), dense_rc,
+                     sparse_rc);
     int n_sparse = 0;
     for (int l = 0; l < L; l++) {
         qwen3_layer_acts dummy, *la = a->layers ? &a->layers[l] : &dummy;
@@ -297,7 +301,8 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         const qwen3_layer_ac ac = qwen3_layer_recompute(opts, l);
         const unsigned own = ACT_ALL & ~recomputed_classes(ac);
         *la = ac == QWEN3_AC_NONE ? (qwen3_layer_acts){0} : shared;
-        layer_layout(la, &cv, cfg, ops, B, T, bf16, sparse ? 0 : own, sparse ? own : 0);
+        layer_layout(la, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), sparse ? 0 : own,
+                     sparse ? own : 0);
         la->resid = carve_take(&cv, N * C);
         la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
@@ -333,7 +338,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->swiglu_scratch = carve_take(
         &cv, ops->swiglu_rows_scratch_floats ? ops->swiglu_rows_scratch_floats(n, (int)F) : 0);
     a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
-    a->moe_scratch = moe ? carve_take(&cv, ops->moe_scratch_floats(n, c, fm, e, k)) : NULL;
+    const ctitan_moe_experts_floats_fn moe_scratch =
+        qwen3_bf16_experts(opts) ? ops->moe_bf16_scratch_floats : ops->moe_scratch_floats;
+    const size_t moe_floats = moe ? moe_scratch(n, c, fm, e, k) : 0;
+    a->moe_scratch = moe ? carve_take(&cv, moe_floats == SIZE_MAX ? 0 : moe_floats) : NULL;
     // A router with more experts than fit on a thread's stack sorts its top-k in here (live
     // only during moe_route_forward, like the other layer scratch above).
     a->route_threads = omp_get_max_threads();
@@ -499,6 +507,16 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                            "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
                            "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",
                            B, T);
+        if (m->n_sparse && qwen3_bf16_experts(&m->mem_opts) &&
+            (!m->ops->moe_bf16_forward || !m->ops->moe_bf16_backward ||
+             !m->ops->moe_bf16_state_floats || !m->ops->moe_bf16_scratch_floats ||
+             m->ops->moe_bf16_scratch_floats(B * T, c->hidden_size, c->moe_intermediate_size,
+                                             c->num_experts, c->num_experts_per_tok) == SIZE_MAX))
+            return ct_fail(err,
+                           "qwen3_plan: oneDNN could not create the bf16 expert GEMMs for hidden "
+                           "size %d, moe_intermediate_size %d (training.mixed_precision_param = "
+                           "\"bfloat16\")",
+                           c->hidden_size, c->moe_intermediate_size);
         if (!m->param_bf16 && !(m->param_bf16 = be->alloc(be, m->num_params * sizeof(uint16_t),
                                                           "the bf16 copy of the weights", err)))
             return ct_wrap(err, "qwen3_plan");

@@ -16,6 +16,7 @@
 
 #include "ops/bf16_round.h"
 #include "ops/matmul_bf16_internal.h"
+#include "ops/onednn.h"
 #include "ops/ops_cpu.h"
 
 typedef enum { MM_FORWARD, MM_FORWARD_BF16_OUT, MM_DINP, MM_DWEIGHT, MM_KINDS } mm_kind;
@@ -32,46 +33,23 @@ typedef struct mm_shape {
 } mm_shape;
 
 #define MM_MAX_SHAPES 64
-static dnnl_engine_t engine;
-static dnnl_stream_t stream;
 static mm_shape shapes[MM_MAX_SHAPES];
 static int n_shapes;
 
-static dnnl_memory_desc_t md2(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
-                              dnnl_data_type_t t) {
-    dnnl_memory_desc_t md;
-    dnnl_dims_t dims = {rows, cols}, strides = {rs, cs};
-    dnnl_memory_desc_init_by_strides(&md, 2, dims, t, strides);
-    return md;
-}
+#define md2 onednn_md2
 
 // One primitive: src (M,K) @ weights (K,Nn) -> dst (M,Nn), dst += when `accumulate`.
 static int make_prim(mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weights,
                      dnnl_memory_desc_t dst, bool accumulate) {
-    dnnl_matmul_desc_t desc;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t post = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    int ok =
-        dnnl_matmul_desc_init(&desc, &src, &weights, NULL, &dst) == dnnl_success &&
-        dnnl_primitive_attr_create(&attr) == dnnl_success &&
-        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
-    if (ok && accumulate)
-        ok = dnnl_post_ops_create(&post) == dnnl_success &&
-             dnnl_post_ops_append_sum(post, 1.0f) == dnnl_success &&
-             dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
-    ok = ok && dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL) == dnnl_success &&
-         dnnl_primitive_create(&p->prim, pd) == dnnl_success;
-    const dnnl_memory_desc_t *pad =
-        ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
-    p->pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
+    dnnl_memory_desc_t pad;
+    const dnnl_engine_t engine = onednn_engine();
+    int ok = onednn_matmul_create(&p->prim, &pad, &src, &weights, &dst, accumulate) == 0;
+    p->pad_bytes = ok ? dnnl_memory_desc_get_size(&pad) : 0;
     ok = ok && dnnl_memory_create(&p->src, &src, engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dnnl_memory_create(&p->weights, &weights, engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dnnl_memory_create(&p->dst, &dst, engine, DNNL_MEMORY_NONE) == dnnl_success &&
-         (!pad || dnnl_memory_create(&p->pad, pad, engine, DNNL_MEMORY_NONE) == dnnl_success);
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (post) dnnl_post_ops_destroy(post);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+         (!p->pad_bytes ||
+          dnnl_memory_create(&p->pad, &pad, engine, DNNL_MEMORY_NONE) == dnnl_success);
     return ok ? 0 : -1;
 }
 
@@ -113,9 +91,7 @@ static mm_shape *prepare(int N, int C, int OC) {
 
 // The shape's oneDNN primitives; false when oneDNN cannot make them.
 static bool make_shape(mm_shape *s, int N, int C, int OC) {
-    if (!engine && (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
-                    dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success))
-        return false;
+    if (!onednn_engine()) return false;
     const dnnl_data_type_t b16 = dnnl_bf16, f32 = dnnl_f32;
     // forward: inp (N,C) @ W^T, W (OC,C) read as (C,OC) with strides (1,C)
     if (make_prim(&s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
@@ -174,8 +150,8 @@ static void run(mm_prim *p, const void *src, const void *weights, void *dst, voi
                                {DNNL_ARG_DST, p->dst},
                                {DNNL_ARG_SCRATCHPAD, p->pad}};
     if (p->pad) dnnl_memory_set_data_handle(p->pad, scratch);
-    dnnl_primitive_execute(p->prim, stream, p->pad ? 4 : 3, args);
-    dnnl_stream_wait(stream);
+    dnnl_primitive_execute(p->prim, onednn_stream(), p->pad ? 4 : 3, args);
+    dnnl_stream_wait(onednn_stream());
 }
 
 // The shape's primitives: prepared when the model planned its buffers.

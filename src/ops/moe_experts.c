@@ -18,7 +18,9 @@
 // whichever thread runs it, and every expert's mode (concurrent or alone) depends on the
 // routing and the BLAS thread count only. OpenBLAS rounds differently with a different number of
 // its own threads, so results are bitwise reproducible for a fixed BLAS thread count and do not
-// depend on the OpenMP thread count.
+// depend on the OpenMP thread count. (The bf16 variants, moe_experts_bf16.c, keep the plan, the
+// order and the schedule; their GEMMs are oneDNN's on OpenMP threads, so theirs are reproducible
+// for a fixed OpenMP thread count.)
 //
 // The per-layer state holds only what the backward needs (the plan and the gate/up outputs);
 // the forward's workspace is the shared scratch, and the backward re-gathers x.
@@ -26,6 +28,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops/moe_plan.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
 
@@ -33,40 +36,29 @@
 // concurrent schedule cannot balance it: with many cores one thread would carry the layer) and
 // has at least this many multiply-adds per forward (3*F*C per row). Measured on the 2-core
 // development machine, single GEMMs of the fused gate|up shape: 2 BLAS threads give 1.2x at
-// ~2M multiply-adds, 1.4x from ~6M, 1.6-1.9x from ~75M.
+// ~2M multiply-adds, 1.4x from ~6M, 1.6-1.9x from ~75M. The bf16 kernels (moe_experts_bf16.c)
+// share the schedule and this threshold.
 #define MOE_ALONE_MIN_MACS ((int64_t)1 << 23)
 
-// ---- the routing plan: slots sorted by expert -----------------------------------------------
-// Stored at the start of `state` as int32 (same size as float): off[E+1] (expert e owns sorted
-// rows [off[e], off[e+1])), perm[S] (sorted row -> slot n*K+k, tokens ascending within each
-// expert), tpos[S] (token t's K sorted rows, ascending, i.e. in ascending expert order), and
-// order[E] (experts by decreasing row count: only the schedule depends on it).
+// ---- the routing plan: slots sorted by expert (moe_plan.h) ---------------------------------
 
-typedef struct moe_plan {
-    int32_t *off, *perm, *tpos, *order;
-} moe_plan;
-
-static size_t align16(size_t n) {
-    return (n + 15) / 16 * 16;
-}
-
-static size_t plan_floats(int N, int E, int K) {
+size_t moe_plan_floats(int N, int E, int K) {
     const size_t S = (size_t)N * K;
-    return align16((size_t)E + 1) + 2 * align16(S) + align16((size_t)E);
+    return moe_align16((size_t)E + 1) + 2 * moe_align16(S) + moe_align16((size_t)E);
 }
 
-static moe_plan plan_at(const float *state, int N, int E, int K) {
+moe_plan moe_plan_at(const float *state, int N, int E, int K) {
     const size_t S = (size_t)N * K;
     int32_t *base = (int32_t *)state;
     moe_plan p;
     p.off = base;
-    p.perm = p.off + align16((size_t)E + 1);
-    p.tpos = p.perm + align16(S);
-    p.order = p.tpos + align16(S);
+    p.perm = p.off + moe_align16((size_t)E + 1);
+    p.tpos = p.perm + moe_align16(S);
+    p.order = p.tpos + moe_align16(S);
     return p;
 }
 
-static void plan_build(moe_plan p, const int32_t *expert, int N, int E, int K) {
+void moe_plan_build(moe_plan p, const int32_t *expert, int N, int E, int K) {
     const int S = N * K;
     memset(p.off, 0, ((size_t)E + 1) * sizeof *p.off);
     for (int s = 0; s < S; s++) p.off[expert[s] + 1]++;
@@ -113,10 +105,8 @@ static void gather_rows(float *dst, const float *src, const int32_t *perm, int r
         memcpy(dst + (size_t)(r - r0) * C, src + (size_t)(perm[r] / K) * C, (size_t)C * 4);
 }
 
-// out[t] = sum over t's sorted rows (ascending expert), starting from 0.0f, of scale * rows[r],
-// scale = weight[slot] or 1 when weight is NULL.
-static void combine_rows(float *out, const float *rows, const float *weight, moe_plan p, int N,
-                         int C, int K) {
+void moe_combine_rows(float *out, const float *rows, const float *weight, moe_plan p, int N, int C,
+                      int K) {
 #pragma omp parallel for schedule(static) if ((int64_t)N * K * C >= CPU_PAR_MIN)
     for (int t = 0; t < N; t++) {
         float *o = out + (size_t)t * C;
@@ -137,28 +127,38 @@ static void combine_rows(float *out, const float *rows, const float *weight, moe
     }
 }
 
+void moe_add_rows(float *out, const float *rows, const int32_t *perm, int n, int K, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)(perm[i] / K) * C;
+        const float *g = rows + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] += g[c];
+    }
+}
+
 // ---- loop (reference) -----------------------------------------------------------------------
 // state: plan | gate (S,F) | up (S,F) in sorted-row order. scratch: forward x_e, y_e (N,C) |
 // h_e (N,F); backward dout_e, x_e, dx_e (N,C) | u_e, h_e, dgate_e, dup_e (N,F).
 
 size_t cpu_moe_loop_state_floats(int N, int C, int F, int E, int K) {
     (void)C;
-    return plan_floats(N, E, K) + 2 * align16((size_t)N * K * F);
+    return moe_plan_floats(N, E, K) + 2 * moe_align16((size_t)N * K * F);
 }
 
 size_t cpu_moe_loop_scratch_floats(int N, int C, int F, int E, int K) {
     (void)E, (void)K;
-    return 3 * align16((size_t)N * C) + 4 * align16((size_t)N * F);
+    return 3 * moe_align16((size_t)N * C) + 4 * moe_align16((size_t)N * F);
 }
 
 void cpu_moe_loop_forward(float *out, float *state, float *scratch, const float *x,
                           const int32_t *expert, const float *weight, const float *w, int N, int C,
                           int F, int E, int K) {
     const size_t S = (size_t)N * K;
-    moe_plan p = plan_at(state, N, E, K);
-    plan_build(p, expert, N, E, K);
-    float *gate = state + plan_floats(N, E, K), *up = gate + align16(S * F);
-    float *xe = scratch, *ye = xe + align16((size_t)N * C), *he = ye + align16((size_t)N * C);
+    moe_plan p = moe_plan_at(state, N, E, K);
+    moe_plan_build(p, expert, N, E, K);
+    float *gate = state + moe_plan_floats(N, E, K), *up = gate + moe_align16(S * F);
+    float *xe = scratch, *ye = xe + moe_align16((size_t)N * C),
+          *he = ye + moe_align16((size_t)N * C);
     memset(out, 0, (size_t)N * C * sizeof *out);
     for (int e = 0; e < E; e++) {
         const int r0 = p.off[e], n = p.off[e + 1] - r0;
@@ -193,9 +193,10 @@ void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch,
                            const float *state, const float *x, const int32_t *expert,
                            const float *weight, const float *w, int N, int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
-    const size_t S = (size_t)N * K, NC = align16((size_t)N * C), NF = align16((size_t)N * F);
-    const moe_plan p = plan_at(state, N, E, K);
-    const float *gate = state + plan_floats(N, E, K), *up = gate + align16(S * F);
+    const size_t S = (size_t)N * K, NC = moe_align16((size_t)N * C),
+                 NF = moe_align16((size_t)N * F);
+    const moe_plan p = moe_plan_at(state, N, E, K);
+    const float *gate = state + moe_plan_floats(N, E, K), *up = gate + moe_align16(S * F);
     float *de = scratch, *xe = de + NC, *dxe = xe + NC;
     float *ue = dxe + NC, *he = ue + NF, *dge = he + NF, *due = dge + NF;
     memset(dx, 0, (size_t)N * C * sizeof *dx);
@@ -233,12 +234,7 @@ void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch,
                     dxe, C);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, F, 1.0f, due, F, wu, C, 1.0f,
                     dxe, C);
-#pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
-        for (int i = 0; i < n; i++) {
-            float *o = dx + (size_t)(p.perm[r0 + i] / K) * C;
-            const float *g = dxe + (size_t)i * C;
-            for (int c = 0; c < C; c++) o[c] += g[c];
-        }
+        moe_add_rows(dx, dxe, p.perm + r0, n, K, C);
     }
 }
 
@@ -257,9 +253,8 @@ typedef struct grouped_args {
     int C, F;
 } grouped_args;
 
-typedef void (*expert_task)(const grouped_args *g, int e, int par);
-
-static void grouped_forward_expert(const grouped_args *g, int e, int par) {
+static void grouped_forward_expert(const void *ctx, int e, int par) {
+    const grouped_args *g = ctx;
     const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
     const float *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
     float *gu = g->gu + (size_t)r0 * 2 * F, *xy = g->xy + (size_t)r0 * C;
@@ -276,7 +271,8 @@ static void grouped_forward_expert(const grouped_args *g, int e, int par) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, F, 1.0f, h, F, wd, F, 0.0f, xy, C);
 }
 
-static void grouped_backward_expert(const grouped_args *g, int e, int par) {
+static void grouped_backward_expert(const void *ctx, int e, int par) {
+    const grouped_args *g = ctx;
     const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
     const float *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
     float *dwgu = g->dw + (size_t)e * 3 * F * C, *dwd = dwgu + (size_t)2 * F * C;
@@ -308,20 +304,16 @@ static void grouped_backward_expert(const grouped_args *g, int e, int par) {
                 0.0f, de, C);
 }
 
-// Runs task(e) for every expert with rows: the big ones one after another with BLAS threads
-// (and OpenMP inside their elementwise loops), the rest concurrently with single-threaded BLAS.
-static void grouped_run(const grouped_args *g, expert_task task, int E, int S) {
-    const moe_plan p = g->p;
-    const int blas_threads = openblas_get_num_threads();
-    const int64_t row_macs = (int64_t)3 * g->F * g->C;
+void moe_run_experts(const moe_plan *pp, int E, int S, int64_t row_macs, int threads, bool blas,
+                     moe_expert_task task, const void *ctx) {
+    const moe_plan p = *pp;
     // order is by decreasing size and "alone" only grows with size: the experts that run alone
     // come first, then the concurrent ones, then those without rows.
     int j = 0;
     for (; j < E; j++) {
         const int64_t n = p.off[p.order[j] + 1] - p.off[p.order[j]];
-        if (!(blas_threads > 1 && n * blas_threads > S && n * row_macs >= MOE_ALONE_MIN_MACS))
-            break;
-        task(g, p.order[j], 1);
+        if (!(threads > 1 && n * threads > S && n * row_macs >= MOE_ALONE_MIN_MACS)) break;
+        task(ctx, p.order[j], 1);
     }
     const int first = j;
     int64_t small_macs = 0;
@@ -329,22 +321,29 @@ static void grouped_run(const grouped_args *g, expert_task task, int E, int S) {
         small_macs += (p.off[p.order[j] + 1] - p.off[p.order[j]]) * row_macs;
     const int end = j;
     if (end == first) return;
-    openblas_set_num_threads(1);
-    // Largest first: the dynamic schedule then approximates longest-processing-time-first.
+    if (blas) openblas_set_num_threads(1);
+        // Largest first: the dynamic schedule then approximates longest-processing-time-first.
 #pragma omp parallel for schedule(dynamic, 1) if (end - first > 1 && small_macs >= CPU_PAR_MIN)
-    for (int i = first; i < end; i++) task(g, p.order[i], 0);
-    openblas_set_num_threads(blas_threads);
+    for (int i = first; i < end; i++) task(ctx, p.order[i], 0);
+    if (blas) openblas_set_num_threads(threads);
+}
+
+// Runs task(e) for every expert with rows: the big ones one after another with BLAS threads
+// (and OpenMP inside their elementwise loops), the rest concurrently with single-threaded BLAS.
+static void grouped_run(const grouped_args *g, moe_expert_task task, int E, int S) {
+    moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, openblas_get_num_threads(), true, task,
+                    g);
 }
 
 size_t cpu_moe_grouped_state_floats(int N, int C, int F, int E, int K) {
     (void)C;
-    return plan_floats(N, E, K) + align16((size_t)N * K * 2 * F);
+    return moe_plan_floats(N, E, K) + moe_align16((size_t)N * K * 2 * F);
 }
 
 size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K) {
     (void)E;
     const size_t S = (size_t)N * K;
-    return 2 * align16(S * C) + align16(S * F) + align16(S * 2 * F);
+    return 2 * moe_align16(S * C) + moe_align16(S * F) + moe_align16(S * 2 * F);
 }
 
 void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,
@@ -352,14 +351,14 @@ void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const flo
                              int C, int F, int E, int K) {
     const size_t S = (size_t)N * K;
     grouped_args g = {
-        .p = plan_at(state, N, E, K), .x = x, .weight = weight, .w = w, .C = C, .F = F};
-    plan_build(g.p, expert, N, E, K);
-    g.gu = state + plan_floats(N, E, K);
+        .p = moe_plan_at(state, N, E, K), .x = x, .weight = weight, .w = w, .C = C, .F = F};
+    moe_plan_build(g.p, expert, N, E, K);
+    g.gu = state + moe_plan_floats(N, E, K);
     g.xy = scratch;
-    g.h = g.xy + align16(S * C);
+    g.h = g.xy + moe_align16(S * C);
     gather_rows(g.xy, x, g.p.perm, 0, (int)S, K, C);
     grouped_run(&g, grouped_forward_expert, E, (int)S);
-    combine_rows(out, g.xy, weight, g.p, N, C, K);
+    moe_combine_rows(out, g.xy, weight, g.p, N, C, K);
 }
 
 void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
@@ -368,7 +367,7 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                               int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
     const size_t S = (size_t)N * K;
-    grouped_args g = {.p = plan_at(state, N, E, K),
+    grouped_args g = {.p = moe_plan_at(state, N, E, K),
                       .x = x,
                       .weight = weight,
                       .w = w,
@@ -377,13 +376,13 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                       .dw = dw,
                       .C = C,
                       .F = F};
-    g.gus = state + plan_floats(N, E, K);
+    g.gus = state + moe_plan_floats(N, E, K);
     g.a = scratch;
-    g.b = g.a + align16(S * C);
-    g.hb = g.b + align16(S * C);
-    g.dgu = g.hb + align16(S * F);
+    g.b = g.a + moe_align16(S * C);
+    g.hb = g.b + moe_align16(S * C);
+    g.dgu = g.hb + moe_align16(S * F);
     gather_rows(g.a, dout, g.p.perm, 0, (int)S, K, C);
     gather_rows(g.b, x, g.p.perm, 0, (int)S, K, C);
     grouped_run(&g, grouped_backward_expert, E, (int)S);
-    combine_rows(dx, g.a, NULL, g.p, N, C, K);
+    moe_combine_rows(dx, g.a, NULL, g.p, N, C, K);
 }

@@ -70,6 +70,13 @@
 //   values (the caller rounds them) and the products' other operands and outputs rounded as
 //   torch's autocast rounds them (attention_flash.c). The state and scratch are the table's
 //   attention's: only a table whose attention is the flash kernel has these (else NULL).
+// moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
+//   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
+//   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
+//   dw is the fp32 gradient (+=). State and scratch sizes: moe_bf16_state_floats /
+//   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls
+//   (SIZE_MAX: it could not). Not plugin override points: under a plugin's moe_experts (fp32 by
+//   the ABI) the model runs that instead, in fp32.
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;
@@ -85,7 +92,7 @@ extern const ct_ops ct_ops_cpu;
 
 // model.moe_impl: "grouped" (the default: slots sorted by expert, one fused gate/up GEMM per
 // expert) or "loop" (the reference: one GEMM per expert and projection). Copies `base` into *out
-// with that expert kernel; returns -1 for an unknown name.
+// with that expert kernel and its bf16 variant (moe_bf16_*); returns -1 for an unknown name.
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
 
 // model.attn_backend: "sdpa" (the reference, and ct_ops_cpu's: materialised (B,NH,T,T)

@@ -29,12 +29,20 @@ static const kernel_choice moe_impls[] = {
      {.moe_state_floats = cpu_moe_grouped_state_floats,
       .moe_scratch_floats = cpu_moe_grouped_scratch_floats,
       .moe_forward = cpu_moe_grouped_forward,
-      .moe_backward = cpu_moe_grouped_backward}},
+      .moe_backward = cpu_moe_grouped_backward,
+      .moe_bf16_state_floats = cpu_moe_grouped_bf16_state_floats,
+      .moe_bf16_scratch_floats = cpu_moe_grouped_bf16_scratch_floats,
+      .moe_bf16_forward = cpu_moe_grouped_bf16_forward,
+      .moe_bf16_backward = cpu_moe_grouped_bf16_backward}},
     {"loop",
      {.moe_state_floats = cpu_moe_loop_state_floats,
       .moe_scratch_floats = cpu_moe_loop_scratch_floats,
       .moe_forward = cpu_moe_loop_forward,
-      .moe_backward = cpu_moe_loop_backward}},
+      .moe_backward = cpu_moe_loop_backward,
+      .moe_bf16_state_floats = cpu_moe_loop_bf16_state_floats,
+      .moe_bf16_scratch_floats = cpu_moe_loop_bf16_scratch_floats,
+      .moe_bf16_forward = cpu_moe_loop_bf16_forward,
+      .moe_bf16_backward = cpu_moe_loop_bf16_backward}},
 };
 
 static const kernel_choice attention_backends[] = {
@@ -66,6 +74,10 @@ int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl) 
     out->moe_scratch_floats = c->kernels.moe_scratch_floats;
     out->moe_forward = c->kernels.moe_forward;
     out->moe_backward = c->kernels.moe_backward;
+    out->moe_bf16_state_floats = c->kernels.moe_bf16_state_floats;
+    out->moe_bf16_scratch_floats = c->kernels.moe_bf16_scratch_floats;
+    out->moe_bf16_forward = c->kernels.moe_bf16_forward;
+    out->moe_bf16_backward = c->kernels.moe_bf16_backward;
     return 0;
 }
 

@@ -114,6 +114,27 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                               const float *dout, const float *state, const float *x,
                               const int32_t *expert, const float *weight, const float *w, int N,
                               int C, int F, int E, int K);
+// The same two under bf16 mixed precision (moe_experts_bf16.c, oneDNN): x16 is the input in
+// bf16, w the bf16 copy of the experts' weights. The scratch size query creates the shape's oneDNN
+// matmuls (SIZE_MAX: oneDNN could not make them).
+size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K);
+size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K);
+void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
+                               const int32_t *expert, const float *weight, const uint16_t *w, int N,
+                               int C, int F, int E, int K);
+void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
+                                const float *dout, const float *state, const uint16_t *x16,
+                                const int32_t *expert, const float *weight, const uint16_t *w,
+                                int N, int C, int F, int E, int K);
+size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K);
+size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K);
+void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
+                                  const int32_t *expert, const float *weight, const uint16_t *w,
+                                  int N, int C, int F, int E, int K);
+void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
+                                   const float *dout, const float *state, const uint16_t *x16,
+                                   const int32_t *expert, const float *weight, const uint16_t *w,
+                                   int N, int C, int F, int E, int K);
 
 void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V);

@@ -212,6 +212,23 @@ typedef struct ct_adamw_coeffs {
        const uint16_t *dout16, const float *inp, const uint16_t *inp16, const uint16_t *weight,    \
        int N, int C, int OC),                                                                      \
       (dinp, dweight, dbias, scratch, dout, dout16, inp, inp16, weight, N, C, OC))                 \
+    X(OWN_SIZE, moe_bf16_state_floats, ct_moe_bf16_floats_fn,                                      \
+      cpu_moe_grouped_bf16_state_floats, OPT, "experts_bf16", state,                               \
+      (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
+    X(OWN_SIZE, moe_bf16_scratch_floats, ct_moe_bf16_floats_fn,                                    \
+      cpu_moe_grouped_bf16_scratch_floats, OPT, "experts_bf16", scratch,                           \
+      (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
+    X(OWN, moe_bf16_forward, ct_moe_bf16_forward_fn, cpu_moe_grouped_bf16_forward, OPT,            \
+      "experts_bf16", forward,                                                                     \
+      (float *out, float *state, float *scratch, const uint16_t *x16, const int32_t *expert,       \
+       const float *weight, const uint16_t *w, int N, int C, int F, int E, int K),                 \
+      (out, state, scratch, x16, expert, weight, w, N, C, F, E, K))                                \
+    X(OWN, moe_bf16_backward, ct_moe_bf16_backward_fn, cpu_moe_grouped_bf16_backward, OPT,         \
+      "experts_bf16", backward,                                                                    \
+      (float *dx, float *dweight, float *dw, float *scratch, const float *dout,                    \
+       const float *state, const uint16_t *x16, const int32_t *expert, const float *weight,        \
+       const uint16_t *w, int N, int C, int F, int E, int K),                                      \
+      (dx, dweight, dw, scratch, dout, state, x16, expert, weight, w, N, C, F, E, K))              \
     X(OWN, f32_to_bf16, ct_f32_to_bf16_fn, cpu_f32_to_bf16, OPT, "to_bf16", none,                  \
       (uint16_t *dst, const float *src, size_t n), (dst, src, n))                                  \
     X(OWN, round_to_bf16, ct_round_to_bf16_fn, cpu_round_to_bf16, OPT, "to_bf16", none,            \
@@ -282,7 +299,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 46, "the op list has 46 entries");
+_Static_assert(CT_OP_COUNT == 50, "the op list has 50 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

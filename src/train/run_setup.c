@@ -111,11 +111,14 @@ int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct
     s->mem_opts.ac_op = config_ac_op(c);
     s->mem_opts.loss_chunk = config_loss_chunk(c, s->model.vocab_size, s->B * s->T);
     // bf16 mixed precision: the linear layers on the table's bf16 kernels, unless a plugin
-    // replaced matmul (the plugin ABI is fp32: its kernel then runs in fp32, as the log says).
+    // replaced matmul (the plugin ABI is fp32: its kernel then runs in fp32, as the log says);
+    // the experts likewise, unless a plugin replaced them (they then run it in fp32).
     s->matmul_plugin = s->plugins_applied && s->overrides.ops[OVERRIDE_MATMUL].set;
+    s->moe_plugin = s->plugins_applied && s->overrides.ops[OVERRIDE_MOE_EXPERTS].set;
     s->warn = o->warn;
     s->mem_opts.bf16 =
         strcmp(c->training.mixed_precision_param, "bfloat16") == 0 && !s->matmul_plugin;
+    s->mem_opts.bf16_experts = s->mem_opts.bf16 && !s->moe_plugin;
     snprintf(s->precision, sizeof s->precision, "%s", c->training.mixed_precision_param);
     return 0;
 }
@@ -144,14 +147,19 @@ void run_setup_log_kernels(const run_setup *s, FILE *f) {
     const bool moe = qwen3_num_sparse_layers(&s->model) > 0;
     fprintf(f, "kernels: attention %s%s%s\n", run_setup_attention(s), moe ? ", experts " : "",
             moe ? s->moe_impl : "");
-    if (strcmp(s->precision, "bfloat16") == 0)
-        fprintf(f, "precision: %s\n",
-                s->mem_opts.bf16
-                    ? "bf16 mixed precision: linear layers in bf16 (oneDNN, fp32 accumulation); "
-                      "attention, norms, softmax, the loss and the optimizer in fp32; fp32 "
-                      "weights, gradients and AdamW state"
-                    : "float32: the matmul plugin's kernel is fp32 (the plugin ABI), so the "
-                      "linear layers run in fp32 around it");
+    if (strcmp(s->precision, "bfloat16") == 0 && !s->mem_opts.bf16)
+        fprintf(f, "precision: float32: the matmul plugin's kernel is fp32 (the plugin ABI), so "
+                   "the linear layers run in fp32 around it\n");
+    else if (strcmp(s->precision, "bfloat16") == 0)
+        fprintf(f,
+                "precision: bf16 mixed precision: linear layers%s in bf16 (oneDNN, fp32 "
+                "accumulation)%s; attention, norms, softmax, the loss and the optimizer in fp32; "
+                "fp32 weights, gradients and AdamW state\n",
+                moe && s->mem_opts.bf16_experts ? " and MoE experts" : "",
+                moe && !s->mem_opts.bf16_experts
+                    ? "; the MoE experts in fp32: the expert plugin's kernel is fp32 (the "
+                      "plugin ABI)"
+                    : "");
     if (s->mem_opts.bf16 && cpu_matmul_bf16_emulated() && s->warn)
         fprintf(s->warn,
                 "ctitan: warning: the bf16 matmuls are emulated on OpenBLAS sgemm over "

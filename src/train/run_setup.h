@@ -36,9 +36,10 @@ typedef struct run_setup {
     // one (debug.guard_device_memory). A CUDA backend would be chosen here. `builtin` below is
     // the CPU's table; the model binds `ops` to the backend.
     ct_backend *be;
-    // training.mixed_precision_param, and whether a plugin's matmul keeps it in fp32
+    // training.mixed_precision_param, whether a plugin's matmul keeps it in fp32, and whether
+    // a plugin's experts keep them in fp32
     char precision[CT_CONFIG_NAME_MAX];
-    bool matmul_plugin;
+    bool matmul_plugin, moe_plugin;
     FILE *warn; // run_setup_opts.warn: where warnings also go
 
     // "flash" | "sdpa": model.attn_backend, "auto" resolved to "flash"

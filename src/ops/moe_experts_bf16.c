@@ -1,0 +1,531 @@
+// The MoE experts under bf16 mixed precision (ct_ops moe_bf16_*): moe_experts.c's two
+// implementations, loop and grouped, with their GEMMs in bf16 (oneDNN, fp32 accumulation), as
+// torch.autocast("cpu", dtype=torch.bfloat16) runs HF's Qwen3MoeSparseMoeBlock:
+//
+//   forward   each expert's x rows in bf16 (x16: the model's saved bf16 copy of its input, as
+//             autocast rounds x for each Linear); gate, up = x @ W^T rounded to bf16 (autocast's
+//             Linear outputs); h = silu(gate) * up as torch computes it on bf16 tensors, every
+//             step rounded (below); y = h @ W_down^T rounded to bf16; then out[t] = sum over t's
+//             experts in ascending order of (weight * y), in fp32, as the fp32 kernels (HF's mul
+//             by the fp32 routing weight and its fp32 index_add_). Given the same inputs it gave
+//             torch 1.13's output bit for bit on a 64-token block (only a GEMM's other summation
+//             order, tipping a rounding, can make them differ).
+//   backward  every GEMM takes bf16-rounded inputs and accumulates in fp32: U = dout @ W_down
+//             (dout rows rounded; U is the gradient of h before the routing weight scales it),
+//             dh = bf16(weight * U), SwiGLU's backward every step rounded as torch's, dW_down +=
+//             bf16(weight * dout)^T @ h (y's gradient, rounded as torch rounds a gradient
+//             reaching a bf16 tensor), dW_gate|up += bf16(dgate | dup)^T @ x and dx =
+//             bf16(dgate | dup) @ W_gate|up. The weight gradients go straight into the fp32
+//             gradient (oneDNN's sum post-op) and dx stays fp32, as the linear layers' (torch
+//             rounds each of these products to bf16 first; and it rounds weight * dout before
+//             the GEMM that gives dh, where this rounds dout and scales after, so that U also
+//             gives dweight = U . h, in double as the fp32 kernels, with no GEMM more).
+//
+// The weights are the model's bf16 copy (param_bf16: each expert's (2F,C) gate|up block then its
+// (C,F) down, as in fp32). The state holds gate and up in bf16 (they are bf16 values), half of
+// what the fp32 kernels keep; h is recomputed from them in the backward, x re-gathered.
+//
+// The GEMMs: tokens per expert change every step, so each product is a oneDNN matmul with one
+// runtime dimension (the rows; for dW the reduction), the ten of them created once per (C, F) by
+// the scratch size query when the model plans its buffers. oneDNN 2.6 runs them through its gemm
+// driver (AVX512-BF16 where the CPU has it), which takes no scratchpad but allocates its packing
+// buffers in each call (onednn.h). Measured on the development machine's Zen 4, single-threaded:
+// 1.6-2.1x sgemm's speed from 64 rows per expert up, 1.3-2.1x at 32, 0.7-2.8x at 8 (2 threads:
+// 2.9-6x from 32 rows); the alternative, sgemm on operands rounded to bf16 in fp32, computes the
+// same products at sgemm's speed.
+//
+// Determinism: as in fp32, every expert's rows go through one call per product, of a shape fixed
+// by the routing, and its mode (alone, with every OpenMP thread inside oneDNN, or concurrently on
+// one thread: oneDNN runs single-threaded inside a parallel region) depends on the routing and
+// the OpenMP thread count. So results are bitwise reproducible for a fixed OpenMP thread count,
+// and may change with it.
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/bf16_round.h"
+#include "ops/moe_plan.h"
+#include "ops/onednn.h"
+#include "ops/ops_cpu.h"
+#include "ops/vec_math.h"
+
+// ---- the GEMMs, per (C, F) ------------------------------------------------------------------
+
+typedef enum {
+    FWD_GU,    // gu (n,2F) bf16 = x (n,C) @ W_gate|up^T                    grouped
+    FWD_G,     // g (n,F) bf16 = x (n,C) @ W^T, W gate or up                loop
+    FWD_D,     // y (n,C) fp32 = h (n,F) @ W_down^T                         both
+    BWD_U,     // U (n,F) fp32 = dout (n,C) @ W_down                        both
+    BWD_DX_GU, // dx (n,C) = dgu (n,2F) @ W_gate|up                         grouped
+    BWD_DX_G,  // dx (n,C) = dg (n,F) @ W_gate                              loop
+    BWD_DX_G1, // dx (n,C) += du (n,F) @ W_up                               loop
+    BWD_DW_D,  // dW_down (C,F) += d^T (C,n) @ h (n,F)                      both
+    BWD_DW_GU, // dW_gate|up (2F,C) += dgu^T (2F,n) @ x (n,C)               grouped
+    BWD_DW_G,  // dW (F,C) += dg^T (F,n) @ x (n,C), W gate or up            loop
+    N_GEMMS
+} gemm_kind;
+
+typedef struct expert_gemms {
+    int C, F;
+    // Where oneDNN has no bf16 matmul (or CTITAN_BF16_GEMM=emulated; as the linear layers,
+    // matmul_bf16.c), the same products on sgemm over the bf16 values widened to fp32; the
+    // operands' descriptors (mm[k].op) say how.
+    bool emulated;
+    bool accumulate[N_GEMMS];
+    onednn_rt_matmul mm[N_GEMMS];
+} expert_gemms;
+
+#define MAX_SHAPES 16
+static expert_gemms shapes[MAX_SHAPES];
+static int n_shapes;
+
+static onednn_rt_operand opd(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                             dnnl_data_type_t t) {
+    return (onednn_rt_operand){rows, cols, rs, cs, t};
+}
+
+static expert_gemms *find_shape(int C, int F) {
+    for (int i = 0; i < n_shapes; i++)
+        if (shapes[i].C == C && shapes[i].F == F) return &shapes[i];
+    return NULL;
+}
+
+static const expert_gemms *prepare(int C, int F) {
+    expert_gemms *s = find_shape(C, F);
+    if (s || n_shapes == MAX_SHAPES) return s;
+    s = &shapes[n_shapes];
+    *s = (expert_gemms){.C = C, .F = F};
+    const dnnl_data_type_t b = dnnl_bf16, f = dnnl_f32;
+    const int64_t R = DNNL_RUNTIME_DIM_VAL, G = 2 * (int64_t)F;
+    const struct {
+        onednn_rt_operand src, weights, dst;
+        bool accumulate;
+    } spec[N_GEMMS] = {
+        [FWD_GU] = {opd(R, C, C, 1, b), opd(C, G, 1, C, b), opd(R, G, G, 1, b), false},
+        [FWD_G] = {opd(R, C, C, 1, b), opd(C, F, 1, C, b), opd(R, F, F, 1, b), false},
+        [FWD_D] = {opd(R, F, F, 1, b), opd(F, C, 1, F, b), opd(R, C, C, 1, f), false},
+        [BWD_U] = {opd(R, C, C, 1, b), opd(C, F, F, 1, b), opd(R, F, F, 1, f), false},
+        [BWD_DX_GU] = {opd(R, G, G, 1, b), opd(G, C, C, 1, b), opd(R, C, C, 1, f), false},
+        [BWD_DX_G] = {opd(R, F, F, 1, b), opd(F, C, C, 1, b), opd(R, C, C, 1, f), false},
+        [BWD_DX_G1] = {opd(R, F, F, 1, b), opd(F, C, C, 1, b), opd(R, C, C, 1, f), true},
+        [BWD_DW_D] = {opd(C, R, 1, C, b), opd(R, F, F, 1, b), opd(C, F, F, 1, f), true},
+        [BWD_DW_GU] = {opd(G, R, 1, G, b), opd(R, C, C, 1, b), opd(G, C, C, 1, f), true},
+        [BWD_DW_G] = {opd(F, R, 1, F, b), opd(R, C, C, 1, b), opd(F, C, C, 1, f), true},
+    };
+    s->emulated = cpu_matmul_bf16_emulated();
+    for (int k = 0; k < N_GEMMS; k++) {
+        s->accumulate[k] = spec[k].accumulate;
+        if (s->emulated || onednn_rt_create(&s->mm[k], spec[k].src, spec[k].weights, spec[k].dst,
+                                            spec[k].accumulate))
+            s->emulated = true;
+        s->mm[k].op[0] = spec[k].src, s->mm[k].op[1] = spec[k].weights;
+        s->mm[k].op[2] = spec[k].dst;
+    }
+    n_shapes++;
+    return s;
+}
+
+// ---- the emulation: sgemm on the bf16 operands widened to fp32 (exact products, fp32 sums) ----
+
+static int64_t dim(int64_t d, int64_t n) {
+    return d == DNNL_RUNTIME_DIM_VAL ? n : d;
+}
+
+// Elements an operand spans in memory, with its runtime dimension n (stored row- or
+// column-major: unit column or row stride).
+static size_t extent(const onednn_rt_operand *o, int64_t n) {
+    return (size_t)(o->cs == 1 ? dim(o->rows, n) * o->rs : dim(o->cols, n) * o->cs);
+}
+
+// Floats of emulation scratch for up to `rows` rows: each operand widened, and a bf16 result
+// staged in fp32, for the largest of the GEMMs.
+static size_t emulated_floats(const expert_gemms *s, size_t rows) {
+    size_t most = 0;
+    for (int k = 0; k < N_GEMMS; k++) {
+        const onednn_rt_operand *o = s->mm[k].op;
+        size_t n = extent(&o[0], (int64_t)rows) + extent(&o[1], (int64_t)rows);
+        if (o[2].t == dnnl_bf16) n += extent(&o[2], (int64_t)rows);
+        if (n > most) most = n;
+    }
+    return moe_align16(most);
+}
+
+static void widen(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_value(src[i]);
+}
+
+static void emulated_gemm(const expert_gemms *s, gemm_kind k, int n, const uint16_t *src,
+                          const uint16_t *weights, void *dst, float *scratch) {
+    const onednn_rt_operand *a = &s->mm[k].op[0], *b = &s->mm[k].op[1], *d = &s->mm[k].op[2];
+    const int64_t M = dim(a->rows, n), K = dim(a->cols, n), N = dim(b->cols, n);
+    float *A = scratch, *B = A + extent(a, n), *D = B + extent(b, n);
+    widen(A, src, extent(a, n));
+    widen(B, weights, extent(b, n));
+    float *out = d->t == dnnl_bf16 ? D : dst;
+    cblas_sgemm(CblasRowMajor, a->cs == 1 ? CblasNoTrans : CblasTrans,
+                b->cs == 1 ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, 1.0f, A,
+                (int)(a->cs == 1 ? a->rs : a->cs), B, (int)(b->cs == 1 ? b->rs : b->cs),
+                s->accumulate[k] ? 1.0f : 0.0f, out, (int)d->rs);
+    if (d->t == dnnl_bf16) cpu_f32_to_bf16(dst, D, extent(d, n));
+}
+
+// The shape's GEMMs: created when the model planned its buffers.
+static const expert_gemms *planned(int C, int F) {
+    const expert_gemms *s = find_shape(C, F);
+    if (!s) {
+        fprintf(stderr, "ctitan: internal error: the bf16 experts C %d F %d were not planned\n", C,
+                F);
+        abort();
+    }
+    return s;
+}
+
+// One of the GEMMs with n rows (dW: n terms). emu: the emulation's scratch (emulated_floats).
+static void gemm(const expert_gemms *s, gemm_kind k, int n, const uint16_t *src,
+                 const uint16_t *weights, void *dst, float *emu) {
+    if (s->emulated)
+        emulated_gemm(s, k, n, src, weights, dst, emu);
+    else
+        onednn_rt_run(&s->mm[k], n, src, weights, dst);
+}
+
+// ---- shared pieces --------------------------------------------------------------------------
+
+// Floats holding n bf16 values, a multiple of 16 (64 bytes).
+static size_t half_floats(size_t n) {
+    return moe_align16((n + 1) / 2);
+}
+
+// dst row r (bf16) = src row of sorted row r's token, rounded, for sorted rows [r0, r1).
+static void gather_rows_bf16(uint16_t *dst, const float *src, const int32_t *perm, int r0, int r1,
+                             int K, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * C >= CPU_PAR_MIN)
+    for (int r = r0; r < r1; r++) {
+        const float *s = src + (size_t)(perm[r] / K) * C;
+        uint16_t *d = dst + (size_t)(r - r0) * C;
+        for (int c = 0; c < C; c++) d[c] = bf16_round(s[c]);
+    }
+}
+
+// The same for rows already in bf16 (x: the model saves its bf16 copy).
+static void gather_rows16(uint16_t *dst, const uint16_t *src, const int32_t *perm, int r0, int r1,
+                          int K, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * C >= CPU_PAR_MIN)
+    for (int r = r0; r < r1; r++)
+        memcpy(dst + (size_t)(r - r0) * C, src + (size_t)(perm[r] / K) * C, (size_t)C * 2);
+}
+
+// SwiGLU as torch 1.13 computes it on bf16 tensors: every operation in fp32, its result rounded
+// to bf16 (bf below), with silu's exp that of the fp32 kernels (vec_math.h):
+//   silu(g) = bf(g / bf(1 + bf(exp(-g)))),  h = bf(silu(g) * u)
+// and the backward of h = silu(g) * u from its bf16 gradient dh:
+//   du = bf(dh * silu(g)),  ds = bf(dh * u),  s = bf(1 / bf(1 + bf(exp(-g)))),
+//   dg = bf(bf(ds * s) * bf(1 + bf(g * bf(1 - s))))
+static inline float bf(float x) {
+    return bf16_value(bf16_round(x));
+}
+
+// bf(1 + bf(exp(-g))): silu's and sigmoid's denominator.
+static inline float denominator_bf16(float g) {
+    return bf(1.0f + bf(vexp_inf(-g)));
+}
+
+static inline float silu_bf16(float g) {
+    return bf(g / denominator_bf16(g));
+}
+
+// h = bf16(silu(g) * u) over one row of F.
+CPU_SIMD_CLONES
+static void swiglu_row(uint16_t *h, const uint16_t *g, const uint16_t *u, int F) {
+#pragma omp simd
+    for (int f = 0; f < F; f++) h[f] = bf16_round(silu_bf16(bf16_value(g[f])) * bf16_value(u[f]));
+}
+
+// dg | du of one row of F from U (dh = bf16(wt * U), as torch's down_proj backward rounds it).
+CPU_SIMD_CLONES
+static void swiglu_grad_row(uint16_t *dg, uint16_t *du, const float *U, float wt, const uint16_t *g,
+                            const uint16_t *u, int F) {
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+        const float dh = bf(wt * U[f]), gf = bf16_value(g[f]), uf = bf16_value(u[f]);
+        const float den = denominator_bf16(gf), s = bf(1.0f / den);
+        du[f] = bf16_round(dh * bf(gf / den));
+        dg[f] = bf16_round(bf(bf(dh * uf) * s) * bf(1.0f + bf(gf * bf(1.0f - s))));
+    }
+}
+
+// y rows rounded to bf16 in place (the down GEMM's output, as autocast rounds it).
+static void round_rows(float *y, int64_t n, int par) {
+#pragma omp parallel for simd schedule(static) if (par && n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = bf16_value(bf16_round(y[i]));
+}
+
+// One sorted row's elementwise backward, between the U GEMM and the rest: h recomputed (bf16),
+// *dweight = U . h, dg | du = bf16 of SwiGLU's backward of dh = wt * U, and d = bf16(wt * dout),
+// the gradient of y.
+static void row_backward(uint16_t *h, uint16_t *dg, uint16_t *du, uint16_t *d, float *dweight,
+                         const uint16_t *g, const uint16_t *u, const float *U, const float *dout,
+                         float wt, int F, int C) {
+    swiglu_row(h, g, u, F);
+    double s = 0;
+    for (int f = 0; f < F; f++) s += (double)U[f] * bf16_value(h[f]);
+    *dweight = (float)s;
+    swiglu_grad_row(dg, du, U, wt, g, u, F);
+    for (int c = 0; c < C; c++) d[c] = bf16_round(wt * dout[c]);
+}
+
+// The scratch of both implementations for `rows` rows (the loop: N, one expert at a time;
+// grouped: S, all of them): forward x | h | y, backward dout then d | x | h | U | dgate|dup | dx.
+typedef struct bf16_scratch {
+    uint16_t *a; // (rows,C): x (forward), dout then bf16(weight * dout) (backward)
+    uint16_t *b; // (rows,C): x (backward)
+    uint16_t *h; // (rows,F)
+    float *u;    // (rows,F): U
+    uint16_t *g; // (rows,2F): dgate | dup (grouped: per row; loop: dgate rows, then dup rows)
+    float *y;    // (rows,C): y (forward), dx rows (backward)
+    float *e;    // the emulation's (emulated_floats; none with oneDNN)
+} bf16_scratch;
+
+static float *take(float *base, size_t *off, size_t n) {
+    float *p = base ? base + *off : NULL;
+    *off += n;
+    return p;
+}
+
+static size_t scratch_layout(bf16_scratch *s, float *base, size_t rows, const expert_gemms *mm) {
+    const int C = mm->C, F = mm->F;
+    const size_t nc = half_floats(rows * C), nf = half_floats(rows * F);
+    size_t off = 0;
+    s->a = (uint16_t *)take(base, &off, nc);
+    s->b = (uint16_t *)take(base, &off, nc);
+    s->h = (uint16_t *)take(base, &off, nf);
+    s->u = take(base, &off, moe_align16(rows * F));
+    s->g = (uint16_t *)take(base, &off, half_floats(rows * 2 * F));
+    s->y = take(base, &off, moe_align16(rows * C));
+    s->e = take(base, &off, mm->emulated ? emulated_floats(mm, rows) : 0);
+    return off;
+}
+
+// What the scratch size queries answer: SIZE_MAX when the GEMMs cannot be prepared.
+static size_t scratch_floats(size_t rows, int C, int F) {
+    const expert_gemms *mm = prepare(C, F);
+    bf16_scratch s;
+    return mm ? scratch_layout(&s, NULL, rows, mm) : SIZE_MAX;
+}
+
+// ---- loop -----------------------------------------------------------------------------------
+// state: plan | gate (S,F) bf16 | up (S,F) bf16, in sorted-row order.
+
+size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K) {
+    (void)C;
+    return moe_plan_floats(N, E, K) + 2 * half_floats((size_t)N * K * F);
+}
+
+size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K) {
+    (void)E, (void)K;
+    return scratch_floats((size_t)N, C, F);
+}
+
+void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
+                               const int32_t *expert, const float *weight, const uint16_t *w, int N,
+                               int C, int F, int E, int K) {
+    const expert_gemms *mm = planned(C, F);
+    const size_t S = (size_t)N * K;
+    moe_plan p = moe_plan_at(state, N, E, K);
+    moe_plan_build(p, expert, N, E, K);
+    uint16_t *gate = (uint16_t *)(state + moe_plan_floats(N, E, K));
+    uint16_t *up = gate + 2 * half_floats(S * F);
+    bf16_scratch s;
+    scratch_layout(&s, scratch, (size_t)N, mm);
+    memset(out, 0, (size_t)N * C * sizeof *out);
+    for (int e = 0; e < E; e++) {
+        const int r0 = p.off[e], n = p.off[e + 1] - r0;
+        if (n == 0) continue;
+        const uint16_t *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
+        const uint16_t *wd = wu + (size_t)F * C;
+        uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
+        gather_rows16(s.a, x16, p.perm, r0, r0 + n, K, C);
+        gemm(mm, FWD_G, n, s.a, wg, ge, s.e);
+        gemm(mm, FWD_G, n, s.a, wu, ue, s.e);
+#pragma omp parallel for schedule(static) if ((int64_t)n * F >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++)
+            swiglu_row(s.h + (size_t)i * F, ge + (size_t)i * F, ue + (size_t)i * F, F);
+        gemm(mm, FWD_D, n, s.h, wd, s.y, s.e);
+        // Experts in ascending order: each token's terms land in ascending expert order.
+#pragma omp parallel for schedule(static) if ((int64_t)n * C >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++) {
+            const int slot = p.perm[r0 + i];
+            const float wt = weight[slot];
+            float *o = out + (size_t)(slot / K) * C;
+            const float *y = s.y + (size_t)i * C;
+            for (int c = 0; c < C; c++) {
+                const float term = wt * bf16_value(bf16_round(y[c]));
+                o[c] += term;
+            }
+        }
+    }
+}
+
+void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
+                                const float *dout, const float *state, const uint16_t *x16,
+                                const int32_t *expert, const float *weight, const uint16_t *w,
+                                int N, int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    const expert_gemms *mm = planned(C, F);
+    const size_t S = (size_t)N * K;
+    const moe_plan p = moe_plan_at(state, N, E, K);
+    const uint16_t *gate = (const uint16_t *)(state + moe_plan_floats(N, E, K));
+    const uint16_t *up = gate + 2 * half_floats(S * F);
+    bf16_scratch s;
+    scratch_layout(&s, scratch, (size_t)N, mm);
+    uint16_t *dg = s.g, *du = s.g + (size_t)N * F;
+    memset(dx, 0, (size_t)N * C * sizeof *dx);
+    for (int e = 0; e < E; e++) {
+        const int r0 = p.off[e], n = p.off[e + 1] - r0;
+        if (n == 0) continue;
+        const uint16_t *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
+        const uint16_t *wd = wu + (size_t)F * C;
+        float *dwg = dw + (size_t)e * 3 * F * C, *dwu = dwg + (size_t)F * C;
+        float *dwd = dwu + (size_t)F * C;
+        const uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
+        gather_rows_bf16(s.a, dout, p.perm, r0, r0 + n, K, C);
+        gather_rows16(s.b, x16, p.perm, r0, r0 + n, K, C);
+        gemm(mm, BWD_U, n, s.a, wd, s.u, s.e);
+#pragma omp parallel for schedule(static) if ((int64_t)n * (F + C) >= CPU_PAR_MIN)
+        for (int i = 0; i < n; i++) {
+            const int slot = p.perm[r0 + i];
+            const size_t f = (size_t)i * F;
+            row_backward(s.h + f, dg + f, du + f, s.a + (size_t)i * C, &dweight[slot], ge + f,
+                         ue + f, s.u + f, dout + (size_t)(slot / K) * C, weight[slot], F, C);
+        }
+        gemm(mm, BWD_DW_D, n, s.a, s.h, dwd, s.e);
+        gemm(mm, BWD_DW_G, n, dg, s.b, dwg, s.e);
+        gemm(mm, BWD_DW_G, n, du, s.b, dwu, s.e);
+        gemm(mm, BWD_DX_G, n, dg, wg, s.y, s.e);
+        gemm(mm, BWD_DX_G1, n, du, wu, s.y, s.e);
+        moe_add_rows(dx, s.y, p.perm + r0, n, K, C);
+    }
+}
+
+// ---- grouped (default) ----------------------------------------------------------------------
+// state: plan | gu (S,2F) bf16: each sorted row's gate outputs then up outputs, as the fused
+// GEMM writes them. scratch: bf16_scratch for S rows, every row at its sorted position.
+
+typedef struct grouped_args {
+    const expert_gemms *mm;
+    moe_plan p;
+    const float *weight, *dout;
+    const uint16_t *w;
+    uint16_t *gu;       // forward: the state's
+    const uint16_t *gs; // backward: the forward's gu
+    bf16_scratch s;
+    float *dweight, *dw;
+    int C, F, K;
+} grouped_args;
+
+static void grouped_forward_expert(const void *ctx, int e, int par) {
+    const grouped_args *g = ctx;
+    const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
+    const uint16_t *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
+    uint16_t *gu = g->gu + (size_t)r0 * 2 * F, *h = g->s.h + (size_t)r0 * F;
+    float *y = g->s.y + (size_t)r0 * C;
+    gemm(g->mm, FWD_GU, n, g->s.a + (size_t)r0 * C, wgu, gu, g->s.e);
+#pragma omp parallel for schedule(static) if (par && (int64_t)n * F >= CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const uint16_t *gi = gu + (size_t)i * 2 * F;
+        swiglu_row(h + (size_t)i * F, gi, gi + F, F);
+    }
+    gemm(g->mm, FWD_D, n, h, wd, y, g->s.e);
+    round_rows(y, (int64_t)n * C, par);
+}
+
+static void grouped_backward_expert(const void *ctx, int e, int par) {
+    const grouped_args *g = ctx;
+    const int C = g->C, F = g->F, K = g->K, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
+    const uint16_t *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
+    float *dwgu = g->dw + (size_t)e * 3 * F * C, *dwd = dwgu + (size_t)2 * F * C;
+    const uint16_t *gu = g->gs + (size_t)r0 * 2 * F, *xe = g->s.b + (size_t)r0 * C;
+    uint16_t *de = g->s.a + (size_t)r0 * C, *h = g->s.h + (size_t)r0 * F;
+    uint16_t *dgu = g->s.g + (size_t)r0 * 2 * F;
+    float *u = g->s.u + (size_t)r0 * F;
+    gemm(g->mm, BWD_U, n, de, wd, u, g->s.e);
+#pragma omp parallel for schedule(static) if (par && (int64_t)n * (F + C) >= CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const int slot = g->p.perm[r0 + i];
+        const uint16_t *gi = gu + (size_t)i * 2 * F;
+        uint16_t *dgi = dgu + (size_t)i * 2 * F;
+        row_backward(h + (size_t)i * F, dgi, dgi + F, de + (size_t)i * C, &g->dweight[slot], gi,
+                     gi + F, u + (size_t)i * F, g->dout + (size_t)(slot / K) * C, g->weight[slot],
+                     F, C);
+    }
+    gemm(g->mm, BWD_DW_D, n, de, h, dwd, g->s.e);
+    gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu, g->s.e);
+    gemm(g->mm, BWD_DX_GU, n, dgu, wgu, g->s.y + (size_t)r0 * C, g->s.e);
+}
+
+// oneDNN: moe_experts.c's schedule. Emulated: the experts one at a time, sgemm's threads inside
+// (one emulation scratch).
+static void grouped_run(const grouped_args *g, moe_expert_task task, int E, int S) {
+    if (!g->mm->emulated) {
+        moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, omp_get_max_threads(), false, task,
+                        g);
+        return;
+    }
+    for (int e = 0; e < E; e++)
+        if (g->p.off[e + 1] > g->p.off[e]) task(g, e, 1);
+}
+
+size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K) {
+    (void)C;
+    return moe_plan_floats(N, E, K) + half_floats((size_t)N * K * 2 * F);
+}
+
+size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K) {
+    (void)E;
+    return scratch_floats((size_t)N * K, C, F);
+}
+
+static grouped_args grouped_setup(float *scratch, const float *state, const float *weight,
+                                  const uint16_t *w, int N, int C, int F, int E, int K) {
+    grouped_args g = {.mm = planned(C, F),
+                      .p = moe_plan_at(state, N, E, K),
+                      .weight = weight,
+                      .w = w,
+                      .C = C,
+                      .F = F,
+                      .K = K};
+    scratch_layout(&g.s, scratch, (size_t)N * K, g.mm);
+    return g;
+}
+
+void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
+                                  const int32_t *expert, const float *weight, const uint16_t *w,
+                                  int N, int C, int F, int E, int K) {
+    const int S = N * K;
+    grouped_args g = grouped_setup(scratch, state, weight, w, N, C, F, E, K);
+    moe_plan_build(g.p, expert, N, E, K);
+    g.gu = (uint16_t *)(state + moe_plan_floats(N, E, K));
+    gather_rows16(g.s.a, x16, g.p.perm, 0, S, K, C);
+    grouped_run(&g, grouped_forward_expert, E, S);
+    moe_combine_rows(out, g.s.y, weight, g.p, N, C, K);
+}
+
+void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
+                                   const float *dout, const float *state, const uint16_t *x16,
+                                   const int32_t *expert, const float *weight, const uint16_t *w,
+                                   int N, int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    const int S = N * K;
+    grouped_args g = grouped_setup(scratch, state, weight, w, N, C, F, E, K);
+    g.gs = (const uint16_t *)(state + moe_plan_floats(N, E, K));
+    g.dout = dout;
+    g.dweight = dweight;
+    g.dw = dw;
+    gather_rows_bf16(g.s.a, dout, g.p.perm, 0, S, K, C);
+    gather_rows16(g.s.b, x16, g.p.perm, 0, S, K, C);
+    grouped_run(&g, grouped_backward_expert, E, S);
+    moe_combine_rows(dx, g.s.y, NULL, g.p, N, C, K);
+}
