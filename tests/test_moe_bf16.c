@@ -266,6 +266,7 @@ static void test_case(int N, int C, int F, int E, int K, int skip, int hot, int 
 int main(int argc, char **argv) {
     (void)argc;
     const bool emulated = getenv("CTITAN_BF16_GEMM") != NULL;
+    if (!emulated) setenv("CTITAN_BF16_MOE_GEMM", "onednn", 1); // opt in (the default emulates)
     omp_set_num_threads(2);
     CHECK(ct_ops_with_moe_impl(&ops_loop, &ct_ops_cpu, "loop") == 0 &&
               ct_ops_with_moe_impl(&ops_grouped, &ct_ops_cpu, "grouped") == 0 &&

@@ -31,8 +31,9 @@
 // driver (AVX512-BF16 where the CPU has it), which takes no scratchpad but allocates its packing
 // buffers in each call (onednn.h). Measured on the development machine's Zen 4, single-threaded:
 // 1.6-2.1x sgemm's speed from 64 rows per expert up, 1.3-2.1x at 32, 0.7-2.8x at 8 (2 threads:
-// 2.9-6x from 32 rows); the alternative, sgemm on operands rounded to bf16 in fp32, computes the
-// same products at sgemm's speed.
+// 2.9-6x from 32 rows). Since ctitan allocates nothing inside a step, that path is opt-in
+// (CTITAN_BF16_MOE_GEMM=onednn); the default is the emulation: sgemm on the operands widened from
+// bf16 (exact products, fp32 sums), the same products at sgemm's speed.
 //
 // Determinism: as in fp32, every expert's rows go through one call per product, of a shape fixed
 // by the routing, and its mode (alone, with every OpenMP thread inside oneDNN, or concurrently on
@@ -114,7 +115,12 @@ static const expert_gemms *prepare(int C, int F) {
         [BWD_DW_GU] = {opd(G, R, 1, G, b), opd(R, C, C, 1, b), opd(G, C, C, 1, f), true},
         [BWD_DW_G] = {opd(F, R, 1, F, b), opd(R, C, C, 1, b), opd(F, C, C, 1, f), true},
     };
-    s->emulated = cpu_matmul_bf16_emulated();
+    // oneDNN 2.6 runs runtime shapes only through its gemm driver, which allocates packing
+    // buffers (100-300 KB) and its memory objects in every call. ctitan allocates nothing inside
+    // a step, so the experts take the allocation-free emulation unless CTITAN_BF16_MOE_GEMM=onednn
+    // opts in to oneDNN (measured 1.6-2.1x the emulation's GEMMs from 64 rows per expert).
+    const char *opt_in = getenv("CTITAN_BF16_MOE_GEMM");
+    s->emulated = cpu_matmul_bf16_emulated() || !opt_in || strcmp(opt_in, "onednn") != 0;
     for (int k = 0; k < N_GEMMS; k++) {
         s->accumulate[k] = spec[k].accumulate;
         if (s->emulated || onednn_rt_create(&s->mm[k], spec[k].src, spec[k].weights, spec[k].dst,
