@@ -396,6 +396,9 @@ static void test_apply_slots(void) {
         const bool att = op == OVERRIDE_ATTENTION;
         CHECK(!of.attention_bf16_forward == att && !of.attention_bf16_backward == att,
               "%s: the bf16 attention %s", name, att ? "dropped" : "kept");
+        const bool sw = op == OVERRIDE_SWIGLU;
+        CHECK(!o.swiglu_rows_bf16_forward == sw && !o.swiglu_rows_bf16_backward == sw,
+              "%s: the bf16 SwiGLU %s", name, sw ? "dropped" : "kept");
     }
 }
 

@@ -24,26 +24,27 @@ static qwen3_dims model_dims(const qwen3_model *m) {
 }
 
 // A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
-// w's bf16 copy (the same offset in param_bf16) and the input's saved bf16 copy inp16, else the
-// fp32 matmul.
-static void linear_forward(const qwen3_model *m, float *out, const float *inp,
+// w's bf16 copy (the same offset in param_bf16) and the input's saved bf16 copy inp16, with the
+// output in bf16 into out16 when given (and in the backward its gradient dout16), else the fp32
+// matmul.
+static void linear_forward(const qwen3_model *m, float *out, uint16_t *out16, const float *inp,
                            const uint16_t *inp16, const float *w, const float *bias, int N, int C,
                            int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
-        op->matmul_bf16_forward(out, NULL, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
+        op->matmul_bf16_forward(out, out16, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
                                 m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
     else
         op->matmul_forward(out, inp, w, bias, N, C, OC);
 }
 
 static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float *dbias,
-                            const float *dout, const float *inp, const uint16_t *inp16,
-                            const float *w, int N, int C, int OC) {
+                            const float *dout, const uint16_t *dout16, const float *inp,
+                            const uint16_t *inp16, const float *w, int N, int C, int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
         op->matmul_bf16_backward(dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch, dout,
-                                 NULL, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
+                                 dout16, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
     else
         op->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
@@ -82,7 +83,8 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
     to_bf16(m, a->ln1_16, a->ln1, N * d.C);
     if (gemms) {
-        linear_forward(m, a->qkv, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C, QKV); // (N,QKV)
+        linear_forward(m, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
+                       QKV); // (N,QKV)
         to_bf16(m, a->qkv16, a->qkv, N * QKV);
     } else {
         from_bf16(m, a->qkv, a->qkv16, N * QKV);
@@ -102,7 +104,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     (attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward)(
         a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
     to_bf16(m, a->atty16, a->atty, N * QD);
-    linear_forward(m, a->resid2, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    linear_forward(m, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
     to_bf16(m, NULL, a->resid2, N * d.C);
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
                             d.N, d.C, eps);
@@ -117,7 +119,8 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const size_t N = (size_t)d.N;
-    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, a->atty, a->atty16, w->wo, d.N, QD, d.C);
+    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, NULL, a->atty, a->atty16, w->wo, d.N, QD,
+                    d.C);
     from_bf16(m, a->atty, a->atty16, N * QD);
     from_bf16(m, a->qr, a->qr16, N * QD);
     from_bf16(m, a->kr, a->kr16, N * d.NKV * d.D);
@@ -134,8 +137,8 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
                               w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,
                               d.B, d.T, d.NH, d.NKV, d.D);
-    linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, a->ln1, a->ln1_16, w->wqkv, d.N, d.C,
-                    QKV);
+    linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, NULL, a->ln1, a->ln1_16, w->wqkv, d.N,
+                    d.C, QKV);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
                              a->ln1_rstd, d.N, d.C);
 }
@@ -152,22 +155,32 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 // ---------------------------------------------------------------------------------------------
 // Dense MLP block: out (N,C) = a->resid2 + down(silu(gate(ln2)) * up(ln2)). A sparse (MoE)
 // layer replaces this pair of functions. gemms false: only SwiGLU, from the kept a->gate_up.
+// Under bf16 with the table's bf16 SwiGLU, gate|up and h (and in the backward dgate|up) stay
+// bf16 from GEMM to GEMM, as under torch's autocast; else an fp32 SwiGLU runs between them.
 
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const size_t N = (size_t)d.N;
-    if (gemms) {
-        linear_forward(m, a->gate_up, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C, 2 * d.F);
+    if (qwen3_mlp_bf16(op, &m->mem_opts)) {
+        if (gemms)
+            linear_forward(m, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
+                           2 * d.F);
+        op->swiglu_rows_bf16_forward(a->h16, a->gate_up16, d.N, d.F);
+    } else if (gemms) {
+        linear_forward(m, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
+                       2 * d.F);
         to_bf16(m, a->gate_up16, a->gate_up, N * 2 * d.F);
     } else {
         from_bf16(m, a->gate_up, a->gate_up16, N * 2 * d.F);
     }
-    op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
-    to_bf16(m, a->h16, a->h, N * d.F);
+    if (!qwen3_mlp_bf16(op, &m->mem_opts)) {
+        op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
+        to_bf16(m, a->h16, a->h, N * d.F);
+    }
     if (!gemms) return;
-    linear_forward(m, out, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    linear_forward(m, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
     to_bf16(m, NULL, out, N * d.C);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -177,13 +190,20 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, a->h, a->h16, w->w_down, d.N, d.F, d.C);
-    from_bf16(m, a->gate_up, a->gate_up16, (size_t)d.N * 2 * d.F);
+    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, NULL, a->h, a->h16, w->w_down, d.N, d.F,
+                    d.C);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
-    float *dgate_up = a->gate_up;
-    op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
-    linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, a->ln2, a->ln2_16, w->w_gate_up, d.N,
-                    d.C, 2 * d.F);
+    if (qwen3_mlp_bf16(op, &m->mem_opts)) {
+        op->swiglu_rows_bf16_backward(a->gate_up16, s->dh, a->gate_up16, d.N, d.F);
+        linear_backward(m, s->dln, g->w_gate_up, NULL, NULL, a->gate_up16, a->ln2, a->ln2_16,
+                        w->w_gate_up, d.N, d.C, 2 * d.F);
+    } else {
+        from_bf16(m, a->gate_up, a->gate_up16, (size_t)d.N * 2 * d.F);
+        float *dgate_up = a->gate_up;
+        op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
+        linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, NULL, a->ln2, a->ln2_16,
+                        w->w_gate_up, d.N, d.C, 2 * d.F);
+    }
     post_norm_backward(m, w, g, a, s);
 }
 
@@ -202,7 +222,8 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
                               qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    linear_forward(m, a->probs, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C, d.E); // logits (N,E)
+    linear_forward(m, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
+                   d.E); // logits (N,E)
     to_bf16(m, NULL, a->probs, (size_t)d.N * d.E);
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                           m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
@@ -238,8 +259,8 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     }
     op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
                            a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
-    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, a->ln2, a->ln2_16, w->router, d.N, d.C,
-                    d.E);
+    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, NULL, a->ln2, a->ln2_16, w->router,
+                    d.N, d.C, d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
     post_norm_backward(m, w, g, a, s);
 }
@@ -298,28 +319,23 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     const uint16_t *lnf16 = s->lnf16 ? s->lnf16 + (size_t)r0 * d.C : NULL;
     float *dlnf = s->dln + (size_t)r0 * d.C;
     // A tied lm_head shares its gradient with the embedding: both add into g.embed.
-    if (s->logits16) { // bf16: bf16 logits, the loss over them in fp32, bf16 dlogits in place
-        const uint16_t *w16 = m->param_bf16 + (m->w.lm_head - m->param_mem);
-        if (logits)
-            op->matmul_bf16_forward(NULL, s->logits16, s->mm_scratch, lnf, lnf16, w16, NULL, R, d.C,
-                                    d.V);
-        if (forward)
-            op->cross_entropy_bf16_forward(s->losses + r0, s->logits16, s->targets + r0, R, d.V);
-        if (!backward) return;
-        op->cross_entropy_bf16_backward(s->logits16, s->logits16, s->targets + r0, loss_scale, R,
-                                        d.V);
-        op->matmul_bf16_backward(dlnf, m->g.lm_head, NULL, s->mm_scratch, NULL, s->logits16, lnf,
-                                 lnf16, w16, R, d.C, d.V);
-        return;
-    }
+    uint16_t *logits16 = s->logits16; // bf16: bf16 logits, the loss in fp32, bf16 dlogits
+    float *logits32 = logits16 ? NULL : s->logits;
     if (logits) {
-        linear_forward(m, s->logits, lnf, lnf16, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
-        to_bf16(m, NULL, s->logits, (size_t)R * d.V);
+        linear_forward(m, logits32, logits16, lnf, lnf16, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
+        if (logits32) to_bf16(m, NULL, logits32, (size_t)R * d.V); // bf16 with a plugin's loss
     }
-    if (forward) op->cross_entropy_forward(s->losses + r0, s->logits, s->targets + r0, R, d.V);
+    if (forward && logits16)
+        op->cross_entropy_bf16_forward(s->losses + r0, logits16, s->targets + r0, R, d.V);
+    else if (forward)
+        op->cross_entropy_forward(s->losses + r0, logits32, s->targets + r0, R, d.V);
     if (!backward) return;
-    op->cross_entropy_backward(s->logits, s->logits, s->targets + r0, loss_scale, R, d.V);
-    linear_backward(m, dlnf, m->g.lm_head, NULL, s->logits, lnf, lnf16, m->w.lm_head, R, d.C, d.V);
+    if (logits16)
+        op->cross_entropy_bf16_backward(logits16, logits16, s->targets + r0, loss_scale, R, d.V);
+    else
+        op->cross_entropy_backward(logits32, logits32, s->targets + r0, loss_scale, R, d.V);
+    linear_backward(m, dlnf, m->g.lm_head, NULL, logits32, logits16, lnf, lnf16, m->w.lm_head, R,
+                    d.C, d.V);
 }
 
 static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,

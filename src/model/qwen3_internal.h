@@ -95,6 +95,12 @@ static inline bool qwen3_head_bf16(const ct_ops *ops, const qwen3_memory_opts *o
            ops->cross_entropy_bf16_backward;
 }
 
+// bf16 mixed precision's dense MLP: gate|up and h stay bf16 through the table's bf16 SwiGLU
+// (unless a plugin's SwiGLU, fp32 by the ABI, replaced it).
+static inline bool qwen3_mlp_bf16(const ct_ops *ops, const qwen3_memory_opts *opts) {
+    return opts && opts->bf16 && ops->swiglu_rows_bf16_forward && ops->swiglu_rows_bf16_backward;
+}
+
 // Lays the activations out from `base` (NULL: only count) into `a` (its `layers` may be NULL
 // when counting) and returns the floats needed. The same walk sizes and carves, so the plan
 // and the allocation cannot disagree.

@@ -265,7 +265,7 @@ static void stage_layers(qwen3_acts *a, int L) {
         la->kr = a->stage_kr;
         la->v = a->stage_v;
         la->ln2 = a->stage_ln;
-        la->gate_up = la->gate_up16 ? a->stage_gate_up : NULL;
+        la->gate_up = la->gate_up16 ? a->stage_gate_up : NULL; // NULL with the bf16 SwiGLU
         la->h = la->h16 ? a->dh : NULL;
     }
 }
@@ -355,7 +355,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         a->stage_qr = carve_take(&cv, N * NH * D);
         a->stage_kr = carve_take(&cv, N * NKV * D);
         a->stage_v = carve_take(&cv, N * NKV * D);
-        a->stage_gate_up = carve_take(&cv, N * 2 * F);
+        a->stage_gate_up = qwen3_mlp_bf16(ops, opts) ? NULL : carve_take(&cv, N * 2 * F);
         stage_layers(a, L);
     }
     if (cv.off < logits_end) cv.off = logits_end;

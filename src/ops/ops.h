@@ -66,6 +66,8 @@
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
 // cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
 //   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
+// swiglu_rows_bf16_forward/backward: swiglu_rows' contract with gate_up, h and dgate_up in bf16
+//   (dh fp32), each step rounded as torch computes SwiGLU on bf16 tensors (swiglu_bf16.h).
 // attention_bf16_forward/backward: attention's contract, with q, k, v and dout holding bf16
 //   values (the caller rounds them) and the products' other operands and outputs rounded as
 //   torch's autocast rounds them (attention_flash.c). The state and scratch are the table's

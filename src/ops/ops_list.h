@@ -244,6 +244,13 @@ typedef struct ct_adamw_coeffs {
       (uint16_t *dlogits, const uint16_t *logits, const int32_t *targets, float scale, int N,      \
        int V),                                                                                     \
       (dlogits, logits, targets, scale, N, V))                                                     \
+    X(OWN, swiglu_rows_bf16_forward, ct_swiglu_rows_bf16_forward_fn,                               \
+      cpu_swiglu_rows_bf16_forward, OPT, "swiglu_rows_bf16", forward,                              \
+      (uint16_t *h, const uint16_t *gate_up, int N, int F), (h, gate_up, N, F))                    \
+    X(OWN, swiglu_rows_bf16_backward, ct_swiglu_rows_bf16_backward_fn,                             \
+      cpu_swiglu_rows_bf16_backward, OPT, "swiglu_rows_bf16", backward,                            \
+      (uint16_t *dgate_up, const float *dh, const uint16_t *gate_up, int N, int F),                \
+      (dgate_up, dh, gate_up, N, F))                                                               \
     X(OWN, attention_bf16_forward, ct_attention_bf16_forward_fn, NULL, OPT, "attention_bf16",      \
       forward,                                                                                     \
       (float *out, float *state, const float *q, const float *k, const float *v, int B, int T,     \
@@ -299,7 +306,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 50, "the op list has 50 entries");
+_Static_assert(CT_OP_COUNT == 52, "the op list has 52 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -306,6 +306,8 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
         out->cross_entropy_bf16_forward = NULL, out->cross_entropy_bf16_backward = NULL;
     if (s->ops[OVERRIDE_ATTENTION].set)
         out->attention_bf16_forward = NULL, out->attention_bf16_backward = NULL;
+    if (s->ops[OVERRIDE_SWIGLU].set)
+        out->swiglu_rows_bf16_forward = NULL, out->swiglu_rows_bf16_backward = NULL;
     ct_ops_fit_fusions(out); // a replaced rmsnorm, rope or swiglu must run inside them too
 }
 
