@@ -388,7 +388,9 @@ static void test_apply_slots(void) {
         // The ABI is fp32: a replaced cross-entropy drops the table's bf16 one (the model's bf16
         // head then keeps fp32 logits for the plugin).
         const bool ce = op == OVERRIDE_CROSS_ENTROPY;
-        CHECK(!o.cross_entropy_bf16_forward == ce && !o.cross_entropy_bf16_backward == ce,
+        CHECK(!o.cross_entropy_bf16_forward == ce && !o.cross_entropy_bf16_backward == ce &&
+                  !o.cross_entropy_bf16_forward_backward == ce &&
+                  !o.cross_entropy_forward_backward == ce,
               "%s: the bf16 cross-entropy %s", name, ce ? "dropped" : "kept");
         ct_ops flash, of;
         ct_ops_with_attention(&flash, &ct_ops_cpu, "flash");

@@ -12,8 +12,10 @@ measured):
 - the same config run twice gives bit-identical bf16 losses (metrics.jsonl);
 - stop and resume: the straight run saves at steps 10 and 20; a copy of its folder without the
   step-20 checkpoint resumes at step 10 and must log the straight run's losses for steps 11-20
-  bit for bit (the bf16 copies of the weights must come back from the fp32 masters; a timed
-  SIGTERM cannot land mid-run in runs this short, and tok_train.sh covers the signal itself);
+  bit for bit (the bf16 copies of the weights must come back from the fp32 masters);
+- SIGTERM, then resume (the first case, made SIGNAL_STEPS long so that the signal lands mid-run):
+  the run stops after the step it is in with a checkpoint (exit 143), the resumed run continues
+  from there, and every step's loss equals a straight run's bit for bit;
 - `ctitan verify --training.mixed_precision_param bfloat16` on the case's hf/ over step 1's
   windows (B * accum, one batch) prints a loss within 3e-3 relative of torch's first-step loss
   (MoE: the aux loss then covers the whole batch, not each micro-batch), a gradient norm within
@@ -84,6 +86,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -210,6 +213,44 @@ def resume(label, d, m, straight_dump, straight):
         [straight[k]["loss"] for k in sorted(straight)]))
 
 
+SIGNAL_STEPS = 2000  # a few ms a step: long enough for the signal to land mid-run
+
+
+def sigterm_resume(name, d, m):
+    long = dict(m, steps=SIGNAL_STEPS)
+    keys = {"checkpoint.interval": 50, "checkpoint.keep_latest_k": 2}
+    straight = train(d, long, os.path.join(TMP, name + "_long"), BF16, **keys)
+    dump = os.path.join(TMP, name + "_sigterm")
+    shutil.rmtree(dump, ignore_errors=True)
+    cmd = train_cmd(BIN, d, long, dump, "grouped", **{
+        "training.mixed_precision_param": BF16, **keys})
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("checkpoint: saved step"):
+            p.send_signal(signal.SIGTERM)
+            break
+    lines += p.stdout.read().splitlines(True)
+    rc = p.wait()
+    out = "".join(lines)
+    stop = re.search(r"^stopped by signal 15 at step (\d+)", out, re.M)
+    check(rc == 128 + 15 and stop and int(stop.group(1)) < SIGNAL_STEPS,
+          "%s: SIGTERM: exit %d, %s" % (name, rc, out[-600:]))
+    if not stop or not straight:
+        return
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    resumed = re.search(r"^resumed from .* at step (\d+)", r.stdout + r.stderr, re.M)
+    check(r.returncode == 0 and resumed and resumed.group(1) == stop.group(1),
+          "%s: the resume after SIGTERM at step %s: %s" % (name, stop.group(1),
+                                                          (r.stdout + r.stderr)[-600:]))
+    rows = metric_rows(dump)
+    same = all(rows.get(k, {}).get("loss") == straight[k]["loss"] for k in straight)
+    print("%-40s SIGTERM at step %s, resumed: %d losses %s" % (
+        name, stop.group(1), len(straight), "bit-identical" if same else "DIFFER"))
+    check(same, "%s: losses after SIGTERM and resume differ from the straight run" % name)
+
+
 def verify(label, d, m, b):
     cmd = [BIN, "verify", "--model.hf_path", os.path.join(d, "hf"), "--training.dataset_path",
            os.path.join(d, "tokens.npy"), "--training.seq_len", str(m["T"]),
@@ -267,8 +308,9 @@ def experts_plugin(name, d, m):
     rows, said = with_plugin(name, d, m, "moe_experts_naive", "_experts_plugin")
     if not rows:
         return
-    check("linear layers in bf16" in said and
-          "the MoE experts in fp32: the expert plugin's kernel is fp32" in said,
+    check(said.startswith("precision: bf16 mixed precision: linear layers") and
+          "MoE experts," not in said and
+          "the MoE experts in fp32: the plugin's kernel is fp32" in said,
           "%s: a bf16 run with an expert plugin does not say it keeps them fp32: %s" % (
               name, said))
     calls = rows[m["steps"]].get("override_calls", {}).get("moe_experts", {})
@@ -335,4 +377,7 @@ index = json.load(open(os.path.join(REF, "bf16", "index.json")))
 check(len(index["cases"]) >= 3 and index["moe_cases"], "bf16 reference cases: %s" % index)
 for case in index["cases"]:
     run_case(case)
+case = index["cases"][0]
+sigterm_resume(case, os.path.join(REF, "bf16", case), json.load(
+    open(os.path.join(REF, "bf16", case, "meta.json"))))
 summary()

@@ -325,15 +325,30 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
         linear_forward(m, logits32, logits16, lnf, lnf16, m->w.lm_head, NULL, R, d.C, d.V); // (R,V)
         if (logits32) to_bf16(m, NULL, logits32, (size_t)R * d.V); // bf16 with a plugin's loss
     }
-    if (forward && logits16)
-        op->cross_entropy_bf16_forward(s->losses + r0, logits16, s->targets + r0, R, d.V);
-    else if (forward)
-        op->cross_entropy_forward(s->losses + r0, logits32, s->targets + r0, R, d.V);
+    const int32_t *t = s->targets + r0;
+    float *losses = s->losses + r0;
+    if (forward && backward) { // training's chunked head: the loss and its gradient in one pass
+        if (logits16) {
+            op->cross_entropy_bf16_forward_backward(losses, logits16, logits16, t, loss_scale, R,
+                                                    d.V);
+        } else if (op->cross_entropy_forward_backward) {
+            op->cross_entropy_forward_backward(losses, logits32, logits32, t, loss_scale, R, d.V);
+        } else {
+            op->cross_entropy_forward(losses, logits32, t, R, d.V);
+            op->cross_entropy_backward(logits32, logits32, t, loss_scale, R, d.V);
+        }
+    } else if (forward) {
+        if (logits16)
+            op->cross_entropy_bf16_forward(losses, logits16, t, R, d.V);
+        else
+            op->cross_entropy_forward(losses, logits32, t, R, d.V);
+    } else if (backward) {
+        if (logits16)
+            op->cross_entropy_bf16_backward(logits16, logits16, t, loss_scale, R, d.V);
+        else
+            op->cross_entropy_backward(logits32, logits32, t, loss_scale, R, d.V);
+    }
     if (!backward) return;
-    if (logits16)
-        op->cross_entropy_bf16_backward(logits16, logits16, s->targets + r0, loss_scale, R, d.V);
-    else
-        op->cross_entropy_backward(logits32, logits32, s->targets + r0, loss_scale, R, d.V);
     linear_backward(m, dlnf, m->g.lm_head, NULL, logits32, logits16, lnf, lnf16, m->w.lm_head, R,
                     d.C, d.V);
 }

@@ -92,7 +92,7 @@ static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
 // table's: then the logits stay fp32).
 static inline bool qwen3_head_bf16(const ct_ops *ops, const qwen3_memory_opts *opts) {
     return opts && opts->bf16 && ops->cross_entropy_bf16_forward &&
-           ops->cross_entropy_bf16_backward;
+           ops->cross_entropy_bf16_backward && ops->cross_entropy_bf16_forward_backward;
 }
 
 // bf16 mixed precision's dense MLP: gate|up and h stay bf16 through the table's bf16 SwiGLU

@@ -30,10 +30,10 @@
 //
 // bf16 mixed precision (cpu_attention_flash_bf16_*): the caller gives q, k, v and dO holding
 // bf16 values, and the tiles round where torch's autocast rounds HF's eager attention: the
-// scores S = bf16(bf16(Q K^T) * scale), P to bf16 before P V (the forward's unnormalised
+// scores S = bf16(bf16(Q K^T) * bf16(scale)), P to bf16 before P V (the forward's unnormalised
 // exp(S - m), torch's normalised P: the same relative rounding), dP = bf16(dO V^T), and dS =
-// bf16(bf16(P (dP - Di)) * scale), with P to bf16 for dV. The softmax, its statistics and every
-// accumulation stay fp32.
+// bf16(bf16(P (dP - Di)) * bf16(scale)), with P to bf16 for dV. The softmax, its statistics and
+// every accumulation stay fp32.
 //
 // state: lse (B,NH,T). scratch: Di (B,NH,T). The tiles live on each thread's stack (32 KiB).
 #include <cblas.h>
@@ -208,7 +208,9 @@ static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D, int bf16) 
                         .nc = nc,
                         .nqb = (T + nr - 1) / nr,
                         .nkb = (T + nc - 1) / nc,
-                        .scale = (float)(1.0 / sqrt((double)D))};
+                        // bf16: torch multiplies the bf16 scores by the scale rounded to bf16
+                        .scale = bf16 ? bf16_value(bf16_round((float)(1.0 / sqrt((double)D))))
+                                      : (float)(1.0 / sqrt((double)D))};
 }
 
 // Forward of query block qb of head h in batch b: its rows of out and lse.

@@ -15,15 +15,19 @@
 #define CE_IGNORE (-100)
 #define CE_BLOCK 512
 
-// The row passes and the two kernels, once for fp32 logits and once for bf16 logits (bf16
-// mixed precision: torch's autocast computes the lm_head in bf16 and the loss in fp32 over
+// The row passes and the kernels, once for fp32 logits and once for bf16 logits (bf16 mixed
+// precision: torch's autocast computes the lm_head in bf16 and the loss in fp32 over
 // `logits.float()`; its gradient is rounded back to bf16). LOAD widens an element to fp32, STORE
-// writes one; in fp32 they are the identity, so both read the same arithmetic.
-#define CE_KERNELS(T, LOAD, STORE, forward, backward)                                              \
+// writes one; in fp32 they are the identity, so both read the same arithmetic. Each kernel has
+// a forward, a backward and both at once (the training head's: max and sum taken once), and the
+// three give the same bits.
+// clang-format off
+#define CE_KERNELS(T, LOAD, STORE, forward, backward, both)                                        \
     CPU_SIMD_CLONES                                                                                \
     static float forward##_row_max(const T *x, int V) {                                            \
         float m = LOAD(x[0]);                                                                      \
-        _Pragma("omp simd reduction(max : m)") for (int i = 0; i < V; i++) {                       \
+        _Pragma("omp simd reduction(max : m)")                                                     \
+        for (int i = 0; i < V; i++) {                                                              \
             const float v = LOAD(x[i]);                                                            \
             m = v > m ? v : m;                                                                     \
         }                                                                                          \
@@ -36,8 +40,8 @@
         for (int b = 0; b < V; b += CE_BLOCK) {                                                    \
             const int e = b + CE_BLOCK < V ? b + CE_BLOCK : V;                                     \
             float part = 0.0f;                                                                     \
-            _Pragma("omp simd reduction(+ : part)") for (int i = b; i < e; i++) part +=            \
-                vexp(LOAD(x[i]) - m);                                                              \
+            _Pragma("omp simd reduction(+ : part)")                                                \
+            for (int i = b; i < e; i++) part += vexp(LOAD(x[i]) - m);                              \
             s += part;                                                                             \
         }                                                                                          \
         return s;                                                                                  \
@@ -46,51 +50,45 @@
     CPU_SIMD_CLONES                                                                                \
     static void forward##_row_softmax_scaled(T *dx, const T *x, int V, float m, float inv,         \
                                              float scale) {                                        \
-        _Pragma("omp simd") for (int i = 0; i < V; i++) dx[i] =                                    \
-            STORE(scale * (vexp(LOAD(x[i]) - m) * inv));                                           \
+        _Pragma("omp simd")                                                                        \
+        for (int i = 0; i < V; i++) dx[i] = STORE(scale * (vexp(LOAD(x[i]) - m) * inv));          \
+    }                                                                                              \
+    /* One row: its loss (when loss) and its gradient (when dx; may alias x). -log_softmax[t] =    \
+       log(sum) - (x[t] - max); p - 1 in double: near p = 1 the fp32 difference would cancel.      \
+       x[t] is read before the row is overwritten. */                                              \
+    static void forward##_row(float *loss, T *dx, const T *x, int t, float scale, int V) {         \
+        if (t == CE_IGNORE) {                                                                      \
+            if (loss) *loss = 0.0f;                                                                \
+            if (dx) memset(dx, 0, (size_t)V * sizeof(T));                                          \
+            return;                                                                                \
+        }                                                                                          \
+        const float m = forward##_row_max(x, V), xt = LOAD(x[t]);                                  \
+        const double sum = forward##_row_exp_sum(x, V, m);                                         \
+        if (loss) *loss = (float)(log(sum) - (double)(xt - m));                                    \
+        if (!dx) return;                                                                           \
+        const double inv = 1.0 / sum;                                                              \
+        const float dt = scale * (float)((double)vexp(xt - m) * inv - 1.0);                        \
+        forward##_row_softmax_scaled(dx, x, V, m, (float)inv, scale);                              \
+        dx[t] = STORE(dt);                                                                         \
+    }                                                                                              \
+    void both(float *losses, T *dlogits, const T *logits, const int32_t *targets, float scale,     \
+              int N, int V) {                                                                      \
+        _Pragma("omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)")            \
+        for (int n = 0; n < N; n++)                                                                \
+            forward##_row(losses ? losses + n : NULL, dlogits ? dlogits + (size_t)n * V : NULL,    \
+                          logits + (size_t)n * V, targets[n], scale, V);                           \
     }                                                                                              \
     void forward(float *losses, const T *logits, const int32_t *targets, int N, int V) {           \
-        _Pragma(                                                                                   \
-            "omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)") for (int n =   \
-                                                                                             0;    \
-                                                                                         n < N;    \
-                                                                                         n++) {    \
-            if (targets[n] == CE_IGNORE) {                                                         \
-                losses[n] = 0.0f;                                                                  \
-                continue;                                                                          \
-            }                                                                                      \
-            const T *x = logits + (size_t)n * V;                                                   \
-            const float m = forward##_row_max(x, V);                                               \
-            /* -log_softmax[t] = log(sum) - (x[t] - max) */                                        \
-            losses[n] =                                                                            \
-                (float)(log(forward##_row_exp_sum(x, V, m)) - (double)(LOAD(x[targets[n]]) - m));  \
-        }                                                                                          \
+        both(losses, NULL, logits, targets, 0.0f, N, V);                                           \
     }                                                                                              \
-    /* p - 1 in double: near p = 1 the fp32 difference would cancel. x[t] is read before the row   \
-       is overwritten (dlogits may alias logits). */                                               \
     void backward(T *dlogits, const T *logits, const int32_t *targets, float scale, int N,         \
                   int V) {                                                                         \
-        _Pragma(                                                                                   \
-            "omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)") for (int n =   \
-                                                                                             0;    \
-                                                                                         n < N;    \
-                                                                                         n++) {    \
-            T *dx = dlogits + (size_t)n * V;                                                       \
-            if (targets[n] == CE_IGNORE) {                                                         \
-                memset(dx, 0, (size_t)V * sizeof(T));                                              \
-                continue;                                                                          \
-            }                                                                                      \
-            const T *x = logits + (size_t)n * V;                                                   \
-            const float m = forward##_row_max(x, V);                                               \
-            const double inv = 1.0 / forward##_row_exp_sum(x, V, m);                               \
-            const int t = targets[n];                                                              \
-            const float dt = scale * (float)((double)vexp(LOAD(x[t]) - m) * inv - 1.0);            \
-            forward##_row_softmax_scaled(dx, x, V, m, (float)inv, scale);                          \
-            dx[t] = STORE(dt);                                                                     \
-        }                                                                                          \
+        both(NULL, dlogits, logits, targets, scale, N, V);                                         \
     }
+// clang-format on
 
 #define CE_F32(v) (v)
-CE_KERNELS(float, CE_F32, CE_F32, cpu_cross_entropy_forward, cpu_cross_entropy_backward)
+CE_KERNELS(float, CE_F32, CE_F32, cpu_cross_entropy_forward, cpu_cross_entropy_backward,
+           cpu_cross_entropy_forward_backward)
 CE_KERNELS(uint16_t, bf16_value, bf16_round, cpu_cross_entropy_bf16_forward,
-           cpu_cross_entropy_bf16_backward)
+           cpu_cross_entropy_bf16_backward, cpu_cross_entropy_bf16_forward_backward)

@@ -165,20 +165,30 @@ static mm_shape *planned(int N, int C, int OC) {
     return s;
 }
 
+// out (N,OC) += bias, the bias rounded to bf16 first: autocast casts a linear's bias to bf16 and
+// adds it to the fp32 sum before the output's one rounding.
+static void add_bias_bf16(float *out, const float *bias, int N, int OC) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * OC >= CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *row = out + (size_t)n * OC;
+        for (int o = 0; o < OC; o++) row[o] += bf16_value(bf16_round(bias[o]));
+    }
+}
+
 void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
                              const uint16_t *inp16, const uint16_t *weight, const float *bias,
                              int N, int C, int OC) {
     mm_shape *s = planned(N, C, OC);
     if (mode == MODE_EMULATED) {
         mm_emulated_forward(out, out16, scratch, inp, inp16, weight, N, C, OC);
-        if (bias) cpu_matmul_add_bias(out, bias, N, OC);
+        if (bias) add_bias_bf16(out, bias, N, OC);
         return;
     }
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, false);
     if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
     run(&s->kind[out16 ? MM_FORWARD_BF16_OUT : MM_FORWARD], inp16, weight,
         out16 ? (void *)out16 : out, sc.pad);
-    if (bias) cpu_matmul_add_bias(out, bias, N, OC);
+    if (bias) add_bias_bf16(out, bias, N, OC);
 }
 
 void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,

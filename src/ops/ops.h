@@ -55,7 +55,7 @@
 // the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(N, C, OC, staged) floats
 // (SIZE_MAX: the shape cannot be run), asked once at plan time, which also prepares the shape;
 // `staged`: every call passes inp16, and the backward's dout16 too (less scratch).
-// matmul_bf16_forward: out(N,OC) = bf16(inp)(N,C) @ weight(OC,C)^T + bias, fp32 accumulation. When
+// matmul_bf16_forward: out(N,OC) = bf16(inp)(N,C) @ weight(OC,C)^T + bf16(bias), fp32 sums. When
 //   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
 //   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
 // matmul_bf16_backward: dinp(N,C) = bf16(dout) @ weight (skipped when dinp is NULL), dweight +=
@@ -66,6 +66,8 @@
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
 // cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
 //   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
+// cross_entropy_forward_backward (and _bf16_): the forward's losses and the backward's dlogits
+//   (may alias logits) in one pass over the rows, the same bits as the two calls.
 // swiglu_rows_bf16_forward/backward: swiglu_rows' contract with gate_up, h and dgate_up in bf16
 //   (dh fp32), each step rounded as torch computes SwiGLU on bf16 tensors (swiglu_bf16.h).
 // attention_bf16_forward/backward: attention's contract, with q, k, v and dout holding bf16

@@ -17,7 +17,8 @@
 //   cpu     the kernel in ct_ops_cpu (NULL: none)
 //   need    ALL (every model calls it), MOE (a MoE model does) or OPT (may be NULL)
 //   op      the op's name: the plugin override point's ("rope_hf"), the profiler's row
-//   dir     forward, backward, none (add), state or scratch (the workspace size queries)
+//   dir     forward, backward, both (a forward and its backward at once), none (add), state or
+//           scratch (the workspace size queries)
 //   params  the parameter list, checked against `type` at compile time
 //   args    the arguments that pass params on (for a FUSED op, without the table)
 //
@@ -244,6 +245,16 @@ typedef struct ct_adamw_coeffs {
       (uint16_t *dlogits, const uint16_t *logits, const int32_t *targets, float scale, int N,      \
        int V),                                                                                     \
       (dlogits, logits, targets, scale, N, V))                                                     \
+    X(OWN, cross_entropy_forward_backward, ct_cross_entropy_forward_backward_fn,                   \
+      cpu_cross_entropy_forward_backward, OPT, "cross_entropy", both,                              \
+      (float *losses, float *dlogits, const float *logits, const int32_t *targets, float scale,    \
+       int N, int V),                                                                              \
+      (losses, dlogits, logits, targets, scale, N, V))                                             \
+    X(OWN, cross_entropy_bf16_forward_backward, ct_cross_entropy_bf16_forward_backward_fn,         \
+      cpu_cross_entropy_bf16_forward_backward, OPT, "cross_entropy_bf16", both,                    \
+      (float *losses, uint16_t *dlogits, const uint16_t *logits, const int32_t *targets,           \
+       float scale, int N, int V),                                                                 \
+      (losses, dlogits, logits, targets, scale, N, V))                                             \
     X(OWN, swiglu_rows_bf16_forward, ct_swiglu_rows_bf16_forward_fn,                               \
       cpu_swiglu_rows_bf16_forward, OPT, "swiglu_rows_bf16", forward,                              \
       (uint16_t *h, const uint16_t *gate_up, int N, int F), (h, gate_up, N, F))                    \
@@ -306,7 +317,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 52, "the op list has 52 entries");
+_Static_assert(CT_OP_COUNT == 54, "the op list has 54 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 
@@ -315,6 +326,7 @@ typedef enum ct_op_dir {
     CT_OP_DIR_forward,
     CT_OP_DIR_backward,
     CT_OP_DIR_none,
+    CT_OP_DIR_both,
     CT_OP_DIR_state,
     CT_OP_DIR_scratch
 } ct_op_dir;

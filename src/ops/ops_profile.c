@@ -12,6 +12,7 @@ typedef enum { CT_OPS_LIST(TIMED_ENUM) P_N } profiled;
 #define DIR_forward "forward"
 #define DIR_backward "backward"
 #define DIR_none "-"
+#define DIR_both "fwd+bwd"
 static const char *const names[P_N][2] = {
 #define TIMED_NAME(kind, field, type, cpu, need, op, dir, ...)                                     \
     CT_OP_IF_TIMED_##kind([P_##field] = {op, DIR_##dir}, )

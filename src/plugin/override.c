@@ -302,8 +302,11 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
     }
     // The plugin ABI is fp32: a replaced cross-entropy or attention drops the table's bf16
     // variant of it (under bf16 the plugin's kernel runs in fp32 around it).
-    if (s->ops[OVERRIDE_CROSS_ENTROPY].set)
+    if (s->ops[OVERRIDE_CROSS_ENTROPY].set) {
         out->cross_entropy_bf16_forward = NULL, out->cross_entropy_bf16_backward = NULL;
+        out->cross_entropy_forward_backward = NULL;
+        out->cross_entropy_bf16_forward_backward = NULL;
+    }
     if (s->ops[OVERRIDE_ATTENTION].set)
         out->attention_bf16_forward = NULL, out->attention_bf16_backward = NULL;
     if (s->ops[OVERRIDE_SWIGLU].set)

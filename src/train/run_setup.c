@@ -143,6 +143,34 @@ static bool cpu_has_native_bf16(void) {
 #endif
 }
 
+// The precision: line of a bf16 run: what runs in bf16, and what a plugin keeps in fp32 (the
+// plugin ABI is fp32; override_apply drops the table's bf16 variant of a replaced op).
+static void log_bf16_precision(const run_setup *s, bool moe, FILE *f) {
+    const ct_ops *o = &s->ops;
+    const bool experts = moe && s->mem_opts.bf16_experts;
+    fprintf(f,
+            "precision: bf16 mixed precision: linear layers%s%s in bf16 (fp32 "
+            "accumulation), activations saved in bf16%s%s; norms, softmax, the loss and the "
+            "optimizer compute in fp32; fp32 weights, gradients and AdamW state",
+            experts ? ", MoE experts" : "", o->attention_bf16_forward ? ", attention products" : "",
+            o->swiglu_rows_bf16_forward ? ", SwiGLU rounded as torch's" : "",
+            o->cross_entropy_bf16_forward ? ", bf16 logits" : "");
+    static const char plugin[] = "the plugin's kernel is fp32 (the plugin ABI)";
+    const struct {
+        bool fp32;
+        const char *what, *why;
+    } kept[] = {{moe && !experts, "the MoE experts", plugin},
+                {!o->attention_bf16_forward, "attention's products",
+                 strcmp(run_setup_attention(s), "from a plugin") == 0
+                     ? plugin
+                     : "model.attn_backend sdpa has no bf16 kernel (flash has)"},
+                {!o->swiglu_rows_bf16_forward, "SwiGLU", plugin},
+                {!o->cross_entropy_bf16_forward, "the loss's logits", plugin}};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (kept[i].fp32) fprintf(f, "; %s in fp32: %s", kept[i].what, kept[i].why);
+    fputc('\n', f);
+}
+
 void run_setup_log_kernels(const run_setup *s, FILE *f) {
     const bool moe = qwen3_num_sparse_layers(&s->model) > 0;
     fprintf(f, "kernels: attention %s%s%s\n", run_setup_attention(s), moe ? ", experts " : "",
@@ -151,15 +179,7 @@ void run_setup_log_kernels(const run_setup *s, FILE *f) {
         fprintf(f, "precision: float32: the matmul plugin's kernel is fp32 (the plugin ABI), so "
                    "the linear layers run in fp32 around it\n");
     else if (strcmp(s->precision, "bfloat16") == 0)
-        fprintf(f,
-                "precision: bf16 mixed precision: linear layers%s in bf16 (oneDNN, fp32 "
-                "accumulation)%s; attention, norms, softmax, the loss and the optimizer in fp32; "
-                "fp32 weights, gradients and AdamW state\n",
-                moe && s->mem_opts.bf16_experts ? " and MoE experts" : "",
-                moe && !s->mem_opts.bf16_experts
-                    ? "; the MoE experts in fp32: the expert plugin's kernel is fp32 (the "
-                      "plugin ABI)"
-                    : "");
+        log_bf16_precision(s, moe, f);
     if (s->mem_opts.bf16 && cpu_matmul_bf16_emulated() && s->warn)
         fprintf(s->warn,
                 "ctitan: warning: the bf16 matmuls are emulated on OpenBLAS sgemm over "
