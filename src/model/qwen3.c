@@ -329,10 +329,11 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     float *losses = s->losses + r0;
     if (forward && backward) { // training's chunked head: the loss and its gradient in one pass
         if (logits16) {
-            op->cross_entropy_bf16_forward_backward(losses, logits16, logits16, t, loss_scale, R,
-                                                    d.V);
+            op->cross_entropy_bf16_forward_backward(losses, logits16, logits16, t, loss_scale,
+                                                    s->ce_scratch, R, d.V);
         } else if (op->cross_entropy_forward_backward) {
-            op->cross_entropy_forward_backward(losses, logits32, logits32, t, loss_scale, R, d.V);
+            op->cross_entropy_forward_backward(losses, logits32, logits32, t, loss_scale, NULL, R,
+                                               d.V);
         } else {
             op->cross_entropy_forward(losses, logits32, t, R, d.V);
             op->cross_entropy_backward(logits32, logits32, t, loss_scale, R, d.V);

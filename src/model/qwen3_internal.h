@@ -52,6 +52,7 @@ typedef struct qwen3_acts {
     uint16_t *lnf16;            // bf16: lnf saved in bf16 (lnf is then stage_ln)
     float *logits;              // (N,V), or (loss_chunk,V); backward turns it into dlogits in place
     uint16_t *logits16;         // bf16 head (qwen3_head_bf16): the same buffer, holding bf16 logits
+    float *ce_scratch;          // bf16 head: V floats per thread for the loss, past the logits
     float *mm_scratch; // mem_opts.bf16: the largest matmul_bf16_scratch_floats of the model's GEMMs
     float *losses;     // (N) per-token cross-entropy
     // Gradient scratch, reused by every layer (backward visits one layer at a time). From dq

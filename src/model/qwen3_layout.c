@@ -359,6 +359,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         stage_layers(a, L);
     }
     if (cv.off < logits_end) cv.off = logits_end;
+    // Live with the logits, so past them: where the bf16 loss keeps a row's exps, per thread.
+    a->ce_scratch =
+        qwen3_head_bf16(ops, opts) ? carve_take(&cv, (size_t)omp_get_max_threads() * V) : NULL;
     // Live during every linear layer, the loss head's among them: not in the region above.
     const size_t mm = opts && opts->bf16
                           ? bf16_scratch_floats(cfg, ops, B, T, chunk, qwen3_head_bf16(ops, opts))

@@ -6,6 +6,7 @@
 // so a long row loses nothing to summation order (the error of a 512-value block is ~1e-7 of
 // it; the blocks' order is fixed, so results do not depend on the thread count).
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "ops/bf16_round.h"
@@ -22,7 +23,7 @@
 // a forward, a backward and both at once (the training head's: max and sum taken once), and the
 // three give the same bits.
 // clang-format off
-#define CE_KERNELS(T, LOAD, STORE, forward, backward, both)                                        \
+#define CE_KERNELS(T, LOAD, STORE, KEEP, forward, backward, both)                                  \
     CPU_SIMD_CLONES                                                                                \
     static float forward##_row_max(const T *x, int V) {                                            \
         float m = LOAD(x[0]);                                                                      \
@@ -33,62 +34,86 @@
         }                                                                                          \
         return m;                                                                                  \
     }                                                                                              \
-    /* sum(exp(x - m)) over the row. */                                                            \
+    /* sum(exp(x - m)) over the row; each exp kept in keep[i] too unless keep is NULL (keep may    \
+       alias x when T is float: element i is read before it is written). */                       \
     CPU_SIMD_CLONES                                                                                \
-    static double forward##_row_exp_sum(const T *x, int V, float m) {                              \
+    static double forward##_row_exp_sum(const T *x, int V, float m, float *keep) {                 \
         double s = 0.0;                                                                            \
         for (int b = 0; b < V; b += CE_BLOCK) {                                                    \
             const int e = b + CE_BLOCK < V ? b + CE_BLOCK : V;                                     \
             float part = 0.0f;                                                                     \
-            _Pragma("omp simd reduction(+ : part)")                                                \
-            for (int i = b; i < e; i++) part += vexp(LOAD(x[i]) - m);                              \
+            if (keep) {                                                                            \
+                _Pragma("omp simd reduction(+ : part)")                                            \
+                for (int i = b; i < e; i++) {                                                      \
+                    const float p = vexp(LOAD(x[i]) - m);                                          \
+                    keep[i] = p;                                                                   \
+                    part += p;                                                                     \
+                }                                                                                  \
+            } else {                                                                               \
+                _Pragma("omp simd reduction(+ : part)")                                            \
+                for (int i = b; i < e; i++) part += vexp(LOAD(x[i]) - m);                          \
+            }                                                                                      \
             s += part;                                                                             \
         }                                                                                          \
         return s;                                                                                  \
     }                                                                                              \
-    /* dx = scale * exp(x - m) * inv, elementwise (dx may alias x). */                             \
+    /* dx = scale * exp(x - m) * inv, elementwise, the exps from keep when kept (dx may alias x    \
+       and keep). */                                                                               \
     CPU_SIMD_CLONES                                                                                \
-    static void forward##_row_softmax_scaled(T *dx, const T *x, int V, float m, float inv,         \
-                                             float scale) {                                        \
-        _Pragma("omp simd")                                                                        \
-        for (int i = 0; i < V; i++) dx[i] = STORE(scale * (vexp(LOAD(x[i]) - m) * inv));          \
+    static void forward##_row_softmax_scaled(T *dx, const T *x, const float *keep, int V, float m, \
+                                             float inv, float scale) {                             \
+        if (keep) {                                                                                \
+            _Pragma("omp simd")                                                                    \
+            for (int i = 0; i < V; i++) dx[i] = STORE(scale * (keep[i] * inv));                   \
+        } else {                                                                                   \
+            _Pragma("omp simd")                                                                    \
+            for (int i = 0; i < V; i++) dx[i] = STORE(scale * (vexp(LOAD(x[i]) - m) * inv));      \
+        }                                                                                          \
     }                                                                                              \
     /* One row: its loss (when loss) and its gradient (when dx; may alias x). -log_softmax[t] =    \
        log(sum) - (x[t] - max); p - 1 in double: near p = 1 the fp32 difference would cancel.      \
        x[t] is read before the row is overwritten. */                                              \
-    static void forward##_row(float *loss, T *dx, const T *x, int t, float scale, int V) {         \
+    static void forward##_row(float *loss, T *dx, const T *x, int t, float scale, float *spare,    \
+                              int V) {                                                             \
         if (t == CE_IGNORE) {                                                                      \
             if (loss) *loss = 0.0f;                                                                \
             if (dx) memset(dx, 0, (size_t)V * sizeof(T));                                          \
             return;                                                                                \
         }                                                                                          \
         const float m = forward##_row_max(x, V), xt = LOAD(x[t]);                                  \
-        const double sum = forward##_row_exp_sum(x, V, m);                                         \
+        float *keep = dx ? KEEP(dx, spare) : NULL;                                                 \
+        const double sum = forward##_row_exp_sum(x, V, m, keep);                                   \
         if (loss) *loss = (float)(log(sum) - (double)(xt - m));                                    \
         if (!dx) return;                                                                           \
         const double inv = 1.0 / sum;                                                              \
         const float dt = scale * (float)((double)vexp(xt - m) * inv - 1.0);                        \
-        forward##_row_softmax_scaled(dx, x, V, m, (float)inv, scale);                              \
+        forward##_row_softmax_scaled(dx, x, keep, V, m, (float)inv, scale);                        \
         dx[t] = STORE(dt);                                                                         \
     }                                                                                              \
     void both(float *losses, T *dlogits, const T *logits, const int32_t *targets, float scale,     \
-              int N, int V) {                                                                      \
+              float *scratch, int N, int V) {                                                      \
         _Pragma("omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)")            \
         for (int n = 0; n < N; n++)                                                                \
             forward##_row(losses ? losses + n : NULL, dlogits ? dlogits + (size_t)n * V : NULL,    \
-                          logits + (size_t)n * V, targets[n], scale, V);                           \
+                          logits + (size_t)n * V, targets[n], scale,                               \
+                          scratch ? scratch + (size_t)omp_get_thread_num() * V : NULL, V);         \
     }                                                                                              \
     void forward(float *losses, const T *logits, const int32_t *targets, int N, int V) {           \
-        both(losses, NULL, logits, targets, 0.0f, N, V);                                           \
+        both(losses, NULL, logits, targets, 0.0f, NULL, N, V);                                     \
     }                                                                                              \
     void backward(T *dlogits, const T *logits, const int32_t *targets, float scale, int N,         \
                   int V) {                                                                         \
-        both(NULL, dlogits, logits, targets, scale, N, V);                                         \
+        both(NULL, dlogits, logits, targets, scale, NULL, N, V);                                   \
     }
 // clang-format on
 
 #define CE_F32(v) (v)
-CE_KERNELS(float, CE_F32, CE_F32, cpu_cross_entropy_forward, cpu_cross_entropy_backward,
-           cpu_cross_entropy_forward_backward)
-CE_KERNELS(uint16_t, bf16_value, bf16_round, cpu_cross_entropy_bf16_forward,
+// Where a row's exps are kept between the sum and the write pass (one exp per logit, not two):
+// fp32 in the gradient row itself, bf16 in the calling thread's row of `scratch` (V fp32 values
+// per thread) when given, else they are computed again.
+#define CE_KEEP_IN_DX(dx, spare) ((void)(spare), (dx))
+#define CE_KEEP_IN_SPARE(dx, spare) (spare)
+CE_KERNELS(float, CE_F32, CE_F32, CE_KEEP_IN_DX, cpu_cross_entropy_forward,
+           cpu_cross_entropy_backward, cpu_cross_entropy_forward_backward)
+CE_KERNELS(uint16_t, bf16_value, bf16_round, CE_KEEP_IN_SPARE, cpu_cross_entropy_bf16_forward,
            cpu_cross_entropy_bf16_backward, cpu_cross_entropy_bf16_forward_backward)

@@ -67,7 +67,8 @@
 // cross_entropy_bf16_forward/backward: cross_entropy's contract (plugin.h) over bf16 logits,
 //   computed in fp32 (torch's loss over logits.float()); dlogits rounded to bf16 (may alias).
 // cross_entropy_forward_backward (and _bf16_): the forward's losses and the backward's dlogits
-//   (may alias logits) in one pass over the rows, the same bits as the two calls.
+//   (may alias logits) in one pass over the rows, the same bits as the two calls. scratch (may
+//   be NULL): V floats for each OpenMP thread, where the bf16 kernel keeps a row's exps.
 // swiglu_rows_bf16_forward/backward: swiglu_rows' contract with gate_up, h and dgate_up in bf16
 //   (dh fp32), each step rounded as torch computes SwiGLU on bf16 tensors (swiglu_bf16.h).
 // attention_bf16_forward/backward: attention's contract, with q, k, v and dout holding bf16

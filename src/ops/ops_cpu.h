@@ -44,10 +44,11 @@ void cpu_swiglu_rows_bf16_forward(uint16_t *h, const uint16_t *gate_up, int N, i
 void cpu_swiglu_rows_bf16_backward(uint16_t *dgate_up, const float *dh, const uint16_t *gate_up,
                                    int N, int F);
 void cpu_cross_entropy_forward_backward(float *losses, float *dlogits, const float *logits,
-                                        const int32_t *targets, float scale, int N, int V);
+                                        const int32_t *targets, float scale, float *scratch, int N,
+                                        int V);
 void cpu_cross_entropy_bf16_forward_backward(float *losses, uint16_t *dlogits,
                                              const uint16_t *logits, const int32_t *targets,
-                                             float scale, int N, int V);
+                                             float scale, float *scratch, int N, int V);
 void cpu_cross_entropy_bf16_forward(float *losses, const uint16_t *logits, const int32_t *targets,
                                     int N, int V);
 void cpu_cross_entropy_bf16_backward(uint16_t *dlogits, const uint16_t *logits,

@@ -248,13 +248,13 @@ typedef struct ct_adamw_coeffs {
     X(OWN, cross_entropy_forward_backward, ct_cross_entropy_forward_backward_fn,                   \
       cpu_cross_entropy_forward_backward, OPT, "cross_entropy", both,                              \
       (float *losses, float *dlogits, const float *logits, const int32_t *targets, float scale,    \
-       int N, int V),                                                                              \
-      (losses, dlogits, logits, targets, scale, N, V))                                             \
+       float *scratch, int N, int V),                                                              \
+      (losses, dlogits, logits, targets, scale, scratch, N, V))                                    \
     X(OWN, cross_entropy_bf16_forward_backward, ct_cross_entropy_bf16_forward_backward_fn,         \
       cpu_cross_entropy_bf16_forward_backward, OPT, "cross_entropy_bf16", both,                    \
       (float *losses, uint16_t *dlogits, const uint16_t *logits, const int32_t *targets,           \
-       float scale, int N, int V),                                                                 \
-      (losses, dlogits, logits, targets, scale, N, V))                                             \
+       float scale, float *scratch, int N, int V),                                                 \
+      (losses, dlogits, logits, targets, scale, scratch, N, V))                                    \
     X(OWN, swiglu_rows_bf16_forward, ct_swiglu_rows_bf16_forward_fn,                               \
       cpu_swiglu_rows_bf16_forward, OPT, "swiglu_rows_bf16", forward,                              \
       (uint16_t *h, const uint16_t *gate_up, int N, int F), (h, gate_up, N, F))                    \
