@@ -348,8 +348,11 @@ static void test_checks(void) {
                 "parallelism.data_parallel_replicate_degree = 0; expected at least 1", NULL);
     expect_fail("hsdp", p,
                 ARGV("--parallelism.data_parallel_replicate_degree=2",
-                     "--parallelism.data_parallel_shard_degree=2"),
-                "not both (HSDP)", NULL);
+                     "--parallelism.data_parallel_shard_degree=2",
+                     "--parallelism.data_parallel_shard_mode=zero1"),
+                "HSDP (both) is data_parallel_shard_mode = \"fsdp\"", NULL);
+    expect_fail("reshard", p, ARGV("--parallelism.fsdp_reshard_after_forward=sometimes"),
+                "fsdp_reshard_after_forward", NULL);
     expect_fail("threads", p, ARGV("--parallelism.threads_per_rank=-1"),
                 "parallelism.threads_per_rank = -1", NULL);
     expect_fail("timeout", p, ARGV("--comm.train_timeout_seconds=0"),
@@ -585,9 +588,11 @@ static const struct {
     {"debug.fault_step", false},
     {"debug.profile_ops", false},
     {"debug.guard_device_memory", false},              // bit-identical (tests/guard.sh)
-    {"parallelism.data_parallel_shard_degree", false}, // ZeRO-1 = replicated, bit for bit
+    {"parallelism.data_parallel_shard_degree", false}, // any layout resumes any checkpoint
     {"parallelism.data_parallel_replicate_degree", false},
-    {"parallelism.threads_per_rank", false}, // BLAS rounding only
+    {"parallelism.data_parallel_shard_mode", false},
+    {"parallelism.fsdp_reshard_after_forward", false}, // bit-identical (tests/fsdp.sh)
+    {"parallelism.threads_per_rank", false},           // BLAS rounding only
     {"comm.init_timeout_seconds", false},
     {"comm.train_timeout_seconds", false},
     {"comm.checkpoint_timeout_seconds", false},

@@ -23,6 +23,10 @@ struct ct_backend {
     void *(*alloc)(ct_backend *b, size_t bytes, const char *what, ct_error *err);
     void (*free)(ct_backend *b, void *p);
     void (*zero)(ct_backend *b, void *dst, size_t bytes);
+    // zero, and hand the memory back where the backend can (FSDP's gathered units between uses):
+    // the plain CPU backend returns the whole pages inside [dst, dst + bytes) to the OS, which
+    // maps zero pages back on the next touch, so unused parts of a buffer cost no memory.
+    void (*discard)(ct_backend *b, void *dst, size_t bytes);
     // host -> backend, backend -> host, backend -> backend. Nothing happens when the two
     // pointers are the same (a view of a host-visible buffer is the buffer itself).
     void (*write)(ct_backend *b, void *dst, const void *host, size_t bytes);

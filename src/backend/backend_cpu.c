@@ -3,6 +3,7 @@
 // call runs (a buffer call below, or any kernel of the bound table, through the wrappers
 // generated from the op list), so a host read or write of backend memory outside the seam
 // faults at the instruction that made it.
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,19 +14,55 @@
 // ---------------------------------------------------------------------------------------------
 // Plain host memory.
 
+// Buffers of 64 MiB and more are mappings of their own, made with MAP_NORESERVE: their pages
+// cost memory only once touched, whatever the kernel's overcommit policy. FSDP's full-size
+// buffers, of which only the units in use are ever touched, can then exceed the node's memory.
+#define CPU_BIG_BYTES ((size_t)64 << 20)
+static struct {
+    void *p;
+    size_t bytes;
+} big[64];
+
 static void *cpu_alloc(ct_backend *b, size_t bytes, const char *what, ct_error *err) {
     (void)b;
+    for (int i = 0; bytes >= CPU_BIG_BYTES && i < 64; i++) {
+        if (big[i].p) continue;
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) break;
+        big[i].p = p;
+        big[i].bytes = bytes;
+        return p;
+    }
     void *p = calloc(bytes ? bytes : 1, 1);
     if (!p) ct_fail(err, "out of memory for %s (%.2f GiB)", what, bytes / 1073741824.0);
     return p;
 }
 static void cpu_free(ct_backend *b, void *p) {
     (void)b;
+    for (int i = 0; p && i < 64; i++)
+        if (big[i].p == p) {
+            munmap(p, big[i].bytes);
+            big[i].p = NULL;
+            return;
+        }
     free(p);
 }
 static void cpu_zero(ct_backend *b, void *dst, size_t bytes) {
     (void)b;
     if (bytes) memset(dst, 0, bytes);
+}
+static void cpu_discard(ct_backend *b, void *dst, size_t bytes) {
+    (void)b;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)dst;
+    const uintptr_t hi = lo + bytes, in_lo = (lo + page - 1) / page * page,
+                    in_hi = hi / page * page;
+    if (in_hi <= in_lo || madvise((void *)in_lo, in_hi - in_lo, MADV_DONTNEED) != 0) {
+        cpu_zero(b, dst, bytes);
+        return;
+    }
+    cpu_zero(b, dst, in_lo - lo); // the partial pages at both ends are shared with neighbours
+    cpu_zero(b, (void *)in_hi, hi - in_hi);
 }
 static void cpu_copy(ct_backend *b, void *dst, const void *src, size_t bytes) {
     (void)b;
@@ -48,8 +85,8 @@ static int cpu_bind_ops(ct_backend *b, ct_ops *out, const ct_ops *in, ct_error *
 #define CPU_BACKEND(label, prefix)                                                                 \
     {                                                                                              \
         .name = label, .alloc = prefix##_alloc, .free = prefix##_free, .zero = prefix##_zero,      \
-        .write = prefix##_copy, .read = prefix##_copy, .copy = prefix##_copy,                      \
-        .view = prefix##_view, .view_release = prefix##_view_release,                              \
+        .discard = prefix##_discard, .write = prefix##_copy, .read = prefix##_copy,                \
+        .copy = prefix##_copy, .view = prefix##_view, .view_release = prefix##_view_release,       \
         .bind_ops = prefix##_bind_ops                                                              \
     }
 
@@ -114,6 +151,11 @@ static void guarded_free(ct_backend *b, void *p) {
 static void guarded_zero(ct_backend *b, void *dst, size_t bytes) {
     open_guard();
     cpu_zero(b, dst, bytes);
+    close_guard();
+}
+static void guarded_discard(ct_backend *b, void *dst, size_t bytes) {
+    open_guard();
+    cpu_discard(b, dst, bytes);
     close_guard();
 }
 static void guarded_copy(ct_backend *b, void *dst, const void *src, size_t bytes) {

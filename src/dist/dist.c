@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "core/clock.h"
+#include "core/dtype.h"
 
 double dist_clock(void) {
     return ct_now_s();
@@ -27,6 +28,7 @@ int dist_init(dist *d, ct_error *err) {
     memset(d, 0, sizeof *d);
     d->size = d->local_size = 1;
     d->timeout_s = 300;
+    d->comm = MPI_COMM_NULL;
     if (!dist_launched()) return 0;
     int provided = 0;
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
@@ -34,6 +36,7 @@ int dist_init(dist *d, ct_error *err) {
                        "MPI_Init failed under the launcher's environment (OMPI_COMM_WORLD_SIZE "
                        "/ PMIX_RANK / PMI_SIZE / SLURM_NTASKS)");
     d->mpi = true;
+    d->comm = MPI_COMM_WORLD;
     // Errors come back as return codes, so a failing call turns into our error, not an abort.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
@@ -53,6 +56,30 @@ void dist_finalize(dist *d) {
     d->gathered = NULL;
     if (d->mpi) MPI_Finalize();
     d->mpi = false;
+}
+
+int dist_split(const dist *d, int color, int key, dist *group, ct_error *err) {
+    *group = *d;
+    group->gathered = NULL;
+    group->comm_s = 0;
+    if (!d->mpi) return 0;
+    group->mpi = false; // until it is made: dist_group_free then has nothing to free
+    if (MPI_Comm_split(d->comm, color, key, &group->comm) != MPI_SUCCESS)
+        return ct_fail(err, "rank %d: MPI_Comm_split failed (color %d)", d->rank, color);
+    group->mpi = true;
+    MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(group->comm, &group->rank);
+    MPI_Comm_size(group->comm, &group->size);
+    group->gathered = malloc((size_t)group->size * sizeof *group->gathered);
+    if (!group->gathered)
+        return ct_fail(err, "rank %d: out of memory for a group of %d ranks", d->rank, group->size);
+    return 0;
+}
+
+void dist_group_free(dist *group) {
+    free(group->gathered);
+    if (group->mpi) MPI_Comm_free(&group->comm);
+    memset(group, 0, sizeof *group);
 }
 
 _Noreturn void dist_abort(dist *d, int code) {
@@ -119,7 +146,7 @@ int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *
     }
     MPI_Request req;
     double t0 = ct_now_s();
-    int rc = MPI_Iallgather(mine, bytes, MPI_BYTE, all, bytes, MPI_BYTE, MPI_COMM_WORLD, &req);
+    int rc = MPI_Iallgather(mine, bytes, MPI_BYTE, all, bytes, MPI_BYTE, d->comm, &req);
     return finish(d, rc, &req, t0, what, err);
 }
 
@@ -127,7 +154,7 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
     if (!d->mpi) return 0;
     MPI_Request req;
     double t0 = ct_now_s();
-    int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+    int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, d->comm, &req);
     return finish(d, rc, &req, t0, what, err);
 }
 
@@ -135,7 +162,7 @@ int dist_barrier(dist *d, const char *what, ct_error *err) {
     if (!d->mpi) return 0;
     MPI_Request req;
     double t0 = ct_now_s();
-    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    int rc = MPI_Ibarrier(d->comm, &req);
     return finish(d, rc, &req, t0, what, err);
 }
 
@@ -177,4 +204,18 @@ int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     ct_fail(err, "rank %d: %s", failed, shared.msg);
     d->failure_agreed = true;
     return -1;
+}
+
+// MPI has no bf16: the reduction's element is a uint16 holding a bf16, and its sum rounds each
+// addition to bf16, as a bf16 all-reduce does. Open MPI applies it in a fixed order for a given
+// rank count and size, so the sums stay deterministic.
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+int dist_bf16_sum_create(MPI_Op *op) {
+    return MPI_Op_create(bf16_sum, 1, op) == MPI_SUCCESS ? 0 : -1;
 }

@@ -10,7 +10,8 @@
 #include "core/error.h"
 
 typedef struct dist {
-    int rank, size;             // in the world
+    MPI_Comm comm;              // MPI_COMM_WORLD, or a group's (dist_split)
+    int rank, size;             // in comm
     int local_rank, local_size; // among the ranks on this node
     bool mpi;                   // MPI_Init was called (finalize it)
     double timeout_s;           // deadline of each wait; the trainer sets it per phase
@@ -27,6 +28,10 @@ bool dist_launched(void);
 // MPI_Init when launched (an error names the launcher's environment), else a world of one.
 int dist_init(dist *d, ct_error *err);
 void dist_finalize(dist *d);
+// A group of d's ranks: those passing the same color, ranked by key (MPI_Comm_split), with d's
+// deadline. HSDP's shard and replica groups. Free it with dist_group_free, before finalizing d.
+int dist_split(const dist *d, int color, int key, dist *group, ct_error *err);
+void dist_group_free(dist *group);
 // Ends every rank of the job at once (MPI_Abort); exit(code) for a world of one.
 _Noreturn void dist_abort(dist *d, int code);
 
@@ -48,6 +53,9 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
 int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err);
 // buf[i] = the sum of every rank's buf[i], added in rank order; scratch holds n * size doubles.
 int dist_sum_array(dist *d, double *buf, int n, double *scratch, const char *what, ct_error *err);
+// The sum of bf16 values (MPI_UINT16_T elements), each addition rounded to bf16: a bf16
+// reduction (training.mixed_precision_reduce). 0, or -1 when MPI refused it.
+int dist_bf16_sum_create(MPI_Op *op);
 int dist_barrier(dist *d, const char *what, ct_error *err);
 
 // Collective status check: every rank passes its own result (0 or -1 with err set). When any

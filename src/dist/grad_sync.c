@@ -54,16 +54,6 @@ size_t grad_sync_shard_start(size_t n, int r, int P) {
     return (size_t)(x / (unsigned)P);
 }
 
-// MPI has no bf16: the reduction's element is a uint16 holding a bf16, and its sum rounds each
-// addition to bf16, as a bf16 all-reduce does. Open MPI applies it in a fixed order for a given
-// rank count and size, so the sums stay deterministic.
-static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
-    (void)type;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
-}
-
 int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
                    float *grads, size_t n, const size_t *tensor_start, int n_tensors,
                    size_t bucket_floats, bool bf16_reduce, ct_error *err) {
@@ -85,7 +75,7 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, f
     // bytes) and comes back into the fp32 gradient.
     if (d->mpi && bf16_reduce) {
         s->bf16_grads = malloc((n ? n : 1) * sizeof *s->bf16_grads);
-        if (!s->bf16_grads || MPI_Op_create(bf16_sum, 1, &s->bf16_op) != MPI_SUCCESS) {
+        if (!s->bf16_grads || dist_bf16_sum_create(&s->bf16_op) != 0) {
             grad_sync_free(s);
             return ct_fail(err, "out of memory for the bf16 gradient reduction");
         }
@@ -150,18 +140,17 @@ static int start_bucket(grad_sync *s, int i, ct_error *err) {
         uint16_t *h = s->bf16_grads + b->lo;
         for (int i = 0; i < count; i++) h[i] = f32_to_bf16(g[i]);
         rc = s->mode == GRAD_SYNC_REPLICATE
-                 ? MPI_Iallreduce(MPI_IN_PLACE, h, count, MPI_UINT16_T, s->bf16_op, MPI_COMM_WORLD,
+                 ? MPI_Iallreduce(MPI_IN_PLACE, h, count, MPI_UINT16_T, s->bf16_op, s->d->comm,
                                   &s->reqs[i])
                  : MPI_Ireduce_scatter(MPI_IN_PLACE, h, s->counts + (size_t)i * s->d->size,
-                                       MPI_UINT16_T, s->bf16_op, MPI_COMM_WORLD, &s->reqs[i]);
+                                       MPI_UINT16_T, s->bf16_op, s->d->comm, &s->reqs[i]);
     } else if (s->mode == GRAD_SYNC_REPLICATE) {
-        rc =
-            MPI_Iallreduce(MPI_IN_PLACE, g, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &s->reqs[i]);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, g, count, MPI_FLOAT, MPI_SUM, s->d->comm, &s->reqs[i]);
     } else {
         // In place: the input is the whole bucket; this rank's sum lands at the bucket's start
         // and is moved to its own offset in grad_sync_finish.
         rc = MPI_Ireduce_scatter(MPI_IN_PLACE, g, s->counts + (size_t)i * s->d->size, MPI_FLOAT,
-                                 MPI_SUM, MPI_COMM_WORLD, &s->reqs[i]);
+                                 MPI_SUM, s->d->comm, &s->reqs[i]);
     }
     s->d->comm_s += dist_clock() - t0;
     if (rc != MPI_SUCCESS)
@@ -212,7 +201,7 @@ int grad_sync_gather_params(grad_sync *s, ct_error *err) {
         size_t at = (size_t)i * s->d->size;
         // In place: this rank's part is already at its displacement in the bucket.
         if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, s->host_params + s->buckets[i].lo,
-                            s->counts + at, s->displs + at, MPI_FLOAT, MPI_COMM_WORLD,
+                            s->counts + at, s->displs + at, MPI_FLOAT, s->d->comm,
                             &s->reqs[i]) != MPI_SUCCESS)
             return ct_fail(err, "rank %d: MPI failed to start the gather of parameter bucket %d",
                            s->d->rank, i);

@@ -131,7 +131,10 @@ static void update_bias(moe_balance *b, qwen3_model *m, float coeff) {
             delta[e] = coeff * (float)((diff > 0) - (diff < 0)) - dmean;
         }
     }
-    add_expert_bias(m, b->bias_delta, b->dprob, E);
+    if (b->add_bias)
+        b->add_bias(b->add_bias_ctx, b->bias_delta);
+    else
+        add_expert_bias(m, b->bias_delta, b->dprob, E);
 }
 
 void moe_balance_end_step(moe_balance *b, qwen3_model *m, bool update, float coeff) {

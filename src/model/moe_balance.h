@@ -37,6 +37,10 @@ typedef struct moe_balance {
     double *scratch;   // for moe_balance_sum_fn: (2n + 1) * ranks
     float *dprob;      // (E) the aux gradient per router probability, before it goes to the model
     float *bias_delta; // (n) the expert-bias update, before it goes to the model
+    // Optional: where the update goes instead of the model's expert_bias (FSDP, whose ranks
+    // each hold a piece of the weights): add_bias(ctx, bias_delta), once per update.
+    void (*add_bias)(void *ctx, const float *delta);
+    void *add_bias_ctx;
 } moe_balance;
 
 // Sized for m's sparse layers and a reduction over `ranks` processes (1 without one). A dense

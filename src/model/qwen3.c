@@ -354,6 +354,10 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
                     d.C, d.V);
 }
 
+static void unit_event(qwen3_model *m, int unit, int event) {
+    if (m->unit_hook) m->unit_hook(m->unit_hook_ctx, unit, event);
+}
+
 static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                       bool head_backward, float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
@@ -374,14 +378,22 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
         be->zero(be, m->moe_load, n * sizeof *m->moe_load);
         be->zero(be, m->moe_prob, n * sizeof *m->moe_prob);
     }
+    unit_event(m, 0, QWEN3_UNIT_FORWARD);
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
-    for (int l = 0; l < L; l++) layer_forward(m, l, QWEN3_AC_NONE);
+    unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
+    for (int l = 0; l < L; l++) {
+        unit_event(m, 1 + l, QWEN3_UNIT_FORWARD);
+        layer_forward(m, l, QWEN3_AC_NONE);
+        unit_event(m, 1 + l, QWEN3_UNIT_FORWARD_DONE);
+    }
+    unit_event(m, L + 1, QWEN3_UNIT_FORWARD);
     op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
                         m->cfg.rms_norm_eps);
     to_bf16(m, s->lnf16, s->lnf, (size_t)d.N * d.C);
     const int rows = head_rows(m);
     if (!targets) {
         if (rows == d.N) head_rows_pass(m, 0, d.N, true, false, false, 0.0f);
+        unit_event(m, L + 1, QWEN3_UNIT_FORWARD_DONE);
         return 0.0;
     }
     be->write(be, s->targets, targets, (size_t)d.N * sizeof(int32_t));
@@ -390,6 +402,7 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     const bool fused = head_backward && rows < d.N;
     for (int r0 = 0; r0 < d.N; r0 += rows)
         head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, true, true, fused, loss_scale);
+    unit_event(m, L + 1, QWEN3_UNIT_FORWARD_DONE);
     double sum = 0.0;
     op->loss_sum(&sum, s->losses, s->targets, QWEN3_IGNORE_INDEX, d.N);
     int64_t count = 0;
@@ -425,7 +438,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     const qwen3_dims d = model_dims(m);
     // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
     // m->logits holds gradients from here on), or by recomputing each chunk's logits.
-    const int rows = head_rows(m);
+    const int rows = head_rows(m), L = m->cfg.num_hidden_layers;
+    unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
     if (!s->head_done) {
         for (int r0 = 0; r0 < d.N; r0 += rows)
             head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, rows < d.N, false, true,
@@ -436,8 +450,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
     // suffix of the buffer (a tied head is the embedding, final only at the very end).
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
-    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--) {
+    unit_event(m, L + 1, QWEN3_UNIT_BACKWARD_DONE);
+    for (int l = L - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
+        unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD);
         // A checkpointed layer's saved activations (all, or the elementwise ops' outputs) were
         // overwritten by later layers: run its forward again (all of it rewrites the next layer's
         // input with the same bits, unused by now).
@@ -449,9 +465,12 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         if (m->grad_ready)
             m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.layers[l].input_norm - m->grad_mem));
+        unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
+    unit_event(m, 0, QWEN3_UNIT_BACKWARD);
     op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
+    unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;
     s->aux_active = false; // moe_balance_aux_grad holds for one backward

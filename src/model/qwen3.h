@@ -112,6 +112,16 @@ typedef struct qwen3_model {
     void (*grad_ready)(void *ctx, size_t from);
     void *grad_ready_ctx;
 
+    // Optional (NULL = none): FSDP's "unit about to run" and "unit done" hook. The units are the
+    // embedding (0), layer l (1 + l) and the head (L + 1: the final norm, and lm_head when
+    // untied; a tied head reads unit 0's embedding), each a contiguous range of param_mem
+    // (qwen3_units). The forward calls QWEN3_UNIT_FORWARD before a unit reads its weights
+    // and QWEN3_UNIT_FORWARD_DONE after; the backward QWEN3_UNIT_BACKWARD before and
+    // QWEN3_UNIT_BACKWARD_DONE once the unit's gradients (but for a tied head's, which are the
+    // embedding's) are final. A data-parallel caller gathers, frees and reduces there.
+    void (*unit_hook)(void *ctx, int unit, int event);
+    void *unit_hook_ctx;
+
     // MoE routing statistics of the last forward, per sparse layer s (in layer order; n_sparse
     // of them) and expert e: moe_load[s*E + e] counts the tokens whose top K include e,
     // moe_prob[s*E + e] sums the router probability of e over the tokens. NULL when dense.
@@ -123,6 +133,12 @@ typedef struct qwen3_model {
     // qwen3_refresh_bf16 fills it); NULL otherwise.
     uint16_t *param_bf16;
 } qwen3_model;
+
+enum { QWEN3_UNIT_FORWARD, QWEN3_UNIT_FORWARD_DONE, QWEN3_UNIT_BACKWARD, QWEN3_UNIT_BACKWARD_DONE };
+// FSDP's units (see unit_hook): qwen3_n_units of them; unit u is elements [lo[u], hi[u]) of
+// param_mem's layout, which they tile in order.
+int qwen3_n_units(const qwen3_config *cfg);
+void qwen3_units(const qwen3_config *cfg, size_t *lo, size_t *hi);
 
 // Bytes the model needs for a (B, T) step: parameters, gradients and activations.
 typedef struct qwen3_memory {
@@ -159,6 +175,9 @@ size_t qwen3_num_hf_parameters(const qwen3_model *m);
 
 // Deterministic init from a seed: weights normal(0, 0.02), biases 0, norm weights 1.
 int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err);
+// The same for the tensors that start in elements [lo, hi) only (FSDP fills one unit at a time):
+// each gets the values qwen3_init_random gives it.
+int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err);
 const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name);
 
 // Parameter I/O (qwen3_params.c): the weights live on the model's backend, and host code reads

@@ -45,6 +45,7 @@ typedef struct param_walk {
     float *base;        // NULL: do not make pointers
     int n;              // tensors so far
     size_t off;         // floats so far
+    size_t *unit_lo;    // NULL, or where each FSDP unit starts (qwen3_units)
 } param_walk;
 
 // cols == 0 for a 1-D tensor of `rows` values.
@@ -103,9 +104,12 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
     if (!w) w = &dummy;
     char name[96];
 
+    const int L = c->num_hidden_layers;
+    if (pw->unit_lo) pw->unit_lo[0] = pw->off;
     w->embed = param_add(pw, "model.embed_tokens.weight", c->vocab_size, C);
-    for (int i = 0; i < c->num_hidden_layers; i++) {
+    for (int i = 0; i < L; i++) {
         qwen3_layer_weights *lw = w == &dummy ? &dl : &w->layers[i];
+        if (pw->unit_lo) pw->unit_lo[1 + i] = pw->off;
 #define P(suffix, rows, cols)                                                                      \
     (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), param_add(pw, name, rows, cols))
         lw->input_norm = P("input_layernorm.weight", C, 0);
@@ -130,6 +134,7 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
         lw->w_down = P("mlp.down_proj.weight", C, F);
 #undef P
     }
+    if (pw->unit_lo) pw->unit_lo[L + 1] = pw->off;
     w->final_norm = param_add(pw, "model.norm.weight", C, 0);
     w->lm_head =
         c->tie_word_embeddings ? w->embed : param_add(pw, "lm_head.weight", c->vocab_size, C);
@@ -379,6 +384,17 @@ static size_t model_count_params(const qwen3_config *cfg, int *n_tensors) {
     return pw.off;
 }
 
+int qwen3_n_units(const qwen3_config *cfg) {
+    return cfg->num_hidden_layers + 2;
+}
+
+void qwen3_units(const qwen3_config *cfg, size_t *lo, size_t *hi) {
+    param_walk pw = {.unit_lo = lo};
+    param_walk_model(&pw, NULL, cfg);
+    const int n = qwen3_n_units(cfg);
+    for (int u = 0; u < n; u++) hi[u] = u + 1 < n ? lo[u + 1] : pw.off;
+}
+
 static size_t model_token_bytes(int B, int T) {
     return 2 * (size_t)B * T * sizeof(int32_t);
 }
@@ -586,13 +602,19 @@ const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name) {
 // depend only on (seed, its index) and tensors can be filled in parallel.
 
 int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
+    return qwen3_init_random_range(m, seed, 0, m->num_params, err);
+}
+
+int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err) {
     // Filled on the host (in place on the plain CPU backend), tensors in parallel.
     const size_t bytes = m->num_params * sizeof(float);
-    float *base = m->be->view(m->be, m->param_mem, bytes, false, err);
+    const bool part = lo > 0 || hi < m->num_params; // the rest is kept
+    float *base = m->be->view(m->be, m->param_mem, bytes, part, err);
     if (!base) return ct_wrap(err, "random init");
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
+        if (p->offset < lo || p->offset >= hi) continue;
         float *x = base + p->offset;
         const size_t len = strlen(p->name);
         if (p->ndim == 2) {

@@ -184,10 +184,19 @@ const config_key config_table[] = {
         "directly crashes where a GPU build would; results are bit-identical"),
 
     KEY(parallelism, data_parallel_shard_degree, CONFIG_INT, "-1", NULL, false,
-        "ranks that shard the optimizer state, ZeRO-1 (-1: every rank not used by "
-        "data_parallel_replicate_degree)"),
+        "ranks that shard the model: FSDP (parameters, gradients and optimizer state), or the "
+        "optimizer state only under data_parallel_shard_mode = \"zero1\" (-1: every rank not "
+        "used by data_parallel_replicate_degree)"),
     KEY(parallelism, data_parallel_replicate_degree, CONFIG_INT, "1", NULL, false,
-        "ranks that each hold the whole optimizer state, DDP (shard * replicate = ranks)"),
+        "groups of data_parallel_shard_degree ranks that each hold the whole model: DDP with "
+        "shard degree 1, HSDP above (shard * replicate = ranks)"),
+    KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
+        "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
+        "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),
+    KEY(parallelism, fsdp_reshard_after_forward, CONFIG_STR, "default", "default|always|never",
+        false,
+        "FSDP: free each unit's gathered weights after its forward (default: all but the head; "
+        "always; never: keep them for the backward, one all-gather fewer per unit)"),
     KEY(parallelism, threads_per_rank, CONFIG_INT, "0", NULL, false,
         "OpenMP and BLAS threads per rank (0: OMP_NUM_THREADS if set, else the node's cores "
         "divided among its ranks)"),

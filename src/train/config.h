@@ -114,10 +114,12 @@ typedef struct ct_config_debug {
     bool guard_device_memory;       // the guarded CPU backend (tests only)
 } ct_config_debug;
 
-// Data parallelism over the ranks of mpirun/srun. shard * replicate = ranks; one of them is 1.
+// Data parallelism over the ranks of mpirun/srun. shard * replicate = ranks.
 typedef struct ct_config_parallelism {
-    int data_parallel_shard_degree;     // ranks sharing the optimizer state (ZeRO-1); -1 = all
-    int data_parallel_replicate_degree; // ranks holding a full replica of it (DDP)
+    int data_parallel_shard_degree;     // ranks sharing the model (FSDP) or its optimizer state
+    int data_parallel_replicate_degree; // groups holding a full replica (DDP; HSDP with sharding)
+    char data_parallel_shard_mode[CT_CONFIG_NAME_MAX];   // "fsdp" | "zero1"
+    char fsdp_reshard_after_forward[CT_CONFIG_NAME_MAX]; // "default" | "always" | "never"
     int threads_per_rank; // OpenMP and BLAS threads; 0 = OMP_NUM_THREADS, else cores / ranks
 } ct_config_parallelism;
 

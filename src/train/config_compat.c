@@ -45,8 +45,6 @@ static const inert_key INERT[] = {
     {"parallelism", "expert_parallel_degree", "1",
      "data parallelism; the experts are replicated on every rank"},
     {"parallelism", "expert_tensor_parallel_degree", "1", NULL},
-    {"parallelism", "fsdp_reshard_after_forward", "\"default\"",
-     "parameters are replicated and the optimizer state sharded (ZeRO-1)"},
     {"checkpoint", "async_mode", "\"disabled\"",
      "checkpoints are written synchronously and atomically"},
     {"checkpoint", "load_step", "-1", "a job.dump_folder resumes from its newest checkpoint"},

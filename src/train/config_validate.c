@@ -169,11 +169,12 @@ static int check_training(const ct_config *c, const vctx *vp) {
     int rep = c->parallelism.data_parallel_replicate_degree;
     NEED(rep >= 1, "parallelism.data_parallel_replicate_degree", NULL,
          "parallelism.data_parallel_replicate_degree = %d; expected at least 1", rep);
-    NEED(rep == 1 || dp == 1 || dp == -1, "parallelism.data_parallel_replicate_degree",
-         "parallelism.data_parallel_shard_degree",
-         "parallelism.data_parallel_replicate_degree = %d with data_parallel_shard_degree = %d: "
-         "ctitan shards the optimizer over all ranks or replicates it on all, not both (HSDP); "
-         "set one of them to 1",
+    NEED(rep == 1 || dp == 1 || dp == -1 ||
+             strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0,
+         "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_mode",
+         "parallelism.data_parallel_replicate_degree = %d with data_parallel_shard_degree = %d "
+         "under data_parallel_shard_mode = \"zero1\": ZeRO-1 shards the optimizer over all "
+         "ranks or replicates it on all; HSDP (both) is data_parallel_shard_mode = \"fsdp\"",
          rep, dp);
     NEED(c->parallelism.threads_per_rank >= 0, "parallelism.threads_per_rank", NULL,
          "parallelism.threads_per_rank = %d; expected 0 (automatic) or more",

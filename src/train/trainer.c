@@ -42,7 +42,15 @@ static int setup_parallel(trainer *t, ct_error *err) {
             "parallelism.data_parallel_shard_degree (%d) * data_parallel_replicate_degree "
             "(%d) must equal the number of ranks, %d",
             c->parallelism.data_parallel_shard_degree, rep, P);
-    t->shard = shard > 1;
+    t->shard_degree = shard;
+    t->fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
+    t->shard = !t->fsdp_on && shard > 1;
+    if (t->shard && rep > 1)
+        return ct_fail(err,
+                       "parallelism.data_parallel_shard_mode = \"zero1\" shards the optimizer over "
+                       "all %d ranks or none: data_parallel_replicate_degree = %d leaves %d per "
+                       "group; use \"fsdp\" for HSDP",
+                       P, rep, shard);
     int64_t per_pass = (int64_t)t->B * P; // sequences of one micro-batch on every rank
     int64_t global = c->training.global_batch_size > 0 ? c->training.global_batch_size : per_pass;
     if (global % per_pass != 0)
@@ -88,13 +96,20 @@ static void setup_threads(trainer *t) {
     openblas_set_num_threads(n);
     // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
     const char *wait = getenv("OMP_WAIT_POLICY");
+    char mode[160];
+    const int groups = t->d->size / t->shard_degree;
+    if (t->fsdp_on)
+        snprintf(mode, sizeof mode,
+                 "FSDP: parameters, gradients and optimizer state sharded over %d ranks%s",
+                 t->shard_degree, groups > 1 ? ", in each of the replica groups (HSDP)" : "");
+    else
+        snprintf(mode, sizeof mode, "%s",
+                 t->d->size == 1 ? "no data parallelism"
+                 : t->shard      ? "ZeRO-1: optimizer state sharded over all ranks"
+                                 : "replicated model and optimizer state (DDP)");
     fprintf(t->log,
             "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
-            t->d->size,
-            t->d->size == 1 ? "no data parallelism"
-            : t->shard      ? "ZeRO-1: optimizer state sharded over all ranks"
-                            : "replicated optimizer state (DDP)",
-            n, why, wait ? wait : "libgomp's default (spin, then sleep)");
+            t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)");
 }
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory
@@ -107,6 +122,7 @@ static int check_plan(trainer *t, ct_error *err) {
     double optim = 2.0 * (double)run_setup_plan(&t->setup).params / (t->shard ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
     run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
+    if (t->fsdp_on && trainer_fsdp_estimate(t, &mem, err) != 0) return -1;
     char bf16_copy[64] = "";
     if (mem.model.weights_bf16)
         snprintf(bf16_copy, sizeof bf16_copy, " (+ %.3f GiB bf16 copy)",
@@ -115,11 +131,13 @@ static int check_plan(trainer *t, ct_error *err) {
             "memory estimate per rank: params %.3f GiB%s, grads %.3f GiB, optimizer %.3f GiB%s, "
             "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
             "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
-            mem.model.params / GIB, bf16_copy, mem.model.grads / GIB, optim / GIB,
-            t->shard ? " (ZeRO-1 shard)" : "", mem.model.activations / GIB,
-            mem.model.activations / (1024.0 * 1024.0), ac->mode, selective ? " " : "",
-            selective ? ac->selective_ac_option : "", mem.total / GIB, t->d->local_size,
-            mem.node / GIB, mem.avail / GIB);
+            mem.model.params / GIB, bf16_copy, mem.model.grads / GIB, mem.optimizer / GIB,
+            t->shard     ? " (ZeRO-1 shard)"
+            : t->fsdp_on ? " (FSDP shard)"
+                         : "",
+            mem.model.activations / GIB, mem.model.activations / (1024.0 * 1024.0), ac->mode,
+            selective ? " " : "", selective ? ac->selective_ac_option : "", mem.total / GIB,
+            t->d->local_size, mem.node / GIB, mem.avail / GIB);
     return run_setup_check_fit(&t->setup, &mem, "the run", true, err);
 }
 
@@ -175,7 +193,10 @@ static int setup_weights(trainer *t, ct_error *err) {
                        : strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path
                                                              : NULL;
     if (!from) {
-        if (qwen3_init_random(&t->model, (uint64_t)c->debug.seed, err) != 0) return -1;
+        const uint64_t seed = (uint64_t)c->debug.seed;
+        if ((t->fsdp_on ? trainer_fsdp_init_random(t, seed, err)
+                        : qwen3_init_random(&t->model, seed, err)) != 0)
+            return -1;
         fprintf(t->log, "weights: random init, normal(0, 0.02), norms 1, seed %lld\n",
                 (long long)c->debug.seed);
         return 0;
@@ -188,6 +209,7 @@ static int setup_weights(trainer *t, ct_error *err) {
         rc = hf_load_weights(&t->model, &rep, &set, from, err);
         st_set_close(&set);
     }
+    if (rc == 0 && t->fsdp_on) trainer_fsdp_take_all(t);
     if (rc == 0)
         fprintf(t->log, "weights: %s (%d tensors, %s, %d unexpected)\n", from, rep.n_loaded,
                 dtype_name(rep.source_dtype), rep.n_unexpected);
@@ -219,8 +241,9 @@ static void log_lr_schedule(const trainer *t) {
             c->lr_scheduler.min_lr_factor);
 }
 
-// Gradient sync (buckets at tensor boundaries), then AdamW over this rank's range.
-static int setup_optimizer(trainer *t, ct_error *err) {
+// Replication and ZeRO-1: gradient sync (buckets at tensor boundaries), then AdamW over this
+// rank's range.
+static int setup_grad_sync(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     qwen3_model *m = &t->model;
     size_t *starts = malloc((size_t)m->n_params * sizeof *starts);
@@ -242,15 +265,23 @@ static int setup_optimizer(trainer *t, ct_error *err) {
                                      adamw_param_decays(p->name, p->ndim));
         if (!decays && adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0) return -1;
     }
+    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s, in %s\n", t->sync.n_buckets,
+            c->comm.bucket_cap_mb,
+            c->comm.overlap ? "reduced during the backward" : "reduced after the backward",
+            c->training.mixed_precision_reduce);
+    return 0;
+}
+
+// The data-parallel mode's synchronisation and optimizer, then AdamW's hyperparameters and the
+// learning-rate schedule.
+static int setup_optimizer(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    if ((t->fsdp_on ? trainer_fsdp_setup(t, err) : setup_grad_sync(t, err)) != 0) return -1;
     t->hp = (adamw_hparams){c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
                             c->optimizer.weight_decay};
     t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
                                  c->lr_scheduler.decay_ratio, LR_DECAY_LINEAR,
                                  c->lr_scheduler.min_lr_factor};
-    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s, in %s\n", t->sync.n_buckets,
-            c->comm.bucket_cap_mb,
-            c->comm.overlap ? "reduced during the backward" : "reduced after the backward",
-            c->training.mixed_precision_reduce);
     if (lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err) != 0) return -1;
     log_lr_schedule(t);
     return 0;
@@ -352,7 +383,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
                 c->activation_checkpoint.mode, n, mc.num_hidden_layers);
     }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
-    qwen3_refresh_bf16(&t->model);
+    if (!t->fsdp_on) qwen3_refresh_bf16(&t->model); // FSDP's gathers fill it
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
     t->save_tag = (long)getpid();
@@ -388,6 +419,8 @@ static void trainer_free(trainer *t) {
     stream_free(&t->val_data);
     if (t->tok) tok_free(t->tok);
     grad_sync_free(&t->sync);
+    if (t->fsdp_on) fsdp_free(&t->fsdp);
+    free(t->expert_bias);
     adamw_free(&t->opt);
     moe_balance_free(&t->moe);
     qwen3_free(&t->model);
@@ -451,7 +484,7 @@ static void on_grads_ready(void *ctx, size_t from) {
 }
 
 typedef struct step_result {
-    double loss, grad_norm, lr, comm_s;
+    double loss, grad_norm, lr, comm_s, comm_hidden_s;
     double ce, aux; // the loss's parts (MoE): cross-entropy, and the mean aux of the micro-batches
     bool skipped;
 } step_result;
@@ -495,14 +528,20 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     if (fault_now(t, "hang"))
         for (;;) pause();
     qwen3_model *m = &t->model;
-    qwen3_zero_grad(m);
+    fsdp *f = t->fsdp_on ? &t->fsdp : NULL; // FSDP reduces in the model's unit hook
+    if (f) {
+        fsdp_begin_step(f);
+    } else {
+        qwen3_zero_grad(m);
+        grad_sync_begin(&t->sync);
+    }
     double loss_sum = 0, aux_sum = 0;
-    grad_sync_begin(&t->sync);
     for (int a = 0; a < t->accum; a++) {
         size_t off = (size_t)a * t->B * t->T;
         // Buckets start during the last micro-batch's backward, when gradients become final.
         bool last = a == t->accum - 1;
-        m->grad_ready = last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
+        m->grad_ready =
+            !f && last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
         m->grad_ready_ctx = t;
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
         const float scale = last && fault_now(t, "nan") ? NAN : 1.0f / (float)valid;
@@ -513,14 +552,16 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         qwen3_backward(m, scale);
     }
     m->grad_ready = NULL;
-    if (grad_sync_finish(&t->sync, err) != 0 ||
+    if ((f ? fsdp_finish(f, err) : grad_sync_finish(&t->sync, err)) != 0 ||
         dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0)
         return -1;
-    // The norm over the summed gradient: each shard's sum of squares, added in rank order.
+    // The norm over the summed gradient: each shard's sum of squares, added in rank order (over
+    // one shard group under FSDP: the replicas hold the same sums).
     size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
     double sq;
-    m->ops->sum_squares(&sq, m->grad_mem + lo, n);
-    if (t->shard && dist_sum(t->d, sq, &sq, "the gradient norm", err) != 0) return -1;
+    m->ops->sum_squares(&sq, f ? f->shard_grads : m->grad_mem + lo, f ? f->n_shard : n);
+    if ((t->shard || f) && dist_sum(f ? &f->shard : t->d, sq, &sq, "the gradient norm", err) != 0)
+        return -1;
     r->ce = loss_sum / (double)valid;
     r->aux = aux_sum / t->accum;
     r->loss = r->ce + (t->aux_in_loss ? m->cfg.router_aux_loss_coef * r->aux : 0.0);
@@ -532,16 +573,29 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         // Clipping folded into the update: one pass over the shard instead of two. The bf16
         // weight copy (mixed precision) is refreshed once per step, not per micro-batch: in the
         // same pass when this rank updates every weight, else after the gather.
-        const bool whole = t->sync.shard_lo == 0 && t->sync.shard_hi == m->num_params;
-        adamw_step_scaled(&t->opt, m->ops, m->param_mem, whole ? m->param_bf16 : NULL, m->grad_mem,
-                          &t->hp, r->lr, clip_coefficient(r->grad_norm, t->cfg->training.max_norm));
-        if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
-        if (!whole) qwen3_refresh_bf16(m);
+        const float clip = clip_coefficient(r->grad_norm, t->cfg->training.max_norm);
+        if (f) {
+            adamw_step_scaled(&t->opt, m->ops, f->shard_params, f->shard_bf16, f->shard_grads,
+                              &t->hp, r->lr, clip);
+            fsdp_weights_changed(f, true);
+        } else {
+            const bool whole = t->sync.shard_lo == 0 && t->sync.shard_hi == m->num_params;
+            adamw_step_scaled(&t->opt, m->ops, m->param_mem, whole ? m->param_bf16 : NULL,
+                              m->grad_mem, &t->hp, r->lr, clip);
+            if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
+            if (!whole) qwen3_refresh_bf16(m);
+        }
     }
     t->state.samples_seen += (uint64_t)t->global_batch;
     t->state.step++;
     t->state.opt_step = t->opt.step;
     r->comm_s = t->d->comm_s;
+    r->comm_hidden_s = 0;
+    if (f) {
+        double exposed;
+        fsdp_take_comm(f, &exposed, &r->comm_hidden_s);
+        r->comm_s += exposed;
+    }
     return 0;
 }
 
@@ -568,6 +622,7 @@ static int validate(trainer *t, ct_error *err) {
         sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
         valid += (double)n;
     }
+    if (t->fsdp_on) fsdp_reshard_all(&t->fsdp); // the head stayed for a backward
     if (dist_sum(t->d, sum, &sum, "the validation loss", err) != 0 ||
         dist_sum(t->d, valid, &valid, "the validation token count", err) != 0)
         return -1;

@@ -7,6 +7,7 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "dist/fsdp.h"
 #include "dist/grad_sync.h"
 #include "model/moe_balance.h"
 #include "optim/adamw.h"
@@ -22,12 +23,16 @@
 // nothing.
 typedef struct trainer {
     const ct_config *cfg;
-    FILE *log;       // rank 0: the caller's stream; other ranks: /dev/null (owned)
-    dist *d;         // the ranks (a world of one without a launcher)
-    grad_sync sync;  // gradient reduction and, with ZeRO-1, the parameter all-gather
-    bool shard;      // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
-    long save_tag;   // rank 0's pid: names the temporary folder every rank saves into
-    run_setup setup; // model config, kernels, trusted plugins, the op table, memory options
+    FILE *log;          // rank 0: the caller's stream; other ranks: /dev/null (owned)
+    dist *d;            // the ranks (a world of one without a launcher)
+    grad_sync sync;     // gradient reduction and, with ZeRO-1, the parameter all-gather (not FSDP)
+    bool shard;         // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
+    bool fsdp_on;       // FSDP (parallelism.data_parallel_shard_mode = "fsdp", shard degree > 1)
+    int shard_degree;   // ranks of a shard group (the world for ZeRO-1)
+    fsdp fsdp;          // FSDP: the shards, the gathers and reduce-scatters (trainer_fsdp.c)
+    float *expert_bias; // FSDP + MoE: every sparse layer's expert bias, whole (trainer_fsdp.c)
+    long save_tag;      // rank 0's pid: names the temporary folder every rank saves into
+    run_setup setup;    // model config, kernels, trusted plugins, the op table, memory options
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -57,6 +62,17 @@ static inline bool is_root(const trainer *t) {
 void trainer_log_notes(trainer *t, ckpt_notes *notes);
 // debug.fault: true when `kind` hits this rank at `step` (from 1).
 bool trainer_fault_at(const trainer *t, const char *kind, int64_t step);
+
+// trainer_fsdp.c
+// The memory estimate under FSDP: `mem`'s params, grads and optimizer become this rank's
+// shards, plus the units in flight; logs the parts.
+int trainer_fsdp_estimate(const trainer *t, run_memory *mem, ct_error *err);
+// After the model and its activations are planned: the shards, the optimizer over them, the
+// model's unit hook.
+int trainer_fsdp_setup(trainer *t, ct_error *err);
+int trainer_fsdp_init_random(trainer *t, uint64_t seed, ct_error *err);
+// The full buffer holds a whole model (a load): each rank keeps its pieces.
+void trainer_fsdp_take_all(trainer *t);
 
 // trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err);

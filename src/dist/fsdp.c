@@ -1,0 +1,439 @@
+#include "dist/fsdp.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/grad_sync.h"
+#include "core/dtype.h"
+
+int fsdp_reshard_parse(fsdp_reshard *out, const char *name, ct_error *err) {
+    static const char *names[] = {"default", "always", "never"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *out = (fsdp_reshard)i;
+            return 0;
+        }
+    return ct_fail(err,
+                   "parallelism.fsdp_reshard_after_forward: expected \"default\", \"always\" or "
+                   "\"never\", found \"%s\"",
+                   name);
+}
+
+void fsdp_piece(const fsdp *f, int u, int s, size_t *lo, size_t *hi) {
+    const fsdp_unit *x = &f->units[u];
+    const int S = f->o.shard_degree;
+    *lo = x->lo + grad_sync_shard_start(x->hi - x->lo, s, S);
+    *hi = x->lo + grad_sync_shard_start(x->hi - x->lo, s + 1, S);
+}
+
+static void *alloc_zeroed(fsdp *f, size_t bytes, const char *what, ct_error *err) {
+    return f->be->alloc(f->be, bytes, what, err);
+}
+
+int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct_ops *ops,
+              float *params, float *grads, uint16_t *params_bf16, size_t n, const size_t *lo,
+              const size_t *hi, int n_units, bool tied, ct_error *err) {
+    memset(f, 0, sizeof *f);
+    f->o = *o;
+    f->be = ct_backend_or_cpu(be);
+    f->ops = ops;
+    f->params = params;
+    f->grads = grads;
+    f->params_bf16 = o->bf16_params ? params_bf16 : NULL;
+    f->n = n;
+    f->tied = tied;
+    f->reducing = -1;
+    const int S = o->shard_degree, R = o->replicate_degree;
+    if (S * R != world->size)
+        return ct_fail(err, "FSDP: %d shard ranks x %d replicas is not the %d ranks", S, R,
+                       world->size);
+    // MPI reads and writes the full buffers in place: they must be host memory.
+    void *view = f->be->view(f->be, params, sizeof(float), false, err);
+    if (view != params) {
+        if (view) f->be->view_release(f->be, view, params, sizeof(float), false);
+        return ct_fail(err,
+                       "FSDP needs a backend whose memory MPI can address (\"cpu\"), not "
+                       "\"%s\"",
+                       f->be->name);
+    }
+    if (o->bf16_params && !params_bf16)
+        return ct_fail(err, "FSDP: bf16 gathers need the model's bf16 weight copy");
+    // torchtitan's mesh: the replica index is the outer one, the shard rank the inner one.
+    if (dist_split(world, world->rank / S, world->rank % S, &f->shard, err) != 0 ||
+        dist_split(world, world->rank % S, world->rank / S, &f->replica, err) != 0) {
+        fsdp_free(f);
+        return -1;
+    }
+    f->units = calloc((size_t)n_units, sizeof *f->units);
+    if (!f->units) {
+        fsdp_free(f);
+        return ct_fail(err, "out of memory for %d FSDP units", n_units);
+    }
+    f->n_units = n_units;
+    const int s = f->shard.rank;
+    for (int u = 0; u < n_units; u++) {
+        fsdp_unit *x = &f->units[u];
+        x->lo = lo[u];
+        x->hi = hi[u];
+        if (hi[u] - lo[u] > INT_MAX) {
+            fsdp_free(f);
+            return ct_fail(err, "FSDP unit %d has %zu elements; MPI counts stop at %d", u,
+                           hi[u] - lo[u], INT_MAX);
+        }
+        x->counts = malloc((size_t)S * sizeof *x->counts);
+        x->displs = malloc((size_t)S * sizeof *x->displs);
+        if (!x->counts || !x->displs) {
+            fsdp_free(f);
+            return ct_fail(err, "out of memory for the FSDP unit tables");
+        }
+        for (int r = 0; r < S; r++) {
+            size_t a, b;
+            fsdp_piece(f, u, r, &a, &b);
+            x->counts[r] = (int)(b - a);
+            x->displs[r] = (int)(a - x->lo);
+        }
+        fsdp_piece(f, u, s, &x->piece_lo, &x->piece_hi);
+        x->at = f->n_shard;
+        f->n_shard += x->piece_hi - x->piece_lo;
+    }
+    const size_t ns = f->n_shard ? f->n_shard : 1;
+    if (!(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err)) ||
+        !(f->shard_grads = alloc_zeroed(f, ns * sizeof(float), "the FSDP gradient shard", err)) ||
+        (o->bf16_params &&
+         !(f->shard_bf16 = alloc_zeroed(f, ns * sizeof(uint16_t), "the FSDP bf16 shard", err))) ||
+        (o->bf16_reduce && !(f->grads_bf16 = alloc_zeroed(f, n * sizeof(uint16_t),
+                                                          "the bf16 gradient staging", err)))) {
+        fsdp_free(f);
+        return -1;
+    }
+    if ((o->bf16_params || o->bf16_reduce) && world->mpi &&
+        dist_bf16_sum_create(&f->bf16_op) != 0) {
+        fsdp_free(f);
+        return ct_fail(err, "MPI refused the bf16 sum");
+    }
+    return 0;
+}
+
+void fsdp_free(fsdp *f) {
+    if (f->bf16_op) MPI_Op_free(&f->bf16_op);
+    if (f->be) {
+        f->be->free(f->be, f->shard_params);
+        f->be->free(f->be, f->shard_grads);
+        f->be->free(f->be, f->shard_bf16);
+        f->be->free(f->be, f->grads_bf16);
+    }
+    for (int u = 0; u < f->n_units; u++) {
+        free(f->units[u].counts);
+        free(f->units[u].displs);
+    }
+    free(f->units);
+    dist_group_free(&f->shard);
+    dist_group_free(&f->replica);
+    memset(f, 0, sizeof *f);
+}
+
+// The first failure sticks: later collectives are skipped (the ranks are out of step), and
+// fsdp_finish reports it.
+static void fail(fsdp *f, int rc) {
+    if (rc != 0) f->failed = -1;
+}
+
+// --- gathers
+
+static void start_gather(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    if (f->failed || x->gathered || x->gathering) return;
+    const size_t piece = x->piece_hi - x->piece_lo;
+    x->gather_t0 = dist_clock();
+    int rc;
+    if (f->params_bf16) {
+        memcpy(f->params_bf16 + x->piece_lo, f->shard_bf16 + x->at, piece * sizeof(uint16_t));
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f->params_bf16 + x->lo, x->counts,
+                             x->displs, MPI_UINT16_T, f->shard.comm, &x->gather_req);
+    } else {
+        memcpy(f->params + x->piece_lo, f->shard_params + x->at, piece * sizeof(float));
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f->params + x->lo, x->counts,
+                             x->displs, MPI_FLOAT, f->shard.comm, &x->gather_req);
+    }
+    f->shard.comm_s += dist_clock() - x->gather_t0;
+    if (rc != MPI_SUCCESS) {
+        fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the gather of FSDP unit %d",
+                        f->shard.rank, u));
+        return;
+    }
+    x->gathering = true;
+}
+
+// A finished gather: bf16 weights are widened into the fp32 buffer too (norms, the embedding
+// and the biases read fp32: bf16-rounded values, as FSDP2 casts every parameter).
+static void gather_done(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    x->gathering = false;
+    x->gathered = true;
+    if (f->params_bf16)
+        f->ops->bf16_to_f32(f->params + x->lo, f->params_bf16 + x->lo, x->hi - x->lo);
+}
+
+static void ensure_gathered(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    if (f->failed || x->gathered) return;
+    start_gather(f, u);
+    char what[64];
+    snprintf(what, sizeof what, "the gather of FSDP unit %d", u);
+    if (dist_wait(&f->shard, 1, &x->gather_req, what, &f->err) != 0) return fail(f, -1);
+    f->busy_s += dist_clock() - x->gather_t0;
+    gather_done(f, u);
+}
+
+static void reshard(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    if (!x->gathered) return;
+    x->gathered = false;
+    f->be->discard(f->be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
+    if (f->params_bf16)
+        f->be->discard(f->be, f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
+}
+
+// --- reduce-scatters
+
+static void start_reduce(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    const size_t len = x->hi - x->lo;
+    x->reduce_t0 = dist_clock();
+    int rc;
+    if (f->grads_bf16) {
+        f->ops->f32_to_bf16(f->grads_bf16 + x->lo, f->grads + x->lo, len);
+        f->be->discard(f->be, f->grads + x->lo, len * sizeof(float));
+        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, f->grads_bf16 + x->lo, x->counts, MPI_UINT16_T,
+                                 f->bf16_op, f->shard.comm, &x->reduce_req);
+    } else {
+        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, f->grads + x->lo, x->counts, MPI_FLOAT, MPI_SUM,
+                                 f->shard.comm, &x->reduce_req);
+    }
+    f->shard.comm_s += dist_clock() - x->reduce_t0;
+    if (rc != MPI_SUCCESS)
+        return fail(f, ct_fail(&f->err,
+                               "rank %d: MPI failed to start the reduce-scatter of FSDP "
+                               "unit %d",
+                               f->shard.rank, u));
+    x->reducing = true;
+    f->reducing = u;
+}
+
+// A finished reduce-scatter: this rank's sum, left at the unit's start, is added into its shard
+// gradient; the unit's gradient memory goes back (zero for the next micro-batch).
+static void reduce_done(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    const size_t len = x->hi - x->lo, piece = x->piece_hi - x->piece_lo;
+    float *g = f->shard_grads + x->at;
+    if (f->grads_bf16) {
+        for (size_t i = 0; i < piece; i++) g[i] += bf16_to_f32(f->grads_bf16[x->lo + i]);
+        f->be->discard(f->be, f->grads_bf16 + x->lo, len * sizeof(uint16_t));
+    } else {
+        const float *sum = f->grads + x->lo;
+        for (size_t i = 0; i < piece; i++) g[i] += sum[i];
+        f->be->discard(f->be, f->grads + x->lo, len * sizeof(float));
+    }
+    x->reducing = false;
+    f->reducing = -1;
+}
+
+static void wait_reduce(fsdp *f) {
+    if (f->reducing < 0 || f->failed) return;
+    const int u = f->reducing;
+    char what[64];
+    snprintf(what, sizeof what, "the reduce-scatter of FSDP unit %d", u);
+    if (dist_wait(&f->shard, 1, &f->units[u].reduce_req, what, &f->err) != 0) return fail(f, -1);
+    f->busy_s += dist_clock() - f->units[u].reduce_t0;
+    reduce_done(f, u);
+}
+
+// One round of progress on what is in flight (Open MPI moves non-blocking collectives only
+// inside MPI calls): a gather that completed is finished, a reduce-scatter too.
+static void progress(fsdp *f) {
+    if (f->failed) return;
+    for (int u = 0; u < f->n_units; u++) {
+        fsdp_unit *x = &f->units[u];
+        const double t = dist_clock();
+        if (x->gathering && dist_test(&f->shard, 1, &x->gather_req)) {
+            f->busy_s += t - x->gather_t0;
+            gather_done(f, u);
+        }
+        if (x->reducing && dist_test(&f->shard, 1, &x->reduce_req)) {
+            f->busy_s += t - x->reduce_t0;
+            reduce_done(f, u);
+        }
+    }
+}
+
+// --- the hook
+
+// FSDP2's reshard_after_forward: "never" keeps every unit for its backward, "default" only the
+// head (its backward follows at once), "always" none.
+static bool keep_after_forward(const fsdp *f, int u) {
+    return f->o.reshard == FSDP_RESHARD_NEVER ||
+           (f->o.reshard == FSDP_RESHARD_DEFAULT && u == f->n_units - 1);
+}
+
+void fsdp_forward(fsdp *f, int u) {
+    progress(f);
+    ensure_gathered(f, u);
+    if (f->tied && u == f->n_units - 1) {
+        ensure_gathered(f, 0);
+        // The head's loss backward may run in the forward (chunked) and add into the tied
+        // embedding's gradient: the previous micro-batch's reduce-scatter of it, in place in that
+        // gradient, must be over.
+        if (f->reducing == 0) wait_reduce(f);
+    }
+    if (u + 1 < f->n_units) start_gather(f, u + 1);
+}
+
+void fsdp_forward_done(fsdp *f, int u) {
+    progress(f);
+    if (keep_after_forward(f, u)) return;
+    reshard(f, u);
+    if (f->tied && u == f->n_units - 1) reshard(f, 0); // a tied head's embedding goes with it
+}
+
+void fsdp_backward(fsdp *f, int u) {
+    progress(f);
+    ensure_gathered(f, u);
+    if (f->tied && u == f->n_units - 1) ensure_gathered(f, 0);
+    if (u > 0) start_gather(f, u - 1);
+}
+
+void fsdp_backward_done(fsdp *f, int u) {
+    progress(f);
+    reshard(f, u);
+    if (f->tied && u == f->n_units - 1 && f->o.reshard != FSDP_RESHARD_NEVER) reshard(f, 0);
+    // One reduce-scatter in flight at a time: the previous one finishes first.
+    wait_reduce(f);
+    if (!f->failed) start_reduce(f, u);
+}
+
+// --- outside the step
+
+void fsdp_take(fsdp *f, int u) {
+    fsdp_unit *x = &f->units[u];
+    memcpy(f->shard_params + x->at, f->params + x->piece_lo,
+           (x->piece_hi - x->piece_lo) * sizeof(float));
+    x->gathered = true; // what the full buffer holds goes
+    reshard(f, u);
+}
+
+void fsdp_reshard_all(fsdp *f) {
+    for (int u = 0; u < f->n_units; u++) reshard(f, u);
+}
+
+void fsdp_weights_changed(fsdp *f, bool bf16_done) {
+    if (f->shard_bf16 && !bf16_done)
+        f->ops->f32_to_bf16(f->shard_bf16, f->shard_params, f->n_shard);
+    fsdp_reshard_all(f);
+}
+
+void fsdp_begin_step(fsdp *f) {
+    f->be->zero(f->be, f->shard_grads, f->n_shard * sizeof(float));
+}
+
+// HSDP: the R replicas of this shard add their sums (in rank order for a given layout). Nothing
+// computes meanwhile, so its time is all exposed.
+static void allreduce_replicas(fsdp *f) {
+    MPI_Request req;
+    double t0 = dist_clock();
+    uint16_t *h = f->grads_bf16; // free staging now: the reduce-scatters are done
+    if (f->o.bf16_reduce) f->ops->f32_to_bf16(h, f->shard_grads, f->n_shard);
+    int rc = f->o.bf16_reduce ? MPI_Iallreduce(MPI_IN_PLACE, h, (int)f->n_shard, MPI_UINT16_T,
+                                               f->bf16_op, f->replica.comm, &req)
+                              : MPI_Iallreduce(MPI_IN_PLACE, f->shard_grads, (int)f->n_shard,
+                                               MPI_FLOAT, MPI_SUM, f->replica.comm, &req);
+    f->replica.comm_s += dist_clock() - t0;
+    if (rc != MPI_SUCCESS)
+        return fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the replicas' all-reduce",
+                               f->shard.rank));
+    if (dist_wait(&f->replica, 1, &req, "the replicas' gradient all-reduce", &f->err) != 0)
+        return fail(f, -1);
+    f->busy_s += dist_clock() - t0;
+    if (f->o.bf16_reduce) {
+        f->ops->bf16_to_f32(f->shard_grads, h, f->n_shard);
+        f->be->discard(f->be, h, f->n_shard * sizeof(uint16_t));
+    }
+}
+
+int fsdp_finish(fsdp *f, ct_error *err) {
+    wait_reduce(f);
+    if (!f->failed && f->replica.size > 1 && f->n_shard) allreduce_replicas(f);
+    if (f->failed) {
+        *err = f->err;
+        return -1;
+    }
+    return 0;
+}
+
+void fsdp_take_comm(fsdp *f, double *exposed, double *hidden) {
+    *exposed = f->shard.comm_s + f->replica.comm_s;
+    *hidden = f->busy_s > *exposed ? f->busy_s - *exposed : 0;
+    f->shard.comm_s = f->replica.comm_s = f->busy_s = 0;
+}
+
+// --- the memory estimate: the hooks' events replayed on sizes alone
+
+typedef struct replay {
+    const size_t *lo, *hi;
+    bool *gathered, *grads; // per unit: weights gathered; gradients held in fp32
+    int reducing;           // the unit whose (staged) gradients are being reduced, or -1
+    double weight_bytes, reduce_bytes, now, peak;
+} replay;
+
+static void replay_note(replay *r, int n_units) {
+    double b = 0;
+    for (int u = 0; u < n_units; u++) {
+        const double len = (double)(r->hi[u] - r->lo[u]);
+        b += r->gathered[u] * len * r->weight_bytes + r->grads[u] * len * sizeof(float);
+    }
+    if (r->reducing >= 0) b += (double)(r->hi[r->reducing] - r->lo[r->reducing]) * r->reduce_bytes;
+    if (b > r->peak) r->peak = b;
+}
+
+double fsdp_peak_gathered_bytes(const size_t *lo, const size_t *hi, int n_units, const fsdp_opts *o,
+                                bool tied) {
+    fsdp f = {.o = *o, .n_units = n_units}; // for keep_after_forward
+    replay r = {.lo = lo, .hi = hi, .reducing = -1};
+    r.gathered = calloc((size_t)n_units, sizeof *r.gathered);
+    r.grads = calloc((size_t)n_units, sizeof *r.grads);
+    if (!r.gathered || !r.grads) {
+        free(r.gathered);
+        free(r.grads);
+        return 0;
+    }
+    // A gathered unit: its weights (fp32, plus the bf16 gather it is widened from). A reducing
+    // one: its fp32 gradients, or their bf16 staging.
+    r.weight_bytes = sizeof(float) + (o->bf16_params ? sizeof(uint16_t) : 0);
+    r.reduce_bytes = o->bf16_reduce ? sizeof(uint16_t) : sizeof(float);
+    const int head = n_units - 1;
+    for (int u = 0; u < n_units; u++) { // forward: the unit, its prefetch, the tied embedding
+        r.gathered[u] = true;
+        if (u < head) r.gathered[u + 1] = true;
+        if (tied && u == head) r.gathered[0] = true;
+        replay_note(&r, n_units);
+        if (!keep_after_forward(&f, u)) {
+            r.gathered[u] = false;
+            if (tied && u == head) r.gathered[0] = false;
+        }
+    }
+    for (int u = head; u >= 0; u--) { // backward: the unit, its prefetch, its gradients
+        r.gathered[u] = r.grads[u] = true;
+        if (u > 0) r.gathered[u - 1] = true;
+        if (tied && u == head) r.gathered[0] = r.grads[0] = true;
+        replay_note(&r, n_units);
+        r.gathered[u] = false;
+        if (tied && u == head && o->reshard != FSDP_RESHARD_NEVER) r.gathered[0] = false;
+        r.grads[u] = false; // handed to the reduce-scatter, the previous one being done
+        r.reducing = u;
+        replay_note(&r, n_units);
+    }
+    free(r.gathered);
+    free(r.grads);
+    return r.peak;
+}

@@ -1,0 +1,131 @@
+// Fully sharded data parallelism (FSDP, ZeRO-3), as torchtitan applies FSDP2: the parameters,
+// their gradients and the optimizer state are split over the S ranks of a shard group, unit by
+// unit (the embedding, each decoder layer, the head), and a unit's weights exist whole only while
+// it runs.
+//
+// Each unit [lo, hi) of the flat parameter buffer is cut evenly: shard rank s owns the piece
+// [lo + floor(len*s/S), lo + floor(len*(s+1)/S)). A rank keeps its pieces, in unit order, in one
+// shard buffer (the fp32 master weights, their gradients, and under bf16 gathers their bf16
+// copy); the optimizer steps those only. The full-size buffers the model reads (param_mem,
+// grad_mem, param_bf16) hold only the units in use: on the plain CPU backend every other page is
+// handed back to the OS (ct_backend.discard), so they cost no memory.
+//
+// The model calls these around every unit (through its unit_hook):
+//   forward    gather the unit (all-gather of the pieces; waiting for the prefetch started one
+//              unit earlier) and start gathering the next; free it after, unless
+//              reshard_after_forward says keep it (the head always stays for its backward under
+//              "default", as FSDP2's root does; "never" keeps every unit; "always" none)
+//   backward   gather again (unless kept) and prefetch the unit before it; once its gradients
+//              are final, free the weights and reduce-scatter the gradients, each rank adding
+//              its piece's sum into its shard gradient (every micro-batch, as FSDP2 does); at
+//              most one reduce-scatter is in flight, so gradients of at most two units exist.
+// A tied head reads the embedding: its unit gathers unit 0 as well, and the embedding's
+// gradient is reduced only after the embedding's own backward.
+// HSDP: with R > 1 replica groups, fsdp_finish all-reduces the shard gradient across the R
+// ranks holding the same shard.
+// Every collective runs on the group's communicator in the same order on every rank, with the
+// deadline of dist_wait, so runs are deterministic for a given layout of ranks. The model knows
+// none of this: it only calls the hook.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "dist/dist.h"
+
+typedef enum fsdp_reshard {
+    FSDP_RESHARD_DEFAULT,
+    FSDP_RESHARD_ALWAYS,
+    FSDP_RESHARD_NEVER
+} fsdp_reshard;
+
+// "default" | "always" | "never" (parallelism.fsdp_reshard_after_forward).
+int fsdp_reshard_parse(fsdp_reshard *out, const char *name, ct_error *err);
+
+typedef struct fsdp_unit {
+    size_t lo, hi;             // its elements of the full buffers
+    size_t piece_lo, piece_hi; // this rank's piece of it
+    size_t at;                 // where the piece sits in the shard buffers
+    int *counts, *displs;      // (S) every shard rank's piece, from lo (MPI's ints)
+    bool gathered;             // the full buffers hold its weights
+    bool gathering, reducing;  // a gather or a reduce-scatter is in flight
+    // Those collectives (a unit may be gathered for the next micro-batch while its gradients of
+    // the last one are still being reduced), and when each started.
+    MPI_Request gather_req, reduce_req;
+    double gather_t0, reduce_t0;
+} fsdp_unit;
+
+typedef struct fsdp_opts {
+    int shard_degree, replicate_degree; // S and R, S * R = the world's size
+    fsdp_reshard reshard;
+    bool bf16_params; // gather bf16 weights (MixedPrecisionPolicy param_dtype = bfloat16)
+    bool bf16_reduce; // reduce bf16 gradients (reduce_dtype = bfloat16)
+} fsdp_opts;
+
+typedef struct fsdp {
+    dist shard, replica; // the shard group (S ranks) and the replica group (R ranks)
+    fsdp_opts o;
+    ct_backend *be;
+    const ct_ops *ops;
+    float *params, *grads; // the model's full-size buffers (param_mem, grad_mem)
+    uint16_t *params_bf16; // the model's param_bf16 (bf16 gathers), else NULL
+    uint16_t *grads_bf16;  // full-size staging of a bf16 reduce-scatter, else NULL
+    size_t n;              // floats in the full buffers
+    fsdp_unit *units;
+    int n_units;
+    bool tied; // the head's unit (the last) reads unit 0
+    size_t n_shard;
+    float *shard_params, *shard_grads; // this rank's pieces, concatenated
+    uint16_t *shard_bf16;              // bf16_params: their bf16 copy (the optimizer writes it)
+    MPI_Op bf16_op;
+    int reducing; // the unit whose reduce-scatter is in flight, or -1
+    // Seconds from each collective's start to its completion, summed since fsdp_take_comm: less
+    // the seconds blocked in MPI, what ran behind compute.
+    double busy_s;
+    // The first failure inside the hook (which cannot return it): every later collective is
+    // skipped, and fsdp_finish returns it.
+    int failed;
+    ct_error err;
+} fsdp;
+
+// units: n_units ranges [lo[u], hi[u]) tiling [0, n) in order. params, grads (and params_bf16
+// when o->bf16_params) are full-size buffers of n elements on be, which must be host memory
+// (the plain CPU backend). The shard buffers are allocated zeroed.
+int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct_ops *ops,
+              float *params, float *grads, uint16_t *params_bf16, size_t n, const size_t *lo,
+              const size_t *hi, int n_units, bool tied, ct_error *err);
+void fsdp_free(fsdp *f);
+
+// Shard rank s's piece of unit u, of S ranks: [*lo, *hi) (for checkpoints: every rank's ranges).
+void fsdp_piece(const fsdp *f, int u, int s, size_t *lo, size_t *hi);
+
+// The four moments of unit u (the model's unit_hook calls them through the trainer): before its
+// forward, after it, before its backward, and once its gradients are final.
+void fsdp_forward(fsdp *f, int u);
+void fsdp_forward_done(fsdp *f, int u);
+void fsdp_backward(fsdp *f, int u);
+void fsdp_backward_done(fsdp *f, int u);
+
+// Copies this rank's piece of unit u from the full buffer (where a load or init put the unit)
+// into the shard, then frees the unit.
+void fsdp_take(fsdp *f, int u);
+// Frees every gathered unit (after a validation forward, which leaves the head gathered).
+void fsdp_reshard_all(fsdp *f);
+// After the shard's weights changed (a load, an optimizer step): refreshes their bf16 copy when
+// gathering bf16 (unless `bf16_done`: the optimizer wrote it) and frees every gathered unit, so
+// the next use gathers the new values.
+void fsdp_weights_changed(fsdp *f, bool bf16_done);
+// A new step: the shard gradient is zeroed.
+void fsdp_begin_step(fsdp *f);
+// After the last backward of a step: waits for the reduce-scatters, then (HSDP) all-reduces the
+// shard gradient across the replicas. Returns the hook's first failure, if any.
+int fsdp_finish(fsdp *f, ct_error *err);
+// What FSDP holds beyond the shard at the worst moment of a step, in bytes: the gathered units'
+// weights and the units' gradients not yet reduced, replaying the hooks' events and policy on
+// the units' sizes (the memory estimate before a run).
+double fsdp_peak_gathered_bytes(const size_t *lo, const size_t *hi, int n_units, const fsdp_opts *o,
+                                bool tied);
+// Seconds blocked in the groups' collectives and seconds of communication hidden behind compute
+// since the last call (which resets both).
+void fsdp_take_comm(fsdp *f, double *exposed, double *hidden);
