@@ -1,6 +1,9 @@
 #include "dist/fsdp.h"
 
 #include <limits.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +102,15 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
         f->n_shard += x->piece_hi - x->piece_lo;
     }
     const size_t ns = f->n_shard ? f->n_shard : 1;
+    int most = 1; // the largest piece, which the reduce-scatter receives into
+    for (int u = 0; u < n_units; u++)
+        for (int r = 0; r < S; r++)
+            most = f->units[u].counts[r] > most ? f->units[u].counts[r] : most;
+    if (!(f->ring_recv = malloc((size_t)most * sizeof(float))) ||
+        (o->bf16_reduce && !(f->ring_recv16 = malloc((size_t)most * sizeof(uint16_t))))) {
+        fsdp_free(f);
+        return ct_fail(err, "out of memory for the reduce-scatter's buffer");
+    }
     if (!(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err)) ||
         !(f->shard_grads = alloc_zeroed(f, ns * sizeof(float), "the FSDP gradient shard", err)) ||
         (o->bf16_params &&
@@ -124,6 +136,8 @@ void fsdp_free(fsdp *f) {
         f->be->free(f->be, f->shard_bf16);
         f->be->free(f->be, f->grads_bf16);
     }
+    free(f->ring_recv);
+    free(f->ring_recv16);
     for (int u = 0; u < f->n_units; u++) {
         free(f->units[u].counts);
         free(f->units[u].displs);
@@ -140,6 +154,24 @@ static void fail(fsdp *f, int rc) {
     if (rc != 0) f->failed = -1;
 }
 
+// Maps in the pages of [p, p + bytes) before a unit's weights or gradients are written there,
+// in one call (Linux 5.14's MADV_POPULATE_WRITE) rather than one page fault per 4 KiB page,
+// which costs as much again as the zeroing itself. Where the kernel lacks it, the writes fault
+// the pages in as usual.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+static void populate(void *p, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)p / page * page,
+                    hi = ((uintptr_t)p + bytes + page - 1) / page * page;
+    if (bytes) madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+}
+
+static void populate_grads(fsdp *f, int u) {
+    populate(f->grads + f->units[u].lo, (f->units[u].hi - f->units[u].lo) * sizeof(float));
+}
+
 // --- gathers
 
 static void start_gather(fsdp *f, int u) {
@@ -148,7 +180,9 @@ static void start_gather(fsdp *f, int u) {
     const size_t piece = x->piece_hi - x->piece_lo;
     x->gather_t0 = dist_clock();
     int rc;
+    populate(f->params + x->lo, (x->hi - x->lo) * sizeof(float));
     if (f->params_bf16) {
+        populate(f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
         memcpy(f->params_bf16 + x->piece_lo, f->shard_bf16 + x->at, piece * sizeof(uint16_t));
         rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f->params_bf16 + x->lo, x->counts,
                              x->displs, MPI_UINT16_T, f->shard.comm, &x->gather_req);
@@ -197,63 +231,121 @@ static void reshard(fsdp *f, int u) {
 }
 
 // --- reduce-scatters
+//
+// A ring, by hand: MPI_Ireduce_scatter (Open MPI 4.1's libnbc) reduces to one rank and scatters,
+// with a temporary buffer of the whole unit on every rank, where FSDP is meant to hold units one
+// at a time. In step k (0 .. S-2) rank s sends its partial sum of block (s-k-1) mod S to rank
+// s+1, receives block (s-k-2) mod S from rank s-1 and adds its own values into it; after S-1
+// steps it holds the whole sum of its own block, s. The unit's gradient is the working buffer
+// (bf16: its bf16 staging), so the only extra memory is one piece to receive into. The order of
+// the additions is fixed for a given S: runs are deterministic.
+
+static size_t block_at(const fsdp_unit *x, int b) {
+    return x->lo + (size_t)x->displs[b];
+}
+
+// Posts step f->ring_step's send and receive.
+static void ring_post(fsdp *f) {
+    const fsdp_unit *x = &f->units[f->reducing];
+    const int S = f->o.shard_degree, s = f->shard.rank, k = f->ring_step;
+    const int send = ((s - k - 1) % S + S) % S, recv = ((s - k - 2) % S + S) % S;
+    const int right = (s + 1) % S, left = (s + S - 1) % S, tag = 7;
+    double t0 = dist_clock();
+    int rc;
+    if (f->grads_bf16)
+        rc = MPI_Isend(f->grads_bf16 + block_at(x, send), x->counts[send], MPI_UINT16_T, right, tag,
+                       f->shard.comm, &f->ring_req[0]) |
+             MPI_Irecv(f->ring_recv16, x->counts[recv], MPI_UINT16_T, left, tag, f->shard.comm,
+                       &f->ring_req[1]);
+    else
+        rc = MPI_Isend(f->grads + block_at(x, send), x->counts[send], MPI_FLOAT, right, tag,
+                       f->shard.comm, &f->ring_req[0]) |
+             MPI_Irecv(f->ring_recv, x->counts[recv], MPI_FLOAT, left, tag, f->shard.comm,
+                       &f->ring_req[1]);
+    f->shard.comm_s += dist_clock() - t0;
+    if (rc != MPI_SUCCESS)
+        fail(f, ct_fail(&f->err,
+                        "rank %d: MPI failed to post step %d of FSDP unit %d's reduce-scatter",
+                        f->shard.rank, k, f->reducing));
+}
+
+// The received block of step f->ring_step added into this rank's (a bf16 sum rounds each
+// addition to bf16, as a bf16 reduction does).
+static void ring_add(fsdp *f) {
+    const fsdp_unit *x = &f->units[f->reducing];
+    const int S = f->o.shard_degree, s = f->shard.rank, k = f->ring_step;
+    const int b = ((s - k - 2) % S + S) % S, n = x->counts[b];
+    if (f->grads_bf16) {
+        uint16_t *dst = f->grads_bf16 + block_at(x, b);
+        for (int i = 0; i < n; i++)
+            dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + bf16_to_f32(f->ring_recv16[i]));
+    } else {
+        float *dst = f->grads + block_at(x, b);
+        for (int i = 0; i < n; i++) dst[i] += f->ring_recv[i];
+    }
+}
 
 static void start_reduce(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
     const size_t len = x->hi - x->lo;
-    x->reduce_t0 = dist_clock();
-    int rc;
+    f->reduce_t0 = dist_clock();
     if (f->grads_bf16) {
         f->ops->f32_to_bf16(f->grads_bf16 + x->lo, f->grads + x->lo, len);
         f->be->discard(f->be, f->grads + x->lo, len * sizeof(float));
-        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, f->grads_bf16 + x->lo, x->counts, MPI_UINT16_T,
-                                 f->bf16_op, f->shard.comm, &x->reduce_req);
-    } else {
-        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, f->grads + x->lo, x->counts, MPI_FLOAT, MPI_SUM,
-                                 f->shard.comm, &x->reduce_req);
     }
-    f->shard.comm_s += dist_clock() - x->reduce_t0;
-    if (rc != MPI_SUCCESS)
-        return fail(f, ct_fail(&f->err,
-                               "rank %d: MPI failed to start the reduce-scatter of FSDP "
-                               "unit %d",
-                               f->shard.rank, u));
-    x->reducing = true;
     f->reducing = u;
+    f->ring_step = 0;
+    ring_post(f);
 }
 
-// A finished reduce-scatter: this rank's sum, left at the unit's start, is added into its shard
-// gradient; the unit's gradient memory goes back (zero for the next micro-batch).
-static void reduce_done(fsdp *f, int u) {
-    fsdp_unit *x = &f->units[u];
+// A finished reduce-scatter: this rank's sum, its own block, is added into its shard gradient;
+// the unit's gradient memory goes back (zero for the next micro-batch).
+static void reduce_done(fsdp *f) {
+    const fsdp_unit *x = &f->units[f->reducing];
     const size_t len = x->hi - x->lo, piece = x->piece_hi - x->piece_lo;
     float *g = f->shard_grads + x->at;
     if (f->grads_bf16) {
-        for (size_t i = 0; i < piece; i++) g[i] += bf16_to_f32(f->grads_bf16[x->lo + i]);
+        const uint16_t *sum = f->grads_bf16 + x->piece_lo;
+        for (size_t i = 0; i < piece; i++) g[i] += bf16_to_f32(sum[i]);
         f->be->discard(f->be, f->grads_bf16 + x->lo, len * sizeof(uint16_t));
     } else {
-        const float *sum = f->grads + x->lo;
+        const float *sum = f->grads + x->piece_lo;
         for (size_t i = 0; i < piece; i++) g[i] += sum[i];
         f->be->discard(f->be, f->grads + x->lo, len * sizeof(float));
     }
-    x->reducing = false;
+    f->busy_s += dist_clock() - f->reduce_t0;
     f->reducing = -1;
 }
 
+// Moves the ring on: as far as it can without waiting, or (`wait`) to its end.
+static void advance_reduce(fsdp *f, bool wait) {
+    const int S = f->o.shard_degree;
+    while (f->reducing >= 0 && !f->failed) {
+        if (wait) {
+            char what[80];
+            snprintf(what, sizeof what, "step %d of the reduce-scatter of FSDP unit %d",
+                     f->ring_step, f->reducing);
+            if (dist_wait(&f->shard, 2, f->ring_req, what, &f->err) != 0) return fail(f, -1);
+        } else if (!dist_test(&f->shard, 2, f->ring_req)) {
+            return;
+        }
+        ring_add(f);
+        if (++f->ring_step == S - 1)
+            reduce_done(f);
+        else
+            ring_post(f);
+    }
+}
+
 static void wait_reduce(fsdp *f) {
-    if (f->reducing < 0 || f->failed) return;
-    const int u = f->reducing;
-    char what[64];
-    snprintf(what, sizeof what, "the reduce-scatter of FSDP unit %d", u);
-    if (dist_wait(&f->shard, 1, &f->units[u].reduce_req, what, &f->err) != 0) return fail(f, -1);
-    f->busy_s += dist_clock() - f->units[u].reduce_t0;
-    reduce_done(f, u);
+    advance_reduce(f, true);
 }
 
 // One round of progress on what is in flight (Open MPI moves non-blocking collectives only
 // inside MPI calls): a gather that completed is finished, a reduce-scatter too.
 static void progress(fsdp *f) {
     if (f->failed) return;
+    advance_reduce(f, false);
     for (int u = 0; u < f->n_units; u++) {
         fsdp_unit *x = &f->units[u];
         const double t = dist_clock();
@@ -261,24 +353,26 @@ static void progress(fsdp *f) {
             f->busy_s += t - x->gather_t0;
             gather_done(f, u);
         }
-        if (x->reducing && dist_test(&f->shard, 1, &x->reduce_req)) {
-            f->busy_s += t - x->reduce_t0;
-            reduce_done(f, u);
-        }
     }
 }
 
 // --- the hook
 
 // FSDP2's reshard_after_forward: "never" keeps every unit for its backward, "default" only the
-// head (its backward follows at once), "always" none.
+// head (its backward follows at once), "always" none. A tied embedding is the head's weight as
+// well: but under "always" it stays from its forward to its own backward, gathered once a step
+// (its gradient lives from the head's backward to its own anyway, so the peak is the same).
 static bool keep_after_forward(const fsdp *f, int u) {
     return f->o.reshard == FSDP_RESHARD_NEVER ||
-           (f->o.reshard == FSDP_RESHARD_DEFAULT && u == f->n_units - 1);
+           (f->o.reshard == FSDP_RESHARD_DEFAULT && (u == f->n_units - 1 || (f->tied && u == 0)));
 }
 
 void fsdp_forward(fsdp *f, int u) {
     progress(f);
+    if (u == f->n_units - 1) { // a chunked loss head writes its gradient in the forward
+        populate_grads(f, u);
+        if (f->tied) populate_grads(f, 0);
+    }
     ensure_gathered(f, u);
     if (f->tied && u == f->n_units - 1) {
         ensure_gathered(f, 0);
@@ -299,6 +393,7 @@ void fsdp_forward_done(fsdp *f, int u) {
 
 void fsdp_backward(fsdp *f, int u) {
     progress(f);
+    populate_grads(f, u);
     ensure_gathered(f, u);
     if (f->tied && u == f->n_units - 1) ensure_gathered(f, 0);
     if (u > 0) start_gather(f, u - 1);
@@ -307,7 +402,7 @@ void fsdp_backward(fsdp *f, int u) {
 void fsdp_backward_done(fsdp *f, int u) {
     progress(f);
     reshard(f, u);
-    if (f->tied && u == f->n_units - 1 && f->o.reshard != FSDP_RESHARD_NEVER) reshard(f, 0);
+    if (f->tied && u == f->n_units - 1 && f->o.reshard == FSDP_RESHARD_ALWAYS) reshard(f, 0);
     // One reduce-scatter in flight at a time: the previous one finishes first.
     wait_reduce(f);
     if (!f->failed) start_reduce(f, u);
@@ -428,7 +523,7 @@ double fsdp_peak_gathered_bytes(const size_t *lo, const size_t *hi, int n_units,
         if (tied && u == head) r.gathered[0] = r.grads[0] = true;
         replay_note(&r, n_units);
         r.gathered[u] = false;
-        if (tied && u == head && o->reshard != FSDP_RESHARD_NEVER) r.gathered[0] = false;
+        if (tied && u == head && o->reshard == FSDP_RESHARD_ALWAYS) r.gathered[0] = false;
         r.grads[u] = false; // handed to the reduce-scatter, the previous one being done
         r.reducing = u;
         replay_note(&r, n_units);

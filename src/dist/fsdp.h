@@ -49,11 +49,9 @@ typedef struct fsdp_unit {
     size_t at;                 // where the piece sits in the shard buffers
     int *counts, *displs;      // (S) every shard rank's piece, from lo (MPI's ints)
     bool gathered;             // the full buffers hold its weights
-    bool gathering, reducing;  // a gather or a reduce-scatter is in flight
-    // Those collectives (a unit may be gathered for the next micro-batch while its gradients of
-    // the last one are still being reduced), and when each started.
-    MPI_Request gather_req, reduce_req;
-    double gather_t0, reduce_t0;
+    bool gathering;            // a gather is in flight: gather_req, started at gather_t0
+    MPI_Request gather_req;
+    double gather_t0;
 } fsdp_unit;
 
 typedef struct fsdp_opts {
@@ -79,7 +77,13 @@ typedef struct fsdp {
     float *shard_params, *shard_grads; // this rank's pieces, concatenated
     uint16_t *shard_bf16;              // bf16_params: their bf16 copy (the optimizer writes it)
     MPI_Op bf16_op;
-    int reducing; // the unit whose reduce-scatter is in flight, or -1
+    // The reduce-scatter in flight (one at a time): its unit or -1, the ring's step, its send and
+    // receive, one piece to receive into, when it started.
+    int reducing, ring_step;
+    MPI_Request ring_req[2];
+    float *ring_recv;
+    uint16_t *ring_recv16;
+    double reduce_t0;
     // Seconds from each collective's start to its completion, summed since fsdp_take_comm: less
     // the seconds blocked in MPI, what ran behind compute.
     double busy_s;

@@ -83,8 +83,9 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
                 (long long)r->step, (long long)r->steps, r->loss, r->grad_norm, r->lr, r->tps,
                 r->tflops, 100 * r->mfu, r->memory_peak_gib, eta);
         if (r->ranks > 1)
-            fprintf(m->out, "  ranks %d  total tps %.0f  comm %.1f ms (%.1f%%)", r->ranks,
-                    r->tps_total, 1e3 * r->comm_s, 100 * r->comm_share);
+            fprintf(m->out, "  ranks %d  total tps %.0f  comm %.1f ms (%.1f%%, %.1f ms hidden)",
+                    r->ranks, r->tps_total, 1e3 * r->comm_s, 100 * r->comm_share,
+                    1e3 * r->comm_hidden_s);
         if (r->skipped) fprintf(m->out, "  skipped %lld", (long long)r->skipped);
         if (r->n_moe_layers > 0) {
             double worst = 0;
@@ -106,6 +107,7 @@ void metrics_write(metrics_log *m, const metrics_row *r) {
         fprintf(m->jsonl, ",\"ranks\":%d", r->ranks);
         json_number(m->jsonl, "comm_s", r->comm_s, "%.6f");
         json_number(m->jsonl, "comm_share", r->comm_share, "%.5f");
+        json_number(m->jsonl, "comm_hidden_s", r->comm_hidden_s, "%.6f");
         json_number(m->jsonl, "tflops", r->tflops, "%.4f");
         json_number(m->jsonl, "mfu", r->mfu, "%.5f");
         json_number(m->jsonl, "memory_peak_gib", r->memory_peak_gib, "%.4f");

@@ -13,9 +13,10 @@ typedef struct metrics_row {
     double tps;       // tokens per second per worker, over the steps since the last log
     double tps_total; // the same over all ranks
     int ranks;
-    double comm_s;      // per step: seconds spent in MPI calls and waits (not overlapped)
-    double comm_share;  // comm_s as a fraction of the step time
-    double tflops, mfu; // achieved model TFLOP/s, and its fraction of the peak
+    double comm_s;        // per step: seconds spent in MPI calls and waits (not overlapped)
+    double comm_share;    // comm_s as a fraction of the step time
+    double comm_hidden_s; // per step: communication that ran behind compute (FSDP; else 0)
+    double tflops, mfu;   // achieved model TFLOP/s, and its fraction of the peak
     double memory_peak_gib;
     double time_s; // wall time since the run (or resume) started
     double eta_s;

@@ -658,6 +658,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
         .ranks = t->d->size,
         .comm_s = *comm_since_log / (double)*steps_since_log,
         .comm_share = *comm_since_log / dt,
+        .comm_hidden_s = r->comm_hidden_s,
         .tflops = gflops / 1e3,
         .mfu = gflops / t->peak_gflops,
         .memory_peak_gib = sysmem_peak_rss_bytes() / GIB,
