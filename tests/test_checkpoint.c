@@ -1020,10 +1020,10 @@ int main(int argc, char **argv) {
                    "optimizer-00001-of-00003.safetensors: missing (state.json lists it)", true);
     expect_skipped("flipped", flip_shard2, "optimizer-00002-of-00003.safetensors: XXH64", true);
     test_other_format(unknown_format, "step-20/state.json: checkpoint format 7, this ctitan reads "
-                                      "format 3; resume it with the ctitan that wrote it");
+                                      "formats 2 to 4; resume it with the ctitan that wrote it");
     test_format_two();
     test_other_format(format_one, "checkpoint format 1 (written before ctitan had sharded "
-                                  "optimizer state), this ctitan reads format 3");
+                                  "optimizer state), this ctitan reads formats 2 to 4");
     test_shard_metadata_lies();
     test_commit_tiling();
     test_shard_nonfinite();
