@@ -164,17 +164,26 @@ int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq
     return load_checked(dir, &q, err) == 0 ? 0 : -1;
 }
 
+// The request of ckpt_load_ranges and ckpt_resume_ranges: a list of ranges, nothing whole.
+static load_req ranges_request(const qwen3_model *m, const ckpt_range *ranges, int n_ranges,
+                               float *params, float *exp_avg, float *exp_avg_sq, bool all_shards,
+                               train_state *st, char **config_toml) {
+    return (load_req){.m = m,
+                      .want = ranges,
+                      .n_want = n_ranges,
+                      .params = params,
+                      .exp_avg = exp_avg,
+                      .exp_avg_sq = exp_avg_sq,
+                      .all_shards = all_shards,
+                      .st = st,
+                      .config_toml = config_toml};
+}
+
 int ckpt_load_ranges(const char *dir, const qwen3_model *m, const ckpt_range *ranges, int n_ranges,
                      float *params, float *exp_avg, float *exp_avg_sq, train_state *st,
                      char **config_toml, ct_error *err) {
-    load_req q = {.m = m,
-                  .want = ranges,
-                  .n_want = n_ranges,
-                  .params = params,
-                  .exp_avg = exp_avg,
-                  .exp_avg_sq = exp_avg_sq,
-                  .st = st,
-                  .config_toml = config_toml};
+    load_req q =
+        ranges_request(m, ranges, n_ranges, params, exp_avg, exp_avg_sq, false, st, config_toml);
     return load_checked(dir, &q, err) == 0 ? 0 : -1;
 }
 
@@ -202,14 +211,8 @@ int ckpt_resume_ranges(char *dir_out, size_t cap, const qwen3_model *m, const ck
                        train_state *st, char **config_toml, const char *root, ckpt_notes *notes,
                        ct_error *err) {
     if (ckpt_check_ranges(ranges, n_ranges, m->num_params, root, err) != 0) return -1;
-    load_req q = {.m = m,
-                  .want = ranges,
-                  .n_want = n_ranges,
-                  .params = params,
-                  .exp_avg = exp_avg,
-                  .exp_avg_sq = exp_avg_sq,
-                  .all_shards = true,
-                  .st = st,
-                  .config_toml = config_toml};
+    // Every shard: ranks reading different ranges must skip the same folders.
+    load_req q =
+        ranges_request(m, ranges, n_ranges, params, exp_avg, exp_avg_sq, true, st, config_toml);
     return ckpt_walk_newest(dir_out, cap, root, try_load, &q, notes, err);
 }
