@@ -142,13 +142,48 @@ int main(int argc, char **argv) {
     ckpt_file_sum files[CKPT_N_FILES] = {{"", 100, 0xef46db3751d8e999ull}, {"", 7, 1}, {"", 3, 2}};
     ckpt_shard_info shards[3] = {{"", 0, 10, 96, 5}, {"", 10, 0, 64, 6}, {"", 10, 5, 80, 7}};
     for (int n = 1; n <= 3; n += 2) {
+        ckpt_range r[3] = {{0, 10}, {10, 10}, {10, 15}};
+        const ckpt_range *lists[3] = {&r[0], &r[1], &r[2]};
+        int counts[3] = {1, 1, 1};
         for (int i = 0; i < n; i++) ckpt_shard_name(shards[i].file, i, n);
-        if (n == 1) shards[0].numel = 15;
+        if (n == 1) shards[0].numel = 15, r[0].hi = 15;
+        ckpt_shard_list optim;
+        check(ckpt_shard_list_make(&optim, shards, n, lists, counts, &err), &err);
         char *t;
         size_t len;
-        check(ckpt_state_text(&t, &len, &st, files, shards, n, "seed", &err), &err);
+        check(ckpt_state_text(&t, &len, &st, files, &optim, NULL, "seed", &err), &err);
         raw("ckpt_state", n == 1 ? "one_shard.json" : "three_shards.json", t, len);
         free(t);
+        ckpt_shard_list_free(&optim);
+    }
+    // Format 4: two FSDP "ranks" holding interleaved pieces of two units, optimizer shards
+    // alone and with model shards; one more with a rank holding nothing.
+    {
+        ckpt_range r0[2] = {{0, 4}, {10, 12}}, r1[2] = {{4, 10}, {12, 20}};
+        const ckpt_range *lists[3] = {r0, r1, NULL};
+        int counts[3] = {2, 2, 0};
+        ckpt_shard_info opt[3] = {{"", 0, 6, 120, 8}, {"", 4, 14, 160, 9}, {"", 0, 0, 80, 10}};
+        ckpt_shard_info mod[3] = {{"", 0, 6, 90, 11}, {"", 4, 14, 130, 12}, {"", 0, 0, 60, 13}};
+        for (int n = 2; n <= 3; n++) {
+            for (int i = 0; i < n; i++) {
+                ckpt_shard_name(opt[i].file, i, n);
+                ckpt_model_shard_name(mod[i].file, i, n);
+            }
+            for (int with_model = 0; with_model < 2; with_model++) {
+                ckpt_shard_list optim, model = {0};
+                check(ckpt_shard_list_make(&optim, opt, n, lists, counts, &err), &err);
+                if (with_model)
+                    check(ckpt_shard_list_make(&model, mod, n, lists, counts, &err), &err);
+                char *t, name[64];
+                size_t len;
+                check(ckpt_state_text(&t, &len, &st, files, &optim, &model, "seed", &err), &err);
+                snprintf(name, sizeof name, "ranges_%d%s.json", n, with_model ? "_model" : "");
+                raw("ckpt_state", name, t, len);
+                free(t);
+                ckpt_shard_list_free(&optim);
+                ckpt_shard_list_free(&model);
+            }
+        }
     }
     return 0;
 }

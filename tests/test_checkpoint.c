@@ -16,6 +16,12 @@
 //     missing, flipped or lying shard is skipped; shards that do not tile are refused at
 //     commit; NaN in a shard is refused at write, naming the flat element.
 // 10. a checkpoint of another format (1, or unknown) is an error, never skipped.
+// 11. range lists (FSDP): saved by 1, 2 or 3 ranks each holding a piece of every unit (model in
+//     shards, or in model.safetensors), loaded by 1, 2 or 4 ranks of other partitions, bitwise,
+//     also resumed, also from the old single-range layout; ckpt_load assembles a sharded model;
+//     state.json stays format 3 where it can; ranges that leave a gap or overlap are refused at
+//     commit naming the file; a flipped or missing model shard is skipped; NaN/inf in a shard
+//     names its tensor and element.
 #include <inttypes.h>
 #include <signal.h>
 #include <dirent.h>
@@ -864,6 +870,323 @@ static void test_refuse_nonfinite(void) {
     run_free(&r);
 }
 
+// ---------------------------------------------------------------- range lists (FSDP)
+
+#define MAX_UNITS 8
+#define MAX_PARTS 4
+
+// An FSDP-like partition: the model cut into units (the embedding, each layer, the head), each
+// unit split among `parts` ranks at cuts moved by `skew` elements, so that two partitions of
+// the same rank count differ. ranges[r] are rank r's pieces, ascending (empty ones left out).
+typedef struct partition {
+    ckpt_range ranges[MAX_PARTS][MAX_UNITS];
+    int n[MAX_PARTS];
+    size_t numel[MAX_PARTS];
+    int parts;
+} partition;
+
+static void make_partition(partition *pt, const qwen3_model *m, int parts, size_t skew) {
+    memset(pt, 0, sizeof *pt);
+    pt->parts = parts;
+    size_t cuts[MAX_UNITS + 1];
+    int n_units = 0;
+    cuts[n_units++] = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const char *name = m->params[i].name;
+        if (strstr(name, "input_layernorm") || strcmp(name, "model.norm.weight") == 0)
+            cuts[n_units++] = m->params[i].offset;
+    }
+    cuts[n_units] = m->num_params;
+    for (int u = 0; u < n_units; u++) {
+        size_t a = cuts[u], b = cuts[u + 1];
+        for (int r = 0; r < parts; r++) {
+            size_t lo = r == 0 ? a : a + (b - a) * (size_t)r / (size_t)parts + skew;
+            size_t hi = r == parts - 1 ? b : a + (b - a) * (size_t)(r + 1) / (size_t)parts + skew;
+            if (hi > lo) {
+                pt->ranges[r][pt->n[r]++] = (ckpt_range){lo, hi};
+                pt->numel[r] += hi - lo;
+            }
+        }
+    }
+}
+
+// dst = src's elements over ranges, concatenated.
+static void gather(float *dst, const float *src, const ckpt_range *ranges, int n) {
+    for (int k = 0; k < n; k++) {
+        memcpy(dst, src + ranges[k].lo, (ranges[k].hi - ranges[k].lo) * sizeof(float));
+        dst += ranges[k].hi - ranges[k].lo;
+    }
+}
+
+// What the FSDP ranks of a save do, from one process: begin, each rank's shard of its pieces
+// (with the model's when model_shards), commit. Returns the commit's rc (err filled).
+static int save_ranges(run *r, const char *root, int64_t step, const partition *pt,
+                       bool model_shards, ct_error *err) {
+    run_fill(r, step);
+    train_state st = sample_state(step);
+    char tmp[4200];
+    ckpt_shard_info opt[MAX_PARTS], mod[MAX_PARTS];
+    const ckpt_range *lists[MAX_PARTS];
+    int rc = ckpt_begin(root, step, TAG, err);
+    if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, step, TAG, err);
+    for (int k = 0; k < pt->parts && rc == 0; k++) {
+        size_t n = pt->numel[k] + 1;
+        float *p = malloc(n * sizeof *p), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        gather(p, r->m.param_mem, pt->ranges[k], pt->n[k]);
+        gather(a, r->m1, pt->ranges[k], pt->n[k]);
+        gather(b, r->m2, pt->ranges[k], pt->n[k]);
+        rc = ckpt_write_shard(tmp, &r->m, k, pt->parts, pt->ranges[k], pt->n[k],
+                              model_shards ? p : NULL, a, b, &opt[k], model_shards ? &mod[k] : NULL,
+                              err);
+        lists[k] = pt->ranges[k];
+        free(p), free(a), free(b);
+    }
+    if (rc == 0)
+        rc = ckpt_commit_ranges(root, TAG, &r->m, opt, model_shards ? mod : NULL, pt->parts, lists,
+                                pt->n, &st, toml_text, err);
+    return rc;
+}
+
+// Every rank of partition q loads its pieces from dir, and they equal step's values bitwise;
+// resume_root (may be NULL) resumes them too.
+static void check_partition(const char *dir, const char *resume_root, const qwen3_config *c,
+                            int64_t step, const partition *q, const char *what) {
+    run want;
+    qwen3_model layout;
+    ct_error err = {{0}};
+    if (!run_init(&want, c)) return;
+    run_fill(&want, step);
+    CHECK(qwen3_init_layout(&layout, c, &err) == 0, "%s: layout: %s", what, err.msg);
+    for (int k = 0; k < q->parts; k++) {
+        size_t n = q->numel[k] + 1;
+        float *buf[6];
+        for (int i = 0; i < 6; i++) buf[i] = malloc(n * sizeof(float));
+        gather(buf[3], want.m.param_mem, q->ranges[k], q->n[k]);
+        gather(buf[4], want.m1, q->ranges[k], q->n[k]);
+        gather(buf[5], want.m2, q->ranges[k], q->n[k]);
+        train_state st;
+        char *toml = NULL, out[4096];
+        int rc = ckpt_load_ranges(dir, &layout, q->ranges[k], q->n[k], buf[0], buf[1], buf[2], &st,
+                                  &toml, &err);
+        train_state ws = sample_state(step);
+        CHECK(rc == 0 && same_floats(buf[0], buf[3], q->numel[k]) &&
+                  same_floats(buf[1], buf[4], q->numel[k]) &&
+                  same_floats(buf[2], buf[5], q->numel[k]) && same_state(&st, &ws) && toml &&
+                  strcmp(toml, toml_text) == 0,
+              "%s: rank %d of %d: load rc %d: %s", what, k, q->parts, rc, err.msg);
+        free(toml);
+        if (resume_root) {
+            ckpt_notes notes = {0};
+            memset(buf[0], 0, n * sizeof(float));
+            rc = ckpt_resume_ranges(out, sizeof out, &layout, q->ranges[k], q->n[k], buf[0], buf[1],
+                                    buf[2], NULL, NULL, resume_root, &notes, &err);
+            CHECK(rc == 1 && notes.n == 0 && strcmp(out, dir) == 0 &&
+                      same_floats(buf[0], buf[3], q->numel[k]) &&
+                      same_floats(buf[2], buf[5], q->numel[k]),
+                  "%s: rank %d of %d: resume rc %d: %s", what, k, q->parts, rc, err.msg);
+            ckpt_notes_free(&notes);
+        }
+        for (int i = 0; i < 6; i++) free(buf[i]);
+    }
+    qwen3_free(&layout);
+    run_free(&want);
+}
+
+// The format state.json says, -1 if unreadable.
+static int state_format(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    cJSON *o = NULL;
+    ct_error err;
+    if (json_parse_file(&o, p, &err) != 0) return -1;
+    int f = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "format"));
+    bool model_shards = cJSON_GetObjectItemCaseSensitive(o, "model_shards") != NULL;
+    cJSON_Delete(o);
+    return f * 10 + model_shards;
+}
+
+// Saved by P in {1, 2, 3} FSDP-like ranks (model in shards, or in model.safetensors with
+// multi-range optimizer shards), loaded by Q in {1, 2, 4} ranks of other partitions, bitwise;
+// ckpt_load assembles a sharded model whole; the old single-range layout loads as ranges.
+static void test_ranges(void) {
+    qwen3_config c = tiny_config(false, true, 3, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    for (int P = 1; P <= 3; P++) {
+        for (int model_shards = 0; model_shards < 2; model_shards++) {
+            char root[4096], dir[4200], what[96];
+            snprintf(root, sizeof root, "%s/ranges_%d_%d", tmp_dir, P, model_shards);
+            snprintf(dir, sizeof dir, "%s/step-9", root);
+            partition pt;
+            make_partition(&pt, &r.m, P, 0);
+            ct_error err = {{0}};
+            int rc = save_ranges(&r, root, 9, &pt, model_shards, &err);
+            CHECK(rc == 0, "save by %d ranks (model shards %d): %s", P, model_shards, err.msg);
+            if (rc != 0) continue;
+            // Several ranges per shard: format 4 (a unit's pieces are not merged into one range).
+            int want_format = model_shards ? 41 : 40;
+            CHECK(state_format(dir) == want_format, "P %d, model shards %d: state.json format %d",
+                  P, model_shards, state_format(dir));
+            snprintf(what, sizeof what, "model.safetensors%s", "");
+            CHECK(file_exists_at(strcat(strcpy(what, dir), "/model.safetensors")) != model_shards,
+                  "P %d, model shards %d: model.safetensors %s", P, model_shards,
+                  model_shards ? "written" : "missing");
+            CHECK(ckpt_verify(dir, &r.m, NULL, &err) == 0, "P %d: verify: %s", P, err.msg);
+            for (int Q = 1; Q <= 4; Q *= 2) {
+                partition q;
+                make_partition(&q, &r.m, Q, Q == P ? 0 : 3);
+                snprintf(what, sizeof what, "saved by %d (model shards %d), loaded by %d", P,
+                         model_shards, Q);
+                check_partition(dir, Q == 2 ? root : NULL, &c, 9, &q, what);
+            }
+            snprintf(what, sizeof what, "ckpt_load of %d shards (model shards %d)", P,
+                     model_shards);
+            check_holds_step(dir, &c, 9, what);
+        }
+    }
+    // The old layout (3 single-range shards written by ckpt_write_optimizer_shard) as ranges.
+    char root[4096], dir[4200];
+    size_t s3[3];
+    three_sizes(s3, &r.m);
+    snprintf(root, sizeof root, "%s/ranges_old", tmp_dir);
+    snprintf(dir, sizeof dir, "%s/step-5", root);
+    if (save_sharded(&r, root, 5, s3, 3) == 0) {
+        partition q;
+        make_partition(&q, &r.m, 4, 3);
+        check_partition(dir, root, &c, 5, &q, "old single-range layout, loaded by 4");
+    }
+    run_free(&r);
+}
+
+static bool flip_model_shard1(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
+    return flip_byte(p, file_size_at(p) - 9);
+}
+static bool remove_model_shard0(const char *dir) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/model-00000-of-00002.safetensors", dir);
+    return unlink(p) == 0;
+}
+
+// Ranges that do not tile are refused at commit, naming the files; a corrupt or missing model
+// shard is skipped by resume (a note naming the file); a non-finite value names its tensor.
+static void test_ranges_errors(void) {
+    qwen3_config c = tiny_config(true, false, 2, 41);
+    run r;
+    if (!run_init(&r, &c)) return;
+    char root[4096], tmp[4200], dir[4200], good[4200], out[4096];
+    snprintf(root, sizeof root, "%s/ranges_tiling", tmp_dir);
+    for (int k = 0; k < 2; k++) {
+        partition pt;
+        make_partition(&pt, &r.m, 2, 0);
+        if (k == 0)
+            pt.ranges[1][1].lo++; // rank 1's second piece starts one late: a gap
+        else
+            pt.ranges[1][1].lo--; // one early: over rank 0's piece
+        pt.numel[1] += k == 0 ? (size_t)-1 : 1;
+        ct_error err = {{0}};
+        int rc = save_ranges(&r, root, 4, &pt, true, &err);
+        CHECK(rc == -1 && strstr(err.msg, k == 0 ? "leave a gap" : "overlap") &&
+                  strstr(err.msg, "optimizer-00001-of-00002.safetensors: range [") &&
+                  strstr(err.msg, "optimizer-00000-of-00002"),
+              "tiling %d: commit rc %d: %s", k, rc, err.msg);
+        ckpt_tmp_path(tmp, sizeof tmp, root, 4, TAG, NULL);
+        CHECK(!file_exists_at(tmp), "tiling %d: the temporary folder was left", k);
+    }
+    snprintf(dir, sizeof dir, "%s/step-4", root);
+    CHECK(!file_exists_at(dir), "a refused commit made %s", dir);
+
+    // Damaged model shards: verify names the file, resume skips to the previous checkpoint.
+    const struct {
+        const char *name;
+        damage_fn damage;
+        const char *want;
+    } cases[] = {
+        {"flipped", flip_model_shard1, "model-00001-of-00002.safetensors: XXH64"},
+        {"missing", remove_model_shard0,
+         "model-00000-of-00002.safetensors: missing (state.json lists it)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(root, sizeof root, "%s/ranges_damage_%s", tmp_dir, cases[i].name);
+        snprintf(dir, sizeof dir, "%s/step-20", root);
+        snprintf(good, sizeof good, "%s/step-10", root);
+        partition pt;
+        make_partition(&pt, &r.m, 2, 0);
+        ct_error err = {{0}};
+        if (save_ranges(&r, root, 10, &pt, true, &err) != 0 ||
+            save_ranges(&r, root, 20, &pt, true, &err) != 0) {
+            CHECK(0, "%s: save: %s", cases[i].name, err.msg);
+            continue;
+        }
+        CHECK(cases[i].damage(dir), "%s: could not damage", cases[i].name);
+        CHECK(ckpt_verify(dir, &r.m, NULL, &err) == -1 && strstr(err.msg, cases[i].want) &&
+                  !strchr(err.msg, '\n'),
+              "%s: verify: %s", cases[i].name, err.msg);
+        float *buf = malloc(r.m.num_params * sizeof *buf);
+        const ckpt_range all = {0, r.m.num_params};
+        ckpt_notes notes = {0};
+        train_state st;
+        int rc = ckpt_resume_ranges(out, sizeof out, &r.m, &all, 1, buf, NULL, NULL, &st, NULL,
+                                    root, &notes, &err);
+        CHECK(rc == 1 && strcmp(out, good) == 0 && st.step == 10 && notes.n == 1 &&
+                  strstr(notes.msgs[0], cases[i].want),
+              "%s: resume rc %d, notes %d: %s", cases[i].name, rc, notes.n,
+              notes.n ? notes.msgs[0] : err.msg);
+        CHECK(ckpt_load(dir, &r.m, NULL, NULL, 0, 0, NULL, NULL, &err) == -1 &&
+                  strstr(err.msg, cases[i].want),
+              "%s: ckpt_load: %s", cases[i].name, err.msg);
+        ckpt_notes_free(&notes);
+        free(buf);
+    }
+
+    // A non-finite parameter or moment in a shard: refused, naming the HF tensor and element.
+    snprintf(root, sizeof root, "%s/ranges_nan", tmp_dir);
+    partition pt;
+    make_partition(&pt, &r.m, 2, 0);
+    run_fill(&r, 1);
+    ct_error err = {{0}};
+    CHECK(ckpt_begin(root, 1, TAG, &err) == 0 &&
+              ckpt_tmp_path(tmp, sizeof tmp, root, 1, TAG, &err) == 0,
+          "begin: %s", err.msg);
+    // The last element of rank 1's second piece (layer 0's second half): its tensor and index.
+    size_t flat = pt.ranges[1][1].hi - 1;
+    size_t at = (pt.ranges[1][0].hi - pt.ranges[1][0].lo) + (flat - pt.ranges[1][1].lo);
+    const qwen3_param *p = qwen3_param_at(&r.m, flat);
+    float *buf[3];
+    for (int i = 0; i < 3; i++) {
+        buf[i] = malloc(pt.numel[1] * sizeof(float));
+        gather(buf[i], i == 0 ? r.m.param_mem : i == 1 ? r.m1 : r.m2, pt.ranges[1], pt.n[1]);
+    }
+    static const char *const whats[3] = {"parameter", "optimizer exp_avg of",
+                                         "optimizer exp_avg_sq of"};
+    for (int i = 0; i < 3; i++) {
+        float saved = buf[i][at];
+        buf[i][at] = i == 1 ? INFINITY : NAN;
+        ckpt_shard_info oi, mi;
+        int rc = ckpt_write_shard(tmp, &r.m, 1, 2, pt.ranges[1], pt.n[1], buf[0], buf[1], buf[2],
+                                  &oi, &mi, &err);
+        char want[200];
+        snprintf(want, sizeof want, "%s \"%s\" holds %s at element %zu", whats[i], p->name,
+                 i == 1 ? "inf" : "nan", flat - p->offset);
+        CHECK(rc == -1 && strstr(err.msg, want), "non-finite %d: rc %d: %s (want %s)", i, rc,
+              err.msg, want);
+        buf[i][at] = saved;
+    }
+    char path[4300];
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", tmp);
+    CHECK(!file_exists_at(path), "a refused model shard was written");
+    // Ranges out of order are refused before anything is written.
+    ckpt_range bad[2] = {pt.ranges[1][1], pt.ranges[1][0]};
+    ckpt_shard_info oi;
+    CHECK(ckpt_write_shard(tmp, &r.m, 1, 2, bad, 2, NULL, buf[1], buf[2], &oi, NULL, &err) == -1 &&
+              strstr(err.msg, "ascending"),
+          "ranges out of order: %s", err.msg);
+    for (int i = 0; i < 3; i++) free(buf[i]);
+    ckpt_abandon(root, 1, TAG);
+    run_free(&r);
+}
+
 // A process that has exited (its pid is free, for now).
 static long dead_pid(void) {
     pid_t pid = fork();
@@ -1020,12 +1343,14 @@ int main(int argc, char **argv) {
                    "optimizer-00001-of-00003.safetensors: missing (state.json lists it)", true);
     expect_skipped("flipped", flip_shard2, "optimizer-00002-of-00003.safetensors: XXH64", true);
     test_other_format(unknown_format, "step-20/state.json: checkpoint format 7, this ctitan reads "
-                                      "format 3; resume it with the ctitan that wrote it");
+                                      "formats 2 to 4; resume it with the ctitan that wrote it");
     test_format_two();
     test_other_format(format_one, "checkpoint format 1 (written before ctitan had sharded "
-                                  "optimizer state), this ctitan reads format 3");
+                                  "optimizer state), this ctitan reads formats 2 to 4");
     test_shard_metadata_lies();
     test_commit_tiling();
+    test_ranges();
+    test_ranges_errors();
     test_shard_nonfinite();
     test_refuse_nonfinite();
     test_clean_stale();

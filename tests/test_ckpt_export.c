@@ -18,6 +18,13 @@
 //  8. what fuzzing the parsers found (fuzz/fuzz_hf_config.c, fuzz/fuzz_ckpt_state.c): a
 //     qwen3_moe config.json without experts saves as itself, and saving is a fixed point; a
 //     state.json whose time_s JSON reads as infinity is refused.
+//  9. the streamed export (ckpt_export_hf_streaming, what `ctitan export` runs) of a checkpoint
+//     with model.safetensors or with model shards of interleaved ranges writes ckpt_export_hf's
+//     files byte for byte (F32, BF16, one file or sharded, tied, untied, MoE without its
+//     expert_bias); a corrupt model shard is refused naming the file;
+// 10. hf_load_weights_ranges gives the slices of hf_load_weights (F32 and BF16 sources, one file
+//     or sharded), the same report and the same errors.
+#include <dirent.h>
 #include <sys/wait.h>
 
 #include "ckpt_util.h"
@@ -660,6 +667,249 @@ static void test_state_time_infinite(void) {
     qwen3_free(&m);
 }
 
+// ---- streamed export and HF loads of ranges (9, 10) ------------------------------------------
+
+// Folders a and b hold the same files, byte for byte.
+static bool same_folders(const char *a, const char *b, const char *what) {
+    DIR *d = opendir(a);
+    int n_a = 0, n_b = 0;
+    bool ok = d != NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char pa[8192], pb[8192];
+        snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
+        snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
+        n_a++;
+        if (!check_files_equal(pa, pb)) {
+            CHECK(0, "%s: %s differs", what, e->d_name);
+            ok = false;
+        }
+    }
+    if (d) closedir(d);
+    d = opendir(b);
+    for (struct dirent *e; d && (e = readdir(d));) n_b += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK(n_a == n_b && n_a > 0, "%s: %d files against %d", what, n_a, n_b);
+    return ok && n_a == n_b;
+}
+
+// A tiny Qwen3-MoE: layer 0 dense, layer 1 with 4 experts (and their expert_bias buffer).
+static qwen3_config moe_config(void) {
+    qwen3_config c = tiny_config(false, false, 2, 40);
+    c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 6;
+    c.decoder_sparse_step = 1, c.norm_topk_prob = true;
+    c.n_mlp_only_layers = 1, c.mlp_only_layers[0] = 0;
+    c.router_aux_loss_coef = 0.001;
+    return c;
+}
+
+// Rank r of 3 holds every third block of 97 elements: interleaved pieces, as FSDP's units.
+static int interleaved(ckpt_range *out, size_t n, int r) {
+    int k = 0;
+    for (size_t lo = 97 * (size_t)r; lo < n; lo += 3 * 97)
+        out[k++] = (ckpt_range){lo, lo + 97 < n ? lo + 97 : n};
+    return k;
+}
+
+// A checkpoint of m whose model is in 3 model shards of interleaved ranges.
+static int save_sharded_model(const qwen3_model *m, const char *root, int64_t step) {
+    enum { P = 3 };
+    size_t n = m->num_params;
+    int max = (int)(n / 97 / P + 2), counts[P];
+    ckpt_range *ranges[P];
+    ckpt_shard_info opt[P], mod[P];
+    float *buf = malloc((n + 1) * sizeof *buf), *mom = calloc(n + 1, sizeof *mom);
+    ct_error err = {{0}};
+    char tmp[4200];
+    train_state st = {.step = step, .opt_step = step};
+    int rc = buf && mom ? ckpt_begin(root, step, 77, &err) : -1;
+    if (rc == 0) rc = ckpt_tmp_path(tmp, sizeof tmp, root, step, 77, &err);
+    for (int r = 0; r < P; r++) ranges[r] = malloc((size_t)max * sizeof **ranges);
+    for (int r = 0; r < P && rc == 0; r++) {
+        counts[r] = interleaved(ranges[r], n, r);
+        size_t k = 0;
+        for (int i = 0; i < counts[r]; i++)
+            for (uint64_t j = ranges[r][i].lo; j < ranges[r][i].hi; j++) buf[k++] = m->param_mem[j];
+        rc = ckpt_write_shard(tmp, m, r, P, ranges[r], counts[r], buf, mom, mom, &opt[r], &mod[r],
+                              &err);
+    }
+    if (rc == 0)
+        rc = ckpt_commit_ranges(root, 77, m, opt, mod, P, (const ckpt_range *const *)ranges, counts,
+                                &st, "[model]\n", &err);
+    CHECK(rc == 0, "sharded-model save in %s: %s", root, err.msg);
+    for (int r = 0; r < P; r++) free(ranges[r]);
+    free(buf);
+    free(mom);
+    return rc;
+}
+
+// ckpt_export_hf_streaming of a checkpoint (model.safetensors, or model shards) writes the files
+// ckpt_export_hf writes from the model in memory, byte for byte: F32 and BF16, one file and
+// sharded small, tied and untied, MoE (its expert_bias left out).
+static void test_streaming_export(void) {
+    char tok[4096], path[8192];
+    snprintf(tok, sizeof tok, "%s/stream_tok", tmp_dir);
+    fs_mkdirs(tok, NULL);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tok);
+    write_file_text(path, "{\"model\": {\"type\": \"BPE\"}}\n");
+    snprintf(path, sizeof path, "%s/generation_config.json", tok);
+    write_file_text(path, "{\"eos_token_id\": 2}\n");
+    const struct {
+        const char *name;
+        qwen3_config c;
+    } models[] = {{"untied_bias", tiny_config(false, true, 2, 40)},
+                  {"tied", tiny_config(true, false, 2, 40)},
+                  {"moe", moe_config()}};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        qwen3_model m;
+        if (!tiny_model(&m, &models[i].c, 5 + i)) continue;
+        char full[4096], sharded[4096], dirs[2][4300];
+        snprintf(full, sizeof full, "%s/stream_%s_full", tmp_dir, models[i].name);
+        snprintf(sharded, sizeof sharded, "%s/stream_%s_sharded", tmp_dir, models[i].name);
+        snprintf(dirs[0], sizeof dirs[0], "%s/step-1", full);
+        snprintf(dirs[1], sizeof dirs[1], "%s/step-2", sharded);
+        if (save_ckpt(&m, full, 1, "[model]\n") != 0 || save_sharded_model(&m, sharded, 2) != 0) {
+            qwen3_free(&m);
+            continue;
+        }
+        const ct_dtype dts[2] = {CT_F32, CT_BF16};
+        for (int d = 0; d < 2; d++) {
+            for (int sh = 0; sh < 2; sh++) {
+                uint64_t max_shard = sh ? 3000 : 0;
+                char ref[4300], out[4300], what[160];
+                ct_error err = {{0}};
+                snprintf(ref, sizeof ref, "%s/stream_ref_%s_%d%d", tmp_dir, models[i].name, d, sh);
+                int want = ckpt_export_hf(&m, ref, dts[d], max_shard, tok, &err);
+                CHECK(want == 1, "%s: ckpt_export_hf: %d: %s", models[i].name, want, err.msg);
+                for (int k = 0; k < 2; k++) {
+                    snprintf(out, sizeof out, "%s/stream_%s_%d%d%d", tmp_dir, models[i].name, d, sh,
+                             k);
+                    snprintf(what, sizeof what, "%s %s%s from %s", models[i].name,
+                             dtype_name(dts[d]), sh ? " sharded" : "",
+                             k ? "model shards" : "model.safetensors");
+                    int got = ckpt_export_hf_streaming(dirs[k], out, dts[d], max_shard, tok, &err);
+                    CHECK(got == want, "%s: streaming export returned %d: %s", what, got, err.msg);
+                    if (got == want) same_folders(ref, out, what);
+                    if (sh) {
+                        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+                        CHECK(file_exists_at(path), "%s: not sharded", what);
+                    }
+                }
+            }
+        }
+        // A corrupt model shard: the export refuses it, naming the file, and writes nothing.
+        snprintf(path, sizeof path, "%s/model-00002-of-00003.safetensors", dirs[1]);
+        flip_byte(path, file_size_at(path) - 3);
+        char out[4300];
+        snprintf(out, sizeof out, "%s/stream_%s_corrupt", tmp_dir, models[i].name);
+        ct_error err = {{0}};
+        CHECK(ckpt_export_hf_streaming(dirs[1], out, CT_F32, 0, tok, &err) == -1 &&
+                  strstr(err.msg, "model-00002-of-00003.safetensors: XXH64") &&
+                  !file_exists_at(out),
+              "%s: corrupt shard exported: %s", models[i].name, err.msg);
+        qwen3_free(&m);
+    }
+}
+
+// hf_load_weights_ranges equals the slices of hf_load_weights, from F32 and BF16 folders, one
+// file or sharded, with the same report; its errors are hf_load_weights'.
+static void test_hf_load_ranges(void) {
+    const qwen3_config cfgs[2] = {tiny_config(false, true, 2, 40), moe_config()};
+    for (int ci = 0; ci < 2; ci++) {
+        qwen3_model src;
+        if (!tiny_model(&src, &cfgs[ci], 21 + (uint64_t)ci)) continue;
+        size_t n = src.num_params;
+        const qwen3_param *mid = &src.params[src.n_params / 2];
+        // Across tensor boundaries, single elements, a whole tensor, the last element.
+        const ckpt_range ranges[] = {
+            {0, 1},
+            {5, 700},
+            {mid->offset - 3, mid->offset + 5},
+            {mid->offset + mid->numel, mid->offset + mid->numel + 1},
+            {mid->offset + mid->numel + 40, mid->offset + mid->numel + 340},
+            {n - 2, n}};
+        const int nr = sizeof ranges / sizeof ranges[0];
+        size_t total = 0;
+        for (int k = 0; k < nr; k++) total += ranges[k].hi - ranges[k].lo;
+        for (int d = 0; d < 2; d++) {
+            for (int sh = 0; sh < 2; sh++) {
+                char dir[4300], what[96];
+                ct_error err = {{0}};
+                snprintf(dir, sizeof dir, "%s/hf_ranges_%d%d%d", tmp_dir, ci, d, sh);
+                snprintf(what, sizeof what, "%s %s%s", ci ? "moe" : "dense", d ? "BF16" : "F32",
+                         sh ? " sharded" : "");
+                st_set set;
+                qwen3_model full, layout;
+                hf_load_report r1, r2;
+                if (hf_save_folder(&src, dir, d ? CT_BF16 : CT_F32, sh ? 3000 : 0, &err) != 0 ||
+                    st_set_open(&set, dir, &err) != 0) {
+                    CHECK(0, "%s: %s", what, err.msg);
+                    continue;
+                }
+                CHECK(!sh || set.n_files > 1, "%s: %d files", what, set.n_files);
+                qwen3_init(&full, &cfgs[ci], NULL, &err);
+                qwen3_init_layout(&layout, &cfgs[ci], &err);
+                float *out = malloc(total * sizeof *out), *want = malloc(total * sizeof *want);
+                int rc = hf_load_weights(&full, &r1, &set, dir, &err);
+                CHECK(rc == 0, "%s: hf_load_weights: %s", what, err.msg);
+                for (int k = 0, at = 0; k < nr; k++) {
+                    memcpy(want + at, full.param_mem + ranges[k].lo,
+                           (ranges[k].hi - ranges[k].lo) * sizeof(float));
+                    at += (int)(ranges[k].hi - ranges[k].lo);
+                }
+                rc = hf_load_weights_ranges(&layout, &r2, &set, dir, ranges, nr, out, &err);
+                CHECK(rc == 0 && memcmp(out, want, total * sizeof(float)) == 0,
+                      "%s: ranges differ from the full load (rc %d: %s)", what, rc, err.msg);
+                CHECK(r1.n_loaded == r2.n_loaded && r1.source_dtype == r2.source_dtype &&
+                          r1.n_unexpected == r2.n_unexpected && r1.n_missing == r2.n_missing &&
+                          r2.n_files == set.n_files,
+                      "%s: reports differ", what);
+                hf_report_free(&r1);
+                hf_report_free(&r2);
+                // The MoE expert_bias, a buffer the HF folder lacks, reads as 0 (the model's
+                // value after qwen3_init), as in the full load.
+                const qwen3_param *eb = qwen3_find_param(&layout, "model.layers.1.mlp.expert_bias");
+                if (eb) {
+                    const ckpt_range bias = {eb->offset - 1, eb->offset + eb->numel};
+                    rc = hf_load_weights_ranges(&layout, &r2, &set, dir, &bias, 1, out, &err);
+                    CHECK(rc == 0 &&
+                              memcmp(out, full.param_mem + bias.lo,
+                                     (bias.hi - bias.lo) * sizeof(float)) == 0 &&
+                              out[1] == 0.0f && !signbit(out[1]),
+                          "%s: expert_bias: rc %d: %s", what, rc, err.msg);
+                    hf_report_free(&r2);
+                }
+                // The same errors: a 3-layer model misses layer 2, a 1-layer one finds extras.
+                for (int layers = 1; layers <= 3; layers += 2) {
+                    qwen3_config other = cfgs[ci];
+                    other.num_hidden_layers = layers;
+                    qwen3_model o, ol;
+                    ct_error e1 = {{0}}, e2 = {{0}};
+                    qwen3_init(&o, &other, NULL, &e1);
+                    qwen3_init_layout(&ol, &other, &e2);
+                    const ckpt_range one = {0, 10};
+                    int a = hf_load_weights(&o, &r1, &set, dir, &e1);
+                    int b = hf_load_weights_ranges(&ol, &r2, &set, dir, &one, 1, out, &e2);
+                    CHECK(a == b && strcmp(e1.msg, e2.msg) == 0 &&
+                              r1.n_unexpected == r2.n_unexpected && r1.n_missing == r2.n_missing,
+                          "%s, %d layers: full %d (%s), ranges %d (%s)", what, layers, a, e1.msg, b,
+                          e2.msg);
+                    hf_report_free(&r1);
+                    hf_report_free(&r2);
+                    qwen3_free(&o);
+                    qwen3_free(&ol);
+                }
+                free(out);
+                free(want);
+                qwen3_free(&full);
+                qwen3_free(&layout);
+                st_set_close(&set);
+            }
+        }
+        qwen3_free(&src);
+    }
+}
+
 int main(void) {
     tmp_dir = check_env("CTITAN_TMP");
     bin = check_env("CTITAN_BIN");
@@ -675,5 +925,7 @@ int main(void) {
     test_config_flavor_ids();
     test_config_moe_without_experts();
     test_state_time_infinite();
+    test_streaming_export();
+    test_hf_load_ranges();
     return check_summary();
 }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "io/json.h"
 #include "model/hf_adapter.h"
 #include "train/checkpoint.h"
 
@@ -18,7 +19,9 @@ static const cli_option export_options[] = {
     {"tokenizer", NULL,
      "folder with tokenizer.json to copy (default: the run's model.tokenizer_path)", false},
     {"debug.guard_device_memory", "false",
-     "test only, slow: load and save through the guarded CPU backend (as train's option)", true},
+     "test only, slow: load the whole model into the guarded CPU backend and save it from there "
+     "(as train's option), instead of streaming the tensors from the files",
+     true},
 };
 
 static void print_notes(ckpt_notes *notes) {
@@ -69,25 +72,35 @@ static int export_run(const cli_args *args, ct_error *err) {
     if (same_folder(dir, out))
         return ct_fail(err, "--output %s is the checkpoint folder itself; choose another folder",
                        out);
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    qwen3_config cfg;
-    if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
-    qwen3_model m;
-    ct_backend *be =
-        cli_flag(args, "debug.guard_device_memory") ? ct_backend_cpu_guarded() : ct_backend_cpu();
-    if (qwen3_init_on(&m, &cfg, be, NULL, err) != 0) return -1;
-    train_state st;
-    char *toml = NULL;
-    int rc = ckpt_load(dir, &m, NULL, NULL, 0, 0, &st, &toml, err);
-    char tok_dir[4096];
+    // The tokenizer folder from the run's config.toml (checked with the rest by the export).
+    char *toml = NULL, tok_dir[4096];
+    size_t toml_len;
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.toml", dir);
+    ct_error ignored;
+    if (file_read_all(&toml, &toml_len, cfg_path, 16u << 20, &ignored) != 0) toml = NULL;
     if (cli_str(args, "tokenizer"))
         snprintf(tok_dir, sizeof tok_dir, "%s", cli_str(args, "tokenizer"));
     else
         ckpt_tokenizer_dir(tok_dir, sizeof tok_dir, toml);
     free(toml);
-    int n_tok = rc == 0 ? ckpt_export_hf(&m, out, dtype, shard, tok_dir, err) : -1;
-    size_t n_params = m.num_params;
-    qwen3_free(&m);
+    train_state st;
+    size_t n_params = 0;
+    int n_tok;
+    if (!cli_flag(args, "debug.guard_device_memory")) {
+        // Tensor by tensor from the checkpoint's files: the model is never in memory.
+        n_tok = ckpt_export_hf_streaming_info(dir, out, dtype, shard, tok_dir, &st, &n_params, err);
+    } else {
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+        qwen3_config cfg;
+        qwen3_model m;
+        if (qwen3_config_load(&cfg, cfg_path, err) != 0 ||
+            qwen3_init_on(&m, &cfg, ct_backend_cpu_guarded(), NULL, err) != 0)
+            return -1;
+        int rc = ckpt_load(dir, &m, NULL, NULL, 0, 0, &st, NULL, err);
+        n_tok = rc == 0 ? ckpt_export_hf(&m, out, dtype, shard, tok_dir, err) : -1;
+        n_params = m.num_params;
+        qwen3_free(&m);
+    }
     if (n_tok < 0) return -1;
 
     char index[4200];

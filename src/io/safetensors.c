@@ -285,7 +285,17 @@ const st_tensor *st_file_find(const st_file *f, const char *name) {
 }
 
 int st_tensor_to_f32(float *dst, const st_tensor *t, ct_error *err) {
-    if (dtype_to_f32(dst, t->data, t->dtype, t->numel) != 0)
+    return st_tensor_range_to_f32(dst, t, 0, t->numel, err);
+}
+
+int st_tensor_range_to_f32(float *dst, const st_tensor *t, uint64_t first, uint64_t count,
+                           ct_error *err) {
+    if (first > t->numel || count > t->numel - first)
+        return ct_fail(err, "tensor \"%s\": elements [%llu, %llu) are outside its %llu", t->name,
+                       (unsigned long long)first, (unsigned long long)(first + count),
+                       (unsigned long long)t->numel);
+    const char *src = (const char *)t->data + first * dtype_size(t->dtype);
+    if (dtype_to_f32(dst, src, t->dtype, (size_t)count) != 0)
         return ct_fail(err,
                        "tensor \"%s\": dtype %s cannot be converted to fp32 (expected F32, BF16, "
                        "F16 or F64)",

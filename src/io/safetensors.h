@@ -45,12 +45,20 @@ const st_tensor *st_file_find(const st_file *f, const char *name);
 // can go straight into a message.
 const char *st_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
-// One tensor to write: fp32 data, converted to the output dtype on write.
+// Fills dst with elements [first, first + count) of a tensor being written (row-major): the
+// source of a tensor that is not in memory, read piece by piece as the file is written.
+typedef int (*st_fill_fn)(float *dst, uint64_t first, uint64_t count, void *ctx, ct_error *err);
+
+// One tensor to write: fp32 data, converted to the output dtype on write. With fill (data
+// NULL), the writer asks for the tensor a chunk at a time, so a file is written holding one
+// chunk of it, never the whole tensor.
 typedef struct st_entry {
     const char *name;
     const float *data;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
+    st_fill_fn fill;
+    void *fill_ctx;
 } st_entry;
 
 // Writes one file atomically (temp file + rename). Keys sorted, __metadata__ {"format":"pt"},
@@ -78,3 +86,7 @@ void st_set_close(st_set *s);
 const st_tensor *st_set_find(const st_set *s, const char *name);
 // Converts a tensor's data (F32, BF16, F16, F64) to fp32.
 int st_tensor_to_f32(float *dst, const st_tensor *t, ct_error *err);
+// The same for elements [first, first + count) of the tensor (row-major) only: a part of a
+// tensor is read without touching the rest.
+int st_tensor_range_to_f32(float *dst, const st_tensor *t, uint64_t first, uint64_t count,
+                           ct_error *err);

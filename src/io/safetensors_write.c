@@ -140,7 +140,8 @@ static int st_check_entries(st_item *items, st_item *sorted, const st_entry *ent
                            "%s: tensor \"%s\": shape has a negative dimension or too many "
                            "elements",
                            path, e->name);
-        if (numel > 0 && !e->data) return ct_fail(err, "%s: tensor \"%s\": no data", path, e->name);
+        if (numel > 0 && !e->data && !e->fill)
+            return ct_fail(err, "%s: tensor \"%s\": no data", path, e->name);
         items[i].e = e;
         items[i].shard = 0;
     }
@@ -153,16 +154,20 @@ static int st_check_entries(st_item *items, st_item *sorted, const st_entry *ent
     return 0;
 }
 
-static int st_write_data(atomic_file *af, const st_entry *e, ct_dtype dtype, void *chunk,
+// chunk: room for ST_CHUNK floats converted, then ST_CHUNK floats a fill callback writes.
+static int st_write_data(atomic_file *af, const st_entry *e, ct_dtype dtype, float *chunk,
                          ct_error *err) {
     uint64_t numel = 1;
     for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d]; // checked already
     size_t esize = dtype_size(dtype);
     for (uint64_t i = 0; i < numel; i += ST_CHUNK) {
         size_t m = (size_t)(numel - i < ST_CHUNK ? numel - i : ST_CHUNK);
-        const void *src = e->data + i;
+        const float *x = e->data ? e->data + i : chunk + ST_CHUNK;
+        if (!e->data && e->fill(chunk + ST_CHUNK, i, m, e->fill_ctx, err) != 0)
+            return ct_wrap(err, "tensor \"%s\"", e->name);
+        const void *src = x;
         if (dtype != CT_F32) { // F32 goes out as is: the host is little-endian
-            dtype_from_f32(chunk, e->data + i, dtype, m);
+            dtype_from_f32(chunk, x, dtype, m);
             src = chunk;
         }
         if (atomic_write(af, src, m * esize, err) != 0) return -1;
@@ -194,7 +199,7 @@ static int st_write_items(const char *path, const st_item *items, int n, ct_dtyp
         return ct_fail(err, "%s: header of %zu bytes exceeds the limit of %u", path, h.len,
                        ST_MAX_HEADER);
     }
-    void *chunk = malloc(ST_CHUNK * sizeof(float));
+    float *chunk = malloc(2 * ST_CHUNK * sizeof(float));
     if (h.oom || !chunk) {
         free(h.p);
         free(chunk);

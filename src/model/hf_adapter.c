@@ -34,9 +34,9 @@ void hf_report_free(hf_load_report *r) {
     memset(r, 0, sizeof *r);
 }
 
-// Loads one parameter from its tensor on disk, after checking shape and dtype.
-static int load_param(float *dst, const qwen3_param *p, const st_tensor *t, const char *source,
-                      ct_error *err) {
+// The tensor on disk has the parameter's shape and a dtype that converts to fp32.
+static int check_param(const qwen3_param *p, const st_tensor *t, const char *source,
+                       ct_error *err) {
     bool same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
@@ -45,7 +45,11 @@ static int load_param(float *dst, const qwen3_param *p, const st_tensor *t, cons
                        st_shape_str(want, sizeof want, p->shape, p->ndim),
                        st_shape_str(got, sizeof got, t->shape, t->ndim));
     }
-    if (st_tensor_to_f32(dst, t, err) != 0) return ct_wrap(err, "%s", source);
+    if (t->dtype != CT_F32 && t->dtype != CT_BF16 && t->dtype != CT_F16 && t->dtype != CT_F64)
+        return ct_fail(err,
+                       "%s: tensor \"%s\": dtype %s cannot be converted to fp32 (expected F32, "
+                       "BF16, F16 or F64)",
+                       source, p->name, dtype_name(t->dtype));
     return 0;
 }
 
@@ -67,25 +71,23 @@ static int missing_error(const hf_load_report *r, const char *source, ct_error *
                    list);
 }
 
-int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const char *source,
-                    ct_error *err) {
+// Every check of a load, before anything is copied: each parameter's tensor (found[i], NULL
+// when absent) has its shape and a convertible dtype; the report lists missing (a buffer is not
+// HF's, so never missing) and unexpected tensors and the dtypes. Missing ones are an error.
+static int check_tensors(const st_tensor **found, const qwen3_model *m, hf_load_report *r,
+                         const st_set *s, const char *source, ct_error *err) {
     memset(r, 0, sizeof *r);
     r->n_files = s->n_files;
-    // Converted into a host view of the weights (the weights themselves on the plain CPU
-    // backend); filled first, since a buffer that the folder lacks keeps its value.
-    float *host = qwen3_params_view(m, true, err);
-    if (!host) return ct_wrap(err, "%s", source);
     int rc = 0;
     bool have_dtype = false;
     for (int i = 0; i < m->n_params && rc == 0; i++) {
         const qwen3_param *p = &m->params[i];
-        const st_tensor *t = st_set_find(s, p->name);
+        const st_tensor *t = found[i] = st_set_find(s, p->name);
         if (!t) {
-            // A buffer is ours, not HF's: an HF folder lacks it and it keeps its value.
             if (!p->buffer) rc = report_add(&r->missing, &r->n_missing, p->name, err);
             continue;
         }
-        rc = load_param(host + p->offset, p, t, source, err);
+        rc = check_param(p, t, source, err);
         if (rc != 0) break;
         r->n_loaded++;
         if (!have_dtype) {
@@ -95,7 +97,6 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
             r->mixed_dtypes = true;
         }
     }
-    qwen3_params_view_release(m, host, true);
     if (rc != 0) return -1;
 
     // Unexpected: on disk, unknown to the model. Both name lists sorted, then merged, so a
@@ -115,6 +116,61 @@ int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const ch
     if (rc != 0) return -1;
     if (r->n_missing > 0) return missing_error(r, source, err);
     return 0;
+}
+
+int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const char *source,
+                    ct_error *err) {
+    const st_tensor **found = calloc((size_t)m->n_params + 1, sizeof *found);
+    if (!found) return ct_fail(err, "%s: out of memory", source);
+    int rc = check_tensors(found, m, r, s, source, err);
+    // Converted into a host view of the weights (the weights themselves on the plain CPU
+    // backend); filled first, since a buffer that the folder lacks keeps its value.
+    float *host = rc == 0 ? qwen3_params_view(m, true, err) : NULL;
+    if (rc == 0 && !host) rc = ct_wrap(err, "%s", source);
+    for (int i = 0; i < m->n_params && host && rc == 0; i++)
+        if (found[i] && st_tensor_to_f32(host + m->params[i].offset, found[i], err) != 0)
+            rc = ct_wrap(err, "%s", source);
+    if (host) qwen3_params_view_release(m, host, rc == 0);
+    free(found);
+    return rc;
+}
+
+int hf_load_weights_ranges(const qwen3_model *m, hf_load_report *r, const st_set *s,
+                           const char *source, const qwen3_range *ranges, int n_ranges, float *out,
+                           ct_error *err) {
+    memset(r, 0, sizeof *r);
+    uint64_t end = 0;
+    for (int k = 0; k < n_ranges; k++) {
+        if (ranges[k].lo < end || ranges[k].hi < ranges[k].lo || ranges[k].hi > m->num_params)
+            return ct_fail(err,
+                           "%s: range %d [%llu, %llu): expected ascending, disjoint ranges "
+                           "within the model's %zu parameters",
+                           source, k, (unsigned long long)ranges[k].lo,
+                           (unsigned long long)ranges[k].hi, m->num_params);
+        end = ranges[k].hi;
+    }
+    const st_tensor **found = calloc((size_t)m->n_params + 1, sizeof *found);
+    if (!found) return ct_fail(err, "%s: out of memory", source);
+    int rc = check_tensors(found, m, r, s, source, err);
+    // Each range, tensor by tensor: only the elements inside it are read and converted.
+    size_t pos = 0;
+    for (int k = 0; k < n_ranges && rc == 0; k++) {
+        uint64_t at = ranges[k].lo;
+        while (at < ranges[k].hi && rc == 0) {
+            const qwen3_param *p = qwen3_param_at(m, at);
+            uint64_t stop =
+                p->offset + p->numel < ranges[k].hi ? p->offset + p->numel : ranges[k].hi;
+            const st_tensor *t = found[p - m->params];
+            if (!t) // a buffer the folder lacks: zero, as after qwen3_init
+                memset(out + pos, 0, (stop - at) * sizeof(float));
+            else if (st_tensor_range_to_f32(out + pos, t, at - p->offset, stop - at, err) != 0)
+                rc = ct_wrap(err, "%s", source);
+            pos += stop - at;
+            at = stop;
+        }
+    }
+    free(found);
+    return rc;
 }
 
 static void path_join(char *out, size_t cap, const char *dir, const char *name) {
@@ -233,35 +289,61 @@ static const char *torch_dtype_name(ct_dtype dtype) {
     }
 }
 
-static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
-                       uint64_t max_shard_bytes, bool buffers, ct_error *err) {
+// A tensor whose values come from a hf_read_fn: its flat offset in param_mem's layout.
+typedef struct save_fill {
+    hf_read_fn read;
+    void *ctx;
+    size_t offset;
+} save_fill;
+
+static int save_fill_tensor(float *dst, uint64_t first, uint64_t count, void *ctx, ct_error *err) {
+    const save_fill *f = ctx;
+    return f->read(dst, f->offset + first, count, f->ctx, err);
+}
+
+int hf_save_config(const qwen3_config *cfg, const char *dir, ct_dtype dtype, ct_error *err) {
     if (dtype != CT_F32 && dtype != CT_BF16 && dtype != CT_F16)
         return ct_fail(err, "%s: cannot save weights as %s (expected F32, BF16 or F16)", dir,
                        dtype_name(dtype));
     if (fs_mkdirs(dir, err) != 0) return -1;
-    qwen3_config cfg = m->cfg;
-    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", torch_dtype_name(dtype));
+    qwen3_config c = *cfg;
+    snprintf(c.torch_dtype, sizeof c.torch_dtype, "%s", torch_dtype_name(dtype));
     char cfg_path[4096];
     path_join(cfg_path, sizeof cfg_path, dir, "config.json");
-    if (qwen3_config_save(&cfg, cfg_path, err) != 0) return -1;
+    return qwen3_config_save(&c, cfg_path, err);
+}
 
+// The weights come from the model's own buffer (read NULL) or, tensor by tensor, from read.
+static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
+                       uint64_t max_shard_bytes, bool buffers, hf_read_fn read, void *ctx,
+                       ct_error *err) {
+    if (hf_save_config(&m->cfg, dir, dtype, err) != 0) return -1;
     save_item *items = calloc((size_t)m->n_params + 1, sizeof *items);
     st_entry *entries = calloc((size_t)m->n_params + 1, sizeof *entries);
-    float *host = items && entries ? qwen3_params_view(m, true, err) : NULL;
-    if (!host) {
+    save_fill *fills = read ? calloc((size_t)m->n_params + 1, sizeof *fills) : NULL;
+    bool ok = items && entries && (!read || fills);
+    float *host = ok && !read ? qwen3_params_view(m, true, err) : NULL;
+    if (!ok || (!read && !host)) {
         free(items);
         free(entries);
-        return items && entries ? ct_wrap(err, "%s", dir) : ct_fail(err, "%s: out of memory", dir);
+        free(fills);
+        return ok ? ct_wrap(err, "%s", dir) : ct_fail(err, "%s: out of memory", dir);
     }
     int n = 0;
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
         // A tied head is the embedding; HF checkpoints leave it out. Buffers are not HF's.
-        if (cfg.tie_word_embeddings && strcmp(p->name, "lm_head.weight") == 0) continue;
+        if (m->cfg.tie_word_embeddings && strcmp(p->name, "lm_head.weight") == 0) continue;
         if (p->buffer && !buffers) continue;
         st_entry *e = &items[n].e;
         e->name = p->name;
-        e->data = host + p->offset;
+        if (read) {
+            fills[i] = (save_fill){read, ctx, p->offset};
+            e->fill = save_fill_tensor;
+            e->fill_ctx = &fills[i];
+        } else {
+            e->data = host + p->offset;
+        }
         e->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
         save_rank(items[n].key, p->name, i);
@@ -272,16 +354,24 @@ static int save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype,
     free(items);
     int rc = st_write_folder(dir, entries, n, dtype, max_shard_bytes, err);
     free(entries);
-    qwen3_params_view_release(m, host, false);
+    free(fills);
+    if (host) qwen3_params_view_release(m, host, false);
     return rc;
 }
 
 int hf_save_folder(const qwen3_model *m, const char *dir, ct_dtype dtype, uint64_t max_shard_bytes,
                    ct_error *err) {
-    return save_folder(m, dir, dtype, max_shard_bytes, false, err);
+    return save_folder(m, dir, dtype, max_shard_bytes, false, NULL, NULL, err);
 }
 
 int hf_save_folder_with_buffers(const qwen3_model *m, const char *dir, ct_dtype dtype,
                                 uint64_t max_shard_bytes, ct_error *err) {
-    return save_folder(m, dir, dtype, max_shard_bytes, true, err);
+    return save_folder(m, dir, dtype, max_shard_bytes, true, NULL, NULL, err);
+}
+
+int hf_save_folder_from(const qwen3_model *m, const char *dir, ct_dtype dtype,
+                        uint64_t max_shard_bytes, bool buffers, hf_read_fn read, void *ctx,
+                        ct_error *err) {
+    if (!read) return ct_fail(err, "%s: no source for the weights", dir);
+    return save_folder(m, dir, dtype, max_shard_bytes, buffers, read, ctx, err);
 }

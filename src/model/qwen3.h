@@ -160,6 +160,19 @@ bool qwen3_layer_checkpointed(int ac_every, int l);
 typedef enum qwen3_layer_ac { QWEN3_AC_NONE, QWEN3_AC_OPS, QWEN3_AC_LAYER } qwen3_layer_ac;
 qwen3_layer_ac qwen3_layer_recompute(const qwen3_memory_opts *opts, int l);
 
+// Flat elements [lo, hi) of param_mem's layout. Lists of them (ascending, disjoint) name the
+// part of the model one process holds under sharding (checkpoints, HF loads of a shard).
+typedef struct qwen3_range {
+    uint64_t lo, hi;
+} qwen3_range;
+
+// The parameter table alone (cfg, params, n_params, num_params): no backend, no ops, no
+// buffers, so code that moves weights between files in the model's layout (a streamed export,
+// a rank's shard) knows names and offsets without holding the model. qwen3_free releases it.
+int qwen3_init_layout(qwen3_model *m, const qwen3_config *cfg, ct_error *err);
+// The tensor holding flat element i (< num_params): the table tiles [0, num_params) in order.
+const qwen3_param *qwen3_param_at(const qwen3_model *m, size_t i);
+
 // Builds the parameter table and allocates params + grads (zeroed) on backend be (NULL: the
 // plain CPU one), running the op table ops (NULL = built-in CPU) as be binds it.
 int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,

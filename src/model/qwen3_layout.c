@@ -417,6 +417,30 @@ qwen3_memory qwen3_memory_plan(const qwen3_config *cfg, int B, int T) {
     return qwen3_memory_plan_ops(cfg, &ct_ops_cpu, B, T, NULL);
 }
 
+int qwen3_init_layout(qwen3_model *m, const qwen3_config *cfg, ct_error *err) {
+    memset(m, 0, sizeof *m);
+    if (qwen3_config_validate(cfg, "qwen3_init_layout: config", err)) return -1;
+    m->cfg = *cfg;
+    m->num_params = model_count_params(cfg, &m->n_params);
+    m->params = calloc((size_t)m->n_params, sizeof *m->params);
+    if (!m->params) return ct_fail(err, "qwen3_init_layout: out of memory for the parameter table");
+    param_walk pw = {.table = m->params};
+    param_walk_model(&pw, NULL, cfg);
+    return 0;
+}
+
+const qwen3_param *qwen3_param_at(const qwen3_model *m, size_t i) {
+    int lo = 0, hi = m->n_params - 1; // the last tensor starting at or before i
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (m->params[mid].offset <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &m->params[lo];
+}
+
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err) {
     return qwen3_init_on(m, cfg, NULL, ops, err);
 }

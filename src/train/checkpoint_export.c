@@ -175,9 +175,9 @@ static int copy_if_present(const char *out_dir, const char *dir, const char *nam
     return rc == 0 ? 1 : -1;
 }
 
-int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
-                   uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err) {
-    if (hf_save_folder(m, out_dir, dtype, max_shard_bytes, err) != 0) return -1;
+// The tokenizer files and generation_config.json, after the weights: the number of tokenizer
+// files copied, or -1.
+static int copy_tokenizer(const char *out_dir, const char *tokenizer_dir, ct_error *err) {
     if (!tokenizer_dir || !tokenizer_dir[0]) return 0;
     if (copy_if_present(out_dir, tokenizer_dir, "generation_config.json", err) < 0)
         return ct_wrap(err, "copying generation_config.json");
@@ -192,4 +192,61 @@ int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
         copied += rc;
     }
     return copied;
+}
+
+int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
+                   uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err) {
+    if (hf_save_folder(m, out_dir, dtype, max_shard_bytes, err) != 0) return -1;
+    return copy_tokenizer(out_dir, tokenizer_dir, err);
+}
+
+// The source of a streamed export: a checked view of the checkpoint, in the layout m.
+typedef struct export_src {
+    const ckpt_view *v;
+    const qwen3_model *m;
+} export_src;
+
+static int export_read(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
+    const export_src *src = ctx;
+    (void)err; // the view is checked: copying cannot fail
+    const ckpt_range r = {lo, lo + n};
+    ckpt_view_copy_params(dst, src->v, src->m, &r, 1);
+    return 0;
+}
+
+int ckpt_export_hf_streaming_info(const char *ckpt_dir, const char *out_dir, ct_dtype dtype,
+                                  uint64_t max_shard_bytes, const char *tokenizer_dir,
+                                  train_state *st, size_t *num_params, ct_error *err) {
+    char cfg_path[4096];
+    qwen3_config cfg;
+    qwen3_model m;
+    ckpt_view v;
+    if (ckpt_join(cfg_path, sizeof cfg_path, ckpt_dir, ckpt_file_names[CKPT_F_CONFIG_JSON], err) !=
+            0 ||
+        qwen3_config_load(&cfg, cfg_path, err) != 0 || qwen3_init_layout(&m, &cfg, err) != 0)
+        return -1;
+    // Every file checked, as ckpt_verify, before the first byte is written.
+    int rc = ckpt_view_open(&v, ckpt_dir, err) == 0 ? 0 : -1;
+    if (rc == 0) {
+        rc = ckpt_view_match(&v, &m, true, err) == 0 &&
+                     ckpt_check_shards(&v, false, true, NULL, 0, err) == 0 &&
+                     ckpt_check_shards(&v, true, true, NULL, 0, err) == 0
+                 ? 0
+                 : -1;
+        export_src src = {&v, &m};
+        if (rc == 0)
+            rc = hf_save_folder_from(&m, out_dir, dtype, max_shard_bytes, false, export_read, &src,
+                                     err);
+        if (rc == 0 && st) *st = v.s.st;
+        ckpt_view_close(&v);
+    }
+    if (rc == 0 && num_params) *num_params = m.num_params;
+    qwen3_free(&m);
+    return rc == 0 ? copy_tokenizer(out_dir, tokenizer_dir, err) : -1;
+}
+
+int ckpt_export_hf_streaming(const char *ckpt_dir, const char *out_dir, ct_dtype dtype,
+                             uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err) {
+    return ckpt_export_hf_streaming_info(ckpt_dir, out_dir, dtype, max_shard_bytes, tokenizer_dir,
+                                         NULL, NULL, err);
 }

@@ -1,5 +1,6 @@
-// Checkpoint load: every check of checkpoint_verify.c before the first copy, then the model and any
-// flat range of the optimizer moments; resume from the newest complete checkpoint.
+// Checkpoint load: every check of checkpoint_verify.c before the first copy, then the model (whole,
+// or any list of flat ranges of it) and the same ranges of the optimizer moments, from whichever
+// files hold them; resume from the newest complete checkpoint.
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +9,58 @@
 #include "io/safetensors.h"
 #include "train/checkpoint_internal.h"
 
-// The model's tensors from f into its parameters: the only place a load writes them (through the
-// model's parameter I/O).
+// Copies tensor k of each shard file of `list` into dst (concatenated over want): for each wanted
+// range, the pieces of the shards' ranges that overlap it, at their place in the shard's data.
+static void copy_from_shards(float *dst, const ckpt_shard_list *list, const st_file *files, int k,
+                             const ckpt_range *want, int n_want) {
+    size_t pos = 0;
+    for (int w = 0; w < n_want; w++) {
+        const ckpt_range *x = &want[w];
+        for (int i = 0; i < list->n && x->hi > x->lo; i++) {
+            size_t at = 0; // the shard's data before range j
+            for (int j = list->first[i]; j < list->first[i + 1]; j++) {
+                const ckpt_range *r = &list->ranges[j];
+                uint64_t lo = r->lo > x->lo ? r->lo : x->lo, hi = r->hi < x->hi ? r->hi : x->hi;
+                if (lo < hi)
+                    memcpy(dst + pos + (lo - x->lo),
+                           (const float *)files[i].tensors[k].data + at + (lo - r->lo),
+                           (hi - lo) * sizeof(float));
+                at += r->hi - r->lo;
+            }
+        }
+        pos += x->hi - x->lo;
+    }
+}
+
+void ckpt_view_copy_params(float *dst, const ckpt_view *v, const qwen3_model *m,
+                           const ckpt_range *want, int n_want) {
+    if (v->s.model.n > 0) {
+        copy_from_shards(dst, &v->s.model, v->mshards, 0, want, n_want);
+        return;
+    }
+    // model.safetensors: each HF tensor is the flat range [offset, offset + numel).
+    size_t pos = 0;
+    for (int w = 0; w < n_want; w++) {
+        for (uint64_t at = want[w].lo; at < want[w].hi;) {
+            const qwen3_param *p = qwen3_param_at(m, at);
+            uint64_t end = p->offset + p->numel < want[w].hi ? p->offset + p->numel : want[w].hi;
+            const st_tensor *t = st_file_find(&v->model, p->name); // present, F32: matched
+            memcpy(dst + pos, (const float *)t->data + (at - p->offset),
+                   (end - at) * sizeof(float));
+            pos += end - at;
+            at = end;
+        }
+    }
+}
+
+void ckpt_view_copy_moments(float *exp_avg, float *exp_avg_sq, const ckpt_view *v,
+                            const ckpt_range *want, int n_want) {
+    // tensors sorted: exp_avg, exp_avg_sq
+    copy_from_shards(exp_avg, &v->s.optim, v->optim, 0, want, n_want);
+    copy_from_shards(exp_avg_sq, &v->s.optim, v->optim, 1, want, n_want);
+}
+
+// The model's tensors from f into its parameters (through the model's parameter I/O).
 static int copy_model(qwen3_model *m, const st_file *f, ct_error *err) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
@@ -20,28 +71,67 @@ static int copy_model(qwen3_model *m, const st_file *f, ct_error *err) {
     return 0;
 }
 
-// dst[k] = moment (k = 0: exp_avg, 1: exp_avg_sq) at flat element offset + k, from the shards
-// (all overlapping ones open and checked).
-static void copy_moments(float *exp_avg, float *exp_avg_sq, const ckpt_view *v, size_t offset,
-                         size_t numel) {
-    for (int i = 0; i < v->s.n_shards; i++) {
-        const ckpt_shard_info *s = &v->s.shards[i];
-        if (!ckpt_shard_overlaps(s, offset, numel)) continue;
-        size_t lo = s->offset > offset ? s->offset : offset;
-        size_t hi = s->offset + s->numel < offset + numel ? s->offset + s->numel : offset + numel;
-        const st_file *f = &v->optim[i];
-        float *dst[2] = {exp_avg, exp_avg_sq};
-        for (int k = 0; k < 2; k++) // tensors sorted: exp_avg, exp_avg_sq
-            memcpy(dst[k] + (lo - offset), (const float *)f->tensors[k].data + (lo - s->offset),
-                   (hi - lo) * sizeof(float));
+// What a load asks for: the whole model into `whole`, or the parameters of `want` into params
+// (either may be absent); the moments of `want`.
+typedef struct load_req {
+    const qwen3_model *m; // the layout
+    qwen3_model *whole;
+    const ckpt_range *want;
+    int n_want;
+    float *params, *exp_avg, *exp_avg_sq;
+    bool all_shards; // verify every shard, not only those the ranges need (resume)
+    train_state *st;
+    char **config_toml;
+} load_req;
+
+// Returns CKPT_CORRUPT when the folder (not the caller) is at fault.
+static int load_checked(const char *dir, const load_req *q, ct_error *err) {
+    if (!q->exp_avg != !q->exp_avg_sq)
+        return ct_fail(err, "%s: load both optimizer moments or neither", dir);
+    if (ckpt_check_ranges(q->want, q->n_want, q->m->num_params, dir, err) != 0) return -1;
+    const ckpt_range all = {0, q->m->num_params};
+    bool moments = q->exp_avg != NULL;
+    ckpt_view v;
+    int rc = ckpt_view_open(&v, dir, err);
+    if (rc != 0) return rc;
+    rc = ckpt_view_match(&v, q->m, moments || q->all_shards, err);
+    if (rc == 0 && (moments || q->all_shards))
+        rc = ckpt_check_shards(&v, false, q->all_shards, q->want, q->n_want, err);
+    if (rc == 0 && q->whole)
+        rc = ckpt_check_shards(&v, true, q->all_shards, &all, 1, err);
+    else if (rc == 0 && (q->params || q->all_shards))
+        rc = ckpt_check_shards(&v, true, q->all_shards, q->want, q->n_want, err);
+    char *toml = NULL;
+    if (rc == 0 && q->config_toml) {
+        char path[4096];
+        size_t len;
+        rc = ckpt_join(path, sizeof path, dir, ckpt_file_names[CKPT_F_CONFIG_TOML], err);
+        if (rc == 0) rc = file_read_all(&toml, &len, path, CKPT_STATE_MAX_BYTES, err);
     }
+    // Everything checked: the copies below cannot fail but for the whole model's host view.
+    if (rc == 0 && q->whole && v.s.model.n == 0) rc = copy_model(q->whole, &v.model, err);
+    if (rc == 0 && q->whole && v.s.model.n > 0) {
+        float *host = qwen3_params_view(q->whole, false, err);
+        if (!host) rc = ct_wrap(err, "%s", dir);
+        if (host) ckpt_view_copy_params(host, &v, q->m, &all, 1);
+        if (host) qwen3_params_view_release(q->whole, host, true);
+    }
+    if (rc == 0) {
+        if (q->params) ckpt_view_copy_params(q->params, &v, q->m, q->want, q->n_want);
+        if (moments) ckpt_view_copy_moments(q->exp_avg, q->exp_avg_sq, &v, q->want, q->n_want);
+        if (q->st) *q->st = v.s.st;
+        if (q->config_toml) *q->config_toml = toml;
+    } else {
+        free(toml);
+    }
+    ckpt_view_close(&v);
+    return rc;
 }
 
-// ckpt_load, returning CKPT_CORRUPT when the folder (not the caller) is at fault. all_shards:
-// verify every shard, not only those the range needs.
-static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
-                        size_t offset, size_t numel, bool all_shards, train_state *st,
-                        char **config_toml, ct_error *err) {
+// ckpt_load's request: the whole model, the moments of [offset, offset + numel).
+static int load_request(load_req *q, ckpt_range *range, const char *dir, qwen3_model *m,
+                        float *exp_avg, float *exp_avg_sq, size_t offset, size_t numel,
+                        train_state *st, char **config_toml, ct_error *err) {
     if (!exp_avg != !exp_avg_sq)
         return ct_fail(err, "%s: load both optimizer moments or neither", dir);
     if (!exp_avg && numel != 0)
@@ -52,59 +142,77 @@ static int load_checked(const char *dir, qwen3_model *m, float *exp_avg, float *
                        "%s: optimizer range [%zu, %zu + %zu) runs past the model's %zu "
                        "parameters",
                        dir, offset, offset, numel, m->num_params);
-    ckpt_view v;
-    int rc = ckpt_view_open(&v, dir, err);
-    if (rc != 0) return rc;
-    rc = ckpt_view_match(&v, m, exp_avg != NULL || all_shards, err);
-    if (rc == 0 && (exp_avg || all_shards))
-        rc = ckpt_check_shards(&v, all_shards, offset, numel, err);
-    char *toml = NULL;
-    if (rc == 0 && config_toml) {
-        char path[4096];
-        size_t len;
-        rc = ckpt_join(path, sizeof path, dir, ckpt_file_names[CKPT_F_CONFIG_TOML], err);
-        if (rc == 0) rc = file_read_all(&toml, &len, path, CKPT_STATE_MAX_BYTES, err);
-    }
-    if (rc == 0) rc = copy_model(m, &v.model, err);
-    if (rc == 0) {
-        if (exp_avg) copy_moments(exp_avg, exp_avg_sq, &v, offset, numel);
-        if (st) *st = v.s.st;
-        if (config_toml) *config_toml = toml;
-    } else {
-        free(toml);
-    }
-    ckpt_view_close(&v);
-    return rc;
+    *range = (ckpt_range){offset, offset + numel};
+    *q = (load_req){.m = m,
+                    .whole = m,
+                    .want = range,
+                    .n_want = numel > 0,
+                    .exp_avg = exp_avg,
+                    .exp_avg_sq = exp_avg_sq,
+                    .st = st,
+                    .config_toml = config_toml};
+    return 0;
 }
 
 int ckpt_load(const char *dir, qwen3_model *m, float *exp_avg, float *exp_avg_sq, size_t offset,
               size_t numel, train_state *st, char **config_toml, ct_error *err) {
-    return load_checked(dir, m, exp_avg, exp_avg_sq, offset, numel, false, st, config_toml, err) ==
-                   0
-               ? 0
-               : -1;
+    load_req q;
+    ckpt_range range;
+    if (load_request(&q, &range, dir, m, exp_avg, exp_avg_sq, offset, numel, st, config_toml,
+                     err) != 0)
+        return -1;
+    return load_checked(dir, &q, err) == 0 ? 0 : -1;
+}
+
+// The request of ckpt_load_ranges and ckpt_resume_ranges: a list of ranges, nothing whole.
+static load_req ranges_request(const qwen3_model *m, const ckpt_range *ranges, int n_ranges,
+                               float *params, float *exp_avg, float *exp_avg_sq, bool all_shards,
+                               train_state *st, char **config_toml) {
+    return (load_req){.m = m,
+                      .want = ranges,
+                      .n_want = n_ranges,
+                      .params = params,
+                      .exp_avg = exp_avg,
+                      .exp_avg_sq = exp_avg_sq,
+                      .all_shards = all_shards,
+                      .st = st,
+                      .config_toml = config_toml};
+}
+
+int ckpt_load_ranges(const char *dir, const qwen3_model *m, const ckpt_range *ranges, int n_ranges,
+                     float *params, float *exp_avg, float *exp_avg_sq, train_state *st,
+                     char **config_toml, ct_error *err) {
+    load_req q =
+        ranges_request(m, ranges, n_ranges, params, exp_avg, exp_avg_sq, false, st, config_toml);
+    return load_checked(dir, &q, err) == 0 ? 0 : -1;
 }
 
 // ---------------------------------------------------------------- resume
 
-typedef struct resume_ctx {
-    qwen3_model *m;
-    float *exp_avg, *exp_avg_sq;
-    size_t offset, numel;
-    train_state *st;
-    char **config_toml;
-} resume_ctx;
-
 static int try_load(const char *dir, void *ctx, ct_error *err) {
-    resume_ctx *c = ctx;
-    // Every shard: ranks reading different ranges must skip the same folders.
-    return load_checked(dir, c->m, c->exp_avg, c->exp_avg_sq, c->offset, c->numel, true, c->st,
-                        c->config_toml, err);
+    return load_checked(dir, ctx, err);
 }
 
 int ckpt_resume(char *dir_out, size_t cap, qwen3_model *m, float *exp_avg, float *exp_avg_sq,
                 size_t offset, size_t numel, train_state *st, char **config_toml, const char *root,
                 ckpt_notes *notes, ct_error *err) {
-    resume_ctx c = {m, exp_avg, exp_avg_sq, offset, numel, st, config_toml};
-    return ckpt_walk_newest(dir_out, cap, root, try_load, &c, notes, err);
+    load_req q;
+    ckpt_range range;
+    if (load_request(&q, &range, root, m, exp_avg, exp_avg_sq, offset, numel, st, config_toml,
+                     err) != 0)
+        return -1;
+    // Every shard: ranks reading different ranges must skip the same folders.
+    q.all_shards = true;
+    return ckpt_walk_newest(dir_out, cap, root, try_load, &q, notes, err);
+}
+
+int ckpt_resume_ranges(char *dir_out, size_t cap, const qwen3_model *m, const ckpt_range *ranges,
+                       int n_ranges, float *params, float *exp_avg, float *exp_avg_sq,
+                       train_state *st, char **config_toml, const char *root, ckpt_notes *notes,
+                       ct_error *err) {
+    if (ckpt_check_ranges(ranges, n_ranges, m->num_params, root, err) != 0) return -1;
+    // Every shard: ranks reading different ranges must skip the same folders.
+    load_req q =
+        ranges_request(m, ranges, n_ranges, params, exp_avg, exp_avg_sq, true, st, config_toml);
+    return ckpt_walk_newest(dir_out, cap, root, try_load, &q, notes, err);
 }

@@ -88,29 +88,57 @@ static int check_meta_uint(const cJSON *meta, const char *key, uint64_t want, co
     return 0;
 }
 
-// The shard's metadata and tensors agree with state.json: its format, range and total, and
-// exactly "exp_avg" and "exp_avg_sq", F32 of shape [numel].
-static int check_shard_content(const st_file *f, const ckpt_shard_info *s, uint64_t total,
-                               ct_error *err) {
+// The shard's metadata string `key` equals want.
+static int check_meta_text(const cJSON *meta, const char *key, const char *want, const char *path,
+                           ct_error *err) {
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, key));
+    if (!s || strcmp(s, want) != 0)
+        return corrupt(
+            err,
+            "%s: __metadata__ %s \"%.80s%s\", state.json lists \"%.80s%s\" (the shard is "
+            "not the one state.json describes)",
+            path, key, s ? s : "(none)", s && strlen(s) > 80 ? "..." : "", want,
+            strlen(want) > 80 ? "..." : "");
+    return 0;
+}
+
+// The shard's metadata and tensors agree with state.json: its format, ranges (one: offset and
+// numel; else "ranges") and total, and exactly its tensors ("exp_avg" and "exp_avg_sq", or
+// "param"), F32 of shape [numel].
+static int check_shard_content(const st_file *f, const ckpt_shard_list *list, int i, bool model,
+                               uint64_t total, ct_error *err) {
+    const ckpt_shard_info *s = &list->info[i];
+    const ckpt_range *r = &list->ranges[list->first[i]];
+    int n_ranges = list->first[i + 1] - list->first[i];
+    const char *want_format = model ? CKPT_MODEL_SHARD_FORMAT : CKPT_SHARD_FORMAT;
     cJSON *h = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)f->header_len);
     if (!h) return ct_fail(err, "%s: out of memory parsing the header", f->path);
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
     const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "format"));
     int rc = 0;
-    if (!format || strcmp(format, CKPT_SHARD_FORMAT) != 0)
-        rc = corrupt(err, "%s: __metadata__ format \"%s\", expected \"" CKPT_SHARD_FORMAT "\"",
-                     f->path, format ? format : "(none)");
-    if (rc == 0) rc = check_meta_uint(meta, "offset", s->offset, f->path, err);
+    if (!format || strcmp(format, want_format) != 0)
+        rc = corrupt(err, "%s: __metadata__ format \"%s\", expected \"%s\"", f->path,
+                     format ? format : "(none)", want_format);
+    if (rc == 0 && n_ranges == 1) rc = check_meta_uint(meta, "offset", r->lo, f->path, err);
+    if (rc == 0 && n_ranges != 1) {
+        char *want = ckpt_ranges_text(r, n_ranges);
+        rc = want ? check_meta_text(meta, "ranges", want, f->path, err)
+                  : ct_fail(err, "%s: out of memory", f->path);
+        free(want);
+    }
     if (rc == 0) rc = check_meta_uint(meta, "numel", s->numel, f->path, err);
     if (rc == 0) rc = check_meta_uint(meta, "total", total, f->path, err);
     cJSON_Delete(h);
     if (rc != 0) return rc;
-    static const char *const names[2] = {"exp_avg", "exp_avg_sq"}; // sorted, as f->tensors
-    for (int k = 0; k < 2; k++) {
+    static const char *const optim_names[2] = {"exp_avg", "exp_avg_sq"}; // sorted, as f->tensors
+    static const char *const model_names[1] = {"param"};
+    const char *const *names = model ? model_names : optim_names;
+    int n = model ? 1 : 2;
+    for (int k = 0; k < n; k++) {
         const st_tensor *t = k < f->n_tensors ? &f->tensors[k] : NULL;
-        if (f->n_tensors != 2 || strcmp(t->name, names[k]) != 0)
-            return corrupt(err, "%s: expected exactly the tensors \"exp_avg\" and \"exp_avg_sq\"",
-                           f->path);
+        if (f->n_tensors != n || strcmp(t->name, names[k]) != 0)
+            return corrupt(err, "%s: expected exactly the tensor%s %s", f->path, model ? "" : "s",
+                           model ? "\"param\"" : "\"exp_avg\" and \"exp_avg_sq\"");
         if (t->dtype != CT_F32 || t->ndim != 1 || (uint64_t)t->shape[0] != s->numel) {
             char got[160];
             return corrupt(err, "%s: tensor \"%s\": expected F32 [%" PRIu64 "], found %s %s",
@@ -121,35 +149,65 @@ static int check_shard_content(const st_file *f, const ckpt_shard_info *s, uint6
     return 0;
 }
 
-static int check_shard(ckpt_view *v, int i, ct_error *err) {
-    st_file *f = &v->optim[i];
+static int check_shard(ckpt_view *v, bool model, int i, ct_error *err) {
+    st_file *f = model ? &v->mshards[i] : &v->optim[i];
     if (f->path) return 0; // checked already
-    const ckpt_shard_info *s = &v->s.shards[i];
+    const ckpt_shard_list *list = model ? &v->s.model : &v->s.optim;
+    const ckpt_shard_info *s = &list->info[i];
     int rc = check_sum(v->dir, s->file, s->bytes, s->xxh64, f, err);
-    if (rc == 0) rc = check_shard_content(f, s, v->s.total, err);
+    if (rc == 0) rc = check_shard_content(f, list, i, model, v->s.total, err);
     if (rc != 0) st_close(f);
     return rc;
 }
 
-bool ckpt_shard_overlaps(const ckpt_shard_info *s, size_t offset, size_t numel) {
-    return s->numel > 0 && numel > 0 && s->offset < offset + numel && offset < s->offset + s->numel;
+// Whether the ascending ranges a[0 .. na) and b[0 .. nb) share an element.
+static bool ranges_overlap(const ckpt_range *a, int na, const ckpt_range *b, int nb) {
+    for (int i = 0, j = 0; i < na && j < nb;) {
+        if (a[i].lo < b[j].hi && b[j].lo < a[i].hi && a[i].lo < a[i].hi && b[j].lo < b[j].hi)
+            return true;
+        if (a[i].hi <= b[j].hi)
+            i++;
+        else
+            j++;
+    }
+    return false;
 }
 
-// The shards that overlap [offset, offset + numel), or all of them.
-int ckpt_check_shards(ckpt_view *v, bool all, size_t offset, size_t numel, ct_error *err) {
-    for (int i = 0; i < v->s.n_shards; i++) {
-        if (!all && !ckpt_shard_overlaps(&v->s.shards[i], offset, numel)) continue;
-        int rc = check_shard(v, i, err);
+int ckpt_check_shards(ckpt_view *v, bool model, bool all, const ckpt_range *want, int n_want,
+                      ct_error *err) {
+    const ckpt_shard_list *list = model ? &v->s.model : &v->s.optim;
+    for (int i = 0; i < list->n; i++) {
+        const ckpt_range *r = &list->ranges[list->first[i]];
+        if (!all && !ranges_overlap(r, list->first[i + 1] - list->first[i], want, n_want)) continue;
+        int rc = check_shard(v, model, i, err);
         if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+int ckpt_check_ranges(const ckpt_range *want, int n_want, uint64_t total, const char *where,
+                      ct_error *err) {
+    uint64_t end = 0;
+    if (n_want < 0 || (n_want > 0 && !want))
+        return ct_fail(err, "%s: %d ranges asked for", where, n_want);
+    for (int k = 0; k < n_want; k++) {
+        if (want[k].lo < end || want[k].hi < want[k].lo || want[k].hi > total)
+            return ct_fail(err,
+                           "%s: range %d [%" PRIu64 ", %" PRIu64 "): expected ascending, "
+                           "disjoint ranges within the model's %" PRIu64 " parameters",
+                           where, k, want[k].lo, want[k].hi, total);
+        end = want[k].hi;
     }
     return 0;
 }
 
 void ckpt_view_close(ckpt_view *v) {
     st_close(&v->model);
-    for (int i = 0; v->optim && i < v->s.n_shards; i++) st_close(&v->optim[i]);
+    for (int i = 0; v->optim && i < v->s.optim.n; i++) st_close(&v->optim[i]);
+    for (int i = 0; v->mshards && i < v->s.model.n; i++) st_close(&v->mshards[i]);
     free(v->optim);
-    v->optim = NULL;
+    free(v->mshards);
+    v->optim = v->mshards = NULL;
     ckpt_state_free(&v->s);
 }
 
@@ -172,7 +230,8 @@ int ckpt_view_open(ckpt_view *v, const char *dir, ct_error *err) {
              : v->s.other_format                                ? -1
                                                                 : CKPT_CORRUPT;
     free(text);
-    if (rc == 0 && !(v->optim = calloc((size_t)v->s.n_shards, sizeof *v->optim)))
+    if (rc == 0 && (!(v->optim = calloc((size_t)v->s.optim.n, sizeof *v->optim)) ||
+                    !(v->mshards = calloc((size_t)v->s.model.n + 1, sizeof *v->mshards))))
         rc = ct_fail(err, "%s: out of memory", path);
     int64_t named;
     if (rc == 0 && folder_step(dir, &named) && named != v->s.st.step)
@@ -180,6 +239,7 @@ int ckpt_view_open(ckpt_view *v, const char *dir, ct_error *err) {
                      v->s.st.step, named);
     for (int k = 0; k < CKPT_N_FILES && rc == 0; k++) {
         const ckpt_file_sum *f = &v->s.files[k];
+        if (k == CKPT_F_MODEL && v->s.model.n > 0) continue; // in its shards
         rc = check_sum(dir, f->name, f->bytes, f->xxh64, k == CKPT_F_MODEL ? &v->model : NULL, err);
     }
     if (rc != 0) ckpt_view_close(v);
@@ -221,14 +281,20 @@ static int match_tensors(const st_file *f, const qwen3_model *m, ct_error *err) 
 // The model matches m (else -1: another architecture); with `moments`, the shards cover its
 // parameters (else corrupt: the model matched, so state.json's shard list is wrong).
 int ckpt_view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err) {
-    if (match_tensors(&v->model, m, err) != 0) return -1;
+    if (v->s.model.n == 0 && match_tensors(&v->model, m, err) != 0) return -1;
+    if (v->s.model.n > 0 && v->s.total != m->num_params)
+        return ct_fail(err,
+                       "%s/%s: the model shards hold %" PRIu64 " parameters, the model has %zu "
+                       "(a checkpoint of another architecture?)",
+                       v->dir, CKPT_STATE_NAME, v->s.total, m->num_params);
     if (moments && v->s.format == CKPT_FORMAT_UNFUSED && m->cfg.attention_bias)
         return ct_fail(err,
                        "%s/%s: checkpoint format %d keeps the optimizer state of a model with "
                        "attention biases in the order before the fused q|k|v projection (this "
-                       "ctitan reads format %d); resume it with the ctitan that wrote it, or "
-                       "train into a new job.dump_folder",
-                       v->dir, CKPT_STATE_NAME, CKPT_FORMAT_UNFUSED, CKPT_FORMAT);
+                       "ctitan reads formats %d and %d); resume it with the ctitan that wrote "
+                       "it, or train into a new job.dump_folder",
+                       v->dir, CKPT_STATE_NAME, CKPT_FORMAT_UNFUSED, CKPT_FORMAT_RANGE,
+                       CKPT_FORMAT);
     if (moments && v->s.total != m->num_params)
         return corrupt(err,
                        "%s/%s: optimizer_shards cover %" PRIu64 " elements, the model has %zu "
@@ -243,7 +309,8 @@ static int verify_checked(const char *dir, const qwen3_model *m, train_state *st
     int rc = ckpt_view_open(&v, dir, err);
     if (rc != 0) return rc;
     if (m) rc = ckpt_view_match(&v, m, true, err);
-    if (rc == 0) rc = ckpt_check_shards(&v, true, 0, 0, err);
+    if (rc == 0) rc = ckpt_check_shards(&v, false, true, NULL, 0, err);
+    if (rc == 0) rc = ckpt_check_shards(&v, true, true, NULL, 0, err);
     if (rc == 0 && st) *st = v.s.st;
     ckpt_view_close(&v);
     return rc;
@@ -252,8 +319,6 @@ static int verify_checked(const char *dir, const qwen3_model *m, train_state *st
 int ckpt_verify(const char *dir, const qwen3_model *m, train_state *st, ct_error *err) {
     return verify_checked(dir, m, st, err) == 0 ? 0 : -1;
 }
-
-// ---------------------------------------------------------------- find, resume
 
 // ---------------------------------------------------------------- find
 
