@@ -45,6 +45,10 @@ static int setup_parallel(trainer *t, ct_error *err) {
     t->shard_degree = shard;
     t->fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
     t->shard = !t->fsdp_on && shard > 1;
+    if (t->fsdp_on && c->checkpoint.last_save_in_hf && !c->checkpoint.enable)
+        return ct_fail(err,
+                       "checkpoint.last_save_in_hf under FSDP exports the last checkpoint, tensor "
+                       "by tensor (no rank holds the whole model): set checkpoint.enable = true");
     if (t->shard && rep > 1)
         return ct_fail(err,
                        "parallelism.data_parallel_shard_mode = \"zero1\" shards the optimizer over "
@@ -206,10 +210,10 @@ static int setup_weights(trainer *t, ct_error *err) {
     hf_load_report rep = {0};
     int rc = st_set_open(&set, from, err);
     if (rc == 0) {
-        rc = hf_load_weights(&t->model, &rep, &set, from, err);
+        rc = t->fsdp_on ? trainer_fsdp_load_hf(t, &rep, &set, from, err)
+                        : hf_load_weights(&t->model, &rep, &set, from, err);
         st_set_close(&set);
     }
-    if (rc == 0 && t->fsdp_on) trainer_fsdp_take_all(t);
     if (rc == 0)
         fprintf(t->log, "weights: %s (%d tensors, %s, %d unexpected)\n", from, rep.n_loaded,
                 dtype_name(rep.source_dtype), rep.n_unexpected);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "model/hf_adapter.h"
+#include "train/checkpoint.h"
 #include "optim/adamw.h"
 #include "train/trainer_internal.h"
 
@@ -202,12 +203,6 @@ int trainer_fsdp_init_random(trainer *t, uint64_t seed, ct_error *err) {
     return 0;
 }
 
-// The weights of a whole-model load (in the full buffer) go to the shard, unit by unit.
-void trainer_fsdp_take_all(trainer *t) {
-    for (int u = 0; u < t->fsdp.n_units; u++) take_unit(t, u);
-    fsdp_weights_changed(&t->fsdp, false);
-}
-
 // MoE, aux-loss-free balancing (moe_balance's add_bias): the same delta on every rank, added to
 // the whole copy and to this rank's pieces of the biases.
 static void add_expert_bias(void *ctx, const float *delta) {
@@ -226,4 +221,64 @@ static void add_expert_bias(void *ctx, const float *delta) {
                 t->fsdp.shard_params[x->at + (off + e - x->piece_lo)] = copy[e];
         }
     }
+}
+
+int trainer_fsdp_ranges(const trainer *t, int s, ckpt_range *out) {
+    int n = 0;
+    for (int u = 0; u < t->fsdp.n_units; u++) {
+        size_t lo, hi;
+        fsdp_piece(&t->fsdp, u, s, &lo, &hi);
+        if (lo < hi) out[n++] = (ckpt_range){lo, hi};
+    }
+    return n;
+}
+
+int trainer_fsdp_bias_ranges(const trainer *t, ckpt_range *out) {
+    const qwen3_model *m = &t->model;
+    int n = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const float *bias = m->w.layers[l].expert_bias;
+        if (!bias) continue;
+        const size_t lo = (size_t)(bias - m->param_mem);
+        out[n++] = (ckpt_range){lo, lo + (size_t)m->cfg.num_experts};
+    }
+    return n;
+}
+
+// This rank's pieces, and every expert bias whole, from a checkpoint of any layout and rank
+// count; moments (NULL: not read) get the pieces' AdamW state.
+int trainer_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
+                      ct_error *err) {
+    const qwen3_model *m = &t->model;
+    ckpt_range *r = malloc(((size_t)t->fsdp.n_units + m->cfg.num_hidden_layers) * sizeof *r);
+    if (!r) return ct_fail(err, "out of memory");
+    int n = trainer_fsdp_ranges(t, t->fsdp.shard.rank, r);
+    int rc = ckpt_load_ranges(dir, m, r, n, t->fsdp.shard_params, moments ? moments[0] : NULL,
+                              moments ? moments[1] : NULL, st, NULL, err);
+    if (rc == 0 && t->expert_bias)
+        rc = ckpt_load_ranges(dir, m, r, trainer_fsdp_bias_ranges(t, r), t->expert_bias, NULL, NULL,
+                              NULL, NULL, err);
+    free(r);
+    if (rc == 0) fsdp_weights_changed(&t->fsdp, false);
+    return rc;
+}
+
+// The same from a Hugging Face folder (initial_load_path): only this rank's ranges are read.
+int trainer_fsdp_load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
+                         ct_error *err) {
+    const qwen3_model *m = &t->model;
+    ckpt_range *r = malloc(((size_t)t->fsdp.n_units + m->cfg.num_hidden_layers) * sizeof *r);
+    if (!r) return ct_fail(err, "out of memory");
+    int rc =
+        hf_load_weights_ranges(m, rep, set, from, r, trainer_fsdp_ranges(t, t->fsdp.shard.rank, r),
+                               t->fsdp.shard_params, err);
+    if (rc == 0 && t->expert_bias) {
+        hf_load_report ignored = {0};
+        rc = hf_load_weights_ranges(m, &ignored, set, from, r, trainer_fsdp_bias_ranges(t, r),
+                                    t->expert_bias, err);
+        hf_report_free(&ignored);
+    }
+    free(r);
+    if (rc == 0) fsdp_weights_changed(&t->fsdp, false);
+    return rc;
 }

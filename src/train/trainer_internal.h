@@ -9,6 +9,7 @@
 #include "data/loader.h"
 #include "dist/fsdp.h"
 #include "dist/grad_sync.h"
+#include "model/hf_adapter.h"
 #include "model/moe_balance.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -71,8 +72,20 @@ int trainer_fsdp_estimate(const trainer *t, run_memory *mem, ct_error *err);
 // model's unit hook.
 int trainer_fsdp_setup(trainer *t, ct_error *err);
 int trainer_fsdp_init_random(trainer *t, uint64_t seed, ct_error *err);
-// The full buffer holds a whole model (a load): each rank keeps its pieces.
-void trainer_fsdp_take_all(trainer *t);
+
+// Shard rank s's pieces, the non-empty ones in order (at most qwen3_n_units): the ranges its
+// checkpoint shard holds, in the shard buffer's order. Returns their count.
+int trainer_fsdp_ranges(const trainer *t, int s, ckpt_range *out);
+// Every sparse layer's expert bias as a range (at most num_hidden_layers), in layer order: the
+// whole copy each rank keeps. Returns their count.
+int trainer_fsdp_bias_ranges(const trainer *t, ckpt_range *out);
+
+// Loads this rank's pieces and the whole expert biases from a checkpoint folder (moments NULL:
+// the weights only; st may be NULL), or from a Hugging Face folder's ranges.
+int trainer_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
+                      ct_error *err);
+int trainer_fsdp_load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
+                         ct_error *err);
 
 // trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err);
