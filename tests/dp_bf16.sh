@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Data parallel with training.mixed_precision_reduce = "bfloat16" (issue 18), under real mpirun
+# Data parallel with training.mixed_precision_reduce = "bfloat16" (issue 18), under real mpirun,
+# ZeRO-1 and replicated (FSDP's bf16 reduction is in fsdp.sh)
 # on a tiny reference model with bf16 mixed precision: the gradients go out as bf16 (each
 # addition rounded to bf16) and come back into the fp32 gradient. Checked: the log says so; a
 # rerun is bit-identical (the sums are deterministic); ZeRO-1 and replicated state give the same
@@ -21,7 +22,7 @@ run() {
     --lr_scheduler.warmup_steps 2 --optimizer.lr 3e-3 --metrics.log_freq 1 \
     --metrics.peak_gflops 100 --checkpoint.enable false --parallelism.threads_per_rank 1 \
     --training.mixed_precision_param bfloat16 --training.mixed_precision_reduce "$reduce" \
-    --job.dump_folder "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
+    --parallelism.data_parallel_shard_mode zero1 --job.dump_folder "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
     bad "$name: rc $?: $(tail -3 "$tmp/$name.log")"
 }
 losses() { grep -o '"loss":[^,}]*' "$tmp/$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }

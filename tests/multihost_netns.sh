@@ -7,11 +7,11 @@
 # compares every step's loss with the same run as `mpirun -np 2` on one host.
 #
 # Needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN (ip netns, veth, unshare --uts); without them
-# it says why in one line and exits 77 (skip). Not part of `make check` yet.
+# it says why in one line and exits 77, which `make check` counts as skipped.
 #
-#   tests/multihost_netns.sh                    # the default data-parallel mode
-#   CTITAN_NETNS_SHARD_MODE=fsdp tests/multihost_netns.sh
-#                                               # adds --parallelism.data_parallel_shard_mode fsdp
+#   tests/multihost_netns.sh                    # the default data-parallel mode: FSDP
+#   CTITAN_NETNS_SHARD_MODE=zero1 tests/multihost_netns.sh
+#                                               # adds --parallelism.data_parallel_shard_mode zero1
 #   tests/multihost_netns.sh --training.steps 8 # further options go to both runs
 #
 # Environment: CTITAN_BIN (default build/ctitan), CTITAN_ASSETS_DIR (default assets),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Data parallel training under real OpenMPI (mpirun), on the real tokenizer and real text:
+# Data parallel training under real OpenMPI (mpirun), on the real tokenizer and real text, in
+# ZeRO-1 and replicated modes (FSDP, the default, is tests/fsdp.sh):
 # N ranks against one process on the same global batch, ZeRO-1 against replicated state,
 # resume with a different rank count, bucketing/overlap invariance, and failures on one rank
 # (bad data, a dead rank, a hung rank, a NaN) ending every rank in bounded time, and SIGUSR1
@@ -26,6 +27,7 @@ run() {
     [training.steps]=4 [training.shuffle]=false [optimizer.lr]=3e-4
     [lr_scheduler.warmup_steps]=2 [metrics.log_freq]=1 [metrics.peak_gflops]=100
     [checkpoint.interval]=100 [debug.seed]=11 [parallelism.threads_per_rank]=1
+    [parallelism.data_parallel_shard_mode]=zero1
     [job.dump_folder]=$dump)
   while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
   local args=()
@@ -44,54 +46,7 @@ run() {
 # (summed in another order over ranks) into a step of up to lr, so a few hundred of the 20M
 # weights differ by a fraction of lr; at lr 3e-3 the weights' rel L2 is about 4e-6, at 3e-4
 # under 1e-7. Each bound below is about 10 times what was measured (the figure beside it).
-same() {
-  "$CTITAN_PYTHON" - "$@" <<'PY'
-import json, struct, sys, os
-import numpy as np
-a, b = sys.argv[1], sys.argv[2]
-tol_loss, tol_norm, tol_w = map(float, sys.argv[3:6])
-first = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-def rows(d):
-    r = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"loss"' in l]
-    return r[:first] if first else r
-def weights(d): # the header's tensors, and all their data as one mapped F32 array
-    steps = sorted(int(s[5:]) for s in os.listdir(d + "/checkpoint") if s[5:].isdigit())
-    path = f"{d}/checkpoint/step-{steps[-1]}/model.safetensors"
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-    hdr.pop("__metadata__", None)
-    if any(v["dtype"] != "F32" for v in hdr.values()):
-        sys.exit(f"{path}: expected F32 tensors only")
-    return hdr, np.memmap(path, dtype="<f4", mode="r", offset=8 + n)
-ra, rb = rows(a), rows(b)
-if len(ra) != len(rb) or not ra:
-    sys.exit(f"step counts differ: {len(ra)} vs {len(rb)}")
-def rel(key):
-    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(ra, rb))
-loss, norm = rel("loss"), rel("grad_norm")
-fails = [f"{what} rel {got:.2e} over {tol:g}" for what, got, tol in
-         [("loss", loss, tol_loss), ("grad norm", norm, tol_norm)] if got > tol]
-msg = f"{os.path.basename(a)} vs {os.path.basename(b)}: loss rel {loss:.2e}, grad norm rel {norm:.2e}"
-if not first:
-    (ha, wa), (hb, wb) = weights(a), weights(b)
-    if ha != hb:
-        sys.exit(f"{msg}; the two model.safetensors hold different tensors or layouts")
-    differ = np.flatnonzero(wa != wb)
-    w = 0.0
-    if differ.size:
-        w = np.linalg.norm(wa[differ].astype(np.float64) - wb[differ]) / np.sqrt(
-            np.sum(np.square(wb, dtype=np.float64)))
-    msg += f", weights rel L2 {w:.2e} ({differ.size} of {wa.size} differ"
-    msg += f", the first at {differ[0]})" if differ.size else ")"
-    if w > tol_w or (tol_w == 0 and differ.size):
-        fails.append(f"weights rel L2 {w:.2e}, {differ.size} element(s), over {tol_w:g}")
-else:
-    msg = msg.replace(":", f": first {first} steps'", 1)
-print(msg)
-sys.exit("; ".join(fails) if fails else 0)
-PY
-}
+same() { "$CTITAN_PYTHON" "$(dirname "$0")/compare_runs.py" "$@"; }
 export -f run; export ct tokdir text
 check() { # NAME CMD...: the command succeeds
   local name=$1; shift

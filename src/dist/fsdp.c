@@ -39,6 +39,7 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
               float *params, float *grads, uint16_t *params_bf16, size_t n, const size_t *lo,
               const size_t *hi, int n_units, bool tied, ct_error *err) {
     memset(f, 0, sizeof *f);
+    f->world = world;
     f->o = *o;
     f->be = ct_backend_or_cpu(be);
     f->ops = ops;
@@ -344,6 +345,7 @@ static void wait_reduce(fsdp *f) {
 // One round of progress on what is in flight (Open MPI moves non-blocking collectives only
 // inside MPI calls): a gather that completed is finished, a reduce-scatter too.
 static void progress(fsdp *f) {
+    f->shard.timeout_s = f->replica.timeout_s = f->world->timeout_s;
     if (f->failed) return;
     advance_reduce(f, false);
     for (int u = 0; u < f->n_units; u++) {
@@ -359,9 +361,10 @@ static void progress(fsdp *f) {
 // --- the hook
 
 // FSDP2's reshard_after_forward: "never" keeps every unit for its backward, "default" only the
-// head (its backward follows at once), "always" none. A tied embedding is the head's weight as
-// well: but under "always" it stays from its forward to its own backward, gathered once a step
-// (its gradient lives from the head's backward to its own anyway, so the peak is the same).
+// head (its backward follows at once), "always" none. Under "default" a tied embedding, the
+// head's weight as well, stays from its forward to its own backward, gathered once a
+// micro-batch: its gradient lives from the head's backward to its own anyway, so the peak is
+// the same.
 static bool keep_after_forward(const fsdp *f, int u) {
     return f->o.reshard == FSDP_RESHARD_NEVER ||
            (f->o.reshard == FSDP_RESHARD_DEFAULT && (u == f->n_units - 1 || (f->tied && u == 0)));
@@ -369,18 +372,16 @@ static bool keep_after_forward(const fsdp *f, int u) {
 
 void fsdp_forward(fsdp *f, int u) {
     progress(f);
+    // A micro-batch starts with nothing being reduced: the last one's embedding (reduced in
+    // place in its gradient, which a tied head's chunked loss adds into during the forward) is
+    // done first, so at most one unit's gradient is ever in flight.
+    if (u == 0) wait_reduce(f);
     if (u == f->n_units - 1) { // a chunked loss head writes its gradient in the forward
         populate_grads(f, u);
         if (f->tied) populate_grads(f, 0);
     }
     ensure_gathered(f, u);
-    if (f->tied && u == f->n_units - 1) {
-        ensure_gathered(f, 0);
-        // The head's loss backward may run in the forward (chunked) and add into the tied
-        // embedding's gradient: the previous micro-batch's reduce-scatter of it, in place in that
-        // gradient, must be over.
-        if (f->reducing == 0) wait_reduce(f);
-    }
+    if (f->tied && u == f->n_units - 1) ensure_gathered(f, 0);
     if (u + 1 < f->n_units) start_gather(f, u + 1);
 }
 
@@ -457,6 +458,7 @@ static void allreduce_replicas(fsdp *f) {
 }
 
 int fsdp_finish(fsdp *f, ct_error *err) {
+    progress(f);
     wait_reduce(f);
     if (!f->failed && f->replica.size > 1 && f->n_shard) allreduce_replicas(f);
     if (f->failed) {

@@ -62,6 +62,7 @@ typedef struct fsdp_opts {
 } fsdp_opts;
 
 typedef struct fsdp {
+    dist *world;         // its deadline (the trainer's, per phase) is the groups' too
     dist shard, replica; // the shard group (S ranks) and the replica group (R ranks)
     fsdp_opts o;
     ct_backend *be;

@@ -180,14 +180,16 @@ int trainer_fsdp_setup(trainer *t, ct_error *err) {
         largest = len > largest ? len : largest;
     }
     static const char *reshard[] = {"default", "always", "never"};
+    char hsdp[64] = "";
+    if (o.replicate_degree > 1)
+        snprintf(hsdp, sizeof hsdp, " in each of %d replica groups (HSDP)", o.replicate_degree);
     fprintf(t->log,
             "comm: FSDP over %d ranks%s: %d units (embedding, %d layers, head), the largest "
             "%.1f MiB of fp32 weights; gathers in %s, gradients reduce-scattered in %s, "
             "reshard_after_forward %s\n",
-            o.shard_degree, o.replicate_degree > 1 ? " x 2+ replica groups (HSDP)" : "",
-            t->fsdp.n_units, m->cfg.num_hidden_layers, largest * 4.0 / (1 << 20),
-            o.bf16_params ? "bfloat16" : "float32", t->cfg->training.mixed_precision_reduce,
-            reshard[o.reshard]);
+            o.shard_degree, hsdp, t->fsdp.n_units, m->cfg.num_hidden_layers,
+            largest * 4.0 / (1 << 20), o.bf16_params ? "bfloat16" : "float32",
+            t->cfg->training.mixed_precision_reduce, reshard[o.reshard]);
     return 0;
 }
 

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# FSDP and HSDP (issue 19) under real mpirun at 1, 2, 3 and 4 ranks, on the real tokenizer and
+# real text: N ranks against one process on the same global batch (dense tied and untied, MoE,
+# bf16), determinism, the three reshard_after_forward policies giving the same bits, HSDP,
+# checkpoints of per-rank shards resumed at any rank count and in any mode (bit for bit where
+# the layout is unchanged), the streamed HF export, an HF initial load of each rank's ranges, and
+# failures on one rank (a hang, a dead rank, a NaN, bad data, SIGUSR1) ending every rank.
+set -u
+: "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
+source "$(dirname "$0")/mpi_test.bash"
+unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
+ct=$CTITAN_BIN
+tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
+tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
+text=$CTITAN_ASSETS_DIR/corpus/small.txt
+
+# run NP DUMP [--key value ...]: a 2-layer debugmodel, 4 steps of 4 sequences, 1 thread per rank,
+# FSDP (the default); the options given replace the defaults. Then the last checkpoint is
+# exported to DUMP/hf (streamed from the shards), which `same` compares.
+run() {
+  local np=$1 dump=$2; shift 2
+  declare -A opt=(
+    [model.flavor]=debugmodel [model.n_layers]=2 [model.tokenizer_path]=$tokdir
+    [training.dataset_path]=$text [training.seq_len]=32 [training.local_batch_size]=1
+    [training.global_batch_size]=4 [training.steps]=4 [training.shuffle]=false
+    [optimizer.lr]=3e-4 [lr_scheduler.warmup_steps]=2 [metrics.log_freq]=1
+    [metrics.peak_gflops]=100 [checkpoint.interval]=2 [debug.seed]=11
+    [parallelism.threads_per_rank]=1 [job.dump_folder]=$dump)
+  while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
+  local args=()
+  for k in "${!opt[@]}"; do args+=("--$k" "${opt[$k]}"); done
+  local launch=("$ct")
+  [ -n "${per_rank_rc:-}" ] &&
+    launch=(bash -c '"$@"; echo "rank $OMPI_COMM_WORLD_RANK exit $?"' _ "$ct")
+  mpirun --oversubscribe --bind-to none -np "$np" "${launch[@]}" train "${args[@]}" >"$dump.log" 2>&1 ||
+    return 1
+  local last
+  last=$(ls -d "$dump"/checkpoint/step-* 2>/dev/null | sort -t- -k2 -n | tail -1)
+  [ -z "$last" ] || "$ct" export --checkpoint "$last" --output "$dump/hf" >/dev/null
+}
+export -f run; export ct tokdir text
+same() { "$CTITAN_PYTHON" "$(dirname "$0")/compare_runs.py" "$@"; }
+check() { # NAME CMD...: the command succeeds
+  local name=$1; shift
+  if "$@"; then ok; else bad "$name"; fi
+}
+losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
+# Measured on a 2-core x86-64 (Release) over the pairs below (np2, np3, np4, HSDP, untied, the
+# HF load, MoE, the checkpoint chain): losses rel up to 3.7e-9, grad norms 3.5e-8, weights rel
+# L2 3.2e-8 (bounds about 10 times that); the issue asks for 1e-6 on losses, 1e-5 on weights.
+tol=(4e-8 4e-7 4e-7)
+
+# --- N ranks = one process on the same global batch: 2, 3 and 4 ranks, with accumulation
+check "np1" run 1 "$tmp/np1" --training.local_batch_size 2
+check "np2" run 2 "$tmp/np2"
+check "np2 = np1" same "$tmp/np2" "$tmp/np1" "${tol[@]}"
+check "np4" run 4 "$tmp/np4"
+check "np4 = np1" same "$tmp/np4" "$tmp/np1" "${tol[@]}"
+check "np1 B3" run 1 "$tmp/np1b3" --training.local_batch_size 3 --training.global_batch_size 6
+check "np3" run 3 "$tmp/np3" --training.global_batch_size 6
+check "np3 = np1" same "$tmp/np3" "$tmp/np1b3" "${tol[@]}"
+grep -q "2 rank(s), FSDP: parameters, gradients and optimizer state sharded over 2 ranks" \
+  "$tmp/np2.log" && ok || bad "np2 log lacks the FSDP line: $(grep '^parallel' "$tmp/np2.log")"
+grep -q "^memory, FSDP: shard (1/4) weights" "$tmp/np4.log" && ok ||
+  bad "np4 log lacks the FSDP memory line"
+ls "$tmp/np2/checkpoint/step-4/model-00001-of-00002.safetensors" \
+  "$tmp/np2/checkpoint/step-4/optimizer-00001-of-00002.safetensors" >/dev/null &&
+  [ ! -e "$tmp/np2/checkpoint/step-4/model.safetensors" ] && ok ||
+  bad "np2's checkpoint is not one model and one optimizer shard per rank"
+grep -q '"comm_hidden_s"' "$tmp/np2/metrics.jsonl" && ok || bad "metrics lack comm_hidden_s"
+
+# --- determinism, and the three reshard policies: the same bits (gathers are exact copies)
+check "np2 again" run 2 "$tmp/np2b"
+check "np2 twice: bit-identical" same "$tmp/np2b" "$tmp/np2" 0 0 0
+for policy in always never; do
+  check "np2 $policy" run 2 "$tmp/np2_$policy" --parallelism.fsdp_reshard_after_forward $policy
+  check "reshard $policy = default" same "$tmp/np2_$policy" "$tmp/np2" 0 0 0
+done
+rm -rf "$tmp/np2b" "$tmp/np2_always" "$tmp/np2_never"
+
+# --- HSDP: 2 replica groups x 2 shard ranks
+check "hsdp 2x2" run 4 "$tmp/hsdp" --parallelism.data_parallel_replicate_degree 2
+check "hsdp = np1" same "$tmp/hsdp" "$tmp/np1" "${tol[@]}"
+grep -q "sharded over 2 ranks, in each of the replica groups (HSDP)" "$tmp/hsdp.log" && ok ||
+  bad "HSDP not logged: $(grep '^parallel' "$tmp/hsdp.log")"
+ls "$tmp/hsdp/checkpoint/step-4/model-00001-of-00002.safetensors" >/dev/null && ok ||
+  bad "HSDP's checkpoint is not 2 shards"
+
+# --- untied embeddings (the head its own unit)
+check "untied np1" run 1 "$tmp/untied1" --training.local_batch_size 2 --model.tie_embeddings false
+check "untied np2" run 2 "$tmp/untied2" --model.tie_embeddings false
+check "untied np2 = np1" same "$tmp/untied2" "$tmp/untied1" "${tol[@]}"
+rm -rf "$tmp/untied1" "$tmp/untied2"
+
+# --- checkpoints: the same layout resumes bit for bit; np4 -> np2 -> np1 -> ZeRO-1 -> FSDP as
+# an uninterrupted run, to the tolerance of the reductions' order
+check "np2 leg 1" run 2 "$tmp/res22" --training.steps 2
+check "np2 leg 2" run 2 "$tmp/res22"
+grep -q "resumed from .*step-2" "$tmp/res22.log" && ok || bad "np2 did not resume"
+check "np2 resumed = straight, bit for bit" same "$tmp/res22" "$tmp/np2" 0 0 0
+# (A schedule no leg's training.steps changes: one warm-up step, no decay.)
+flat=(--lr_scheduler.warmup_steps 1 --lr_scheduler.decay_ratio 0 --checkpoint.interval 1)
+check "chain np4" run 4 "$tmp/chain" --training.steps 1 "${flat[@]}"
+check "chain np2" run 2 "$tmp/chain" --training.steps 2 "${flat[@]}"
+check "chain np1" run 1 "$tmp/chain" --training.steps 3 "${flat[@]}" --training.local_batch_size 2
+check "chain zero1" run 2 "$tmp/chain" --training.steps 4 "${flat[@]}" \
+  --parallelism.data_parallel_shard_mode zero1
+check "chain back to fsdp" run 2 "$tmp/chain" --training.steps 5 "${flat[@]}"
+check "np2 5 steps" run 2 "$tmp/np2_5" --training.steps 5 "${flat[@]}"
+check "np4 -> np2 -> np1 -> zero1 -> fsdp = straight" same "$tmp/chain" "$tmp/np2_5" "${tol[@]}"
+[ "$(grep -c '"loss"' "$tmp/chain/metrics.jsonl")" -eq 5 ] && ok || bad "the chain lost steps"
+rm -rf "$tmp/res22" "$tmp/chain" "$tmp/np2_5"
+
+# --- the final HF export streams the last checkpoint: the same files as `ctitan export`
+check "export np2" run 2 "$tmp/export" --checkpoint.last_save_in_hf true --training.steps 2
+"$ct" export --checkpoint "$tmp/export/checkpoint/step-2" --output "$tmp/export_cli" >/dev/null &&
+  cmp -s "$tmp/export/hf/model.safetensors" "$tmp/export_cli/model.safetensors" && ok ||
+  bad "last_save_in_hf under FSDP differs from ctitan export"
+if run 2 "$tmp/noexport" --checkpoint.last_save_in_hf true --checkpoint.enable false; then
+  bad "last_save_in_hf without checkpoints: exit 0"
+else
+  grep -q "set checkpoint.enable = true" "$tmp/noexport.log" && ok ||
+    bad "last_save_in_hf without checkpoints: $(grep error "$tmp/noexport.log")"
+fi
+# --- an HF folder as initial_load_path: each rank reads its ranges; the same run as one process
+check "from hf np1" run 1 "$tmp/fromhf1" --checkpoint.initial_load_path "$tmp/export_cli" \
+  --checkpoint.initial_load_in_hf true --training.local_batch_size 2
+check "from hf np2" run 2 "$tmp/fromhf2" --checkpoint.initial_load_path "$tmp/export_cli" \
+  --checkpoint.initial_load_in_hf true
+check "from hf: np2 = np1" same "$tmp/fromhf2" "$tmp/fromhf1" "${tol[@]}"
+rm -rf "$tmp/export" "$tmp/export_cli" "$tmp/fromhf1" "$tmp/fromhf2"
+
+# --- bf16: parameters gathered in bf16 (MixedPrecisionPolicy), deterministic; near one process,
+# whose norms and embedding stay fp32 (measured: losses rel 1.7e-5, grad norms 4.2e-4, weights
+# 3.0e-4; bounds about 10 times that); a bf16 reduction runs and moves the curve
+bf=(--training.mixed_precision_param bfloat16)
+check "bf16 np1" run 1 "$tmp/bf1" "${bf[@]}" --training.local_batch_size 2
+check "bf16 np2" run 2 "$tmp/bf2" "${bf[@]}"
+check "bf16 np2 again" run 2 "$tmp/bf2b" "${bf[@]}"
+check "bf16 np2 twice: bit-identical" same "$tmp/bf2b" "$tmp/bf2" 0 0 0
+check "bf16 np2 near np1" same "$tmp/bf2" "$tmp/bf1" 2e-4 5e-3 3e-3
+grep -q "gathers in bfloat16" "$tmp/bf2.log" && ok || bad "bf16 gathers not logged"
+check "bf16 reduce np2" run 2 "$tmp/bf2r" "${bf[@]}" --training.mixed_precision_reduce bfloat16
+[ "$(losses "$tmp/bf2r")" != "$(losses "$tmp/bf2")" ] && ok || bad "the bf16 reduction changed nothing"
+check "bf16 reduce HSDP" run 4 "$tmp/bf4r" "${bf[@]}" --training.mixed_precision_reduce bfloat16 \
+  --parallelism.data_parallel_replicate_degree 2
+# Measured 1.3e-5, 4.1e-4, 3.1e-4: the bf16 sums add little to the bf16 gathers' difference.
+check "bf16 reduce HSDP near np1" same "$tmp/bf4r" "$tmp/bf1" 2e-4 5e-3 3e-3
+rm -rf "$tmp"/bf*
+
+# --- MoE: the HF aux loss against ZeRO-1 on the same micro-batches; aux-free balancing (its
+# expert bias a replicated buffer) against one process for the two steps before routing can part
+moe=(--model.flavor debugmodel_moe --model.tie_embeddings true)
+check "moe hf zero1" run 2 "$tmp/moez" "${moe[@]}" --model.load_balance hf \
+  --parallelism.data_parallel_shard_mode zero1
+check "moe hf fsdp" run 2 "$tmp/moef" "${moe[@]}" --model.load_balance hf
+check "moe hf: fsdp = zero1" same "$tmp/moef" "$tmp/moez" "${tol[@]}"
+check "moe aux_free np1" run 1 "$tmp/moea1" "${moe[@]}" --model.load_balance aux_free \
+  --model.load_balance_coeff 0.01 --training.local_batch_size 2 --training.global_batch_size 2
+check "moe aux_free np2" run 2 "$tmp/moea2" "${moe[@]}" --model.load_balance aux_free \
+  --model.load_balance_coeff 0.01 --training.global_batch_size 2
+check "moe aux_free: np2 = np1" same "$tmp/moea2" "$tmp/moea1" "${tol[@]}" 2
+rm -rf "$tmp"/moe*
+
+# --- failures on one rank end every rank, non-zero, within 60 s
+fails() { # NAME PATTERN NP [--key value ...]
+  local name=$1 pattern=$2 np=$3; shift 3
+  local t0=$SECONDS
+  timeout 90 bash -c 'run "$@"' _ "$np" "$tmp/$name" "$@"
+  local rc=$? took=$((SECONDS - t0))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then
+    ok
+  else
+    bad "$name: rc $rc after ${took}s: $(grep -v '^step\|^ *$' "$tmp/$name.log" | tail -5)"
+  fi
+}
+fails rank_hang "rank [0-9]: .*FSDP unit.* did not complete within 5 s" 2 --debug.fault hang \
+  --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
+fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fault_rank 1 \
+  --debug.fault_step 2
+fails bad_token "ctitan: error: rank 1: training data, step 2.*outside the vocabulary" 2 \
+  --debug.fault bad_token --debug.fault_rank 1 --debug.fault_step 2
+# A NaN in one rank's gradients reaches every shard through the reduce-scatter: all skip step 2.
+check "nan np2" run 2 "$tmp/nan" --debug.fault nan --debug.fault_rank 1 --debug.fault_step 2
+grep -q "^step 2: non-finite gradient norm; step skipped" "$tmp/nan.log" && ok ||
+  bad "NaN on rank 1: step 2 not skipped: $(grep -i 'skip\|error' "$tmp/nan.log" | head -3)"
+
+# --- SIGUSR1 to mpirun: every rank saves the same step and exits 138; the next run resumes it
+run 2 "$tmp/usr1" --training.steps 400 --checkpoint.interval 1000 & bg=$!
+for _ in $(seq 600); do
+  rows=$(grep -c '"loss"' "$tmp/usr1/metrics.jsonl" 2>/dev/null)
+  [ "${rows:-0}" -ge 3 ] && break; sleep 0.1
+done
+mpirun_pid=$(pgrep -P "$bg" mpirun)
+kill -USR1 "${mpirun_pid:-$bg}"; wait "$bg"; rc=$?
+stopped=$(sed -n 's/^stopped by signal 10 at step \([0-9]*\);.*/\1/p' "$tmp/usr1.log")
+[ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stopped/model-00001-of-00002.safetensors" ] &&
+  ok || bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$tmp/usr1.log")"
+if [ -n "$stopped" ] && run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --checkpoint.interval 1000; then
+  grep -q "resumed from .*step-$stopped " "$tmp/usr1.log" && ok || bad "no resume after SIGUSR1"
+else
+  bad "the run after SIGUSR1 failed: $(tail -3 "$tmp/usr1.log")"
+fi
+finish
