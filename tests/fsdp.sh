@@ -19,31 +19,17 @@ text=$CTITAN_ASSETS_DIR/corpus/small.txt
 # exported to DUMP/hf (streamed from the shards), which `same` compares.
 run() {
   local np=$1 dump=$2; shift 2
-  declare -A opt=(
-    [model.flavor]=debugmodel [model.n_layers]=2 [model.tokenizer_path]=$tokdir
-    [training.dataset_path]=$text [training.seq_len]=32 [training.local_batch_size]=1
-    [training.global_batch_size]=4 [training.steps]=4 [training.shuffle]=false
-    [optimizer.lr]=3e-4 [lr_scheduler.warmup_steps]=2 [metrics.log_freq]=1
-    [metrics.peak_gflops]=100 [checkpoint.interval]=2 [debug.seed]=11
-    [parallelism.threads_per_rank]=1 [job.dump_folder]=$dump)
-  while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
-  local args=()
-  for k in "${!opt[@]}"; do args+=("--$k" "${opt[$k]}"); done
-  local launch=("$ct")
-  [ -n "${per_rank_rc:-}" ] &&
-    launch=(bash -c '"$@"; echo "rank $OMPI_COMM_WORLD_RANK exit $?"' _ "$ct")
-  mpirun --oversubscribe --bind-to none -np "$np" "${launch[@]}" train "${args[@]}" >"$dump.log" 2>&1 ||
-    return 1
+  mpi_train "$np" "$dump" model.flavor=debugmodel model.n_layers=2 model.tokenizer_path="$tokdir" \
+    training.dataset_path="$text" training.seq_len=32 training.local_batch_size=1 \
+    training.global_batch_size=4 training.steps=4 training.shuffle=false optimizer.lr=3e-4 \
+    lr_scheduler.warmup_steps=2 metrics.log_freq=1 metrics.peak_gflops=100 \
+    checkpoint.interval=2 debug.seed=11 parallelism.threads_per_rank=1 \
+    job.dump_folder="$dump" -- "$@" || return
   local last
   last=$(ls -d "$dump"/checkpoint/step-* 2>/dev/null | sort -t- -k2 -n | tail -1)
   [ -z "$last" ] || "$ct" export --checkpoint "$last" --output "$dump/hf" >/dev/null
 }
 export -f run; export ct tokdir text
-same() { "$CTITAN_PYTHON" "$(dirname "$0")/compare_runs.py" "$@"; }
-check() { # NAME CMD...: the command succeeds
-  local name=$1; shift
-  if "$@"; then ok; else bad "$name"; fi
-}
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
 # Measured on a 2-core x86-64 (Release) over the pairs below (np2, np3, np4, HSDP, untied, the
 # HF load, MoE, the checkpoint chain): losses rel up to 3.7e-9, grad norms 3.5e-8, weights rel
@@ -163,17 +149,6 @@ check "moe aux_free: np2 = np1" same "$tmp/moea2" "$tmp/moea1" "${tol[@]}" 2
 rm -rf "$tmp"/moe*
 
 # --- failures on one rank end every rank, non-zero, within 60 s
-fails() { # NAME PATTERN NP [--key value ...]
-  local name=$1 pattern=$2 np=$3; shift 3
-  local t0=$SECONDS
-  timeout 90 bash -c 'run "$@"' _ "$np" "$tmp/$name" "$@"
-  local rc=$? took=$((SECONDS - t0))
-  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then
-    ok
-  else
-    bad "$name: rc $rc after ${took}s: $(grep -v '^step\|^ *$' "$tmp/$name.log" | tail -5)"
-  fi
-}
 fails rank_hang "rank [0-9]: .*FSDP unit.* did not complete within 5 s" 2 --debug.fault hang \
   --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
 fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fault_rank 1 \
@@ -185,20 +160,7 @@ check "nan np2" run 2 "$tmp/nan" --debug.fault nan --debug.fault_rank 1 --debug.
 grep -q "^step 2: non-finite gradient norm; step skipped" "$tmp/nan.log" && ok ||
   bad "NaN on rank 1: step 2 not skipped: $(grep -i 'skip\|error' "$tmp/nan.log" | head -3)"
 
-# --- SIGUSR1 to mpirun: every rank saves the same step and exits 138; the next run resumes it
-run 2 "$tmp/usr1" --training.steps 400 --checkpoint.interval 1000 & bg=$!
-for _ in $(seq 600); do
-  rows=$(grep -c '"loss"' "$tmp/usr1/metrics.jsonl" 2>/dev/null)
-  [ "${rows:-0}" -ge 3 ] && break; sleep 0.1
-done
-mpirun_pid=$(pgrep -P "$bg" mpirun)
-kill -USR1 "${mpirun_pid:-$bg}"; wait "$bg"; rc=$?
-stopped=$(sed -n 's/^stopped by signal 10 at step \([0-9]*\);.*/\1/p' "$tmp/usr1.log")
-[ -n "$stopped" ] && [ -f "$tmp/usr1/checkpoint/step-$stopped/model-00001-of-00002.safetensors" ] &&
-  ok || bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$tmp/usr1.log")"
-if [ -n "$stopped" ] && run 2 "$tmp/usr1" --training.steps $((stopped + 1)) --checkpoint.interval 1000; then
-  grep -q "resumed from .*step-$stopped " "$tmp/usr1.log" && ok || bad "no resume after SIGUSR1"
-else
-  bad "the run after SIGUSR1 failed: $(tail -3 "$tmp/usr1.log")"
-fi
+# --- SIGUSR1 to mpirun: every rank saves the same step (its shards) and exits 138; the next run
+# resumes it
+sigusr1 "$tmp/usr1" model-00001-of-00002.safetensors
 finish

@@ -74,9 +74,10 @@ STEPS=2 train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
   ok || bad "guarded resume: $(tail -3 "$tmp/resume.guard.log")"
 why=$(same_run "$tmp/straight.plain" "$tmp/resume.guard") && ok || bad "guarded resume: $why"
 
-# --- two ranks under mpirun: ZeRO-1 and replicated optimizer state
+# --- two ranks under mpirun: ZeRO-1 and replicated optimizer state (FSDP gathers into and
+# reduces from the weights' own memory, which MPI must address: the guarded backend is refused)
 for mode in zero1 replicated; do
-  opts=(--training.local_batch_size 1)
+  opts=(--training.local_batch_size 1 --parallelism.data_parallel_shard_mode zero1)
   [ $mode = replicated ] && opts+=(--parallelism.data_parallel_replicate_degree 2
     --parallelism.data_parallel_shard_degree 1)
   for side in plain guard; do
@@ -92,6 +93,15 @@ for mode in zero1 replicated; do
   done
   why=$(same_run "$tmp/np2_$mode.plain" "$tmp/np2_$mode.guard") && ok || bad "np2 $mode: $why"
 done
+if mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
+  --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" --training.seq_len 5 \
+  --training.steps 1 --checkpoint.enable false --job.dump_folder "$tmp/np2_fsdp.guard" \
+  --parallelism.threads_per_rank 1 "${guard[@]}" >"$tmp/np2_fsdp.guard.log" 2>&1; then
+  bad "FSDP on the guarded backend: exit 0"
+else
+  grep -q "FSDP needs a backend whose memory MPI can address" "$tmp/np2_fsdp.guard.log" && ok ||
+    bad "FSDP on the guarded backend: $(grep error "$tmp/np2_fsdp.guard.log" | head -2)"
+fi
 
 # --- verify, export and check-kernels under the guard
 ckpt=$tmp/moe_grouped_hf_aux.plain/checkpoint/step-4

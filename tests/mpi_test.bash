@@ -1,5 +1,5 @@
-# Sourced by the shell tests that launch ranks with mpirun (tok_mpi.sh, guard.sh, dp_bf16.sh);
-# not a test itself. Gives ok/bad with their counts, Open MPI's settings for running here as
+# Sourced by the shell tests that launch ranks with mpirun (tok_mpi.sh, fsdp.sh, guard.sh,
+# dp_bf16.sh); not a test itself. Gives ok/bad with their counts, Open MPI's settings for running here as
 # root on one machine, and stops at once when mpirun is missing.
 passed=0 failed=0
 ok() { passed=$((passed + 1)); }
@@ -17,3 +17,65 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 # in the single-process tests, and ASan/UBSan errors still stop these runs.
 [ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
 if ! command -v mpirun >/dev/null; then echo "mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; fi
+
+# mpi_train NP DUMP KEY=VALUE... -- [--key value ...]: `ctitan train` ($ct) under mpirun -np NP
+# with the options KEY=VALUE, each replaced by a --key value after the "--"; the output in
+# DUMP.log. per_rank_rc=1: each rank prints its own exit code ("rank R exit C") and mpirun sees
+# 0, so that mpirun kills no rank before it has ended by itself.
+mpi_train() {
+  local np=$1 dump=$2; shift 2
+  declare -A opt=()
+  while [ "$1" != -- ]; do opt[${1%%=*}]=${1#*=}; shift; done; shift
+  while [ $# -ge 2 ]; do opt[${1#--}]=$2; shift 2; done
+  local args=() k
+  for k in "${!opt[@]}"; do args+=("--$k" "${opt[$k]}"); done
+  local launch=("$ct")
+  [ -n "${per_rank_rc:-}" ] &&
+    launch=(bash -c '"$@"; echo "rank $OMPI_COMM_WORLD_RANK exit $?"' _ "$ct")
+  mpirun --oversubscribe --bind-to none -np "$np" "${launch[@]}" train "${args[@]}" >"$dump.log" 2>&1
+}
+export -f mpi_train
+check() { # NAME CMD...: the command succeeds
+  local name=$1; shift
+  if "$@"; then ok; else bad "$name"; fi
+}
+# same A B LOSS NORM WEIGHTS [STEPS]: runs A and B agree (compare_runs.py says how).
+same() { "$CTITAN_PYTHON" "$(dirname "${BASH_SOURCE[0]}")/compare_runs.py" "$@"; }
+# fails NAME PATTERN NP [--key value ...]: `run NP $tmp/NAME ...` (the test's run, exported)
+# fails on every rank, non-zero, within 60 s, its log matching PATTERN.
+fails() {
+  local name=$1 pattern=$2 np=$3; shift 3
+  local t0=$SECONDS
+  timeout 90 bash -c 'run "$@"' _ "$np" "$tmp/$name" "$@"
+  local rc=$? took=$((SECONDS - t0))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then
+    ok
+  else
+    bad "$name: rc $rc after ${took}s: $(grep -v '^step\|^ *$' "$tmp/$name.log" | tail -5)"
+  fi
+}
+# sigusr1 DUMP FILE: SIGUSR1 to mpirun (which forwards it) while `run 2 DUMP` trains reaches every
+# rank: they agree on the step, save it (its folder holds FILE) and exit 138 (128 + SIGUSR1),
+# and so does mpirun; the next run resumes there.
+sigusr1() {
+  local dump=$1 file=$2 bg rows rc stopped mpirun_pid
+  mpi_run_bg() { run 2 "$dump" --training.steps 400 --checkpoint.interval 1000; }
+  mpi_run_bg & bg=$!
+  for _ in $(seq 600); do
+    rows=$(grep -c '"loss"' "$dump/metrics.jsonl" 2>/dev/null)
+    [ "${rows:-0}" -ge 3 ] && break; sleep 0.1
+  done
+  mpirun_pid=$(pgrep -P "$bg" mpirun)
+  kill -USR1 "${mpirun_pid:-$bg}"; wait "$bg"; rc=$?
+  stopped=$(sed -n 's/^stopped by signal 10 at step \([0-9]*\);.*/\1/p' "$dump.log")
+  if [ $rc -eq 138 ] && [ -n "$stopped" ] && [ -f "$dump/checkpoint/step-$stopped/$file" ]; then
+    ok
+  else
+    bad "SIGUSR1: rc $rc, stopped at '$stopped': $(tail -3 "$dump.log")"
+  fi
+  if [ -n "$stopped" ] && run 2 "$dump" --training.steps $((stopped + 1)) --checkpoint.interval 1000; then
+    grep -q "resumed from .*step-$stopped " "$dump.log" && ok || bad "no resume after SIGUSR1"
+  else
+    bad "the run after SIGUSR1 failed: $(tail -3 "$dump.log")"
+  fi
+}

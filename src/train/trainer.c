@@ -642,7 +642,7 @@ static int validate(trainer *t, ct_error *err) {
 }
 
 static void log_metrics(trainer *t, const step_result *r, double t_resume, double *t_log,
-                        int64_t *steps_since_log, double *comm_since_log, int64_t start_step,
+                        int64_t *steps_since_log, double comm_since_log[2], int64_t start_step,
                         int64_t skipped_total) {
     const ct_config *c = t->cfg;
     int64_t step = t->state.step;
@@ -660,9 +660,9 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
         .tps = tps,
         .tps_total = tps_total,
         .ranks = t->d->size,
-        .comm_s = *comm_since_log / (double)*steps_since_log,
-        .comm_share = *comm_since_log / dt,
-        .comm_hidden_s = r->comm_hidden_s,
+        .comm_s = comm_since_log[0] / (double)*steps_since_log,
+        .comm_share = comm_since_log[0] / dt,
+        .comm_hidden_s = comm_since_log[1] / (double)*steps_since_log,
         .tflops = gflops / 1e3,
         .mfu = gflops / t->peak_gflops,
         .memory_peak_gib = sysmem_peak_rss_bytes() / GIB,
@@ -687,7 +687,7 @@ static void log_metrics(trainer *t, const step_result *r, double t_resume, doubl
     free(calls);
     *t_log = ct_now_s();
     *steps_since_log = 0;
-    *comm_since_log = 0;
+    comm_since_log[0] = comm_since_log[1] = 0;
 }
 
 // The signal every rank exits with: the highest any rank received, so that all agree.
@@ -706,14 +706,15 @@ static int agreed_signal(trainer *t, int mine, ct_error *err) {
 static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
     const ct_config *c = t->cfg;
     double t_resume = ct_now_s(), t_start = t_resume - t->state.time_s, t_log = t_resume;
-    double comm_since_log = 0, t_profile = t_resume;
+    double comm_since_log[2] = {0, 0}, t_profile = t_resume; // exposed, hidden
     int64_t steps_since_log = 0, skipped_total = 0, start_step = t->state.step;
     while (t->state.step < c->training.steps) {
         t->d->timeout_s = c->comm.train_timeout_seconds;
         step_result r;
         if (train_step(t, &r, err) != 0) return -1;
         steps_since_log++;
-        comm_since_log += r.comm_s;
+        comm_since_log[0] += r.comm_s;
+        comm_since_log[1] += r.comm_hidden_s;
         if (r.skipped) {
             skipped_total++;
             t->state.skipped_in_row++;
@@ -737,7 +738,7 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
             t_profile = ct_now_s();
         }
         if (step % c->metrics.log_freq == 0 || step == 1 || step == c->training.steps)
-            log_metrics(t, &r, t_resume, &t_log, &steps_since_log, &comm_since_log, start_step,
+            log_metrics(t, &r, t_resume, &t_log, &steps_since_log, comm_since_log, start_step,
                         skipped_total);
         if (t->has_val && step % c->validation.freq == 0 && validate(t, err) != 0) return -1;
         // A signal may reach the ranks at different steps: any rank's stop stops them all here.
