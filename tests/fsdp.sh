@@ -6,13 +6,8 @@
 # the layout is unchanged), the streamed HF export, an HF initial load of each rank's ranges, and
 # failures on one rank (a hang, a dead rank, a NaN, bad data, SIGUSR1) ending every rank.
 set -u
-: "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 source "$(dirname "$0")/mpi_test.bash"
-unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
-ct=$CTITAN_BIN
-tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
-tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
-text=$CTITAN_ASSETS_DIR/corpus/small.txt
+text_run_setup
 
 # run NP DUMP [--key value ...]: a 2-layer debugmodel, 4 steps of 4 sequences, 1 thread per rank,
 # FSDP (the default); the options given replace the defaults. Then the last checkpoint is
@@ -29,7 +24,7 @@ run() {
   last=$(ls -d "$dump"/checkpoint/step-* 2>/dev/null | sort -t- -k2 -n | tail -1)
   [ -z "$last" ] || "$ct" export --checkpoint "$last" --output "$dump/hf" >/dev/null
 }
-export -f run; export ct tokdir text
+export -f run
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
 # Measured on a 2-core x86-64 (Release) over the pairs below (np2, np3, np4, HSDP, untied, the
 # HF load, MoE, the checkpoint chain): losses rel up to 3.7e-9, grad norms 3.5e-8, weights rel
@@ -114,7 +109,15 @@ check "from hf np1" run 1 "$tmp/fromhf1" --checkpoint.initial_load_path "$tmp/ex
 check "from hf np2" run 2 "$tmp/fromhf2" --checkpoint.initial_load_path "$tmp/export_cli" \
   --checkpoint.initial_load_in_hf true
 check "from hf: np2 = np1" same "$tmp/fromhf2" "$tmp/fromhf1" "${tol[@]}"
-rm -rf "$tmp/export" "$tmp/export_cli" "$tmp/fromhf1" "$tmp/fromhf2"
+# ... and the checkpoint folder itself, its model in shards: the same weights, the same bits
+for np in 1 2; do
+  b=(); [ $np = 1 ] && b=(--training.local_batch_size 2)
+  check "from a sharded checkpoint np$np" run $np "$tmp/fromckpt$np" "${b[@]}" \
+    --checkpoint.initial_load_path "$tmp/export/checkpoint/step-2"
+  check "from a sharded checkpoint np$np = from its export" same "$tmp/fromckpt$np" \
+    "$tmp/fromhf$np" 0 0 0
+done
+rm -rf "$tmp/export" "$tmp/export_cli" "$tmp"/fromhf* "$tmp"/fromckpt*
 
 # --- bf16: parameters gathered in bf16 (MixedPrecisionPolicy), deterministic; near one process,
 # whose norms and embedding stay fp32 (measured: losses rel 1.7e-5, grad norms 4.2e-4, weights

@@ -79,3 +79,14 @@ sigusr1() {
     bad "the run after SIGUSR1 failed: $(tail -3 "$dump.log")"
   fi
 }
+# text_run_setup: what the runs on the real tokenizer and text use: ct, a fresh tmp, tokdir, text;
+# threads are set per rank by parallelism.threads_per_rank, not by the environment.
+text_run_setup() {
+  : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
+  unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
+  ct=$CTITAN_BIN
+  tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
+  tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
+  text=$CTITAN_ASSETS_DIR/corpus/small.txt
+  export ct tokdir text
+}

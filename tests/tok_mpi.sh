@@ -7,15 +7,8 @@
 # (which mpirun forwards) stopping every rank at the same step with a checkpoint. MoE runs (HF
 # aux loss, aux-free bias) match one process too.
 set -u
-: "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 source "$(dirname "$0")/mpi_test.bash"
-# Threads are set per rank by the option.
-unset OMP_NUM_THREADS OMP_WAIT_POLICY OMP_DISPLAY_ENV
-
-ct=$CTITAN_BIN
-tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
-tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
-text=$CTITAN_ASSETS_DIR/corpus/small.txt
+text_run_setup
 
 # run NP DUMP [--key value ...]: a 2-layer debugmodel run, shuffle off, 4 steps, 1 thread per
 # rank, ZeRO-1; the options given replace these.
@@ -33,7 +26,7 @@ run() {
 # order over ranks) into a step of up to lr, so a few hundred of the 20M weights differ by a
 # fraction of lr; at lr 3e-3 the weights' rel L2 is about 4e-6, at 3e-4 under 1e-7. Each bound
 # below is about 10 times what was measured (the figure beside it).
-export -f run; export ct tokdir text
+export -f run
 # drop DUMP...: removes the checkpoints of runs no later check reads (each is 230 MB of this
 # model's weights and moments; the logs and metrics stay), so the test needs about 1 GB of disk.
 drop() { local d; for d in "$@"; do rm -rf "$d/checkpoint"; done; }

@@ -19,8 +19,8 @@ rows() { grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null || echo 0; }
 
 # qwen3_0.6b.toml: the 0.6B flavor cut to debugmodel; hf_assets_path gives the tokenizer.
 for f in qwen3_0.6b qwen3_moe_debug; do
-  flavor=debugmodel inert=14 # qwen3_moe_debug also has async TP and two expert degrees
-  [ $f = qwen3_moe_debug ] && flavor=debugmodel_moe inert=16
+  flavor=debugmodel inert=13 # qwen3_moe_debug also has async TP and two expert degrees
+  [ $f = qwen3_moe_debug ] && flavor=debugmodel_moe inert=15
   "$ct" train --config "$tt/$f.toml" --model.flavor $flavor --model.hf_assets_path "$tokdir" \
     --training.dataset_path "$text" "${size[@]}" --job.dump_folder "$tmp/$f" >"$tmp/$f.log" 2>&1 \
     && ok || bad "$f: $(tail -3 "$tmp/$f.log")"

@@ -184,6 +184,14 @@ static int setup_data(trainer *t, ct_error *err) {
     return 0;
 }
 
+// A ctitan checkpoint folder (state.json) without model.safetensors: its model is in shards.
+static bool checkpoint_with_sharded_model(const char *dir) {
+    char state[4200], model[4200];
+    snprintf(state, sizeof state, "%s/state.json", dir);
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    return access(state, F_OK) == 0 && access(model, F_OK) != 0;
+}
+
 // Weights: resume from the newest complete checkpoint, else initial_load_path, else the HF
 // folder (backend=hf), else a seeded random init. Every rank loads the same weights.
 static int setup_weights(trainer *t, ct_error *err) {
@@ -205,7 +213,15 @@ static int setup_weights(trainer *t, ct_error *err) {
                 (long long)c->debug.seed);
         return 0;
     }
-    // A ctitan checkpoint folder's model.safetensors is HF-named too, so both load the same way.
+    // A ctitan checkpoint folder's model.safetensors is HF-named too, so both load the same way;
+    // one whose model is in shards (FSDP's) loads through the checkpoint's ranges.
+    if (checkpoint_with_sharded_model(from)) {
+        train_state ignored;
+        int rc = t->fsdp_on ? trainer_fsdp_load(t, from, NULL, NULL, err)
+                            : ckpt_load(from, &t->model, NULL, NULL, 0, 0, &ignored, NULL, err);
+        if (rc == 0) fprintf(t->log, "weights: %s (a checkpoint's model shards)\n", from);
+        return dist_agree(t->d, rc, "loading the initial weights", err);
+    }
     st_set set;
     hf_load_report rep = {0};
     int rc = st_set_open(&set, from, err);
