@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -70,4 +71,10 @@ int fs_map_readonly(void **map, size_t *size, const char *path, ct_error *err) {
 
 void fs_unmap(void *map, size_t size) {
     if (map) munmap(map, size);
+}
+
+void fs_release_read(const void *p, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p;
+    const uintptr_t in_lo = (lo + page - 1) / page * page, in_hi = (lo + bytes) / page * page;
+    if (in_hi > in_lo) madvise((void *)in_lo, in_hi - in_lo, MADV_DONTNEED);
 }

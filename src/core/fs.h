@@ -17,3 +17,7 @@ int fs_open_regular(int *fd, size_t *size, const char *path, ct_error *err);
 // *map == NULL and *size == 0, which callers treat as an empty buffer.
 int fs_map_readonly(void **map, size_t *size, const char *path, ct_error *err);
 void fs_unmap(void *map, size_t size); // NULL is fine
+// Bytes of a read-only file mapping already read and not needed again soon: the whole pages
+// inside [p, p + bytes) leave this process's memory (the page cache keeps them; a later read
+// maps them back), so that streaming through a large file holds only what is in use.
+void fs_release_read(const void *p, size_t bytes);

@@ -1,6 +1,9 @@
 #include "core/xxh64.h"
 
+#include <stdbool.h>
 #include <string.h>
+
+#include "core/fs.h"
 
 // XXH64, from the xxHash specification (doc/xxhash_spec.md): four 64-bit lanes over 32-byte
 // stripes, then the tail, then an avalanche. Chosen over FNV-1a because it runs at memory speed,
@@ -38,12 +41,17 @@ static inline uint64_t xxh_merge(uint64_t acc, uint64_t v) {
     return acc * P1 + P4;
 }
 
-uint64_t ct_xxh64(const void *data, size_t len, uint64_t seed) {
-    const unsigned char *p = data, *end = p + len;
+// release: every 16 MiB read of a file mapping leave the process (fs_release_read).
+static uint64_t xxh64(const void *data, size_t len, uint64_t seed, bool release) {
+    const unsigned char *p = data, *end = p + len, *kept = p;
     uint64_t h;
     if (len >= 32) {
         uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
         for (const unsigned char *limit = end - 32; p <= limit; p += 32) {
+            if (release && p - kept >= (16 << 20)) {
+                fs_release_read(kept, (size_t)(p - kept));
+                kept = p;
+            }
             v1 = xxh_round(v1, read64(p));
             v2 = xxh_round(v2, read64(p + 8));
             v3 = xxh_round(v3, read64(p + 16));
@@ -69,5 +77,14 @@ uint64_t ct_xxh64(const void *data, size_t len, uint64_t seed) {
     h ^= h >> 29;
     h *= P3;
     h ^= h >> 32;
+    if (release) fs_release_read(kept, (size_t)(end - kept));
     return h;
+}
+
+uint64_t ct_xxh64(const void *data, size_t len, uint64_t seed) {
+    return xxh64(data, len, seed, false);
+}
+
+uint64_t ct_xxh64_file_map(const void *map, size_t len, uint64_t seed) {
+    return xxh64(map, len, seed, true);
 }

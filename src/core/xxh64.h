@@ -5,3 +5,6 @@
 #include <stdint.h>
 
 uint64_t ct_xxh64(const void *data, size_t len, uint64_t seed);
+// The same over a read-only file mapping, whose pages leave this process as they are read
+// (the page cache keeps them): a checksum of a file larger than memory holds 16 MiB at a time.
+uint64_t ct_xxh64_file_map(const void *map, size_t len, uint64_t seed);

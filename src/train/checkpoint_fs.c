@@ -21,7 +21,7 @@ int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *e
     size_t n;
     if (fs_map_readonly(&map, &n, path, err) != 0) return -1;
     if (map) madvise(map, n, MADV_SEQUENTIAL); // read once, front to back
-    *hash = ct_xxh64(map ? map : (const void *)"", n, 0);
+    *hash = map ? ct_xxh64_file_map(map, n, 0) : ct_xxh64("", 0, 0);
     *size = n;
     fs_unmap(map, n);
     return 0;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fs.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "train/checkpoint_internal.h"
@@ -21,10 +22,11 @@ static void copy_from_shards(float *dst, const ckpt_shard_list *list, const st_f
             for (int j = list->first[i]; j < list->first[i + 1]; j++) {
                 const ckpt_range *r = &list->ranges[j];
                 uint64_t lo = r->lo > x->lo ? r->lo : x->lo, hi = r->hi < x->hi ? r->hi : x->hi;
-                if (lo < hi)
-                    memcpy(dst + pos + (lo - x->lo),
-                           (const float *)files[i].tensors[k].data + at + (lo - r->lo),
-                           (hi - lo) * sizeof(float));
+                const float *src = (const float *)files[i].tensors[k].data + at + (lo - r->lo);
+                if (lo < hi) {
+                    memcpy(dst + pos + (lo - x->lo), src, (hi - lo) * sizeof(float));
+                    fs_release_read(src, (hi - lo) * sizeof(float));
+                }
                 at += r->hi - r->lo;
             }
         }
@@ -45,8 +47,9 @@ void ckpt_view_copy_params(float *dst, const ckpt_view *v, const qwen3_model *m,
             const qwen3_param *p = qwen3_param_at(m, at);
             uint64_t end = p->offset + p->numel < want[w].hi ? p->offset + p->numel : want[w].hi;
             const st_tensor *t = st_file_find(&v->model, p->name); // present, F32: matched
-            memcpy(dst + pos, (const float *)t->data + (at - p->offset),
-                   (end - at) * sizeof(float));
+            const float *src = (const float *)t->data + (at - p->offset);
+            memcpy(dst + pos, src, (end - at) * sizeof(float));
+            fs_release_read(src, (end - at) * sizeof(float));
             pos += end - at;
             at = end;
         }

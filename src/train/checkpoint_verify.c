@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <cjson/cJSON.h>
@@ -55,10 +54,9 @@ static int check_sum(const char *dir, const char *name, uint64_t bytes, uint64_t
     uint64_t h, size;
     if (sf) {
         if (st_open(sf, path, err) != 0) return CKPT_CORRUPT;
-        h = ct_xxh64(sf->map, sf->map_size, 0);
-        // The hash read every page: they leave this process again (the page cache keeps them),
-        // so that what a load or an export holds is what it copies, not every file it checked.
-        if (sf->map_size) madvise((void *)sf->map, sf->map_size, MADV_DONTNEED);
+        // The pages leave this process as they are hashed: a load or an export then holds what it
+        // copies, not every file it checked.
+        h = ct_xxh64_file_map(sf->map, sf->map_size, 0);
     } else if (ckpt_hash_file(&h, &size, path, err) != 0) {
         return CKPT_CORRUPT;
     }
