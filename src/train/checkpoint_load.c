@@ -22,8 +22,8 @@ static void copy_from_shards(float *dst, const ckpt_shard_list *list, const st_f
             for (int j = list->first[i]; j < list->first[i + 1]; j++) {
                 const ckpt_range *r = &list->ranges[j];
                 uint64_t lo = r->lo > x->lo ? r->lo : x->lo, hi = r->hi < x->hi ? r->hi : x->hi;
-                const float *src = (const float *)files[i].tensors[k].data + at + (lo - r->lo);
-                if (lo < hi) {
+                if (lo < hi) { // only the shards that overlap the request are open
+                    const float *src = (const float *)files[i].tensors[k].data + at + (lo - r->lo);
                     memcpy(dst + pos + (lo - x->lo), src, (hi - lo) * sizeof(float));
                     fs_release_read(src, (hi - lo) * sizeof(float));
                 }
