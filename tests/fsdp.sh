@@ -14,12 +14,7 @@ text_run_setup
 # exported to DUMP/hf (streamed from the shards), which `same` compares.
 run() {
   local np=$1 dump=$2; shift 2
-  mpi_train "$np" "$dump" model.flavor=debugmodel model.n_layers=2 model.tokenizer_path="$tokdir" \
-    training.dataset_path="$text" training.seq_len=32 training.local_batch_size=1 \
-    training.global_batch_size=4 training.steps=4 training.shuffle=false optimizer.lr=3e-4 \
-    lr_scheduler.warmup_steps=2 metrics.log_freq=1 metrics.peak_gflops=100 \
-    checkpoint.interval=2 debug.seed=11 parallelism.threads_per_rank=1 \
-    job.dump_folder="$dump" -- "$@" || return
+  text_train "$np" "$dump" training.global_batch_size=4 checkpoint.interval=2 -- "$@" || return
   local last
   last=$(ls -d "$dump"/checkpoint/step-* 2>/dev/null | sort -t- -k2 -n | tail -1)
   [ -z "$last" ] || "$ct" export --checkpoint "$last" --output "$dump/hf" >/dev/null

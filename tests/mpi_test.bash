@@ -90,3 +90,15 @@ text_run_setup() {
   text=$CTITAN_ASSETS_DIR/corpus/small.txt
   export ct tokdir text
 }
+# text_train NP DUMP KEY=VALUE... -- [--key value ...]: mpi_train of the 2-layer debugmodel on the
+# real text (shuffle off, 4 steps, 1 thread per rank, seed 11, lr 3e-4 after 2 warm-up steps),
+# with the test's own KEY=VALUEs and then the caller's options on top.
+text_train() {
+  local np=$1 dump=$2; shift 2
+  mpi_train "$np" "$dump" model.flavor=debugmodel model.n_layers=2 model.tokenizer_path="$tokdir" \
+    training.dataset_path="$text" training.seq_len=32 training.local_batch_size=1 \
+    training.steps=4 training.shuffle=false optimizer.lr=3e-4 lr_scheduler.warmup_steps=2 \
+    metrics.log_freq=1 metrics.peak_gflops=100 debug.seed=11 parallelism.threads_per_rank=1 \
+    job.dump_folder="$dump" "$@"
+}
+export -f text_train

@@ -14,12 +14,8 @@ text_run_setup
 # rank, ZeRO-1; the options given replace these.
 run() {
   local np=$1 dump=$2; shift 2
-  mpi_train "$np" "$dump" model.flavor=debugmodel model.n_layers=2 model.tokenizer_path="$tokdir" \
-    training.dataset_path="$text" training.seq_len=32 training.local_batch_size=1 \
-    training.steps=4 training.shuffle=false optimizer.lr=3e-4 lr_scheduler.warmup_steps=2 \
-    metrics.log_freq=1 metrics.peak_gflops=100 checkpoint.interval=100 debug.seed=11 \
-    parallelism.threads_per_rank=1 parallelism.data_parallel_shard_mode=zero1 \
-    job.dump_folder="$dump" -- "$@"
+  text_train "$np" "$dump" checkpoint.interval=100 parallelism.data_parallel_shard_mode=zero1 \
+    -- "$@"
 }
 # same A B LOSS NORM WEIGHTS [STEPS] (mpi_test.bash): the learning rate is 3e-4: AdamW's
 # g/sqrt(v) turns the rounding difference of a near-zero gradient element (summed in another
