@@ -68,6 +68,63 @@ static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_
 }
 
 // ---------------------------------------------------------------------------------------------
+// Block-causal documents (qwen3_set_positions). With documents, the q/k norm + RoPE kernel sees
+// the N tokens as one sequence (B = 1, T = N: q and k are (B,T,H,D) contiguous, the same
+// memory) whose RoPE rows are each token's own (pos_cos, pos_sin), and attention runs once per
+// document on its range of tokens (B = 1, T = its length) with its own piece of the state, so
+// each document is computed as if it were alone. Without, the plain (B, T) calls.
+
+typedef struct rope_rows {
+    const float *cos, *sin;
+    int B, T;
+} rope_rows;
+
+static rope_rows rope_of(const qwen3_acts *s, qwen3_dims d) {
+    if (s->n_docs) return (rope_rows){s->pos_cos, s->pos_sin, 1, d.N};
+    return (rope_rows){s->rope_cos, s->rope_sin, d.B, d.T};
+}
+
+// out, state = attention(q, k, v) of the batch: the table's kernel (its bf16 one when
+// attention_in_bf16) over (B, T), or over each document.
+static void attention_forward_docs(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const qwen3_dims d = model_dims(m);
+    const ct_attention_bf16_forward_fn fwd =
+        attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
+    if (!s->n_docs) {
+        fwd(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+        return;
+    }
+    for (int i = 0; i < s->n_docs; i++) {
+        const qwen3_doc *doc = &s->docs[i];
+        const size_t q = (size_t)doc->start * d.NH * d.D, kv = (size_t)doc->start * d.NKV * d.D;
+        fwd(a->atty + q, a->att + doc->state, a->qr + q, a->kr + kv, a->v + kv, 1, doc->len, d.NH,
+            d.NKV, d.D);
+    }
+}
+
+// dq, dk, dv from datty, as attention_forward_docs ran (each document's backward reuses the
+// whole scratch: they run one after the other).
+static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts *a,
+                                    qwen3_acts *s) {
+    const ct_ops *op = m->ops;
+    const qwen3_dims d = model_dims(m);
+    const ct_attention_bf16_backward_fn bwd =
+        attention_in_bf16(m) ? op->attention_bf16_backward : op->attention_backward;
+    if (!s->n_docs) {
+        bwd(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att, a->qr, a->kr, a->v, d.B,
+            d.T, d.NH, d.NKV, d.D);
+        return;
+    }
+    for (int i = 0; i < s->n_docs; i++) {
+        const qwen3_doc *doc = &s->docs[i];
+        const size_t q = (size_t)doc->start * d.NH * d.D, kv = (size_t)doc->start * d.NKV * d.D;
+        bwd(s->dq + q, s->dk + kv, s->dv + kv, s->att_scratch, s->datty + q, a->atty + q,
+            a->att + doc->state, a->qr + q, a->kr + kv, a->v + kv, 1, doc->len, d.NH, d.NKV, d.D);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Attention block: a->resid2 (N,C) = a->resid + attn(input_layernorm(a->resid)), and a->ln2 =
 // post_attention_layernorm(a->resid2) in the same pass (the next block's input).
 // gemms false (the op policy's recomputation) runs only the elementwise ops, from the kept
@@ -90,8 +147,9 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
         from_bf16(m, a->qkv, a->qkv16, N * QKV);
     }
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
+    const rope_rows r = rope_of(s, d);
     op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
-                             w->k_norm, s->rope_cos, s->rope_sin, d.B, d.T, d.NH, d.NKV, d.D, eps);
+                             w->k_norm, r.cos, r.sin, r.B, r.T, d.NH, d.NKV, d.D, eps);
     to_bf16(m, a->qr16, a->qr, N * QD); // autocast's matmuls read q, k and v in bf16
     to_bf16(m, a->kr16, a->kr, N * d.NKV * d.D);
     to_bf16(m, a->v16, a->v, N * d.NKV * d.D);
@@ -101,8 +159,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
         to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
-    (attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward)(
-        a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    attention_forward_docs(m, a, s);
     to_bf16(m, a->atty16, a->atty, N * QD);
     linear_forward(m, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
     to_bf16(m, NULL, a->resid2, N * d.C);
@@ -125,18 +182,13 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     from_bf16(m, a->qr, a->qr16, N * QD);
     from_bf16(m, a->kr, a->kr16, N * d.NKV * d.D);
     from_bf16(m, a->v, a->v16, N * d.NKV * d.D);
-    if (attention_in_bf16(m)) {
-        to_bf16(m, NULL, s->datty, N * QD); // the gradient of a bf16 output is bf16
-        op->attention_bf16_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att,
-                                    a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
-    } else {
-        op->attention_backward(s->dq, s->dk, s->dv, s->att_scratch, s->datty, a->atty, a->att,
-                               a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
-    }
+    if (attention_in_bf16(m)) to_bf16(m, NULL, s->datty, N * QD); // a bf16 output's gradient
+    attention_backward_docs(m, a, s);
     from_bf16(m, a->qkv, a->qkv16, N * QKV);
+    const rope_rows r = rope_of(s, d);
     op->qk_norm_rope_backward(op, s->dqkv, g->q_norm, g->k_norm, s->dq, s->dk, s->dv, a->qkv,
-                              w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, s->rope_cos, s->rope_sin,
-                              d.B, d.T, d.NH, d.NKV, d.D);
+                              w->q_norm, w->k_norm, a->q_rstd, a->k_rstd, r.cos, r.sin, r.B, r.T,
+                              d.NH, d.NKV, d.D);
     linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, NULL, a->ln1, a->ln1_16, w->wqkv, d.N,
                     d.C, QKV);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
@@ -354,6 +406,99 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
                     d.C, d.V);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Block-causal positions.
+
+// The documents of positions (checked: each row starts at 0, then counts up or restarts at 0)
+// into docs (NULL: only counted); returns how many. *state gets the attention state they take
+// in a layer, *scratch the most scratch one of them needs. A batch whose rows are each one
+// document gives 0: the plain path computes exactly that.
+static int positions_docs(const qwen3_model *m, const int32_t *positions, qwen3_doc *docs,
+                          size_t *state, size_t *scratch) {
+    const qwen3_dims d = model_dims(m);
+    int n = 0;
+    bool split = false;
+    *state = *scratch = 0;
+    for (int b = 0; b < d.B; b++) {
+        const int32_t *p = positions + (size_t)b * d.T;
+        for (int t0 = 0, t1; t0 < d.T; t0 = t1) {
+            for (t1 = t0 + 1; t1 < d.T && p[t1] != 0;) t1++;
+            const int len = t1 - t0;
+            split |= len < d.T;
+            if (docs) docs[n] = (qwen3_doc){b * d.T + t0, len, *state};
+            n++;
+            *state += m->ops->attention_state_floats(1, len, d.NH, d.NKV, d.D);
+            const size_t sc = m->ops->attention_scratch_floats(1, len, d.NH, d.NKV, d.D);
+            if (sc > *scratch) *scratch = sc;
+        }
+    }
+    return split ? n : 0;
+}
+
+int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err) {
+    qwen3_acts *s = m->acts;
+    if (!s) return ct_fail(err, "qwen3_set_positions: the model is not planned (qwen3_plan)");
+    if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
+        return ct_fail(err, "qwen3_set_positions: the model was planned without block-causal "
+                            "attention (mem_opts.block_causal)");
+    if (!positions) {
+        s->n_docs_next = 0;
+        s->docs_changed = true;
+        return 0;
+    }
+    const qwen3_dims d = model_dims(m);
+    for (int b = 0; b < d.B; b++) {
+        for (int t = 0; t < d.T; t++) {
+            const int32_t p = positions[(size_t)b * d.T + t];
+            if (t == 0 && p != 0)
+                return ct_fail(err,
+                               "qwen3_set_positions: positions[%d, 0] is %d, expected 0 (a row "
+                               "starts a document)",
+                               b, p);
+            const int32_t next = t ? positions[(size_t)b * d.T + t - 1] + 1 : 0;
+            if (p != 0 && p != next)
+                return ct_fail(err,
+                               "qwen3_set_positions: positions[%d, %d] is %d, expected %d (the "
+                               "document goes on) or 0 (a new one starts)",
+                               b, t, p, next);
+        }
+    }
+    // Each document's attention call needs its own piece of the state and, one at a time, the
+    // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
+    // whose sizes are linear or quadratic in T and linear in B; a plugin's are checked here).
+    size_t state, scratch;
+    const int split = positions_docs(m, positions, NULL, &state, &scratch);
+    const size_t planned_state = m->ops->attention_state_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    const size_t planned_scratch = m->ops->attention_scratch_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    if (split && (state > planned_state || scratch > planned_scratch))
+        return ct_fail(err,
+                       "qwen3_set_positions: the attention kernel needs %zu floats of state and "
+                       "%zu of scratch for these documents, more than the %zu and %zu it asked "
+                       "for at batch %d x seq_len %d",
+                       state, scratch, planned_state, planned_scratch, d.B, d.T);
+    s->n_docs_next = positions_docs(m, positions, s->docs_next, &state, &scratch);
+    s->docs_changed = true;
+    return 0;
+}
+
+// The forward takes the documents qwen3_set_positions gave last: the list, and each token's
+// RoPE rows (row p of the tables for a token at position p, one copy per document).
+static void take_docs(qwen3_model *m) {
+    qwen3_acts *s = m->acts;
+    if (!s->docs_changed) return;
+    s->docs_changed = false;
+    s->n_docs = s->n_docs_next;
+    if (!s->n_docs) return;
+    memcpy(s->docs, s->docs_next, (size_t)s->n_docs * sizeof *s->docs);
+    const size_t half = (size_t)m->cfg.head_dim / 2;
+    for (int i = 0; i < s->n_docs; i++) {
+        const size_t at = (size_t)s->docs[i].start * half,
+                     bytes = s->docs[i].len * half * sizeof(float);
+        m->be->copy(m->be, s->pos_cos + at, s->rope_cos, bytes);
+        m->be->copy(m->be, s->pos_sin + at, s->rope_sin, bytes);
+    }
+}
+
 static void unit_event(qwen3_model *m, int unit, int event) {
     if (m->unit_hook) m->unit_hook(m->unit_hook_ctx, unit, event);
 }
@@ -372,6 +517,7 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
     ct_backend *be = m->be;
     be->write(be, s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
+    take_docs(m);
 
     if (m->n_sparse) {
         const size_t n = (size_t)m->n_sparse * d.E;

@@ -79,6 +79,12 @@ typedef struct qwen3_memory_opts {
     // same copy; gate/up saved in bf16). false keeps them on the fp32 moe kernels: a plugin's
     // expert kernel (the plugin ABI is fp32).
     bool bf16_experts;
+    // Block-causal attention over packed documents (torchtitan's attn_mask_type =
+    // "block_causal", HF's padding-free packing): a token attends only to the earlier tokens of
+    // its own document, and its RoPE position is its offset in that document. The documents come
+    // from qwen3_set_positions; qwen3_plan reserves what it needs (the per-token RoPE rows, the
+    // document lists), which qwen3_memory_plan_ops counts.
+    bool block_causal;
 } qwen3_memory_opts;
 
 typedef struct qwen3_model {
@@ -236,3 +242,17 @@ void qwen3_refresh_bf16(qwen3_model *m);
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
 // forward with targets before it does nothing.
 void qwen3_backward(qwen3_model *m, float loss_scale);
+
+// Block-causal attention (mem_opts.block_causal, after qwen3_plan): positions (B, T) are the
+// RoPE positions of the tokens of the following forwards. A row's documents start where
+// positions[b, t] == 0 (positions[b, 0] must be 0) and count up by one inside a document; each
+// document is then computed exactly as if it were its own sequence (B = 1, T = its length):
+// attention within it only, positions from 0. The model keeps its own copy, read by the next
+// forward, its backward and any recomputation under activation checkpointing; a call between a
+// forward and its backward changes nothing for that backward. The positions hold until the next
+// call: NULL goes back to one document per row (plain causal attention, as without
+// block_causal), which is also what a forward sees before the first call after qwen3_plan.
+// Errors (nothing changes then): no plan, block_causal off, a position that breaks the rule
+// (naming b, t, expected and found), or an attention kernel (a plugin's) whose state for these
+// documents exceeds what it asked for at (B, T).
+int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err);

@@ -44,6 +44,14 @@ typedef struct qwen3_layer_acts {
     qwen3_layer_ac recompute;
 } qwen3_layer_acts;
 
+// Block-causal attention: one document of the packed batch, tokens [start, start + len) of the
+// N, all in one row; `state` is where its attention state starts in a layer's `att` (the sum
+// of attention_state_floats(1, len) over the documents before it).
+typedef struct qwen3_doc {
+    int32_t start, len;
+    size_t state;
+} qwen3_doc;
+
 typedef struct qwen3_acts {
     qwen3_layer_acts *layers;   // L entries
     float *rope_cos, *rope_sin; // (T, D/2)
@@ -80,6 +88,15 @@ typedef struct qwen3_acts {
     int32_t *inputs, *targets;
     bool have_targets; // the last forward computed a loss, so backward has something to do
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
+    // Block-causal (mem_opts.block_causal). docs_next: the documents qwen3_set_positions gave
+    // (n_docs_next == 0: one per row), taken by the next forward into docs, which that forward,
+    // its backward and recomputations use (n_docs == 0: one per row, the plain path); pos_cos,
+    // pos_sin (N, D/2) then hold each token's rows of the RoPE tables. The lists are host memory,
+    // N entries each (the most documents a batch can hold).
+    float *pos_cos, *pos_sin;
+    qwen3_doc *docs, *docs_next;
+    int n_docs, n_docs_next;
+    bool docs_changed; // docs_next differs from docs
 } qwen3_acts;
 
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and

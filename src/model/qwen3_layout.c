@@ -314,6 +314,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     }
     a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
     a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
+    if (opts && opts->block_causal) { // each token's RoPE rows, at its position in its document
+        a->pos_cos = carve_take(&cv, N * D / 2);
+        a->pos_sin = carve_take(&cv, N * D / 2);
+    }
     a->resid_out = carve_take(&cv, N * C);
     if (bf16)
         a->lnf16 = (uint16_t *)carve_take(&cv, N * C / 2 + 1);
@@ -395,8 +399,10 @@ void qwen3_units(const qwen3_config *cfg, size_t *lo, size_t *hi) {
     for (int u = 0; u < n; u++) hi[u] = u + 1 < n ? lo[u + 1] : pw.off;
 }
 
-static size_t model_token_bytes(int B, int T) {
-    return 2 * (size_t)B * T * sizeof(int32_t);
+// The saved token ids (inputs and targets) and, block-causal, the two host lists of documents.
+static size_t model_token_bytes(int B, int T, const qwen3_memory_opts *opts) {
+    const size_t N = (size_t)B * T;
+    return 2 * N * sizeof(int32_t) + (opts && opts->block_causal ? 2 * N * sizeof(qwen3_doc) : 0);
 }
 
 qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
@@ -409,7 +415,7 @@ qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, i
     qwen3_acts a = {0};
     mem.activations =
         qwen3_acts_layout(&a, NULL, cfg, ops ? ops : &ct_ops_cpu, B, T, opts) * sizeof(float) +
-        model_token_bytes(B, T);
+        model_token_bytes(B, T, opts);
     return mem;
 }
 
@@ -510,6 +516,8 @@ static void model_free_acts(qwen3_model *m) {
         free(a->layers);
         be->free(be, a->inputs);
         be->free(be, a->targets);
+        free(a->docs);
+        free(a->docs_next);
         free(a);
     }
     if (be) be->free(be, m->act_mem);
@@ -572,12 +580,15 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
     if (!a->layers || !(a->inputs = be->alloc(be, tokens, "the input tokens", err)) ||
         !(a->targets = be->alloc(be, tokens, "the target tokens", err)) ||
+        (m->mem_opts.block_causal &&
+         (!(a->docs = calloc((size_t)B * T, sizeof *a->docs)) ||
+          !(a->docs_next = calloc((size_t)B * T, sizeof *a->docs_next)))) ||
         !(m->act_mem = be->alloc(be, floats * sizeof(float), "the activations", err))) {
         model_free_acts(m);
         return ct_fail(err,
                        "qwen3_plan: out of memory allocating %zu bytes of activations for "
                        "batch %d x seq_len %d",
-                       floats * sizeof(float) + model_token_bytes(B, T), B, T);
+                       floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
     }
     m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
     // Built on the host, as HF builds them, then copied in.
