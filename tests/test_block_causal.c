@@ -64,23 +64,20 @@ static qwen3_config dense_config(void) {
     return c;
 }
 
+// The dense body with layer 1 of 3 sparse: GQA 3, head_dim 10 (hidden / heads is 8).
 static qwen3_config moe_config(void) {
-    qwen3_config c;
-    ct_error err;
-    CHECK(flavor_lookup(&c, "debugmodel_moe", &err) == 0, "flavor: %s", err.msg);
-    c.vocab_size = 97;
-    c.hidden_size = 48;
+    qwen3_config c = dense_config();
     c.intermediate_size = 40;
     c.num_hidden_layers = 3;
     c.num_attention_heads = 6;
-    c.num_key_value_heads = 2;
     c.head_dim = 10;
+    c.attention_bias = false;
     c.num_experts = 4;
     c.num_experts_per_tok = 2;
     c.moe_intermediate_size = 24;
     c.decoder_sparse_step = 2; // layer 1 sparse, 0 and 2 dense
     c.norm_topk_prob = true;
-    c.output_router_logits = false;
+    c.output_router_logits = false; // no aux loss: the routing alone, per token
     return c;
 }
 
