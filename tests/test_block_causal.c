@@ -336,7 +336,7 @@ static void check_api(const qwen3_config *cfg, const int32_t *in, const int32_t 
     result_free(&r);
     r = packed_run(cfg, &flash, none, in, tg, rows, NULL, scale);
     CHECK(same_bits(&r, &plain, np), "block_causal, one document per row: not the plain bits");
-    free(r.grads);
+    result_free(&r);
     // Positions given between a forward and its backward wait for the next forward.
     result docs = packed_run(cfg, &flash, none, in, tg, pos, NULL, scale);
     r = packed_run(cfg, &flash, none, in, tg, pos, rows, scale);
