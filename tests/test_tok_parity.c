@@ -119,13 +119,20 @@ int main(void) {
         char *want_skip = unhex(cJSON_GetObjectItem(c, "hf_decoded_skip")->valuestring, &skip_n);
         n_cases++;
         if (strcmp(name, "chatml") == 0) {
-            // The ChatML renderer writes exactly this case's text, so its ids are HF's too.
-            chat_message msgs[] = {{"system", "You are helpful."}, {"user", "Hi!"}};
-            char *chat;
-            size_t chat_n;
-            CHECK(chat_format(&chat, &chat_n, msgs, 2, true, &err) == 0, "%s", err.msg);
-            CHECK(chat_n == n && memcmp(chat, in, n) == 0, "chat_format differs: %s", chat);
+            // Qwen3's chat template renders exactly this case's text, so its ids are HF's too.
+            chat_template *ct = NULL;
+            cJSON *msgs = cJSON_Parse("[{\"role\": \"system\", \"content\": \"You are helpful.\"},"
+                                      " {\"role\": \"user\", \"content\": \"Hi!\"}]");
+            char *chat = NULL;
+            size_t chat_n = 0;
+            CHECK(chat_template_load(&ct, tok_dir, &err) == 0 &&
+                      chat_render(ct, msgs, NULL, true, -1, &chat, &chat_n, &err) == 0,
+                  "%s", err.msg);
+            CHECK(chat && chat_n == n && memcmp(chat, in, n) == 0, "the chat template differs: %s",
+                  chat ? chat : "(none)");
             free(chat);
+            cJSON_Delete(msgs);
+            chat_template_free(ct);
             saw_chat = true;
         }
         ids.n = 0;
