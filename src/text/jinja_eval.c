@@ -881,8 +881,7 @@ static int py_split(ctx *c, const jnode *at, jval s, jval sep, int64_t maxsplit,
             i += jinja_space_run(p + i, n - i, false);
             if (i >= n) break;
             if (maxsplit >= 0 && (int64_t)l->n >= maxsplit) {
-                size_t end = n - jinja_space_run(p + i, n - i, true);
-                TRY(list_push(c, at, l, (jval){.t = JV_STR, .s = {p + i, end - i}}));
+                TRY(list_push(c, at, l, (jval){.t = JV_STR, .s = {p + i, n - i}}));
                 break;
             }
             size_t j = i;
