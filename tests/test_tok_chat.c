@@ -18,19 +18,6 @@
 #include "text/chat.h"
 #include "text/jinja.h"
 
-static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-static char *unhex(const char *h, size_t *len) {
-    size_t n = strlen(h) / 2;
-    char *out = malloc(n + 1);
-    for (size_t i = 0; i < n; i++) out[i] = (char)(hexval(h[2 * i]) << 4 | hexval(h[2 * i + 1]));
-    out[n] = 0;
-    *len = n;
-    return out;
-}
-
 static char *read_text(const char *path, size_t *len) {
     ct_error err;
     char *s;
@@ -160,7 +147,7 @@ static void test_parity(const char *assets, const char *src, const char *tmp, co
             CHECK(0, "%s: ctitan fails: %s", name, err.msg);
         } else {
             size_t want_n;
-            char *want = unhex(hex->valuestring, &want_n);
+            char *want = check_unhex(hex->valuestring, &want_n);
             bool ok = out_n == want_n && memcmp(out, want, want_n) == 0;
             same += ok;
             if (!ok) show_diff(name, out, out_n, want, want_n);
@@ -174,7 +161,7 @@ static void test_parity(const char *assets, const char *src, const char *tmp, co
                              : cJSON_IsString(jhex) && strlen(jhex->valuestring) == 2 * out_n;
         if (js_ok && rc == 0) {
             size_t jl;
-            char *jw = unhex(jhex->valuestring, &jl);
+            char *jw = check_unhex(jhex->valuestring, &jl);
             js_ok = memcmp(jw, out, out_n) == 0;
             if (!js_ok && !known) show_diff(name, out, out_n, jw, jl);
             free(jw);

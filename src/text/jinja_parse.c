@@ -569,43 +569,49 @@ static int parse_args(pstate *ps, jnode *n) {
     return 0;
 }
 
+// node(...), at the '('.
+static jnode *parse_call(pstate *ps, jnode *node) {
+    jnode *n = new_node(ps, N_CALL, cur(ps)->pos);
+    if (!n) return NULL;
+    n->a = node;
+    return parse_args(ps, n) ? NULL : n;
+}
+
+// The filter or test named at the cursor, applied to node; one we do not implement is an error.
+static jnode *filter_or_test(pstate *ps, jnode_kind kind, jnode *node) {
+    bool filter = kind == N_FILTER;
+    token *f = cur(ps);
+    if (f->t != T_NAME && (filter || (!is_op(f, "==") && !is_op(f, "!=")))) {
+        expected(ps, filter ? "a filter name" : "a test name");
+        return NULL;
+    }
+    if (!(filter ? jinja_known_filter(f->s, f->n) : jinja_known_test(f->s, f->n))) {
+        FAIL(ps, f->pos, "unsupported %s '%.*s'", filter ? "filter" : "test", (int)f->n, f->s);
+        return NULL;
+    }
+    jnode *n = new_node(ps, kind, f->pos);
+    if (!n) return NULL;
+    ps->i++;
+    n->a = node, n->str = f->s, n->len = f->n;
+    return n;
+}
+
 static jnode *parse_filter_expr(pstate *ps, jnode *node) {
     for (;;) {
         token *k = cur(ps);
         if (is_op(k, "|")) {
             ps->i++;
-            token *f = cur(ps);
-            if (f->t != T_NAME) {
-                expected(ps, "a filter name");
-                return NULL;
-            }
-            if (!jinja_known_filter(f->s, f->n)) {
-                FAIL(ps, f->pos, "unsupported filter '%.*s'", (int)f->n, f->s);
-                return NULL;
-            }
-            jnode *n = new_node(ps, N_FILTER, f->pos);
+            jnode *n = filter_or_test(ps, N_FILTER, node);
             if (!n) return NULL;
-            ps->i++;
-            n->a = node, n->str = f->s, n->len = f->n;
             if (is_op(cur(ps), "(") && parse_args(ps, n)) return NULL;
             node = n;
         } else if (is_name(k, "is")) {
             ps->i++;
             bool neg = is_name(cur(ps), "not");
             if (neg) ps->i++;
-            token *f = cur(ps);
-            if (f->t != T_NAME && !is_op(f, "==") && !is_op(f, "!=")) {
-                expected(ps, "a test name");
-                return NULL;
-            }
-            if (!jinja_known_test(f->s, f->n)) {
-                FAIL(ps, f->pos, "unsupported test '%.*s'", (int)f->n, f->s);
-                return NULL;
-            }
-            jnode *n = new_node(ps, N_TEST, f->pos);
+            jnode *n = filter_or_test(ps, N_TEST, node);
             if (!n) return NULL;
-            ps->i++;
-            n->a = node, n->str = f->s, n->len = f->n, n->op = neg;
+            n->op = neg;
             token *a = cur(ps);
             if (is_op(a, "(")) {
                 if (parse_args(ps, n)) return NULL;
@@ -625,11 +631,7 @@ static jnode *parse_filter_expr(pstate *ps, jnode *node) {
             }
             node = n;
         } else if (is_op(k, "(")) {
-            jnode *n = new_node(ps, N_CALL, k->pos);
-            if (!n) return NULL;
-            n->a = node;
-            if (parse_args(ps, n)) return NULL;
-            node = n;
+            if (!(node = parse_call(ps, node))) return NULL;
         } else {
             return node;
         }
@@ -695,11 +697,7 @@ static jnode *parse_postfix(pstate *ps, jnode *node) {
             }
             node = n;
         } else if (is_op(k, "(")) {
-            jnode *n = new_node(ps, N_CALL, k->pos);
-            if (!n) return NULL;
-            n->a = node;
-            if (parse_args(ps, n)) return NULL;
-            node = n;
+            if (!(node = parse_call(ps, node))) return NULL;
         } else {
             return node;
         }
@@ -960,6 +958,18 @@ static int parse_targets(pstate *ps, jnode *n) {
     return 0;
 }
 
+// After a body that ended at `found`: an {% else %} body up to the closer into n->c, then the
+// closer's '%}'.
+static jnode *parse_else(pstate *ps, jnode *n, const char *found, const char *closer, size_t pos,
+                         const char *opener) {
+    if (!strcmp(found, "else")) {
+        const char *const ends[] = {closer, NULL};
+        if (expect_end(ps, T_BEND) || !(n->c = parse_body(ps, ends, &found, pos, opener)))
+            return NULL;
+    }
+    return expect_end(ps, T_BEND) ? NULL : n;
+}
+
 static jnode *parse_if(pstate *ps, size_t pos) {
     jnode *n = new_node(ps, N_IF, pos);
     if (!n || !(n->a = parse_expr(ps, true)) || expect_end(ps, T_BEND)) return NULL;
@@ -976,12 +986,7 @@ static jnode *parse_if(pstate *ps, size_t pos) {
         n->c = body;
         return n;
     }
-    if (!strcmp(found, "else")) {
-        static const char *const endif[] = {"endif", NULL};
-        if (expect_end(ps, T_BEND) || !(n->c = parse_body(ps, endif, &found, pos, "if")))
-            return NULL;
-    }
-    return expect_end(ps, T_BEND) ? NULL : n;
+    return parse_else(ps, n, found, "endif", pos, "if");
 }
 
 static jnode *parse_for(pstate *ps, size_t pos) {
@@ -1008,12 +1013,7 @@ static jnode *parse_for(pstate *ps, size_t pos) {
     n->b = parse_body(ps, ends, &found, pos, "for");
     ps->loops--;
     if (!n->b) return NULL;
-    if (!strcmp(found, "else")) {
-        static const char *const endfor[] = {"endfor", NULL};
-        if (expect_end(ps, T_BEND) || !(n->c = parse_body(ps, endfor, &found, pos, "for")))
-            return NULL;
-    }
-    return expect_end(ps, T_BEND) ? NULL : n;
+    return parse_else(ps, n, found, "endfor", pos, "for");
 }
 
 static jnode *parse_set(pstate *ps, size_t pos) {
