@@ -33,6 +33,21 @@ static inline const char *check_env(const char *name) {
     return v;
 }
 
+// Decodes a lower-case hex string into a malloc'd, NUL-terminated buffer of *len bytes (the
+// node references write texts as hex: a C JSON reader stops strings at NUL).
+static inline char *check_unhex(const char *h, size_t *len) {
+    size_t n = strlen(h) / 2;
+    char *out = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) {
+        int hi = h[2 * i] <= '9' ? h[2 * i] - '0' : h[2 * i] - 'a' + 10;
+        int lo = h[2 * i + 1] <= '9' ? h[2 * i + 1] - '0' : h[2 * i + 1] - 'a' + 10;
+        out[i] = (char)(hi << 4 | lo);
+    }
+    out[n] = 0;
+    *len = n;
+    return out;
+}
+
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", check_passed, check_failed);
     return check_failed ? 1 : 0;

@@ -15,20 +15,6 @@
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
-static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-// Decodes a hex string into a malloc'd buffer.
-static char *unhex(const char *h, size_t *len) {
-    size_t n = strlen(h) / 2;
-    char *out = malloc(n + 1);
-    for (size_t i = 0; i < n; i++) out[i] = (char)(hexval(h[2 * i]) << 4 | hexval(h[2 * i + 1]));
-    out[n] = 0;
-    *len = n;
-    return out;
-}
-
 static bool ids_equal(const tok_ids *got, const cJSON *want) {
     if (!cJSON_IsArray(want) || (size_t)cJSON_GetArraySize(want) != got->n) return false;
     size_t i = 0;
@@ -113,19 +99,27 @@ int main(void) {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const cJSON *hf = cJSON_GetObjectItem(c, "hf"), *js = cJSON_GetObjectItem(c, "js");
         size_t n, nfc_n, dec_n, skip_n;
-        char *in = unhex(cJSON_GetObjectItem(c, "hex")->valuestring, &n);
-        char *nfc = unhex(cJSON_GetObjectItem(c, "nfc_hex")->valuestring, &nfc_n);
-        char *want_dec = unhex(cJSON_GetObjectItem(c, "hf_decoded")->valuestring, &dec_n);
-        char *want_skip = unhex(cJSON_GetObjectItem(c, "hf_decoded_skip")->valuestring, &skip_n);
+        char *in = check_unhex(cJSON_GetObjectItem(c, "hex")->valuestring, &n);
+        char *nfc = check_unhex(cJSON_GetObjectItem(c, "nfc_hex")->valuestring, &nfc_n);
+        char *want_dec = check_unhex(cJSON_GetObjectItem(c, "hf_decoded")->valuestring, &dec_n);
+        char *want_skip =
+            check_unhex(cJSON_GetObjectItem(c, "hf_decoded_skip")->valuestring, &skip_n);
         n_cases++;
         if (strcmp(name, "chatml") == 0) {
-            // The ChatML renderer writes exactly this case's text, so its ids are HF's too.
-            chat_message msgs[] = {{"system", "You are helpful."}, {"user", "Hi!"}};
-            char *chat;
-            size_t chat_n;
-            CHECK(chat_format(&chat, &chat_n, msgs, 2, true, &err) == 0, "%s", err.msg);
-            CHECK(chat_n == n && memcmp(chat, in, n) == 0, "chat_format differs: %s", chat);
+            // Qwen3's chat template renders exactly this case's text, so its ids are HF's too.
+            chat_template *ct = NULL;
+            cJSON *msgs = cJSON_Parse("[{\"role\": \"system\", \"content\": \"You are helpful.\"},"
+                                      " {\"role\": \"user\", \"content\": \"Hi!\"}]");
+            char *chat = NULL;
+            size_t chat_n = 0;
+            CHECK(chat_template_load(&ct, tok_dir, &err) == 0 &&
+                      chat_render(ct, msgs, NULL, true, -1, &chat, &chat_n, &err) == 0,
+                  "%s", err.msg);
+            CHECK(chat && chat_n == n && memcmp(chat, in, n) == 0, "the chat template differs: %s",
+                  chat ? chat : "(none)");
             free(chat);
+            cJSON_Delete(msgs);
+            chat_template_free(ct);
             saw_chat = true;
         }
         ids.n = 0;

@@ -1,20 +1,30 @@
-// Qwen's ChatML layout for SFT data: each message as
-//   <|im_start|>{role}\n{content}<|im_end|>\n
-// and, when a reply is to follow, "<|im_start|>assistant\n". This is what Qwen's chat template
-// renders for plain messages; its extras (tools, <think> handling of past assistant turns) are
-// not reproduced, as this is not a Jinja engine.
+// A model's chat template (Hugging Face's tokenizer_config.json "chat_template" or
+// chat_template.jinja), rendered as transformers' apply_chat_template renders it (jinja.h).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/error.h"
 
-typedef struct chat_message {
-    const char *role; // "system", "user", "assistant", "tool", ...
-    const char *content;
-} chat_message;
+typedef struct chat_template chat_template;
 
-// Renders msgs[0..n) into a malloc'd, NUL-terminated *out. A role must be non-empty and free of
-// newlines and of "<|" (it would corrupt the layout); content may be anything.
-int chat_format(char **out, size_t *out_len, const chat_message *msgs, size_t n,
-                bool add_generation_prompt, ct_error *err);
+// From a Hugging Face tokenizer folder: chat_template.jinja if present, else
+// tokenizer_config.json's "chat_template" (a string, or a list of {"name", "template"}: the one
+// named "default"). Also reads the special tokens the template sees (bos_token, eos_token,
+// pad_token, unk_token from tokenizer_config.json: strings or {"content": ...}). An error names
+// the folder and the files looked at when there is no template.
+int chat_template_load(chat_template **out, const char *dir, ct_error *err);
+// A template given as text (no special tokens).
+int chat_template_from_string(chat_template **out, const char *src, size_t len, ct_error *err);
+void chat_template_free(chat_template *t);
+
+// Renders messages (a JSON array of {"role", "content", ...}) as apply_chat_template(messages,
+// tools=tools, add_generation_prompt=..., enable_thinking=...) does; tools may be NULL (the
+// template then sees None). enable_thinking: -1 = not passed, 0 = False, 1 = True. The messages
+// are checked first: a non-empty array of objects whose role is system, user, assistant or tool
+// and whose content is a string (null only in an assistant message with tool_calls).
+int chat_render(const chat_template *t, const cJSON *messages, const cJSON *tools,
+                bool add_generation_prompt, int enable_thinking, char **out, size_t *out_len,
+                ct_error *err);
