@@ -3,10 +3,13 @@
 // can be: a 1-D little-endian integer array in C order.
 #include "io/npy.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/fs.h"
 #include "io/atomic.h"
@@ -168,8 +171,15 @@ static const npy_type *npy_check_descr(const char *descr, const char *path, ct_e
     return NULL;
 }
 
-static int npy_validate(npy_tokens *t, const unsigned char *buf, size_t size, ct_error *err) {
+// Checks a .npy of `size` bytes whose first `have` bytes are in buf (the whole file, or at least
+// its header: then *need_more says how many bytes the header needs when buf is too short).
+static int npy_validate(npy_tokens *t, const unsigned char *buf, size_t have, size_t size,
+                        size_t *need_more, ct_error *err) {
     const char *path = t->path;
+    if (have < 12 && have < size) {
+        *need_more = 12;
+        return 1;
+    }
     if (size < 10 || memcmp(buf, NPY_MAGIC, 6) != 0)
         return ct_fail(err,
                        "%s: not a .npy file (expected the magic \\x93NUMPY, file is %zu bytes)",
@@ -186,6 +196,10 @@ static int npy_validate(npy_tokens *t, const unsigned char *buf, size_t size, ct
     if (hlen > size - hstart)
         return ct_fail(err, "%s: .npy header length %llu runs past the end of the file (%zu bytes)",
                        path, (unsigned long long)hlen, size);
+    if (hstart + hlen > have) {
+        *need_more = hstart + (size_t)hlen;
+        return 1;
+    }
     npy_lex l = {(const char *)buf + hstart, (const char *)buf + hstart + hlen, path};
     npy_header h;
     if (npy_parse_dict(&h, &l, err) != 0) return -1;
@@ -203,60 +217,87 @@ static int npy_validate(npy_tokens *t, const unsigned char *buf, size_t size, ct
         if (k < sizeof s) snprintf(s + k, sizeof s - k, ")");
         return ct_fail(err, "%s: shape %s is %d-D: token arrays must be 1-D (N,)", path, s, h.ndim);
     }
-    size_t data_off = hstart + (size_t)hlen, have = size - data_off;
+    size_t data_off = hstart + (size_t)hlen, data_bytes = size - data_off;
     uint64_t need;
     bool overflow = __builtin_mul_overflow(h.shape[0], (uint64_t)ty->size, &need);
-    if (overflow || need != have)
-        return ct_fail(err, "%s: data is %zu bytes, expected %llu elements of %s%s", path, have,
-                       (unsigned long long)h.shape[0], ty->descr,
-                       overflow || have < need ? " (truncated)" : " (trailing bytes)");
+    if (overflow || need != data_bytes)
+        return ct_fail(err, "%s: data is %zu bytes, expected %llu elements of %s%s", path,
+                       data_bytes, (unsigned long long)h.shape[0], ty->descr,
+                       overflow || data_bytes < need ? " (truncated)" : " (trailing bytes)");
     snprintf(t->descr, sizeof t->descr, "%s", ty->descr);
     t->elem_size = ty->size;
     t->count = h.shape[0];
-    t->data = buf + data_off;
+    t->data_off = data_off;
+    if (have == size) t->data = buf + data_off;
     return 0;
 }
 
 int npy_parse(npy_tokens *t, const void *buf, size_t size, const char *name, ct_error *err) {
     memset(t, 0, sizeof *t);
+    t->fd = -1;
     t->path = strdup(name);
     if (!t->path) return ct_fail(err, "%s: out of memory", name);
-    if (npy_validate(t, buf, size, err) != 0) {
+    size_t unused;
+    if (npy_validate(t, buf, size, size, &unused, err) != 0) {
         npy_close(t);
         return -1;
     }
     return 0;
 }
 
-int npy_open(npy_tokens *t, const char *path, ct_error *err) {
-    void *map;
-    size_t size;
-    memset(t, 0, sizeof *t);
-    if (fs_map_readonly(&map, &size, path, err) != 0) return -1;
-    // A 0-byte file has no mapping; it is validated (and refused) as an empty buffer.
-    if (npy_parse(t, map ? map : (const void *)"", size, path, err) != 0) {
-        fs_unmap(map, size);
-        return -1;
+static int read_at(int fd, unsigned char *buf, size_t n, size_t at, const char *path,
+                   ct_error *err) {
+    for (size_t done = 0; done < n;) {
+        ssize_t k = pread(fd, buf + done, n - done, (off_t)(at + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return ct_fail(err, "%s: read failed at byte %zu: %s", path, at + done,
+                           k < 0 ? strerror(errno) : "unexpected end of file");
+        done += (size_t)k;
     }
-    t->map = map;
-    t->map_size = size;
     return 0;
 }
 
-void npy_close(npy_tokens *t) {
-    fs_unmap(t->map, t->map_size);
-    free(t->path);
+// Reads only the header: the tokens are mapped range by range when read (npy_read), so a file
+// of any size costs neither memory nor address space until then.
+int npy_open(npy_tokens *t, const char *path, ct_error *err) {
     memset(t, 0, sizeof *t);
+    t->fd = -1;
+    size_t size, have, need = 0;
+    if (fs_open_regular(&t->fd, &size, path, err) != 0) {
+        t->fd = -1;
+        return -1;
+    }
+    have = size < 12 ? size : 12; // the magic, the version and the header's length
+    unsigned char *buf = malloc(have + 1);
+    int rc = -1;
+    if (!(t->path = strdup(path)) || !buf)
+        ct_fail(err, "%s: out of memory", path);
+    else if (read_at(t->fd, buf, have, 0, path, err) == 0 &&
+             (rc = npy_validate(t, buf, have, size, &need, err)) == 1) {
+        unsigned char *grown = realloc(buf, need);
+        rc = -1;
+        if (!grown)
+            ct_fail(err, "%s: out of memory for a .npy header of %zu bytes", path, need);
+        else if (buf = grown, read_at(t->fd, buf + have, need - have, have, path, err) == 0)
+            rc = npy_validate(t, buf, need, size, &need, err);
+    }
+    free(buf);
+    t->data = NULL; // pointed into buf when the file is all header (no tokens)
+    if (rc != 0) npy_close(t);
+    return rc == 0 ? 0 : -1;
 }
 
-int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_t vocab_size,
-             ct_error *err) {
-    if (start > t->count || n > t->count - start)
-        return ct_fail(err, "%s: tokens [%llu, %llu) requested, the file has %llu", t->path,
-                       (unsigned long long)start, (unsigned long long)(start + n),
-                       (unsigned long long)t->count);
-    int64_t limit = vocab_size > 0 ? vocab_size : (int64_t)INT32_MAX + 1;
-    const unsigned char *p = t->data + start * t->elem_size;
+void npy_close(npy_tokens *t) {
+    if (t->fd >= 0) close(t->fd);
+    free(t->path);
+    memset(t, 0, sizeof *t);
+    t->fd = -1;
+}
+
+// Converts n elements at p to int32, checking each against limit.
+static int convert(int32_t *out, const npy_tokens *t, const unsigned char *p, uint64_t start,
+                   size_t n, int64_t limit, ct_error *err) {
     for (size_t i = 0; i < n; i++, p += t->elem_size) {
         int64_t v;
         if (t->elem_size == 2) {
@@ -276,6 +317,28 @@ int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_
         out[i] = (int32_t)v;
     }
     return 0;
+}
+
+int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_t vocab_size,
+             ct_error *err) {
+    if (start > t->count || n > t->count - start)
+        return ct_fail(err, "%s: tokens [%llu, %llu) requested, the file has %llu", t->path,
+                       (unsigned long long)start, (unsigned long long)(start + n),
+                       (unsigned long long)t->count);
+    int64_t limit = vocab_size > 0 ? vocab_size : (int64_t)INT32_MAX + 1;
+    if (t->data || n == 0)
+        return convert(out, t, t->data + start * t->elem_size, start, n, limit, err);
+    // The pages holding the range, mapped for this read only.
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint64_t from = t->data_off + start * t->elem_size, base = from / page * page;
+    size_t len = (size_t)(from - base) + n * t->elem_size;
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, t->fd, (off_t)base);
+    if (map == MAP_FAILED)
+        return ct_fail(err, "%s: mmap of tokens [%llu, %llu) failed: %s", t->path,
+                       (unsigned long long)start, (unsigned long long)(start + n), strerror(errno));
+    int rc = convert(out, t, (const unsigned char *)map + (from - base), start, n, limit, err);
+    munmap(map, len);
+    return rc;
 }
 
 int npy_write(const char *path, const int64_t *values, size_t n, const char *descr, ct_error *err) {

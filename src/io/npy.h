@@ -7,21 +7,25 @@
 
 typedef struct npy_tokens {
     char *path;
-    void *map;
-    size_t map_size;
-    const unsigned char *data;
-    char descr[8]; // "<u2", "<i4", "<u4", "<i8"
+    int fd;                    // npy_open: the open file, read range by range; else -1
+    uint64_t data_off;         // where the tokens start in the file
+    const unsigned char *data; // npy_parse: the tokens in the caller's buffer; else NULL
+    char descr[8];             // "<u2", "<i4", "<u4", "<i8"
     size_t elem_size;
     uint64_t count;
 } npy_tokens;
 
-// mmaps and validates; any other dtype, shape, byte order or Fortran order is an error.
+// Opens and validates the header (any other dtype, shape, byte order or Fortran order is an
+// error) and checks the file's size against it. The tokens are not read: npy_read maps the
+// pages of the range it is asked for, for that call only, so resident memory and address space
+// do not grow with the file.
 int npy_open(npy_tokens *t, const char *path, ct_error *err);
 // Validates an in-memory .npy image (the same checks as npy_open; `name` is used in messages).
 // t->data points into `buf`, which must outlive `t`. Used by fuzzing and tests.
 int npy_parse(npy_tokens *t, const void *buf, size_t size, const char *name, ct_error *err);
 void npy_close(npy_tokens *t);
-// Copies tokens [start, start+n) as int32. Values outside [0, vocab_size) are an error
+// Copies tokens [start, start+n) as int32 (from the file through a mapping of those pages only,
+// or from npy_parse's buffer). Values outside [0, vocab_size) are an error
 // naming the file and index (vocab_size <= 0 disables the check).
 int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_t vocab_size,
              ct_error *err);
