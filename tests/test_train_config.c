@@ -535,6 +535,7 @@ static const struct {
     {"model.moe_intermediate_size", true},
     {"model.moe_impl", false},     // fp32 rounding only
     {"model.attn_backend", false}, // fp32 rounding only
+    {"model.attn_mask_type", true}, // what each token sees, and its targets
     {"model.load_balance", true},
     {"model.load_balance_coeff", true},
     {"model.router_aux_loss_coef", true},
@@ -542,6 +543,7 @@ static const struct {
     {"hf_transformers.model", false}, // resolves into model.hf_path
     {"training.dataset", false},
     {"training.dataset_path", true},
+    {"training.train_on", true}, // which targets are trained
     {"training.local_batch_size", false}, // the global batch is what counts (resolved in trainer.c)
     {"training.global_batch_size", true},
     {"training.seq_len", true},

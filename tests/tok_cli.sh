@@ -139,7 +139,7 @@ mkdir -p "$T/wordpiece"
     "$TOK/tokenizer.json" "$T/wordpiece/tokenizer.json"
 expect_error "no documents" --tokenizer "$TOK" --input "$T/empty.txt" --output "$T/err.npy"
 expect_error "no documents" --tokenizer "$TOK" --input "$T/blank.txt" --output "$T/err.npy" --lines
-expect_error "notext.jsonl:2: no \"text\" field" --tokenizer "$TOK" --input "$T/notext.jsonl" --output "$T/err.npy"
+expect_error "notext.jsonl:2: no \"text\", \"messages\" or \"ids\" field" --tokenizer "$TOK" --input "$T/notext.jsonl" --output "$T/err.npy"
 expect_error "numtext.jsonl:2: \"text\" is not a string" --tokenizer "$TOK" --input "$T/numtext.jsonl" --output "$T/err.npy"
 expect_error "badjson.jsonl:2: invalid JSON" --tokenizer "$TOK" --input "$T/badjson.jsonl" --output "$T/err.npy"
 printf '{"text": "fine"}\n{"text": "a\\u00zzb"}\n' >"$T/badhex.jsonl"

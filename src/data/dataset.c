@@ -19,11 +19,14 @@
 #include "core/fs.h"
 #include "data/jsonl.h"
 #include "io/npy.h"
+#include "text/chat.h"
+#include "text/chat_mask.h"
 #include "text/strmap.h"
 #include "text/utf8.h"
 
 #define BATCH_BYTES (64u << 20)  // text per encode batch
 #define PIECE_BYTES (256u << 10) // a long .txt document is cut into pieces of about this size
+#define SCAN_TOKENS (1u << 20)   // .npy ids checked per read at open
 
 typedef enum { SRC_TXT, SRC_JSONL, SRC_NPY } src_kind;
 
@@ -40,6 +43,8 @@ typedef struct src_file {
     npy_tokens npy;      // SRC_NPY
     bool npy_open;
     uint64_t hash; // SRC_TXT, when duplicates are looked for: text_hash of the whole text
+    int line_kind; // SRC_JSONL: the kind (jsonl_kind) of its first line, -1 before it
+    uint64_t kind_line;
 } src_file;
 
 // A text that could be in the dataset twice: a document (a .jsonl text, a whole .txt) or a line
@@ -55,6 +60,8 @@ typedef struct doc_key {
 typedef struct unit {
     uint32_t file;
     bool doc_end;  // the last unit of a text document: <|endoftext|> follows
+    bool flagged;  // a conversation: its ids' flags are in the worker's flags
+    uint8_t kind;  // SRC_JSONL: the line's jsonl_kind
     const char *p; // the text (a .txt piece, or a .jsonl line before parsing)
     size_t len;
     uint64_t where;      // .jsonl: 1-based line; .txt: byte offset of the piece
@@ -68,6 +75,9 @@ typedef struct unit {
 typedef struct __attribute__((aligned(64))) worker {
     tok_encoder *enc;
     tok_ids ids;    // the units this thread encoded in the current batch, back to back
+    uint8_t *flags; // the flags of ids (where a unit is flagged), as long as ids.cap
+    size_t flags_cap;
+    char *rendered; // the text of the conversation this thread rendered last
     jsonl_buf json; // a .jsonl text with escapes, decoded
     char *fixed;    // a .jsonl text with invalid UTF-8, repaired
     size_t fixed_cap;
@@ -79,8 +89,13 @@ typedef struct __attribute__((aligned(64))) worker {
 
 typedef struct reader {
     token_stream *s;
+    const stream_options *o;
     const tokenizer *tok;
     int32_t vocab_size, eos;
+    int32_t *scratch; // SCAN_TOKENS ids: the .npy files' check
+    bool track_flags; // the dataset has a .jsonl: keep flags while reading, in case
+    bool any_flagged; // a conversation was met: the flags are kept
+    bool at_doc_start;
     src_file *files;
     size_t n_files;
     unit *units;
@@ -117,6 +132,7 @@ static int add_file(reader *r, const char *path, src_kind kind, ct_error *err) {
     f += r->n_files;
     memset(f, 0, sizeof *f);
     f->kind = kind;
+    f->line_kind = -1;
     if (!(f->path = strdup(path))) return ct_fail(err, "%s: out of memory", path);
     r->n_files++;
     return 0;
@@ -292,34 +308,120 @@ static bool add_keys(worker *w, const unit *u, const src_file *f, const char *te
     return true;
 }
 
-static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f, bool find_dups) {
+// Repairs invalid UTF-8 in text[0..*len) into the worker's buffer (see text/utf8.h).
+static bool repair_utf8(worker *w, unit *u, const char **text, size_t *len) {
+    if (utf8_valid_prefix(*text, *len) == *len) return true;
+    size_t need = utf8_repair_bound(*len), n_bad;
+    if (need > w->fixed_cap) {
+        free(w->fixed);
+        w->fixed = malloc(need);
+        w->fixed_cap = w->fixed ? need : 0;
+    }
+    if (!w->fixed) return false;
+    *len = utf8_repair(w->fixed, *text, *len, &n_bad);
+    *text = w->fixed;
+    u->n_replaced += n_bad;
+    return true;
+}
+
+// Room for `more` ids (and their flags) after the worker's ids.
+static bool reserve_ids(worker *w, size_t more) {
+    tok_ids *ids = &w->ids;
+    if (more > ids->cap - ids->n) {
+        size_t cap = ids->cap ? ids->cap : 4096;
+        while (cap - ids->n < more) cap *= 2;
+        int32_t *grown = realloc(ids->v, cap * sizeof *grown);
+        if (!grown) return false;
+        ids->v = grown;
+        ids->cap = cap;
+    }
+    if (w->flags_cap < ids->cap) {
+        uint8_t *grown = realloc(w->flags, ids->cap);
+        if (!grown) return false;
+        w->flags = grown;
+        w->flags_cap = ids->cap;
+    }
+    return true;
+}
+
+// The flags of the unit's ids: mask[i] (1 = trained, or all under train_on_all) as
+// STREAM_TRAIN, and the first token starts a document.
+static void set_flags(worker *w, const unit *u, bool train_all) {
+    uint8_t *f = w->flags + u->ids_off;
+    for (size_t i = 0; i < u->n_ids; i++) f[i] = train_all || f[i] ? STREAM_TRAIN : 0;
+    if (u->n_ids) f[0] |= STREAM_DOC_START;
+}
+
+// A conversation: rendered with the chat template, tokenized, and its assistant tokens marked.
+static int encode_chat(worker *w, unit *u, const reader *r, const cJSON *root, ct_error *err) {
+    if (!r->o->chat)
+        return ct_fail(err, "a conversation (\"messages\"), but there is no chat template: %s",
+                       r->o->chat_from ? r->o->chat_from : "none was given");
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (cJSON_IsNull(tools)) tools = NULL;
+    free(w->rendered);
+    w->rendered = NULL;
+    size_t len;
+    if (chat_render(r->o->chat, cJSON_GetObjectItemCaseSensitive(root, "messages"), tools, false,
+                    -1, &w->rendered, &len, err) != 0)
+        return -1;
+    const char *text = w->rendered;
+    if (!repair_utf8(w, u, &text, &len)) return ct_fail(err, "out of memory repairing UTF-8");
+    if (tok_encode(w->enc, &w->ids, text, len, err) != 0) return -1;
+    u->n_ids = w->ids.n - u->ids_off;
+    if (!reserve_ids(w, 0)) return ct_fail(err, "out of memory for a conversation's flags");
+    if (!r->o->train_on_all && chat_assistant_mask(r->tok, w->ids.v + u->ids_off, u->n_ids,
+                                                   w->flags + u->ids_off, err) < 0)
+        return -1;
+    return 0;
+}
+
+// A pre-tokenized line: with a mask a conversation, without a text document.
+static int encode_ids(worker *w, unit *u, const reader *r, const cJSON *root, ct_error *err) {
+    size_t n;
+    bool has_mask;
+    if (jsonl_ids_check(root, r->vocab_size, &n, &has_mask, err) != 0) return -1;
+    if (!reserve_ids(w, n)) return ct_fail(err, "out of memory for %zu ids", n);
+    jsonl_ids_copy(root, w->ids.v + w->ids.n, w->flags + w->ids.n);
+    w->ids.n += n;
+    u->n_ids = n;
+    u->flagged = has_mask;
+    u->doc_end = !has_mask;
+    return 0;
+}
+
+static void encode_unit(worker *w, unit *u, size_t ui, const reader *r) {
+    const src_file *f = &r->files[u->file];
     const char *text = u->p;
     size_t len = u->len;
     ct_error err;
     u->ids_off = w->ids.n;
     u->n_ids = 0;
     if (f->kind == SRC_JSONL) {
-        if (jsonl_text(&text, &len, &w->json, u->p, u->len, &err) != 0) {
+        jsonl_doc d;
+        if (jsonl_doc_parse(&d, &w->json, u->p, u->len, &err) != 0) {
             fail_unit(w, ui, u, f, err.msg);
             return;
         }
-        if (utf8_valid_prefix(text, len) < len) {
-            size_t need = utf8_repair_bound(len), n_bad;
-            if (need > w->fixed_cap) {
-                free(w->fixed);
-                w->fixed = malloc(need);
-                w->fixed_cap = w->fixed ? need : 0;
-            }
-            if (!w->fixed) {
-                fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
-                return;
-            }
-            len = utf8_repair(w->fixed, text, len, &n_bad);
-            text = w->fixed;
-            u->n_replaced = n_bad;
+        u->kind = (uint8_t)d.kind;
+        if (d.kind != JSONL_TEXT) {
+            u->flagged = d.kind == JSONL_CHAT;
+            u->doc_end = false;
+            int rc = d.kind == JSONL_CHAT ? encode_chat(w, u, r, d.root, &err)
+                                          : encode_ids(w, u, r, d.root, &err);
+            cJSON_Delete(d.root);
+            if (rc != 0) fail_unit(w, ui, u, f, err.msg);
+            if (rc == 0 && u->flagged) set_flags(w, u, r->o->train_on_all);
+            return;
+        }
+        text = d.text;
+        len = d.len;
+        if (!repair_utf8(w, u, &text, &len)) {
+            fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
+            return;
         }
     }
-    if (find_dups && !add_keys(w, u, f, text, len)) {
+    if (r->find_dups && !add_keys(w, u, f, text, len)) {
         fail_unit(w, ui, u, f, "out of memory hashing documents");
         return;
     }
@@ -329,15 +431,88 @@ static void encode_unit(worker *w, unit *u, size_t ui, const src_file *f, bool f
 
 static int reserve_tokens(reader *r, size_t more, ct_error *err) {
     token_stream *s = r->s;
-    if (more <= r->cap_tokens - s->n_tokens) return 0;
-    if (more > SIZE_MAX / sizeof(int32_t) / 2 - s->n_tokens)
+    if (more <= r->cap_tokens - s->n_mem) return 0;
+    if (more > SIZE_MAX / sizeof(int32_t) / 2 - s->n_mem)
         return ct_fail(err, "dataset %s: too many tokens", s->path);
     size_t cap = r->cap_tokens ? r->cap_tokens : 1 << 16;
-    while (cap - s->n_tokens < more) cap *= 2;
+    while (cap - s->n_mem < more) cap *= 2;
     int32_t *grown = realloc(s->tokens, cap * sizeof *grown);
     if (!grown) return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, cap);
     s->tokens = grown;
+    if (r->track_flags) {
+        uint8_t *flags = realloc(s->flags, cap);
+        if (!flags) return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, cap);
+        s->flags = flags;
+    }
     r->cap_tokens = cap;
+    return 0;
+}
+
+// Starts a part of the stream at its end (in memory, or the .npy file npy).
+static int add_part(token_stream *s, int npy, ct_error *err) {
+    stream_part *grown = realloc(s->parts, (s->n_parts + 1) * sizeof *grown);
+    if (!grown) return ct_fail(err, "dataset %s: out of memory", s->path);
+    s->parts = grown;
+    s->parts[s->n_parts++] = (stream_part){.first = s->n_tokens, .mem_first = s->n_mem, .npy = npy};
+    return 0;
+}
+
+// Appends n ids (and, when the unit is flagged, their flags) to the stream in memory.
+static int append_ids(reader *r, const int32_t *ids, const uint8_t *flags, size_t n,
+                      ct_error *err) {
+    token_stream *s = r->s;
+    if (reserve_tokens(r, n, err) != 0) return -1;
+    if (s->n_parts == 0 || s->parts[s->n_parts - 1].npy >= 0)
+        if (add_part(s, -1, err) != 0) return -1;
+    memcpy(s->tokens + s->n_mem, ids, n * sizeof *ids);
+    if (r->track_flags) {
+        if (flags)
+            memcpy(s->flags + s->n_mem, flags, n);
+        else
+            memset(s->flags + s->n_mem, STREAM_TRAIN, n);
+        if (n && r->at_doc_start) s->flags[s->n_mem] |= STREAM_DOC_START;
+    }
+    if (n) r->at_doc_start = false;
+    s->n_mem += n;
+    s->n_tokens += n;
+    s->parts[s->n_parts - 1].n += n;
+    return 0;
+}
+
+// A .npy file joins the stream as a part of its own, read when used; its ids are checked here,
+// SCAN_TOKENS at a time.
+static int append_npy(reader *r, src_file *f, ct_error *err) {
+    token_stream *s = r->s;
+    npy_tokens *grown = realloc(s->npy, (s->n_npy + 1) * sizeof *grown);
+    if (!grown) return ct_fail(err, "%s: out of memory", f->path);
+    s->npy = grown;
+    if (!r->scratch && !(r->scratch = malloc(SCAN_TOKENS * sizeof *r->scratch)))
+        return ct_fail(err, "%s: out of memory", f->path);
+    for (uint64_t at = 0; at < f->npy.count; at += SCAN_TOKENS) {
+        uint64_t n = f->npy.count - at < SCAN_TOKENS ? f->npy.count - at : SCAN_TOKENS;
+        if (npy_read(r->scratch, &f->npy, at, (size_t)n, r->vocab_size, err) != 0) return -1;
+    }
+    if (add_part(s, (int)s->n_npy, err) != 0) return -1;
+    s->npy[s->n_npy++] = f->npy; // the stream owns the file now
+    f->npy_open = false;
+    s->parts[s->n_parts - 1].n = f->npy.count;
+    s->n_tokens += f->npy.count;
+    r->at_doc_start = true; // the text after it starts a document
+    return 0;
+}
+
+// A .jsonl holds one kind of line: the first line of another kind is an error.
+static int check_kind(src_file *f, const unit *u, ct_error *err) {
+    if (f->line_kind < 0) {
+        f->line_kind = u->kind;
+        f->kind_line = u->where;
+    } else if (f->line_kind != u->kind) {
+        return ct_fail(err,
+                       "%s:%llu: a \"%s\" line in a file of \"%s\" lines (line %llu): one kind "
+                       "per file",
+                       f->path, (unsigned long long)u->where, jsonl_kind_names[u->kind],
+                       jsonl_kind_names[f->line_kind], (unsigned long long)f->kind_line);
+    }
     return 0;
 }
 
@@ -345,19 +520,10 @@ static int reserve_tokens(reader *r, size_t more, ct_error *err) {
 static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
     token_stream *s = r->s;
     const unit *u = &r->units[ui];
-    const src_file *f = &r->files[u->file];
-    if (f->kind == SRC_NPY) {
-        if (f->npy.count > SIZE_MAX || reserve_tokens(r, (size_t)f->npy.count, err) != 0)
-            return ct_fail(err, "%s: %llu tokens do not fit in memory", f->path,
-                           (unsigned long long)f->npy.count);
-        if (npy_read(s->tokens + s->n_tokens, &f->npy, 0, (size_t)f->npy.count, r->vocab_size,
-                     err) != 0)
-            return -1;
-        s->n_tokens += (size_t)f->npy.count;
-        return 0;
-    }
+    src_file *f = &r->files[u->file];
+    if (f->kind == SRC_NPY) return append_npy(r, f, err);
+    if (f->kind == SRC_JSONL && check_kind(f, u, err) != 0) return -1;
     const int32_t *ids = ws[u->thread].ids.v + u->ids_off;
-    if (reserve_tokens(r, u->n_ids + 1, err) != 0) return -1;
     for (size_t i = 0; i < u->n_ids; i++) {
         if (r->vocab_size > 0 && ids[i] >= r->vocab_size) {
             const char *str = tok_token_str(r->tok, ids[i]);
@@ -365,11 +531,22 @@ static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
                            f->path, f->kind == SRC_JSONL ? ":" : ": in the text from byte ",
                            (unsigned long long)u->where, ids[i], str ? str : "?", r->vocab_size);
         }
-        s->tokens[s->n_tokens++] = ids[i];
     }
+    if (u->flagged) {
+        const uint8_t *flags = ws[u->thread].flags + u->ids_off;
+        r->any_flagged = true;
+        r->at_doc_start = true;
+        s->n_chats++;
+        for (size_t i = 0; i < u->n_ids; i++) s->n_trained += flags[i] & STREAM_TRAIN;
+        if (append_ids(r, ids, flags, u->n_ids, err) != 0) return -1;
+        r->at_doc_start = true;
+        return 0;
+    }
+    if (append_ids(r, ids, NULL, u->n_ids, err) != 0) return -1;
     if (u->doc_end) {
-        s->tokens[s->n_tokens++] = r->eos;
+        if (append_ids(r, &r->eos, NULL, 1, err) != 0) return -1;
         s->n_docs++;
+        r->at_doc_start = true;
     }
     return 0;
 }
@@ -421,7 +598,8 @@ static int note_duplicates(reader *r, const worker *ws, int threads, ct_error *e
     }
     size_t k = 0, n_pairs = 0;
     for (int t = 0; t < threads; t++) {
-        if (ws[t].n_keys) memcpy(keys + k, ws[t].keys, ws[t].n_keys * sizeof *keys); // keys may be NULL
+        if (ws[t].n_keys)
+            memcpy(keys + k, ws[t].keys, ws[t].n_keys * sizeof *keys); // keys may be NULL
         k += ws[t].n_keys;
     }
     for (uint32_t i = 0; i < r->n_files; i++)
@@ -507,7 +685,7 @@ static int encode_all(reader *r, int threads, ct_error *err) {
                 if (f->kind == SRC_NPY) continue;
                 int t = omp_get_thread_num();
                 u->thread = t;
-                encode_unit(&ws[t], u, i, f, r->find_dups);
+                encode_unit(&ws[t], u, i, r);
             }
         }
         // The units before the first failed one (in stream order, whichever thread met it)
@@ -528,6 +706,8 @@ static int encode_all(reader *r, int threads, ct_error *err) {
     for (int t = 0; t < threads; t++) {
         tok_encoder_free(ws[t].enc);
         tok_ids_free(&ws[t].ids);
+        free(ws[t].flags);
+        free(ws[t].rendered);
         jsonl_buf_free(&ws[t].json);
         free(ws[t].fixed);
         free(ws[t].keys);
@@ -569,46 +749,119 @@ static void reader_free(reader *r) {
     }
     free(r->files);
     free(r->units);
+    free(r->scratch);
 }
 
-int stream_open(token_stream *s, const char *path, const tokenizer *tok, int32_t vocab_size,
-                int threads, ct_error *err) {
+int stream_open_with(token_stream *s, const char *path, const stream_options *o, ct_error *err) {
     memset(s, 0, sizeof *s);
+    s->eos = o->tok ? tok_eos_id(o->tok) : -1;
     if (!(s->path = strdup(path))) return ct_fail(err, "%s: out of memory", path);
-    reader r = {.s = s, .tok = tok, .vocab_size = vocab_size, .eos = -1};
+    reader r = {.s = s,
+                .o = o,
+                .tok = o->tok,
+                .vocab_size = o->vocab_size,
+                .eos = -1,
+                .at_doc_start = true};
     int rc = list_files(&r, path, err);
     size_t n_text = 0;
-    for (size_t i = 0; i < r.n_files; i++) n_text += r.files[i].kind != SRC_NPY;
+    for (size_t i = 0; i < r.n_files; i++) {
+        n_text += r.files[i].kind != SRC_NPY;
+        r.track_flags |= r.files[i].kind == SRC_JSONL;
+    }
     r.find_dups = n_text >= 2;
     for (size_t i = 0; i < r.n_files && rc == 0; i++) rc = plan_file(&r, (uint32_t)i, err);
     bool text = n_text > 0;
     if (rc == 0 && text) {
-        r.eos = tok_eos_id(tok);
+        r.eos = s->eos;
         if (r.eos < 0)
             rc = ct_fail(err,
                          "%s: the tokenizer has no <|endoftext|> or eos_token to end "
                          "documents with",
                          path);
-        else if (vocab_size > 0 && r.eos >= vocab_size)
+        else if (o->vocab_size > 0 && r.eos >= o->vocab_size)
             rc = ct_fail(err, "%s: the end-of-document id %d is outside the model's vocab_size %d",
-                         path, r.eos, vocab_size);
+                         path, r.eos, o->vocab_size);
     }
-    if (threads <= 0) threads = omp_get_max_threads();
+    int threads = o->threads > 0 ? o->threads : omp_get_max_threads();
     if (rc == 0) rc = encode_all(&r, text ? threads : 0, err);
+    if (rc == 0 && r.any_flagged && s->n_trained == 0 && s->n_docs == 0 && s->n_npy == 0)
+        rc = ct_fail(err,
+                     "%s: no token is trained: no conversation has an assistant turn (to train "
+                     "on every token: training.train_on = \"all\")",
+                     path);
     if (rc == 0) {
         s->n_files = r.n_files;
         note_replacements(&r);
+        if (!r.any_flagged) { // text only: the flags say nothing the ids do not
+            free(s->flags);
+            s->flags = NULL;
+        }
         // Give back the growth slack: the stream lives as long as training does.
-        int32_t *fit = s->n_tokens ? realloc(s->tokens, s->n_tokens * sizeof *fit) : NULL;
+        int32_t *fit = s->n_mem ? realloc(s->tokens, s->n_mem * sizeof *fit) : NULL;
         if (fit) s->tokens = fit;
+        uint8_t *fit_flags = s->flags && s->n_mem ? realloc(s->flags, s->n_mem) : NULL;
+        if (fit_flags) s->flags = fit_flags;
     }
     reader_free(&r);
     if (rc != 0) stream_free(s);
     return rc;
 }
 
+int stream_open(token_stream *s, const char *path, const tokenizer *tok, int32_t vocab_size,
+                int threads, ct_error *err) {
+    stream_options o = {.tok = tok, .vocab_size = vocab_size, .threads = threads};
+    return stream_open_with(s, path, &o, err);
+}
+
 void stream_free(token_stream *s) {
+    for (size_t i = 0; i < s->n_npy; i++) npy_close(&s->npy[i]);
+    free(s->npy);
+    free(s->parts);
     free(s->tokens);
+    free(s->flags);
     free(s->path);
     memset(s, 0, sizeof *s);
+}
+
+// The part holding token `at` (parts are in stream order).
+static const stream_part *part_of(const token_stream *s, uint64_t at) {
+    size_t lo = 0, hi = s->n_parts;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (s->parts[mid].first <= at)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &s->parts[lo];
+}
+
+int stream_read(const token_stream *s, uint64_t first, size_t n, int32_t *ids, uint8_t *flags,
+                ct_error *err) {
+    if (first > s->n_tokens || n > s->n_tokens - first)
+        return ct_fail(err, "dataset %s: tokens [%llu, %llu) read, it has %llu", s->path,
+                       (unsigned long long)first, (unsigned long long)(first + n),
+                       (unsigned long long)s->n_tokens);
+    for (size_t done = 0; done < n;) {
+        uint64_t at = first + done;
+        const stream_part *p = part_of(s, at);
+        uint64_t off = at - p->first;
+        size_t k = (size_t)(p->n - off < n - done ? p->n - off : n - done);
+        bool own_flags = p->npy < 0 && s->flags;
+        if (p->npy >= 0) {
+            if (npy_read(ids + done, &s->npy[p->npy], off, k, 0, err) != 0) return -1;
+        } else {
+            memcpy(ids + done, s->tokens + p->mem_first + off, k * sizeof *ids);
+            if (own_flags && flags) memcpy(flags + done, s->flags + p->mem_first + off, k);
+        }
+        if (flags && !own_flags) {
+            // Text and .npy: every token is trained; a document starts after the end id.
+            for (size_t i = done; i < done + k; i++) {
+                bool start = i == 0 ? first == 0 : s->eos >= 0 && ids[i - 1] == s->eos;
+                flags[i] = STREAM_TRAIN | (start ? STREAM_DOC_START : 0);
+            }
+        }
+        done += k;
+    }
+    return 0;
 }

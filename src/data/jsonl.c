@@ -7,12 +7,13 @@
 
 #include "io/json.h"
 
-// cJSON checks the line and types the field; the bytes come from the line itself, because
-// cJSON's valuestring is a C string and would end at a \u0000.
-int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line, size_t n,
-               ct_error *err) {
-    cJSON *j = cJSON_ParseWithLength(line, n);
-    if (!j) return ct_fail(err, "invalid JSON (expected an object with a \"text\" string)");
+const char *const jsonl_kind_names[] = {"text", "messages", "ids"};
+
+// The "text" string of the parsed line j: cJSON checks the line and types the field; the bytes
+// come from the line itself, because cJSON's valuestring is a C string and would end at a
+// \u0000. Deletes j.
+static int text_of(cJSON *j, const char **text, size_t *len, jsonl_buf *buf, const char *line,
+                   size_t n, ct_error *err) {
     const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
     int rc = 0;
     if (!cJSON_IsObject(j))
@@ -43,6 +44,81 @@ int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line,
         return ct_fail(err, "invalid JSON: a \\u escape in \"text\" without 4 hex digits");
     *text = buf->p;
     return 0;
+}
+
+int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line, size_t n,
+               ct_error *err) {
+    cJSON *j = cJSON_ParseWithLength(line, n);
+    if (!j) return ct_fail(err, "invalid JSON (expected an object with a \"text\" string)");
+    return text_of(j, text, len, buf, line, n, err);
+}
+
+int jsonl_doc_parse(jsonl_doc *d, jsonl_buf *buf, const char *line, size_t n, ct_error *err) {
+    memset(d, 0, sizeof *d);
+    cJSON *j = cJSON_ParseWithLength(line, n);
+    if (!j)
+        return ct_fail(err, "invalid JSON (expected an object with \"text\", \"messages\" or "
+                            "\"ids\")");
+    bool is_object = cJSON_IsObject(j);
+    bool chat = is_object && cJSON_GetObjectItemCaseSensitive(j, "messages");
+    bool text = is_object && cJSON_GetObjectItemCaseSensitive(j, "text");
+    bool ids = is_object && cJSON_GetObjectItemCaseSensitive(j, "ids");
+    if (chat && text) {
+        cJSON_Delete(j);
+        return ct_fail(err, "both \"messages\" and \"text\": expected one of them");
+    }
+    if (chat || ids) { // a pre-tokenized line's "text" is its rendering (tokenize --render)
+        d->kind = chat ? JSONL_CHAT : JSONL_IDS;
+        d->root = j;
+        return 0;
+    }
+    if (is_object && !text) {
+        cJSON_Delete(j);
+        return ct_fail(err, "no \"text\", \"messages\" or \"ids\" field");
+    }
+    d->kind = JSONL_TEXT;
+    return text_of(j, &d->text, &d->len, buf, line, n, err);
+}
+
+int jsonl_ids_check(const cJSON *root, int32_t vocab_size, size_t *n, bool *has_mask,
+                    ct_error *err) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "ids");
+    const cJSON *mask = cJSON_GetObjectItemCaseSensitive(root, "mask");
+    if (!cJSON_IsArray(ids))
+        return ct_fail(err, "\"ids\" is not an array: found %s", json_type_name(ids));
+    if (mask && !cJSON_IsArray(mask))
+        return ct_fail(err, "\"mask\" is not an array: found %s", json_type_name(mask));
+    size_t count = (size_t)cJSON_GetArraySize(ids), i = 0;
+    if (count == 0) return ct_fail(err, "\"ids\" is empty");
+    if (mask && (size_t)cJSON_GetArraySize(mask) != count)
+        return ct_fail(err, "\"mask\" has %d values, \"ids\" %zu: expected one per id",
+                       cJSON_GetArraySize(mask), count);
+    double limit = vocab_size > 0 ? vocab_size : (double)INT32_MAX + 1;
+    for (const cJSON *v = ids->child; v; v = v->next, i++) {
+        double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!cJSON_IsNumber(v) || x != (double)(int64_t)x || x < 0 || x >= limit)
+            return ct_fail(err, "\"ids\"[%zu]: expected an integer in [0, %.0f), found %s", i,
+                           limit, cJSON_IsNumber(v) ? "a number outside it" : json_type_name(v));
+    }
+    i = 0;
+    for (const cJSON *v = mask ? mask->child : NULL; v; v = v->next, i++) {
+        if (!cJSON_IsNumber(v) || (v->valuedouble != 0 && v->valuedouble != 1))
+            return ct_fail(err, "\"mask\"[%zu]: expected 0 or 1, found %s", i,
+                           cJSON_IsNumber(v) ? "another number" : json_type_name(v));
+    }
+    *n = count;
+    *has_mask = mask != NULL;
+    return 0;
+}
+
+void jsonl_ids_copy(const cJSON *root, int32_t *ids, uint8_t *mask) {
+    size_t i = 0;
+    for (const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "ids")->child; v; v = v->next)
+        ids[i++] = (int32_t)v->valuedouble;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mask");
+    i = 0;
+    for (const cJSON *v = m && mask ? m->child : NULL; v; v = v->next)
+        mask[i++] = v->valuedouble != 0;
 }
 
 void jsonl_buf_free(jsonl_buf *buf) {

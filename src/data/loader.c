@@ -17,13 +17,19 @@ int loader_init(data_loader *l, const token_stream *s, int seq_len, bool shuffle
     if (seq_len < 1) return ct_fail(err, "seq_len %d: expected at least 1", seq_len);
     uint64_t window = (uint64_t)seq_len + 1;
     if (s->n_tokens < window)
-        return ct_fail(err, "dataset %s has %zu tokens, fewer than seq_len+1 = %llu",
-                       s->path ? s->path : "(unnamed)", s->n_tokens, (unsigned long long)window);
-    l->tokens = s->tokens;
+        return ct_fail(err, "dataset %s has %llu tokens, fewer than seq_len+1 = %llu",
+                       s->path ? s->path : "(unnamed)", (unsigned long long)s->n_tokens,
+                       (unsigned long long)window);
+    l->s = s;
     l->n_windows = s->n_tokens / window;
     l->seq_len = seq_len;
     l->shuffle = shuffle;
     l->seed = seed;
+    l->ids = malloc(window * sizeof *l->ids);
+    l->flags = malloc(window);
+    if (!l->ids || !l->flags)
+        return ct_fail(err, "out of memory for a window of %llu tokens",
+                       (unsigned long long)window);
     if (shuffle) {
         if (l->n_windows > SIZE_MAX / sizeof *l->perm ||
             !(l->perm = malloc((size_t)l->n_windows * sizeof *l->perm)))
@@ -35,6 +41,8 @@ int loader_init(data_loader *l, const token_stream *s, int seq_len, bool shuffle
 
 void loader_free(data_loader *l) {
     free(l->perm);
+    free(l->ids);
+    free(l->flags);
     memset(l, 0, sizeof *l);
     l->perm_epoch = UINT64_MAX;
 }
@@ -64,9 +72,25 @@ uint64_t loader_window(data_loader *l, uint64_t g) {
     return l->perm[i];
 }
 
-void loader_sample(data_loader *l, int32_t *input, int32_t *target, uint64_t g) {
+int loader_sample(data_loader *l, int32_t *input, int32_t *target, int32_t *positions, uint64_t g,
+                  ct_error *err) {
     size_t T = (size_t)l->seq_len;
-    const int32_t *w = l->tokens + loader_window(l, g) * (T + 1); // (T+1)
-    memcpy(input, w, T * sizeof *input);
-    memcpy(target, w + 1, T * sizeof *target);
+    bool flagged = l->s->flags || positions;
+    if (stream_read(l->s, loader_window(l, g) * (T + 1), T + 1, l->ids, flagged ? l->flags : NULL,
+                    err) != 0)
+        return -1;
+    memcpy(input, l->ids, T * sizeof *input);
+    memcpy(target, l->ids + 1, T * sizeof *target);
+    if (!flagged) return 0;
+    const uint8_t *f = l->flags;
+    for (size_t t = 0; t < T; t++) {
+        bool crosses = positions && (f[t + 1] & STREAM_DOC_START);
+        if (!(f[t + 1] & STREAM_TRAIN) || crosses) target[t] = -100;
+    }
+    if (positions) {
+        positions[0] = 0;
+        for (size_t t = 1; t < T; t++)
+            positions[t] = f[t] & STREAM_DOC_START ? 0 : positions[t - 1] + 1;
+    }
+    return 0;
 }

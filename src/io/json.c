@@ -284,6 +284,29 @@ bool json_member_string(const char **body, size_t *len, const char *text, size_t
     return false;
 }
 
+size_t json_escape(char *out, const char *s, size_t n) {
+    char *o = out;
+    *o++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
+        if (*p == '"' || *p == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*p;
+        } else if (*p < 0x20) {
+            const char *brief = strchr("\bb\ff\nn\rr\tt", *p); // Python's json.dumps forms
+            if (brief && *p) {
+                *o++ = '\\';
+                *o++ = brief[1];
+            } else {
+                o += sprintf(o, "\\u%04x", *p);
+            }
+        } else {
+            *o++ = (char)*p;
+        }
+    }
+    *o++ = '"';
+    return (size_t)(o - out);
+}
+
 void json_write_string(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

@@ -48,3 +48,6 @@ int json_unescape(char *out, size_t *out_n, const char *body, size_t n);
 // Writes s as a JSON string literal (quoted; '"', '\\' and control characters escaped), for
 // JSON printed with fprintf.
 void json_write_string(FILE *f, const char *s);
+// Writes s[0..n) (NUL bytes included) as a JSON string literal, quotes included, into out, which
+// must hold 6 * n + 2 bytes; returns its length. Escapes as json_write_string does.
+size_t json_escape(char *out, const char *s, size_t n);

@@ -64,6 +64,10 @@ const config_key config_table[] = {
     KEY(model, moe_impl, CONFIG_STR, "grouped", "grouped|loop", false,
         "MoE expert kernel: grouped (tokens sorted by expert) or loop (the reference); not "
         "hashed: they differ only in fp32 rounding"),
+    KEY(model, attn_mask_type, CONFIG_STR, "causal", "causal|block_causal", true,
+        "causal: a token sees every earlier token of its window; block_causal: only those of its "
+        "own document (documents end at <|endoftext|>, a conversation is one), with RoPE "
+        "positions restarting at 0 for each, and no target across a document boundary"),
     KEY(model, attn_backend, CONFIG_STR, "auto", "auto|sdpa|flash", false,
         "attention kernel: sdpa (the reference: materialised scores, batched GEMMs), flash "
         "(tiled, online softmax, O(seq_len) memory) or auto (flash: faster at every length "
@@ -88,7 +92,11 @@ const config_key config_table[] = {
         "torchtitan's data set name (c4, ...): a name only, since nothing is downloaded; the "
         "data is training.dataset_path"),
     KEY(training, dataset_path, CONFIG_STR, "", NULL, true,
-        "training data: a .txt, .jsonl (\"text\" field) or .npy file, or a folder of them"),
+        "training data: a .txt, .jsonl (\"text\", \"messages\" or \"ids\" lines) or .npy "
+        "file, or a folder of them"),
+    KEY(training, train_on, CONFIG_STR, "assistant", "assistant|all", true,
+        "which tokens of a conversation are trained: its assistant turns (from after "
+        "<|im_start|>assistant\\n through <|im_end|>) or all; text is always trained whole"),
     KEY(training, local_batch_size, CONFIG_INT, "8", NULL, false,
         "sequences per worker per micro-step (not hashed: a resume may split the same global "
         "batch differently)"),

@@ -38,12 +38,13 @@ typedef struct ct_config_model {
     int tie_embeddings; // -1 = the flavor's, 0 = untied, 1 = tied
     // MoE flavors' overrides likewise (0 = the flavor's).
     int num_experts, num_experts_per_tok, moe_intermediate_size;
-    char moe_impl[CT_CONFIG_NAME_MAX];     // expert kernel: "grouped" | "loop"
-    char attn_backend[CT_CONFIG_NAME_MAX]; // "auto" (= "flash") | "sdpa" | "flash"
-    char load_balance[CT_CONFIG_NAME_MAX]; // "hf" (aux loss) | "aux_free" (expert bias) | "none"
-    double load_balance_coeff;             // aux_free: the expert-bias step
-    double router_aux_loss_coef;           // -1 = the model config's; else >= 0
-    int output_router_logits;              // -1 = the model config's, 0 = off, 1 = on
+    char moe_impl[CT_CONFIG_NAME_MAX];       // expert kernel: "grouped" | "loop"
+    char attn_backend[CT_CONFIG_NAME_MAX];   // "auto" (= "flash") | "sdpa" | "flash"
+    char attn_mask_type[CT_CONFIG_NAME_MAX]; // "causal" | "block_causal" (packed documents)
+    char load_balance[CT_CONFIG_NAME_MAX];   // "hf" (aux loss) | "aux_free" (expert bias) | "none"
+    double load_balance_coeff;               // aux_free: the expert-bias step
+    double router_aux_loss_coef;             // -1 = the model config's; else >= 0
+    int output_router_logits;                // -1 = the model config's, 0 = off, 1 = on
 } ct_config_model;
 
 typedef struct ct_config_training {
@@ -60,6 +61,7 @@ typedef struct ct_config_training {
     char mixed_precision_param[CT_CONFIG_NAME_MAX];  // "float32" | "bfloat16" (the GEMMs)
     char mixed_precision_reduce[CT_CONFIG_NAME_MAX]; // "float32" | "bfloat16" (the DP sums)
     int loss_chunk_tokens; // the loss head in chunks of this many tokens; 0 = whole; -1 = auto
+    char train_on[CT_CONFIG_NAME_MAX]; // conversations: "assistant" | "all" tokens trained
 } ct_config_training;
 
 typedef struct ct_config_optimizer {

@@ -110,6 +110,7 @@ int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct
     s->mem_opts.ac_every = config_ac_every(c);
     s->mem_opts.ac_op = config_ac_op(c);
     s->mem_opts.loss_chunk = config_loss_chunk(c, s->model.vocab_size, s->B * s->T);
+    s->mem_opts.block_causal = strcmp(c->model.attn_mask_type, "block_causal") == 0;
     // bf16 mixed precision: the linear layers on the table's bf16 kernels, unless a plugin
     // replaced matmul (the plugin ABI is fp32: its kernel then runs in fp32, as the log says);
     // the experts likewise, unless a plugin replaced them (they then run it in fp32).

@@ -150,12 +150,18 @@ static bool dataset_is_npy_only(const char *path) {
     return n > 4 && strcmp(path + n - 4, ".npy") == 0;
 }
 
-// Data and its tokenizer. A .npy token stream needs no tokenizer.
+static bool block_causal(const ct_config *c) {
+    return strcmp(c->model.attn_mask_type, "block_causal") == 0;
+}
+
+// Data, its tokenizer and chat template. A .npy token stream needs no tokenizer, unless
+// block-causal masking needs its end-of-document id.
 static int setup_data(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     int32_t vocab = t->model.cfg.vocab_size;
     bool need_tok = !dataset_is_npy_only(c->training.dataset_path) ||
-                    (c->validation.enable && !dataset_is_npy_only(c->validation.dataset_path));
+                    (c->validation.enable && !dataset_is_npy_only(c->validation.dataset_path)) ||
+                    block_causal(c);
     if (need_tok) {
         if (tok_load(&t->tok, c->model.tokenizer_path, err) != 0)
             return ct_wrap(err, "model.tokenizer_path");
@@ -165,18 +171,38 @@ static int setup_data(trainer *t, ct_error *err) {
                            "would fall outside the embedding",
                            c->model.tokenizer_path, tok_vocab_size(t->tok), vocab);
     }
-    if (stream_open(&t->train_data, c->training.dataset_path, t->tok, vocab, 0, err) != 0)
+    // A folder without a template is an error only if the data holds a conversation.
+    ct_error no_chat = {0};
+    if (need_tok && chat_template_load(&t->chat, c->model.tokenizer_path, &no_chat) != 0)
+        t->chat = NULL;
+    stream_options so = {.tok = t->tok,
+                         .chat = t->chat,
+                         .chat_from = no_chat.msg,
+                         .vocab_size = vocab,
+                         .train_on_all = strcmp(c->training.train_on, "all") == 0};
+    if (stream_open_with(&t->train_data, c->training.dataset_path, &so, err) != 0)
         return ct_wrap(err, "training.dataset_path");
     if (t->train_data.warning[0]) fprintf(t->log, "data: %s\n", t->train_data.warning);
     if (loader_init(&t->train_loader, &t->train_data, t->T, c->training.shuffle,
                     (uint64_t)c->debug.seed, err) != 0)
         return -1;
-    fprintf(t->log, "data: %s: %zu tokens, %llu windows of %d+1 tokens, shuffle %s\n",
-            c->training.dataset_path, t->train_data.n_tokens,
+    const token_stream *s = &t->train_data;
+    fprintf(t->log, "data: %s: %llu tokens%s, %llu windows of %d+1 tokens, shuffle %s\n",
+            c->training.dataset_path, (unsigned long long)s->n_tokens,
+            s->n_npy ? " (.npy files read as used)" : "",
             (unsigned long long)t->train_loader.n_windows, t->T,
             c->training.shuffle ? "on" : "off");
+    if (s->n_chats)
+        fprintf(t->log,
+                "data: %llu conversations rendered with %s's chat template; %llu of their tokens "
+                "trained (training.train_on = \"%s\")\n",
+                (unsigned long long)s->n_chats, c->model.tokenizer_path,
+                (unsigned long long)s->n_trained, c->training.train_on);
+    if (block_causal(c))
+        fprintf(t->log, "attention: block_causal: documents packed in a window do not see each "
+                        "other; RoPE positions restart at each\n");
     if (c->validation.enable) {
-        if (stream_open(&t->val_data, c->validation.dataset_path, t->tok, vocab, 0, err) != 0)
+        if (stream_open_with(&t->val_data, c->validation.dataset_path, &so, err) != 0)
             return ct_wrap(err, "validation.dataset_path");
         if (loader_init(&t->val_loader, &t->val_data, t->T, false, 0, err) != 0) return -1;
         t->has_val = true;
@@ -412,7 +438,9 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
     size_t n = (size_t)t->accum * t->B * t->T;
     t->inputs = malloc(n * sizeof *t->inputs);
     t->targets = malloc(n * sizeof *t->targets);
-    if (!t->inputs || !t->targets) return ct_fail(err, "out of memory for the batch buffers");
+    if (block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
+    if (!t->inputs || !t->targets || (block_causal(c) && !t->positions))
+        return ct_fail(err, "out of memory for the batch buffers");
     t->flops_per_token = metrics_flops_per_token(&mc, t->T);
     char peak_source[4200];
     t->peak_gflops =
@@ -438,6 +466,8 @@ static void trainer_free(trainer *t) {
     stream_free(&t->train_data);
     stream_free(&t->val_data);
     if (t->tok) tok_free(t->tok);
+    chat_template_free(t->chat);
+    free(t->positions);
     grad_sync_free(&t->sync);
     if (t->fsdp_on) fsdp_free(&t->fsdp);
     free(t->expert_bias);
@@ -479,13 +509,16 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
         fprintf(t->log, "data: epoch %llu begins\n",
                 (unsigned long long)loader_epoch(&t->train_loader, last));
     int64_t local = 0;
-    for (int i = 0; i < n; i++) {
-        int32_t *tg = t->targets + (size_t)i * t->T;
-        loader_sample(&t->train_loader, t->inputs + (size_t)i * t->T, tg, mine + i);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        size_t off = (size_t)i * t->T;
+        int32_t *tg = t->targets + off;
+        rc = loader_sample(&t->train_loader, t->inputs + off, tg,
+                           t->positions ? t->positions + off : NULL, mine + i, err);
         for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
     if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
-    int rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
+    if (rc == 0) rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
     if (rc != 0)
         ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
                 (unsigned long long)mine, (unsigned long long)(mine + n - 1));
@@ -507,6 +540,7 @@ typedef struct step_result {
     double loss, grad_norm, lr, comm_s, comm_hidden_s;
     double ce, aux; // the loss's parts (MoE): cross-entropy, and the mean aux of the micro-batches
     bool skipped;
+    bool no_tokens; // skipped because the step's samples train no token
 } step_result;
 
 // moe_balance's sum over ranks.
@@ -564,7 +598,10 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
             !f && last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
         m->grad_ready_ctx = t;
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
-        const float scale = last && fault_now(t, "nan") ? NAN : 1.0f / (float)valid;
+        // A step whose samples train no token (conversations without assistant tokens in
+        // them) computes no gradient; it is skipped below.
+        const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
+        if (t->positions && qwen3_set_positions(m, t->positions + off, err) != 0) return -1;
         loss_sum += qwen3_forward_train(m, t->inputs + off, t->targets + off, scale, NULL);
         double aux = 0;
         if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
@@ -587,7 +624,8 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     r->loss = r->ce + (t->aux_in_loss ? m->cfg.router_aux_loss_coef * r->aux : 0.0);
     r->grad_norm = sqrt(sq);
     r->lr = lr_at(&t->sched, t->state.step, t->cfg->training.steps);
-    r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
+    r->no_tokens = valid == 0;
+    r->skipped = r->no_tokens || !isfinite(r->loss) || !isfinite(r->grad_norm);
     if (m->n_sparse) moe_before_optimizer(t, r->skipped);
     if (!r->skipped) {
         // Clipping folded into the update: one pass over the shard instead of two. The bf16
@@ -633,12 +671,17 @@ static int validate(trainer *t, ct_error *err) {
     for (uint64_t b = (uint64_t)t->d->rank; b < batches; b += (uint64_t)t->d->size) {
         for (int i = 0; i < t->B; i++) {
             uint64_t w = b * t->B + i;
-            int32_t *targets = t->targets + (size_t)i * t->T;
-            loader_sample(&t->val_loader, t->inputs + (size_t)i * t->T, targets, w < total ? w : 0);
+            size_t off = (size_t)i * t->T;
+            int32_t *targets = t->targets + off;
+            if (loader_sample(&t->val_loader, t->inputs + off, targets,
+                              t->positions ? t->positions + off : NULL, w < total ? w : 0,
+                              err) != 0)
+                return -1;
             if (w >= total)
                 for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
         }
         int64_t n = 0;
+        if (t->positions && qwen3_set_positions(&t->model, t->positions, err) != 0) return -1;
         sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
         valid += (double)n;
     }
@@ -731,7 +774,13 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
         steps_since_log++;
         comm_since_log[0] += r.comm_s;
         comm_since_log[1] += r.comm_hidden_s;
-        if (r.skipped) {
+        if (r.no_tokens) {
+            skipped_total++;
+            fprintf(t->log,
+                    "step %lld: no token of the step's samples is trained (every target is "
+                    "masked); step skipped\n",
+                    (long long)t->state.step);
+        } else if (r.skipped) {
             skipped_total++;
             t->state.skipped_in_row++;
             fprintf(t->log, "step %lld: non-finite %s; step skipped (%d in a row)\n",

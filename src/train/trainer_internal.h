@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "data/dataset.h"
+#include "text/chat.h"
 #include "data/loader.h"
 #include "dist/fsdp.h"
 #include "dist/grad_sync.h"
@@ -39,12 +40,14 @@ typedef struct trainer {
     adamw_hparams hp;
     lr_schedule_cfg sched;
     tokenizer *tok;
+    chat_template *chat; // the tokenizer folder's, when it has one
     token_stream train_data, val_data;
     data_loader train_loader, val_loader;
     bool has_val;
     int B, T, accum;           // micro-batch, sequence length, micro-batches per step per rank
     int global_batch;          // sequences per step over all ranks: accum * B * ranks
     int32_t *inputs, *targets; // (accum*B, T): this rank's samples of the step
+    int32_t *positions;        // (accum*B, T) under model.attn_mask_type = "block_causal"
     train_state state;
     char ckpt_root[4096];
     char *config_toml;    // the effective config, saved in every checkpoint
