@@ -78,6 +78,10 @@ static void test_parity(const char *assets, const char *src, const char *tmp, co
         printf("NOTE: %s has no jinja2: comparing with @huggingface/jinja and the cases' recorded "
                "Python outputs only\n",
                python);
+    // CI installs it (scripts/install-deps): there the Python reference must run.
+    const char *ci = getenv("CI");
+    CHECK(have_py || !ci || !*ci || strcmp(ci, "false") == 0 || strcmp(ci, "0") == 0,
+          "CI is set but %s has no jinja2 (apt-get install python3-jinja2)", python);
     for (int k = !have_py; k < 2; k++) {
         if (k == 0)
             snprintf(cmd, sizeof cmd,
