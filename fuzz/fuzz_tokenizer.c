@@ -4,7 +4,10 @@
 //         ids must give back the NFC form of the repaired text.
 //   2 mod 4: a .jsonl line. Where cJSON finds a string "text", json_member_string must find it
 //         too and json_unescape must give cJSON's string followed, from the first \u0000 on, by
-//         what cJSON's C string cannot hold; the bytes (NUL included) then encode.
+//         what cJSON's C string cannot hold; the bytes (NUL included) then encode. The same
+//         line through the data pipeline's parser (jsonl_doc_parse): a conversation renders
+//         with the real Qwen3 chat template or fails with a message, and its assistant mask
+//         marks tokens of the ids only; pre-tokenized ids and mask are checked, then copied.
 //   odd:  a tokenizer.json. Loading must succeed or fail with a message; a loaded one encodes.
 // The real tokenizer is read once from $CTITAN_TOKENIZER_DIR, else from the assets folder that
 // scripts/fetch-assets fills.
@@ -15,7 +18,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "data/jsonl.h"
 #include "io/json.h"
+#include "text/chat.h"
+#include "text/chat_mask.h"
 #include "text/normalize.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -28,6 +34,7 @@ static tokenizer *qwen;
 static tok_encoder *enc;
 static nfc_scratch nfc;
 static tok_ids ids;
+static chat_template *qwen_chat;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -35,7 +42,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *dir = getenv("CTITAN_TOKENIZER_DIR");
     ct_error err;
     if (!dir) dir = CTITAN_ASSETS_DIR "/qwen3-tokenizer";
-    if (tok_load(&qwen, dir, &err) != 0 || tok_encoder_new(&enc, qwen, &err) != 0) {
+    if (tok_load(&qwen, dir, &err) != 0 || tok_encoder_new(&enc, qwen, &err) != 0 ||
+        chat_template_load(&qwen_chat, dir, &err) != 0) {
         fprintf(stderr,
                 "fuzz_tokenizer: %s (run scripts/fetch-assets, or set "
                 "CTITAN_TOKENIZER_DIR)\n",
@@ -83,7 +91,54 @@ static void fuzz_json(const char *data, size_t size) {
     tok_free(t);
 }
 
+// A line as training reads it: one error message, or a document that encodes.
+static void fuzz_jsonl_doc(const char *data, size_t size) {
+    jsonl_doc d;
+    jsonl_buf buf = {0};
+    ct_error err = {{0}};
+    if (jsonl_doc_parse(&d, &buf, data, size, &err) != 0) {
+        if (!err.msg[0]) abort();
+        jsonl_buf_free(&buf);
+        return;
+    }
+    if (d.kind == JSONL_CHAT) {
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(d.root, "tools");
+        char *text;
+        size_t len;
+        if (chat_render(qwen_chat, cJSON_GetObjectItemCaseSensitive(d.root, "messages"),
+                        cJSON_IsNull(tools) ? NULL : tools, false, -1, &text, &len, &err) == 0) {
+            ids.n = 0;
+            if (utf8_valid_prefix(text, len) == len &&
+                tok_encode(enc, &ids, text, len, &err) == 0) {
+                uint8_t *mask = malloc(ids.n + 1);
+                int64_t n = chat_assistant_mask(qwen, ids.v, ids.n, mask, &err);
+                for (size_t i = 0; i < ids.n; i++) n -= mask[i];
+                if (n != 0) abort(); // the count is the mask's
+                free(mask);
+            }
+            free(text);
+        } else if (!err.msg[0]) {
+            abort();
+        }
+    } else if (d.kind == JSONL_IDS) {
+        size_t n;
+        bool has_mask;
+        if (jsonl_ids_check(d.root, 151936, &n, &has_mask, &err) == 0) {
+            int32_t *v = malloc(n * sizeof *v);
+            uint8_t *m = malloc(n);
+            jsonl_ids_copy(d.root, v, m);
+            for (size_t i = 0; i < n; i++)
+                if (v[i] < 0 || v[i] >= 151936 || (has_mask && m[i] > 1)) abort();
+            free(v);
+            free(m);
+        }
+    }
+    cJSON_Delete(d.root);
+    jsonl_buf_free(&buf);
+}
+
 static void fuzz_jsonl(const char *data, size_t size) {
+    fuzz_jsonl_doc(data, size);
     cJSON *j = cJSON_ParseWithLength(data, size);
     const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
     // Members cJSON calls "text": a name with a \u0000 ("text\u0000x") is one to cJSON's strcmp.
