@@ -13,6 +13,7 @@ DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or s
 DIR/<variant>/tokens.npy        the token stream (dtype varies across variants)
 DIR/<variant>/expected.safetensors  F32: "logits" (B,T,V) and the gradient of every parameter
                    under its HF name (tied: the embedding gradient holds both uses)
+DIR/<variant>/generate.safetensors  greedy generation with each step's logits (gen_ref.py)
 DIR/<variant>/meta.json         B, T, loss (f64 and f32), n_valid, params (HF state_dict order),
                    ignore_positions, weights_dtype, max_shard_bytes, weight_files ...
 
@@ -54,6 +55,7 @@ import safetensors_ref  # noqa: E402
 import train_ref  # noqa: E402
 import bf16_ref  # noqa: E402
 import topk_ties  # noqa: E402
+import gen_ref  # noqa: E402
 
 # Each variant: architecture, storage and batch. Together they cover head_dim != C/NH, GQA ratios
 # 1/2/3, tied and untied heads, attention bias on and off, F32 and BF16 weights, single files and
@@ -313,6 +315,7 @@ def write_variant(out, v, seed):
     extra = 3  # trailing tokens the windowing must not use
     tokens = torch.randint(0, n_ids, (B * (T + 1) + extra,), generator=gen).numpy()
     np.save(os.path.join(d, "tokens.npy"), tokens.astype(v["tok"]))
+    gen_ref.write(d, params, cfg, tokens, seed)  # DIR/<variant>/generate.safetensors
     inputs, targets = qwen3_ref.windows(tokens, B, T)
     flat = targets.reshape(-1)
     for i in v["ignore"]:
