@@ -45,3 +45,42 @@ def write(d, params, cfg, tokens, index):
         ("logits", logits.float()),
         ("logits_f64", full64.float()),
     ], "F32")
+
+
+# Sampling: transformers' logits warpers (generation/logits_process.py), as generate applies them
+# with do_sample: TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, in that order.
+def hf_warp(scores, temperature, top_k, top_p):
+    scores = scores / temperature
+    if top_k > 0:
+        k = min(max(top_k, 1), scores.size(-1))
+        remove = scores < torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(remove, -float("inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        sorted_remove = cumulative <= (1 - top_p)
+        sorted_remove[..., -1:] = 0
+        remove = sorted_remove.scatter(0, sorted_indices, sorted_remove)
+        scores = scores.masked_fill(remove, -float("inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def write_sampling(out):
+    """DIR/sample.safetensors: "logits" (R, V) fixed rows (random, with ties, with a peak) and per
+    case c "probs.c" (V): HF's distribution for case c of CASES applied to its row."""
+    gen = torch.Generator().manual_seed(21)
+    V = 1000
+    rows = [torch.randn(V, generator=gen) * 2.0,
+            torch.randn(V, generator=gen).round(),  # many exact ties
+            torch.cat([torch.tensor([8.0, 7.5, 7.5]), torch.randn(V - 3, generator=gen)])]
+    logits = torch.stack(rows).float()
+    tensors = [("logits", logits)]
+    for c, (row, t, k, p) in enumerate(CASES):
+        tensors.append(("probs.%d" % c, hf_warp(logits[row], t, k, p)))
+    safetensors_ref.write_file(os.path.join(out, "sample.safetensors"), tensors, "F32")
+
+
+# (row, temperature, top_k, top_p); the C test (test_sample.c) holds the same list.
+CASES = [(0, 1.0, 0, 1.0), (0, 0.7, 50, 1.0), (0, 1.3, 0, 0.9), (0, 0.8, 40, 0.95),
+         (1, 1.0, 10, 1.0), (1, 1.0, 0, 0.5), (1, 0.5, 3, 0.8), (2, 1.0, 2, 1.0),
+         (2, 1.0, 0, 0.3), (2, 2.0, 0, 0.999), (0, 1.0, 1, 1.0), (0, 1.0, 0, 0.01)]

@@ -9,6 +9,7 @@ DIR/train/         training references (tests/ref/train_ref.py)
 DIR/bf16/          bf16 mixed-precision training references, autocast and fp32
                    (tests/ref/bf16_ref.py)
 DIR/topk_ties.json torch.topk's choices among tied router scores (tests/ref/topk_ties.py)
+DIR/sample.safetensors  HF generate's sampling distributions on fixed logits (tests/ref/gen_ref.py)
 DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or sharded)
 DIR/<variant>/tokens.npy        the token stream (dtype varies across variants)
 DIR/<variant>/expected.safetensors  F32: "logits" (B,T,V) and the gradient of every parameter
@@ -407,6 +408,7 @@ def main():
     train_ref.write_all(args.out, args.quiet)  # DIR/train/: training parity, AdamW, schedules
     bf16_ref.write_all(args.out, args.quiet)  # DIR/bf16/: autocast bf16 training
     topk_ties.write(args.out)  # DIR/topk_ties.json: torch.topk on tied router scores
+    gen_ref.write_sampling(args.out)  # DIR/sample.safetensors: HF's sampling distributions
     return 0
 
 
