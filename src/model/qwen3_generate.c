@@ -198,16 +198,10 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
                        floats * sizeof(float), max_len);
     }
     g->floats = gen_layout(g, g->mem, c, op, o, max_len, sz);
-    const size_t half = (size_t)max_len * (c->head_dim / 2);
-    float *rope = malloc(2 * half * sizeof *rope);
-    if (!rope) {
+    if (qwen3_rope_write(be, g->rope_cos, g->rope_sin, max_len, c, err) != 0) {
         qwen3_gen_free(g);
-        return ct_fail(err, "generation: out of memory for the RoPE tables");
+        return ct_wrap(err, "generation");
     }
-    qwen3_rope_tables(rope, rope + half, max_len, c->head_dim, c->rope_theta);
-    be->write(be, g->rope_cos, rope, half * sizeof *rope);
-    be->write(be, g->rope_sin, rope + half, half * sizeof *rope);
-    free(rope);
     qwen3_refresh_bf16(m);
     return 0;
 }

@@ -127,6 +127,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
 
 // RoPE tables exactly as HF builds them in fp32, for positions [0, T): cos_t, sin_t (T, D/2).
 void qwen3_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta);
+// The same tables written to backend buffers cos_t, sin_t (T, D/2) each.
+int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qwen3_config *c,
+                     ct_error *err);
 
 // A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
 // w's bf16 copy (the same offset in param_bf16) and the input's bf16 copy inp16, with the output

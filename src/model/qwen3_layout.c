@@ -498,6 +498,19 @@ void qwen3_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta) {
     }
 }
 
+int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qwen3_config *c,
+                     ct_error *err) {
+    // Built on the host, as HF builds them, then copied in.
+    const size_t half = (size_t)T * (c->head_dim / 2);
+    float *rope = malloc(2 * half * sizeof *rope);
+    if (!rope) return ct_fail(err, "out of memory for the RoPE tables");
+    qwen3_rope_tables(rope, rope + half, T, c->head_dim, c->rope_theta);
+    be->write(be, cos_t, rope, half * sizeof *rope);
+    be->write(be, sin_t, rope + half, half * sizeof *rope);
+    free(rope);
+    return 0;
+}
+
 static void model_free_acts(qwen3_model *m) {
     qwen3_acts *a = m->acts;
     ct_backend *be = m->be;
@@ -580,17 +593,10 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
     }
     m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
-    // Built on the host, as HF builds them, then copied in.
-    const size_t half_table = (size_t)T * (c->head_dim / 2);
-    float *rope = malloc(2 * half_table * sizeof *rope);
-    if (!rope) {
+    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, T, c, err) != 0) {
         model_free_acts(m);
-        return ct_fail(err, "qwen3_plan: out of memory for the RoPE tables");
+        return ct_wrap(err, "qwen3_plan");
     }
-    qwen3_rope_tables(rope, rope + half_table, T, c->head_dim, c->rope_theta);
-    be->write(be, a->rope_cos, rope, half_table * sizeof *rope);
-    be->write(be, a->rope_sin, rope + half_table, half_table * sizeof *rope);
-    free(rope);
     m->B = B;
     m->T = T;
     m->logits = a->logits;
