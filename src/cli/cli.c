@@ -4,8 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/suggest.h"
+#include "train/checkpoint.h"
 
 static int option_index(const cli_option *opts, int n, const char *key, size_t key_len) {
     for (int i = 0; i < n; i++)
@@ -111,4 +113,32 @@ int cli_report(const ct_error *err) {
         line += n + (line[n] == '\n');
     } while (*line);
     return 1;
+}
+
+static void print_notes(ckpt_notes *notes) {
+    for (int i = 0; i < notes->n; i++) fprintf(stderr, "ctitan: warning: %s\n", notes->msgs[i]);
+    ckpt_notes_free(notes);
+}
+
+// DIR is a checkpoint (it has state.json) or holds step-N folders.
+int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *err) {
+    char state[4096];
+    struct stat sb;
+    snprintf(state, sizeof state, "%s/state.json", given);
+    if (stat(state, &sb) == 0) {
+        if (snprintf(dir, cap, "%s", given) >= (int)cap) return ct_fail(err, "path too long");
+        return 0;
+    }
+    if (stat(given, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ct_fail(err, "--checkpoint %s: no such folder", given);
+    ckpt_notes notes = {0};
+    int found = ckpt_find_latest(dir, cap, NULL, given, NULL, &notes, err);
+    print_notes(&notes);
+    if (found < 0) return -1;
+    if (found == 0)
+        return ct_fail(err,
+                       "--checkpoint %s: not a checkpoint (no state.json) and holds no "
+                       "complete step-N checkpoint",
+                       given);
+    return 0;
 }

@@ -3,6 +3,7 @@
 // option is an error that suggests the closest valid one.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -35,6 +36,10 @@ void cli_print_help(const char *usage, const char *summary, const cli_option *op
 // Prints "ctitan: error: <msg>" to stderr and returns the exit code 1.
 int cli_report(const ct_error *err);
 
+// --checkpoint DIR: DIR itself when it is a checkpoint (has state.json), else the newest
+// complete step-N checkpoint under it (skipped incomplete ones are warned about on stderr).
+int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *err);
+
 // Subcommands. Each returns the process exit code.
 int cmd_train(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
@@ -43,3 +48,4 @@ int cmd_plot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_check_kernels(int argc, char **argv);
+int cmd_generate(int argc, char **argv);

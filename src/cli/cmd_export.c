@@ -24,37 +24,9 @@ static const cli_option export_options[] = {
      true},
 };
 
-static void print_notes(ckpt_notes *notes) {
-    for (int i = 0; i < notes->n; i++) fprintf(stderr, "ctitan: warning: %s\n", notes->msgs[i]);
-    ckpt_notes_free(notes);
-}
-
 static bool same_folder(const char *a, const char *b) {
     struct stat x, y;
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
-// DIR is a checkpoint (it has state.json) or holds step-N folders.
-static int resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *err) {
-    char state[4096];
-    struct stat sb;
-    snprintf(state, sizeof state, "%s/state.json", given);
-    if (stat(state, &sb) == 0) {
-        if (snprintf(dir, cap, "%s", given) >= (int)cap) return ct_fail(err, "path too long");
-        return 0;
-    }
-    if (stat(given, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return ct_fail(err, "--checkpoint %s: no such folder", given);
-    ckpt_notes notes = {0};
-    int found = ckpt_find_latest(dir, cap, NULL, given, NULL, &notes, err);
-    print_notes(&notes);
-    if (found < 0) return -1;
-    if (found == 0)
-        return ct_fail(err,
-                       "--checkpoint %s: not a checkpoint (no state.json) and holds no "
-                       "complete step-N checkpoint",
-                       given);
-    return 0;
 }
 
 static int export_run(const cli_args *args, ct_error *err) {
@@ -68,7 +40,7 @@ static int export_run(const cli_args *args, ct_error *err) {
         return ct_wrap(err, "--max-shard-size");
 
     char dir[4096], cfg_path[4200];
-    if (resolve_checkpoint(dir, sizeof dir, given, err) != 0) return -1;
+    if (cli_resolve_checkpoint(dir, sizeof dir, given, err) != 0) return -1;
     if (same_folder(dir, out))
         return ct_fail(err, "--output %s is the checkpoint folder itself; choose another folder",
                        out);

@@ -20,6 +20,8 @@ static const subcommand subcommands[] = {
     {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
     {"tokenize", cmd_tokenize,
      "text (.txt, .jsonl) to token ids (.npy, .jsonl) with a tokenizer.json"},
+    {"generate", cmd_generate,
+     "sample text from an HF folder or checkpoint: a prompt, a JSONL of prompts, or a chat"},
     {"export", cmd_export, "a training checkpoint as a Hugging Face folder (for transformers)"},
     {"check-kernels", cmd_check_kernels,
      "check plugin kernels (--override.imports) against the built-in ops"},

@@ -30,12 +30,8 @@ static qwen3_dims model_dims(const qwen3_model *m) {
 static void linear_forward(const qwen3_model *m, float *out, uint16_t *out16, const float *inp,
                            const uint16_t *inp16, const float *w, const float *bias, int N, int C,
                            int OC) {
-    const ct_ops *op = m->ops;
-    if (m->mem_opts.bf16)
-        op->matmul_bf16_forward(out, out16, ((const qwen3_acts *)m->acts)->mm_scratch, inp, inp16,
-                                m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
-    else
-        op->matmul_forward(out, inp, w, bias, N, C, OC);
+    qwen3_linear(m, ((const qwen3_acts *)m->acts)->mm_scratch, out, out16, inp, inp16, w, bias, N,
+                 C, OC);
 }
 
 static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float *dbias,

@@ -256,3 +256,49 @@ void qwen3_backward(qwen3_model *m, float loss_scale);
 // (naming b, t, expected and found), or an attention kernel (a plugin's) whose state for these
 // documents exceeds what it asked for at (B, T).
 int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Generation (qwen3_generate.c): a KV cache and the inference forward over it, on the model's
+// backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len
+// positions, one layer's activations for a prefill of max_len tokens, the host logits); prefill
+// and decode then allocate nothing. Independent of qwen3_plan (training's buffers): a model may
+// have both. Not thread-safe; one generation per qwen3_gen.
+typedef struct qwen3_gen {
+    qwen3_model *m;
+    int max_len; // positions the cache holds (prompt + generated tokens)
+    int len;     // positions filled so far
+    // The last position's logits (V floats, host memory), after each prefill and decode; under
+    // bf16 they hold bf16 values, as the training forward's bf16 head.
+    float *logits;
+    // Private to qwen3_generate.c: one backend buffer carved by its layout walk.
+    float *mem;
+    size_t floats;
+    float *kcache, *vcache;     // L x (max_len, NKV, D) each: the keys after q/k norm and RoPE
+    float *rope_cos, *rope_sin; // (max_len, D/2)
+    float *resid[2], *resid2, *ln, *rstd, *qkv, *qr, *q_rstd, *k_rstd, *rope_scratch, *atty;
+    float *att_state, *dec_scratch, *gate_up, *h, *swiglu_scratch;
+    float *probs, *route_w, *moe_state, *moe_scratch, *route_scratch;
+    int32_t *expert, *ids;
+    int route_threads;
+    float *lnf, *lnf_rstd, *dev_logits, *mm_scratch;
+    uint16_t *in16, *gate_up16, *lnf16;
+    // bf16: prefill row counts with planned GEMM shapes (powers of two, then max_len); a prompt
+    // runs padded to the next one. fp32 runs a prompt at its own length.
+    int buckets[40], n_buckets;
+} qwen3_gen;
+
+// Bytes qwen3_gen_plan allocates for max_len positions with this op table and memory options
+// (the backend buffer and the host logits), before anything is allocated.
+size_t qwen3_gen_memory(const qwen3_config *cfg, const ct_ops *ops, const qwen3_memory_opts *opts,
+                        int max_len);
+// Plans generation on m (weights loaded; m->mem_opts set: bf16 runs the linear layers on the
+// bf16 copy, which this refreshes) for up to max_len positions (<= max_position_embeddings).
+int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err);
+void qwen3_gen_free(qwen3_gen *g);
+// Starts a sequence: ids[0, n) at positions [0, n) in one batched forward (the table's causal
+// attention over the block), filling the cache; g->logits gets position n-1's. Errors (nothing
+// runs): n < 1, n > max_len, an id outside the vocabulary.
+int qwen3_gen_prefill(qwen3_gen *g, const int32_t *ids, int n, ct_error *err);
+// Appends one token at position g->len (attention_decode against the cache); g->logits gets its
+// logits. Errors: no prefill yet, the cache full, an id outside the vocabulary.
+int qwen3_gen_decode(qwen3_gen *g, int32_t id, ct_error *err);

@@ -124,3 +124,37 @@ static inline bool qwen3_mlp_bf16(const ct_ops *ops, const qwen3_memory_opts *op
 // and the allocation cannot disagree.
 size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, const ct_ops *ops,
                          int B, int T, const qwen3_memory_opts *opts);
+
+// RoPE tables exactly as HF builds them in fp32, for positions [0, T): cos_t, sin_t (T, D/2).
+void qwen3_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta);
+// The same tables written to backend buffers cos_t, sin_t (T, D/2) each.
+int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qwen3_config *c,
+                     ct_error *err);
+
+// A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
+// w's bf16 copy (the same offset in param_bf16) and the input's bf16 copy inp16, with the output
+// in bf16 into out16 when given; else the fp32 matmul. scratch: the bf16 kernel's, planned for
+// this shape. The forward of training (qwen3.c) and of generation (qwen3_generate.c) both.
+static inline void qwen3_linear(const qwen3_model *m, float *scratch, float *out, uint16_t *out16,
+                                const float *inp, const uint16_t *inp16, const float *w,
+                                const float *bias, int N, int C, int OC) {
+    if (m->mem_opts.bf16)
+        m->ops->matmul_bf16_forward(out, out16, scratch, inp, inp16,
+                                    m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
+    else
+        m->ops->matmul_forward(out, inp, w, bias, N, C, OC);
+}
+
+// A bump allocator over one buffer (base NULL: count only). Every piece starts on a 64-byte
+// boundary. The activations' layout and generation's walk with it, so a plan counts exactly what
+// the same walk then carves.
+typedef struct carve {
+    float *base;
+    size_t off;
+} carve;
+
+static inline float *carve_take(carve *cv, size_t n) {
+    float *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += (n + 15) / 16 * 16;
+    return p;
+}

@@ -141,18 +141,7 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations: a bump allocator over one buffer. Every piece starts on a 64-byte boundary.
-
-typedef struct carve {
-    float *base; // NULL: count only
-    size_t off;
-} carve;
-
-static float *carve_take(carve *cv, size_t n) {
-    float *p = cv->base ? cv->base + cv->off : NULL;
-    cv->off += (n + 15) / 16 * 16;
-    return p;
-}
+// Activations: carved from one buffer (qwen3_internal.h's carve).
 
 bool qwen3_layer_checkpointed(int ac_every, int l) {
     return ac_every > 0 && (l + 1) % ac_every == 0;
@@ -497,7 +486,7 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
 
 // RoPE tables exactly as HF builds them in fp32: inv_freq = 1 / theta^(2i/D) (float pow),
 // angle = float(pos) * inv_freq rounded to fp32, cos/sin of that fp32 angle.
-static void model_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta) {
+void qwen3_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta) {
     const int half = D / 2;
     for (int i = 0; i < half; i++) {
         const float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)D);
@@ -507,6 +496,19 @@ static void model_rope_tables(float *cos_t, float *sin_t, int T, int D, double t
             sin_t[(size_t)t * half + i] = (float)sin((double)angle);
         }
     }
+}
+
+int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qwen3_config *c,
+                     ct_error *err) {
+    // Built on the host, as HF builds them, then copied in.
+    const size_t half = (size_t)T * (c->head_dim / 2);
+    float *rope = malloc(2 * half * sizeof *rope);
+    if (!rope) return ct_fail(err, "out of memory for the RoPE tables");
+    qwen3_rope_tables(rope, rope + half, T, c->head_dim, c->rope_theta);
+    be->write(be, cos_t, rope, half * sizeof *rope);
+    be->write(be, sin_t, rope + half, half * sizeof *rope);
+    free(rope);
+    return 0;
 }
 
 static void model_free_acts(qwen3_model *m) {
@@ -591,17 +593,10 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
     }
     m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
-    // Built on the host, as HF builds them, then copied in.
-    const size_t half_table = (size_t)T * (c->head_dim / 2);
-    float *rope = malloc(2 * half_table * sizeof *rope);
-    if (!rope) {
+    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, T, c, err) != 0) {
         model_free_acts(m);
-        return ct_fail(err, "qwen3_plan: out of memory for the RoPE tables");
+        return ct_wrap(err, "qwen3_plan");
     }
-    model_rope_tables(rope, rope + half_table, T, c->head_dim, c->rope_theta);
-    be->write(be, a->rope_cos, rope, half_table * sizeof *rope);
-    be->write(be, a->rope_sin, rope + half_table, half_table * sizeof *rope);
-    free(rope);
     m->B = B;
     m->T = T;
     m->logits = a->logits;

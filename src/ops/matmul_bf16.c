@@ -32,7 +32,7 @@ typedef struct mm_shape {
     mm_prim kind[MM_KINDS];
 } mm_shape;
 
-#define MM_MAX_SHAPES 64
+#define MM_MAX_SHAPES 256
 static mm_shape shapes[MM_MAX_SHAPES];
 static int n_shapes;
 

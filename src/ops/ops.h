@@ -82,6 +82,11 @@
 //   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls
 //   (SIZE_MAX: it could not). Not plugin override points: under a plugin's moe_experts (fp32 by
 //   the ABI) the model runs that instead, in fp32.
+// attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
+//   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
+//   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
+//   query head h reading kv head h / (NH/NKV), scale = 1/sqrt(D). scratch holds NH*T floats
+//   (the scores). Causality is the caller's: it passes only the positions up to the query's.
 typedef struct ct_ops {
     const char *name;
 #define CT_OP_FIELD(kind, field, type, ...) type field;

@@ -76,6 +76,8 @@ void cpu_attention_forward(float *out, float *probs, const float *q, const float
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *dscores, const float *dout,
                             const float *out, const float *probs, const float *q, const float *k,
                             const float *v, int B, int T, int NH, int NKV, int D);
+void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
+                          const float *v, int T, int NH, int NKV, int D);
 
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

@@ -272,7 +272,12 @@ typedef struct ct_adamw_coeffs {
       (float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,       \
        const float *state, const float *q, const float *k, const float *v, int B, int T, int NH,   \
        int NKV, int D),                                                                            \
-      (dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D))
+      (dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D))                          \
+    X(OWN, attention_decode, ct_attention_decode_fn, cpu_attention_decode, ALL,                    \
+      "attention_decode", forward,                                                                 \
+      (float *out, float *scratch, const float *q, const float *k, const float *v, int T, int NH,  \
+       int NKV, int D),                                                                            \
+      (out, scratch, q, k, v, T, NH, NKV, D))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -317,7 +322,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 54, "the op list has 54 entries");
+_Static_assert(CT_OP_COUNT == 55, "the op list has 55 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

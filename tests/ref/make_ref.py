@@ -9,10 +9,12 @@ DIR/train/         training references (tests/ref/train_ref.py)
 DIR/bf16/          bf16 mixed-precision training references, autocast and fp32
                    (tests/ref/bf16_ref.py)
 DIR/topk_ties.json torch.topk's choices among tied router scores (tests/ref/topk_ties.py)
+DIR/sample.safetensors  HF generate's sampling distributions on fixed logits (tests/ref/gen_ref.py)
 DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or sharded)
 DIR/<variant>/tokens.npy        the token stream (dtype varies across variants)
 DIR/<variant>/expected.safetensors  F32: "logits" (B,T,V) and the gradient of every parameter
                    under its HF name (tied: the embedding gradient holds both uses)
+DIR/<variant>/generate.safetensors  greedy generation with each step's logits (gen_ref.py)
 DIR/<variant>/meta.json         B, T, loss (f64 and f32), n_valid, params (HF state_dict order),
                    ignore_positions, weights_dtype, max_shard_bytes, weight_files ...
 
@@ -54,6 +56,7 @@ import safetensors_ref  # noqa: E402
 import train_ref  # noqa: E402
 import bf16_ref  # noqa: E402
 import topk_ties  # noqa: E402
+import gen_ref  # noqa: E402
 
 # Each variant: architecture, storage and batch. Together they cover head_dim != C/NH, GQA ratios
 # 1/2/3, tied and untied heads, attention bias on and off, F32 and BF16 weights, single files and
@@ -313,6 +316,7 @@ def write_variant(out, v, seed):
     extra = 3  # trailing tokens the windowing must not use
     tokens = torch.randint(0, n_ids, (B * (T + 1) + extra,), generator=gen).numpy()
     np.save(os.path.join(d, "tokens.npy"), tokens.astype(v["tok"]))
+    gen_ref.write(d, params, cfg, tokens, seed)  # DIR/<variant>/generate.safetensors
     inputs, targets = qwen3_ref.windows(tokens, B, T)
     flat = targets.reshape(-1)
     for i in v["ignore"]:
@@ -404,6 +408,7 @@ def main():
     train_ref.write_all(args.out, args.quiet)  # DIR/train/: training parity, AdamW, schedules
     bf16_ref.write_all(args.out, args.quiet)  # DIR/bf16/: autocast bf16 training
     topk_ties.write(args.out)  # DIR/topk_ties.json: torch.topk on tied router scores
+    gen_ref.write_sampling(args.out)  # DIR/sample.safetensors: HF's sampling distributions
     return 0
 
 

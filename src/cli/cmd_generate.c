@@ -1,0 +1,442 @@
+// ctitan generate: text from an HF folder or a training checkpoint, through the KV cache of
+// model/qwen3.h (qwen3_gen_*) and HF's sampling (gen/sample.h). A prompt (--prompt, raw text),
+// a JSONL file of prompts (--input: {"prompt": text} or {"messages": [...]} rendered with the
+// chat template and add_generation_prompt), or a terminal chat (--chat: user lines from stdin,
+// the history rendered with the template each turn, /reset clears it, EOF ends). Stops at any
+// eos_token_id (generation_config.json, else config.json) or after --max_new_tokens.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "gen/sample.h"
+#include "io/json.h"
+#include "model/hf_adapter.h"
+#include "model/qwen3.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+#include "train/checkpoint.h"
+
+static const cli_option generate_options[] = {
+    {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
+    {"checkpoint", NULL, "a checkpoint folder (step-N), or a folder of them (the newest)", false},
+    {"model.tokenizer_path", NULL,
+     "folder with tokenizer.json (default: the HF folder, or the checkpoint run's)", false},
+    {"prompt", NULL, "the prompt, as raw text (no chat template)", false},
+    {"input", NULL, "JSONL: one {\"prompt\": text} or {\"messages\": [...]} per line", false},
+    {"chat", "false", "a multi-turn chat: user lines from stdin, /reset clears the history", true},
+    {"max_new_tokens", "256", "stop after this many new tokens", false},
+    {"temperature", "1.0", "divide the logits by it; 0 = greedy", false},
+    {"top_k", "0", "keep the k most likely tokens (0 = off)", false},
+    {"top_p", "1.0", "keep the smallest set with this much probability (1 = off)", false},
+    {"seed", "0", "the sampling seed: the same seed gives the same text", false},
+    {"cache_len", "0",
+     "KV cache positions (0: the longest prompt + max_new_tokens; --chat: up to 4096)", false},
+    {"model.attn_backend", "flash", "the prefill's attention kernel: flash | sdpa", false},
+    {"training.mixed_precision_param", "float32",
+     "float32, or bfloat16: the linear layers in bf16 with fp32 accumulation (as train)", false},
+    {"json", "false",
+     "print one JSON object per prompt: prompt_ids, ids, text, stop (eos | length)", true},
+};
+
+typedef struct gen_run {
+    qwen3_model m;
+    ct_ops ops;
+    qwen3_gen g;
+    gen_sampler s;
+    tokenizer *tok;
+    tok_encoder *enc;
+    chat_template *tmpl;
+    int32_t eos[16];
+    int n_eos;
+    int64_t max_new;
+    bool json;
+    char model_dir[4096], tok_dir[4096];
+} gen_run;
+
+// eos_token_id (an int or a list of ints) from DIR/NAME; 0 when the file or key is absent.
+static int eos_from(gen_run *r, const char *dir, const char *name, ct_error *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (access(path, R_OK) != 0) return 0;
+    cJSON *root;
+    if (json_parse_file(&root, path, err) != 0) return -1;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *it;
+    int rc = 0;
+    if (cJSON_IsNumber(e)) {
+        r->eos[r->n_eos++] = (int32_t)e->valuedouble;
+    } else if (cJSON_IsArray(e)) {
+        cJSON_ArrayForEach(it, e) {
+            if (!cJSON_IsNumber(it) || r->n_eos == 16) {
+                rc = ct_fail(err, "%s: eos_token_id: expected integers (at most 16)", path);
+                break;
+            }
+            r->eos[r->n_eos++] = (int32_t)it->valuedouble;
+        }
+    } else if (e && !cJSON_IsNull(e)) {
+        rc = ct_fail(err, "%s: eos_token_id: expected an integer or a list, found %s", path,
+                     json_type_name(e));
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+// The stop tokens, HF's way: generation_config.json's, else config.json's (the model folder's,
+// then the tokenizer folder's), else the tokenizer's end of document.
+static int load_eos(gen_run *r, ct_error *err) {
+    const char *dirs[] = {r->model_dir, r->tok_dir};
+    for (int d = 0; d < 2 && !r->n_eos; d++) {
+        if (eos_from(r, dirs[d], "generation_config.json", err) != 0) return -1;
+        if (!r->n_eos && eos_from(r, dirs[d], "config.json", err) != 0) return -1;
+    }
+    if (!r->n_eos && tok_eos_id(r->tok) >= 0) r->eos[r->n_eos++] = tok_eos_id(r->tok);
+    return 0;
+}
+
+static bool is_eos(const gen_run *r, int32_t id) {
+    for (int i = 0; i < r->n_eos; i++)
+        if (r->eos[i] == id) return true;
+    return false;
+}
+
+static int parse_float(float *out, const cli_args *a, const char *key, ct_error *err) {
+    const char *s = cli_str(a, key);
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (errno || end == s || *end)
+        return ct_fail(err, "option --%s: expected a number, found '%s'", key, s);
+    *out = (float)v;
+    return 0;
+}
+
+static int load_model(gen_run *r, const cli_args *a, ct_error *err) {
+    const char *hf = cli_str(a, "model.hf_path"), *ck = cli_str(a, "checkpoint");
+    if (!hf == !ck)
+        return ct_fail(err, "generate needs exactly one of --model.hf_path DIR, --checkpoint DIR");
+    if (ct_ops_with_attention(&r->ops, &ct_ops_cpu, cli_str(a, "model.attn_backend")) != 0)
+        return ct_fail(err, "option --model.attn_backend: '%s' is not flash or sdpa",
+                       cli_str(a, "model.attn_backend"));
+    const char *prec = cli_str(a, "training.mixed_precision_param");
+    if (strcmp(prec, "float32") != 0 && strcmp(prec, "bfloat16") != 0)
+        return ct_fail(err,
+                       "option --training.mixed_precision_param: '%s' is not float32 or "
+                       "bfloat16",
+                       prec);
+    char *toml = NULL;
+    if (hf) {
+        snprintf(r->model_dir, sizeof r->model_dir, "%s", hf);
+        snprintf(r->tok_dir, sizeof r->tok_dir, "%s", hf);
+        hf_load_report rep;
+        const int rc = hf_load_folder(&r->m, &rep, hf, &r->ops, err);
+        hf_report_free(&rep);
+        if (rc != 0) return ct_wrap(err, "--model.hf_path %s", hf);
+    } else {
+        if (cli_resolve_checkpoint(r->model_dir, sizeof r->model_dir, ck, err) != 0) return -1;
+        char path[4200];
+        qwen3_config cfg;
+        train_state st;
+        snprintf(path, sizeof path, "%s/config.json", r->model_dir);
+        if (qwen3_config_load(&cfg, path, err) != 0 || qwen3_init(&r->m, &cfg, &r->ops, err) != 0 ||
+            ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, &toml, err) != 0)
+            return ct_wrap(err, "--checkpoint %s", ck);
+        ckpt_tokenizer_dir(r->tok_dir, sizeof r->tok_dir, toml);
+        free(toml);
+    }
+    if (cli_str(a, "model.tokenizer_path"))
+        snprintf(r->tok_dir, sizeof r->tok_dir, "%s", cli_str(a, "model.tokenizer_path"));
+    r->m.mem_opts.bf16 = r->m.mem_opts.bf16_experts = strcmp(prec, "bfloat16") == 0;
+    if (tok_load(&r->tok, r->tok_dir, err) != 0 || tok_encoder_new(&r->enc, r->tok, err) != 0)
+        return ct_wrap(err, "the tokenizer (--model.tokenizer_path)");
+    return load_eos(r, err);
+}
+
+// Prints text[*printed, ...) up to the last complete character: a trailing U+FFFD is a
+// multi-byte character still cut between tokens, held back until its bytes arrive.
+static void stream_text(const char *text, size_t len, size_t *printed, bool final) {
+    size_t upto = len;
+    if (!final && len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) upto = len - 3;
+    if (upto > *printed) {
+        fwrite(text + *printed, 1, upto - *printed, stdout);
+        fflush(stdout);
+        *printed = upto;
+    }
+}
+
+static void print_ids(const int32_t *ids, size_t n) {
+    putchar('[');
+    for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+    putchar(']');
+}
+
+// Generates from ids[0, n); *text gets the new text (malloc'd). Streams it unless --json, which
+// prints the object instead.
+static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, ct_error *err) {
+    *text = NULL;
+    if (n + 1 > (size_t)r->g.max_len)
+        return ct_fail(err,
+                       "a prompt of %zu tokens does not fit the KV cache of %d positions "
+                       "(--cache_len)",
+                       n, r->g.max_len);
+    tok_ids out = {0};
+    size_t len = 0, printed = 0;
+    const char *stop = "length";
+    if (qwen3_gen_prefill(&r->g, ids, (int)n, err) != 0) return -1;
+    int rc = 0;
+    for (int64_t k = 0; k < r->max_new; k++) {
+        const int32_t next = gen_sample(&r->s, r->g.logits);
+        if (is_eos(r, next)) {
+            stop = "eos";
+            break;
+        }
+        if (out.n == out.cap) {
+            out.cap = out.cap ? 2 * out.cap : 64;
+            out.v = realloc(out.v, out.cap * sizeof *out.v);
+        }
+        out.v[out.n++] = next;
+        free(*text);
+        if ((rc = tok_decode(r->tok, text, &len, out.v, out.n, true, err)) != 0) break;
+        if (!r->json) stream_text(*text, len, &printed, false);
+        if (k + 1 == r->max_new || r->g.len == r->g.max_len) break; // the cache is full
+        if ((rc = qwen3_gen_decode(&r->g, next, err)) != 0) break;
+    }
+    if (rc == 0 && !*text) *text = calloc(1, 1);
+    if (rc == 0 && !r->json) stream_text(*text, len, &printed, true);
+    if (rc == 0 && r->json) {
+        printf("{\"prompt_ids\": ");
+        print_ids(ids, n);
+        printf(", \"ids\": ");
+        print_ids(out.v, out.n);
+        printf(", \"text\": ");
+        json_write_string(stdout, *text);
+        printf(", \"stop\": \"%s\"}\n", stop);
+        fflush(stdout);
+    }
+    tok_ids_free(&out);
+    return rc;
+}
+
+static int encode(gen_run *r, tok_ids *ids, const char *text, size_t len, ct_error *err) {
+    ids->n = 0;
+    return tok_encode(r->enc, ids, text, len, err);
+}
+
+// The messages rendered with the template and add_generation_prompt, encoded.
+static int encode_messages(gen_run *r, tok_ids *ids, const cJSON *messages, ct_error *err) {
+    if (!r->tmpl && chat_template_load(&r->tmpl, r->tok_dir, err) != 0) return -1;
+    char *text;
+    size_t len;
+    if (chat_render(r->tmpl, messages, NULL, true, -1, &text, &len, err) != 0) return -1;
+    const int rc = encode(r, ids, text, len, err);
+    free(text);
+    return rc;
+}
+
+// One line of an --input file encoded into ids: 1 when it is blank (nothing to do), 0 when
+// encoded, -1 on error (naming the file and line).
+static int input_line(gen_run *r, tok_ids *ids, const char *line, const char *path, long no,
+                      ct_error *err) {
+    if (strspn(line, " \t\r\n") == strlen(line)) return 1;
+    cJSON *o;
+    if (json_parse(&o, line, strlen(line), path, err) != 0)
+        return ct_wrap(err, "--input %s line %ld", path, no);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt"),
+                *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    int rc;
+    if (cJSON_IsString(p))
+        rc = encode(r, ids, p->valuestring, strlen(p->valuestring), err);
+    else if (msgs)
+        rc = encode_messages(r, ids, msgs, err);
+    else
+        rc = ct_fail(err, "expected {\"prompt\": text} or {\"messages\": [...]}");
+    cJSON_Delete(o);
+    return rc != 0 ? ct_wrap(err, "--input %s line %ld", path, no) : 0;
+}
+
+static int run_input(gen_run *r, const char *path, ct_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return ct_fail(err, "--input %s: %s", path, strerror(errno));
+    char *line = NULL, *text = NULL;
+    size_t cap = 0;
+    tok_ids ids = {0};
+    int rc = 0;
+    for (long no = 1; rc == 0 && getline(&line, &cap, f) >= 0; no++) {
+        const int got = input_line(r, &ids, line, path, no, err);
+        if (got != 0) {
+            rc = got < 0 ? -1 : 0;
+            continue;
+        }
+        rc = generate_one(r, ids.v, ids.n, &text, err);
+        if (rc == 0 && !r->json) putchar('\n');
+        if (rc != 0) ct_wrap(err, "--input %s line %ld", path, no);
+        free(text);
+        text = NULL;
+    }
+    free(line);
+    tok_ids_free(&ids);
+    fclose(f);
+    return rc;
+}
+
+static int run_chat(gen_run *r, ct_error *err) {
+    const bool tty = isatty(0);
+    cJSON *history = cJSON_CreateArray();
+    char *line = NULL, *text = NULL;
+    size_t cap = 0;
+    tok_ids ids = {0};
+    int rc = 0;
+    if (tty) fprintf(stderr, "ctitan chat: /reset clears the history, Ctrl-D ends\n");
+    while (rc == 0) {
+        if (tty) fprintf(stderr, "> "), fflush(stderr);
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0) break;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        if (n == 0) continue;
+        if (strcmp(line, "/reset") == 0) {
+            cJSON_Delete(history);
+            history = cJSON_CreateArray();
+            if (tty) fprintf(stderr, "(history cleared)\n");
+            continue;
+        }
+        cJSON *user = cJSON_CreateObject();
+        cJSON_AddStringToObject(user, "role", "user");
+        cJSON_AddStringToObject(user, "content", line);
+        cJSON_AddItemToArray(history, user);
+        rc = encode_messages(r, &ids, history, err);
+        if (rc == 0) rc = generate_one(r, ids.v, ids.n, &text, err);
+        if (rc == 0) {
+            if (!r->json) putchar('\n');
+            fflush(stdout);
+            cJSON *reply = cJSON_CreateObject();
+            cJSON_AddStringToObject(reply, "role", "assistant");
+            cJSON_AddStringToObject(reply, "content", text);
+            cJSON_AddItemToArray(history, reply);
+        }
+        free(text);
+        text = NULL;
+    }
+    cJSON_Delete(history);
+    free(line);
+    tok_ids_free(&ids);
+    return rc;
+}
+
+static void run_free(gen_run *r) {
+    qwen3_gen_free(&r->g);
+    gen_sampler_free(&r->s);
+    qwen3_free(&r->m);
+    tok_encoder_free(r->enc);
+    tok_free(r->tok);
+    chat_template_free(r->tmpl);
+}
+
+// The longest prompt of an --input file, in tokens (for the default cache length).
+static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_error *err);
+
+static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
+    const char *prompt = cli_str(a, "prompt"), *input = cli_str(a, "input");
+    const bool chat = cli_flag(a, "chat");
+    if ((prompt != NULL) + (input != NULL) + chat != 1)
+        return ct_fail(err, "generate needs exactly one of --prompt TEXT, --input FILE, --chat");
+    float temperature, top_p;
+    int64_t top_k, seed, cache_len;
+    if (cli_int(&r->max_new, a, "max_new_tokens", err) || cli_int(&top_k, a, "top_k", err) ||
+        cli_int(&seed, a, "seed", err) || cli_int(&cache_len, a, "cache_len", err) ||
+        parse_float(&temperature, a, "temperature", err) || parse_float(&top_p, a, "top_p", err))
+        return -1;
+    if (r->max_new < 1)
+        return ct_fail(err, "option --max_new_tokens: %lld, expected >= 1", (long long)r->max_new);
+    if (cache_len < 0)
+        return ct_fail(err, "option --cache_len: %lld, expected >= 0", (long long)cache_len);
+    if (top_k > INT32_MAX)
+        return ct_fail(err, "option --top_k: %lld is too large", (long long)top_k);
+    r->json = cli_flag(a, "json");
+    gen_sampler probe; // the sampling options, checked before the model loads
+    if (gen_sampler_init(&probe, 1, temperature, (int)top_k, top_p, (uint64_t)seed, err) != 0)
+        return -1;
+    gen_sampler_free(&probe);
+    if (load_model(r, a, err) != 0) return -1;
+    if (gen_sampler_init(&r->s, r->m.cfg.vocab_size, temperature, (int)top_k, top_p, (uint64_t)seed,
+                         err) != 0)
+        return -1;
+    tok_ids ids = {0};
+    const int max_pos = r->m.cfg.max_position_embeddings;
+    if (cache_len == 0) {
+        int64_t longest = 0;
+        if (chat) {
+            longest = 4096;
+        } else if (prompt) {
+            if (encode(r, &ids, prompt, strlen(prompt), err) != 0) return ct_wrap(err, "--prompt");
+            longest = (int64_t)ids.n + r->max_new;
+        } else {
+            if (input_longest(r, input, &longest, err) != 0) return -1;
+            longest += r->max_new;
+        }
+        cache_len = longest < max_pos ? longest : max_pos;
+    }
+    if (cache_len > max_pos)
+        return ct_fail(err, "option --cache_len: %lld exceeds max_position_embeddings %d",
+                       (long long)cache_len, max_pos);
+    int rc = qwen3_gen_plan(&r->g, &r->m, (int)cache_len, err);
+    if (rc == 0 && prompt) {
+        char *text = NULL;
+        if (!ids.n) rc = encode(r, &ids, prompt, strlen(prompt), err);
+        if (rc == 0) rc = generate_one(r, ids.v, ids.n, &text, err);
+        if (rc != 0) ct_wrap(err, "--prompt");
+        if (rc == 0 && !r->json) putchar('\n');
+        free(text);
+    } else if (rc == 0) {
+        rc = input ? run_input(r, input, err) : run_chat(r, err);
+    }
+    tok_ids_free(&ids);
+    return rc;
+}
+
+static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return ct_fail(err, "--input %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    tok_ids ids = {0};
+    int rc = 0;
+    *longest = 1;
+    for (long no = 1; rc == 0 && getline(&line, &cap, f) >= 0; no++) {
+        const int got = input_line(r, &ids, line, path, no, err);
+        rc = got < 0 ? -1 : 0;
+        if (got == 0 && (int64_t)ids.n > *longest) *longest = (int64_t)ids.n;
+    }
+    free(line);
+    tok_ids_free(&ids);
+    fclose(f);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv) {
+    const int n_opts = sizeof generate_options / sizeof generate_options[0];
+    if (cli_wants_help(argc, argv)) {
+        cli_print_help(
+            "ctitan generate (--model.hf_path DIR | --checkpoint DIR) (--prompt TEXT | --chat | "
+            "--input prompts.jsonl) [--max_new_tokens N] [--temperature T] [--top_k K] "
+            "[--top_p P] [--seed S] [--json]",
+            "Samples text with a KV cache: HF generate's temperature, top-k, top-p order, seeded;\n"
+            "--temperature 0 is greedy. Stops at the model's eos_token_id "
+            "(generation_config.json,\n"
+            "else config.json) or after --max_new_tokens. --chat reads user lines from stdin;\n"
+            "/reset clears the history.",
+            generate_options, n_opts);
+        return 0;
+    }
+    ct_error err;
+    cli_args args;
+    gen_run r;
+    memset(&r, 0, sizeof r);
+    int rc = cli_parse(&args, generate_options, n_opts, argc, argv, 0, &err);
+    if (rc == 0) rc = generate_run(&r, &args, &err);
+    run_free(&r);
+    return rc != 0 ? cli_report(&err) : 0;
+}

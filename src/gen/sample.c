@@ -1,0 +1,127 @@
+// HF's logits processors and draw (sample.h). Following transformers' TemperatureLogitsWarper,
+// TopKLogitsWarper and TopPLogitsWarper:
+//   temperature  scores / t (in fp32);
+//   top-k        remove scores < the k-th largest score (ties at it stay);
+//   top-p        sort ascending (stable: among equal scores the lower id first), softmax,
+//                cumulative sum; remove the tokens whose cumulative probability is <= 1 - p,
+//                but never the last (the highest) one;
+// then softmax over what remains and one draw. The cumulative sum runs in double and compares
+// in float as torch's CPU cumsum (double accumulation for float tensors) and comparison do.
+#include "gen/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+
+int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float top_p,
+                     uint64_t seed, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    if (!(temperature >= 0.0f) || !isfinite(temperature))
+        return ct_fail(err, "--temperature %g: expected a finite number >= 0", temperature);
+    if (top_k < 0) return ct_fail(err, "--top_k %d: expected an integer >= 0 (0: off)", top_k);
+    if (!(top_p > 0.0f && top_p <= 1.0f))
+        return ct_fail(err, "--top_p %g: expected a number in (0, 1] (1: off)", top_p);
+    if (V < 1) return ct_fail(err, "sampling: vocabulary size %d", V);
+    s->probs = malloc((size_t)V * sizeof *s->probs);
+    s->order = malloc(2 * (size_t)V * sizeof *s->order); // the sort's merge buffer after it
+    s->sorted = malloc((size_t)V * sizeof *s->sorted);
+    if (!s->probs || !s->order || !s->sorted) {
+        gen_sampler_free(s);
+        return ct_fail(err, "sampling: out of memory for a vocabulary of %d", V);
+    }
+    s->V = V;
+    s->temperature = temperature;
+    s->top_k = top_k;
+    s->top_p = top_p;
+    s->seed = seed;
+    return 0;
+}
+
+void gen_sampler_free(gen_sampler *s) {
+    free(s->probs);
+    free(s->order);
+    free(s->sorted);
+    memset(s, 0, sizeof *s);
+}
+
+// order[0, V) = the ids sorted by x ascending, equal values in id order (a stable merge sort,
+// as torch's sort keeps ties here); tmp holds V more.
+static void sort_ascending(int32_t *order, int32_t *tmp, const float *x, int V) {
+    for (int i = 0; i < V; i++) order[i] = i;
+    for (int w = 1; w < V; w *= 2) {
+        for (int lo = 0; lo < V; lo += 2 * w) {
+            const int mid = lo + w < V ? lo + w : V, hi = lo + 2 * w < V ? lo + 2 * w : V;
+            int a = lo, b = mid, o = lo;
+            while (a < mid && b < hi)
+                tmp[o++] = x[order[b]] < x[order[a]] ? order[b++] : order[a++];
+            while (a < mid) tmp[o++] = order[a++];
+            while (b < hi) tmp[o++] = order[b++];
+        }
+        memcpy(order, tmp, (size_t)V * sizeof *order);
+    }
+}
+
+// probs = softmax(x) over the finite entries (-inf: 0).
+static void softmax(float *probs, const float *x, int V) {
+    float m = -INFINITY;
+    for (int i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += probs[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < V; i++) probs[i] *= inv;
+}
+
+int gen_sampler_probs(gen_sampler *s, const float *logits) {
+    const int V = s->V;
+    float *x = s->probs; // the scores, then their softmax in place
+    for (int i = 0; i < V; i++) x[i] = logits[i] / s->temperature;
+    const bool top_k = s->top_k > 0 && s->top_k < V, top_p = s->top_p < 1.0f;
+    if (top_k || top_p) sort_ascending(s->order, s->order + V, x, V);
+    if (top_k) {
+        const float kth = x[s->order[V - s->top_k]];
+        for (int i = 0; i < V; i++)
+            if (x[i] < kth) x[i] = -INFINITY;
+    }
+    if (top_p) {
+        // The ascending order of the top-k-filtered scores is the same order (removed ones were
+        // the lowest; -inf ties among them do not matter: their probability is 0).
+        float *p = s->sorted;
+        for (int i = 0; i < V; i++) p[i] = x[s->order[i]];
+        softmax(p, p, V);
+        const float limit = (float)(1.0 - (double)s->top_p);
+        double cum = 0.0;
+        for (int i = 0; i < V - 1; i++) {
+            cum += p[i];
+            if ((float)cum <= limit) x[s->order[i]] = -INFINITY;
+        }
+    }
+    softmax(x, x, V);
+    int kept = 0;
+    for (int i = 0; i < V; i++) kept += x[i] != 0.0f;
+    return kept;
+}
+
+int32_t gen_sample(gen_sampler *s, const float *logits) {
+    const int V = s->V;
+    if (s->temperature == 0.0f) {
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    gen_sampler_probs(s, logits);
+    const double u = ct_splitmix64_uniform_at(s->seed, s->draws++);
+    double total = 0.0;
+    for (int i = 0; i < V; i++) total += s->probs[i];
+    double cum = 0.0, at = u * total;
+    int32_t last = 0;
+    for (int i = 0; i < V; i++) {
+        if (s->probs[i] == 0.0f) continue;
+        last = i;
+        cum += s->probs[i];
+        if (cum > at) return i;
+    }
+    return last; // rounding left u * total at the very end
+}

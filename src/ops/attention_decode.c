@@ -1,0 +1,39 @@
+// Generation's attention for one new token (ct_ops.attention_decode, contract in ops.h): its
+// query row against the KV cache of positions [0, T), the token's own key and value last. Each
+// query head is independent, so the heads run in parallel; GQA: query head h reads kv head
+// h / (NH/NKV). Per head: s_j = scale * q.k_j, p = softmax(s) (the exponentials in float, their
+// sum in double, as the sdpa kernel's rows), out = sum_j p_j v_j.
+#include <math.h>
+
+#include "ops/ops_cpu.h"
+
+void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
+                          const float *v, int T, int NH, int NKV, int D) {
+    const int rep = NH / NKV, ldk = NKV * D;
+    const float scale = (float)(1.0 / sqrt((double)D));
+#pragma omp parallel for schedule(static) if ((int64_t)NH * T * D >= CPU_PAR_MIN)
+    for (int h = 0; h < NH; h++) {
+        const float *qh = q + (size_t)h * D;
+        const float *kh = k + (size_t)(h / rep) * D, *vh = v + (size_t)(h / rep) * D;
+        float *s = scratch + (size_t)h * T, *o = out + (size_t)h * D;
+        float m = -INFINITY;
+        for (int j = 0; j < T; j++) {
+            const float *kj = kh + (size_t)j * ldk;
+            float dot = 0.0f;
+            for (int i = 0; i < D; i++) dot += qh[i] * kj[i];
+            s[j] = dot * scale;
+            m = s[j] > m ? s[j] : m;
+        }
+        double sum = 0.0;
+        for (int j = 0; j < T; j++) {
+            s[j] = expf(s[j] - m);
+            sum += s[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < D; i++) o[i] = 0.0f;
+        for (int j = 0; j < T; j++) {
+            const float p = s[j] * inv, *vj = vh + (size_t)j * ldk;
+            for (int i = 0; i < D; i++) o[i] += p * vj[i];
+        }
+    }
+}

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# ctitan generate (issue 21) on a tiny random model with Qwen3's vocabulary and the real
+# tokenizer and chat template: --json's fields, greedy reruns and seeded sampling reproducible,
+# the stop reasons (eos from generation_config.json, else config.json; length), --input with
+# text and messages lines, --chat driven through stdin with /reset (the rendered history checked
+# through the prompt ids), a checkpoint as the model, and one error per class.
+set -u
+: "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
+ct=$CTITAN_BIN tmp=$CTITAN_TMP tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
+rm -rf "$tmp" && mkdir -p "$tmp"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+expect_err() { # NAME PATTERN CMD...: exit 1 with one 'ctitan: error:' line matching PATTERN
+  local name=$1 pattern=$2; shift 2
+  local out; out=$("$@" 2>&1 >/dev/null </dev/null); local rc=$?
+  if [ $rc -eq 1 ] && [ "$(grep -c '^ctitan: error:' <<<"$out")" -eq 1 ] &&
+     grep -qE -- "$pattern" <<<"$out"; then ok; else bad "$name (rc $rc): $out"; fi
+}
+py() { "$CTITAN_PYTHON" - "$@"; }
+
+# The model: 2 layers, GQA, head_dim != hidden/heads, Qwen3's vocabulary, config.json's eos the
+# two Qwen3 ids; the tokenizer files beside it.
+hf=$tmp/hf
+py "$CTITAN_SOURCE_DIR/tests/ref" "$hf" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[1]); sys.dont_write_bytecode = True
+import torch, make_ref, qwen3_ref, safetensors_ref
+v = dict(V=151936, C=32, F=48, L=2, NH=4, NKV=2, D=16, tied=True, bias=False, dtype="F32",
+         theta=1e6, eps=1e-6)
+os.makedirs(sys.argv[2])
+cfg = make_ref.model_cfg(v)
+params = make_ref.make_params(cfg, torch.Generator().manual_seed(5))
+hc = make_ref.hf_config(v)
+hc.update(eos_token_id=[151643, 151645], max_position_embeddings=256)
+json.dump(hc, open(os.path.join(sys.argv[2], "config.json"), "w"))
+safetensors_ref.write_folder(sys.argv[2], [(n, params[n]) for n, _ in qwen3_ref.param_shapes(cfg)],
+                             "F32", 0)
+PY
+cp "$tokdir"/tokenizer.json "$tokdir"/tokenizer_config.json "$hf"/
+
+field() { py "$1" "$2" <<'PY'; } # FILE KEY [line 1]: a field of a JSON line
+import json, sys
+print(json.dumps(json.loads(open(sys.argv[1]).readline())[sys.argv[2]]))
+PY
+
+# --- --json: the fields, greedy reproducible, length stop, text = decode(ids)
+g=("$ct" generate --model.hf_path "$hf" --temperature 0 --json)
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 >"$tmp/a.json" 2>"$tmp/a.err" || bad "greedy run: $(cat "$tmp/a.err")"
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 >"$tmp/b.json" 2>/dev/null
+cmp -s "$tmp/a.json" "$tmp/b.json" && ok || bad "greedy rerun differs"
+py "$tmp/a.json" "$tokdir" <<'PY' && ok || bad "--json fields: $(cat "$tmp/a.json")"
+import json, sys
+o = json.loads(open(sys.argv[1]).read())
+assert sorted(o) == ["ids", "prompt_ids", "stop", "text"], o
+assert o["prompt_ids"] == [9707, 11, 1879], o["prompt_ids"]  # "Hello, world"
+assert len(o["ids"]) == 6 and o["stop"] == "length", o
+PY
+# The streamed text is the JSON's text.
+"$ct" generate --model.hf_path "$hf" --temperature 0 --prompt "Hello, world" --max_new_tokens 6 \
+  >"$tmp/a.txt" 2>/dev/null
+py "$tmp/a.json" "$tmp/a.txt" <<'PY' && ok || bad "streamed text differs from --json's"
+import json, sys
+t = json.loads(open(sys.argv[1]).read())["text"]
+assert open(sys.argv[2], encoding="utf-8").read() == t + "\n"
+PY
+# Seeded sampling: the same seed the same ids, another seed other ids.
+s=("$ct" generate --model.hf_path "$hf" --json --prompt "Once" --max_new_tokens 12 --temperature 1.5 --top_k 50 --top_p 0.9)
+"${s[@]}" --seed 7 >"$tmp/s7a.json" 2>/dev/null; "${s[@]}" --seed 7 >"$tmp/s7b.json" 2>/dev/null
+"${s[@]}" --seed 8 >"$tmp/s8.json" 2>/dev/null
+cmp -s "$tmp/s7a.json" "$tmp/s7b.json" && ok || bad "seed 7 twice differs"
+cmp -s "$tmp/s7a.json" "$tmp/s8.json" && bad "seeds 7 and 8 gave the same ids" || ok
+# bf16 runs (its greedy ids may differ from fp32's by rounding; it must run and stop)
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 4 --training.mixed_precision_param bfloat16 \
+  >"$tmp/bf16.json" 2>"$tmp/bf16.err" && [ "$(field "$tmp/bf16.json" stop)" = '"length"' ] && ok ||
+  bad "bf16: $(cat "$tmp/bf16.err")"
+
+# --- eos: generation_config.json's eos over config.json's; config.json's when absent (on the
+# seeded sampling run: the greedy one repeats one token)
+first=$(py "$tmp/s7a.json" <<'PY'
+import json, sys; print(json.loads(open(sys.argv[1]).read())["ids"][0])
+PY
+)
+# the first new id unlike those before it, and the ids before it
+read -r second before < <(py "$tmp/s7a.json" <<'PY'
+import json, sys
+ids = json.loads(open(sys.argv[1]).read())["ids"]
+j = next(j for j in range(1, len(ids)) if ids[j] not in ids[:j])
+print(ids[j], json.dumps(ids[:j]).replace(" ", ""))
+PY
+)
+echo "{\"eos_token_id\": $first}" >"$hf/generation_config.json"
+"${s[@]}" --seed 7 >"$tmp/e1.json" 2>/dev/null
+[ "$(field "$tmp/e1.json" stop)" = '"eos"' ] && [ "$(field "$tmp/e1.json" ids)" = '[]' ] && ok ||
+  bad "generation_config eos: $(cat "$tmp/e1.json")"
+rm "$hf/generation_config.json"
+py "$hf/config.json" "$second" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["eos_token_id"] = int(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))
+PY
+"${s[@]}" --seed 7 >"$tmp/e2.json" 2>/dev/null
+[ "$(field "$tmp/e2.json" stop)" = '"eos"' ] &&
+  [ "$(field "$tmp/e2.json" ids | tr -d ' ')" = "$before" ] && ok ||
+  bad "config.json eos: $(cat "$tmp/e2.json")"
+py "$hf/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["eos_token_id"] = [151643, 151645]; json.dump(c, open(sys.argv[1], "w"))
+PY
+
+# --- --input: a text line and a messages line (rendered with the template, generation prompt)
+printf '%s\n' '{"prompt": "Hello, world"}' '' \
+  '{"messages": [{"role": "user", "content": "Hi"}]}' >"$tmp/in.jsonl"
+"${g[@]}" --input "$tmp/in.jsonl" --max_new_tokens 6 >"$tmp/in.json" 2>"$tmp/in.err" || bad "--input: $(cat "$tmp/in.err")"
+py "$tmp/in.json" "$tmp/a.json" "$hf" <<'PY' && ok || bad "--input output: $(cat "$tmp/in.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2, rows
+assert rows[0] == json.loads(open(sys.argv[2]).read()), rows[0]
+# <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n
+assert rows[1]["prompt_ids"] == [151644, 872, 198, 13048, 151645, 198, 151644, 77091, 198], rows[1]
+PY
+
+# --- --chat through stdin: two turns, /reset, one turn; each turn's prompt is the history
+printf 'Hi\nHow are you?\n/reset\nHi\n' |
+  "${g[@]}" --chat --max_new_tokens 5 >"$tmp/chat.json" 2>"$tmp/chat.err" || bad "--chat: $(cat "$tmp/chat.err")"
+py "$tmp/chat.json" "$tokdir" <<'PY' && ok || bad "--chat turns: $(cat "$tmp/chat.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 3, rows
+a, b, c = rows
+assert a == c, (a, c)                      # /reset: the third turn starts afresh
+assert b["prompt_ids"][:len(a["prompt_ids"])] == a["prompt_ids"]  # the history first
+assert len(b["prompt_ids"]) > len(a["prompt_ids"]) + len(a["ids"])
+assert b["prompt_ids"][-3:] == [151644, 77091, 198]  # <|im_start|>assistant\n
+PY
+[ -s "$tmp/chat.err" ] && bad "--chat printed to stderr without a TTY: $(cat "$tmp/chat.err")" || ok
+
+# --- a checkpoint as the model: the same greedy ids as its HF folder
+ck=$tmp/ckpt
+"$ct" train --model.backend hf --model.hf_path "$hf" --model.tokenizer_path "$tokdir" \
+  --training.dataset_path "$CTITAN_ASSETS_DIR/corpus/small.txt" --training.seq_len 16 \
+  --training.local_batch_size 1 --training.steps 1 --optimizer.lr 0 --lr_scheduler.warmup_steps 0 \
+  --checkpoint.enable true --checkpoint.interval 1 --job.dump_folder "$ck" >"$tmp/train.log" 2>&1 ||
+  bad "train for a checkpoint: $(tail -3 "$tmp/train.log")"
+"$ct" generate --temperature 0 --json --checkpoint "$ck/checkpoint" --prompt "Hello, world" --max_new_tokens 6 \
+  >"$tmp/ck.json" 2>"$tmp/ck.err" && cmp -s "$tmp/ck.json" "$tmp/a.json" && ok ||
+  bad "checkpoint: $(cat "$tmp/ck.json" "$tmp/ck.err")"
+
+# --- errors: one line, the file or option named, exit 1
+expect_err "missing folder" "--model.hf_path $tmp/none" "$ct" generate --model.hf_path "$tmp/none" --prompt x
+expect_err "no model" "exactly one of --model.hf_path DIR, --checkpoint DIR" "$ct" generate --prompt x
+expect_err "two prompt kinds" "exactly one of --prompt TEXT, --input FILE, --chat" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --chat
+expect_err "bad temperature" "--temperature: expected a number, found 'hot'" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --temperature hot
+expect_err "bad top_p" "--top_p 1.5: expected a number in \(0, 1\]" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --top_p 1.5
+expect_err "bad max_new_tokens" "--max_new_tokens: expected an integer" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --max_new_tokens many
+expect_err "prompt longer than the cache" "a prompt of 3 tokens does not fit the KV cache of 3 positions" \
+  "$ct" generate --model.hf_path "$hf" --prompt "Hello, world" --cache_len 3
+expect_err "cache past the positions" "--cache_len: 300 exceeds max_position_embeddings 256" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --cache_len 300
+echo '{"text": "x"}' >"$tmp/bad.jsonl"
+expect_err "bad input line" "--input $tmp/bad.jsonl line 1: expected" \
+  "$ct" generate --model.hf_path "$hf" --input "$tmp/bad.jsonl"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
