@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe bench-train format clean
+.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe bench-train bench-generate format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -65,6 +65,11 @@ bench-train: all
 
 bench-dp: all
 	/usr/bin/python3 bench/dp.py --build $(BUILD)
+
+# Generation at batch 1 on Qwen3-0.6B's geometry (issue 21): prefill MFU, decode against the
+# memory-bandwidth bound, fp32 and bf16, and a PyTorch eager KV-cache loop beside them.
+bench-generate: all
+	/usr/bin/python3 bench/generate.py --build $(BUILD) --bf16
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

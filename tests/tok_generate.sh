@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctitan generate (issue 21) on a tiny random model with Qwen3's vocabulary and the real
-# tokenizer and chat template: --json's fields, greedy reruns and seeded sampling reproducible,
-# the stop reasons (eos from generation_config.json, else config.json; length), --input with
+# tokenizer and chat template: --json's fields, --timing's line, greedy reruns and seeded
+# sampling reproducible, the stop reasons (eos from generation_config.json, else config.json; length), --input with
 # text and messages lines, --chat driven through stdin with /reset (the rendered history checked
 # through the prompt ids), a checkpoint as the model, and one error per class.
 set -u
@@ -56,6 +56,12 @@ assert sorted(o) == ["ids", "prompt_ids", "stop", "text"], o
 assert o["prompt_ids"] == [9707, 11, 1879], o["prompt_ids"]  # "Hello, world"
 assert len(o["ids"]) == 6 and o["stop"] == "length", o
 PY
+# --timing: the same output, and one stderr line with the prefill's and the decodes' counts (6 new
+# tokens: the first from the prefill's logits, then 5 decodes).
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --timing >"$tmp/t.json" 2>"$tmp/t.err"
+cmp -s "$tmp/a.json" "$tmp/t.json" && [ "$(wc -l <"$tmp/t.err")" -eq 1 ] &&
+  grep -qE '^ctitan: timing: prefill 3 tokens in [0-9.]+ s \([0-9.]+ tokens/s\), decode 5 tokens in [0-9.]+ s \([0-9.]+ tokens/s\)$' "$tmp/t.err" &&
+  ok || bad "--timing: $(cat "$tmp/t.err")"
 # The streamed text is the JSON's text.
 "$ct" generate --model.hf_path "$hf" --temperature 0 --prompt "Hello, world" --max_new_tokens 6 \
   >"$tmp/a.txt" 2>/dev/null

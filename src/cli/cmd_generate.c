@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
@@ -42,6 +43,8 @@ static const cli_option generate_options[] = {
      "float32, or bfloat16: the linear layers in bf16 with fp32 accumulation (as train)", false},
     {"json", "false",
      "print one JSON object per prompt: prompt_ids, ids, text, stop (eos | length)", true},
+    {"timing", "false",
+     "print each prompt's prefill and decode times to stderr (the model's forwards only)", true},
 };
 
 typedef struct gen_run {
@@ -55,7 +58,7 @@ typedef struct gen_run {
     int32_t eos[16];
     int n_eos;
     int64_t max_new;
-    bool json;
+    bool json, timing;
     char model_dir[4096], tok_dir[4096];
 } gen_run;
 
@@ -186,8 +189,10 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
     tok_ids out = {0};
     size_t len = 0, printed = 0;
     const char *stop = "length";
+    double t0 = ct_now_s(), t_decode = 0;
     if (qwen3_gen_prefill(&r->g, ids, (int)n, err) != 0) return -1;
-    int rc = 0;
+    const double t_prefill = ct_now_s() - t0;
+    int rc = 0, n_decode = 0;
     for (int64_t k = 0; k < r->max_new; k++) {
         const int32_t next = gen_sample(&r->s, r->g.logits);
         if (is_eos(r, next)) {
@@ -203,7 +208,10 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         if ((rc = tok_decode(r->tok, text, &len, out.v, out.n, true, err)) != 0) break;
         if (!r->json) stream_text(*text, len, &printed, false);
         if (k + 1 == r->max_new || r->g.len == r->g.max_len) break; // the cache is full
+        t0 = ct_now_s();
         if ((rc = qwen3_gen_decode(&r->g, next, err)) != 0) break;
+        t_decode += ct_now_s() - t0;
+        n_decode++;
     }
     if (rc == 0 && !*text) *text = calloc(1, 1);
     if (rc == 0 && !r->json) stream_text(*text, len, &printed, true);
@@ -217,6 +225,12 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         printf(", \"stop\": \"%s\"}\n", stop);
         fflush(stdout);
     }
+    if (rc == 0 && r->timing)
+        fprintf(stderr,
+                "ctitan: timing: prefill %zu tokens in %.4f s (%.1f tokens/s), decode %d tokens "
+                "in %.4f s (%.2f tokens/s)\n",
+                n, t_prefill, n / t_prefill, n_decode, t_decode,
+                n_decode ? n_decode / t_decode : 0.0);
     tok_ids_free(&out);
     return rc;
 }
@@ -356,6 +370,7 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     if (top_k > INT32_MAX)
         return ct_fail(err, "option --top_k: %lld is too large", (long long)top_k);
     r->json = cli_flag(a, "json");
+    r->timing = cli_flag(a, "timing");
     gen_sampler probe; // the sampling options, checked before the model loads
     if (gen_sampler_init(&probe, 1, temperature, (int)top_k, top_p, (uint64_t)seed, err) != 0)
         return -1;
