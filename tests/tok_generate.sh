@@ -81,6 +81,21 @@ cmp -s "$tmp/s7a.json" "$tmp/s8.json" && bad "seeds 7 and 8 gave the same ids" |
   >"$tmp/bf16.json" 2>"$tmp/bf16.err" && [ "$(field "$tmp/bf16.json" stop)" = '"length"' ] && ok ||
   bad "bf16: $(cat "$tmp/bf16.err")"
 
+# --- sampling settings not given come from generation_config.json, as HF's generate takes them:
+# greedy without the file (the same ids as --temperature 0), its do_sample/temperature/top_k/
+# top_p with it (the same ids as those options given), an option given winning
+gen8() { "$ct" generate --model.hf_path "$hf" --json --prompt "Once" --max_new_tokens 12 --seed 7 "$@" 2>/dev/null; }
+gen8 >"$tmp/d0.json"; gen8 --temperature 0 >"$tmp/d1.json"
+cmp -s "$tmp/d0.json" "$tmp/d1.json" && ok || bad "the default without generation_config.json is not greedy"
+echo '{"do_sample": true, "temperature": 1.5, "top_k": 50, "top_p": 0.9}' >"$hf/generation_config.json"
+gen8 >"$tmp/d2.json"
+cmp -s "$tmp/d2.json" "$tmp/s7a.json" && ok || bad "settings from generation_config.json"
+gen8 --top_k 3 >"$tmp/d3.json"
+rm "$hf/generation_config.json"
+gen8 --temperature 1.5 --top_k 3 --top_p 0.9 >"$tmp/d4.json"
+cmp -s "$tmp/d3.json" "$tmp/d4.json" && ! cmp -s "$tmp/d3.json" "$tmp/d2.json" && ok ||
+  bad "an option given over generation_config.json"
+
 # --- eos: generation_config.json's eos over config.json's; config.json's when absent (on the
 # seeded sampling run: the greedy one repeats one token)
 first=$(py "$tmp/s7a.json" <<'PY'

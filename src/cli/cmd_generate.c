@@ -32,9 +32,10 @@ static const cli_option generate_options[] = {
     {"input", NULL, "JSONL: one {\"prompt\": text} or {\"messages\": [...]} per line", false},
     {"chat", "false", "a multi-turn chat: user lines from stdin, /reset clears the history", true},
     {"max_new_tokens", "256", "stop after this many new tokens", false},
-    {"temperature", "1.0", "divide the logits by it; 0 = greedy", false},
-    {"top_k", "0", "keep the k most likely tokens (0 = off)", false},
-    {"top_p", "1.0", "keep the smallest set with this much probability (1 = off)", false},
+    {"temperature", NULL,
+     "divide the logits by it; 0 = greedy (default: generation_config.json's, see below)", false},
+    {"top_k", NULL, "keep the k most likely tokens (0 = off)", false},
+    {"top_p", NULL, "keep the smallest set with this much probability (1 = off)", false},
     {"seed", "0", "the sampling seed: the same seed gives the same text", false},
     {"cache_len", "0",
      "KV cache positions (0: the longest prompt + max_new_tokens; --chat: up to 4096)", false},
@@ -107,8 +108,51 @@ static bool is_eos(const gen_run *r, int32_t id) {
     return false;
 }
 
-static int parse_float(float *out, const cli_args *a, const char *key, ct_error *err) {
+// A number option; `unset` when it is not given.
+// The sampling settings not given on the command line, as HF's generate takes them from
+// generation_config.json (the model folder's, else the tokenizer folder's): without
+// "do_sample": true (or without the file) it is greedy, unless a setting was given; otherwise its
+// temperature, top_k and top_p, each at GenerationConfig's default (1.0, 50, 1.0) when absent.
+// The choice is printed on stderr when it is a terminal.
+static int sampling_defaults(const gen_run *r, float *temperature, int64_t *top_k, float *top_p,
+                             ct_error *err) {
+    char path[4200] = "";
+    cJSON *gc = NULL;
+    const char *dirs[] = {r->model_dir, r->tok_dir};
+    for (int d = 0; d < 2 && !gc; d++) {
+        snprintf(path, sizeof path, "%s/generation_config.json", dirs[d]);
+        if (access(path, R_OK) == 0 && json_parse_file(&gc, path, err) != 0) return -1;
+    }
+    const bool given = !isnan(*temperature) || *top_k >= 0 || !isnan(*top_p);
+    const bool do_sample = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(gc, "do_sample"));
+    double t = 1.0, k = 50, p = 1.0;
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "temperature")) && cJSON_IsNumber(v))
+        t = v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "top_k")) && cJSON_IsNumber(v))
+        k = v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "top_p")) && cJSON_IsNumber(v))
+        p = v->valuedouble;
+    if (!do_sample && !given) t = 0;
+    if (isnan(*temperature)) *temperature = (float)t;
+    if (*top_k < 0) *top_k = k < 0 || k > INT32_MAX ? 0 : (int64_t)k;
+    if (isnan(*top_p)) *top_p = (float)p;
+    const char *from = gc ? path : "no generation_config.json";
+    if (!isatty(STDERR_FILENO)) { // scripts get only what they asked for
+    } else if (*temperature == 0)
+        fprintf(stderr, "generate: greedy (%s%s)\n", given ? "command line; " : "", from);
+    else
+        fprintf(stderr, "generate: sampling with temperature %g, top_k %lld, top_p %g (%s%s)\n",
+                (double)*temperature, (long long)*top_k, (double)*top_p,
+                given ? "command line, the rest from " : "", from);
+    cJSON_Delete(gc);
+    return 0;
+}
+
+static int parse_float(float *out, const cli_args *a, const char *key, float unset, ct_error *err) {
     const char *s = cli_str(a, key);
+    *out = unset;
+    if (!s) return 0;
     char *end;
     errno = 0;
     const double v = strtod(s, &end);
@@ -358,10 +402,12 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     if ((prompt != NULL) + (input != NULL) + chat != 1)
         return ct_fail(err, "generate needs exactly one of --prompt TEXT, --input FILE, --chat");
     float temperature, top_p;
-    int64_t top_k, seed, cache_len;
-    if (cli_int(&r->max_new, a, "max_new_tokens", err) || cli_int(&top_k, a, "top_k", err) ||
+    int64_t top_k = -1, seed, cache_len;
+    if (cli_int(&r->max_new, a, "max_new_tokens", err) ||
+        (cli_str(a, "top_k") && cli_int(&top_k, a, "top_k", err)) ||
         cli_int(&seed, a, "seed", err) || cli_int(&cache_len, a, "cache_len", err) ||
-        parse_float(&temperature, a, "temperature", err) || parse_float(&top_p, a, "top_p", err))
+        parse_float(&temperature, a, "temperature", NAN, err) ||
+        parse_float(&top_p, a, "top_p", NAN, err))
         return -1;
     if (r->max_new < 1)
         return ct_fail(err, "option --max_new_tokens: %lld, expected >= 1", (long long)r->max_new);
@@ -371,11 +417,14 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
         return ct_fail(err, "option --top_k: %lld is too large", (long long)top_k);
     r->json = cli_flag(a, "json");
     r->timing = cli_flag(a, "timing");
-    gen_sampler probe; // the sampling options, checked before the model loads
-    if (gen_sampler_init(&probe, 1, temperature, (int)top_k, top_p, (uint64_t)seed, err) != 0)
+    gen_sampler probe; // the sampling options given, checked before the model loads
+    if (gen_sampler_init(&probe, 1, isnan(temperature) ? 1 : temperature,
+                         top_k < 0 ? 0 : (int)top_k, isnan(top_p) ? 1 : top_p, (uint64_t)seed,
+                         err) != 0)
         return -1;
     gen_sampler_free(&probe);
-    if (load_model(r, a, err) != 0) return -1;
+    if (load_model(r, a, err) != 0 || sampling_defaults(r, &temperature, &top_k, &top_p, err) != 0)
+        return -1;
     if (gen_sampler_init(&r->s, r->m.cfg.vocab_size, temperature, (int)top_k, top_p, (uint64_t)seed,
                          err) != 0)
         return -1;
@@ -439,7 +488,10 @@ int cmd_generate(int argc, char **argv) {
             "--input prompts.jsonl) [--max_new_tokens N] [--temperature T] [--top_k K] "
             "[--top_p P] [--seed S] [--json]",
             "Samples text with a KV cache: HF generate's temperature, top-k, top-p order, seeded;\n"
-            "--temperature 0 is greedy. Stops at the model's eos_token_id "
+            "--temperature 0 is greedy. Settings not given come from generation_config.json\n"
+            "as HF's generate takes them: greedy without \"do_sample\": true, else its "
+            "temperature,\n"
+            "top_k (50 when absent) and top_p. Stops at the model's eos_token_id "
             "(generation_config.json,\n"
             "else config.json) or after --max_new_tokens. --chat reads user lines from stdin;\n"
             "/reset clears the history.",
