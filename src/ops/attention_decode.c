@@ -6,6 +6,22 @@
 #include <math.h>
 
 #include "ops/ops_cpu.h"
+#include "ops/vec_math.h"
+
+// q . k over D, in 16 lanes: a single running sum is one dependent add per element, which
+// made decode at 512 cached positions 50% slower than at 128 (it cannot be vectorized without
+// reordering, which this does explicitly).
+CPU_SIMD_CLONES
+static float dot_lanes(const float *a, const float *b, int D) {
+    float lane[16] = {0};
+    int i = 0;
+    for (; i + 16 <= D; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] += a[i + j] * b[i + j];
+    float dot = 0.0f;
+    for (int j = 0; j < 16; j++) dot += lane[j];
+    for (; i < D; i++) dot += a[i] * b[i];
+    return dot;
+}
 
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D) {
@@ -18,10 +34,7 @@ void cpu_attention_decode(float *out, float *scratch, const float *q, const floa
         float *s = scratch + (size_t)h * T, *o = out + (size_t)h * D;
         float m = -INFINITY;
         for (int j = 0; j < T; j++) {
-            const float *kj = kh + (size_t)j * ldk;
-            float dot = 0.0f;
-            for (int i = 0; i < D; i++) dot += qh[i] * kj[i];
-            s[j] = dot * scale;
+            s[j] = dot_lanes(qh, kh + (size_t)j * ldk, D) * scale;
             m = s[j] > m ? s[j] : m;
         }
         double sum = 0.0;
