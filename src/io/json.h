@@ -49,5 +49,6 @@ int json_unescape(char *out, size_t *out_n, const char *body, size_t n);
 // JSON printed with fprintf.
 void json_write_string(FILE *f, const char *s);
 // Writes s[0..n) (NUL bytes included) as a JSON string literal, quotes included, into out, which
-// must hold 6 * n + 2 bytes; returns its length. Escapes as json_write_string does.
+// must hold 6 * n + 2 bytes; returns its length. Quotes, backslashes and control characters
+// are escaped as Python's json.dumps does (\b \f \n \r \t, else \u00XX).
 size_t json_escape(char *out, const char *s, size_t n);
