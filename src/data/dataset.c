@@ -461,6 +461,7 @@ static int add_part(token_stream *s, int npy, ct_error *err) {
 static int append_ids(reader *r, const int32_t *ids, const uint8_t *flags, size_t n,
                       ct_error *err) {
     token_stream *s = r->s;
+    if (n == 0) return 0; // an empty document's ids may be NULL
     if (reserve_tokens(r, n, err) != 0) return -1;
     if (s->n_parts == 0 || s->parts[s->n_parts - 1].npy >= 0)
         if (add_part(s, -1, err) != 0) return -1;
@@ -470,9 +471,9 @@ static int append_ids(reader *r, const int32_t *ids, const uint8_t *flags, size_
             memcpy(s->flags + s->n_mem, flags, n);
         else
             memset(s->flags + s->n_mem, STREAM_TRAIN, n);
-        if (n && r->at_doc_start) s->flags[s->n_mem] |= STREAM_DOC_START;
+        if (r->at_doc_start) s->flags[s->n_mem] |= STREAM_DOC_START;
     }
-    if (n) r->at_doc_start = false;
+    r->at_doc_start = false;
     s->n_mem += n;
     s->n_tokens += n;
     s->parts[s->n_parts - 1].n += n;
