@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 #define NAME "fuzz/state.json"
 

@@ -8,7 +8,7 @@
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/qwen3_config.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 static char path[4096];
 static const char *root;

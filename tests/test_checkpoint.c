@@ -1,4 +1,4 @@
-// Checkpoints (src/train/checkpoint.h):
+// Checkpoints (src/checkpoint/checkpoint.h):
 //  1. XXH64 gives the published reference values;
 //  2. save -> load is bitwise for the model, both moments, train_state and config.toml (tied,
 //     untied, with biases), and the folder is a loadable HF folder with no missing/unexpected keys;
@@ -32,8 +32,8 @@
 #include "core/fs.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
-#include "train/checkpoint.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_internal.h"
 
 static const char *tmp_dir;
 

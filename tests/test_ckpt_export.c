@@ -1,4 +1,4 @@
-// `ctitan export` and its helpers (src/train/checkpoint_export.c, src/cli/cmd_export.c):
+// `ctitan export` and its helpers (src/checkpoint/checkpoint_export.c, src/cli/cmd_export.c):
 //  1. shard sizes and dtypes parse as HF spells them; bad ones are errors;
 //  2. the tokenizer folder is found in a run's config.toml (tokenizer_path, else hf_path for
 //     backend "hf", else the default), with TOML strings' escapes and comments;
@@ -33,8 +33,8 @@
 #include "io/npy.h"
 #include "model/flavors.h"
 #include "model/hf_adapter.h"
-#include "train/checkpoint.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_internal.h"
 
 #define LOGITS_MAX_ABS 1e-4
 #define B 2

@@ -3,7 +3,7 @@
 // elements, two layers of 10, a head of 50, or of 5 when tied: the final norm alone). The
 // collectives themselves run under mpirun in tests/fsdp.sh.
 #include "check.h"
-#include "dist/fsdp.h"
+#include "parallel/fsdp.h"
 
 static const size_t lo[] = {0, 100, 110, 120}, hi_untied[] = {100, 110, 120, 170},
                     hi_tied[] = {100, 110, 120, 125};

@@ -2,7 +2,7 @@
 // buffer and how the ZeRO-1 shards and each bucket's per-rank parts tile it. The collectives
 // themselves run under mpirun in tests/tok_mpi.sh.
 #include "check.h"
-#include "dist/grad_sync.h"
+#include "parallel/grad_sync.h"
 
 // tensor_start as the model lays it out: a big embedding, then small and middling tensors.
 static const size_t starts[] = {0, 5000, 5010, 5400, 5800, 6200, 6210, 9000};

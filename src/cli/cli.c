@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/suggest.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 static int option_index(const cli_option *opts, int n, const char *key, size_t key_len) {
     for (int i = 0; i < n; i++)

@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 static const cli_option export_options[] = {
     {"checkpoint", NULL,

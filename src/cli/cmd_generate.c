@@ -21,7 +21,7 @@
 #include "model/qwen3.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 static const cli_option generate_options[] = {
     {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},

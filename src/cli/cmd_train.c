@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "train/config.h"
 #include "train/trainer.h"
 

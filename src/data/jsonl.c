@@ -46,13 +46,6 @@ static int text_of(cJSON *j, const char **text, size_t *len, jsonl_buf *buf, con
     return 0;
 }
 
-int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line, size_t n,
-               ct_error *err) {
-    cJSON *j = cJSON_ParseWithLength(line, n);
-    if (!j) return ct_fail(err, "invalid JSON (expected an object with a \"text\" string)");
-    return text_of(j, text, len, buf, line, n, err);
-}
-
 int jsonl_doc_parse(jsonl_doc *d, jsonl_buf *buf, const char *line, size_t n, ct_error *err) {
     memset(d, 0, sizeof *d);
     cJSON *j = cJSON_ParseWithLength(line, n);

@@ -15,14 +15,6 @@ typedef struct jsonl_buf {
     size_t cap;
 } jsonl_buf;
 
-// Parses line[0..n) and finds its "text" string (the first member of that name, as cJSON picks
-// it). On success *text, *len are the string's exact bytes, NUL included (\u0000 is a character
-// like any other): a pointer into `line` when the string has no escapes, else into buf. The
-// error says what is wrong (invalid JSON, no "text" field, "text" not a string) without file or
-// line: the caller adds them. The text is not checked for UTF-8: raw bytes in the line are
-// passed on as they are.
-int jsonl_text(const char **text, size_t *len, jsonl_buf *buf, const char *line, size_t n,
-               ct_error *err);
 void jsonl_buf_free(jsonl_buf *buf);
 
 typedef enum { JSONL_TEXT, JSONL_CHAT, JSONL_IDS } jsonl_kind;
@@ -30,8 +22,9 @@ extern const char *const jsonl_kind_names[]; // "text", "messages", "ids"
 
 // What a line holds: "messages" (a conversation; with "text" too it is an error), else "ids"
 // (any "text" beside them is their rendering, not read), else "text". For JSONL_TEXT the text is
-// found as jsonl_text does; for the others *root is the parsed line (cJSON_Delete it). The error,
-// without file or line, names what is wrong.
+// the "text" string's exact bytes (NUL included; a pointer into the line when it has no
+// escapes, else into buf; not checked for UTF-8); for the others *root is the parsed line
+// (cJSON_Delete it). The error, without file or line, names what is wrong.
 typedef struct jsonl_doc {
     jsonl_kind kind;
     const char *text; // JSONL_TEXT

@@ -10,7 +10,7 @@
 //
 // Ranks: the component knows nothing of processes. The caller passes a sum over ranks
 // (moe_balance_sum_fn; the trainer's calls dist_sum_array), so src/model/ does not depend on
-// src/dist/.
+// src/parallel/.
 //
 // Use per step: for each micro-batch, forward, moe_balance_collect, moe_balance_reduce,
 // moe_balance_aux (and moe_balance_aux_grad when the aux is in the loss), backward; then, before

@@ -201,8 +201,6 @@ const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name);
 
 // Parameter I/O (qwen3_params.c): the weights live on the model's backend, and host code reads
 // and writes them only through these. By HF name and element range [first, first + count):
-int qwen3_params_read(const qwen3_model *m, const char *name, size_t first, size_t count,
-                      float *out, ct_error *err);
 int qwen3_params_write(qwen3_model *m, const char *name, size_t first, size_t count,
                        const float *in, ct_error *err);
 // The whole parameter buffer (param_mem's layout) as host memory, for bulk I/O: the buffer itself

@@ -21,14 +21,6 @@ static const qwen3_param *param_range(const qwen3_model *m, const char *name, si
     return p;
 }
 
-int qwen3_params_read(const qwen3_model *m, const char *name, size_t first, size_t count,
-                      float *out, ct_error *err) {
-    const qwen3_param *p = param_range(m, name, first, count, err);
-    if (!p) return -1;
-    m->be->read(m->be, out, m->param_mem + p->offset + first, count * sizeof(float));
-    return 0;
-}
-
 int qwen3_params_write(qwen3_model *m, const char *name, size_t first, size_t count,
                        const float *in, ct_error *err) {
     const qwen3_param *p = param_range(m, name, first, count, err);

@@ -10,7 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/qwen3.h"
 #include "model/qwen3_config.h"
 #include "ops/ops.h"

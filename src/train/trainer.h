@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/qwen3_config.h"
 #include "ops/ops.h"
 #include "train/config.h"

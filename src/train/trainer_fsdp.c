@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "model/hf_adapter.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "optim/adamw.h"
 #include "train/trainer_internal.h"
 

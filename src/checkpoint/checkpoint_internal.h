@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/xxh64.h"
 #include "io/safetensors.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #define CKPT_STATE_NAME "state.json"
 #define CKPT_STATE_MAX_BYTES (16u << 20)

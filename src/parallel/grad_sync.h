@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 
 // The first element of rank r's shard of a buffer of n elements split over P ranks:
 // floor(n * r / P), so shard sizes differ by at most one. Checkpoints cut the optimizer state

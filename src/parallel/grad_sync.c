@@ -1,4 +1,4 @@
-#include "dist/grad_sync.h"
+#include "parallel/grad_sync.h"
 
 #include "core/dtype.h"
 

@@ -14,7 +14,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 // An error that marks the checkpoint corrupt rather than failing the caller.
 static int corrupt(ct_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -14,7 +14,7 @@
 #include "core/fs.h"
 #include "core/xxh64.h"
 #include "io/atomic.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err) {
     void *map;

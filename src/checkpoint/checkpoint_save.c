@@ -18,7 +18,7 @@
 #include "core/fs.h"
 #include "io/atomic.h"
 #include "model/hf_adapter.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
     int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);

@@ -1,4 +1,4 @@
-#include "dist/dist.h"
+#include "parallel/dist.h"
 
 #include <sched.h>
 #include <stdint.h>
@@ -155,14 +155,6 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
     MPI_Request req;
     double t0 = ct_now_s();
     int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, d->comm, &req);
-    return finish(d, rc, &req, t0, what, err);
-}
-
-int dist_barrier(dist *d, const char *what, ct_error *err) {
-    if (!d->mpi) return 0;
-    MPI_Request req;
-    double t0 = ct_now_s();
-    int rc = MPI_Ibarrier(d->comm, &req);
     return finish(d, rc, &req, t0, what, err);
 }
 

@@ -12,7 +12,7 @@
 #include "core/utf8.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 #define TOKENIZER_MAX_BYTES (512u << 20)
 

@@ -204,7 +204,7 @@ int ckpt_resume_ranges(char *dir_out, size_t cap, const qwen3_model *m, const ck
 int ckpt_find_latest(char *dir_out, size_t cap, train_state *st, const char *root,
                      const qwen3_model *m, ckpt_notes *notes, ct_error *err);
 
-// --- export (src/train/checkpoint_export.c)
+// --- export (src/checkpoint/checkpoint_export.c)
 
 // "float32" | "bfloat16" | "float16" (as checkpoint.export_dtype and torch_dtype spell them).
 int ckpt_parse_dtype(ct_dtype *out, const char *name, ct_error *err);

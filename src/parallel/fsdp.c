@@ -1,4 +1,4 @@
-#include "dist/fsdp.h"
+#include "parallel/fsdp.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/grad_sync.h"
+#include "parallel/grad_sync.h"
 #include "core/dtype.h"
 
 int fsdp_reshard_parse(fsdp_reshard *out, const char *name, ct_error *err) {

@@ -11,7 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "io/json.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 const char *const ckpt_file_names[CKPT_N_FILES] = {"model.safetensors", "config.json",
                                                    "config.toml"};

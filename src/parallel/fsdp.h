@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 
 typedef enum fsdp_reshard {
     FSDP_RESHARD_DEFAULT,

@@ -56,7 +56,6 @@ int dist_sum_array(dist *d, double *buf, int n, double *scratch, const char *wha
 // The sum of bf16 values (MPI_UINT16_T elements), each addition rounded to bf16: a bf16
 // reduction (training.mixed_precision_reduce). 0, or -1 when MPI refused it.
 int dist_bf16_sum_create(MPI_Op *op);
-int dist_barrier(dist *d, const char *what, ct_error *err);
 
 // Collective status check: every rank passes its own result (0 or -1 with err set). When any
 // rank failed, every rank returns -1 with err = "rank R: <R's message>" for the lowest failing

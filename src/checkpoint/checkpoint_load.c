@@ -8,7 +8,7 @@
 #include "core/fs.h"
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "train/checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 // Copies tensor k of each shard file of `list` into dst (concatenated over want): for each wanted
 // range, the pieces of the shards' ranges that overlap it, at their place in the shard's data.
