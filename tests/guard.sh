@@ -28,20 +28,7 @@ train() {
     --metrics.log_freq 1 --metrics.peak_gflops 100 --checkpoint.interval 2 \
     --checkpoint.keep_latest_k 0 --job.dump_folder "$dump" "$@" >"$dump.log" 2>&1
 }
-# numbers DUMP: each step's loss, aux, grad_norm and lr as logged (17 digits)
-numbers() { grep -o '"\(step\|loss\|aux_loss\|grad_norm\|lr\)":[^,}]*' "$1/metrics.jsonl"; }
-# same_run A B: the same numbers and the same bytes in every weight and optimizer file saved
-same_run() {
-  local a=$1 b=$2 f n=0
-  [ -n "$(numbers "$a")" ] && [ "$(numbers "$a")" = "$(numbers "$b")" ] ||
-    { echo "numbers differ: $(diff <(numbers "$a") <(numbers "$b") | head -4)"; return 1; }
-  for f in "$a"/checkpoint/step-*/*.safetensors; do
-    [ -e "$f" ] || continue
-    cmp -s "$f" "$b/${f#"$a"/}" || { echo "${f#"$a"/} differs"; return 1; }
-    n=$((n + 1))
-  done
-  [ $n -gt 0 ] || { echo "no checkpoint files in $a"; return 1; }
-}
+source "$(dirname "$0")/same_run.bash" # numbers, same_run
 # pair NAME CASE [--key value ...]: plain and guarded, the same bits
 pair() {
   local name=$1 case=$2; shift 2
