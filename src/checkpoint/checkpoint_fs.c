@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,6 +98,12 @@ static bool parse_digits(const char *s, int64_t *v, const char **end) {
     *v = x;
     *end = p;
     return true;
+}
+
+int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
+    int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);
+    if (n < 0 || (size_t)n >= cap) return ct_fail(err, "%s: checkpoint path too long", root);
+    return 0;
 }
 
 bool ckpt_parse_step_name(const char *name, int64_t *step) {
