@@ -1,5 +1,5 @@
 // Minimal test helpers: CHECK records a failure and goes on; check_summary() prints
-// "N passed, N failed" and returns the exit code.
+// "N passed, N failed" and returns the exit code, which is 1 too when no CHECK ran.
 #pragma once
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +50,10 @@ static inline char *check_unhex(const char *h, size_t *len) {
 
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", check_passed, check_failed);
+    if (check_passed + check_failed == 0) {
+        fprintf(stderr, "FAIL: no check ran\n"); // the test has shown nothing
+        return 1;
+    }
     return check_failed ? 1 : 0;
 }
 

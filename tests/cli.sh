@@ -4,9 +4,7 @@
 # the file/key/tensor) for each kind of bad input.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 
 # expect_ok NAME PATTERN CMD...: exit 0 and stdout matches PATTERN (grep -E)
 expect_ok() {
@@ -197,5 +195,4 @@ expect_err npy_float 'float.npy.*<f4' run_verify "$good/hf" "$tmp/float.npy"
 expect_err token_out_of_range 'oov.npy.*5000' run_verify "$good/hf" "$tmp/oov.npy"
 expect_err no_model_folder 'no_such_folder' run_verify "$tmp/no_such_folder"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -5,9 +5,7 @@
 # command must name all three; run as root, this Open MPI must behave as they say.
 set -u
 src=${CTITAN_SOURCE_DIR:?run through ctest}
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 
 for f in README.md docs/distributed.md; do
     grep -Eq '^ *mpirun ' "$src/$f" || { bad "$f has no mpirun command any more"; continue; }
@@ -32,5 +30,4 @@ if [ "$(id -u)" = 0 ] && command -v mpirun >/dev/null; then
 else
     echo "not root or no mpirun: only the docs are checked"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+finish

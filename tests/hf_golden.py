@@ -16,7 +16,8 @@ reference), and compares:
 - the first logits of sample 0 at positions 0 and T-1 relative to their largest magnitude, and
   the sum and sum of squares of all logits.
 
-Without the golden folder the test is skipped (77), except under CI=true, where it fails.
+Without the golden folder it exits 77: skipped, except under CI, where ctest counts it a failure
+(tests/CMakeLists.txt, CTITAN_MAY_SKIP).
 """
 import json
 import math
@@ -139,8 +140,8 @@ def run(folder, attn):
 
 root = os.path.join(GOLDEN, "hf-qwen3")
 if not os.path.isdir(root):
-    print("no golden folder %s (set CTITAN_GOLDEN_DIR)" % root)
-    sys.exit(1 if os.environ.get("CI") == "true" else 77)
+    print("SKIP: hf_golden: no golden folder %s (set CTITAN_GOLDEN_DIR)" % root)
+    sys.exit(77)
 for attn in ATTENTION:
     worst.clear()
     for f in FOLDERS:

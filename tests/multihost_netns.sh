@@ -7,7 +7,8 @@
 # compares every step's loss with the same run as `mpirun -np 2` on one host.
 #
 # Needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN (ip netns, veth, unshare --uts); without them
-# it says why in one line and exits 77, which `make check` counts as skipped.
+# it says why in one line and exits 77, which `make check` counts as skipped, except under CI
+# (.ci/run sets CI), where it is a failure (tests/CMakeLists.txt, CTITAN_MAY_SKIP).
 #
 #   tests/multihost_netns.sh                    # the default data-parallel mode: FSDP
 #   CTITAN_NETNS_SHARD_MODE=zero1 tests/multihost_netns.sh

@@ -6,7 +6,7 @@ set -u
 : "${CTITAN_SOURCE_DIR:?run through ctest}" "${CTITAN_TMP:?}"
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
 inc=$CTITAN_SOURCE_DIR/include
-failed=0
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 # Compiler output is cut to its first 2000 characters: the first error is the one that matters.
 bad() { failed=$((failed + 1)); local m="$*"; echo "FAIL: ${m:0:2000}" >&2; }
 
@@ -50,12 +50,12 @@ SRC
 cp "$src" "$tmp/plugin_check.cpp"
 
 for std in c99 c11; do
-  out=$($cc -std=$std -pedantic -Wall -Wextra -Werror -fsyntax-only -I"$inc" "$src" 2>&1) ||
+  out=$($cc -std=$std -pedantic -Wall -Wextra -Werror -fsyntax-only -I"$inc" "$src" 2>&1) && ok ||
     bad "plugin.h does not compile as $std: $out"
 done
 for std in c++11 c++17; do
   out=$(c++ -std=$std -pedantic -Wall -Wextra -Werror -fsyntax-only -I"$inc" \
-          "$tmp/plugin_check.cpp" 2>&1) || bad "plugin.h does not compile as $std: $out"
+          "$tmp/plugin_check.cpp" 2>&1) && ok || bad "plugin.h does not compile as $std: $out"
 done
 
 # Built for real as C++: the entry point must be exported under its C name.
@@ -63,16 +63,13 @@ so=$tmp/libplugin_check.so
 if out=$(c++ -std=c++11 -pedantic -Wall -Wextra -Werror -fvisibility=hidden -shared -fPIC \
            -I"$inc" -o "$so" "$tmp/plugin_check.cpp" 2>&1); then
   syms=$(nm -D --defined-only "$so" 2>&1)
-  grep -qE '^[0-9a-f]+ T ctitan_plugin_init$' <<<"$syms" ||
+  grep -qE '^[0-9a-f]+ T ctitan_plugin_init$' <<<"$syms" && ok ||
     bad "the C++ plugin does not export ctitan_plugin_init unmangled; nm -D says: $syms"
   # -fvisibility=hidden: nothing but the entry point is exported by the plugin's own code.
-  grep -qE ' T .*(fwd|bwd)' <<<"$syms" && bad "the C++ plugin exports its kernels: $syms"
+  grep -qE ' T .*(fwd|bwd)' <<<"$syms" && bad "the C++ plugin exports its kernels: $syms" || ok
 else
   bad "c++ -shared could not build the plugin: $out"
 fi
 
-if [ $failed -ne 0 ]; then
-  echo "plugin_header: $failed check(s) failed" >&2
-  exit 1
-fi
+finish || exit 1
 echo "plugin_header: plugin.h compiles as c99, c11, c++11, c++17; entry point exported unmangled"

@@ -9,22 +9,15 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402
+
 BIN = os.environ["CTITAN_BIN"]
 BUILD = os.environ["CTITAN_BUILD_DIR"]
 TMP = os.environ["CTITAN_TMP"]
 EXAMPLES = os.path.join(BUILD, "examples", "kernels")
 TEST_PLUGINS = os.path.join(BUILD, "tests", "plugins")
 STEPS, LAYERS = 5, 2
-
-failed = 0
-
-
-def check(cond, msg):
-    global failed
-    if not cond:
-        failed += 1
-        print("FAIL:", msg, file=sys.stderr)
-
 
 def example(name):
     return os.path.join(EXAMPLES, "lib%s.so" % name)
@@ -228,5 +221,4 @@ if code == 0:
     calls = doc["override_calls"]["rope_hf"]
     check(calls["forward_calls"] > 0 and calls["backward_calls"] > 0, "verify calls %r" % calls)
 
-print("%s" % ("all passed" if failed == 0 else "%d failed" % failed))
-sys.exit(1 if failed else 0)
+summary()

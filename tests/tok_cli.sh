@@ -8,9 +8,7 @@ if [ ! -f "$A/.fetch-assets-stamp" ]; then
     exit 1
 fi
 TOK=$A/qwen3-tokenizer
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 
 # Inputs: real sentences, with CRLF lines and special tokens mixed in; a .jsonl of the same.
 head -n 3000 "$A/corpus/nlp-corpus.txt" >"$T/docs.txt"
@@ -155,5 +153,4 @@ expect_error "--lines is for .txt" --tokenizer "$TOK" --input "$T/docs.jsonl" --
 expect_error "needs --tokenizer" --input "$T/docs.txt" --output "$T/err.npy"
 "$B" tokenize --help | grep -q -- "--no-eos" && ok || bad "help lacks --no-eos"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

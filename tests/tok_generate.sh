@@ -8,9 +8,7 @@ set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
 ct=$CTITAN_BIN tmp=$CTITAN_TMP tokdir=$CTITAN_ASSETS_DIR/qwen3-tokenizer
 rm -rf "$tmp" && mkdir -p "$tmp"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 expect_err() { # NAME PATTERN CMD...: exit 1 with one 'ctitan: error:' line matching PATTERN
   local name=$1 pattern=$2; shift 2
   local out; out=$("$@" 2>&1 >/dev/null </dev/null); local rc=$?
@@ -186,5 +184,4 @@ echo '{"text": "x"}' >"$tmp/bad.jsonl"
 expect_err "bad input line" "--input $tmp/bad.jsonl line 1: expected" \
   "$ct" generate --model.hf_path "$hf" --input "$tmp/bad.jsonl"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -5,9 +5,7 @@
 # and text; the inert keys are named in one summary line.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 ct=$CTITAN_BIN
 tt=$CTITAN_SOURCE_DIR/tests/torchtitan
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -54,5 +52,4 @@ out=$("$ct" train --config "$tmp/bad.toml" --training.dataset_path "$text" 2>&1 
 [ $rc -eq 1 ] && [ "$(grep -c '^ctitan: error:' <<<"$out")" -eq 3 ] && ok ||
   bad "three problems, three lines (rc $rc): $out"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -6,9 +6,7 @@
 # config/data/memory error class.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_ASSETS_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_PYTHON:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 expect_err() { # NAME PATTERN CMD...: exit 1 with one 'ctitan: error:' line matching PATTERN
   local name=$1 pattern=$2; shift 2
   local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
@@ -326,5 +324,4 @@ expect_err seq_over_positions 'seq_len 50000 exceeds' train "$tmp/e5" --training
 expect_err memory_refusal 'needs about [0-9.]+ GiB.*allow_overcommit' train "$tmp/e6" --model.flavor 32B --model.n_layers 0
 expect_err batch_divisibility 'global_batch_size' train "$tmp/e7" --training.global_batch_size 3
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -4,9 +4,7 @@
 # metrics.peak_gflops wins; lines of other machines and garbage in the cache are left alone.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
 export CTITAN_CACHE_DIR=$tmp/cache
 hf=$CTITAN_REF_DIR/train/const_clip_tied_bias
@@ -43,5 +41,4 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
 sys.exit(0 if rows and all(abs(r["mfu"] - r["tflops"] * 1e3 / 123.5) <= 0.5e-5 + 0.5e-4 * 1e3 / 123.5
                            for r in rows) else 1)
 PY
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -4,9 +4,7 @@
 # checkpoint; the log shows only the keys that differ from the defaults.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}" "${CTITAN_PYTHON:?}"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+source "$(dirname "$0")/checks.bash" # ok, bad, finish
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
 hf=$CTITAN_REF_DIR/train/const_clip_tied_bias
 run() { # DUMP [options]
@@ -52,5 +50,4 @@ run "$tmp/b" --optimizer.lr 0.002 --training.seq_len 8 >"$tmp/b.log" 2>&1 && ok 
 grep -q "resumed from .*step-4 at step 4" "$tmp/b.log" && ok || bad "did not resume from step 4"
 [ "$(steps "$tmp/b")" = "$(steps "$tmp/a.before")" ] && ok ||
   bad "metrics after resume: $(steps "$tmp/b") vs $(steps "$tmp/a.before")"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -18,18 +18,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 import safetensors_ref  # noqa: E402
+from checks import check, summary  # noqa: E402
 
 BIN = os.environ["CTITAN_BIN"]
 TMP = os.environ["CTITAN_TMP"]
 STEPS = 5
-failed = 0
-
-
-def check(cond, msg):
-    global failed
-    if not cond:
-        failed += 1
-        print("FAIL:", msg, file=sys.stderr)
 
 
 def train(name, flavor, extra):
@@ -154,5 +147,4 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
         if flavor == "debugmodel_moe":
             check("moe_experts    backward" in r["log"], "MoE ops profiled")
 
-print("all passed" if failed == 0 else "%d failed" % failed)
-sys.exit(1 if failed else 0)
+summary()

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "core/xxh64.h"
 #include "io/atomic.h"
 #include "checkpoint/checkpoint_internal.h"
+#include "text/grow.h"
 
 int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err) {
     void *map;
@@ -99,6 +101,12 @@ static bool parse_digits(const char *s, int64_t *v, const char **end) {
     return true;
 }
 
+int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
+    int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);
+    if (n < 0 || (size_t)n >= cap) return ct_fail(err, "%s: checkpoint path too long", root);
+    return 0;
+}
+
 bool ckpt_parse_step_name(const char *name, int64_t *step) {
     const char *end;
     return strncmp(name, "step-", 5) == 0 && parse_digits(name + 5, step, &end) && *end == '\0';
@@ -126,7 +134,8 @@ int ckpt_list_steps(int64_t **steps, int *n, const char *root, ct_error *err) {
         if (errno == ENOENT) return 0;
         return ct_fail(err, "%s: cannot list folder: %s", root, strerror(errno));
     }
-    int cap = 0, rc = 0;
+    size_t cap = 0;
+    int rc = 0;
     for (struct dirent *de; (de = readdir(d));) {
         int64_t step;
         if (!ckpt_parse_step_name(de->d_name, &step)) continue;
@@ -134,14 +143,9 @@ int ckpt_list_steps(int64_t **steps, int *n, const char *root, ct_error *err) {
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", root, de->d_name);
         if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            int64_t *grown = realloc(*steps, (size_t)cap * sizeof *grown);
-            if (!grown) {
-                rc = ct_fail(err, "%s: out of memory listing checkpoints", root);
-                break;
-            }
-            *steps = grown;
+        if (grow_to((void **)steps, &cap, (size_t)*n + 1, sizeof **steps) != 0) {
+            rc = ct_fail(err, "%s: out of memory listing checkpoints", root);
+            break;
         }
         (*steps)[(*n)++] = step;
     }

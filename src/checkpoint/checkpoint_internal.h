@@ -74,6 +74,9 @@ void ckpt_shard_list_free(ckpt_shard_list *list);
 // [0, total) (interleaving allowed). The error names `where` and the files concerned.
 int ckpt_shard_list_check(const ckpt_shard_list *list, bool model, uint64_t total,
                           const char *where, ct_error *err);
+// want is ascending and disjoint within [0, total); else an error naming `where`.
+int ckpt_check_ranges(const ckpt_range *want, int n_want, uint64_t total, const char *where,
+                      ct_error *err);
 // The sum of the list's range sizes (what it must tile), or UINT64_MAX past 2^53.
 uint64_t ckpt_shard_list_total(const ckpt_shard_list *list);
 // "lo:hi,lo:hi" (decimal), a shard's __metadata__ "ranges"; malloc'd, NULL when out of memory.
@@ -141,9 +144,6 @@ void ckpt_view_copy_params(float *dst, const ckpt_view *v, const qwen3_model *m,
 // The same for the moments, from the checked optimizer shards.
 void ckpt_view_copy_moments(float *exp_avg, float *exp_avg_sq, const ckpt_view *v,
                             const ckpt_range *want, int n_want);
-// want is ascending and disjoint within [0, total); else an error naming `where`.
-int ckpt_check_ranges(const ckpt_range *want, int n_want, uint64_t total, const char *where,
-                      ct_error *err);
 
 // Walks root's checkpoints newest first. try(dir) returns 0 (done: this one), CKPT_CORRUPT (note
 // it and go on) or -1. Returns 1, 0 (none) or -1.

@@ -20,12 +20,6 @@
 #include "model/hf_adapter.h"
 #include "checkpoint/checkpoint_internal.h"
 
-int ckpt_step_path(char *out, size_t cap, const char *root, int64_t step, ct_error *err) {
-    int n = snprintf(out, cap, "%s/step-%" PRId64, root, step);
-    if (n < 0 || (size_t)n >= cap) return ct_fail(err, "%s: checkpoint path too long", root);
-    return 0;
-}
-
 #define NONFINITE_REFUSAL                                                                          \
     "refusing to save a checkpoint: %s \"%s\" holds %g at element %zu (the previous checkpoint "   \
     "is kept)"

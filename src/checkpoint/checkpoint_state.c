@@ -69,6 +69,22 @@ int ckpt_shard_list_make(ckpt_shard_list *list, const ckpt_shard_info *info, int
     return 0;
 }
 
+int ckpt_check_ranges(const ckpt_range *want, int n_want, uint64_t total, const char *where,
+                      ct_error *err) {
+    uint64_t end = 0;
+    if (n_want < 0 || (n_want > 0 && !want))
+        return ct_fail(err, "%s: %d ranges asked for", where, n_want);
+    for (int k = 0; k < n_want; k++) {
+        if (want[k].lo < end || want[k].hi < want[k].lo || want[k].hi > total)
+            return ct_fail(err,
+                           "%s: range %d [%" PRIu64 ", %" PRIu64 "): expected ascending, "
+                           "disjoint ranges within the model's %" PRIu64 " parameters",
+                           where, k, want[k].lo, want[k].hi, total);
+        end = want[k].hi;
+    }
+    return 0;
+}
+
 uint64_t ckpt_shard_list_total(const ckpt_shard_list *list) {
     uint64_t sum = 0;
     for (int k = 0; k < (list->n ? list->first[list->n] : 0); k++) {

@@ -187,22 +187,6 @@ int ckpt_check_shards(ckpt_view *v, bool model, bool all, const ckpt_range *want
     return 0;
 }
 
-int ckpt_check_ranges(const ckpt_range *want, int n_want, uint64_t total, const char *where,
-                      ct_error *err) {
-    uint64_t end = 0;
-    if (n_want < 0 || (n_want > 0 && !want))
-        return ct_fail(err, "%s: %d ranges asked for", where, n_want);
-    for (int k = 0; k < n_want; k++) {
-        if (want[k].lo < end || want[k].hi < want[k].lo || want[k].hi > total)
-            return ct_fail(err,
-                           "%s: range %d [%" PRIu64 ", %" PRIu64 "): expected ascending, "
-                           "disjoint ranges within the model's %" PRIu64 " parameters",
-                           where, k, want[k].lo, want[k].hi, total);
-        end = want[k].hi;
-    }
-    return 0;
-}
-
 void ckpt_view_close(ckpt_view *v) {
     st_close(&v->model);
     for (int i = 0; v->optim && i < v->s.optim.n; i++) st_close(&v->optim[i]);

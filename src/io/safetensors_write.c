@@ -15,6 +15,7 @@
 #include "io/atomic.h"
 #include "io/safetensors.h"
 #include "io/safetensors_internal.h"
+#include "text/grow.h"
 
 #define ST_CHUNK 16384 // elements converted per write
 
@@ -26,16 +27,9 @@ typedef struct strbuf {
 
 static void sb_put(strbuf *b, const char *s, size_t n) {
     if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    if (grow_to((void **)&b->p, &b->cap, b->len + n + 1, 1) != 0) {
+        b->oom = true;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;

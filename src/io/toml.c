@@ -11,6 +11,7 @@
 
 #include "core/utf8.h"
 #include "io/json.h"
+#include "text/grow.h"
 
 #define TOML_MAX_FILE_BYTES (16u << 20)
 #define TOML_MAX_NUMBER_LEN 64
@@ -135,13 +136,7 @@ typedef struct toml_buf {
 } toml_buf;
 
 static int buf_push(toml_buf *b, const char *bytes, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 32;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) return -1;
-        b->s = s, b->cap = cap;
-    }
+    if (grow_to((void **)&b->s, &b->cap, b->n + n + 1, 1) != 0) return -1;
     memcpy(b->s + b->n, bytes, n);
     b->n += n;
     b->s[b->n] = '\0';
@@ -352,7 +347,7 @@ static int lex_array(toml_lex *l, toml_value *v) {
     v->type = TOML_ARRAY;
     v->items = NULL;
     v->n_items = 0;
-    int cap = 0;
+    size_t cap = 0;
     char f[64];
     for (;;) {
         lex_ws_multiline(l);
@@ -379,15 +374,10 @@ static int lex_array(toml_lex *l, toml_value *v) {
             return lex_fail(l, "array elements must all have one type: expected %s, found %s",
                             toml_type_name(first), toml_type_name(found));
         }
-        if (v->n_items == cap) {
-            cap = cap ? cap * 2 : 8;
-            toml_value *items = realloc(v->items, (size_t)cap * sizeof *items);
-            if (!items) {
-                toml_value_free(&item);
-                toml_value_free(v);
-                return lex_fail(l, "out of memory");
-            }
-            v->items = items;
+        if (grow_to((void **)&v->items, &cap, (size_t)v->n_items + 1, sizeof *v->items) != 0) {
+            toml_value_free(&item);
+            toml_value_free(v);
+            return lex_fail(l, "out of memory");
         }
         v->items[v->n_items++] = item;
         lex_ws_multiline(l);
@@ -521,7 +511,7 @@ static int lex_table(toml_lex *l, toml_doc *doc, const char **section) {
     return 0;
 }
 
-static int lex_keyval(toml_lex *l, toml_doc *doc, const char *section, int *cap) {
+static int lex_keyval(toml_lex *l, toml_doc *doc, const char *section, size_t *cap) {
     char f[64];
     toml_entry e = {0};
     e.line = l->line;
@@ -558,16 +548,9 @@ static int lex_keyval(toml_lex *l, toml_doc *doc, const char *section, int *cap)
         e.section = strdup(section);
         if (!e.section) rc = lex_fail(l, "out of memory");
     }
-    if (rc == 0 && doc->n_entries == *cap) {
-        int nc = *cap ? *cap * 2 : 32;
-        toml_entry *es = realloc(doc->entries, (size_t)nc * sizeof *es);
-        if (!es) {
-            rc = lex_fail(l, "out of memory");
-        } else {
-            doc->entries = es;
-            *cap = nc;
-        }
-    }
+    if (rc == 0 &&
+        grow_to((void **)&doc->entries, cap, (size_t)doc->n_entries + 1, sizeof *doc->entries) != 0)
+        rc = lex_fail(l, "out of memory");
     if (rc != 0) {
         free(e.key);
         free(e.section);
@@ -584,7 +567,7 @@ int toml_parse(toml_doc *doc, const char *text, size_t len, const char *name, ct
     toml_lex l = {text, text + len, name, 1, err};
     if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) l.p += 3;
     const char *section = "";
-    int cap = 0;
+    size_t cap = 0;
     while (l.p < l.end) {
         lex_ws(&l);
         lex_comment(&l);

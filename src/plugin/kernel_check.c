@@ -20,6 +20,7 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "plugin/kernel_check_internal.h"
+#include "text/grow.h"
 
 #define KC_MAX_T 256           // model case: at most this many tokens
 #define KC_MAX_E 16            // model case: at most this many experts
@@ -438,19 +439,14 @@ static double speedup(kc_case *k, kc_call call, int d) {
     return best[1] > 0 ? best[0] / best[1] : 0;
 }
 
-static int add_row(kernel_check_report *r, int *cap, kernel_check_row **out) {
-    if (r->n_rows == *cap) {
-        const int nc = *cap ? 2 * *cap : 64;
-        kernel_check_row *rows = realloc(r->rows, (size_t)nc * sizeof *rows);
-        if (!rows) return -1;
-        r->rows = rows, *cap = nc;
-    }
+static int add_row(kernel_check_report *r, size_t *cap, kernel_check_row **out) {
+    if (grow_to((void **)&r->rows, cap, (size_t)r->n_rows + 1, sizeof *r->rows) != 0) return -1;
     *out = &r->rows[r->n_rows++];
     memset(*out, 0, sizeof **out);
     return 0;
 }
 
-static int check_case(kernel_check_report *r, int *cap, override_op op, const override_entry *e,
+static int check_case(kernel_check_report *r, size_t *cap, override_op op, const override_entry *e,
                       kc_case *k, FILE *progress) {
     const char *name = override_op_name(op), *case_name = k->model ? "model" : "awkward";
     // A forward-only override of a stateless op runs the built-in backward on the same inputs:
@@ -516,7 +512,7 @@ int kernel_check_run(kernel_check_report *r, const override_set *s, const ct_ops
     }
     ct_ops plugin;
     override_apply(&plugin, builtin, s);
-    int cap = 0;
+    size_t cap = 0;
     for (int op = 0; op < OVERRIDE_N_OPS; op++) {
         const override_entry *e = &s->ops[op];
         if (!e->set) continue;

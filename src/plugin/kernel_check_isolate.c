@@ -17,6 +17,7 @@
 #include "core/clock.h"
 #include "plugin/kernel_check.h"
 #include "plugin/kernel_check_internal.h"
+#include "text/grow.h"
 
 // The child writes to one pipe: its progress lines, then "rows N\n" and N binary rows (the same
 // binary on both ends), or "error MESSAGE\n" when the check itself fails (exit code 2).
@@ -127,12 +128,9 @@ static int read_child(int fd, double timeout_s, char **buf, size_t *len, ct_erro
         if (rc < 0 && errno != EINTR)
             return ct_fail(err, "kernel check: poll: %s", strerror(errno));
         if (rc <= 0) continue;
-        if (*len == cap) {
-            const size_t nc = cap ? 2 * cap : 65536;
-            char *nb = realloc(*buf, nc);
-            if (!nb) return ct_fail(err, "kernel check: out of memory");
-            *buf = nb, cap = nc;
-        }
+        // 64 KiB first, so a report takes few reads; doubled when full.
+        if (grow_to((void **)buf, &cap, cap ? *len + 1 : 65536, 1) != 0)
+            return ct_fail(err, "kernel check: out of memory");
         const ssize_t n = read(fd, *buf + *len, cap - *len);
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (n < 0) return ct_fail(err, "kernel check: read: %s", strerror(errno));

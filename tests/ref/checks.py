@@ -1,5 +1,6 @@
 """The tally of the Python tests: check() records a result (printing a failure at once) and
-summary() ends the test with the "N passed, N failed" line and the exit code."""
+summary() ends the test with the "N passed, N failed" line and the exit code, which is 1 too when
+no check ran: such a test has shown nothing."""
 import sys
 
 counts = {"passed": 0, "failed": 0}
@@ -15,4 +16,7 @@ def check(ok, msg):
 
 def summary():
     print("%d passed, %d failed" % (counts["passed"], counts["failed"]))
+    if counts["passed"] + counts["failed"] == 0:
+        print("FAIL: no check ran", file=sys.stderr)
+        sys.exit(1)
     sys.exit(1 if counts["failed"] else 0)
