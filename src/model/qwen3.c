@@ -591,7 +591,6 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
                          s->lnf_rstd, d.N, d.C);
     // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
     // suffix of the buffer (a tied head is the embedding, final only at the very end).
-    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.final_norm - m->grad_mem));
     unit_event(m, L + 1, QWEN3_UNIT_BACKWARD_DONE);
     for (int l = L - 1; l >= 0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
@@ -605,13 +604,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         else
             mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
-        if (m->grad_ready)
-            m->grad_ready(m->grad_ready_ctx, (size_t)(m->g.layers[l].input_norm - m->grad_mem));
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
     unit_event(m, 0, QWEN3_UNIT_BACKWARD);
     op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
-    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, 0);
     unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;

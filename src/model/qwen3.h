@@ -112,19 +112,15 @@ typedef struct qwen3_model {
                       // last chunk's rows
     bool logits_bf16; // the logits are bf16 (uint16_t) values: bf16 mixed precision's head
 
-    // Optional (NULL = none): qwen3_backward calls grad_ready(ctx, from) each time the gradients
-    // of every parameter at offsets >= from are final: after the head, after each layer, and
-    // last with from = 0. A data-parallel caller starts reducing them while the backward goes on.
-    void (*grad_ready)(void *ctx, size_t from);
-    void *grad_ready_ctx;
-
-    // Optional (NULL = none): FSDP's "unit about to run" and "unit done" hook. The units are the
-    // embedding (0), layer l (1 + l) and the head (L + 1: the final norm, and lm_head when
-    // untied; a tied head reads unit 0's embedding), each a contiguous range of param_mem
-    // (qwen3_units). The forward calls QWEN3_UNIT_FORWARD before a unit reads its weights
-    // and QWEN3_UNIT_FORWARD_DONE after; the backward QWEN3_UNIT_BACKWARD before and
-    // QWEN3_UNIT_BACKWARD_DONE once the unit's gradients (but for a tied head's, which are the
-    // embedding's) are final. A data-parallel caller gathers, frees and reduces there.
+    // Optional (NULL = none): the unit hook, the one place a parallelism strategy meets the
+    // model. The units are the embedding (0), layer l (1 + l) and the head (L + 1: the final
+    // norm, and lm_head when untied; a tied head reads unit 0's embedding), each a contiguous
+    // range of param_mem (qwen3_units, model/qwen3_parallelize.h). The forward calls
+    // QWEN3_UNIT_FORWARD before a unit reads its weights and QWEN3_UNIT_FORWARD_DONE after; the
+    // backward QWEN3_UNIT_BACKWARD before and QWEN3_UNIT_BACKWARD_DONE once the unit's
+    // gradients (but for a tied head's, which are the embedding's) are final. The backward
+    // runs the units last to first, so at BACKWARD_DONE every gradient from the unit's first
+    // element on is final: FSDP reduce-scatters the unit there, DDP starts its buckets.
     void (*unit_hook)(void *ctx, int unit, int event);
     void *unit_hook_ctx;
 
@@ -141,7 +137,7 @@ typedef struct qwen3_model {
 } qwen3_model;
 
 enum { QWEN3_UNIT_FORWARD, QWEN3_UNIT_FORWARD_DONE, QWEN3_UNIT_BACKWARD, QWEN3_UNIT_BACKWARD_DONE };
-// FSDP's units (see unit_hook): qwen3_n_units of them; unit u is elements [lo[u], hi[u]) of
+// The units (see unit_hook): qwen3_n_units of them; unit u is elements [lo[u], hi[u]) of
 // param_mem's layout, which they tile in order.
 int qwen3_n_units(const qwen3_config *cfg);
 void qwen3_units(const qwen3_config *cfg, size_t *lo, size_t *hi);

@@ -44,12 +44,13 @@ static int setup_parallel(trainer *t, ct_error *err) {
             c->parallelism.data_parallel_shard_degree, rep, P);
     t->shard_degree = shard;
     t->fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
-    t->shard = !t->fsdp_on && shard > 1;
+    const bool zero1 = !t->fsdp_on && shard > 1;
+    t->strat.vt = t->fsdp_on ? &strategy_fsdp : zero1 ? &strategy_zero1 : &strategy_replicate;
     if (t->fsdp_on && c->checkpoint.last_save_in_hf && !c->checkpoint.enable)
         return ct_fail(err,
                        "checkpoint.last_save_in_hf under FSDP exports the last checkpoint, tensor "
                        "by tensor (no rank holds the whole model): set checkpoint.enable = true");
-    if (t->shard && rep > 1)
+    if (zero1 && rep > 1)
         return ct_fail(err,
                        "parallelism.data_parallel_shard_mode = \"zero1\" shards the optimizer over "
                        "all %d ranks or none: data_parallel_replicate_degree = %d leaves %d per "
@@ -101,16 +102,7 @@ static void setup_threads(trainer *t) {
     // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
     const char *wait = getenv("OMP_WAIT_POLICY");
     char mode[160];
-    const int groups = t->d->size / t->shard_degree;
-    if (t->fsdp_on)
-        snprintf(mode, sizeof mode,
-                 "FSDP: parameters, gradients and optimizer state sharded over %d ranks%s",
-                 t->shard_degree, groups > 1 ? ", in each of the replica groups (HSDP)" : "");
-    else
-        snprintf(mode, sizeof mode, "%s",
-                 t->d->size == 1 ? "no data parallelism"
-                 : t->shard      ? "ZeRO-1: optimizer state sharded over all ranks"
-                                 : "replicated model and optimizer state (DDP)");
+    t->strat.vt->describe(t, mode, sizeof mode);
     fprintf(t->log,
             "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
             t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)");
@@ -123,10 +115,12 @@ static int check_plan(trainer *t, ct_error *err) {
     const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
     const bool selective = strcmp(ac->mode, "selective") == 0;
     // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
-    double optim = 2.0 * (double)run_setup_plan(&t->setup).params / (t->shard ? t->d->size : 1);
+    const strategy_vt *vt = t->strat.vt;
+    double optim =
+        2.0 * (double)run_setup_plan(&t->setup).params / (vt->optimizer_sharded ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
     run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
-    if (t->fsdp_on && trainer_fsdp_estimate(t, &mem, err) != 0) return -1;
+    if (vt->estimate && vt->estimate(t, &mem, err) != 0) return -1;
     char bf16_copy[64] = "";
     if (mem.model.weights_bf16)
         snprintf(bf16_copy, sizeof bf16_copy, " (+ %.3f GiB bf16 copy)",
@@ -136,12 +130,9 @@ static int check_plan(trainer *t, ct_error *err) {
             "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
             "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
             mem.model.params / GIB, bf16_copy, mem.model.grads / GIB, mem.optimizer / GIB,
-            t->shard     ? " (ZeRO-1 shard)"
-            : t->fsdp_on ? " (FSDP shard)"
-                         : "",
-            mem.model.activations / GIB, mem.model.activations / (1024.0 * 1024.0), ac->mode,
-            selective ? " " : "", selective ? ac->selective_ac_option : "", mem.total / GIB,
-            t->d->local_size, mem.node / GIB, mem.avail / GIB);
+            vt->memory_note, mem.model.activations / GIB, mem.model.activations / (1024.0 * 1024.0),
+            ac->mode, selective ? " " : "", selective ? ac->selective_ac_option : "",
+            mem.total / GIB, t->d->local_size, mem.node / GIB, mem.avail / GIB);
     return run_setup_check_fit(&t->setup, &mem, "the run", true, err);
 }
 
@@ -232,9 +223,7 @@ static int setup_weights(trainer *t, ct_error *err) {
                                                              : NULL;
     if (!from) {
         const uint64_t seed = (uint64_t)c->debug.seed;
-        if ((t->fsdp_on ? trainer_fsdp_init_random(t, seed, err)
-                        : qwen3_init_random(&t->model, seed, err)) != 0)
-            return -1;
+        if (t->strat.vt->init_random(t, seed, err) != 0) return -1;
         fprintf(t->log, "weights: random init, normal(0, 0.02), norms 1, seed %lld\n",
                 (long long)c->debug.seed);
         return 0;
@@ -242,9 +231,7 @@ static int setup_weights(trainer *t, ct_error *err) {
     // A ctitan checkpoint folder's model.safetensors is HF-named too, so both load the same way;
     // one whose model is in shards (FSDP's) loads through the checkpoint's ranges.
     if (checkpoint_with_sharded_model(from)) {
-        train_state ignored;
-        int rc = t->fsdp_on ? trainer_fsdp_load(t, from, NULL, NULL, err)
-                            : ckpt_load(from, &t->model, NULL, NULL, 0, 0, &ignored, NULL, err);
+        int rc = t->strat.vt->load_sharded(t, from, err);
         if (rc == 0) fprintf(t->log, "weights: %s (a checkpoint's model shards)\n", from);
         return dist_agree(t->d, rc, "loading the initial weights", err);
     }
@@ -252,8 +239,7 @@ static int setup_weights(trainer *t, ct_error *err) {
     hf_load_report rep = {0};
     int rc = st_set_open(&set, from, err);
     if (rc == 0) {
-        rc = t->fsdp_on ? trainer_fsdp_load_hf(t, &rep, &set, from, err)
-                        : hf_load_weights(&t->model, &rep, &set, from, err);
+        rc = t->strat.vt->load_hf(t, &rep, &set, from, err);
         st_set_close(&set);
     }
     if (rc == 0)
@@ -287,42 +273,11 @@ static void log_lr_schedule(const trainer *t) {
             c->lr_scheduler.min_lr_factor);
 }
 
-// Replication and ZeRO-1: gradient sync (buckets at tensor boundaries), then AdamW over this
-// rank's range.
-static int setup_grad_sync(trainer *t, ct_error *err) {
-    const ct_config *c = t->cfg;
-    qwen3_model *m = &t->model;
-    size_t *starts = malloc((size_t)m->n_params * sizeof *starts);
-    if (!starts) return ct_fail(err, "out of memory for the parameter table");
-    for (int i = 0; i < m->n_params; i++) starts[i] = m->params[i].offset;
-    size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    int rc = grad_sync_init(&t->sync, t->d, t->shard ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
-                            m->param_mem, m->grad_mem, m->num_params, starts, m->n_params, bucket,
-                            strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
-    free(starts);
-    if (rc != 0) return -1;
-    size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
-    if (adamw_init_shard(&t->opt, m->be, m->num_params, lo, n, err) != 0) return -1;
-    // Buffers (the MoE expert bias) are not trained: no decay, and their gradient stays 0, so
-    // AdamW leaves them alone.
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i];
-        bool decays = !p->buffer && (c->optimizer.decay_norms_and_embeddings ||
-                                     adamw_param_decays(p->name, p->ndim));
-        if (!decays && adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0) return -1;
-    }
-    fprintf(t->log, "comm: %d gradient bucket(s) of up to %.0f MiB, %s, in %s\n", t->sync.n_buckets,
-            c->comm.bucket_cap_mb,
-            c->comm.overlap ? "reduced during the backward" : "reduced after the backward",
-            c->training.mixed_precision_reduce);
-    return 0;
-}
-
 // The data-parallel mode's synchronisation and optimizer, then AdamW's hyperparameters and the
 // learning-rate schedule.
 static int setup_optimizer(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    if ((t->fsdp_on ? trainer_fsdp_setup(t, err) : setup_grad_sync(t, err)) != 0) return -1;
+    if (t->strat.vt->setup(t, err) != 0) return -1;
     t->hp = (adamw_hparams){c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
                             c->optimizer.weight_decay};
     t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
@@ -429,7 +384,7 @@ static int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *er
                 c->activation_checkpoint.mode, n, mc.num_hidden_layers);
     }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
-    if (!t->fsdp_on) qwen3_refresh_bf16(&t->model); // FSDP's gathers fill it
+    t->strat.vt->weights_ready(t);
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
     t->save_tag = (long)getpid();
@@ -468,9 +423,7 @@ static void trainer_free(trainer *t) {
     if (t->tok) tok_free(t->tok);
     chat_template_free(t->chat);
     free(t->positions);
-    grad_sync_free(&t->sync);
-    if (t->fsdp_on) fsdp_free(&t->fsdp);
-    free(t->expert_bias);
+    if (t->strat.vt) t->strat.vt->free(t);
     adamw_free(&t->opt);
     moe_balance_free(&t->moe);
     qwen3_free(&t->model);
@@ -529,13 +482,6 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     return 0;
 }
 
-static void on_grads_ready(void *ctx, size_t from) {
-    trainer *t = ctx;
-    // An error here resurfaces in grad_sync_finish, which waits on the same requests.
-    ct_error ignored;
-    grad_sync_ready(&t->sync, from, &ignored);
-}
-
 typedef struct step_result {
     double loss, grad_norm, lr, comm_s, comm_hidden_s;
     double ce, aux; // the loss's parts (MoE): cross-entropy, and the mean aux of the micro-batches
@@ -582,21 +528,13 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
     if (fault_now(t, "hang"))
         for (;;) pause();
     qwen3_model *m = &t->model;
-    fsdp *f = t->fsdp_on ? &t->fsdp : NULL; // FSDP reduces in the model's unit hook
-    if (f) {
-        fsdp_begin_step(f);
-    } else {
-        qwen3_zero_grad(m);
-        grad_sync_begin(&t->sync);
-    }
+    const strategy_vt *vt = t->strat.vt;
+    vt->begin_step(t);
     double loss_sum = 0, aux_sum = 0;
     for (int a = 0; a < t->accum; a++) {
         size_t off = (size_t)a * t->B * t->T;
-        // Buckets start during the last micro-batch's backward, when gradients become final.
         bool last = a == t->accum - 1;
-        m->grad_ready =
-            !f && last && t->cfg->comm.overlap && t->d->size > 1 ? on_grads_ready : NULL;
-        m->grad_ready_ctx = t;
+        vt->begin_micro(t, last);
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
         // A step whose samples train no token (conversations without assistant tokens in
         // them) computes no gradient; it is skipped below.
@@ -608,16 +546,10 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         aux_sum += aux;
         qwen3_backward(m, scale);
     }
-    m->grad_ready = NULL;
-    if ((f ? fsdp_finish(f, err) : grad_sync_finish(&t->sync, err)) != 0 ||
-        dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0)
-        return -1;
-    // The norm over the summed gradient: each shard's sum of squares, added in rank order (over
-    // one shard group under FSDP: the replicas hold the same sums).
-    size_t lo = t->sync.shard_lo, n = t->sync.shard_hi - lo;
     double sq;
-    m->ops->sum_squares(&sq, f ? f->shard_grads : m->grad_mem + lo, f ? f->n_shard : n);
-    if ((t->shard || f) && dist_sum(f ? &f->shard : t->d, sq, &sq, "the gradient norm", err) != 0)
+    if (vt->grads_final(t, err) != 0 ||
+        dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0 ||
+        vt->grad_sq(t, &sq, err) != 0)
         return -1;
     r->ce = loss_sum / (double)valid;
     r->aux = aux_sum / t->accum;
@@ -632,28 +564,16 @@ static int train_step(trainer *t, step_result *r, ct_error *err) {
         // weight copy (mixed precision) is refreshed once per step, not per micro-batch: in the
         // same pass when this rank updates every weight, else after the gather.
         const float clip = clip_coefficient(r->grad_norm, t->cfg->training.max_norm);
-        if (f) {
-            adamw_step_scaled(&t->opt, m->ops, f->shard_params, f->shard_bf16, f->shard_grads,
-                              &t->hp, r->lr, clip);
-            fsdp_weights_changed(f, true);
-        } else {
-            const bool whole = t->sync.shard_lo == 0 && t->sync.shard_hi == m->num_params;
-            adamw_step_scaled(&t->opt, m->ops, m->param_mem, whole ? m->param_bf16 : NULL,
-                              m->grad_mem, &t->hp, r->lr, clip);
-            if (grad_sync_gather_params(&t->sync, err) != 0) return -1;
-            if (!whole) qwen3_refresh_bf16(m);
-        }
+        const strategy_shard sh = vt->shard(t);
+        adamw_step_scaled(&t->opt, m->ops, sh.params, sh.bf16, sh.grads, &t->hp, r->lr, clip);
+        if (vt->after_update(t, err) != 0) return -1;
     }
     t->state.samples_seen += (uint64_t)t->global_batch;
     t->state.step++;
     t->state.opt_step = t->opt.step;
-    r->comm_s = t->d->comm_s;
-    r->comm_hidden_s = 0;
-    if (f) {
-        double exposed;
-        fsdp_take_comm(f, &exposed, &r->comm_hidden_s);
-        r->comm_s += exposed;
-    }
+    double exposed;
+    vt->take_comm(t, &exposed, &r->comm_hidden_s);
+    r->comm_s = t->d->comm_s + exposed;
     return 0;
 }
 
@@ -685,7 +605,7 @@ static int validate(trainer *t, ct_error *err) {
         sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
         valid += (double)n;
     }
-    if (t->fsdp_on) fsdp_reshard_all(&t->fsdp); // the head stayed for a backward
+    t->strat.vt->after_eval(t);
     if (dist_sum(t->d, sum, &sum, "the validation loss", err) != 0 ||
         dist_sum(t->d, valid, &valid, "the validation token count", err) != 0)
         return -1;

@@ -68,7 +68,7 @@ int trainer_resume(trainer *t, ct_error *err) {
     float *moments[2];
     rc = moments_view(t, lo, t->opt.n, false, moments, err);
     if (rc == 0 && t->fsdp_on) {
-        rc = trainer_fsdp_load(t, dir, moments, &t->state, err);
+        rc = strategy_fsdp_load(t, dir, moments, &t->state, err);
         moments_release(t, lo, t->opt.n, moments, rc == 0);
     } else if (rc == 0) {
         rc = ckpt_load(dir, &t->model, moments[0], moments[1], lo, t->opt.n, &t->state, NULL, err);
@@ -114,7 +114,7 @@ static int check_replicas_equal(trainer *t, ct_error *err) {
 // the optimizer state (the other groups hold the same ones); rank 0 then lists them all in
 // state.json. No rank holds more than its shard.
 static int save_fsdp(trainer *t, ct_error *err) {
-    const fsdp *f = &t->fsdp;
+    const fsdp *f = &t->strat.fsdp;
     const int S = f->o.shard_degree, P = t->d->size, n_units = f->n_units;
     const int64_t step = t->state.step;
     int rc = is_root(t) ? ckpt_begin(t->ckpt_root, step, t->save_tag, err) : 0;
@@ -130,7 +130,7 @@ static int save_fsdp(trainer *t, ct_error *err) {
              : ct_fail(err, "out of memory");
     for (int s = 0; rc == 0 && s < S; s++) {
         of[s] = ranges + (size_t)s * n_units;
-        n_ranges[s] = trainer_fsdp_ranges(t, s, ranges + (size_t)s * n_units);
+        n_ranges[s] = strategy_fsdp_ranges(t, s, ranges + (size_t)s * n_units);
     }
     if (rc == 0 && t->d->rank < S)
         rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],

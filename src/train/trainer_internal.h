@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "train/metrics.h"
 #include "train/run_setup.h"
+#include "train/strategy.h"
 #include "train/trainer.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -25,16 +26,13 @@
 // nothing.
 typedef struct trainer {
     const ct_config *cfg;
-    FILE *log;          // rank 0: the caller's stream; other ranks: /dev/null (owned)
-    dist *d;            // the ranks (a world of one without a launcher)
-    grad_sync sync;     // gradient reduction and, with ZeRO-1, the parameter all-gather (not FSDP)
-    bool shard;         // ZeRO-1: this rank's optimizer covers [sync.shard_lo, sync.shard_hi)
-    bool fsdp_on;       // FSDP (parallelism.data_parallel_shard_mode = "fsdp", shard degree > 1)
-    int shard_degree;   // ranks of a shard group (the world for ZeRO-1)
-    fsdp fsdp;          // FSDP: the shards, the gathers and reduce-scatters (trainer_fsdp.c)
-    float *expert_bias; // FSDP + MoE: every sparse layer's expert bias, whole (trainer_fsdp.c)
-    long save_tag;      // rank 0's pid: names the temporary folder every rank saves into
-    run_setup setup;    // model config, kernels, trusted plugins, the op table, memory options
+    FILE *log;        // rank 0: the caller's stream; other ranks: /dev/null (owned)
+    dist *d;          // the ranks (a world of one without a launcher)
+    strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
+    bool fsdp_on;     // FSDP: checkpoints hold the model in shards (strat.vt == &strategy_fsdp)
+    int shard_degree; // ranks of a shard group (the world for ZeRO-1)
+    long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
+    run_setup setup;  // model config, kernels, trusted plugins, the op table, memory options
     qwen3_model model;
     adamw opt;
     adamw_hparams hp;
@@ -62,33 +60,15 @@ typedef struct trainer {
 static inline bool is_root(const trainer *t) {
     return t->d->rank == 0;
 }
+// AdamW decays the tensor (buffers are not trained).
+static inline bool trainer_param_decays(const trainer *t, const qwen3_param *p) {
+    return !p->buffer &&
+           (t->cfg->optimizer.decay_norms_and_embeddings || adamw_param_decays(p->name, p->ndim));
+}
 // Prints the checkpoint notes to the log (rank 0's) and frees them.
 void trainer_log_notes(trainer *t, ckpt_notes *notes);
 // debug.fault: true when `kind` hits this rank at `step` (from 1).
 bool trainer_fault_at(const trainer *t, const char *kind, int64_t step);
-
-// trainer_fsdp.c
-// The memory estimate under FSDP: `mem`'s params, grads and optimizer become this rank's
-// shards, plus the units in flight; logs the parts.
-int trainer_fsdp_estimate(const trainer *t, run_memory *mem, ct_error *err);
-// After the model and its activations are planned: the shards, the optimizer over them, the
-// model's unit hook.
-int trainer_fsdp_setup(trainer *t, ct_error *err);
-int trainer_fsdp_init_random(trainer *t, uint64_t seed, ct_error *err);
-
-// Shard rank s's pieces, the non-empty ones in order (at most qwen3_n_units): the ranges its
-// checkpoint shard holds, in the shard buffer's order. Returns their count.
-int trainer_fsdp_ranges(const trainer *t, int s, ckpt_range *out);
-// Every sparse layer's expert bias as a range (at most num_hidden_layers), in layer order: the
-// whole copy each rank keeps. Returns their count.
-int trainer_fsdp_bias_ranges(const trainer *t, ckpt_range *out);
-
-// Loads this rank's pieces and the whole expert biases from a checkpoint folder (moments NULL:
-// the weights only; st may be NULL), or from a Hugging Face folder's ranges.
-int trainer_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
-                      ct_error *err);
-int trainer_fsdp_load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
-                         ct_error *err);
 
 // trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err);

@@ -1,0 +1,353 @@
+// FSDP and HSDP as a strategy (parallel/fsdp.h): the units and the whole tensors from the
+// model's parallelize plan, the optimizer over the shard, the memory estimate, the weights'
+// first values, and the unit hook.
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/hf_adapter.h"
+#include "checkpoint/checkpoint.h"
+#include "optim/adamw.h"
+#include "train/strategy.h"
+#include "train/trainer_internal.h"
+
+static fsdp_opts fsdp_options(const trainer *t) {
+    const ct_config *c = t->cfg;
+    fsdp_opts o = {
+        .shard_degree = t->shard_degree,
+        .replicate_degree = t->d->size / t->shard_degree,
+        .bf16_params = t->setup.mem_opts.bf16,
+        .bf16_reduce = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0,
+    };
+    fsdp_reshard_parse(&o.reshard, c->parallelism.fsdp_reshard_after_forward, NULL);
+    return o;
+}
+
+typedef struct fsdp_bytes {
+    double shard_params, shard_grads, shard_bf16, optimizer; // this rank's 1/S
+    double gathered; // units' weights and gradients at the worst moment of a step
+} fsdp_bytes;
+
+static int fsdp_bytes_of(const trainer *t, fsdp_bytes *out, ct_error *err) {
+    qwen3_parallel_plan p;
+    if (qwen3_parallelize(&p, &t->setup.model, NULL, err) != 0) return -1;
+    const size_t *lo = p.unit_lo, *hi = p.unit_hi;
+    const fsdp_opts o = fsdp_options(t);
+    const int n = p.n_units;
+    // The largest shard: each unit's piece is at most ceil(len / S).
+    double shard = 0;
+    for (int u = 0; u < n; u++)
+        shard += (double)((hi[u] - lo[u] + o.shard_degree - 1) / o.shard_degree);
+    out->shard_params = shard * sizeof(float);
+    out->shard_grads = shard * sizeof(float);
+    out->shard_bf16 = o.bf16_params ? shard * sizeof(uint16_t) : 0;
+    out->optimizer = 2 * shard * sizeof(float);
+    out->gathered = fsdp_peak_gathered_bytes(lo, hi, n, &o, p.tied);
+    qwen3_parallel_plan_free(&p);
+    return 0;
+}
+
+// FSDP's parts of the estimate: the shard's 1/S of the weights (and their bf16 copy), gradients
+// and moments, plus the units gathered and the gradients not yet reduced at the worst moment.
+// Logged on a line of their own; params and grads in `mem` become the shard's plus what is in
+// flight.
+static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    fsdp_bytes b;
+    if (fsdp_bytes_of(t, &b, err) != 0) return -1;
+    mem->model.params = (size_t)b.shard_params;
+    mem->model.weights_bf16 = (size_t)b.shard_bf16;
+    mem->model.grads = (size_t)b.shard_grads;
+    mem->optimizer = b.optimizer;
+    mem->total = b.shard_params + b.shard_bf16 + b.shard_grads + b.optimizer + b.gathered +
+                 mem->model.activations + mem->batch;
+    mem->node = mem->total * mem->ranks_per_node;
+    fprintf(t->log,
+            "memory, FSDP: shard (1/%d) weights %.3f GiB%s, gradients %.3f GiB, optimizer "
+            "%.3f GiB; units gathered and gradients not yet reduced, at most %.3f GiB\n",
+            t->shard_degree, b.shard_params / GIB, b.shard_bf16 ? " (+ their bf16 copy)" : "",
+            b.shard_grads / GIB, b.optimizer / GIB, b.gathered / GIB);
+    return 0;
+}
+
+// The plan's whole tensors (the MoE expert bias) are buffers: as FSDP2 does with buffers,
+// every rank keeps them whole and in fp32 (strat.whole, back to back in plan order), and a
+// unit's go into its gathered weights (which under bf16 gathers hold bf16-rounded values) when
+// it runs. Their pieces in the shard follow them, for checkpoints.
+typedef enum { WHOLE_PUT, WHOLE_TAKE } whole_dir;
+
+static void move_whole(trainer *t, int unit, whole_dir dir) {
+    qwen3_model *m = &t->model;
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    float *copy = t->strat.whole;
+    for (int i = 0; copy && i < p->n_tensors; i++) {
+        const qwen3_plan_tensor *x = &p->tensors[i];
+        if (x->split != QWEN3_SPLIT_WHOLE) continue;
+        const size_t bytes = (x->hi - x->lo) * sizeof(float);
+        if (x->unit == unit && dir == WHOLE_PUT)
+            m->be->write(m->be, m->param_mem + x->lo, copy, bytes);
+        else if (x->unit == unit)
+            m->be->read(m->be, copy, m->param_mem + x->lo, bytes);
+        copy += x->hi - x->lo;
+    }
+}
+
+// The model's unit hook, to the four moments of parallel/fsdp.h.
+static void unit_ready(void *ctx, int unit, int event) {
+    trainer *t = ctx;
+    fsdp *f = &t->strat.fsdp;
+    switch (event) {
+    case QWEN3_UNIT_FORWARD:
+        fsdp_forward(f, unit);
+        move_whole(t, unit, WHOLE_PUT);
+        break;
+    case QWEN3_UNIT_FORWARD_DONE:
+        fsdp_forward_done(f, unit);
+        break;
+    case QWEN3_UNIT_BACKWARD:
+        fsdp_backward(f, unit);
+        move_whole(t, unit, WHOLE_PUT);
+        break;
+    case QWEN3_UNIT_BACKWARD_DONE:
+        fsdp_backward_done(f, unit);
+        break;
+    }
+}
+
+// A unit whose weights the full buffer holds (after an init or a load) goes to the shard; its
+// whole tensors are kept first.
+static void take_unit(trainer *t, int u) {
+    move_whole(t, u, WHOLE_TAKE);
+    fsdp_take(&t->strat.fsdp, u);
+}
+
+// AdamW's no-decay tensors, in shard coordinates: each tensor's part inside each piece.
+static int exclude_decay(trainer *t, ct_error *err) {
+    const qwen3_model *m = &t->model;
+    const fsdp *f = &t->strat.fsdp;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (trainer_param_decays(t, p)) continue;
+        for (int u = 0; u < f->n_units; u++) {
+            const fsdp_unit *x = &f->units[u];
+            size_t lo = p->offset > x->piece_lo ? p->offset : x->piece_lo;
+            size_t hi = p->offset + p->numel < x->piece_hi ? p->offset + p->numel : x->piece_hi;
+            if (lo < hi && adamw_exclude_decay(&t->opt, x->at + (lo - x->piece_lo), hi - lo, err))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+static void add_whole(void *ctx, const float *delta);
+
+static int setup(trainer *t, ct_error *err) {
+    qwen3_model *m = &t->model;
+    strategy *st = &t->strat;
+    if (qwen3_parallelize(&st->plan, &m->cfg, m, err) != 0) return -1;
+    const qwen3_parallel_plan *p = &st->plan;
+    const fsdp_opts o = fsdp_options(t);
+    if (fsdp_init(&st->fsdp, t->d, &o, m->be, m->ops, m->param_mem, m->grad_mem, m->param_bf16,
+                  m->num_params, p->unit_lo, p->unit_hi, p->n_units, p->tied, err) != 0)
+        return -1;
+    // The weights the model read so far (none: qwen3_init's zeros) go: only units in use stay.
+    fsdp_reshard_all(&st->fsdp);
+    m->be->discard(m->be, m->grad_mem, m->num_params * sizeof(float));
+    m->unit_hook = unit_ready;
+    m->unit_hook_ctx = t;
+    if (p->n_whole && !(st->whole = calloc(p->n_whole, sizeof *st->whole)))
+        return ct_fail(err, "out of memory for the expert biases");
+    t->moe.add_bias = add_whole;
+    t->moe.add_bias_ctx = t;
+    if (adamw_init_shard(&t->opt, m->be, st->fsdp.n_shard, 0, st->fsdp.n_shard, err) != 0 ||
+        exclude_decay(t, err) != 0)
+        return -1;
+    size_t largest = 0;
+    for (int u = 0; u < t->strat.fsdp.n_units; u++) {
+        const size_t len = t->strat.fsdp.units[u].hi - t->strat.fsdp.units[u].lo;
+        largest = len > largest ? len : largest;
+    }
+    static const char *reshard[] = {"default", "always", "never"};
+    char hsdp[64] = "";
+    if (o.replicate_degree > 1)
+        snprintf(hsdp, sizeof hsdp, " in each of %d replica groups (HSDP)", o.replicate_degree);
+    fprintf(t->log,
+            "comm: FSDP over %d ranks%s: %d units (embedding, %d layers, head), the largest "
+            "%.1f MiB of fp32 weights; gathers in %s, gradients reduce-scattered in %s, "
+            "reshard_after_forward %s\n",
+            o.shard_degree, hsdp, t->strat.fsdp.n_units, m->cfg.num_hidden_layers,
+            largest * 4.0 / (1 << 20), o.bf16_params ? "bfloat16" : "float32",
+            t->cfg->training.mixed_precision_reduce, reshard[o.reshard]);
+    return 0;
+}
+
+// Random init, unit by unit: each unit is filled whole (the same values as without FSDP), its
+// piece kept, the rest handed back, so no rank ever holds more than one unit.
+static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    for (int u = 0; u < t->strat.fsdp.n_units; u++) {
+        const fsdp_unit *x = &t->strat.fsdp.units[u];
+        if (qwen3_init_random_range(&t->model, seed, x->lo, x->hi, err) != 0) return -1;
+        take_unit(t, u);
+    }
+    fsdp_weights_changed(&t->strat.fsdp, false);
+    return 0;
+}
+
+// MoE, aux-loss-free balancing (moe_balance's add_bias): the same delta on every rank (the
+// whole tensors' layout: every sparse layer's expert bias, in layer order), added to the whole
+// copy and to this rank's pieces of it.
+static void add_whole(void *ctx, const float *delta) {
+    trainer *t = ctx;
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    fsdp *f = &t->strat.fsdp;
+    float *copy = t->strat.whole;
+    for (int i = 0; i < p->n_tensors; i++) {
+        const qwen3_plan_tensor *x = &p->tensors[i];
+        if (x->split != QWEN3_SPLIT_WHOLE) continue;
+        const fsdp_unit *u = &f->units[x->unit];
+        for (size_t off = x->lo; off < x->hi; off++, copy++) {
+            *copy += delta[copy - t->strat.whole];
+            if (off >= u->piece_lo && off < u->piece_hi)
+                f->shard_params[u->at + (off - u->piece_lo)] = *copy;
+        }
+    }
+}
+
+int strategy_fsdp_ranges(const trainer *t, int s, ckpt_range *out) {
+    int n = 0;
+    for (int u = 0; u < t->strat.fsdp.n_units; u++) {
+        size_t lo, hi;
+        fsdp_piece(&t->strat.fsdp, u, s, &lo, &hi);
+        if (lo < hi) out[n++] = (ckpt_range){lo, hi};
+    }
+    return n;
+}
+
+// The whole tensors as ranges (at most the plan's tensors), in plan order: the copy each rank
+// keeps. Returns their count.
+static int whole_ranges(const trainer *t, ckpt_range *out) {
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    int n = 0;
+    for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].split == QWEN3_SPLIT_WHOLE)
+            out[n++] = (ckpt_range){p->tensors[i].lo, p->tensors[i].hi};
+    return n;
+}
+
+// This rank's pieces, and every expert bias whole, from a checkpoint of any layout and rank
+// count; moments (NULL: not read) get the pieces' AdamW state.
+int strategy_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
+                       ct_error *err) {
+    const qwen3_model *m = &t->model;
+    ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
+    if (!r) return ct_fail(err, "out of memory");
+    int n = strategy_fsdp_ranges(t, t->strat.fsdp.shard.rank, r);
+    int rc = ckpt_load_ranges(dir, m, r, n, t->strat.fsdp.shard_params, moments ? moments[0] : NULL,
+                              moments ? moments[1] : NULL, st, NULL, err);
+    if (rc == 0 && t->strat.whole)
+        rc = ckpt_load_ranges(dir, m, r, whole_ranges(t, r), t->strat.whole, NULL, NULL, NULL, NULL,
+                              err);
+    free(r);
+    if (rc == 0) fsdp_weights_changed(&t->strat.fsdp, false);
+    return rc;
+}
+
+// The same from a Hugging Face folder (initial_load_path): only this rank's ranges are read.
+static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
+                   ct_error *err) {
+    const qwen3_model *m = &t->model;
+    ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
+    if (!r) return ct_fail(err, "out of memory");
+    int rc = hf_load_weights_ranges(m, rep, set, from, r,
+                                    strategy_fsdp_ranges(t, t->strat.fsdp.shard.rank, r),
+                                    t->strat.fsdp.shard_params, err);
+    if (rc == 0 && t->strat.whole) {
+        hf_load_report ignored = {0};
+        rc = hf_load_weights_ranges(m, &ignored, set, from, r, whole_ranges(t, r), t->strat.whole,
+                                    err);
+        hf_report_free(&ignored);
+    }
+    free(r);
+    if (rc == 0) fsdp_weights_changed(&t->strat.fsdp, false);
+    return rc;
+}
+
+static int load_sharded(trainer *t, const char *dir, ct_error *err) {
+    return strategy_fsdp_load(t, dir, NULL, NULL, err);
+}
+
+static void describe(const trainer *t, char *buf, size_t size) {
+    snprintf(buf, size, "FSDP: parameters, gradients and optimizer state sharded over %d ranks%s",
+             t->shard_degree,
+             t->d->size / t->shard_degree > 1 ? ", in each of the replica groups (HSDP)" : "");
+}
+
+static void free_(trainer *t) {
+    fsdp_free(&t->strat.fsdp);
+    free(t->strat.whole);
+    qwen3_parallel_plan_free(&t->strat.plan);
+}
+
+// The gathers fill the bf16 copy.
+static void weights_ready(trainer *t) {
+    (void)t;
+}
+
+static void begin_step(trainer *t) {
+    fsdp_begin_step(&t->strat.fsdp);
+}
+
+// FSDP reduces every micro-batch, in the unit hook.
+static void begin_micro(trainer *t, bool last) {
+    (void)t, (void)last;
+}
+
+static int grads_final(trainer *t, ct_error *err) {
+    return fsdp_finish(&t->strat.fsdp, err);
+}
+
+// Each shard's sum of squares, added in rank order over one shard group (the replicas hold the
+// same sums).
+static int grad_sq(trainer *t, double *sq, ct_error *err) {
+    fsdp *f = &t->strat.fsdp;
+    t->model.ops->sum_squares(sq, f->shard_grads, f->n_shard);
+    return dist_sum(&f->shard, *sq, sq, "the gradient norm", err);
+}
+
+static strategy_shard shard(trainer *t) {
+    fsdp *f = &t->strat.fsdp;
+    return (strategy_shard){f->shard_params, f->shard_grads, f->shard_bf16};
+}
+
+static int after_update(trainer *t, ct_error *err) {
+    (void)err;
+    fsdp_weights_changed(&t->strat.fsdp, true);
+    return 0;
+}
+
+// A validation forward leaves the head gathered for a backward.
+static void after_eval(trainer *t) {
+    fsdp_reshard_all(&t->strat.fsdp);
+}
+
+static void take_comm(trainer *t, double *exposed, double *hidden) {
+    fsdp_take_comm(&t->strat.fsdp, exposed, hidden);
+}
+
+const strategy_vt strategy_fsdp = {.describe = describe,
+                                   .memory_note = " (FSDP shard)",
+                                   .optimizer_sharded = false, // estimate replaces it
+                                   .estimate = estimate,
+                                   .setup = setup,
+                                   .free = free_,
+                                   .init_random = init_random,
+                                   .load_sharded = load_sharded,
+                                   .load_hf = load_hf,
+                                   .weights_ready = weights_ready,
+                                   .begin_step = begin_step,
+                                   .begin_micro = begin_micro,
+                                   .unit_ready = unit_ready,
+                                   .grads_final = grads_final,
+                                   .grad_sq = grad_sq,
+                                   .shard = shard,
+                                   .after_update = after_update,
+                                   .after_eval = after_eval,
+                                   .take_comm = take_comm};
