@@ -64,6 +64,13 @@ typedef struct strategy_vt {
     void (*after_eval)(trainer *t);
     // Communication seconds of the step beyond dist's own count: exposed and hidden.
     void (*take_comm)(trainer *t, double *exposed, double *hidden);
+    // Checkpoints: a resume loads this rank's weights, its range of the moments (views of
+    // the optimizer's, from opt.base) and the run state from a step folder; a save writes the
+    // step; model_in_shards: no rank holds the whole model, so the export streams the saved
+    // checkpoint.
+    int (*load_checkpoint)(trainer *t, const char *dir, float *moments[2], ct_error *err);
+    int (*save_checkpoint)(trainer *t, ct_error *err);
+    bool model_in_shards;
 } strategy_vt;
 
 extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
@@ -80,10 +87,6 @@ typedef struct strategy {
     float *whole;
 } strategy;
 
-// FSDP: shard rank s's pieces, the non-empty ones in order (at most the plan's units): the
-// ranges its checkpoint shard holds, in the shard buffer's order. Returns their count.
-int strategy_fsdp_ranges(const trainer *t, int s, ckpt_range *out);
-// FSDP: loads this rank's pieces and the whole tensors from a checkpoint folder (moments NULL:
-// the weights only; st may be NULL).
-int strategy_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
-                       ct_error *err);
+// Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0
+// the model and state.json, after the replicas agree bit for bit.
+int trainer_save_replicated(trainer *t, ct_error *err);

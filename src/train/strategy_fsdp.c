@@ -211,7 +211,9 @@ static void add_whole(void *ctx, const float *delta) {
     }
 }
 
-int strategy_fsdp_ranges(const trainer *t, int s, ckpt_range *out) {
+// Shard rank s's pieces, the non-empty ones in order (at most the plan's units): the ranges
+// its checkpoint shard holds, in the shard buffer's order. Returns their count.
+static int shard_ranges(const trainer *t, int s, ckpt_range *out) {
     int n = 0;
     for (int u = 0; u < t->strat.fsdp.n_units; u++) {
         size_t lo, hi;
@@ -234,12 +236,12 @@ static int whole_ranges(const trainer *t, ckpt_range *out) {
 
 // This rank's pieces, and every expert bias whole, from a checkpoint of any layout and rank
 // count; moments (NULL: not read) get the pieces' AdamW state.
-int strategy_fsdp_load(trainer *t, const char *dir, float *moments[2], train_state *st,
+static int load_pieces(trainer *t, const char *dir, float *moments[2], train_state *st,
                        ct_error *err) {
     const qwen3_model *m = &t->model;
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
-    int n = strategy_fsdp_ranges(t, t->strat.fsdp.shard.rank, r);
+    int n = shard_ranges(t, t->strat.fsdp.shard.rank, r);
     int rc = ckpt_load_ranges(dir, m, r, n, t->strat.fsdp.shard_params, moments ? moments[0] : NULL,
                               moments ? moments[1] : NULL, st, NULL, err);
     if (rc == 0 && t->strat.whole)
@@ -256,9 +258,9 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
     const qwen3_model *m = &t->model;
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
-    int rc = hf_load_weights_ranges(m, rep, set, from, r,
-                                    strategy_fsdp_ranges(t, t->strat.fsdp.shard.rank, r),
-                                    t->strat.fsdp.shard_params, err);
+    int rc =
+        hf_load_weights_ranges(m, rep, set, from, r, shard_ranges(t, t->strat.fsdp.shard.rank, r),
+                               t->strat.fsdp.shard_params, err);
     if (rc == 0 && t->strat.whole) {
         hf_load_report ignored = {0};
         rc = hf_load_weights_ranges(m, &ignored, set, from, r, whole_ranges(t, r), t->strat.whole,
@@ -271,7 +273,68 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 }
 
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
-    return strategy_fsdp_load(t, dir, NULL, NULL, err);
+    return load_pieces(t, dir, NULL, NULL, err);
+}
+
+static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    return load_pieces(t, dir, moments, &t->state, err);
+}
+
+// FSDP: the shard ranks of the first replica group each write their pieces of the model and of
+// the optimizer state (the other groups hold the same ones); rank 0 then lists them all in
+// state.json. No rank holds more than its shard.
+static int save_checkpoint(trainer *t, ct_error *err) {
+    const fsdp *f = &t->strat.fsdp;
+    const int S = f->o.shard_degree, P = t->d->size, n_units = f->n_units;
+    const int64_t step = t->state.step;
+    int rc = is_root(t) ? ckpt_begin(t->ckpt_root, step, t->save_tag, err) : 0;
+    if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
+    char tmp[4200];
+    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
+    memset(mine, 0, sizeof mine);
+    ckpt_range *ranges = calloc((size_t)S * n_units, sizeof *ranges);
+    const ckpt_range **of = calloc((size_t)S, sizeof *of);
+    int *n_ranges = calloc((size_t)S, sizeof *n_ranges);
+    rc = all && ranges && of && n_ranges
+             ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
+             : ct_fail(err, "out of memory");
+    for (int s = 0; rc == 0 && s < S; s++) {
+        of[s] = ranges + (size_t)s * n_units;
+        n_ranges[s] = shard_ranges(t, s, ranges + (size_t)s * n_units);
+    }
+    if (rc == 0 && t->d->rank < S)
+        rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],
+                              n_ranges[f->shard.rank], f->shard_params, t->opt.m, t->opt.v,
+                              &mine[0], &mine[1], err);
+    if (dist_agree(t->d, rc, "writing the model and optimizer shards", err) != 0 ||
+        dist_allgather(t->d, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
+        free(all), free(ranges), free(of), free(n_ranges);
+        return -1;
+    }
+    if (is_root(t)) {
+        // Rank s's pair is all[2s], all[2s + 1]: its optimizer shard, then its model shard.
+        ckpt_shard_info *optim = calloc(2 * (size_t)S, sizeof *optim), *model = optim + S;
+        for (int s = 0; optim && s < S; s++) optim[s] = all[2 * s], model[s] = all[2 * s + 1];
+        rc = optim ? ckpt_commit_ranges(t->ckpt_root, t->save_tag, &t->model, optim, model, S, of,
+                                        n_ranges, &t->state, t->config_toml, err)
+                   : ct_fail(err, "out of memory");
+        free(optim);
+        ckpt_notes notes = {0};
+        if (rc == 0)
+            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+        trainer_log_notes(t, &notes);
+        if (rc == 0)
+            fprintf(t->log,
+                    "checkpoint: saved step %lld in %s/step-%lld (%d model and optimizer "
+                    "shards)\n",
+                    (long long)step, t->ckpt_root, (long long)step, S);
+    }
+    free(all);
+    free(ranges);
+    free(of);
+    free(n_ranges);
+    return dist_agree(t->d, rc, "committing the checkpoint", err);
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
@@ -350,4 +413,7 @@ const strategy_vt strategy_fsdp = {.describe = describe,
                                    .shard = shard,
                                    .after_update = after_update,
                                    .after_eval = after_eval,
-                                   .take_comm = take_comm};
+                                   .take_comm = take_comm,
+                                   .load_checkpoint = load_checkpoint,
+                                   .save_checkpoint = save_checkpoint,
+                                   .model_in_shards = true};

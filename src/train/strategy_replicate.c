@@ -135,6 +135,13 @@ static void take_comm(trainer *t, double *exposed, double *hidden) {
     *exposed = *hidden = 0;
 }
 
+// Every rank holds the model: the weights and this rank's range of the moments, from a
+// checkpoint of any rank count.
+static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    return ckpt_load(dir, &t->model, moments[0], moments[1], t->opt.base, t->opt.n, &t->state, NULL,
+                     err);
+}
+
 #define REPLICA_STRATEGY(note, sharded)                                                            \
     {                                                                                              \
         .describe = describe, .memory_note = note, .optimizer_sharded = sharded, .setup = setup,   \
@@ -142,7 +149,8 @@ static void take_comm(trainer *t, double *exposed, double *hidden) {
         .load_hf = load_hf, .weights_ready = weights_ready, .begin_step = begin_step,              \
         .begin_micro = begin_micro, .unit_ready = unit_ready, .grads_final = grads_final,          \
         .grad_sq = grad_sq, .shard = shard, .after_update = after_update,                          \
-        .after_eval = after_eval, .take_comm = take_comm                                           \
+        .after_eval = after_eval, .take_comm = take_comm, .load_checkpoint = load_checkpoint,      \
+        .save_checkpoint = trainer_save_replicated, .model_in_shards = false                       \
     }
 
 const strategy_vt strategy_replicate = REPLICA_STRATEGY("", false);

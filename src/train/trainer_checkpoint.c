@@ -6,6 +6,11 @@
 
 #include "train/trainer_internal.h"
 
+void trainer_log_notes(trainer *t, ckpt_notes *notes) {
+    for (int i = 0; i < notes->n; i++) fprintf(t->log, "checkpoint: %s\n", notes->msgs[i]);
+    ckpt_notes_free(notes);
+}
+
 // A checkpoint of another config: name each key that changed, from the config.toml saved in
 // the checkpoint, and the two ways out.
 static void refuse_resume(const trainer *t, const char *dir, ct_error *err) {
@@ -67,11 +72,8 @@ int trainer_resume(trainer *t, ct_error *err) {
     size_t lo = t->opt.base;
     float *moments[2];
     rc = moments_view(t, lo, t->opt.n, false, moments, err);
-    if (rc == 0 && t->fsdp_on) {
-        rc = strategy_fsdp_load(t, dir, moments, &t->state, err);
-        moments_release(t, lo, t->opt.n, moments, rc == 0);
-    } else if (rc == 0) {
-        rc = ckpt_load(dir, &t->model, moments[0], moments[1], lo, t->opt.n, &t->state, NULL, err);
+    if (rc == 0) {
+        rc = t->strat.vt->load_checkpoint(t, dir, moments, err);
         moments_release(t, lo, t->opt.n, moments, rc == 0);
     }
     if (rc == 0 && t->state.config_hash != t->config_hash) refuse_resume(t, dir, err), rc = -1;
@@ -110,69 +112,15 @@ static int check_replicas_equal(trainer *t, ct_error *err) {
     return rc;
 }
 
-// FSDP: the shard ranks of the first replica group each write their pieces of the model and of
-// the optimizer state (the other groups hold the same ones); rank 0 then lists them all in
-// state.json. No rank holds more than its shard.
-static int save_fsdp(trainer *t, ct_error *err) {
-    const fsdp *f = &t->strat.fsdp;
-    const int S = f->o.shard_degree, P = t->d->size, n_units = f->n_units;
-    const int64_t step = t->state.step;
-    int rc = is_root(t) ? ckpt_begin(t->ckpt_root, step, t->save_tag, err) : 0;
-    if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
-    char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
-    memset(mine, 0, sizeof mine);
-    ckpt_range *ranges = calloc((size_t)S * n_units, sizeof *ranges);
-    const ckpt_range **of = calloc((size_t)S, sizeof *of);
-    int *n_ranges = calloc((size_t)S, sizeof *n_ranges);
-    rc = all && ranges && of && n_ranges
-             ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-             : ct_fail(err, "out of memory");
-    for (int s = 0; rc == 0 && s < S; s++) {
-        of[s] = ranges + (size_t)s * n_units;
-        n_ranges[s] = strategy_fsdp_ranges(t, s, ranges + (size_t)s * n_units);
-    }
-    if (rc == 0 && t->d->rank < S)
-        rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],
-                              n_ranges[f->shard.rank], f->shard_params, t->opt.m, t->opt.v,
-                              &mine[0], &mine[1], err);
-    if (dist_agree(t->d, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(t->d, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        free(all), free(ranges), free(of), free(n_ranges);
-        return -1;
-    }
-    if (is_root(t)) {
-        // Rank s's pair is all[2s], all[2s + 1]: its optimizer shard, then its model shard.
-        ckpt_shard_info *optim = calloc(2 * (size_t)S, sizeof *optim), *model = optim + S;
-        for (int s = 0; optim && s < S; s++) optim[s] = all[2 * s], model[s] = all[2 * s + 1];
-        rc = optim ? ckpt_commit_ranges(t->ckpt_root, t->save_tag, &t->model, optim, model, S, of,
-                                        n_ranges, &t->state, t->config_toml, err)
-                   : ct_fail(err, "out of memory");
-        free(optim);
-        ckpt_notes notes = {0};
-        if (rc == 0)
-            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
-        trainer_log_notes(t, &notes);
-        if (rc == 0)
-            fprintf(t->log,
-                    "checkpoint: saved step %lld in %s/step-%lld (%d model and optimizer "
-                    "shards)\n",
-                    (long long)step, t->ckpt_root, (long long)step, S);
-    }
-    free(all);
-    free(ranges);
-    free(of);
-    free(n_ranges);
-    return dist_agree(t->d, rc, "committing the checkpoint", err);
-}
-
 // Every rank writes its 1/N of the optimizer state into one temporary folder that rank 0
 // created; rank 0 then writes the model and state.json (which lists every shard) and renames
 // the folder into place. The shards are cut the same way in both modes, so the files do not
 // depend on whether the state was replicated.
 int trainer_save_checkpoint(trainer *t, ct_error *err) {
-    if (t->fsdp_on) return save_fsdp(t, err);
+    return t->strat.vt->save_checkpoint(t, err);
+}
+
+int trainer_save_replicated(trainer *t, ct_error *err) {
     const int P = t->d->size, r = t->d->rank;
     const int64_t step = t->state.step;
     int rc = check_replicas_equal(t, err);
@@ -224,11 +172,12 @@ int trainer_export_final(trainer *t, ct_error *err) {
         // saved, tensor by tensor, since no rank holds the model.
         char saved[4200];
         snprintf(saved, sizeof saved, "%s/step-%lld", t->ckpt_root, (long long)t->state.step);
-        int copied = rc           ? -1
-                     : t->fsdp_on ? ckpt_export_hf_streaming(saved, dir, dtype, 5000000000ull,
-                                                             t->cfg->model.tokenizer_path, err)
-                                  : ckpt_export_hf(&t->model, dir, dtype, 5000000000ull,
-                                                   t->cfg->model.tokenizer_path, err);
+        int copied = rc ? -1
+                     : t->strat.vt->model_in_shards
+                         ? ckpt_export_hf_streaming(saved, dir, dtype, 5000000000ull,
+                                                    t->cfg->model.tokenizer_path, err)
+                         : ckpt_export_hf(&t->model, dir, dtype, 5000000000ull,
+                                          t->cfg->model.tokenizer_path, err);
         if (copied < 0)
             rc = -1;
         else

@@ -1,5 +1,6 @@
-// What the trainer's files share: the run's state (trainer.c: setup, the step, the loop;
-// trainer_checkpoint.c: resume, save, the final export).
+// What the trainer's files share: the run's state (trainer_setup.c, trainer_step.c,
+// trainer_metrics.c, trainer.c: the loop; trainer_checkpoint.c: resume, save, the final
+// export; strategy*.c: the data-parallel strategies).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,7 +30,6 @@ typedef struct trainer {
     FILE *log;        // rank 0: the caller's stream; other ranks: /dev/null (owned)
     dist *d;          // the ranks (a world of one without a launcher)
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
-    bool fsdp_on;     // FSDP: checkpoints hold the model in shards (strat.vt == &strategy_fsdp)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
     run_setup setup;  // model config, kernels, trusted plugins, the op table, memory options
@@ -65,12 +65,32 @@ static inline bool trainer_param_decays(const trainer *t, const qwen3_param *p) 
     return !p->buffer &&
            (t->cfg->optimizer.decay_norms_and_embeddings || adamw_param_decays(p->name, p->ndim));
 }
-// Prints the checkpoint notes to the log (rank 0's) and frees them.
-void trainer_log_notes(trainer *t, ckpt_notes *notes);
+
+// trainer_setup.c: everything before the first step; trainer_free releases it (also after a
+// failed setup).
+int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err);
+void trainer_free(trainer *t);
+
+// trainer_step.c
+typedef struct step_result {
+    double loss, grad_norm, lr, comm_s, comm_hidden_s;
+    double ce, aux; // the loss's parts (MoE): cross-entropy, and the mean aux of the micro-batches
+    bool skipped;
+    bool no_tokens; // skipped because the step's samples train no token
+} step_result;
+int trainer_step(trainer *t, step_result *r, ct_error *err);
 // debug.fault: true when `kind` hits this rank at `step` (from 1).
 bool trainer_fault_at(const trainer *t, const char *kind, int64_t step);
+
+// trainer_metrics.c: the validation loss (logged and in metrics.jsonl), and a metrics row.
+int trainer_validate(trainer *t, ct_error *err);
+void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, double *t_log,
+                         int64_t *steps_since_log, double comm_since_log[2], int64_t start_step,
+                         int64_t skipped_total);
 
 // trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err);
 int trainer_save_checkpoint(trainer *t, ct_error *err);
 int trainer_export_final(trainer *t, ct_error *err);
+// Prints the checkpoint notes to the log (rank 0's) and frees them.
+void trainer_log_notes(trainer *t, ckpt_notes *notes);

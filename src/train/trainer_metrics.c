@@ -1,0 +1,104 @@
+// What a run reports besides its log lines: the validation loss, and a metrics row per
+// logging step.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/clock.h"
+#include "core/sysmem.h"
+#include "data/loader.h"
+#include "model/moe_balance.h"
+#include "train/metrics.h"
+#include "train/trainer_internal.h"
+
+// Validation batches are dealt out to the ranks in turn (batch b on rank b mod N); the sums
+// meet in rank order. Each window counts once: the batches stop when the windows run out (as
+// torchtitan's finite validation loader does), and a last, partial batch fills its empty rows
+// with window 0 whose targets are all ignored.
+int trainer_validate(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    uint64_t total = t->val_loader.n_windows;
+    uint64_t batches = (total + t->B - 1) / t->B;
+    if (c->validation.steps > 0 && (uint64_t)c->validation.steps < batches)
+        batches = (uint64_t)c->validation.steps;
+    double sum = 0, valid = 0;
+    for (uint64_t b = (uint64_t)t->d->rank; b < batches; b += (uint64_t)t->d->size) {
+        for (int i = 0; i < t->B; i++) {
+            uint64_t w = b * t->B + i;
+            size_t off = (size_t)i * t->T;
+            int32_t *targets = t->targets + off;
+            if (loader_sample(&t->val_loader, t->inputs + off, targets,
+                              t->positions ? t->positions + off : NULL, w < total ? w : 0,
+                              err) != 0)
+                return -1;
+            if (w >= total)
+                for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
+        }
+        int64_t n = 0;
+        if (t->positions && qwen3_set_positions(&t->model, t->positions, err) != 0) return -1;
+        sum += qwen3_forward(&t->model, t->inputs, t->targets, &n);
+        valid += (double)n;
+    }
+    t->strat.vt->after_eval(t);
+    if (dist_sum(t->d, sum, &sum, "the validation loss", err) != 0 ||
+        dist_sum(t->d, valid, &valid, "the validation token count", err) != 0)
+        return -1;
+    double loss = sum / valid;
+    fprintf(t->log, "validation step %lld: loss %.4f  perplexity %.2f  (%llu batches)\n",
+            (long long)t->state.step, loss, exp(loss), (unsigned long long)batches);
+    if (is_root(t)) {
+        fprintf(t->metrics.jsonl, "{\"step\":%lld,\"val_loss\":%.17g,\"val_perplexity\":%.17g}\n",
+                (long long)t->state.step, loss, exp(loss));
+        fflush(t->metrics.jsonl);
+    }
+    return 0;
+}
+
+void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, double *t_log,
+                         int64_t *steps_since_log, double comm_since_log[2], int64_t start_step,
+                         int64_t skipped_total) {
+    const ct_config *c = t->cfg;
+    int64_t step = t->state.step;
+    double now = ct_now_s(), dt = now - *t_log;
+    double tps_total = *steps_since_log * (double)t->global_batch * t->T / dt;
+    double tps = tps_total / t->d->size;
+    double per_step = (now - t_resume) / (double)(step - start_step);
+    double gflops = tps * t->flops_per_token / 1e9;
+    metrics_row row = {
+        .step = step,
+        .steps = c->training.steps,
+        .loss = r->loss,
+        .grad_norm = r->grad_norm,
+        .lr = r->lr,
+        .tps = tps,
+        .tps_total = tps_total,
+        .ranks = t->d->size,
+        .comm_s = comm_since_log[0] / (double)*steps_since_log,
+        .comm_share = comm_since_log[0] / dt,
+        .comm_hidden_s = comm_since_log[1] / (double)*steps_since_log,
+        .tflops = gflops / 1e3,
+        .mfu = gflops / t->peak_gflops,
+        .memory_peak_gib = sysmem_peak_rss_bytes() / GIB,
+        .time_s = t->state.time_s,
+        .eta_s = per_step * (double)(c->training.steps - step),
+        .skipped = skipped_total,
+        .ce = r->ce,
+        .aux = r->aux,
+        .n_moe_layers = t->model.n_sparse,
+        .moe_load_max_over_mean = moe_balance_metric(&t->moe),
+    };
+    // The plugins' own call counters, as proof that their kernels ran.
+    char *calls = NULL;
+    size_t calls_len = 0;
+    FILE *f = override_any(&t->setup.overrides) ? open_memstream(&calls, &calls_len) : NULL;
+    if (f) {
+        override_calls_json(&t->setup.overrides, f);
+        fclose(f);
+        row.override_calls_json = calls;
+    }
+    if (is_root(t)) metrics_write(&t->metrics, &row);
+    free(calls);
+    *t_log = ct_now_s();
+    *steps_since_log = 0;
+    comm_since_log[0] = comm_since_log[1] = 0;
+}

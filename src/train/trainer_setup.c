@@ -1,0 +1,425 @@
+// Everything before the first step: the ranks' shape and the strategy, threads, the memory
+// plan, the model, the optimizer, the weights, the data, the config and metrics files.
+#include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "core/fs.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "model/hf_adapter.h"
+#include "model/moe_balance.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "checkpoint/checkpoint.h"
+#include "train/peak.h"
+#include "train/metrics.h"
+#include "train/run_setup.h"
+#include "train/trainer_internal.h"
+
+// The ranks' shape: ZeRO-1 over all of them or a replica on each, and the global batch split
+// into per-rank micro-batches. The config's -1s are resolved against the rank count here.
+static int setup_parallel(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    int P = t->d->size, rep = c->parallelism.data_parallel_replicate_degree;
+    int shard = c->parallelism.data_parallel_shard_degree;
+    if (shard == -1) shard = P % rep == 0 ? P / rep : -1;
+    if (shard < 1 || (int64_t)shard * rep != P)
+        return ct_fail(
+            err,
+            "parallelism.data_parallel_shard_degree (%d) * data_parallel_replicate_degree "
+            "(%d) must equal the number of ranks, %d",
+            c->parallelism.data_parallel_shard_degree, rep, P);
+    t->shard_degree = shard;
+    const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
+    const bool zero1 = !fsdp_on && shard > 1;
+    t->strat.vt = fsdp_on ? &strategy_fsdp : zero1 ? &strategy_zero1 : &strategy_replicate;
+    if (t->strat.vt->model_in_shards && c->checkpoint.last_save_in_hf && !c->checkpoint.enable)
+        return ct_fail(err,
+                       "checkpoint.last_save_in_hf under FSDP exports the last checkpoint, tensor "
+                       "by tensor (no rank holds the whole model): set checkpoint.enable = true");
+    if (zero1 && rep > 1)
+        return ct_fail(err,
+                       "parallelism.data_parallel_shard_mode = \"zero1\" shards the optimizer over "
+                       "all %d ranks or none: data_parallel_replicate_degree = %d leaves %d per "
+                       "group; use \"fsdp\" for HSDP",
+                       P, rep, shard);
+    int64_t per_pass = (int64_t)t->B * P; // sequences of one micro-batch on every rank
+    int64_t global = c->training.global_batch_size > 0 ? c->training.global_batch_size : per_pass;
+    if (global % per_pass != 0)
+        return ct_fail(err,
+                       "training.global_batch_size = %lld is not a multiple of "
+                       "training.local_batch_size (%d) * %d ranks = %lld",
+                       (long long)global, t->B, P, (long long)per_pass);
+    t->global_batch = (int)global;
+    t->accum = (int)(global / per_pass);
+    // The hash sees the global batch, not how ranks and accumulation split it, so a run saved
+    // with N ranks resumes with M.
+    ct_config eff = *c;
+    eff.training.global_batch_size = t->global_batch;
+    t->config_hash = config_hash(&eff);
+    return 0;
+}
+
+// OpenMP and OpenBLAS threads of this rank: the config, else OMP_NUM_THREADS, else the node's
+// cores shared among its ranks (never more than the cores the launcher bound us to).
+static void setup_threads(trainer *t) {
+    const ct_config *c = t->cfg;
+    int n = c->parallelism.threads_per_rank;
+    const char *env = getenv("OMP_NUM_THREADS");
+    char why[160];
+    if (n > 0) {
+        snprintf(why, sizeof why, "parallelism.threads_per_rank");
+    } else if (env && atoi(env) > 0) {
+        n = atoi(env);
+        snprintf(why, sizeof why, "OMP_NUM_THREADS");
+    } else {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores > 0 ? cores : 1) / t->d->local_size;
+        if (n < 1) n = 1;
+        snprintf(why, sizeof why, "%ld cores / %d ranks on this node", cores, t->d->local_size);
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < n) {
+            n = CPU_COUNT(&set);
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     ", bound to %d by the launcher (mpirun --bind-to none lifts that)", n);
+        }
+    }
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+    // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    char mode[160];
+    t->strat.vt->describe(t, mode, sizeof mode);
+    fprintf(t->log,
+            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
+            t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)");
+}
+
+// Pre-run validation: everything that can be refused is refused before any work. The memory
+// estimate is printed in any case.
+static int check_plan(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    const ct_config_activation_checkpoint *ac = &c->activation_checkpoint;
+    const bool selective = strcmp(ac->mode, "selective") == 0;
+    // AdamW's two fp32 moments, for this rank's 1/N of the parameters under ZeRO-1.
+    const strategy_vt *vt = t->strat.vt;
+    double optim =
+        2.0 * (double)run_setup_plan(&t->setup).params / (vt->optimizer_sharded ? t->d->size : 1);
+    double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
+    run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
+    if (vt->estimate && vt->estimate(t, &mem, err) != 0) return -1;
+    char bf16_copy[64] = "";
+    if (mem.model.weights_bf16)
+        snprintf(bf16_copy, sizeof bf16_copy, " (+ %.3f GiB bf16 copy)",
+                 mem.model.weights_bf16 / GIB);
+    fprintf(t->log,
+            "memory estimate per rank: params %.3f GiB%s, grads %.3f GiB, optimizer %.3f GiB%s, "
+            "activations %.3f GiB (%.2f MiB, activation checkpointing %s%s%s), total %.3f GiB; "
+            "%d rank(s) on this node: %.3f GiB (available %.1f GiB)\n",
+            mem.model.params / GIB, bf16_copy, mem.model.grads / GIB, mem.optimizer / GIB,
+            vt->memory_note, mem.model.activations / GIB, mem.model.activations / (1024.0 * 1024.0),
+            ac->mode, selective ? " " : "", selective ? ac->selective_ac_option : "",
+            mem.total / GIB, t->d->local_size, mem.node / GIB, mem.avail / GIB);
+    return run_setup_check_fit(&t->setup, &mem, "the run", true, err);
+}
+
+static bool dataset_is_npy_only(const char *path) {
+    size_t n = strlen(path);
+    return n > 4 && strcmp(path + n - 4, ".npy") == 0;
+}
+
+static bool block_causal(const ct_config *c) {
+    return strcmp(c->model.attn_mask_type, "block_causal") == 0;
+}
+
+// Data, its tokenizer and chat template. A .npy token stream needs no tokenizer, unless
+// block-causal masking needs its end-of-document id.
+static int setup_data(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    int32_t vocab = t->model.cfg.vocab_size;
+    bool need_tok = !dataset_is_npy_only(c->training.dataset_path) ||
+                    (c->validation.enable && !dataset_is_npy_only(c->validation.dataset_path)) ||
+                    block_causal(c);
+    if (need_tok) {
+        if (tok_load(&t->tok, c->model.tokenizer_path, err) != 0)
+            return ct_wrap(err, "model.tokenizer_path");
+        if (tok_vocab_size(t->tok) > vocab)
+            return ct_fail(err,
+                           "tokenizer %s has %d ids but the model's vocab_size is %d: token ids "
+                           "would fall outside the embedding",
+                           c->model.tokenizer_path, tok_vocab_size(t->tok), vocab);
+    }
+    // A folder without a template is an error only if the data holds a conversation.
+    ct_error no_chat = {0};
+    if (need_tok && chat_template_load(&t->chat, c->model.tokenizer_path, &no_chat) != 0)
+        t->chat = NULL;
+    stream_options so = {.tok = t->tok,
+                         .chat = t->chat,
+                         .chat_from = no_chat.msg,
+                         .vocab_size = vocab,
+                         .train_on_all = strcmp(c->training.train_on, "all") == 0};
+    if (stream_open_with(&t->train_data, c->training.dataset_path, &so, err) != 0)
+        return ct_wrap(err, "training.dataset_path");
+    if (t->train_data.warning[0]) fprintf(t->log, "data: %s\n", t->train_data.warning);
+    if (loader_init(&t->train_loader, &t->train_data, t->T, c->training.shuffle,
+                    (uint64_t)c->debug.seed, err) != 0)
+        return -1;
+    const token_stream *s = &t->train_data;
+    fprintf(t->log, "data: %s: %llu tokens%s, %llu windows of %d+1 tokens, shuffle %s\n",
+            c->training.dataset_path, (unsigned long long)s->n_tokens,
+            s->n_npy ? " (.npy files read as used)" : "",
+            (unsigned long long)t->train_loader.n_windows, t->T,
+            c->training.shuffle ? "on" : "off");
+    if (s->n_chats)
+        fprintf(t->log,
+                "data: %llu conversations rendered with %s's chat template; %llu of their tokens "
+                "trained (training.train_on = \"%s\")\n",
+                (unsigned long long)s->n_chats, c->model.tokenizer_path,
+                (unsigned long long)s->n_trained, c->training.train_on);
+    if (block_causal(c))
+        fprintf(t->log, "attention: block_causal: documents packed in a window do not see each "
+                        "other; RoPE positions restart at each\n");
+    if (c->validation.enable) {
+        if (stream_open_with(&t->val_data, c->validation.dataset_path, &so, err) != 0)
+            return ct_wrap(err, "validation.dataset_path");
+        if (loader_init(&t->val_loader, &t->val_data, t->T, false, 0, err) != 0) return -1;
+        t->has_val = true;
+    }
+    return 0;
+}
+
+// A ctitan checkpoint folder (state.json) without model.safetensors: its model is in shards.
+static bool checkpoint_with_sharded_model(const char *dir) {
+    char state[4200], model[4200];
+    snprintf(state, sizeof state, "%s/state.json", dir);
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    return access(state, F_OK) == 0 && access(model, F_OK) != 0;
+}
+
+// Weights: resume from the newest complete checkpoint, else initial_load_path, else the HF
+// folder (backend=hf), else a seeded random init. Every rank loads the same weights.
+static int setup_weights(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    if (c->checkpoint.enable) {
+        int found = trainer_resume(t, err);
+        if (found != 0) return found < 0 ? -1 : 0;
+    }
+    t->state.config_hash = t->config_hash;
+    const char *from = c->checkpoint.initial_load_path[0]    ? c->checkpoint.initial_load_path
+                       : strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path
+                                                             : NULL;
+    if (!from) {
+        const uint64_t seed = (uint64_t)c->debug.seed;
+        if (t->strat.vt->init_random(t, seed, err) != 0) return -1;
+        fprintf(t->log, "weights: random init, normal(0, 0.02), norms 1, seed %lld\n",
+                (long long)c->debug.seed);
+        return 0;
+    }
+    // A ctitan checkpoint folder's model.safetensors is HF-named too, so both load the same way;
+    // one whose model is in shards (FSDP's) loads through the checkpoint's ranges.
+    if (checkpoint_with_sharded_model(from)) {
+        int rc = t->strat.vt->load_sharded(t, from, err);
+        if (rc == 0) fprintf(t->log, "weights: %s (a checkpoint's model shards)\n", from);
+        return dist_agree(t->d, rc, "loading the initial weights", err);
+    }
+    st_set set;
+    hf_load_report rep = {0};
+    int rc = st_set_open(&set, from, err);
+    if (rc == 0) {
+        rc = t->strat.vt->load_hf(t, &rep, &set, from, err);
+        st_set_close(&set);
+    }
+    if (rc == 0)
+        fprintf(t->log, "weights: %s (%d tensors, %s, %d unexpected)\n", from, rep.n_loaded,
+                dtype_name(rep.source_dtype), rep.n_unexpected);
+    hf_report_free(&rep);
+    return dist_agree(t->d, rc, "loading the initial weights", err);
+}
+
+// The phases, and torchtitan's warnings where it clamps them.
+static void log_lr_schedule(const trainer *t) {
+    const ct_config *c = t->cfg;
+    int64_t steps = c->training.steps;
+    lr_phases p = lr_phases_of(&t->sched, steps);
+    if (p.warmup_clamped)
+        fprintf(t->log,
+                "warning: lr_scheduler.warmup_steps (%d) exceeds training.steps (%lld); warming up "
+                "over all %lld steps\n",
+                c->lr_scheduler.warmup_steps, (long long)steps, (long long)p.warmup);
+    if (p.decay_clamped)
+        fprintf(
+            t->log,
+            "warning: warmup (%lld) + decay (%lld = round(lr_scheduler.decay_ratio %g * %lld)) "
+            "steps exceed training.steps (%lld); decaying over the %lld steps left\n",
+            (long long)p.warmup, (long long)nearbyint(c->lr_scheduler.decay_ratio * (double)steps),
+            c->lr_scheduler.decay_ratio, (long long)steps, (long long)steps, (long long)p.decay);
+    fprintf(t->log, "lr: peak %g, warmup %lld steps, stable %lld, %s decay %lld%s to %g x\n",
+            c->optimizer.lr, (long long)p.warmup, (long long)p.stable - 1,
+            c->lr_scheduler.decay_type, (long long)p.decay,
+            isnan(c->lr_scheduler.decay_ratio) ? " (decay_ratio unset: all after warmup)" : "",
+            c->lr_scheduler.min_lr_factor);
+}
+
+// The data-parallel mode's synchronisation and optimizer, then AdamW's hyperparameters and the
+// learning-rate schedule.
+static int setup_optimizer(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    if (t->strat.vt->setup(t, err) != 0) return -1;
+    t->hp = (adamw_hparams){c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                            c->optimizer.weight_decay};
+    t->sched = (lr_schedule_cfg){c->optimizer.lr, c->lr_scheduler.warmup_steps,
+                                 c->lr_scheduler.decay_ratio, LR_DECAY_LINEAR,
+                                 c->lr_scheduler.min_lr_factor};
+    if (lr_decay_parse(&t->sched.decay_type, c->lr_scheduler.decay_type, err) != 0) return -1;
+    log_lr_schedule(t);
+    return 0;
+}
+
+// MoE: the load-balancing mode and the buffers its per-step statistics need.
+static int setup_moe(trainer *t, ct_error *err) {
+    const qwen3_model *m = &t->model;
+    if (m->n_sparse == 0) return 0;
+    const qwen3_config *mc = &m->cfg;
+    const char *lb = t->cfg->model.load_balance;
+    t->aux_in_loss = strcmp(lb, "hf") == 0 && mc->output_router_logits;
+    t->aux_free = strcmp(lb, "aux_free") == 0;
+    if (moe_balance_init(&t->moe, m, t->d->size, err) != 0) return -1;
+    fprintf(t->log,
+            "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
+            "load balancing %s%s\n",
+            m->n_sparse, mc->num_hidden_layers, mc->num_experts, mc->moe_intermediate_size,
+            mc->num_experts_per_tok, mc->norm_topk_prob ? " renormalised" : "",
+            t->cfg->model.moe_impl, lb,
+            t->aux_in_loss          ? " (aux loss in the loss, coefficient below)"
+            : t->aux_free           ? " (expert bias, no aux loss)"
+            : strcmp(lb, "hf") == 0 ? " (output_router_logits is off: aux reported, not added)"
+                                    : " (none: aux reported only)");
+    if (t->aux_in_loss) fprintf(t->log, "moe: loss = ce + %g * aux\n", mc->router_aux_loss_coef);
+    return 0;
+}
+
+static int config_text(char **out, const ct_config *c, ct_error *err) {
+    size_t len = 0;
+    FILE *f = open_memstream(out, &len);
+    if (!f || config_write_toml(c, f) != 0) {
+        if (f) fclose(f);
+        return ct_fail(err, "cannot format the effective config");
+    }
+    fclose(f);
+    return 0;
+}
+
+// config.toml holds every key; the log shows those that differ from the defaults.
+static int save_config(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.toml", c->job.dump_folder);
+    if (fs_mkdirs(c->job.dump_folder, err) != 0 || config_save(c, path, err) != 0) return -1;
+    fprintf(t->log, "config: differences from the defaults (every key is in %s):\n", path);
+    config_write_changed(c, t->log);
+    return 0;
+}
+
+// Everything before the first step. Errors that every rank meets alike (config, memory,
+// model) need no agreement; the ones that may differ between ranks are agreed on.
+int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
+    t->cfg = c;
+    t->B = c->training.local_batch_size;
+    t->T = c->training.seq_len;
+    t->log = is_root(t) ? log : fopen("/dev/null", "w");
+    if (!t->log) return ct_fail(err, "rank %d: cannot open /dev/null for its log", t->d->rank);
+    t->d->timeout_s = c->comm.init_timeout_seconds;
+    snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
+    if (setup_parallel(t, err) != 0) return -1;
+    setup_threads(t);
+    // First thing after the config: the plugins' parity check forks, which must precede any
+    // OpenMP region.
+    run_setup_opts so = {.log = t->log, .warn = is_root(t) ? stderr : NULL, .d = t->d};
+    if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
+    const qwen3_config mc = t->setup.model;
+    const qwen3_memory_opts *mo = &t->setup.mem_opts;
+    if (check_plan(t, err) != 0) return -1;
+    if (config_text(&t->config_toml, c, err) != 0) return -1;
+
+    ct_backend *be = t->setup.be;
+    if (qwen3_init_on(&t->model, &mc, be, &t->setup.ops, err) != 0) return -1;
+    fprintf(t->log, "backend: %s\n", be->name);
+    t->model.mem_opts = *mo;
+    if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
+    fprintf(t->log,
+            "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
+            "%s, %zu parameters\n",
+            strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path : c->model.flavor,
+            mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
+            mc.head_dim, mc.intermediate_size, mc.vocab_size,
+            mc.tie_word_embeddings ? "tied" : "untied", qwen3_num_hf_parameters(&t->model));
+    run_setup_log_kernels(&t->setup, t->log);
+    if (mo->loss_chunk > 0)
+        fprintf(t->log, "loss head: in chunks of %d tokens (training.loss_chunk_tokens)\n",
+                mo->loss_chunk);
+    if (mo->ac_op)
+        fprintf(t->log,
+                "activation checkpointing: selective op, every layer keeps its GEMM and attention "
+                "outputs and recomputes its norms, q/k norm + RoPE and SwiGLU in the backward\n");
+    else if (mo->ac_every > 0) {
+        int n = 0;
+        for (int l = 0; l < mc.num_hidden_layers; l++)
+            n += qwen3_layer_checkpointed(mo->ac_every, l);
+        fprintf(t->log,
+                "activation checkpointing: %s, %d of %d layers recompute their forward in the "
+                "backward\n",
+                c->activation_checkpoint.mode, n, mc.num_hidden_layers);
+    }
+    if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
+    t->strat.vt->weights_ready(t);
+    if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
+
+    t->save_tag = (long)getpid();
+    if (dist_bcast(t->d, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
+        return -1;
+    size_t n = (size_t)t->accum * t->B * t->T;
+    t->inputs = malloc(n * sizeof *t->inputs);
+    t->targets = malloc(n * sizeof *t->targets);
+    if (block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
+    if (!t->inputs || !t->targets || (block_causal(c) && !t->positions))
+        return ct_fail(err, "out of memory for the batch buffers");
+    t->flops_per_token = metrics_flops_per_token(&mc, t->T);
+    char peak_source[4200];
+    t->peak_gflops =
+        peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source, sizeof peak_source);
+    fprintf(t->log,
+            "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d\n"
+            "mfu: against a peak of %.1f GFLOP/s per rank (%s)\n",
+            t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops, peak_source);
+    // The dump folder changes only now, when nothing can refuse the run any more.
+    int rc = is_root(t) ? save_config(t, err) : 0;
+    if (dist_agree(t->d, rc, "writing the run's config", err) != 0) return -1;
+    rc = is_root(t) ? metrics_open(&t->metrics, log, c->job.dump_folder, t->state.step, err) : 0;
+    return dist_agree(t->d, rc, "opening metrics.jsonl", err);
+}
+
+void trainer_free(trainer *t) {
+    metrics_close(&t->metrics);
+    free(t->inputs);
+    free(t->targets);
+    free(t->config_toml);
+    loader_free(&t->train_loader);
+    if (t->has_val) loader_free(&t->val_loader);
+    stream_free(&t->train_data);
+    stream_free(&t->val_data);
+    if (t->tok) tok_free(t->tok);
+    chat_template_free(t->chat);
+    free(t->positions);
+    if (t->strat.vt) t->strat.vt->free(t);
+    adamw_free(&t->opt);
+    moe_balance_free(&t->moe);
+    qwen3_free(&t->model);
+    run_setup_close(&t->setup);
+    if (t->log && !is_root(t)) fclose(t->log);
+}

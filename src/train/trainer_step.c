@@ -1,0 +1,147 @@
+// One optimizer step: the step's samples, the micro-batches' forward and backward, the
+// strategy's reductions, the norm, the MoE balance, AdamW over this rank's shard.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data/loader.h"
+#include "model/moe_balance.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "train/trainer_internal.h"
+
+// debug.fault: a real failure of the kind a rank can meet, on one rank at one step, for the
+// tests of failure handling. Returns true when `kind` hits this rank at `step` (from 1).
+bool trainer_fault_at(const trainer *t, const char *kind, int64_t step) {
+    const ct_config_debug *dbg = &t->cfg->debug;
+    return strcmp(dbg->fault, kind) == 0 && dbg->fault_rank == t->d->rank &&
+           dbg->fault_step == step;
+}
+
+// The same, for the step about to run.
+static bool fault_now(const trainer *t, const char *kind) {
+    return trainer_fault_at(t, kind, t->state.step + 1);
+}
+
+// Reads this rank's samples of the step: the step covers global samples [g0, g0 + global) and
+// rank r takes the r-th block of accum*B of them, in order. Checks the token ids and agrees
+// with the other ranks on the outcome; *valid gets the step's count of valid targets over all
+// ranks.
+static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
+    int n = t->accum * t->B;
+    uint64_t g0 = t->state.samples_seen, mine = g0 + (uint64_t)t->d->rank * n;
+    uint64_t last = g0 + t->global_batch - 1;
+    if (loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, last) ||
+        (g0 > 0 && loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, g0 - 1)))
+        fprintf(t->log, "data: epoch %llu begins\n",
+                (unsigned long long)loader_epoch(&t->train_loader, last));
+    int64_t local = 0;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        size_t off = (size_t)i * t->T;
+        int32_t *tg = t->targets + off;
+        rc = loader_sample(&t->train_loader, t->inputs + off, tg,
+                           t->positions ? t->positions + off : NULL, mine + i, err);
+        for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
+    }
+    if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
+    if (rc == 0) rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
+    if (rc != 0)
+        ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
+                (unsigned long long)mine, (unsigned long long)(mine + n - 1));
+    if (dist_agree(t->d, rc, "the step's data check", err) != 0) return -1;
+    double total;
+    if (dist_sum(t->d, (double)local, &total, "the step's token count", err) != 0) return -1;
+    *valid = (int64_t)total;
+    return 0;
+}
+
+// moe_balance's sum over ranks.
+static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
+    return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
+}
+
+// MoE, after a micro-batch's forward: its routing statistics summed over the ranks give the aux
+// of the global micro-batch (HF computes the aux per forward, over the batch it sees), so ranks
+// and micro-batches combine as one process with the same micro-batches would. When the aux is
+// in the loss, the backward adds the gradient of coef * aux / accum. The loads add up to the
+// step's, for the metrics and the expert bias.
+static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
+    qwen3_model *m = &t->model;
+    moe_balance_collect(&t->moe, m);
+    if (moe_balance_reduce(&t->moe, moe_sum_ranks, t->d, err) != 0) return -1;
+    *aux = moe_balance_aux(&t->moe);
+    if (t->aux_in_loss)
+        moe_balance_aux_grad(&t->moe, m, (float)(m->cfg.router_aux_loss_coef / t->accum));
+    return 0;
+}
+
+// MoE, before the optimizer step: each sparse layer's load balance for the metrics and, with
+// load_balance = aux_free, the expert-bias update from the step's token counts (summed over
+// ranks, so every rank moves its biases alike).
+static void moe_before_optimizer(trainer *t, bool skipped) {
+    moe_balance_end_step(&t->moe, &t->model, t->aux_free && !skipped,
+                         (float)t->cfg->model.load_balance_coeff);
+}
+
+// One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
+// divided by the step's count of valid targets, so ranks and accumulation give the global
+// token-weighted mean; summing the ranks' gradients gives its gradient.
+int trainer_step(trainer *t, step_result *r, ct_error *err) {
+    t->d->comm_s = 0;
+    int64_t valid;
+    if (read_step_samples(t, &valid, err) != 0) return -1;
+    if (fault_now(t, "exit")) _exit(3);
+    if (fault_now(t, "hang"))
+        for (;;) pause();
+    qwen3_model *m = &t->model;
+    const strategy_vt *vt = t->strat.vt;
+    vt->begin_step(t);
+    double loss_sum = 0, aux_sum = 0;
+    for (int a = 0; a < t->accum; a++) {
+        size_t off = (size_t)a * t->B * t->T;
+        bool last = a == t->accum - 1;
+        vt->begin_micro(t, last);
+        // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
+        // A step whose samples train no token (conversations without assistant tokens in
+        // them) computes no gradient; it is skipped below.
+        const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
+        if (t->positions && qwen3_set_positions(m, t->positions + off, err) != 0) return -1;
+        loss_sum += qwen3_forward_train(m, t->inputs + off, t->targets + off, scale, NULL);
+        double aux = 0;
+        if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
+        aux_sum += aux;
+        qwen3_backward(m, scale);
+    }
+    double sq;
+    if (vt->grads_final(t, err) != 0 ||
+        dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0 ||
+        vt->grad_sq(t, &sq, err) != 0)
+        return -1;
+    r->ce = loss_sum / (double)valid;
+    r->aux = aux_sum / t->accum;
+    r->loss = r->ce + (t->aux_in_loss ? m->cfg.router_aux_loss_coef * r->aux : 0.0);
+    r->grad_norm = sqrt(sq);
+    r->lr = lr_at(&t->sched, t->state.step, t->cfg->training.steps);
+    r->no_tokens = valid == 0;
+    r->skipped = r->no_tokens || !isfinite(r->loss) || !isfinite(r->grad_norm);
+    if (m->n_sparse) moe_before_optimizer(t, r->skipped);
+    if (!r->skipped) {
+        // Clipping folded into the update: one pass over the shard instead of two. The bf16
+        // weight copy (mixed precision) is refreshed once per step, not per micro-batch: in the
+        // same pass when this rank updates every weight, else after the gather.
+        const float clip = clip_coefficient(r->grad_norm, t->cfg->training.max_norm);
+        const strategy_shard sh = vt->shard(t);
+        adamw_step_scaled(&t->opt, m->ops, sh.params, sh.bf16, sh.grads, &t->hp, r->lr, clip);
+        if (vt->after_update(t, err) != 0) return -1;
+    }
+    t->state.samples_seen += (uint64_t)t->global_batch;
+    t->state.step++;
+    t->state.opt_step = t->opt.step;
+    double exposed;
+    vt->take_comm(t, &exposed, &r->comm_hidden_s);
+    r->comm_s = t->d->comm_s + exposed;
+    return 0;
+}
