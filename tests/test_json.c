@@ -94,7 +94,63 @@ static void test_getters(void) {
     cJSON_Delete(j);
 }
 
+// What json_write_string writes to a file, for comparing with json_quote's buffer.
+static char *quote_via_file(const char *s, size_t n, unsigned flags, size_t *len) {
+    FILE *f = tmpfile();
+    json_write_string(f, s, n, flags);
+    *len = (size_t)ftell(f);
+    char *out = calloc(*len + 1, 1);
+    rewind(f);
+    if (fread(out, 1, *len, f) != *len) *len = 0;
+    fclose(f);
+    return out;
+}
+
+// One writer, four option sets: each reproduces the bytes of one former caller.
+static void test_quote(void) {
+    static const char in[] = "a\"\\\n\x01\0\x7f\xc3\xa9\xf0\x9f\x98\x80\xff";
+    const size_t n = sizeof in - 1; // the NUL inside counts
+    static const struct {
+        unsigned flags;
+        const char *want;
+    } cases[] = {
+        // the safetensors header, override/kernel reports, generate --json: control bytes as
+        // \u00XX, everything else (invalid UTF-8 too) copied
+        {0, "\"a\\\"\\\\\\u000a\\u0001\\u0000\x7f\xc3\xa9\xf0\x9f\x98\x80\xff\""},
+        // tojson, tokenize --render: json.dumps(ensure_ascii=False)
+        {JSON_SHORT, "\"a\\\"\\\\\\n\\u0001\\u0000\x7f\xc3\xa9\xf0\x9f\x98\x80\xff\""},
+        {JSON_ASCII, "\"a\\\"\\\\\\u000a\\u0001\\u0000\\u007f\\u00e9\\ud83d\\ude00\\ufffd\""},
+        // the safetensors index: json.dumps
+        {JSON_SHORT | JSON_ASCII,
+         "\"a\\\"\\\\\\n\\u0001\\u0000\\u007f\\u00e9\\ud83d\\ude00\\ufffd\""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        json_buf b = {0};
+        CHECK(json_quote(&b, "x", 1, 0) == 0 && json_quote(&b, in, n, cases[k].flags) == 0 &&
+                  b.len == 3 + strlen(cases[k].want) && memcmp(b.p, "\"x\"", 3) == 0 &&
+                  strcmp(b.p + 3, cases[k].want) == 0,
+              "json_quote flags %u: %s", cases[k].flags, b.p ? b.p : "(null)");
+        size_t len;
+        char *f = quote_via_file(in, n, cases[k].flags, &len);
+        CHECK(len == strlen(cases[k].want) && strcmp(f, cases[k].want) == 0,
+              "json_write_string flags %u: %s", cases[k].flags, f);
+        free(f);
+        free(b.p);
+    }
+    // The file writer flushes in chunks; a long string must come out whole.
+    char big[1000];
+    for (size_t i = 0; i < sizeof big; i++) big[i] = i % 3 ? '\x02' : '\xe2';
+    json_buf b = {0};
+    size_t len;
+    CHECK(json_quote(&b, big, sizeof big, JSON_ASCII) == 0, "long string");
+    char *f = quote_via_file(big, sizeof big, JSON_ASCII, &len);
+    CHECK(len == b.len && memcmp(f, b.p, len) == 0, "file and buffer agree on a long string");
+    free(f);
+    free(b.p);
+}
+
 int main(void) {
+    test_quote();
     test_files(check_env("CTITAN_TMP"));
     test_getters();
     return check_summary();

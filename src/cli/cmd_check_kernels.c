@@ -18,7 +18,7 @@ static void overrides_json(const override_set *s, FILE *f) {
         if (!e->set) continue;
         fprintf(f, "%s{\"op\": \"%s\", \"library\": ", first ? "" : ", ",
                 override_op_name((override_op)i));
-        json_write_string(f, s->libs[e->lib]);
+        json_write_string(f, s->libs[e->lib], strlen(s->libs[e->lib]), 0);
         fprintf(f, ", \"forward_only\": %s}", e->forward_only ? "true" : "false");
         first = false;
     }

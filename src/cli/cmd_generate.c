@@ -265,7 +265,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         printf(", \"ids\": ");
         print_ids(out.v, out.n);
         printf(", \"text\": ");
-        json_write_string(stdout, *text);
+        json_write_string(stdout, *text, strlen(*text), 0);
         printf(", \"stop\": \"%s\"}\n", stop);
         fflush(stdout);
     }

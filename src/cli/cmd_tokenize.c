@@ -262,8 +262,7 @@ typedef struct writer {
     uint64_t total; // ids written, all files
     uint32_t buf[4096];
     size_t nbuf;
-    char *esc; // a rendered text escaped for JSON
-    size_t esc_cap;
+    json_buf esc; // a rendered text escaped for JSON
 } writer;
 
 #define NPY_HEADER 128 // fixed, so the final count can be written over the placeholder
@@ -330,15 +329,10 @@ static int writer_chat(writer *w, const uint8_t *mask, size_t n, const char *tex
         if (atomic_write(&w->f, num, (size_t)k, err) != 0) return -1;
     }
     if (w->render) {
-        if (w->esc_cap < 6 * len + 2) {
-            free(w->esc);
-            w->esc_cap = 6 * len + 2;
-            if (!(w->esc = malloc(w->esc_cap)))
-                return ct_fail(err, "out of memory"), w->esc_cap = 0, -1;
-        }
-        size_t k = json_escape(w->esc, text, len);
+        w->esc.len = 0;
+        if (json_quote(&w->esc, text, len, JSON_SHORT) != 0) return ct_fail(err, "out of memory");
         if (atomic_write(&w->f, text_key, strlen(text_key), err) != 0 ||
-            atomic_write(&w->f, w->esc, k, err) != 0)
+            atomic_write(&w->f, w->esc.p, w->esc.len, err) != 0)
             return -1;
         w->in_doc = false;
         return atomic_write(&w->f, "}\n", 2, err);
@@ -618,7 +612,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (len) munmap((void *)text, len);
     tok_free(tok);
     chat_template_free(chat);
-    free(w.esc);
+    free(w.esc.p);
     if (rc != 0) return cli_report(&err);
     if (st.replaced)
         fprintf(stderr,

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/fs.h"
+#include "core/grow.h"
 #include "core/utf8.h"
 
 #define JSON_FILE_MAX (512u << 20) // tokenizer.json is ~11 MB; anything near this is not config
@@ -284,38 +285,64 @@ bool json_member_string(const char **body, size_t *len, const char *text, size_t
     return false;
 }
 
-size_t json_escape(char *out, const char *s, size_t n) {
-    char *o = out;
-    *o++ = '"';
-    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
-        if (*p == '"' || *p == '\\') {
-            *o++ = '\\';
-            *o++ = (char)*p;
-        } else if (*p < 0x20) {
-            const char *brief = strchr("\bb\ff\nn\rr\tt", *p); // Python's json.dumps forms
-            if (brief && *p) {
-                *o++ = '\\';
-                *o++ = brief[1];
-            } else {
-                o += sprintf(o, "\\u%04x", *p);
-            }
-        } else {
-            *o++ = (char)*p;
-        }
+// Writes the escape of the character at s[0..n) into out (at most 12 bytes, 6 per input byte);
+// returns the input bytes it took and sets *len to the bytes written.
+static size_t quote_char(char *out, size_t *len, const unsigned char *s, size_t n, unsigned flags) {
+    uint32_t cp = s[0];
+    size_t took = 1;
+    if ((flags & JSON_ASCII) && cp >= 0x80) {
+        int k = utf8_decode(&cp, s, n);
+        if (k > 0)
+            took = (size_t)k;
+        else
+            cp = 0xfffd; // one ill-formed byte: its callers validate UTF-8 first
     }
-    *o++ = '"';
-    return (size_t)(o - out);
+    const char *brief =
+        cp && cp < 0x20 && (flags & JSON_SHORT) ? strchr("\bb\ff\nn\rr\tt", (int)cp) : NULL;
+    if (cp == '"' || cp == '\\') {
+        out[0] = '\\';
+        out[1] = (char)cp;
+        *len = 2;
+    } else if (brief) {
+        out[0] = '\\';
+        out[1] = brief[1];
+        *len = 2;
+    } else if (cp < 0x20 || ((flags & JSON_ASCII) && cp >= 0x7f && cp < 0x10000)) {
+        *len = (size_t)sprintf(out, "\\u%04x", (unsigned)cp);
+    } else if ((flags & JSON_ASCII) && cp >= 0x10000) {
+        cp -= 0x10000; // a UTF-16 surrogate pair, as Python writes it
+        *len = (size_t)sprintf(out, "\\u%04x\\u%04x", 0xd800 + (unsigned)(cp >> 10),
+                               0xdc00 + (unsigned)(cp & 0x3ff));
+    } else {
+        out[0] = (char)cp;
+        *len = 1;
+    }
+    return took;
 }
 
-void json_write_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
+int json_quote(json_buf *b, const char *s, size_t n, unsigned flags) {
+    if (n > (SIZE_MAX - b->len - 3) / 6 || grow_to((void **)&b->p, &b->cap, b->len + 6 * n + 3, 1))
+        return -1;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0, k; i < n; o += k) i += quote_char(o, &k, u + i, n - i, flags);
+    *o++ = '"';
+    *o = '\0';
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+void json_write_string(FILE *f, const char *s, size_t n, unsigned flags) {
+    char tmp[512];
+    size_t k = 0, len;
+    tmp[k++] = '"';
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (k > sizeof tmp - 12) fwrite(tmp, 1, k, f), k = 0;
+        i += quote_char(tmp + k, &len, u + i, n - i, flags);
+        k += len;
     }
-    fputc('"', f);
+    tmp[k++] = '"';
+    fwrite(tmp, 1, k, f);
 }

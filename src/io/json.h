@@ -45,10 +45,20 @@ bool json_member_string(const char **body, size_t *len, const char *text, size_t
 // as they are. -1 for a \u without 4 hex digits (which cJSON reads as \u0000) or a '\' at the
 // end.
 int json_unescape(char *out, size_t *out_n, const char *body, size_t n);
-// Writes s as a JSON string literal (quoted; '"', '\\' and control characters escaped), for
-// JSON printed with fprintf.
-void json_write_string(FILE *f, const char *s);
-// Writes s[0..n) (NUL bytes included) as a JSON string literal, quotes included, into out, which
-// must hold 6 * n + 2 bytes; returns its length. Quotes, backslashes and control characters
-// are escaped as Python's json.dumps does (\b \f \n \r \t, else \u00XX).
-size_t json_escape(char *out, const char *s, size_t n);
+// The one JSON string writer. s[0..n) (NUL bytes included) becomes a quoted literal: '"' and
+// '\\' get a backslash, control characters become \u00XX, other bytes are copied. The flags
+// turn on what Python's json.dumps does besides:
+enum {
+    JSON_SHORT = 1, // \b \f \n \r \t for those five control characters
+    JSON_ASCII = 2, // ensure_ascii: DEL and non-ASCII as \uXXXX (UTF-16 pairs above U+FFFF);
+                    // an ill-formed byte as \ufffd (callers validate UTF-8 first)
+};
+// A growable, NUL-terminated output buffer (free p when done).
+typedef struct json_buf {
+    char *p;
+    size_t len, cap;
+} json_buf;
+// Appends the literal to b; -1 when out of memory (b is left as it was).
+int json_quote(json_buf *b, const char *s, size_t n, unsigned flags);
+// Writes the literal to f, for JSON printed with fprintf.
+void json_write_string(FILE *f, const char *s, size_t n, unsigned flags);

@@ -13,6 +13,7 @@
 
 #include "core/utf8.h"
 #include "io/atomic.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "io/safetensors_internal.h"
 #include "text/grow.h"
@@ -50,54 +51,13 @@ static void sb_printf(strbuf *b, const char *fmt, ...) {
     sb_put(b, tmp, n < (int)sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-// Header keys: '"' and '\' get a backslash, control characters become \u00XX, every other
-// byte (UTF-8 included) is copied. The reference writer escapes the same way.
-static void sb_json_str(strbuf *b, const char *s) {
-    sb_puts(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            sb_put(b, esc, 2);
-        } else if (*p < 0x20) {
-            sb_printf(b, "\\u%04x", *p);
-        } else {
-            sb_put(b, (const char *)p, 1);
-        }
-    }
-    sb_puts(b, "\"");
-}
-
-// The index must equal Python's json.dumps output, so its strings are escaped as Python does
-// (ensure_ascii): short forms for \b \f \n \r \t, \uXXXX (UTF-16) outside ' '..'~'.
-static void sb_py_json_str(strbuf *b, const char *s) {
-    sb_puts(b, "\"");
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s), i = 0;
-    while (i < n) {
-        uint32_t cp;
-        int k = utf8_decode(&cp, p + i, n - i);
-        i += k > 0 ? (size_t)k : 1; // names are validated as UTF-8 before we get here
-        const char *shortform = cp == '"'    ? "\\\""
-                                : cp == '\\' ? "\\\\"
-                                : cp == '\b' ? "\\b"
-                                : cp == '\f' ? "\\f"
-                                : cp == '\n' ? "\\n"
-                                : cp == '\r' ? "\\r"
-                                : cp == '\t' ? "\\t"
-                                             : NULL;
-        if (shortform) {
-            sb_puts(b, shortform);
-        } else if (cp >= 0x20 && cp <= 0x7e) {
-            char c = (char)cp;
-            sb_put(b, &c, 1);
-        } else if (cp < 0x10000) {
-            sb_printf(b, "\\u%04x", cp);
-        } else {
-            cp -= 0x10000;
-            sb_printf(b, "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
-        }
-    }
-    sb_puts(b, "\"");
+// Header keys escape as the reference writer does ('"', '\\', control characters as \u00XX,
+// other bytes copied); the index must equal Python's json.dumps output (ensure_ascii).
+static void sb_json_str(strbuf *b, const char *s, unsigned flags) {
+    if (b->oom) return;
+    json_buf j = {b->p, b->len, b->cap};
+    if (json_quote(&j, s, strlen(s), flags) != 0) b->oom = true;
+    b->p = j.p, b->len = j.len, b->cap = j.cap;
 }
 
 typedef struct st_item {
@@ -178,7 +138,7 @@ static int st_write_items(const char *path, const st_item *items, int n, ct_dtyp
     for (int i = 0; i < n; i++) {
         const st_entry *e = items[i].e;
         sb_puts(&h, ",");
-        sb_json_str(&h, e->name);
+        sb_json_str(&h, e->name, 0);
         sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_name(dtype));
         for (int d = 0; d < e->ndim; d++)
             sb_printf(&h, "%s%lld", d ? "," : "", (long long)e->shape[d]);
@@ -287,9 +247,9 @@ static int st_write_index(const char *dir, const st_item *sorted, int n, int n_s
         snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", sorted[i].shard + 1,
                  n_shards);
         sb_puts(&b, i ? ",\n    " : "\n    ");
-        sb_py_json_str(&b, sorted[i].e->name);
+        sb_json_str(&b, sorted[i].e->name, JSON_SHORT | JSON_ASCII);
         sb_puts(&b, ": ");
-        sb_py_json_str(&b, shard);
+        sb_json_str(&b, shard, JSON_SHORT | JSON_ASCII);
     }
     sb_puts(&b, "\n  }\n}\n");
     char *path = st_path_join(dir, ST_INDEX_NAME);

@@ -350,7 +350,7 @@ void override_calls_json(const override_set *s, FILE *json) {
         const override_entry *e = &s->ops[i];
         if (!e->set) continue;
         fprintf(json, "%s\"%s\": {\"library\": ", first ? "" : ", ", op_names[i]);
-        json_write_string(json, s->libs[e->lib]);
+        json_write_string(json, s->libs[e->lib], strlen(s->libs[e->lib]), 0);
         fprintf(json,
                 ", \"forward_only\": %s, \"forward_calls\": ", e->forward_only ? "true" : "false");
         print_count(json, e->forward_calls, true);

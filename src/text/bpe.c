@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/grow.h"
+#include "core/grow.h"
 
 // Words up to this many symbols use the O(n^2) scan; its inner loop is a few compares, which
 // beats a heap for the short words that make up nearly all text.

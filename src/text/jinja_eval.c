@@ -10,6 +10,7 @@
 #include <utf8proc.h>
 
 #include "core/utf8.h"
+#include "io/json.h"
 #include "text/jinja_internal.h"
 
 typedef enum {
@@ -505,26 +506,12 @@ static int put_json(ctx *c, const jnode *at, jbuf *b, jval v, const json_opts *o
         float_repr(tmp, sizeof tmp, v.f);
         return buf_puts(c, at, b, tmp);
     case JV_STR: {
-        TRY(buf_puts(c, at, b, "\""));
-        size_t run = 0;
-        for (size_t i = 0; i < v.s.n; i++) {
-            unsigned char ch = (unsigned char)v.s.p[i];
-            if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
-            TRY(buf_put(c, at, b, v.s.p + run, i - run));
-            run = i + 1;
-            const char *e = ch == '"'    ? "\\\""
-                            : ch == '\\' ? "\\\\"
-                            : ch == '\n' ? "\\n"
-                            : ch == '\r' ? "\\r"
-                            : ch == '\t' ? "\\t"
-                            : ch == '\b' ? "\\b"
-                            : ch == '\f' ? "\\f"
-                                         : NULL;
-            if (!e) snprintf(tmp, sizeof tmp, "\\u%04x", ch);
-            TRY(buf_puts(c, at, b, e ? e : tmp));
-        }
-        TRY(buf_put(c, at, b, v.s.p + run, v.s.n - run));
-        return buf_puts(c, at, b, "\"");
+        json_buf q = {0};
+        if (json_quote(&q, v.s.p, v.s.n, JSON_SHORT) != 0)
+            return fail(c, at, "out of memory for %zu bytes of output", v.s.n);
+        int rc = buf_put(c, at, b, q.p, q.len);
+        free(q.p);
+        return rc;
     }
     case JV_LIST:
     case JV_DICT:

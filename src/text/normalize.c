@@ -4,7 +4,7 @@
 
 #include <utf8proc.h>
 
-#include "text/grow.h"
+#include "core/grow.h"
 
 // NFC works on units that start at a character that can never combine with what precedes it.
 // Every ASCII character is such a boundary: it is its own NFC form (quick check Yes), has

@@ -2,7 +2,7 @@
 
 #include <stdlib.h>
 
-#include "text/grow.h"
+#include "core/grow.h"
 
 int strmap_init(strmap *m, size_t expected, ct_error *err) {
     memset(m, 0, sizeof *m);

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "text/bytelevel.h"
-#include "text/grow.h"
+#include "core/grow.h"
 #include "text/normalize.h"
 #include "text/tokenizer_internal.h"
 #include "text/utf8.h"
