@@ -16,7 +16,7 @@
 #include "core/xxh64.h"
 #include "io/atomic.h"
 #include "checkpoint/checkpoint_internal.h"
-#include "text/grow.h"
+#include "core/grow.h"
 
 int ckpt_hash_file(uint64_t *hash, uint64_t *size, const char *path, ct_error *err) {
     void *map;

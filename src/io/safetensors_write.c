@@ -16,7 +16,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "io/safetensors_internal.h"
-#include "text/grow.h"
+#include "core/grow.h"
 
 #define ST_CHUNK 16384 // elements converted per write
 

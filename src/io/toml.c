@@ -11,7 +11,7 @@
 
 #include "core/utf8.h"
 #include "io/json.h"
-#include "text/grow.h"
+#include "core/grow.h"
 
 #define TOML_MAX_FILE_BYTES (16u << 20)
 #define TOML_MAX_NUMBER_LEN 64

@@ -20,7 +20,7 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "plugin/kernel_check_internal.h"
-#include "text/grow.h"
+#include "core/grow.h"
 
 #define KC_MAX_T 256           // model case: at most this many tokens
 #define KC_MAX_E 16            // model case: at most this many experts

@@ -17,7 +17,7 @@
 #include "core/clock.h"
 #include "plugin/kernel_check.h"
 #include "plugin/kernel_check_internal.h"
-#include "text/grow.h"
+#include "core/grow.h"
 
 // The child writes to one pipe: its progress lines, then "rows N\n" and N binary rows (the same
 // binary on both ends), or "error MESSAGE\n" when the check itself fails (exit code 2).
