@@ -2,12 +2,16 @@
 // loader's windows, epochs and shuffle, and every data error class that needs no text.
 // (Text through the real Qwen3 tokenizer: test_tok_data.c.)
 #include <stdint.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "check.h"
 #include "data/ctr_rng.h"
 #include "data/dataset.h"
+#include "data/jsonl.h"
 #include "data/loader.h"
 #include "io/npy.h"
 
@@ -367,6 +371,49 @@ static void test_shuffle_uniform(void) {
     stream_free(&s);
 }
 
+// A pre-tokenized line's ids and mask: every number that is not a small non-negative integer
+// is refused with its own words, before anything converts it (issue 36: 3e102 reached a cast).
+static void test_ids_numbers(void) {
+    static const struct {
+        const char *line, *want;
+    } cases[] = {
+        {"{\"ids\": [1, 0, 3e102]}",
+         "\"ids\"[2]: expected an integer in [0, 151936), found a number outside it"},
+        {"{\"ids\": [1, 1e999]}", "\"ids\"[1]: expected an integer in [0, 151936), found infinity"},
+        {"{\"ids\": [-1e999]}", "\"ids\"[0]: expected an integer in [0, 151936), found infinity"},
+        {"{\"ids\": [-0]}", "\"ids\"[0]: expected an integer in [0, 151936), found -0"},
+        {"{\"ids\": [5, -3]}",
+         "\"ids\"[1]: expected an integer in [0, 151936), found a number outside it"},
+        {"{\"ids\": [151936]}",
+         "\"ids\"[0]: expected an integer in [0, 151936), found a number outside it"},
+        {"{\"ids\": [2.5]}", "\"ids\"[0]: expected an integer in [0, 151936), found a fraction"},
+        {"{\"ids\": [1, \"2\"]}", "\"ids\"[1]: expected an integer in [0, 151936), found a string"},
+        {"{\"ids\": [1, 2], \"mask\": [0, 3e102]}",
+         "\"mask\"[1]: expected 0 or 1, found a number outside it"},
+        {"{\"ids\": [1, 2], \"mask\": [1e999, 0]}", "\"mask\"[0]: expected 0 or 1, found infinity"},
+        {"{\"ids\": [1, 2], \"mask\": [0, -0]}", "\"mask\"[1]: expected 0 or 1, found -0"},
+        {"{\"ids\": [1, 2], \"mask\": [0.5, 1]}", "\"mask\"[0]: expected 0 or 1, found a fraction"},
+        {"{\"ids\": [1, 2], \"mask\": [0, 2]}",
+         "\"mask\"[1]: expected 0 or 1, found a number outside it"},
+        {"{\"ids\": [0, 151935], \"mask\": [0, 1]}", NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        cJSON *root = cJSON_Parse(cases[c].line);
+        CHECK(root != NULL, "case %zu does not parse", c);
+        if (!root) continue;
+        ct_error err = {0};
+        size_t n = 0;
+        bool has_mask = false;
+        const int rc = jsonl_ids_check(root, 151936, &n, &has_mask, &err);
+        if (cases[c].want)
+            CHECK(rc != 0 && strcmp(err.msg, cases[c].want) == 0, "%s: got \"%s\", want \"%s\"",
+                  cases[c].line, rc ? err.msg : "(accepted)", cases[c].want);
+        else
+            CHECK(rc == 0 && n == 2 && has_mask, "%s: %s", cases[c].line, err.msg);
+        cJSON_Delete(root);
+    }
+}
+
 int main(void) {
     tmp = check_env("CTITAN_TMP");
     test_rng();
@@ -376,5 +423,6 @@ int main(void) {
     test_windows();
     test_shuffle();
     test_shuffle_uniform();
+    test_ids_numbers();
     return check_summary();
 }

@@ -63,6 +63,15 @@ typedef struct gen_run {
     char model_dir[4096], tok_dir[4096];
 } gen_run;
 
+static int eos_add(gen_run *r, const cJSON *it, const char *path, ct_error *err) {
+    uint64_t id;
+    if (!json_is_uint(it, &id) || id > INT32_MAX || r->n_eos == 16)
+        return ct_fail(err, "%s: eos_token_id: expected integers in [0, %d] (at most 16)", path,
+                       INT32_MAX);
+    r->eos[r->n_eos++] = (int32_t)id;
+    return 0;
+}
+
 // eos_token_id (an int or a list of ints) from DIR/NAME; 0 when the file or key is absent.
 static int eos_from(gen_run *r, const char *dir, const char *name, ct_error *err) {
     char path[4200];
@@ -73,15 +82,9 @@ static int eos_from(gen_run *r, const char *dir, const char *name, ct_error *err
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *it;
     int rc = 0;
     if (cJSON_IsNumber(e)) {
-        r->eos[r->n_eos++] = (int32_t)e->valuedouble;
+        rc = eos_add(r, e, path, err);
     } else if (cJSON_IsArray(e)) {
-        cJSON_ArrayForEach(it, e) {
-            if (!cJSON_IsNumber(it) || r->n_eos == 16) {
-                rc = ct_fail(err, "%s: eos_token_id: expected integers (at most 16)", path);
-                break;
-            }
-            r->eos[r->n_eos++] = (int32_t)it->valuedouble;
-        }
+        for (it = e->child; it && rc == 0; it = it->next) rc = eos_add(r, it, path, err);
     } else if (e && !cJSON_IsNull(e)) {
         rc = ct_fail(err, "%s: eos_token_id: expected an integer or a list, found %s", path,
                      json_type_name(e));

@@ -1,5 +1,6 @@
 #include "data/jsonl.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,18 @@ int jsonl_doc_parse(jsonl_doc *d, jsonl_buf *buf, const char *line, size_t n, ct
     return text_of(j, &d->text, &d->len, buf, line, n, err);
 }
 
+// NULL when v is an integer in [0, limit) written without a sign (-0 is refused: the files we
+// write never hold one, and a tool that wrote it meant something else); else what was found.
+static const char *number_why(const cJSON *v, double limit) {
+    if (!cJSON_IsNumber(v)) return json_type_name(v);
+    const double x = v->valuedouble;
+    if (x != x) return "NaN";
+    if (x == 0 && signbit(x)) return "-0";
+    if (!(x >= 0 && x < limit)) return isinf(x) ? "infinity" : "a number outside it";
+    if (x != floor(x)) return "a fraction";
+    return NULL;
+}
+
 int jsonl_ids_check(const cJSON *root, int32_t vocab_size, size_t *n, bool *has_mask,
                     ct_error *err) {
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "ids");
@@ -86,18 +99,19 @@ int jsonl_ids_check(const cJSON *root, int32_t vocab_size, size_t *n, bool *has_
     if (mask && (size_t)cJSON_GetArraySize(mask) != count)
         return ct_fail(err, "\"mask\" has %d values, \"ids\" %zu: expected one per id",
                        cJSON_GetArraySize(mask), count);
-    double limit = vocab_size > 0 ? vocab_size : (double)INT32_MAX + 1;
+    const double limit = vocab_size > 0 ? vocab_size : (double)INT32_MAX + 1;
+    // The range is checked before anything converts: a double outside int64 (3e102, inf, NaN)
+    // has no integer value, and converting it is undefined behaviour.
     for (const cJSON *v = ids->child; v; v = v->next, i++) {
-        double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
-        if (!cJSON_IsNumber(v) || x != (double)(int64_t)x || x < 0 || x >= limit)
+        const char *why = number_why(v, limit);
+        if (why)
             return ct_fail(err, "\"ids\"[%zu]: expected an integer in [0, %.0f), found %s", i,
-                           limit, cJSON_IsNumber(v) ? "a number outside it" : json_type_name(v));
+                           limit, why);
     }
     i = 0;
     for (const cJSON *v = mask ? mask->child : NULL; v; v = v->next, i++) {
-        if (!cJSON_IsNumber(v) || (v->valuedouble != 0 && v->valuedouble != 1))
-            return ct_fail(err, "\"mask\"[%zu]: expected 0 or 1, found %s", i,
-                           cJSON_IsNumber(v) ? "another number" : json_type_name(v));
+        const char *why = number_why(v, 2);
+        if (why) return ct_fail(err, "\"mask\"[%zu]: expected 0 or 1, found %s", i, why);
     }
     *n = count;
     *has_mask = mask != NULL;
