@@ -66,10 +66,13 @@ bench-train: all
 bench-dp: all
 	/usr/bin/python3 bench/dp.py --build $(BUILD)
 
-# Generation at batch 1 on Qwen3-0.6B's geometry (issue 21): prefill MFU, decode against the
-# memory-bandwidth bound, fp32 and bf16, and a PyTorch eager KV-cache loop beside them.
+# Generation at batch 1 on a dense flavor's geometry (GEOMETRY=0.6B, 1.7B or 4B): prefill MFU,
+# decode against the memory-bandwidth bound, fp32 and bf16, with llama.cpp (node-llama-cpp's
+# prebuilt CPU build, installed by bench/setup-llama) and a PyTorch eager KV-cache loop beside.
+GEOMETRY ?= 0.6B
 bench-generate: all
-	/usr/bin/python3 bench/generate.py --build $(BUILD) --bf16
+	./bench/setup-llama
+	/usr/bin/python3 bench/generate.py --build $(BUILD) --bf16 --geometry $(GEOMETRY)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

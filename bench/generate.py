@@ -22,13 +22,21 @@ Bounds:
            counted exactly: 2 * N_layers * T (the layers' matmul parameters, every row) +
            2 * V * C (the lm_head, last row only) + 2 * L * NH * D * T * (T + 1) (causal QK^T
            and PV: query t sees t + 1 keys). Norms, RoPE, softmax and SwiGLU are not counted.
-           (bf16's MFU is against the same fp32 peak.)
+           bf16 sides' MFU is against oneDNN's bf16 2048^3 matmul of this run (bench_step bf16),
+           never the fp32 peak (which gave bf16 prefill 144%).
   decode   tokens/s bound = measured bandwidth / bytes of weights read per token: every linear
            weight once, lm_head included (N_layers + V * C parameters; 4 bytes fp32, 2 bf16).
            The KV cache's reads are not in the bound (reported: kv_bytes_per_token at the
            prompt's length). Bandwidth: numpy float32 sums of a 1 GiB array split over
            --threads Python threads (numpy releases the GIL), best of 5, measured before and
            after; the bound uses the larger.
+
+llama.cpp: the CPU build that the npm package node-llama-cpp ships prebuilt (bench/setup-llama
+installs it into assets/llama), on a GGUF that bench/gguf.py writes from the same HF folder (F32,
+and BF16 with --bf16), fed ctitan's prompt ids, greedy, --threads threads (bench/llama_peer.mjs).
+Its prefill is the time to the first new token, its decode the new - 1 tokens after, as
+ctitan's --timing counts them. ctitan_vs_llama_cpp (and _bf16): prefill and decode speed ratios,
+> 1 when ctitan is faster. ids_same_until: how many greedy ids agree with ctitan's.
 
 PyTorch eager: HF Qwen3's eager path in plain torch (separate q/k/v/gate/up projections, q/k
 norm, RoPE, repeat_kv, matmul + mask + fp32 softmax attention, the cache grown by torch.cat as
@@ -49,8 +57,13 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.dont_write_bytecode = True  # imports from the source tree; leave it clean
 
-GEOMETRY = dict(V=151936, C=1024, L=28, NH=16, NKV=8, D=128, F=3072, eps=1e-6, theta=1000000.0,
-                tied=True, bias=False, dtype="F32")
+# The dense flavors' shapes (src/model/flavors.c), all tied.
+GEOMETRIES = {
+    "0.6B": dict(V=151936, C=1024, L=28, NH=16, NKV=8, D=128, F=3072),
+    "1.7B": dict(V=151936, C=2048, L=28, NH=16, NKV=8, D=128, F=6144),
+    "4B": dict(V=151936, C=2560, L=36, NH=32, NKV=8, D=128, F=9728),
+}
+COMMON = dict(eps=1e-6, theta=1000000.0, tied=True, bias=False, dtype="F32")
 SEED = 1234
 
 
@@ -200,6 +213,30 @@ def best_by_length(runs):
     return best
 
 
+# ---- the llama.cpp side ---------------------------------------------------------------------
+
+def llama_runs(npm_dir, gguf, prompts, repeats, new, threads, env):
+    """llama.cpp (node-llama-cpp's prebuilt CPU build) on the same prompt ids, greedy."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompts, f)
+        path = f.name
+    try:
+        r = subprocess.run(["node", os.path.join(ROOT, "bench", "llama_peer.mjs"), gguf, path,
+                            str(new), str(threads), str(repeats)], capture_output=True, text=True,
+                           env=dict(env, CTITAN_LLAMA_NPM=npm_dir))
+    finally:
+        os.unlink(path)
+    if r.returncode != 0:
+        sys.exit("llama.cpp failed:\n" + r.stderr[-3000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return [(prompts[[len(p) for p in prompts].index(x["n"])], x["ids"], x["prefill_s"],
+             new - 1, x["decode_s"]) for x in out["runs"]]
+
+
+def first_divergence(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def figures(g, T, b, peak, bw, wbytes):
     flops = prefill_flops(g, T)
     prefill_tps = T / b["prefill_s"]
@@ -223,13 +260,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="runs of each prompt (the best kept)")
     ap.add_argument("--bf16", action="store_true", help="also ctitan with bf16 weights")
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch side")
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="0.6B")
+    ap.add_argument("--llama", default=os.path.join(ROOT, "assets", "llama"),
+                    help="folder where bench/setup-llama installed node-llama-cpp ('' skips it)")
     ap.add_argument("--torch-worker", nargs=2, metavar=("DIR", "PROMPTS"))
     args = ap.parse_args()
     if args.torch_worker:
         return torch_worker(*args.torch_worker, args.new, args.threads)
 
     import moe
-    g = GEOMETRY
+    import gguf
+    g = dict(GEOMETRIES[args.geometry], **COMMON)
     lengths = [int(x) for x in args.prompts.split(",")]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                OPENBLAS_NUM_THREADS=str(args.threads))
@@ -238,10 +279,13 @@ def main():
     tok = os.path.join(ROOT, "assets", "qwen3-tokenizer")
     load_before = round(os.getloadavg()[0], 2)
 
-    def sgemm_peak():
-        out = subprocess.run([bench, "sgemm", "2048", "5"], check=True, capture_output=True,
+    def gemm_peak(kind):  # "sgemm" (OpenBLAS fp32) or "bf16" (oneDNN), 2048^3, best of 5
+        out = subprocess.run([bench, kind, "2048", "5"], check=True, capture_output=True,
                              text=True, env=env).stdout
-        return json.loads(out.strip().splitlines()[-1])["sgemm_gflops"]
+        return json.loads(out.strip().splitlines()[-1])[kind + "_gflops"]
+
+    def sgemm_peak():
+        return gemm_peak("sgemm")
 
     n_layers, n_head = layer_matmul_params(g), g["V"] * g["C"]
     result = {"config": dict(g, prompts=lengths, new_tokens=args.new, batch=1),
@@ -257,6 +301,7 @@ def main():
             json.dump({"eos_token_id": -1}, f)  # no stop but the length
         log("sgemm peak, bandwidth")
         peaks, bws = [sgemm_peak()], [bandwidth_gbs(args.threads)]
+        peaks16 = [gemm_peak("bf16")] if args.bf16 else []
         sides = {}
         log("ctitan fp32")
         runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
@@ -280,22 +325,45 @@ def main():
             sides["pytorch"] = (best_by_length(
                 [(prompts[r["n"]], r["ids"], r["prefill_s"], r["n_decode"], r["decode_s"])
                  for r in trows]), 4)
+        use_llama = bool(args.llama) and os.path.isdir(os.path.join(args.llama, "node_modules"))
+        if args.llama and not use_llama:
+            log(f"no llama.cpp at {args.llama} (bench/setup-llama installs it): left out")
+        for dt, name, wb in [("f32", "llama_cpp", 4)] + ([("bf16", "llama_cpp_bf16", 2)]
+                                                          if args.bf16 else []):
+            if not use_llama:
+                break
+            log(f"llama.cpp {dt}: converting to GGUF")
+            path = gguf.convert(folder, os.path.join(tmp, f"model-{dt}.gguf"), dt, tok)
+            log(f"llama.cpp {dt}")
+            sides[name] = (best_by_length(llama_runs(
+                args.llama, path, [prompts[n] for n in lengths], args.repeats, args.new,
+                args.threads, env)), wb)
+            os.unlink(path)
         peaks.append(sgemm_peak())
         bws.append(bandwidth_gbs(args.threads))
+        if args.bf16:
+            peaks16.append(gemm_peak("bf16"))
     peak, bw = max(peaks), max(bws)
     result.update({"sgemm_peak_gflops": peak, "sgemm_runs_gflops": peaks,
                    "bandwidth_gbs": round(bw, 2), "bandwidth_runs_gbs": [round(b, 2) for b in bws],
                    "bandwidth_method": "numpy float32 sum of a 1 GiB array over %d threads, best"
                                        " of 5" % args.threads})
+    if peaks16:
+        result.update({"bf16_peak_gflops": max(peaks16), "bf16_runs_gflops": peaks16})
     kv_per_pos = 2 * g["L"] * g["NKV"] * g["D"] * 4
     for name, (best, wb) in sides.items():
         wbytes = (n_layers + n_head) * wb
-        result[name] = {"weight_bytes_per_token": wbytes}
+        # MFU against the peak of the dtype the products run in: bf16 sides against oneDNN's
+        # bf16 matmul (over 100% against the fp32 peak said nothing).
+        side_peak = max(peaks16) if wb == 2 else peak
+        result[name] = {"weight_bytes_per_token": wbytes,
+                        "mfu_peak": "bf16 (oneDNN)" if wb == 2 else "fp32 (OpenBLAS sgemm)"}
         for T in lengths:
-            f = figures(g, T, best[T], peak, bw, wbytes)
+            f = figures(g, T, best[T], side_peak, bw, wbytes)
             f["kv_bytes_per_token"] = kv_per_pos * (T + args.new // 2)
             if name != "ctitan":
                 f["ids_match_ctitan"] = best[T]["ids"] == sides["ctitan"][0][T]["ids"]
+                f["ids_same_until"] = first_divergence(best[T]["ids"], sides["ctitan"][0][T]["ids"])
             result[name][str(T)] = f
     if "pytorch" in sides:
         result["ctitan_vs_pytorch"] = {
@@ -304,6 +372,14 @@ def main():
                      "decode": round(result["ctitan"][str(T)]["decode_tokens_per_s"]
                                      / result["pytorch"][str(T)]["decode_tokens_per_s"], 3)}
             for T in lengths}
+    for ours, peer in [("ctitan", "llama_cpp"), ("ctitan_bf16", "llama_cpp_bf16")]:
+        if ours in sides and peer in sides:  # > 1: ctitan faster
+            result[f"{ours}_vs_{peer}"] = {
+                str(T): {"prefill": round(sides[peer][0][T]["prefill_s"]
+                                          / sides[ours][0][T]["prefill_s"], 3),
+                         "decode": round(result[ours][str(T)]["decode_tokens_per_s"]
+                                         / result[peer][str(T)]["decode_tokens_per_s"], 3)}
+                for T in lengths}
     result["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result, indent=2))
 

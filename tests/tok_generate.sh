@@ -126,6 +126,17 @@ import json, sys
 c = json.load(open(sys.argv[1])); c["eos_token_id"] = [151643, 151645]; json.dump(c, open(sys.argv[1], "w"))
 PY
 
+# an eos id past int32 (or a fraction) is refused before it converts; -1 switches stopping off
+for bad_eos in 1e20 2.5 '"x"'; do
+  echo "{\"eos_token_id\": $bad_eos}" >"$hf/generation_config.json"
+  out=$("${s[@]}" --seed 7 2>&1) && bad "eos_token_id $bad_eos accepted" ||
+    { grep -q "generation_config.json: eos_token_id: expected" <<<"$out" && ok || bad "eos $bad_eos: $out"; }
+done
+echo '{"eos_token_id": -1}' >"$hf/generation_config.json"
+"${s[@]}" --seed 7 >"$tmp/e3.json" 2>/dev/null && [ "$(field "$tmp/e3.json" stop)" = '"length"' ] && ok ||
+  bad "eos_token_id -1: $(cat "$tmp/e3.json")"
+rm "$hf/generation_config.json"
+
 # --- --input: a text line and a messages line (rendered with the template, generation prompt)
 printf '%s\n' '{"prompt": "Hello, world"}' '' \
   '{"messages": [{"role": "user", "content": "Hi"}]}' >"$tmp/in.jsonl"

@@ -63,12 +63,13 @@ typedef struct gen_run {
     char model_dir[4096], tok_dir[4096];
 } gen_run;
 
+// One stop id, checked before it converts (a double past int32 has no int32). A negative id
+// matches no token: it switches stopping off (bench/generate.py's folders use -1).
 static int eos_add(gen_run *r, const cJSON *it, const char *path, ct_error *err) {
-    uint64_t id;
-    if (!json_is_uint(it, &id) || id > INT32_MAX || r->n_eos == 16)
-        return ct_fail(err, "%s: eos_token_id: expected integers in [0, %d] (at most 16)", path,
-                       INT32_MAX);
-    r->eos[r->n_eos++] = (int32_t)id;
+    const double x = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    if (!(x >= INT32_MIN && x <= INT32_MAX) || x != floor(x) || r->n_eos == 16)
+        return ct_fail(err, "%s: eos_token_id: expected 32-bit integers (at most 16)", path);
+    r->eos[r->n_eos++] = (int32_t)x;
     return 0;
 }
 
