@@ -105,7 +105,7 @@ static void check_against_ref(qwen3_model *m, const gen_ref *r, const char *what
 // The last position's logits of the training forward (fp32) over ids[0, n) (B = 1, T = n).
 static int uncached_logits(float *out, qwen3_model *m, const int32_t *ids, int n, ct_error *err) {
     if (qwen3_plan(m, 1, n, err) != 0) return -1;
-    qwen3_forward(m, ids, NULL, NULL);
+    qwen3_forward(m, &(qwen3_batch){.inputs = ids}, NULL);
     const int V = m->cfg.vocab_size;
     m->be->read(m->be, out, m->logits + (size_t)(n - 1) * V, (size_t)V * sizeof *out);
     return 0;

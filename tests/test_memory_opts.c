@@ -65,8 +65,11 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
     for (int micro = 0; micro < 2; micro++) {
         int64_t n = B * T - 1; // one ignored target
         const float scale = 1.0f / (float)(2 * n);
-        r.loss += fused ? qwen3_forward_train(&m, in + micro, tg + micro, scale, &n)
-                        : qwen3_forward(&m, in + micro, tg + micro, &n);
+        r.loss +=
+            fused ? qwen3_forward_train(
+                        &m, &(qwen3_batch){.inputs = in + micro, .targets = tg + micro}, scale, &n)
+                  : qwen3_forward(&m, &(qwen3_batch){.inputs = in + micro, .targets = tg + micro},
+                                  &n);
         CHECK(n == B * T - 1, "valid targets: %lld", (long long)n);
         moe_balance_collect(&bal, &m);
         moe_balance_aux_grad(&bal, &m, 0.01f);

@@ -205,10 +205,11 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
           "%s: expected.safetensors has no (B,T,V) F32 logits", variant);
     if (rc == 0 && lt && lt->numel == N * V && lt->dtype == CT_F32) {
         // Logits alone first (no targets), then the loss pass; both must match.
-        qwen3_forward(&m, inputs, NULL, NULL);
+        qwen3_forward(&m, &(qwen3_batch){.inputs = inputs}, NULL);
         memcpy(logits_nt, m.logits, N * V * sizeof *logits_nt);
         int64_t n_valid = 0;
-        double sum = qwen3_forward(&m, inputs, targets, &n_valid);
+        double sum =
+            qwen3_forward(&m, &(qwen3_batch){.inputs = inputs, .targets = targets}, &n_valid);
         double ce = n_valid ? sum / (double)n_valid : NAN, loss = ce, aux = 0;
         if (vm.moe) {
             // HF's loss: ce + router_aux_loss_coef * aux when output_router_logits.

@@ -220,7 +220,9 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
-    double loss_sum = qwen3_forward(m, inputs, targets, &res->n_valid);
+    const qwen3_batch batch = {inputs, targets, NULL, false};
+    if ((rc = qwen3_batch_check(m, &batch, B, err)) != 0) goto done;
+    double loss_sum = qwen3_forward(m, &batch, &res->n_valid);
     double t1 = ct_now_s();
     if (res->n_valid == 0) {
         rc = ct_fail(err, "%s: no valid targets in the batch", data_path);

@@ -64,7 +64,7 @@ static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_
 }
 
 // ---------------------------------------------------------------------------------------------
-// Block-causal documents (qwen3_set_positions). With documents, the q/k norm + RoPE kernel sees
+// Block-causal documents (qwen3_batch.positions). With documents, the q/k norm + RoPE kernel sees
 // the N tokens as one sequence (B = 1, T = N: q and k are (B,T,H,D) contiguous, the same
 // memory) whose RoPE rows are each token's own (pos_cos, pos_sin), and attention runs once per
 // document on its range of tokens (B = 1, T = its length) with its own piece of the state, so
@@ -431,63 +431,74 @@ static int positions_docs(const qwen3_model *m, const int32_t *positions, qwen3_
     return split ? n : 0;
 }
 
-int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err) {
-    qwen3_acts *s = m->acts;
-    if (!s) return ct_fail(err, "qwen3_set_positions: the model is not planned (qwen3_plan)");
-    if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
-        return ct_fail(err, "qwen3_set_positions: the model was planned without block-causal "
-                            "attention (mem_opts.block_causal)");
-    if (!positions) {
-        s->n_docs_next = 0;
-        s->docs_changed = true;
-        return 0;
-    }
-    const qwen3_dims d = model_dims(m);
-    for (int b = 0; b < d.B; b++) {
-        for (int t = 0; t < d.T; t++) {
-            const int32_t p = positions[(size_t)b * d.T + t];
+// Positions (B, T) against the rule: each row starts a document at 0, then counts up by one or
+// starts the next at 0.
+static int check_positions(const qwen3_model *m, const int32_t *positions, int64_t rows,
+                           ct_error *err) {
+    const int T = m->T;
+    for (int64_t b = 0; b < rows; b++) {
+        for (int t = 0; t < T; t++) {
+            const int32_t p = positions[(size_t)b * T + t];
             if (t == 0 && p != 0)
                 return ct_fail(err,
-                               "qwen3_set_positions: positions[%d, 0] is %d, expected 0 (a row "
-                               "starts a document)",
-                               b, p);
-            const int32_t next = t ? positions[(size_t)b * d.T + t - 1] + 1 : 0;
+                               "positions[%lld, 0] is %d, expected 0 (a row starts a document)",
+                               (long long)b, p);
+            const int32_t next = t ? positions[(size_t)b * T + t - 1] + 1 : 0;
             if (p != 0 && p != next)
                 return ct_fail(err,
-                               "qwen3_set_positions: positions[%d, %d] is %d, expected %d (the "
-                               "document goes on) or 0 (a new one starts)",
-                               b, t, p, next);
+                               "positions[%lld, %d] is %d, expected %d (the document goes on) or 0 "
+                               "(a new one starts)",
+                               (long long)b, t, p, next);
         }
     }
-    // Each document's attention call needs its own piece of the state and, one at a time, the
-    // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
-    // whose sizes are linear or quadratic in T and linear in B; a plugin's are checked here).
-    size_t state, scratch;
-    const int split = positions_docs(m, positions, NULL, &state, &scratch);
-    const size_t planned_state = m->ops->attention_state_floats(d.B, d.T, d.NH, d.NKV, d.D);
-    const size_t planned_scratch = m->ops->attention_scratch_floats(d.B, d.T, d.NH, d.NKV, d.D);
-    if (split && (state > planned_state || scratch > planned_scratch))
-        return ct_fail(err,
-                       "qwen3_set_positions: the attention kernel needs %zu floats of state and "
-                       "%zu of scratch for these documents, more than the %zu and %zu it asked "
-                       "for at batch %d x seq_len %d",
-                       state, scratch, planned_state, planned_scratch, d.B, d.T);
-    s->n_docs_next = positions_docs(m, positions, s->docs_next, &state, &scratch);
-    s->docs_changed = true;
     return 0;
 }
 
-// The forward takes the documents qwen3_set_positions gave last: the list, and each token's
-// RoPE rows (row p of the tables for a token at position p, one copy per document).
-static void take_docs(qwen3_model *m) {
+int qwen3_batch_check(const qwen3_model *m, const qwen3_batch *batch, int64_t rows, ct_error *err) {
+    if (!m->acts) return ct_fail(err, "the model is not planned (qwen3_plan)");
+    const qwen3_dims d = model_dims(m);
+    if (qwen3_check_tokens(m, batch->inputs, batch->targets, rows * d.T, err) != 0) return -1;
+    if (!batch->positions) return 0;
+    const qwen3_acts *s = m->acts;
+    if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
+        return ct_fail(err, "positions need a model planned with block-causal attention "
+                            "(mem_opts.block_causal)");
+    if (check_positions(m, batch->positions, rows, err) != 0) return -1;
+    // Each document's attention call needs its own piece of the state and, one at a time, the
+    // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
+    // whose sizes are linear or quadratic in T and linear in B; a plugin's are checked here),
+    // for each forward's B rows.
+    const size_t planned_state = m->ops->attention_state_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    const size_t planned_scratch = m->ops->attention_scratch_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    for (int64_t r = 0; r < rows; r += d.B) {
+        size_t state, scratch;
+        const int split =
+            positions_docs(m, batch->positions + (size_t)r * d.T, NULL, &state, &scratch);
+        if (split && (state > planned_state || scratch > planned_scratch))
+            return ct_fail(err,
+                           "the attention kernel needs %zu floats of state and %zu of scratch "
+                           "for the documents of rows %lld.., more than the %zu and %zu it asked "
+                           "for at batch %d x seq_len %d",
+                           state, scratch, (long long)r, planned_state, planned_scratch, d.B, d.T);
+    }
+    return 0;
+}
+
+// The forward's documents, from its positions (NULL: one per row): the list, and each token's
+// RoPE rows (row p of the tables for a token at position p, one copy per document), copied
+// only when they differ from the last forward's (a training run repeats its packing rarely,
+// but validation and a test's repeated batches do).
+static void take_docs(qwen3_model *m, const int32_t *positions) {
     qwen3_acts *s = m->acts;
-    if (!s->docs_changed) return;
-    s->docs_changed = false;
-    s->n_docs = s->n_docs_next;
-    if (!s->n_docs) return;
-    memcpy(s->docs, s->docs_next, (size_t)s->n_docs * sizeof *s->docs);
+    size_t state, scratch;
+    const int n = positions ? positions_docs(m, positions, s->docs_next, &state, &scratch) : 0;
+    if (n == s->n_docs && (n == 0 || !memcmp(s->docs, s->docs_next, (size_t)n * sizeof *s->docs)))
+        return;
+    s->n_docs = n;
+    if (!n) return;
+    memcpy(s->docs, s->docs_next, (size_t)n * sizeof *s->docs);
     const size_t half = (size_t)m->cfg.head_dim / 2;
-    for (int i = 0; i < s->n_docs; i++) {
+    for (int i = 0; i < n; i++) {
         const size_t at = (size_t)s->docs[i].start * half,
                      bytes = s->docs[i].len * half * sizeof(float);
         m->be->copy(m->be, s->pos_cos + at, s->rope_cos, bytes);
@@ -499,8 +510,8 @@ static void unit_event(qwen3_model *m, int unit, int event) {
     if (m->unit_hook) m->unit_hook(m->unit_hook_ctx, unit, event);
 }
 
-static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                      bool head_backward, float loss_scale, int64_t *n_valid) {
+static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backward,
+                      float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
@@ -510,10 +521,11 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const int L = m->cfg.num_hidden_layers;
-    if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
+    if (!batch->checked && qwen3_batch_check(m, batch, d.B, NULL) != 0) return NAN;
+    const int32_t *targets = batch->targets;
     ct_backend *be = m->be;
-    be->write(be, s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
-    take_docs(m);
+    be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
+    take_docs(m, batch->positions);
 
     if (m->n_sparse) {
         const size_t n = (size_t)m->n_sparse * d.E;
@@ -555,14 +567,13 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     return sum;
 }
 
-double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                     int64_t *n_valid) {
-    return forward(m, inputs, targets, false, 0.0f, n_valid);
+double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid) {
+    return forward(m, batch, false, 0.0f, n_valid);
 }
 
-double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                           float loss_scale, int64_t *n_valid) {
-    return forward(m, inputs, targets, true, loss_scale, n_valid);
+double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
+                           int64_t *n_valid) {
+    return forward(m, batch, true, loss_scale, n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {

@@ -82,8 +82,8 @@ typedef struct qwen3_memory_opts {
     // Block-causal attention over packed documents (torchtitan's attn_mask_type =
     // "block_causal", HF's padding-free packing): a token attends only to the earlier tokens of
     // its own document, and its RoPE position is its offset in that document. The documents come
-    // from qwen3_set_positions; qwen3_plan reserves what it needs (the per-token RoPE rows, the
-    // document lists), which qwen3_memory_plan_ops counts.
+    // from each forward's positions (qwen3_batch); qwen3_plan reserves what it needs (the
+    // per-token RoPE rows, the document lists), which qwen3_memory_plan_ops counts.
     bool block_causal;
 } qwen3_memory_opts;
 
@@ -211,23 +211,44 @@ int qwen3_params_first_nonfinite(const qwen3_model *m, const qwen3_param **param
 uint64_t qwen3_params_hash(const qwen3_model *m);
 
 // Checks n token ids: inputs in [0, vocab_size), targets (may be NULL) too or -100. The error
-// names the position and value. qwen3_forward runs the same check.
+// names the position and value.
 int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                        int64_t n, ct_error *err);
 
-// inputs, targets: (B, T) token ids; targets == -100 are ignored; targets NULL = logits only
-// (returns 0). Returns the sum of per-token cross-entropy over valid targets; *n_valid (if
-// non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
-// Returns NAN (and computes nothing) if a token id is out of range or qwen3_plan was not run.
-// With mem_opts.loss_chunk, targets NULL computes nothing past the final norm.
-double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                     int64_t *n_valid);
+// One forward's inputs, (B, T) each as qwen3_plan sized them.
+typedef struct qwen3_batch {
+    const int32_t *inputs;  // token ids in [0, vocab_size)
+    const int32_t *targets; // NULL = logits only; -100 = ignored
+    // Block-causal attention (mem_opts.block_causal): the tokens' RoPE positions. A row's
+    // documents start where positions[b, t] == 0 (positions[b, 0] must be 0) and count up by one
+    // inside a document; each document is then computed exactly as if it were its own sequence
+    // (B = 1, T = its length): attention within it only, positions from 0. The forward's backward
+    // and any recomputation under activation checkpointing use the same documents. NULL = one
+    // document per row (plain causal attention, as without block_causal).
+    const int32_t *positions;
+    // qwen3_batch_check accepted these arrays already (the trainer checks a step's data once,
+    // and agrees with the other ranks on the outcome, before its first forward): the forward
+    // does not check them again. false: the forward checks.
+    bool checked;
+} qwen3_batch;
+
+// Checks `rows` rows of T tokens (after qwen3_plan; rows may span several forwards' B rows):
+// the token ids (qwen3_check_tokens) and, when given, the positions: the rule above (naming b,
+// t, expected and found), block_causal planned, and, per forward of B rows, an attention kernel
+// (a plugin's) whose state for these documents exceeds what it asked for at (B, T).
+int qwen3_batch_check(const qwen3_model *m, const qwen3_batch *batch, int64_t rows, ct_error *err);
+
+// Returns the sum of per-token cross-entropy over valid targets (0 without targets); *n_valid
+// (if non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
+// Returns NAN (and computes nothing) if the batch fails qwen3_batch_check or qwen3_plan was not
+// run. With mem_opts.loss_chunk, targets NULL computes nothing past the final norm.
+double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid);
 // qwen3_forward for a training step whose qwen3_backward will get `loss_scale`: with
 // mem_opts.loss_chunk it runs the head's backward chunk by chunk as it goes (so no logits are
 // kept, and none are recomputed); without, it is qwen3_forward. Gradients accumulate, so call
 // qwen3_zero_grad before it, not between it and qwen3_backward.
-double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                           float loss_scale, int64_t *n_valid);
+double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
+                           int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
 // Under mem_opts.bf16: rounds the weights into param_bf16. Call after the weights change (load,
 // init, resume, each optimizer step), before the next forward. Does nothing otherwise.
@@ -236,20 +257,6 @@ void qwen3_refresh_bf16(qwen3_model *m);
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
 // forward with targets before it does nothing.
 void qwen3_backward(qwen3_model *m, float loss_scale);
-
-// Block-causal attention (mem_opts.block_causal, after qwen3_plan): positions (B, T) are the
-// RoPE positions of the tokens of the following forwards. A row's documents start where
-// positions[b, t] == 0 (positions[b, 0] must be 0) and count up by one inside a document; each
-// document is then computed exactly as if it were its own sequence (B = 1, T = its length):
-// attention within it only, positions from 0. The model keeps its own copy, read by the next
-// forward, its backward and any recomputation under activation checkpointing; a call between a
-// forward and its backward changes nothing for that backward. The positions hold until the next
-// call: NULL goes back to one document per row (plain causal attention, as without
-// block_causal), which is also what a forward sees before the first call after qwen3_plan.
-// Errors (nothing changes then): no plan, block_causal off, a position that breaks the rule
-// (naming b, t, expected and found), or an attention kernel (a plugin's) whose state for these
-// documents exceeds what it asked for at (B, T).
-int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err);
 
 // ---------------------------------------------------------------------------------------------
 // Generation (qwen3_generate.c): a KV cache and the inference forward over it, on the model's

@@ -88,15 +88,14 @@ typedef struct qwen3_acts {
     int32_t *inputs, *targets;
     bool have_targets; // the last forward computed a loss, so backward has something to do
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
-    // Block-causal (mem_opts.block_causal). docs_next: the documents qwen3_set_positions gave
-    // (n_docs_next == 0: one per row), taken by the next forward into docs, which that forward,
-    // its backward and recomputations use (n_docs == 0: one per row, the plain path); pos_cos,
-    // pos_sin (N, D/2) then hold each token's rows of the RoPE tables. The lists are host memory,
-    // N entries each (the most documents a batch can hold).
+    // Block-causal (mem_opts.block_causal). docs: the documents of the last forward's positions
+    // (qwen3_batch.positions), which its backward and recomputations use (n_docs == 0: one per
+    // row, the plain path); docs_next: where the next forward lists its own before it compares
+    // them with docs. pos_cos, pos_sin (N, D/2) then hold each token's rows of the RoPE tables.
+    // The lists are host memory, N entries each (the most documents a batch can hold).
     float *pos_cos, *pos_sin;
     qwen3_doc *docs, *docs_next;
-    int n_docs, n_docs_next;
-    bool docs_changed; // docs_next differs from docs
+    int n_docs;
 } qwen3_acts;
 
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and

@@ -47,7 +47,9 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
         for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
     if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
-    if (rc == 0) rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
+    // The step's one check of its inputs (the forwards below trust it: qwen3_batch.checked).
+    const qwen3_batch step = {t->inputs, t->targets, t->positions, false};
+    if (rc == 0) rc = qwen3_batch_check(&t->model, &step, n, err);
     if (rc != 0)
         ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
                 (unsigned long long)mine, (unsigned long long)(mine + n - 1));
@@ -108,8 +110,9 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         // A step whose samples train no token (conversations without assistant tokens in
         // them) computes no gradient; it is skipped below.
         const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
-        if (t->positions && qwen3_set_positions(m, t->positions + off, err) != 0) return -1;
-        loss_sum += qwen3_forward_train(m, t->inputs + off, t->targets + off, scale, NULL);
+        const qwen3_batch micro = {t->inputs + off, t->targets + off,
+                                   t->positions ? t->positions + off : NULL, true};
+        loss_sum += qwen3_forward_train(m, &micro, scale, NULL);
         double aux = 0;
         if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
         aux_sum += aux;
