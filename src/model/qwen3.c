@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/moe_balance.h"
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
 #include "ops/moe_router.h"
@@ -276,9 +277,9 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
                           m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
-    if (count)
-        op->moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E,
-                            d.K);
+    if (count && m->balance)
+        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
+                            d.N, d.E, d.K);
     if (qwen3_bf16_experts(&m->mem_opts))
         op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2_16, a->expert, a->route_w,
                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
@@ -527,11 +528,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
     take_docs(m, batch->positions);
 
-    if (m->n_sparse) {
-        const size_t n = (size_t)m->n_sparse * d.E;
-        be->zero(be, m->moe_load, n * sizeof *m->moe_load);
-        be->zero(be, m->moe_prob, n * sizeof *m->moe_prob);
-    }
+    if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
     unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
@@ -592,6 +589,11 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
     // m->logits holds gradients from here on), or by recomputing each chunk's logits.
     const int rows = head_rows(m), L = m->cfg.num_hidden_layers;
+    // MoE: the balance component reduces the forward's routing statistics (over the ranks: a
+    // collective, here, before the first unit's) and gives the aux loss's gradient, if any.
+    const float *aux_dprob = m->balance ? moe_balance_backward_begin(m->balance) : NULL;
+    s->aux_active = aux_dprob != NULL;
+    if (aux_dprob) m->be->write(m->be, s->aux_dprob, aux_dprob, (size_t)d.E * sizeof *s->aux_dprob);
     unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
     if (!s->head_done) {
         for (int r0 = 0; r0 < d.N; r0 += rows)
@@ -622,5 +624,5 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;
-    s->aux_active = false; // moe_balance_aux_grad holds for one backward
+    s->aux_active = false;
 }

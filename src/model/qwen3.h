@@ -124,12 +124,12 @@ typedef struct qwen3_model {
     void (*unit_hook)(void *ctx, int unit, int event);
     void *unit_hook_ctx;
 
-    // MoE routing statistics of the last forward, per sparse layer s (in layer order; n_sparse
-    // of them) and expert e: moe_load[s*E + e] counts the tokens whose top K include e,
-    // moe_prob[s*E + e] sums the router probability of e over the tokens. NULL when dense.
-    // Load balancing (model/moe_balance.h) reads them in moe_balance_collect only.
+    // MoE: n_sparse sparse layers. Optional (NULL = none): the load-balancing component
+    // (model/moe_balance.h, attached by moe_balance_init). The forward's routers write their
+    // statistics into it, and the backward asks it for the aux loss's gradient after it has
+    // reduced them; without one, nothing is counted and no aux gradient flows.
     int n_sparse;
-    double *moe_load, *moe_prob;
+    struct moe_balance *balance;
 
     // mem_opts.bf16: the weights rounded to bf16, param_mem's layout (qwen3_plan allocates it;
     // qwen3_refresh_bf16 fills it); NULL otherwise.

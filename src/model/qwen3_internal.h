@@ -29,7 +29,7 @@ typedef struct qwen3_layer_acts {
     int32_t *expert;  // (N,K) chosen experts, in the router's top-k order
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
-    int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
+    int sparse_index; // this layer's row in the balance statistics and among expert biases
     // bf16 mixed precision: the activations torch's autocast keeps in bf16 (or casts to bf16 for
     // a product) are saved here in bf16, each the size of its fp32 namesake, and the namesakes
     // then point at the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes
@@ -82,7 +82,7 @@ typedef struct qwen3_acts {
     // bf16: the fp32 staging of the layers' bf16 activations (NULL in fp32 runs). The MLP's h
     // stages in dh.
     float *stage_ln, *stage_qkv, *stage_atty, *stage_qr, *stage_kr, *stage_v, *stage_gate_up;
-    bool aux_active; // moe_balance_aux_grad set aux_dprob for the next backward
+    bool aux_active; // the balance component gave this backward an aux gradient (aux_dprob)
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;

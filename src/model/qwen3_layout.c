@@ -464,13 +464,9 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
         qwen3_free(m);
         return ct_fail(err, "qwen3_init: out of memory for the parameter table");
     }
-    const size_t n_stats = (size_t)n_sparse * (size_t)cfg->num_experts;
     if (be->bind_ops(be, bound, ops, err) ||
         !(m->param_mem = be->alloc(be, bytes, "the weights", err)) ||
-        !(m->grad_mem = be->alloc(be, bytes, "the gradients", err)) ||
-        (n_sparse &&
-         (!(m->moe_load = be->alloc(be, n_stats * sizeof(double), "MoE loads", err)) ||
-          !(m->moe_prob = be->alloc(be, n_stats * sizeof(double), "MoE probs", err))))) {
+        !(m->grad_mem = be->alloc(be, bytes, "the gradients", err))) {
         qwen3_free(m);
         return ct_wrap(err,
                        "qwen3_init: %zu parameters (%zu bytes for weights + %zu bytes for "
@@ -613,8 +609,6 @@ void qwen3_free(qwen3_model *m) {
     if (m->be) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->grad_mem);
-        m->be->free(m->be, m->moe_load);
-        m->be->free(m->be, m->moe_prob);
         m->be->free(m->be, m->param_bf16);
     }
     memset(m, 0, sizeof *m);

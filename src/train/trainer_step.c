@@ -60,32 +60,11 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     return 0;
 }
 
-// moe_balance's sum over ranks.
-static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
-    return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
-}
-
-// MoE, after a micro-batch's forward: its routing statistics summed over the ranks give the aux
-// of the global micro-batch (HF computes the aux per forward, over the batch it sees), so ranks
-// and micro-batches combine as one process with the same micro-batches would. When the aux is
-// in the loss, the backward adds the gradient of coef * aux / accum. The loads add up to the
-// step's, for the metrics and the expert bias.
-static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
-    qwen3_model *m = &t->model;
-    moe_balance_collect(&t->moe, m);
-    if (moe_balance_reduce(&t->moe, moe_sum_ranks, t->d, err) != 0) return -1;
-    *aux = moe_balance_aux(&t->moe);
-    if (t->aux_in_loss)
-        moe_balance_aux_grad(&t->moe, m, (float)(m->cfg.router_aux_loss_coef / t->accum));
-    return 0;
-}
-
 // MoE, before the optimizer step: each sparse layer's load balance for the metrics and, with
 // load_balance = aux_free, the expert-bias update from the step's token counts (summed over
 // ranks, so every rank moves its biases alike).
 static void moe_before_optimizer(trainer *t, bool skipped) {
-    moe_balance_end_step(&t->moe, &t->model, t->aux_free && !skipped,
-                         (float)t->cfg->model.load_balance_coeff);
+    moe_balance_end_step(&t->moe, t->aux_free && !skipped, (float)t->cfg->model.load_balance_coeff);
 }
 
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
@@ -113,10 +92,13 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         const qwen3_batch micro = {t->inputs + off, t->targets + off,
                                    t->positions ? t->positions + off : NULL, true};
         loss_sum += qwen3_forward_train(m, &micro, scale, NULL);
-        double aux = 0;
-        if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
-        aux_sum += aux;
         qwen3_backward(m, scale);
+        // MoE: the backward had the balance component sum the micro-batch's routing statistics
+        // over the ranks, so its aux is the global micro-batch's (HF computes the aux per
+        // forward, over the batch it sees): ranks and micro-batches combine as one process with
+        // the same micro-batches would.
+        if (moe_balance_status(&t->moe, err) != 0) return -1;
+        aux_sum += moe_balance_aux(&t->moe);
     }
     double sq;
     if (vt->grads_final(t, err) != 0 ||
