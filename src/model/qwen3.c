@@ -12,6 +12,7 @@
 // the fused rows), which compute what the separate ops would, bit for bit.
 // Backward keeps one running gradient of the residual stream (dresid) and adds each block's
 // contribution to it.
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -578,11 +579,13 @@ void qwen3_refresh_bf16(qwen3_model *m) {
 }
 
 void qwen3_zero_grad(qwen3_model *m) {
-    m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
+    if (m->grad_mem) m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
 }
 
 void qwen3_backward(qwen3_model *m, float loss_scale) {
     qwen3_acts *s = m->acts;
+    assert(m->grad_mem && "qwen3_backward on a model built without gradients");
+    if (!m->grad_mem) return;
     if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);

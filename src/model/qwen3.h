@@ -181,6 +181,14 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
                   ct_error *err);
 // qwen3_init_on the plain CPU backend.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
+// The same without gradients, for a model that is never trained (generate, an export): no
+// grad_mem (NULL, and every m->g pointer NULL). The weights' bf16 copy is made only where a bf16
+// forward needs it, as for a trained model; optimizer state and fp32 masters live in the
+// trainer, so an untrained model holds the weights and what its forward plans, nothing else.
+// qwen3_zero_grad does nothing on it; qwen3_backward is a programming error (it asserts in a
+// debug build and does nothing in a release one).
+int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
+                            const ct_ops *ops, ct_error *err);
 // Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);
 void qwen3_free(qwen3_model *m);
@@ -255,7 +263,8 @@ void qwen3_zero_grad(qwen3_model *m);
 void qwen3_refresh_bf16(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
-// forward with targets before it does nothing.
+// forward with targets before it does nothing. Not on a model built by qwen3_init_forward_only
+// (no gradients): that asserts.
 void qwen3_backward(qwen3_model *m, float loss_scale);
 
 // ---------------------------------------------------------------------------------------------
