@@ -82,26 +82,48 @@ static rope_rows rope_of(const qwen3_acts *s, qwen3_dims d) {
     return (rope_rows){s->rope_cos, s->rope_sin, d.B, d.T};
 }
 
-// out, state = attention(q, k, v) of the batch: the table's kernel (its bf16 one when
-// attention_in_bf16) over (B, T), or over each document.
-static void attention_forward_docs(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_acts *s) {
+// Where a layer's keys and values go (k, v: what q/k norm + RoPE writes, T rows each sequence)
+// and what its attention reads (k_all, v_all): the layer's own activations, or a KV cache's
+// rows at pos and its rows [0, pos + T).
+typedef struct kv_rows {
+    float *k, *v;
+    const float *k_all, *v_all;
+} kv_rows;
+
+static kv_rows kv_of(const qwen3_layer_acts *a, const qwen3_pass *p, int l) {
+    if (!p->kcache) return (kv_rows){a->kr, a->v, a->kr, a->v};
+    const size_t KV = (size_t)p->d.NKV * p->d.D, layer = (size_t)l * p->cache_len * KV;
+    float *k0 = p->kcache + layer, *v0 = p->vcache + layer;
+    return (kv_rows){k0 + (size_t)p->pos * KV, v0 + (size_t)p->pos * KV, k0, v0};
+}
+
+// out, state = attention(q, k, v) of the pass: the table's kernel (its bf16 one when
+// attention_in_bf16) over (B, T), or over each document; over a cache past position 0 (one
+// token), attention_decode over its rows [0, pos].
+static void attention_forward(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_pass *p,
+                              kv_rows kv) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
-    const ct_attention_bf16_forward_fn fwd =
-        attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
-    if (!s->n_docs) {
-        fwd(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    const qwen3_dims d = p->d;
+    if (p->kcache && p->pos > 0) {
+        op->attention_decode(a->atty, p->dec_scratch, a->qr, kv.k_all, kv.v_all, p->pos + 1, d.NH,
+                             d.NKV, d.D);
         return;
     }
-    for (int i = 0; i < s->n_docs; i++) {
-        const qwen3_doc *doc = &s->docs[i];
-        const size_t q = (size_t)doc->start * d.NH * d.D, kv = (size_t)doc->start * d.NKV * d.D;
-        fwd(a->atty + q, a->att + doc->state, a->qr + q, a->kr + kv, a->v + kv, 1, doc->len, d.NH,
-            d.NKV, d.D);
+    const ct_attention_bf16_forward_fn fwd =
+        attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
+    if (!p->n_docs) {
+        fwd(a->atty, a->att, a->qr, kv.k_all, kv.v_all, d.B, d.T, d.NH, d.NKV, d.D);
+        return;
+    }
+    for (int i = 0; i < p->n_docs; i++) {
+        const qwen3_doc *doc = &p->docs[i];
+        const size_t q = (size_t)doc->start * d.NH * d.D, k = (size_t)doc->start * d.NKV * d.D;
+        fwd(a->atty + q, a->att + doc->state, a->qr + q, kv.k_all + k, kv.v_all + k, 1, doc->len,
+            d.NH, d.NKV, d.D);
     }
 }
 
-// dq, dk, dv from datty, as attention_forward_docs ran (each document's backward reuses the
+// dq, dk, dv from datty, as attention_forward ran (each document's backward reuses the
 // whole scratch: they run one after the other).
 static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts *a,
                                     qwen3_acts *s) {
@@ -127,39 +149,42 @@ static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts
 // post_attention_layernorm(a->resid2) in the same pass (the next block's input).
 // gemms false (the op policy's recomputation) runs only the elementwise ops, from the kept
 // outputs of the GEMMs and attention (a->qkv, a->resid2): the norms and q/k norm + RoPE.
+// Layer l's keys and values go where the pass says (kv_of).
 
 static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                                    qwen3_layer_acts *a, const qwen3_acts *s, bool gemms) {
+                                    qwen3_layer_acts *a, const qwen3_pass *p, int l, bool gemms) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
+    const qwen3_dims d = p->d;
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const size_t N = (size_t)d.N;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
     to_bf16(m, a->ln1_16, a->ln1, N * d.C);
     if (gemms) {
-        linear_forward(m, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
-                       QKV); // (N,QKV)
+        qwen3_linear(m, p->mm_scratch, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
+                     QKV); // (N,QKV)
         to_bf16(m, a->qkv16, a->qkv, N * QKV);
     } else {
         from_bf16(m, a->qkv, a->qkv16, N * QKV);
     }
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
-    const rope_rows r = rope_of(s, d);
-    op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
-                             w->k_norm, r.cos, r.sin, r.B, r.T, d.NH, d.NKV, d.D, eps);
+    const kv_rows kv = kv_of(a, p, l);
+    op->qk_norm_rope_forward(op, a->qr, kv.k, kv.v, a->q_rstd, a->k_rstd, p->rope_scratch, a->qkv,
+                             w->q_norm, w->k_norm, p->rope_cos, p->rope_sin, p->rope_B, p->rope_T,
+                             d.NH, d.NKV, d.D, eps);
     to_bf16(m, a->qr16, a->qr, N * QD); // autocast's matmuls read q, k and v in bf16
-    to_bf16(m, a->kr16, a->kr, N * d.NKV * d.D);
-    to_bf16(m, a->v16, a->v, N * d.NKV * d.D);
+    to_bf16(m, a->kr16, kv.k, N * d.NKV * d.D);
+    to_bf16(m, a->v16, kv.v, N * d.NKV * d.D);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
         op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
         to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
-    attention_forward_docs(m, a, s);
+    attention_forward(m, a, p, kv);
     to_bf16(m, a->atty16, a->atty, N * QD);
-    linear_forward(m, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    qwen3_linear(m, p->mm_scratch, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD,
+                 d.C); // (N,C)
     to_bf16(m, NULL, a->resid2, N * d.C);
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
                             d.N, d.C, eps);
@@ -209,28 +234,29 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 // bf16 from GEMM to GEMM, as under torch's autocast; else an fp32 SwiGLU runs between them.
 
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
+                              qwen3_layer_acts *a, const qwen3_pass *p, float *out, bool gemms) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
+    const qwen3_dims d = p->d;
     const size_t N = (size_t)d.N;
     if (qwen3_mlp_bf16(op, &m->mem_opts)) {
         if (gemms)
-            linear_forward(m, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
-                           2 * d.F);
+            qwen3_linear(m, p->mm_scratch, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up,
+                         NULL, d.N, d.C, 2 * d.F);
         op->swiglu_rows_bf16_forward(a->h16, a->gate_up16, d.N, d.F);
     } else if (gemms) {
-        linear_forward(m, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
-                       2 * d.F);
+        qwen3_linear(m, p->mm_scratch, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N,
+                     d.C, 2 * d.F);
         to_bf16(m, a->gate_up16, a->gate_up, N * 2 * d.F);
     } else {
         from_bf16(m, a->gate_up, a->gate_up16, N * 2 * d.F);
     }
     if (!qwen3_mlp_bf16(op, &m->mem_opts)) {
-        op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
+        op->swiglu_rows_forward(op, a->h, p->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
         to_bf16(m, a->h16, a->h, N * d.F);
     }
     if (!gemms) return;
-    linear_forward(m, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    qwen3_linear(m, p->mm_scratch, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F,
+                 d.C); // (N,C)
     to_bf16(m, NULL, out, N * d.C);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -266,26 +292,26 @@ static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
     return m->param_bf16 + (w - m->param_mem);
 }
 
-// `count` adds the routing statistics of these tokens; a recomputation (activation
-// checkpointing) must not count them twice.
+// The pass's `count` adds the routing statistics of these tokens to the balance component; a
+// recomputation (activation checkpointing) must not count them twice, generation not at all.
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
+                              qwen3_layer_acts *a, const qwen3_pass *p, float *out) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
-    linear_forward(m, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
-                   d.E); // logits (N,E)
+    const qwen3_dims d = p->d;
+    qwen3_linear(m, p->mm_scratch, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
+                 d.E); // logits (N,E)
     to_bf16(m, NULL, a->probs, (size_t)d.N * d.E);
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
-                          m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
+                          m->cfg.norm_topk_prob, p->route_scratch, p->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
-    if (count && m->balance)
+    if (p->count && m->balance)
         op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
                             d.N, d.E, d.K);
     if (qwen3_bf16_experts(&m->mem_opts))
-        op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2_16, a->expert, a->route_w,
+        op->moe_bf16_forward(out, a->moe_state, p->moe_scratch, a->ln2_16, a->expert, a->route_w,
                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
-        op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w,
+        op->moe_forward(out, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                         w->experts, d.N, d.C, d.Fm, d.E, d.K);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -333,21 +359,40 @@ int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_
     return 0;
 }
 
+void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const qwen3_pass *p,
+                         float *out, bool gemms) {
+    const qwen3_layer_weights *w = &m->w.layers[l];
+    attention_block_forward(m, w, a, p, l, gemms);
+    if (a->sparse_index < 0)
+        mlp_block_forward(m, w, a, p, out, gemms);
+    else if (gemms)
+        moe_block_forward(m, w, a, p, out);
+}
+
+// Training's pass over the planned batch: k and v into the layer's own activations, the
+// documents of the last forward, the plan's scratch.
+static qwen3_pass train_pass(const qwen3_model *m, bool count) {
+    const qwen3_acts *s = m->acts;
+    qwen3_pass p = {.d = model_dims(m), .docs = s->docs, .n_docs = s->n_docs, .count = count};
+    const rope_rows r = rope_of(s, p.d);
+    p.rope_cos = r.cos, p.rope_sin = r.sin, p.rope_B = r.B, p.rope_T = r.T;
+    p.rope_scratch = s->dq; // free until the backward
+    p.swiglu_scratch = s->swiglu_scratch, p.moe_scratch = s->moe_scratch;
+    p.route_scratch = s->route_scratch, p.route_threads = s->route_threads;
+    p.mm_scratch = s->mm_scratch;
+    return p;
+}
+
 // Layer l's forward: s->layers[l].resid -> the next layer's resid (or resid_out). `ac` says
 // which pass: the forward (QWEN3_AC_NONE), or a recomputation in the backward: all of it
 // (QWEN3_AC_LAYER: the routing statistics are not counted again) or only the elementwise ops
 // (QWEN3_AC_OPS: the GEMM and attention outputs, the routing among them, were kept).
 static void layer_forward(qwen3_model *m, int l, qwen3_layer_ac ac) {
     qwen3_acts *s = m->acts;
-    qwen3_layer_acts *a = &s->layers[l];
     const int L = m->cfg.num_hidden_layers;
-    const bool gemms = ac != QWEN3_AC_OPS;
     float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
-    attention_block_forward(m, &m->w.layers[l], a, s, gemms);
-    if (a->sparse_index < 0)
-        mlp_block_forward(m, &m->w.layers[l], a, s, out, gemms);
-    else if (gemms)
-        moe_block_forward(m, &m->w.layers[l], a, s, out, ac == QWEN3_AC_NONE);
+    const qwen3_pass p = train_pass(m, ac == QWEN3_AC_NONE);
+    qwen3_layer_forward(m, l, &s->layers[l], &p, out, ac != QWEN3_AC_OPS);
 }
 
 // Tokens per pass of the loss head: all of them, or mem_opts.loss_chunk.

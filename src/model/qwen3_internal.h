@@ -98,6 +98,38 @@ typedef struct qwen3_acts {
     int n_docs;
 } qwen3_acts;
 
+// How one forward of the layers runs (qwen3_layer_forward): training's over the planned batch,
+// saving each layer's activations, or generation's over a KV cache, one layer's activations
+// reused by all (keep nothing). The layer body is the same; only where k and v go, which
+// attention runs and the scratch differ.
+typedef struct qwen3_pass {
+    qwen3_dims d; // the rows: B sequences of T tokens (generation: B = 1, T = the new tokens)
+    // The q/k norm + RoPE kernel's rows: rope_B x rope_T tokens reading these table rows
+    // (block-causal documents: 1 x N over each token's own rows).
+    const float *rope_cos, *rope_sin;
+    int rope_B, rope_T;
+    const qwen3_doc *docs; // block-causal documents (n_docs 0: one per row)
+    int n_docs;
+    // A KV cache (NULL: k and v are the layer's own kr and v, and attention reads them): layer
+    // l's keys and values go to rows [pos, pos + T) of its (cache_len, NKV, D) block, after L
+    // such blocks for the layers before; attention then reads rows [0, pos + T): the table's
+    // causal kernel at pos 0, attention_decode over rows [0, pos] past it (T = 1).
+    float *kcache, *vcache;
+    int cache_len, pos;
+    float *dec_scratch; // attention_decode's (NH x cache_len)
+    // Scratch: the fused q/k kernels', SwiGLU's, the expert kernel's, a wide router's (planned
+    // for route_threads), the bf16 GEMMs'.
+    float *rope_scratch, *swiglu_scratch, *moe_scratch, *route_scratch, *mm_scratch;
+    int route_threads;
+    bool count; // the routers add their statistics to the model's balance component
+} qwen3_pass;
+
+// Layer l's forward over pass p: a->resid -> out, through the activations a points at. gemms
+// false (the op-level recomputation) runs only the elementwise ops from the kept GEMM and
+// attention outputs. The one layer body of training, verify and generation (qwen3.c).
+void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const qwen3_pass *p,
+                         float *out, bool gemms);
+
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
 // .bf16_experts.
 static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
