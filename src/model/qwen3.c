@@ -616,7 +616,8 @@ double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid)
 
 double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
                            int64_t *n_valid) {
-    return forward(m, batch, true, loss_scale, n_valid);
+    assert(m->grad_mem && "qwen3_forward_train on a model built without gradients");
+    return forward(m, batch, m->grad_mem != NULL, loss_scale, n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {

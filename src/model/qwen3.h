@@ -254,7 +254,8 @@ double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid)
 // qwen3_forward for a training step whose qwen3_backward will get `loss_scale`: with
 // mem_opts.loss_chunk it runs the head's backward chunk by chunk as it goes (so no logits are
 // kept, and none are recomputed); without, it is qwen3_forward. Gradients accumulate, so call
-// qwen3_zero_grad before it, not between it and qwen3_backward.
+// qwen3_zero_grad before it, not between it and qwen3_backward. Not on a model built by
+// qwen3_init_forward_only (it asserts; a release build runs qwen3_forward).
 double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
                            int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
@@ -268,8 +269,8 @@ void qwen3_refresh_bf16(qwen3_model *m);
 void qwen3_backward(qwen3_model *m, float loss_scale);
 
 // ---------------------------------------------------------------------------------------------
-// Generation (qwen3_generate.c): a KV cache and the inference forward over it, on the model's
-// backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len
+// Generation (qwen3_generate.c): a KV cache and the training forward's layers over it, on the
+// model's backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len
 // positions, one layer's activations for a prefill of max_len tokens, the host logits); prefill
 // and decode then allocate nothing. Independent of qwen3_plan (training's buffers): a model may
 // have both. Not thread-safe; one generation per qwen3_gen.

@@ -165,7 +165,8 @@ int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qw
 // A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
 // w's bf16 copy (the same offset in param_bf16) and the input's bf16 copy inp16, with the output
 // in bf16 into out16 when given; else the fp32 matmul. scratch: the bf16 kernel's, planned for
-// this shape. The forward of training (qwen3.c) and of generation (qwen3_generate.c) both.
+// this shape. The layers (qwen3.c: training's and generation's) and both heads (the loss head,
+// generation's last row).
 static inline void qwen3_linear(const qwen3_model *m, float *scratch, float *out, uint16_t *out16,
                                 const float *inp, const uint16_t *inp16, const float *w,
                                 const float *bias, int N, int C, int OC) {
