@@ -132,7 +132,8 @@ static int bench_model(const char *dir, const char *tokens_path, int B, int T, i
         int64_t n_valid;
         const step_clock t0 = clock_start();
         qwen3_zero_grad(&m);
-        loss = qwen3_forward(&m, inputs, targets, &n_valid) / (double)n_valid;
+        loss = qwen3_forward(&m, &(qwen3_batch){.inputs = inputs, .targets = targets}, &n_valid) /
+               (double)n_valid;
         qwen3_backward(&m, 1.0f / (float)n_valid);
         if (s > 0) ms[s - 1] = clock_ms(t0);
     }

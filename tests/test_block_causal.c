@@ -1,4 +1,4 @@
-// Block-causal attention over packed documents (mem_opts.block_causal, qwen3_set_positions).
+// Block-causal attention over packed documents (mem_opts.block_causal, qwen3_batch.positions).
 // One packed window (B = 2 rows of T = 72 tokens; row 0 holds documents of 13, 1, 45 and 13
 // tokens, row 1 one document of 72, longer than flash's 64-key tile) must give the loss sum,
 // the valid-target count and every parameter gradient of the documents run alone (each as its
@@ -25,9 +25,9 @@
 // (gradients 8e-3 - 1.4e-2 off).
 //
 // Also: the positions' errors; NULL positions, no call and rows that are each one document
-// all give the plain causal model's bits; positions set between a forward and its backward
-// change nothing for that backward; the memory plan equals the allocation; an attention kernel
-// whose state grows with the number of calls is refused at qwen3_set_positions.
+// all give the plain causal model's bits; each forward takes its own positions (a step with
+// other positions before it gives the same bits); the memory plan equals the allocation; an
+// attention kernel whose state grows with the number of calls is refused by qwen3_batch_check.
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -149,24 +149,28 @@ static result grads_of(const qwen3_model *m, double loss, int64_t n) {
     return r;
 }
 
-// The packed window under block_causal with positions pos (NULL: no call), one training step.
-// between: other positions set after the forward, before the backward.
+// The packed window under block_causal with positions pos (NULL: one document per row), one
+// training step. before: a step with these other positions first, its gradients then cleared.
 static result packed_run(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_opts opts,
                          const int32_t *in, const int32_t *tg, const int32_t *pos,
-                         const int32_t *between, float scale) {
+                         const int32_t *before, float scale) {
     qwen3_model m;
     opts.block_causal = true;
     if (model_open(&m, cfg, ops, opts, B, T)) return (result){NAN, 0, NULL, NULL};
     CHECK(m.act_floats * sizeof(float) + 2 * N * sizeof(int32_t) + 2 * N * sizeof(qwen3_doc) ==
               qwen3_memory_plan_ops(cfg, ops, B, T, &opts).activations,
           "block_causal: the plan equals the allocation");
-    ct_error err = {{0}};
-    if (pos) CHECK(qwen3_set_positions(&m, pos, &err) == 0, "set_positions: %s", err.msg);
+    if (before) {
+        qwen3_forward_train(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = before},
+                            scale, NULL);
+        qwen3_backward(&m, scale);
+        qwen3_zero_grad(&m);
+    }
     int64_t n = 0;
-    const double loss = qwen3_forward_train(&m, in, tg, scale, &n);
+    const double loss = qwen3_forward_train(
+        &m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = pos}, scale, &n);
     float *qk = qk_saved(opts) ? malloc(qk_floats(cfg) * sizeof *qk) : NULL;
     if (qk) qk_copy(qk, &m, 0, N);
-    if (between) CHECK(qwen3_set_positions(&m, between, &err) == 0, "set_positions: %s", err.msg);
     qwen3_backward(&m, scale);
     result r = grads_of(&m, loss, n);
     r.qk = qk;
@@ -180,7 +184,8 @@ static result plain_run(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory
     qwen3_model m;
     if (model_open(&m, cfg, ops, opts, B, T)) return (result){NAN, 0, NULL, NULL};
     int64_t n = 0;
-    const double loss = qwen3_forward_train(&m, in, tg, scale, &n);
+    const double loss =
+        qwen3_forward_train(&m, &(qwen3_batch){.inputs = in, .targets = tg}, scale, &n);
     qwen3_backward(&m, scale);
     result r = grads_of(&m, loss, n);
     qwen3_free(&m);
@@ -199,7 +204,9 @@ static result docs_run(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_
         ct_error err = {{0}};
         CHECK(qwen3_plan(&m, 1, doc_len[i], &err) == 0, "plan: %s", err.msg);
         int64_t n = 0;
-        loss += qwen3_forward_train(&m, in + doc_start[i], tg + doc_start[i], scale, &n);
+        loss += qwen3_forward_train(
+            &m, &(qwen3_batch){.inputs = in + doc_start[i], .targets = tg + doc_start[i]}, scale,
+            &n);
         if (qk) qk_copy(qk, &m, doc_start[i], doc_len[i]);
         qwen3_backward(&m, scale);
         total += n;
@@ -289,36 +296,47 @@ static void check_case(const char *what, const qwen3_config *cfg, const ct_ops *
     result_free(&packed), result_free(&ref);
 }
 
-// What is not the documents' equivalence: errors, the plain cases, positions between forward
-// and backward, the attention state check.
+// What is not the documents' equivalence: errors, the plain cases, each forward its own
+// positions, the attention state check.
 static void check_api(const qwen3_config *cfg, const int32_t *in, const int32_t *tg,
                       const int32_t *pos, size_t np) {
     ct_error err = {{0}};
     qwen3_model m;
     CHECK(qwen3_init(&m, cfg, NULL, &err) == 0, "init: %s", err.msg);
-    CHECK(qwen3_set_positions(&m, pos, &err) != 0 && strstr(err.msg, "not planned"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = pos}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "not planned"),
           "before plan: %s", err.msg);
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
-    CHECK(qwen3_set_positions(&m, pos, &err) != 0 && strstr(err.msg, "block_causal"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = pos}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "block_causal"),
           "without block_causal: %s", err.msg);
     m.mem_opts.block_causal = true;
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
     int32_t bad[N];
     memcpy(bad, pos, sizeof bad);
     bad[T] = 3; // row 1 starts at 3
-    CHECK(qwen3_set_positions(&m, bad, &err) != 0 && strstr(err.msg, "positions[1, 0] is 3") &&
-              strstr(err.msg, "expected 0"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = bad}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "positions[1, 0] is 3") && strstr(err.msg, "expected 0"),
           "a row not starting at 0: %s", err.msg);
     memcpy(bad, pos, sizeof bad);
     bad[20] = 9; // document 2 (from 14): position 6 expected
-    CHECK(qwen3_set_positions(&m, bad, &err) != 0 && strstr(err.msg, "positions[0, 20] is 9") &&
-              strstr(err.msg, "expected 6"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = bad}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "positions[0, 20] is 9") && strstr(err.msg, "expected 6"),
           "a gap: %s", err.msg);
     bad[20] = -1;
-    CHECK(qwen3_set_positions(&m, bad, &err) != 0 && strstr(err.msg, "positions[0, 20] is -1"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = bad}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "positions[0, 20] is -1"),
           "negative: %s", err.msg);
-    CHECK(qwen3_set_positions(&m, pos, &err) == 0, "valid: %s", err.msg);
-    CHECK(qwen3_set_positions(&m, NULL, &err) == 0, "NULL: %s", err.msg);
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = pos}, B,
+                            &err) == 0,
+          "valid: %s", err.msg);
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg}, B, &err) == 0,
+          "NULL: %s", err.msg);
     qwen3_free(&m);
 
     // The plain causal model's bits: no positions given, NULL, and one document per row.
@@ -337,24 +355,25 @@ static void check_api(const qwen3_config *cfg, const int32_t *in, const int32_t 
     r = packed_run(cfg, &flash, none, in, tg, rows, NULL, scale);
     CHECK(same_bits(&r, &plain, np), "block_causal, one document per row: not the plain bits");
     result_free(&r);
-    // Positions given between a forward and its backward wait for the next forward.
+    // Each forward takes its own positions, whatever the step before it had.
     result docs = packed_run(cfg, &flash, none, in, tg, pos, NULL, scale);
     r = packed_run(cfg, &flash, none, in, tg, pos, rows, scale);
-    CHECK(same_bits(&r, &docs, np), "positions set before the backward changed it");
+    CHECK(same_bits(&r, &docs, np), "a step with other positions before it changed the step");
     result_free(&r);
     r = packed_run(cfg, &flash, none, in, tg, rows, pos, scale);
-    CHECK(same_bits(&r, &plain, np), "positions set before the backward changed it (plain)");
+    CHECK(same_bits(&r, &plain, np), "a step with documents before it changed the plain step");
     result_free(&r), result_free(&docs), result_free(&plain);
 }
 
 // A kernel whose state has a fixed part per call: documents need more than it asked for at
-// (B, T), which qwen3_set_positions refuses.
+// (B, T), which qwen3_batch_check refuses.
 static size_t state_per_call(int b, int t, int NH, int NKV, int D) {
     (void)NKV, (void)D;
     return (size_t)b * NH * ((size_t)t * t + 1000);
 }
 
-static void check_state_refused(const qwen3_config *cfg, const int32_t *pos) {
+static void check_state_refused(const qwen3_config *cfg, const int32_t *in, const int32_t *tg,
+                                const int32_t *pos) {
     ct_ops ops = ct_ops_cpu;
     ops.attention_state_floats = state_per_call;
     qwen3_model m;
@@ -362,11 +381,15 @@ static void check_state_refused(const qwen3_config *cfg, const int32_t *pos) {
     CHECK(qwen3_init(&m, cfg, &ops, &err) == 0, "init: %s", err.msg);
     m.mem_opts.block_causal = true;
     CHECK(qwen3_plan(&m, B, T, &err) == 0, "plan: %s", err.msg);
-    CHECK(qwen3_set_positions(&m, pos, &err) != 0 && strstr(err.msg, "floats of state"),
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = pos}, B,
+                            &err) != 0 &&
+              strstr(err.msg, "floats of state"),
           "a state growing per call: %s", err.msg);
     int32_t rows[N];
     for (int i = 0; i < N; i++) rows[i] = i % T;
-    CHECK(qwen3_set_positions(&m, rows, &err) == 0, "one document per row: %s", err.msg);
+    CHECK(qwen3_batch_check(&m, &(qwen3_batch){.inputs = in, .targets = tg, .positions = rows}, B,
+                            &err) == 0,
+          "one document per row: %s", err.msg);
     qwen3_free(&m);
 }
 
@@ -412,7 +435,9 @@ int main(void) {
         }
         qwen3_free(&layout);
     }
-    check_state_refused(&cfgs[0], pos);
+    int32_t in[N], tg[N];
+    tokens(in, tg, cfgs[0].vocab_size);
+    check_state_refused(&cfgs[0], in, tg, pos);
     printf("worst: fp32 %.3g (bound %g), bf16 %.3g (bound %g)\n", worst_fp32, FP32_BOUND,
            worst_bf16, BF16_BOUND);
     return check_summary();

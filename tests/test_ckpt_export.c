@@ -164,7 +164,7 @@ static float *c_logits(qwen3_model *m, const int32_t *tokens) {
         CHECK(0, "plan: %s", err.msg);
         return NULL;
     }
-    qwen3_forward(m, tokens, NULL, NULL);
+    qwen3_forward(m, &(qwen3_batch){.inputs = tokens}, NULL);
     size_t n = (size_t)B * T * m->cfg.vocab_size;
     float *out = malloc(n * sizeof *out);
     if (out) memcpy(out, m->logits, n * sizeof *out);

@@ -4,7 +4,8 @@
 //    1e-4 absolute, with the sdpa and the flash attention kernels;
 //  - greedy ids from the cache equal greedy ids from recomputing the whole sequence each step
 //    with the training forward (qwen3_forward), fp32 and bf16;
-//  - the errors: a prompt longer than the cache, a full cache, an id outside the vocabulary.
+//  - the errors: a prompt longer than the cache, a full cache, an id outside the vocabulary;
+//  - all of it on a model built without gradients (hf_load_folder_forward_only).
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,7 +106,7 @@ static void check_against_ref(qwen3_model *m, const gen_ref *r, const char *what
 // The last position's logits of the training forward (fp32) over ids[0, n) (B = 1, T = n).
 static int uncached_logits(float *out, qwen3_model *m, const int32_t *ids, int n, ct_error *err) {
     if (qwen3_plan(m, 1, n, err) != 0) return -1;
-    qwen3_forward(m, ids, NULL, NULL);
+    qwen3_forward(m, &(qwen3_batch){.inputs = ids}, NULL);
     const int V = m->cfg.vocab_size;
     m->be->read(m->be, out, m->logits + (size_t)(n - 1) * V, (size_t)V * sizeof *out);
     return 0;
@@ -197,10 +198,13 @@ static void run_variant(const char *ref, const char *variant, bool with_bf16) {
         qwen3_model m;
         hf_load_report rep;
         CHECK(ct_ops_with_attention(&ops, &ct_ops_cpu, kernels[k]) == 0, "%s", kernels[k]);
-        rc = hf_load_folder(&m, &rep, path, &ops, &err);
+        // Generation trains nothing: the model has no gradients.
+        rc = hf_load_folder_forward_only(&m, &rep, path, &ops, &err);
         hf_report_free(&rep);
         CHECK(rc == 0, "%s: %s", variant, err.msg);
         if (rc) continue;
+        CHECK(m.grad_mem == NULL && m.g.embed == NULL, "%s: a forward-only model has gradients",
+              variant);
         snprintf(what, sizeof what, "%s %s", variant, kernels[k]);
         check_against_ref(&m, &r, what);
         double fp32 = 0, bf16 = 0;

@@ -74,7 +74,7 @@ static void make_tokens(int32_t *inputs, int32_t *targets, int V) {
 
 static double loss_mean(qwen3_model *m, const int32_t *in, const int32_t *tg) {
     int64_t n = 0;
-    const double s = qwen3_forward(m, in, tg, &n);
+    const double s = qwen3_forward(m, &(qwen3_batch){.inputs = in, .targets = tg}, &n);
     return s / (double)n;
 }
 
@@ -90,7 +90,7 @@ static void gradcheck(bool tied, bool bias) {
 
     qwen3_zero_grad(&m);
     int64_t n_valid = 0;
-    const double sum = qwen3_forward(&m, in, tg, &n_valid);
+    const double sum = qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n_valid);
     CHECK(n_valid == B * T - 2, "n_valid %lld", (long long)n_valid);
     qwen3_backward(&m, 1.0f / (float)n_valid);
     float *analytic = malloc(m.num_params * sizeof(float));
@@ -149,17 +149,17 @@ static void test_determinism(bool tied) {
     float *g1 = malloc(m.num_params * sizeof(float));
     int64_t n = 0;
     qwen3_zero_grad(&m);
-    const double l1 = qwen3_forward(&m, in, tg, &n);
+    const double l1 = qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n);
     qwen3_backward(&m, 1.0f / (float)n);
     memcpy(g1, m.grad_mem, m.num_params * sizeof(float));
     qwen3_zero_grad(&m);
-    const double l2 = qwen3_forward(&m, in, tg, &n);
+    const double l2 = qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n);
     qwen3_backward(&m, 1.0f / (float)n);
     CHECK(memcmp(&l1, &l2, sizeof l1) == 0, "losses differ: %.17g %.17g", l1, l2);
     CHECK(memcmp(g1, m.grad_mem, m.num_params * sizeof(float)) == 0,
           "gradients differ between identical runs");
     // Accumulation.
-    qwen3_forward(&m, in, tg, &n);
+    qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n);
     qwen3_backward(&m, 1.0f / (float)n);
     for (size_t i = 0; i < m.num_params; i++) g1[i] *= 2.0f;
     CHECK(check_rel_l2(m.grad_mem, g1, m.num_params) < 1e-6, "second backward does not add");
@@ -184,13 +184,14 @@ static void test_batch_independence(void) {
     make_tokens(in, tg, cfg.vocab_size);
     const size_t V = (size_t)cfg.vocab_size;
     float both[B * T * 11];
-    qwen3_forward(&m, in, tg, NULL);
+    qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, NULL);
     memcpy(both, m.logits, sizeof both);
     int64_t n = -1;
-    CHECK(qwen3_forward(&m, in, NULL, &n) == 0.0 && n == 0, "logits-only forward");
+    CHECK(qwen3_forward(&m, &(qwen3_batch){.inputs = in}, &n) == 0.0 && n == 0,
+          "logits-only forward");
     CHECK(memcmp(both, m.logits, sizeof both) == 0, "logits depend on whether targets are given");
     CHECK(qwen3_plan(&m, 1, T, &err) == 0, "%s", err.msg);
-    qwen3_forward(&m, in + T, tg + T, NULL);
+    qwen3_forward(&m, &(qwen3_batch){.inputs = in + T, .targets = tg + T}, NULL);
     const double e = check_rel_l2(m.logits, both + T * V, T * V);
     CHECK(e < 1e-6, "sequence 1 alone vs in a batch: rel L2 %.3g", e);
     qwen3_free(&m);
@@ -298,7 +299,8 @@ static void test_layout_and_errors(void) {
     int32_t in[3 * 7], tg[3 * 7];
     for (int i = 0; i < 21; i++) in[i] = i % 11, tg[i] = (i * 3) % 11;
     int64_t n = 0;
-    const double loss = qwen3_forward(&m, in, tg, &n) / (double)n;
+    const double loss =
+        qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n) / (double)n;
     CHECK(fabs(loss - log(11.0)) < 0.05, "init loss %.4f vs log(11) %.4f", loss, log(11.0));
     free(first);
 
@@ -307,14 +309,18 @@ static void test_layout_and_errors(void) {
               strcmp(err.msg, "seq_len 17 exceeds max_position_embeddings 16") == 0,
           "plan error: %s", err.msg);
     // A failed plan leaves no plan behind: forward refuses.
-    CHECK(isnan(qwen3_forward(&m, in, tg, NULL)) && m.logits == NULL, "no plan: NAN");
+    CHECK(isnan(qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, NULL)) &&
+              m.logits == NULL,
+          "no plan: NAN");
     CHECK(qwen3_plan(&m, 1, 3, &err) == 0, "%s", err.msg);
     int32_t bad_in[3] = {1, 11, 2}, ok_tg[3] = {1, -100, 2}, bad_tg[3] = {1, -1, 2};
-    CHECK(isnan(qwen3_forward(&m, bad_in, ok_tg, NULL)), "out-of-range input accepted");
+    CHECK(isnan(qwen3_forward(&m, &(qwen3_batch){.inputs = bad_in, .targets = ok_tg}, NULL)),
+          "out-of-range input accepted");
     CHECK(qwen3_check_tokens(&m, bad_in, ok_tg, 3, &err) == -1 && strstr(err.msg, "11") &&
               strstr(err.msg, "position 1"),
           "token error: %s", err.msg);
-    CHECK(isnan(qwen3_forward(&m, in, bad_tg, NULL)), "out-of-range target accepted");
+    CHECK(isnan(qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = bad_tg}, NULL)),
+          "out-of-range target accepted");
     CHECK(qwen3_check_tokens(&m, in, bad_tg, 3, &err) == -1 && strstr(err.msg, "target -1"),
           "target error: %s", err.msg);
     qwen3_free(&m);

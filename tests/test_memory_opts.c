@@ -60,23 +60,24 @@ static run train_step(const qwen3_config *cfg, const ct_ops *ops, qwen3_memory_o
     qwen3_init_random(&m, 7, NULL);
     qwen3_refresh_bf16(&m); // opts.bf16: the weights' bf16 copy
     moe_balance bal;
-    CHECK(moe_balance_init(&bal, &m, 1, &err) == 0, "balance: %s", err.msg);
+    CHECK(moe_balance_init(&bal, &m, 1, NULL, NULL, 0.01f, &err) == 0, "balance: %s", err.msg);
     qwen3_zero_grad(&m);
     for (int micro = 0; micro < 2; micro++) {
         int64_t n = B * T - 1; // one ignored target
         const float scale = 1.0f / (float)(2 * n);
-        r.loss += fused ? qwen3_forward_train(&m, in + micro, tg + micro, scale, &n)
-                        : qwen3_forward(&m, in + micro, tg + micro, &n);
+        r.loss +=
+            fused ? qwen3_forward_train(
+                        &m, &(qwen3_batch){.inputs = in + micro, .targets = tg + micro}, scale, &n)
+                  : qwen3_forward(&m, &(qwen3_batch){.inputs = in + micro, .targets = tg + micro},
+                                  &n);
         CHECK(n == B * T - 1, "valid targets: %lld", (long long)n);
-        moe_balance_collect(&bal, &m);
-        moe_balance_aux_grad(&bal, &m, 0.01f);
         qwen3_backward(&m, scale);
     }
     const size_t stats = (size_t)m.n_sparse * cfg->num_experts;
     r.grads = malloc(m.num_params * sizeof *r.grads);
     r.load = malloc(stats * sizeof *r.load);
     memcpy(r.grads, m.grad_mem, m.num_params * sizeof *r.grads);
-    memcpy(r.load, m.moe_load, stats * sizeof *r.load);
+    memcpy(r.load, bal.load, stats * sizeof *r.load); // as the forwards and recomputations left it
     r.act_floats = m.act_floats;
     CHECK(m.act_floats * sizeof(float) + 2 * sizeof(int32_t) * B * T ==
               qwen3_memory_plan_ops(cfg, ops, B, T, &opts).activations,

@@ -617,7 +617,8 @@ static void test_wide_router_model(bool bf16) {
             int64_t n_valid = 0;
             atomic_store(&n_mallocs, 0);
             atomic_store(&counting, step == 1);
-            loss[i] = qwen3_forward_train(&m[i], in, tg, 1.0f / (B * T), &n_valid);
+            loss[i] = qwen3_forward_train(&m[i], &(qwen3_batch){.inputs = in, .targets = tg},
+                                          1.0f / (B * T), &n_valid);
             qwen3_backward(&m[i], 1.0f / (B * T));
             atomic_store(&counting, 0);
             mallocs[i] = atomic_load(&n_mallocs);
@@ -654,7 +655,7 @@ static void test_wide_router_model(bool bf16) {
         CHECK(rc == 0, "1100 experts: saving for PyTorch: %s", err.msg);
         rc = rc == 0 ? system(cmd) : -1;
         CHECK(rc == 0, "1100 experts: hf_logits.py failed (%d)", rc);
-        qwen3_forward(&m[1], in, NULL, NULL);
+        qwen3_forward(&m[1], &(qwen3_batch){.inputs = in}, NULL);
         const size_t n = (size_t)B * T * c.vocab_size;
         char *ref = NULL;
         size_t len = 0;

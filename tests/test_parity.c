@@ -135,7 +135,8 @@ static void compare_grads(double *worst, char *worst_name, size_t cap, const qwe
 }
 
 // Loads per sparse layer and expert must equal the reference's counts exactly.
-static void compare_moe_load(const qwen3_model *m, const variant_meta *vm, const char *variant) {
+static void compare_moe_load(const qwen3_model *m, const moe_balance *bal, const variant_meta *vm,
+                             const char *variant) {
     const int E = m->cfg.num_experts;
     CHECK(cJSON_GetArraySize(vm->moe_load) == m->n_sparse, "%s: %d sparse layers, reference %d",
           variant, m->n_sparse, cJSON_GetArraySize(vm->moe_load));
@@ -144,7 +145,7 @@ static void compare_moe_load(const qwen3_model *m, const variant_meta *vm, const
     cJSON_ArrayForEach(layer, vm->moe_load) {
         int e = 0;
         cJSON_ArrayForEach(count, layer) {
-            if (s < m->n_sparse && e < E && m->moe_load[(size_t)s * E + e] != count->valuedouble)
+            if (s < m->n_sparse && e < E && bal->load[(size_t)s * E + e] != count->valuedouble)
                 bad++;
             e++;
         }
@@ -195,6 +196,13 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
     snprintf(path, sizeof path, "%s/%s/tokens.npy", ref, variant);
     rc = make_batch(inputs, targets, path, &vm, m.cfg.vocab_size, &err);
     if (rc == 0) rc = qwen3_plan(&m, vm.B, vm.T, &err);
+    // MoE: the balance component counts the routing; HF's loss adds router_aux_loss_coef * aux
+    // when output_router_logits, and the backward then its gradient.
+    moe_balance bal = {0};
+    if (rc == 0)
+        rc = moe_balance_init(&bal, &m, 1, NULL, NULL,
+                              m.cfg.output_router_logits ? (float)m.cfg.router_aux_loss_coef : 0.0f,
+                              &err);
     if (rc == 0) {
         snprintf(path, sizeof path, "%s/%s/expected.safetensors", ref, variant);
         rc = st_open(&exp, path, &err);
@@ -205,36 +213,32 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
           "%s: expected.safetensors has no (B,T,V) F32 logits", variant);
     if (rc == 0 && lt && lt->numel == N * V && lt->dtype == CT_F32) {
         // Logits alone first (no targets), then the loss pass; both must match.
-        qwen3_forward(&m, inputs, NULL, NULL);
+        qwen3_forward(&m, &(qwen3_batch){.inputs = inputs}, NULL);
         memcpy(logits_nt, m.logits, N * V * sizeof *logits_nt);
         int64_t n_valid = 0;
-        double sum = qwen3_forward(&m, inputs, targets, &n_valid);
+        double sum =
+            qwen3_forward(&m, &(qwen3_batch){.inputs = inputs, .targets = targets}, &n_valid);
         double ce = n_valid ? sum / (double)n_valid : NAN, loss = ce, aux = 0;
+        if (vm.moe) compare_moe_load(&m, &bal, &vm, variant); // the forward's routing
+        float *want = malloc(N * V * sizeof *want);
+        st_tensor_to_f32(want, lt, &err);
+        double lmax = check_max_abs(m.logits, want, N * V);
+        double lmax_nt = check_max_abs(logits_nt, want, N * V);
+        free(want);
+
+        qwen3_zero_grad(&m);
+        qwen3_backward(&m, 1.0f / (float)n_valid);
         if (vm.moe) {
-            // HF's loss: ce + router_aux_loss_coef * aux when output_router_logits.
-            moe_balance bal;
-            CHECK(moe_balance_init(&bal, &m, 1, &err) == 0, "%s: %s", variant, err.msg);
-            moe_balance_collect(&bal, &m);
-            aux = moe_balance_aux(&bal);
-            if (m.cfg.output_router_logits) {
-                loss += m.cfg.router_aux_loss_coef * aux;
-                moe_balance_aux_grad(&bal, &m, (float)m.cfg.router_aux_loss_coef);
-            }
-            moe_balance_free(&bal);
+            aux = moe_balance_aux(&bal); // of the statistics the backward reduced
+            if (m.cfg.output_router_logits) loss += m.cfg.router_aux_loss_coef * aux;
             double ce_rel = fabs(ce - vm.ce) / fabs(vm.ce);
             double aux_rel = fabs(aux - vm.aux) / fabs(vm.aux);
             CHECK(ce_rel <= LOSS_REL, "%s/%s: ce %.8f vs %.8f (rel %.3e)", variant, moe_impl, ce,
                   vm.ce, ce_rel);
             CHECK(aux_rel <= LOSS_REL, "%s/%s: aux %.8f vs %.8f (rel %.3e)", variant, moe_impl, aux,
                   vm.aux, aux_rel);
-            compare_moe_load(&m, &vm, variant);
         }
-        float *want = malloc(N * V * sizeof *want);
-        st_tensor_to_f32(want, lt, &err);
-        double lmax = check_max_abs(m.logits, want, N * V);
-        double lmax_nt = check_max_abs(logits_nt, want, N * V);
         double loss_rel = fabs(loss - vm.loss) / fabs(vm.loss);
-        free(want);
         CHECK(n_valid == vm.n_valid, "%s: n_valid %lld, expected %lld", variant, (long long)n_valid,
               (long long)vm.n_valid);
         CHECK(lmax <= LOGITS_MAX_ABS, "%s: logits max abs err %.3e", variant, lmax);
@@ -242,9 +246,6 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
               lmax_nt);
         CHECK(loss_rel <= LOSS_REL, "%s: loss %.8f vs %.8f (rel %.3e)", variant, loss, vm.loss,
               loss_rel);
-
-        qwen3_zero_grad(&m);
-        qwen3_backward(&m, 1.0f / (float)n_valid);
         double gworst = 0;
         char gname[128] = "";
         compare_grads(&gworst, gname, sizeof gname, &m, &exp, &vm, variant);
@@ -254,6 +255,7 @@ static void run_variant(const char *ref, const char *variant, const char *moe_im
                gname);
     }
     st_close(&exp);
+    moe_balance_free(&bal);
     free(inputs);
     free(targets);
     free(logits_nt);

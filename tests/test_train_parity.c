@@ -197,7 +197,8 @@ static void run_case(const char *ref, const char *name) {
         qwen3_zero_grad(&m);
         double sum = 0;
         for (int j = 0; j < c.accum; j++) {
-            sum += qwen3_forward(&m, inputs + j * N, targets + j * N, NULL);
+            sum += qwen3_forward(
+                &m, &(qwen3_batch){.inputs = inputs + j * N, .targets = targets + j * N}, NULL);
             qwen3_backward(&m, (float)(1.0 / (double)n_valid));
         }
         double loss = sum / (double)n_valid, want_loss = log_value(&c, s, "loss");

@@ -184,7 +184,7 @@ static int load_model(gen_run *r, const cli_args *a, ct_error *err) {
         snprintf(r->model_dir, sizeof r->model_dir, "%s", hf);
         snprintf(r->tok_dir, sizeof r->tok_dir, "%s", hf);
         hf_load_report rep;
-        const int rc = hf_load_folder(&r->m, &rep, hf, &r->ops, err);
+        const int rc = hf_load_folder_forward_only(&r->m, &rep, hf, &r->ops, err);
         hf_report_free(&rep);
         if (rc != 0) return ct_wrap(err, "--model.hf_path %s", hf);
     } else {
@@ -193,7 +193,8 @@ static int load_model(gen_run *r, const cli_args *a, ct_error *err) {
         qwen3_config cfg;
         train_state st;
         snprintf(path, sizeof path, "%s/config.json", r->model_dir);
-        if (qwen3_config_load(&cfg, path, err) != 0 || qwen3_init(&r->m, &cfg, &r->ops, err) != 0 ||
+        if (qwen3_config_load(&cfg, path, err) != 0 ||
+            qwen3_init_forward_only(&r->m, &cfg, NULL, &r->ops, err) != 0 ||
             ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, &toml, err) != 0)
             return ct_wrap(err, "--checkpoint %s", ck);
         ckpt_tokenizer_dir(r->tok_dir, sizeof r->tok_dir, toml);

@@ -217,10 +217,19 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     st_set_close(&set);
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
     if (rc == 0) qwen3_refresh_bf16(m);
+    // MoE: the balance component counts the forward's routing and gives the backward the aux
+    // loss's gradient when the aux is in the loss.
+    const bool aux_in_loss = m->n_sparse > 0 && cfg.output_router_logits;
+    if (rc == 0)
+        rc = moe_balance_init(&balance, m, 1, NULL, NULL,
+                              aux_in_loss ? (float)cfg.router_aux_loss_coef : 0.0f, err);
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
-    double loss_sum = qwen3_forward(m, inputs, targets, &res->n_valid);
+    qwen3_batch batch = {inputs, targets, NULL, false};
+    if ((rc = qwen3_batch_check(m, &batch, B, err)) != 0) goto done;
+    batch.checked = true; // the forward need not check again
+    double loss_sum = qwen3_forward(m, &batch, &res->n_valid);
     double t1 = ct_now_s();
     if (res->n_valid == 0) {
         rc = ct_fail(err, "%s: no valid targets in the batch", data_path);
@@ -228,17 +237,13 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     }
     if ((rc = logits_summarise(&res->logits, m, k_logits, err)) != 0) goto done;
     res->ce = loss_sum / (double)res->n_valid;
-    if ((rc = moe_balance_init(&balance, m, 1, err)) != 0) goto done;
-    moe_balance_collect(&balance, m);
-    res->aux = moe_balance_aux(&balance);
-    const bool aux_in_loss = m->n_sparse > 0 && cfg.output_router_logits;
-    res->loss = res->ce + (aux_in_loss ? cfg.router_aux_loss_coef * res->aux : 0.0);
-    if (aux_in_loss) moe_balance_aux_grad(&balance, m, (float)cfg.router_aux_loss_coef);
     double t2 = ct_now_s();
     qwen3_zero_grad(m);
     qwen3_backward(m, 1.0f / (float)res->n_valid);
     res->forward_s = t1 - t0;
     res->backward_s = ct_now_s() - t2;
+    res->aux = moe_balance_aux(&balance); // of the statistics the backward reduced
+    res->loss = res->ce + (aux_in_loss ? cfg.router_aux_loss_coef * res->aux : 0.0);
     // The gradients through a host view (the gradients themselves on the plain CPU backend).
     const size_t bytes = m->num_params * sizeof(float);
     const float *grads = m->be->view(m->be, m->grad_mem, bytes, true, err);

@@ -177,8 +177,8 @@ static void path_join(char *out, size_t cap, const char *dir, const char *name) 
     snprintf(out, cap, "%s/%s", dir, name);
 }
 
-int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_ops *ops,
-                   ct_error *err) {
+static int load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_ops *ops,
+                       bool grads, ct_error *err) {
     char cfg_path[4096];
     qwen3_config cfg;
     st_set set;
@@ -187,7 +187,8 @@ int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_
     path_join(cfg_path, sizeof cfg_path, dir, "config.json");
     if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
     if (st_set_open(&set, dir, err) != 0) return -1;
-    int rc = qwen3_init(m, &cfg, ops, err);
+    int rc =
+        grads ? qwen3_init(m, &cfg, ops, err) : qwen3_init_forward_only(m, &cfg, NULL, ops, err);
     if (rc == 0) rc = hf_load_weights(m, r, &set, dir, err);
     st_set_close(&set);
     if (rc != 0) {
@@ -196,6 +197,16 @@ int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_
         memset(m, 0, sizeof *m);
     }
     return rc;
+}
+
+int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_ops *ops,
+                   ct_error *err) {
+    return load_folder(m, r, dir, ops, true, err);
+}
+
+int hf_load_folder_forward_only(qwen3_model *m, hf_load_report *r, const char *dir,
+                                const ct_ops *ops, ct_error *err) {
+    return load_folder(m, r, dir, ops, false, err);
 }
 
 // HF's save_pretrained walks the state_dict in module order, and sharding follows that walk:

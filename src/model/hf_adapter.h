@@ -42,6 +42,9 @@ int hf_load_weights_ranges(const qwen3_model *m, hf_load_report *r, const st_set
 // Reads DIR/config.json, builds the model (qwen3_init with `ops`) and loads its weights.
 int hf_load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const ct_ops *ops,
                    ct_error *err);
+// The same for a model that is never trained: qwen3_init_forward_only, no gradients.
+int hf_load_folder_forward_only(qwen3_model *m, hf_load_report *r, const char *dir,
+                                const ct_ops *ops, ct_error *err);
 // Writes DIR/config.json and the weights (no lm_head.weight when tied, no buffers) as `dtype`
 // (F32, BF16, F16), sharded by max_shard_bytes (0 = one file), in save_pretrained's order (a
 // sparse layer's router, then its experts by index, between attention and the norms). Creates

@@ -1,6 +1,6 @@
 // MoE load balancing (moe_balance.h). All arithmetic here is on host copies of the statistics;
-// the model's memory is read in moe_balance_collect and written in set_router_aux_grad and
-// add_expert_bias, nowhere else.
+// the backend buffers are read in collect, and the model's memory written in add_expert_bias,
+// nowhere else.
 #include "model/moe_balance.h"
 
 #include <stdlib.h>
@@ -12,12 +12,23 @@ static size_t stat_count(const moe_balance *b) {
     return (size_t)b->n_sparse * b->E;
 }
 
-int moe_balance_init(moe_balance *b, const qwen3_model *m, int ranks, ct_error *err) {
+int moe_balance_init(moe_balance *b, qwen3_model *m, int ranks, moe_balance_sum_fn sum,
+                     void *sum_ctx, float aux_scale, ct_error *err) {
     *b = (moe_balance){0};
     if (m->n_sparse == 0) return 0;
+    b->m = m;
     b->n_sparse = m->n_sparse;
     b->E = m->cfg.num_experts;
+    b->sum = sum;
+    b->sum_ctx = sum_ctx;
+    b->aux_scale = aux_scale;
     const size_t n = stat_count(b);
+    ct_backend *be = m->be;
+    if (!(b->load = be->alloc(be, n * sizeof(double), "MoE loads", err)) ||
+        !(b->prob = be->alloc(be, n * sizeof(double), "MoE probs", err))) {
+        moe_balance_free(b);
+        return -1;
+    }
     b->stats = calloc(2 * n + 1, sizeof *b->stats);
     b->step_load = calloc(n, sizeof *b->step_load);
     b->balance = calloc((size_t)b->n_sparse, sizeof *b->balance);
@@ -28,10 +39,16 @@ int moe_balance_init(moe_balance *b, const qwen3_model *m, int ranks, ct_error *
         moe_balance_free(b);
         return ct_fail(err, "out of memory for the MoE routing statistics");
     }
+    m->balance = b;
     return 0;
 }
 
 void moe_balance_free(moe_balance *b) {
+    if (b->m) {
+        if (b->m->balance == b) b->m->balance = NULL;
+        b->m->be->free(b->m->be, b->load);
+        b->m->be->free(b->m->be, b->prob);
+    }
     free(b->stats);
     free(b->step_load);
     free(b->balance);
@@ -41,20 +58,40 @@ void moe_balance_free(moe_balance *b) {
     *b = (moe_balance){0};
 }
 
-void moe_balance_collect(moe_balance *b, const qwen3_model *m) {
+void moe_balance_forward_begin(moe_balance *b, int64_t tokens) {
     if (b->n_sparse == 0) return;
     const size_t n = stat_count(b);
-    m->be->read(m->be, b->stats, m->moe_load, n * sizeof *b->stats);
-    m->be->read(m->be, b->stats + n, m->moe_prob, n * sizeof *b->stats);
-    b->stats[2 * n] = (double)m->B * m->T;
+    ct_backend *be = b->m->be;
+    be->zero(be, b->load, n * sizeof *b->load);
+    be->zero(be, b->prob, n * sizeof *b->prob);
+    b->tokens = (double)tokens;
 }
 
-int moe_balance_reduce(moe_balance *b, moe_balance_sum_fn sum, void *ctx, ct_error *err) {
-    if (b->n_sparse == 0) return 0;
+// The one reader of the routers' statistics: the last forward's load, prob and token count into
+// b->stats.
+static void collect(moe_balance *b) {
     const size_t n = stat_count(b);
-    if (sum && sum(ctx, b->stats, (int)(2 * n + 1), b->scratch, err) != 0) return -1;
+    ct_backend *be = b->m->be;
+    be->read(be, b->stats, b->load, n * sizeof *b->stats);
+    be->read(be, b->stats + n, b->prob, n * sizeof *b->stats);
+    b->stats[2 * n] = b->tokens;
+}
+
+// Sums the collected statistics over the ranks, so they are the global micro-batch's, then adds
+// its loads to the step's.
+static int reduce(moe_balance *b) {
+    const size_t n = stat_count(b);
+    if (b->sum && b->sum(b->sum_ctx, b->stats, (int)(2 * n + 1), b->scratch, &b->err) != 0)
+        return -1;
     for (size_t i = 0; i < n; i++) b->step_load[i] += b->stats[i];
     return 0;
+}
+
+int moe_balance_status(moe_balance *b, ct_error *err) {
+    if (!b->failed) return 0;
+    b->failed = 0;
+    if (err) *err = b->err;
+    return -1;
 }
 
 // Expert e's statistic summed over the sparse layers (layout of b->stats).
@@ -75,27 +112,21 @@ double moe_balance_aux(const moe_balance *b) {
     return b->E * sum / (rows * rows);
 }
 
-// Writes model memory: the router backward's aux gradient (dprob NULL: none).
-static void set_router_aux_grad(qwen3_model *m, const float *dprob) {
-    qwen3_acts *s = m->acts;
-    s->aux_active = dprob != NULL;
-    if (dprob)
-        m->be->write(m->be, s->aux_dprob, dprob, (size_t)m->cfg.num_experts * sizeof *s->aux_dprob);
-}
-
-void moe_balance_aux_grad(moe_balance *b, qwen3_model *m, float scale) {
-    if (!m->acts || b->n_sparse == 0) return;
+const float *moe_balance_backward_begin(moe_balance *b) {
+    if (b->n_sparse == 0) return NULL;
+    collect(b);
+    if (reduce(b) != 0) {
+        b->failed = 1;
+        return NULL;
+    }
     const int E = b->E;
     const double rows = b->stats[2 * stat_count(b)] * b->n_sparse;
-    if (scale == 0.0f || !(rows > 0)) {
-        set_router_aux_grad(m, NULL);
-        return;
-    }
+    if (b->aux_scale == 0.0f || !(rows > 0)) return NULL;
     // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
     // one-hot counts are constants, as in HF.
     for (int e = 0; e < E; e++)
-        b->dprob[e] = (float)(scale * E * over_layers(b, b->stats, e) / (rows * rows));
-    set_router_aux_grad(m, b->dprob);
+        b->dprob[e] = (float)(b->aux_scale * E * over_layers(b, b->stats, e) / (rows * rows));
+    return b->dprob;
 }
 
 // Writes model memory: every sparse layer's expert_bias += its row of delta, in layer order,
@@ -112,7 +143,7 @@ static void add_expert_bias(qwen3_model *m, const float *delta, float *row, int 
     }
 }
 
-static void update_bias(moe_balance *b, qwen3_model *m, float coeff) {
+static void update_bias(moe_balance *b, float coeff) {
     const int E = b->E;
     for (int s = 0; s < b->n_sparse; s++) {
         const double *count = b->step_load + (size_t)s * E;
@@ -134,10 +165,10 @@ static void update_bias(moe_balance *b, qwen3_model *m, float coeff) {
     if (b->add_bias)
         b->add_bias(b->add_bias_ctx, b->bias_delta);
     else
-        add_expert_bias(m, b->bias_delta, b->dprob, E);
+        add_expert_bias(b->m, b->bias_delta, b->dprob, E);
 }
 
-void moe_balance_end_step(moe_balance *b, qwen3_model *m, bool update, float coeff) {
+void moe_balance_end_step(moe_balance *b, bool update, float coeff) {
     if (b->n_sparse == 0) return;
     const int E = b->E;
     for (int s = 0; s < b->n_sparse; s++) {
@@ -149,7 +180,7 @@ void moe_balance_end_step(moe_balance *b, qwen3_model *m, bool update, float coe
         }
         b->balance[s] = sum > 0 ? most / (sum / E) : 0;
     }
-    if (update) update_bias(b, m, coeff);
+    if (update) update_bias(b, coeff);
     memset(b->step_load, 0, stat_count(b) * sizeof *b->step_load);
 }
 

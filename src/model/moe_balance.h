@@ -2,20 +2,23 @@
 // over micro-batches and ranks, HF's load-balancing loss (load_balancing_loss_func) and its
 // gradient into the routers, torchtitan's aux-loss-free expert bias, and the balance metric.
 //
-// The model produces raw per-forward statistics (m->moe_load, m->moe_prob, written by the
-// router during qwen3_forward); this component reads them in one function only,
-// moe_balance_collect. It writes model memory in two small functions only (moe_balance.c's
-// set_router_aux_grad and add_expert_bias), so that a backend keeping those buffers in device
-// memory changes these three and nothing else.
+// The caller attaches it to a model once (moe_balance_init). From then on the model asks it:
+// each forward's routers write their raw statistics into the component's buffers (load, prob,
+// on the model's backend: the forward zeroes them through moe_balance_forward_begin), and each
+// backward, before its first gradient, has the component reduce them
+// (moe_balance_backward_begin: read, summed over the ranks, added to the step's loads) and
+// takes from it the aux gradient per router probability. A forward without a backward
+// (validation) counts nothing. The component writes model memory in one small function only,
+// add_expert_bias, so that a backend keeping the weights in device memory changes it and
+// collect (the read of load and prob) and nothing else.
 //
 // Ranks: the component knows nothing of processes. The caller passes a sum over ranks
 // (moe_balance_sum_fn; the trainer's calls dist_sum_array), so src/model/ does not depend on
 // src/parallel/.
 //
-// Use per step: for each micro-batch, forward, moe_balance_collect, moe_balance_reduce,
-// moe_balance_aux (and moe_balance_aux_grad when the aux is in the loss), backward; then, before
-// the optimizer step, moe_balance_end_step. A single forward (verify) needs only collect, aux
-// and aux_grad.
+// Use per step: for each micro-batch, forward and backward, then moe_balance_aux (the aux of
+// that micro-batch, over every rank) and moe_balance_status (a failed sum); before the optimizer
+// step, moe_balance_end_step. A single forward and backward (verify) needs only aux.
 #pragma once
 #include <stdbool.h>
 
@@ -28,6 +31,20 @@ typedef int (*moe_balance_sum_fn)(void *ctx, double *buf, int n, double *scratch
 
 typedef struct moe_balance {
     int n_sparse, E; // sparse layers and experts; 0 sparse layers: every call does nothing
+    qwen3_model *m;  // the model it is attached to
+    // The routers' raw statistics of the model's last forward, on its backend, per sparse layer
+    // s (in layer order) and expert e: load[s*E + e] counts the tokens whose top K include e,
+    // prob[s*E + e] sums the router probability of e over the tokens. The forward zeroes them
+    // and each sparse layer's moe_route_stats adds its tokens; tokens is their count (B*T).
+    double *load, *prob;
+    double tokens;
+    moe_balance_sum_fn sum; // the sum over ranks (NULL: one process)
+    void *sum_ctx;
+    // The aux loss's weight in the loss the backward differentiates (coef / accumulation steps
+    // when the aux is in the loss; 0: no aux gradient).
+    float aux_scale;
+    int failed; // a backward's sum over ranks failed: err says why (moe_balance_status)
+    ct_error err;
     // The last collected micro-batch (over every rank once reduced), per sparse layer s and
     // expert e: stats[s*E + e] its top-K token counts (the load), stats[n + s*E + e] its summed
     // router probabilities, n = n_sparse * E; then stats[2n] the tokens they count per layer.
@@ -43,35 +60,37 @@ typedef struct moe_balance {
     void *add_bias_ctx;
 } moe_balance;
 
-// Sized for m's sparse layers and a reduction over `ranks` processes (1 without one). A dense
-// model allocates nothing. moe_balance_free undoes it (also after a failed init, or on a
-// zeroed struct).
-int moe_balance_init(moe_balance *b, const qwen3_model *m, int ranks, ct_error *err);
+// Sized for m's sparse layers and a reduction over `ranks` processes through `sum` (NULL: one
+// process), and attached to m (m->balance): from its next forward on, m counts its routing
+// statistics here, and its backwards add the gradient of aux_scale * aux (0: none). A dense
+// model allocates nothing and attaches nothing. moe_balance_free detaches and frees it (also
+// after a failed init, or on a zeroed struct); call it before qwen3_free.
+int moe_balance_init(moe_balance *b, qwen3_model *m, int ranks, moe_balance_sum_fn sum,
+                     void *sum_ctx, float aux_scale, ct_error *err);
 void moe_balance_free(moe_balance *b);
 
-// The one reader of the model's raw statistics: copies the last forward's m->moe_load,
-// m->moe_prob and its token count (B*T) into b->stats.
-void moe_balance_collect(moe_balance *b, const qwen3_model *m);
-// Sums the collected statistics over the ranks (sum NULL: one process, nothing to sum), so
-// they are the global micro-batch's, then adds its loads to the step's.
-int moe_balance_reduce(moe_balance *b, moe_balance_sum_fn sum, void *ctx, ct_error *err);
+// The model's side (qwen3.c). Before a forward's routers run: zeroes load and prob, for a
+// forward of `tokens` tokens.
+void moe_balance_forward_begin(moe_balance *b, int64_t tokens);
+// Before a backward's first gradient: reads the last forward's statistics, sums them over the
+// ranks (so they are the global micro-batch's), adds its loads to the step's, and returns the
+// aux gradient per router probability (E floats, host memory) for the routers' backward, or
+// NULL when there is none (aux_scale 0, no tokens, or the sum failed: see moe_balance_status).
+const float *moe_balance_backward_begin(moe_balance *b);
+// 0, or -1 and err set when a backward's sum over ranks failed (the failure is then cleared).
+int moe_balance_status(moe_balance *b, ct_error *err);
 
-// HF's load-balancing statistic over every sparse layer's router, from the collected
-// statistics:
+// HF's load-balancing statistic over every sparse layer's router, from the statistics the last
+// backward reduced:
 //   aux = E * sum_{j,e} f[j,e] * p[e] = E * sum_e load_e * prob_e / rows^2,
 // load_e and prob_e summed over the sparse layers, rows = tokens * n_sparse. 0 when dense.
 double moe_balance_aux(const moe_balance *b);
-// Makes m's next qwen3_backward add the gradient of scale * aux (aux as moe_balance_aux
-// computes it; it does not depend on prob) to the routers. scale 0 = none, the state after
-// every backward.
-void moe_balance_aux_grad(moe_balance *b, qwen3_model *m, float scale);
-
 // Before each optimizer step: each sparse layer's load balance of the step (max load over mean
 // load, 0 for a layer without tokens; see moe_balance_metric) and, with update_bias,
 // torchtitan's auxiliary-loss-free load balancing: from the step's token counts, every
 // expert_bias moves by delta - mean(delta), delta_e = coeff * sign(mean load - load_e), in
 // fp32. Underloaded experts become likelier choices; the bias never changes the routing
 // weights, only the choice. Then the step's loads start again from 0.
-void moe_balance_end_step(moe_balance *b, qwen3_model *m, bool update_bias, float coeff);
+void moe_balance_end_step(moe_balance *b, bool update_bias, float coeff);
 // (n_sparse) the last ended step's max load / mean load per sparse layer.
 const double *moe_balance_metric(const moe_balance *b);

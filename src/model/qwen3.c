@@ -12,9 +12,11 @@
 // the fused rows), which compute what the separate ops would, bit for bit.
 // Backward keeps one running gradient of the residual stream (dresid) and adds each block's
 // contribution to it.
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
+#include "model/moe_balance.h"
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
 #include "ops/moe_router.h"
@@ -64,7 +66,7 @@ static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_
 }
 
 // ---------------------------------------------------------------------------------------------
-// Block-causal documents (qwen3_set_positions). With documents, the q/k norm + RoPE kernel sees
+// Block-causal documents (qwen3_batch.positions). With documents, the q/k norm + RoPE kernel sees
 // the N tokens as one sequence (B = 1, T = N: q and k are (B,T,H,D) contiguous, the same
 // memory) whose RoPE rows are each token's own (pos_cos, pos_sin), and attention runs once per
 // document on its range of tokens (B = 1, T = its length) with its own piece of the state, so
@@ -80,26 +82,48 @@ static rope_rows rope_of(const qwen3_acts *s, qwen3_dims d) {
     return (rope_rows){s->rope_cos, s->rope_sin, d.B, d.T};
 }
 
-// out, state = attention(q, k, v) of the batch: the table's kernel (its bf16 one when
-// attention_in_bf16) over (B, T), or over each document.
-static void attention_forward_docs(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_acts *s) {
+// Where a layer's keys and values go (k, v: what q/k norm + RoPE writes, T rows each sequence)
+// and what its attention reads (k_all, v_all): the layer's own activations, or a KV cache's
+// rows at pos and its rows [0, pos + T).
+typedef struct kv_rows {
+    float *k, *v;
+    const float *k_all, *v_all;
+} kv_rows;
+
+static kv_rows kv_of(const qwen3_layer_acts *a, const qwen3_pass *p, int l) {
+    if (!p->kcache) return (kv_rows){a->kr, a->v, a->kr, a->v};
+    const size_t KV = (size_t)p->d.NKV * p->d.D, layer = (size_t)l * p->cache_len * KV;
+    float *k0 = p->kcache + layer, *v0 = p->vcache + layer;
+    return (kv_rows){k0 + (size_t)p->pos * KV, v0 + (size_t)p->pos * KV, k0, v0};
+}
+
+// out, state = attention(q, k, v) of the pass: the table's kernel (its bf16 one when
+// attention_in_bf16) over (B, T), or over each document; over a cache past position 0 (one
+// token), attention_decode over its rows [0, pos].
+static void attention_forward(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_pass *p,
+                              kv_rows kv) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
-    const ct_attention_bf16_forward_fn fwd =
-        attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
-    if (!s->n_docs) {
-        fwd(a->atty, a->att, a->qr, a->kr, a->v, d.B, d.T, d.NH, d.NKV, d.D);
+    const qwen3_dims d = p->d;
+    if (p->kcache && p->pos > 0) {
+        op->attention_decode(a->atty, p->dec_scratch, a->qr, kv.k_all, kv.v_all, p->pos + 1, d.NH,
+                             d.NKV, d.D);
         return;
     }
-    for (int i = 0; i < s->n_docs; i++) {
-        const qwen3_doc *doc = &s->docs[i];
-        const size_t q = (size_t)doc->start * d.NH * d.D, kv = (size_t)doc->start * d.NKV * d.D;
-        fwd(a->atty + q, a->att + doc->state, a->qr + q, a->kr + kv, a->v + kv, 1, doc->len, d.NH,
-            d.NKV, d.D);
+    const ct_attention_bf16_forward_fn fwd =
+        attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
+    if (!p->n_docs) {
+        fwd(a->atty, a->att, a->qr, kv.k_all, kv.v_all, d.B, d.T, d.NH, d.NKV, d.D);
+        return;
+    }
+    for (int i = 0; i < p->n_docs; i++) {
+        const qwen3_doc *doc = &p->docs[i];
+        const size_t q = (size_t)doc->start * d.NH * d.D, k = (size_t)doc->start * d.NKV * d.D;
+        fwd(a->atty + q, a->att + doc->state, a->qr + q, kv.k_all + k, kv.v_all + k, 1, doc->len,
+            d.NH, d.NKV, d.D);
     }
 }
 
-// dq, dk, dv from datty, as attention_forward_docs ran (each document's backward reuses the
+// dq, dk, dv from datty, as attention_forward ran (each document's backward reuses the
 // whole scratch: they run one after the other).
 static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts *a,
                                     qwen3_acts *s) {
@@ -125,39 +149,42 @@ static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts
 // post_attention_layernorm(a->resid2) in the same pass (the next block's input).
 // gemms false (the op policy's recomputation) runs only the elementwise ops, from the kept
 // outputs of the GEMMs and attention (a->qkv, a->resid2): the norms and q/k norm + RoPE.
+// Layer l's keys and values go where the pass says (kv_of).
 
 static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                                    qwen3_layer_acts *a, const qwen3_acts *s, bool gemms) {
+                                    qwen3_layer_acts *a, const qwen3_pass *p, int l, bool gemms) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
+    const qwen3_dims d = p->d;
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const size_t N = (size_t)d.N;
     const float eps = m->cfg.rms_norm_eps;
     op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
     to_bf16(m, a->ln1_16, a->ln1, N * d.C);
     if (gemms) {
-        linear_forward(m, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
-                       QKV); // (N,QKV)
+        qwen3_linear(m, p->mm_scratch, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
+                     QKV); // (N,QKV)
         to_bf16(m, a->qkv16, a->qkv, N * QKV);
     } else {
         from_bf16(m, a->qkv, a->qkv16, N * QKV);
     }
     // q_norm/k_norm (one (D) weight, each head's vector its own row), then RoPE.
-    const rope_rows r = rope_of(s, d);
-    op->qk_norm_rope_forward(op, a->qr, a->kr, a->v, a->q_rstd, a->k_rstd, s->dq, a->qkv, w->q_norm,
-                             w->k_norm, r.cos, r.sin, r.B, r.T, d.NH, d.NKV, d.D, eps);
+    const kv_rows kv = kv_of(a, p, l);
+    op->qk_norm_rope_forward(op, a->qr, kv.k, kv.v, a->q_rstd, a->k_rstd, p->rope_scratch, a->qkv,
+                             w->q_norm, w->k_norm, p->rope_cos, p->rope_sin, p->rope_B, p->rope_T,
+                             d.NH, d.NKV, d.D, eps);
     to_bf16(m, a->qr16, a->qr, N * QD); // autocast's matmuls read q, k and v in bf16
-    to_bf16(m, a->kr16, a->kr, N * d.NKV * d.D);
-    to_bf16(m, a->v16, a->v, N * d.NKV * d.D);
+    to_bf16(m, a->kr16, kv.k, N * d.NKV * d.D);
+    to_bf16(m, a->v16, kv.v, N * d.NKV * d.D);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
         op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
         to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
-    attention_forward_docs(m, a, s);
+    attention_forward(m, a, p, kv);
     to_bf16(m, a->atty16, a->atty, N * QD);
-    linear_forward(m, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD, d.C); // (N,C)
+    qwen3_linear(m, p->mm_scratch, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD,
+                 d.C); // (N,C)
     to_bf16(m, NULL, a->resid2, N * d.C);
     op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
                             d.N, d.C, eps);
@@ -207,28 +234,29 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 // bf16 from GEMM to GEMM, as under torch's autocast; else an fp32 SwiGLU runs between them.
 
 static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool gemms) {
+                              qwen3_layer_acts *a, const qwen3_pass *p, float *out, bool gemms) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
+    const qwen3_dims d = p->d;
     const size_t N = (size_t)d.N;
     if (qwen3_mlp_bf16(op, &m->mem_opts)) {
         if (gemms)
-            linear_forward(m, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
-                           2 * d.F);
+            qwen3_linear(m, p->mm_scratch, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up,
+                         NULL, d.N, d.C, 2 * d.F);
         op->swiglu_rows_bf16_forward(a->h16, a->gate_up16, d.N, d.F);
     } else if (gemms) {
-        linear_forward(m, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N, d.C,
-                       2 * d.F);
+        qwen3_linear(m, p->mm_scratch, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N,
+                     d.C, 2 * d.F);
         to_bf16(m, a->gate_up16, a->gate_up, N * 2 * d.F);
     } else {
         from_bf16(m, a->gate_up, a->gate_up16, N * 2 * d.F);
     }
     if (!qwen3_mlp_bf16(op, &m->mem_opts)) {
-        op->swiglu_rows_forward(op, a->h, s->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
+        op->swiglu_rows_forward(op, a->h, p->swiglu_scratch, a->gate_up, d.N, d.F); // (N,F)
         to_bf16(m, a->h16, a->h, N * d.F);
     }
     if (!gemms) return;
-    linear_forward(m, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    qwen3_linear(m, p->mm_scratch, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F,
+                 d.C); // (N,C)
     to_bf16(m, NULL, out, N * d.C);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -264,26 +292,26 @@ static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
     return m->param_bf16 + (w - m->param_mem);
 }
 
-// `count` adds the routing statistics of these tokens; a recomputation (activation
-// checkpointing) must not count them twice.
+// The pass's `count` adds the routing statistics of these tokens to the balance component; a
+// recomputation (activation checkpointing) must not count them twice, generation not at all.
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                              qwen3_layer_acts *a, const qwen3_acts *s, float *out, bool count) {
+                              qwen3_layer_acts *a, const qwen3_pass *p, float *out) {
     const ct_ops *op = m->ops;
-    const qwen3_dims d = model_dims(m);
-    linear_forward(m, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
-                   d.E); // logits (N,E)
+    const qwen3_dims d = p->d;
+    qwen3_linear(m, p->mm_scratch, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
+                 d.E); // logits (N,E)
     to_bf16(m, NULL, a->probs, (size_t)d.N * d.E);
     op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
-                          m->cfg.norm_topk_prob, s->route_scratch, s->route_threads);
+                          m->cfg.norm_topk_prob, p->route_scratch, p->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
-    if (count)
-        op->moe_route_stats(m->moe_load + row, m->moe_prob + row, a->expert, a->probs, d.N, d.E,
-                            d.K);
+    if (p->count && m->balance)
+        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
+                            d.N, d.E, d.K);
     if (qwen3_bf16_experts(&m->mem_opts))
-        op->moe_bf16_forward(out, a->moe_state, s->moe_scratch, a->ln2_16, a->expert, a->route_w,
+        op->moe_bf16_forward(out, a->moe_state, p->moe_scratch, a->ln2_16, a->expert, a->route_w,
                              bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
-        op->moe_forward(out, a->moe_state, s->moe_scratch, a->ln2, a->expert, a->route_w,
+        op->moe_forward(out, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                         w->experts, d.N, d.C, d.Fm, d.E, d.K);
     op->add(out, a->resid2, out, (int64_t)d.N * d.C);
 }
@@ -331,21 +359,40 @@ int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_
     return 0;
 }
 
+void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const qwen3_pass *p,
+                         float *out, bool gemms) {
+    const qwen3_layer_weights *w = &m->w.layers[l];
+    attention_block_forward(m, w, a, p, l, gemms);
+    if (a->sparse_index < 0)
+        mlp_block_forward(m, w, a, p, out, gemms);
+    else if (gemms)
+        moe_block_forward(m, w, a, p, out);
+}
+
+// Training's pass over the planned batch: k and v into the layer's own activations, the
+// documents of the last forward, the plan's scratch.
+static qwen3_pass train_pass(const qwen3_model *m, bool count) {
+    const qwen3_acts *s = m->acts;
+    qwen3_pass p = {.d = model_dims(m), .docs = s->docs, .n_docs = s->n_docs, .count = count};
+    const rope_rows r = rope_of(s, p.d);
+    p.rope_cos = r.cos, p.rope_sin = r.sin, p.rope_B = r.B, p.rope_T = r.T;
+    p.rope_scratch = s->dq; // free until the backward
+    p.swiglu_scratch = s->swiglu_scratch, p.moe_scratch = s->moe_scratch;
+    p.route_scratch = s->route_scratch, p.route_threads = s->route_threads;
+    p.mm_scratch = s->mm_scratch;
+    return p;
+}
+
 // Layer l's forward: s->layers[l].resid -> the next layer's resid (or resid_out). `ac` says
 // which pass: the forward (QWEN3_AC_NONE), or a recomputation in the backward: all of it
 // (QWEN3_AC_LAYER: the routing statistics are not counted again) or only the elementwise ops
 // (QWEN3_AC_OPS: the GEMM and attention outputs, the routing among them, were kept).
 static void layer_forward(qwen3_model *m, int l, qwen3_layer_ac ac) {
     qwen3_acts *s = m->acts;
-    qwen3_layer_acts *a = &s->layers[l];
     const int L = m->cfg.num_hidden_layers;
-    const bool gemms = ac != QWEN3_AC_OPS;
     float *out = l + 1 < L ? s->layers[l + 1].resid : s->resid_out;
-    attention_block_forward(m, &m->w.layers[l], a, s, gemms);
-    if (a->sparse_index < 0)
-        mlp_block_forward(m, &m->w.layers[l], a, s, out, gemms);
-    else if (gemms)
-        moe_block_forward(m, &m->w.layers[l], a, s, out, ac == QWEN3_AC_NONE);
+    const qwen3_pass p = train_pass(m, ac == QWEN3_AC_NONE);
+    qwen3_layer_forward(m, l, &s->layers[l], &p, out, ac != QWEN3_AC_OPS);
 }
 
 // Tokens per pass of the loss head: all of them, or mem_opts.loss_chunk.
@@ -431,63 +478,74 @@ static int positions_docs(const qwen3_model *m, const int32_t *positions, qwen3_
     return split ? n : 0;
 }
 
-int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err) {
-    qwen3_acts *s = m->acts;
-    if (!s) return ct_fail(err, "qwen3_set_positions: the model is not planned (qwen3_plan)");
-    if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
-        return ct_fail(err, "qwen3_set_positions: the model was planned without block-causal "
-                            "attention (mem_opts.block_causal)");
-    if (!positions) {
-        s->n_docs_next = 0;
-        s->docs_changed = true;
-        return 0;
-    }
-    const qwen3_dims d = model_dims(m);
-    for (int b = 0; b < d.B; b++) {
-        for (int t = 0; t < d.T; t++) {
-            const int32_t p = positions[(size_t)b * d.T + t];
+// Positions (B, T) against the rule: each row starts a document at 0, then counts up by one or
+// starts the next at 0.
+static int check_positions(const qwen3_model *m, const int32_t *positions, int64_t rows,
+                           ct_error *err) {
+    const int T = m->T;
+    for (int64_t b = 0; b < rows; b++) {
+        for (int t = 0; t < T; t++) {
+            const int32_t p = positions[(size_t)b * T + t];
             if (t == 0 && p != 0)
                 return ct_fail(err,
-                               "qwen3_set_positions: positions[%d, 0] is %d, expected 0 (a row "
-                               "starts a document)",
-                               b, p);
-            const int32_t next = t ? positions[(size_t)b * d.T + t - 1] + 1 : 0;
+                               "positions[%lld, 0] is %d, expected 0 (a row starts a document)",
+                               (long long)b, p);
+            const int32_t next = t ? positions[(size_t)b * T + t - 1] + 1 : 0;
             if (p != 0 && p != next)
                 return ct_fail(err,
-                               "qwen3_set_positions: positions[%d, %d] is %d, expected %d (the "
-                               "document goes on) or 0 (a new one starts)",
-                               b, t, p, next);
+                               "positions[%lld, %d] is %d, expected %d (the document goes on) or 0 "
+                               "(a new one starts)",
+                               (long long)b, t, p, next);
         }
     }
-    // Each document's attention call needs its own piece of the state and, one at a time, the
-    // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
-    // whose sizes are linear or quadratic in T and linear in B; a plugin's are checked here).
-    size_t state, scratch;
-    const int split = positions_docs(m, positions, NULL, &state, &scratch);
-    const size_t planned_state = m->ops->attention_state_floats(d.B, d.T, d.NH, d.NKV, d.D);
-    const size_t planned_scratch = m->ops->attention_scratch_floats(d.B, d.T, d.NH, d.NKV, d.D);
-    if (split && (state > planned_state || scratch > planned_scratch))
-        return ct_fail(err,
-                       "qwen3_set_positions: the attention kernel needs %zu floats of state and "
-                       "%zu of scratch for these documents, more than the %zu and %zu it asked "
-                       "for at batch %d x seq_len %d",
-                       state, scratch, planned_state, planned_scratch, d.B, d.T);
-    s->n_docs_next = positions_docs(m, positions, s->docs_next, &state, &scratch);
-    s->docs_changed = true;
     return 0;
 }
 
-// The forward takes the documents qwen3_set_positions gave last: the list, and each token's
-// RoPE rows (row p of the tables for a token at position p, one copy per document).
-static void take_docs(qwen3_model *m) {
+int qwen3_batch_check(const qwen3_model *m, const qwen3_batch *batch, int64_t rows, ct_error *err) {
+    if (!m->acts) return ct_fail(err, "the model is not planned (qwen3_plan)");
+    const qwen3_dims d = model_dims(m);
+    if (qwen3_check_tokens(m, batch->inputs, batch->targets, rows * d.T, err) != 0) return -1;
+    if (!batch->positions) return 0;
+    const qwen3_acts *s = m->acts;
+    if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
+        return ct_fail(err, "positions need a model planned with block-causal attention "
+                            "(mem_opts.block_causal)");
+    if (check_positions(m, batch->positions, rows, err) != 0) return -1;
+    // Each document's attention call needs its own piece of the state and, one at a time, the
+    // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
+    // whose sizes are linear or quadratic in T and linear in B; a plugin's are checked here),
+    // for each forward's B rows.
+    const size_t planned_state = m->ops->attention_state_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    const size_t planned_scratch = m->ops->attention_scratch_floats(d.B, d.T, d.NH, d.NKV, d.D);
+    for (int64_t r = 0; r < rows; r += d.B) {
+        size_t state, scratch;
+        const int split =
+            positions_docs(m, batch->positions + (size_t)r * d.T, NULL, &state, &scratch);
+        if (split && (state > planned_state || scratch > planned_scratch))
+            return ct_fail(err,
+                           "the attention kernel needs %zu floats of state and %zu of scratch "
+                           "for the documents of rows %lld.., more than the %zu and %zu it asked "
+                           "for at batch %d x seq_len %d",
+                           state, scratch, (long long)r, planned_state, planned_scratch, d.B, d.T);
+    }
+    return 0;
+}
+
+// The forward's documents, from its positions (NULL: one per row): the list, and each token's
+// RoPE rows (row p of the tables for a token at position p, one copy per document), copied
+// only when they differ from the last forward's (a training run repeats its packing rarely,
+// but validation and a test's repeated batches do).
+static void take_docs(qwen3_model *m, const int32_t *positions) {
     qwen3_acts *s = m->acts;
-    if (!s->docs_changed) return;
-    s->docs_changed = false;
-    s->n_docs = s->n_docs_next;
-    if (!s->n_docs) return;
-    memcpy(s->docs, s->docs_next, (size_t)s->n_docs * sizeof *s->docs);
+    size_t state, scratch;
+    const int n = positions ? positions_docs(m, positions, s->docs_next, &state, &scratch) : 0;
+    if (n == s->n_docs && (n == 0 || !memcmp(s->docs, s->docs_next, (size_t)n * sizeof *s->docs)))
+        return;
+    s->n_docs = n;
+    if (!n) return;
+    memcpy(s->docs, s->docs_next, (size_t)n * sizeof *s->docs);
     const size_t half = (size_t)m->cfg.head_dim / 2;
-    for (int i = 0; i < s->n_docs; i++) {
+    for (int i = 0; i < n; i++) {
         const size_t at = (size_t)s->docs[i].start * half,
                      bytes = s->docs[i].len * half * sizeof(float);
         m->be->copy(m->be, s->pos_cos + at, s->rope_cos, bytes);
@@ -499,8 +557,8 @@ static void unit_event(qwen3_model *m, int unit, int event) {
     if (m->unit_hook) m->unit_hook(m->unit_hook_ctx, unit, event);
 }
 
-static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                      bool head_backward, float loss_scale, int64_t *n_valid) {
+static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backward,
+                      float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
@@ -510,16 +568,13 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const int L = m->cfg.num_hidden_layers;
-    if (qwen3_check_tokens(m, inputs, targets, d.N, NULL)) return NAN;
+    if (!batch->checked && qwen3_batch_check(m, batch, d.B, NULL) != 0) return NAN;
+    const int32_t *targets = batch->targets;
     ct_backend *be = m->be;
-    be->write(be, s->inputs, inputs, (size_t)d.N * sizeof(int32_t));
-    take_docs(m);
+    be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
+    take_docs(m, batch->positions);
 
-    if (m->n_sparse) {
-        const size_t n = (size_t)m->n_sparse * d.E;
-        be->zero(be, m->moe_load, n * sizeof *m->moe_load);
-        be->zero(be, m->moe_prob, n * sizeof *m->moe_prob);
-    }
+    if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);
     op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
     unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
@@ -555,14 +610,14 @@ static double forward(qwen3_model *m, const int32_t *inputs, const int32_t *targ
     return sum;
 }
 
-double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                     int64_t *n_valid) {
-    return forward(m, inputs, targets, false, 0.0f, n_valid);
+double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid) {
+    return forward(m, batch, false, 0.0f, n_valid);
 }
 
-double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                           float loss_scale, int64_t *n_valid) {
-    return forward(m, inputs, targets, true, loss_scale, n_valid);
+double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
+                           int64_t *n_valid) {
+    assert(m->grad_mem && "qwen3_forward_train on a model built without gradients");
+    return forward(m, batch, m->grad_mem != NULL, loss_scale, n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
@@ -570,17 +625,24 @@ void qwen3_refresh_bf16(qwen3_model *m) {
 }
 
 void qwen3_zero_grad(qwen3_model *m) {
-    m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
+    if (m->grad_mem) m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
 }
 
 void qwen3_backward(qwen3_model *m, float loss_scale) {
     qwen3_acts *s = m->acts;
+    assert(m->grad_mem && "qwen3_backward on a model built without gradients");
+    if (!m->grad_mem) return;
     if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
     // m->logits holds gradients from here on), or by recomputing each chunk's logits.
     const int rows = head_rows(m), L = m->cfg.num_hidden_layers;
+    // MoE: the balance component reduces the forward's routing statistics (over the ranks: a
+    // collective, here, before the first unit's) and gives the aux loss's gradient, if any.
+    const float *aux_dprob = m->balance ? moe_balance_backward_begin(m->balance) : NULL;
+    s->aux_active = aux_dprob != NULL;
+    if (aux_dprob) m->be->write(m->be, s->aux_dprob, aux_dprob, (size_t)d.E * sizeof *s->aux_dprob);
     unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
     if (!s->head_done) {
         for (int r0 = 0; r0 < d.N; r0 += rows)
@@ -611,5 +673,5 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;
-    s->aux_active = false; // moe_balance_aux_grad holds for one backward
+    s->aux_active = false;
 }

@@ -82,8 +82,8 @@ typedef struct qwen3_memory_opts {
     // Block-causal attention over packed documents (torchtitan's attn_mask_type =
     // "block_causal", HF's padding-free packing): a token attends only to the earlier tokens of
     // its own document, and its RoPE position is its offset in that document. The documents come
-    // from qwen3_set_positions; qwen3_plan reserves what it needs (the per-token RoPE rows, the
-    // document lists), which qwen3_memory_plan_ops counts.
+    // from each forward's positions (qwen3_batch); qwen3_plan reserves what it needs (the
+    // per-token RoPE rows, the document lists), which qwen3_memory_plan_ops counts.
     bool block_causal;
 } qwen3_memory_opts;
 
@@ -124,12 +124,12 @@ typedef struct qwen3_model {
     void (*unit_hook)(void *ctx, int unit, int event);
     void *unit_hook_ctx;
 
-    // MoE routing statistics of the last forward, per sparse layer s (in layer order; n_sparse
-    // of them) and expert e: moe_load[s*E + e] counts the tokens whose top K include e,
-    // moe_prob[s*E + e] sums the router probability of e over the tokens. NULL when dense.
-    // Load balancing (model/moe_balance.h) reads them in moe_balance_collect only.
+    // MoE: n_sparse sparse layers. Optional (NULL = none): the load-balancing component
+    // (model/moe_balance.h, attached by moe_balance_init). The forward's routers write their
+    // statistics into it, and the backward asks it for the aux loss's gradient after it has
+    // reduced them; without one, nothing is counted and no aux gradient flows.
     int n_sparse;
-    double *moe_load, *moe_prob;
+    struct moe_balance *balance;
 
     // mem_opts.bf16: the weights rounded to bf16, param_mem's layout (qwen3_plan allocates it;
     // qwen3_refresh_bf16 fills it); NULL otherwise.
@@ -181,6 +181,14 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
                   ct_error *err);
 // qwen3_init_on the plain CPU backend.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
+// The same without gradients, for a model that is never trained (generate, an export): no
+// grad_mem (NULL, and every m->g pointer NULL). The weights' bf16 copy is made only where a bf16
+// forward needs it, as for a trained model; optimizer state and fp32 masters live in the
+// trainer, so an untrained model holds the weights and what its forward plans, nothing else.
+// qwen3_zero_grad does nothing on it; qwen3_backward is a programming error (it asserts in a
+// debug build and does nothing in a release one).
+int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
+                            const ct_ops *ops, ct_error *err);
 // Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);
 void qwen3_free(qwen3_model *m);
@@ -211,49 +219,58 @@ int qwen3_params_first_nonfinite(const qwen3_model *m, const qwen3_param **param
 uint64_t qwen3_params_hash(const qwen3_model *m);
 
 // Checks n token ids: inputs in [0, vocab_size), targets (may be NULL) too or -100. The error
-// names the position and value. qwen3_forward runs the same check.
+// names the position and value.
 int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                        int64_t n, ct_error *err);
 
-// inputs, targets: (B, T) token ids; targets == -100 are ignored; targets NULL = logits only
-// (returns 0). Returns the sum of per-token cross-entropy over valid targets; *n_valid (if
-// non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
-// Returns NAN (and computes nothing) if a token id is out of range or qwen3_plan was not run.
-// With mem_opts.loss_chunk, targets NULL computes nothing past the final norm.
-double qwen3_forward(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                     int64_t *n_valid);
+// One forward's inputs, (B, T) each as qwen3_plan sized them.
+typedef struct qwen3_batch {
+    const int32_t *inputs;  // token ids in [0, vocab_size)
+    const int32_t *targets; // NULL = logits only; -100 = ignored
+    // Block-causal attention (mem_opts.block_causal): the tokens' RoPE positions. A row's
+    // documents start where positions[b, t] == 0 (positions[b, 0] must be 0) and count up by one
+    // inside a document; each document is then computed exactly as if it were its own sequence
+    // (B = 1, T = its length): attention within it only, positions from 0. The forward's backward
+    // and any recomputation under activation checkpointing use the same documents. NULL = one
+    // document per row (plain causal attention, as without block_causal).
+    const int32_t *positions;
+    // qwen3_batch_check accepted these arrays already (the trainer checks a step's data once,
+    // and agrees with the other ranks on the outcome, before its first forward): the forward
+    // does not check them again. false: the forward checks.
+    bool checked;
+} qwen3_batch;
+
+// Checks `rows` rows of T tokens (after qwen3_plan; rows may span several forwards' B rows):
+// the token ids (qwen3_check_tokens) and, when given, the positions: the rule above (naming b,
+// t, expected and found), block_causal planned, and, per forward of B rows, an attention kernel
+// (a plugin's) whose state for these documents exceeds what it asked for at (B, T).
+int qwen3_batch_check(const qwen3_model *m, const qwen3_batch *batch, int64_t rows, ct_error *err);
+
+// Returns the sum of per-token cross-entropy over valid targets (0 without targets); *n_valid
+// (if non-NULL) gets their count. Loss = sum / n_valid (global count under data parallelism).
+// Returns NAN (and computes nothing) if the batch fails qwen3_batch_check or qwen3_plan was not
+// run. With mem_opts.loss_chunk, targets NULL computes nothing past the final norm.
+double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid);
 // qwen3_forward for a training step whose qwen3_backward will get `loss_scale`: with
 // mem_opts.loss_chunk it runs the head's backward chunk by chunk as it goes (so no logits are
 // kept, and none are recomputed); without, it is qwen3_forward. Gradients accumulate, so call
-// qwen3_zero_grad before it, not between it and qwen3_backward.
-double qwen3_forward_train(qwen3_model *m, const int32_t *inputs, const int32_t *targets,
-                           float loss_scale, int64_t *n_valid);
+// qwen3_zero_grad before it, not between it and qwen3_backward. Not on a model built by
+// qwen3_init_forward_only (it asserts; a release build runs qwen3_forward).
+double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
+                           int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
 // Under mem_opts.bf16: rounds the weights into param_bf16. Call after the weights change (load,
 // init, resume, each optimizer step), before the next forward. Does nothing otherwise.
 void qwen3_refresh_bf16(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a
-// forward with targets before it does nothing.
+// forward with targets before it does nothing. Not on a model built by qwen3_init_forward_only
+// (no gradients): that asserts.
 void qwen3_backward(qwen3_model *m, float loss_scale);
 
-// Block-causal attention (mem_opts.block_causal, after qwen3_plan): positions (B, T) are the
-// RoPE positions of the tokens of the following forwards. A row's documents start where
-// positions[b, t] == 0 (positions[b, 0] must be 0) and count up by one inside a document; each
-// document is then computed exactly as if it were its own sequence (B = 1, T = its length):
-// attention within it only, positions from 0. The model keeps its own copy, read by the next
-// forward, its backward and any recomputation under activation checkpointing; a call between a
-// forward and its backward changes nothing for that backward. The positions hold until the next
-// call: NULL goes back to one document per row (plain causal attention, as without
-// block_causal), which is also what a forward sees before the first call after qwen3_plan.
-// Errors (nothing changes then): no plan, block_causal off, a position that breaks the rule
-// (naming b, t, expected and found), or an attention kernel (a plugin's) whose state for these
-// documents exceeds what it asked for at (B, T).
-int qwen3_set_positions(qwen3_model *m, const int32_t *positions, ct_error *err);
-
 // ---------------------------------------------------------------------------------------------
-// Generation (qwen3_generate.c): a KV cache and the inference forward over it, on the model's
-// backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len
+// Generation (qwen3_generate.c): a KV cache and the training forward's layers over it, on the
+// model's backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len
 // positions, one layer's activations for a prefill of max_len tokens, the host logits); prefill
 // and decode then allocate nothing. Independent of qwen3_plan (training's buffers): a model may
 // have both. Not thread-safe; one generation per qwen3_gen.

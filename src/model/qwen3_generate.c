@@ -1,15 +1,16 @@
 // Generation: the Qwen3 forward over a KV cache, through the model's op table (qwen3.h).
 //
-// Prefill runs the prompt's n tokens as one batch (B = 1, T = n), as the training forward runs
-// a window, but keeps one layer's activations (nothing is saved for a backward): the linear
-// layers over n rows, q/k norm + RoPE at positions [0, n) writing k and v straight into the
-// layer's cache rows, the table's causal attention over the block, and the head on the last row
-// only. Decode runs one token at position p the same way with T = 1, its RoPE row p, and the
-// table's attention_decode over the cache rows [0, p]. Under bf16 every step rounds where the
-// training forward rounds (qwen3.c), and a prompt runs padded to a planned row count (the bf16
-// GEMMs are prepared per shape): padded rows come after the prompt, so causal attention keeps
-// them out of its rows, and their cache rows are overwritten by decode before any query reads
-// them.
+// The layers are the training forward's own (qwen3_layer_forward in qwen3.c), run with a pass
+// (qwen3_pass) that sends k and v to the cache and keeps nothing: one layer's activations,
+// reused by every layer, and no routing statistics. Prefill runs the prompt's n tokens as one
+// batch (B = 1, T = n), as the training forward runs a window: q/k norm + RoPE at positions
+// [0, n) writing k and v straight into the layer's cache rows, the table's causal attention over
+// the block; then the head on the last row only. Decode runs one token at position p the same way
+// with T = 1, its RoPE row p, and the table's attention_decode over the cache rows [0, p]. Under
+// bf16 every step rounds where the training forward rounds (it is the same code), and a prompt
+// runs padded to a planned row count (the bf16 GEMMs are prepared per shape): padded rows come
+// after the prompt, so causal attention keeps them out of its rows, and their cache rows are
+// overwritten by decode before any query reads them.
 #include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -18,10 +19,6 @@
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
 #include "ops/moe_router.h"
-
-static bool gen_attention_bf16(const ct_ops *op, const qwen3_memory_opts *o) {
-    return o->bf16 && op->attention_bf16_forward;
-}
 
 // The bf16 GEMM shapes of a forward over n rows; {0,...} entries are skipped.
 static size_t gen_mm_scratch(const qwen3_config *cfg, const ct_ops *ops, int n) {
@@ -206,100 +203,76 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
     return 0;
 }
 
-// Under bf16, where the training forward rounds: x (n) to bf16 values in place, and into x16
-// unless NULL.
-static void gen_round(const qwen3_gen *g, uint16_t *x16, float *x, size_t n) {
-    if (g->m->mem_opts.bf16) g->m->ops->round_to_bf16(x16, x, n);
-}
-
-static void gen_linear(const qwen3_gen *g, float *out, uint16_t *out16, const float *inp,
-                       const float *w, const float *bias, int N, int C, int OC) {
-    qwen3_linear(g->m, g->mm_scratch, out, out16, inp, g->in16, w, bias, N, C, OC);
-}
-
-// Layer l over rows [0, n) at positions [pos, pos + n): g->resid[cur] -> g->resid[!cur].
-static void gen_layer(qwen3_gen *g, int l, int cur, int n, int pos) {
-    qwen3_model *m = g->m;
-    const ct_ops *op = m->ops;
-    const qwen3_memory_opts *o = &m->mem_opts;
-    const qwen3_layer_weights *w = &m->w.layers[l];
-    const qwen3_dims d = qwen3_dims_of(&m->cfg, 1, n);
-    const size_t N = (size_t)n, QD = (size_t)d.NH * d.D, KV = (size_t)d.NKV * d.D;
-    const int QKV = (d.NH + 2 * d.NKV) * d.D, half = d.D / 2;
-    const float eps = m->cfg.rms_norm_eps;
-    float *resid = g->resid[cur], *out = g->resid[!cur];
-    float *kc = g->kcache + ((size_t)l * g->max_len + pos) * KV;
-    float *vc = g->vcache + ((size_t)l * g->max_len + pos) * KV;
-    // Attention block.
-    op->rmsnorm_forward(g->ln, g->rstd, resid, w->input_norm, n, d.C, eps);
-    gen_round(g, g->in16, g->ln, N * d.C);
-    gen_linear(g, g->qkv, NULL, g->ln, w->wqkv, w->bqkv, n, d.C, QKV);
-    gen_round(g, NULL, g->qkv, N * QKV);
-    op->qk_norm_rope_forward(op, g->qr, kc, vc, g->q_rstd, g->k_rstd, g->rope_scratch, g->qkv,
-                             w->q_norm, w->k_norm, g->rope_cos + (size_t)pos * half,
-                             g->rope_sin + (size_t)pos * half, 1, n, d.NH, d.NKV, d.D, eps);
-    gen_round(g, NULL, g->qr, N * QD);
-    gen_round(g, NULL, kc, N * KV);
-    gen_round(g, NULL, vc, N * KV);
-    const float *k0 = g->kcache + (size_t)l * g->max_len * KV;
-    const float *v0 = g->vcache + (size_t)l * g->max_len * KV;
-    if (pos == 0)
-        (gen_attention_bf16(op, o) ? op->attention_bf16_forward : op->attention_forward)(
-            g->atty, g->att_state, g->qr, k0, v0, 1, n, d.NH, d.NKV, d.D);
-    else
-        op->attention_decode(g->atty, g->dec_scratch, g->qr, k0, v0, pos + 1, d.NH, d.NKV, d.D);
-    gen_round(g, g->in16, g->atty, N * QD);
-    gen_linear(g, g->resid2, NULL, g->atty, w->wo, w->bo, n, (int)QD, d.C);
-    gen_round(g, NULL, g->resid2, N * d.C);
-    op->add_rmsnorm_forward(op, g->resid2, g->ln, g->rstd, resid, g->resid2, w->post_norm, n, d.C,
-                            eps);
-    gen_round(g, g->in16, g->ln, N * d.C);
-    // MLP block: dense, or the routed experts.
-    if (qwen3_layer_is_sparse(&m->cfg, l)) {
-        gen_linear(g, g->probs, NULL, g->ln, w->router, NULL, n, d.C, d.E);
-        gen_round(g, NULL, g->probs, N * d.E);
-        op->moe_route_forward(g->expert, g->route_w, g->probs, w->expert_bias, n, d.E, d.K,
-                              m->cfg.norm_topk_prob, g->route_scratch, g->route_threads);
-        if (qwen3_bf16_experts(o))
-            op->moe_bf16_forward(out, g->moe_state, g->moe_scratch, g->in16, g->expert, g->route_w,
-                                 m->param_bf16 + (w->experts - m->param_mem), n, d.C, d.Fm, d.E,
-                                 d.K);
-        else
-            op->moe_forward(out, g->moe_state, g->moe_scratch, g->ln, g->expert, g->route_w,
-                            w->experts, n, d.C, d.Fm, d.E, d.K);
-    } else {
-        if (qwen3_mlp_bf16(op, o)) {
-            gen_linear(g, NULL, g->gate_up16, g->ln, w->w_gate_up, NULL, n, d.C, 2 * d.F);
-            op->swiglu_rows_bf16_forward(g->in16, g->gate_up16, n, d.F);
-        } else {
-            gen_linear(g, g->gate_up, NULL, g->ln, w->w_gate_up, NULL, n, d.C, 2 * d.F);
-            gen_round(g, NULL, g->gate_up, N * 2 * d.F);
-            op->swiglu_rows_forward(op, g->h, g->swiglu_scratch, g->gate_up, n, d.F);
-            gen_round(g, g->in16, g->h, N * d.F);
-        }
-        gen_linear(g, out, NULL, g->h, w->w_down, NULL, n, d.F, d.C);
-    }
-    gen_round(g, NULL, out, N * d.C);
-    op->add(out, g->resid2, out, (int64_t)N * d.C);
+// One layer's activations over the generation buffers, shared by the layers (nothing is kept
+// for a backward): the residual stream ping-pongs between resid[0] and resid[1]; k and v go to
+// the cache, so kr and v are unused; under bf16 the inputs of the linear layers are rounded into
+// in16 in turn, and q, k, v are rounded in place (no saved copies).
+static qwen3_layer_acts gen_acts(const qwen3_gen *g) {
+    return (qwen3_layer_acts){.ln1 = g->ln,
+                              .ln1_rstd = g->rstd,
+                              .qkv = g->qkv,
+                              .q_rstd = g->q_rstd,
+                              .k_rstd = g->k_rstd,
+                              .qr = g->qr,
+                              .att = g->att_state,
+                              .atty = g->atty,
+                              .resid2 = g->resid2,
+                              .ln2 = g->ln,
+                              .ln2_rstd = g->rstd,
+                              .gate_up = g->gate_up,
+                              .h = g->h,
+                              .probs = g->probs,
+                              .expert = g->expert,
+                              .route_w = g->route_w,
+                              .moe_state = g->moe_state,
+                              .ln1_16 = g->in16,
+                              .atty16 = g->in16,
+                              .ln2_16 = g->in16,
+                              .gate_up16 = g->gate_up16,
+                              .h16 = g->in16};
 }
 
 // The forward of ids[0, n) at positions [pos, pos + n), run over `rows` >= n rows (bf16's
-// padding: ids past n are 0), and the head on row n - 1 into g->logits.
+// padding: ids past n are 0): the training forward's layers (qwen3_layer_forward) over the
+// cache, then the head on row n - 1 into g->logits.
 static void gen_forward(qwen3_gen *g, const int32_t *ids, int n, int rows, int pos) {
     qwen3_model *m = g->m;
     const ct_ops *op = m->ops;
     ct_backend *be = m->be;
     const int C = m->cfg.hidden_size, V = m->cfg.vocab_size, L = m->cfg.num_hidden_layers;
+    const size_t half = (size_t)m->cfg.head_dim / 2;
     be->write(be, g->ids, ids, (size_t)n * sizeof *ids);
     if (rows > n) be->zero(be, g->ids + n, (size_t)(rows - n) * sizeof *ids);
     op->embedding_forward(g->resid[0], g->ids, m->w.embed, rows, C);
-    for (int l = 0; l < L; l++) gen_layer(g, l, l & 1, rows, pos);
+    const qwen3_pass p = {.d = qwen3_dims_of(&m->cfg, 1, rows),
+                          .rope_cos = g->rope_cos + (size_t)pos * half,
+                          .rope_sin = g->rope_sin + (size_t)pos * half,
+                          .rope_B = 1,
+                          .rope_T = rows,
+                          .kcache = g->kcache,
+                          .vcache = g->vcache,
+                          .cache_len = g->max_len,
+                          .pos = pos,
+                          .dec_scratch = g->dec_scratch,
+                          .rope_scratch = g->rope_scratch,
+                          .swiglu_scratch = g->swiglu_scratch,
+                          .moe_scratch = g->moe_scratch,
+                          .route_scratch = g->route_scratch,
+                          .route_threads = g->route_threads,
+                          .mm_scratch = g->mm_scratch,
+                          .count = false};
+    qwen3_layer_acts a = gen_acts(g);
+    for (int l = 0, sparse = 0; l < L; l++) {
+        a.resid = g->resid[l & 1];
+        a.sparse_index = qwen3_layer_is_sparse(&m->cfg, l) ? sparse++ : -1;
+        qwen3_layer_forward(m, l, &a, &p, g->resid[!(l & 1)], true);
+    }
     const float *last = g->resid[L & 1] + (size_t)(n - 1) * C;
     op->rmsnorm_forward(g->lnf, g->lnf_rstd, last, m->w.final_norm, 1, C, m->cfg.rms_norm_eps);
-    gen_round(g, g->lnf16, g->lnf, (size_t)C);
+    if (m->mem_opts.bf16) op->round_to_bf16(g->lnf16, g->lnf, (size_t)C);
     qwen3_linear(m, g->mm_scratch, g->dev_logits, NULL, g->lnf, g->lnf16, m->w.lm_head, NULL, 1, C,
                  V);
-    gen_round(g, NULL, g->dev_logits, (size_t)V);
+    if (m->mem_opts.bf16) op->round_to_bf16(NULL, g->dev_logits, (size_t)V);
     be->read(be, g->logits, g->dev_logits, (size_t)V * sizeof *g->logits);
 }
 

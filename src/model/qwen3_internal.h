@@ -29,7 +29,7 @@ typedef struct qwen3_layer_acts {
     int32_t *expert;  // (N,K) chosen experts, in the router's top-k order
     float *route_w;   // (N,K) their routing weights
     float *moe_state; // ops->moe_state_floats(): what the expert kernel's backward reads
-    int sparse_index; // this layer's row in moe_load/moe_prob and among expert biases
+    int sparse_index; // this layer's row in the balance statistics and among expert biases
     // bf16 mixed precision: the activations torch's autocast keeps in bf16 (or casts to bf16 for
     // a product) are saved here in bf16, each the size of its fp32 namesake, and the namesakes
     // then point at the model's shared fp32 staging (qwen3_acts.stage_*): the forward computes
@@ -82,22 +82,53 @@ typedef struct qwen3_acts {
     // bf16: the fp32 staging of the layers' bf16 activations (NULL in fp32 runs). The MLP's h
     // stages in dh.
     float *stage_ln, *stage_qkv, *stage_atty, *stage_qr, *stage_kr, *stage_v, *stage_gate_up;
-    bool aux_active; // moe_balance_aux_grad set aux_dprob for the next backward
+    bool aux_active; // the balance component gave this backward an aux gradient (aux_dprob)
     // Copies of the last forward's tokens, (N) each: backward needs them after the caller's
     // buffers may be gone.
     int32_t *inputs, *targets;
     bool have_targets; // the last forward computed a loss, so backward has something to do
     bool head_done;    // qwen3_forward_train ran the chunked head's backward: dln holds dlnf
-    // Block-causal (mem_opts.block_causal). docs_next: the documents qwen3_set_positions gave
-    // (n_docs_next == 0: one per row), taken by the next forward into docs, which that forward,
-    // its backward and recomputations use (n_docs == 0: one per row, the plain path); pos_cos,
-    // pos_sin (N, D/2) then hold each token's rows of the RoPE tables. The lists are host memory,
-    // N entries each (the most documents a batch can hold).
+    // Block-causal (mem_opts.block_causal). docs: the documents of the last forward's positions
+    // (qwen3_batch.positions), which its backward and recomputations use (n_docs == 0: one per
+    // row, the plain path); docs_next: where the next forward lists its own before it compares
+    // them with docs. pos_cos, pos_sin (N, D/2) then hold each token's rows of the RoPE tables.
+    // The lists are host memory, N entries each (the most documents a batch can hold).
     float *pos_cos, *pos_sin;
     qwen3_doc *docs, *docs_next;
-    int n_docs, n_docs_next;
-    bool docs_changed; // docs_next differs from docs
+    int n_docs;
 } qwen3_acts;
+
+// How one forward of the layers runs (qwen3_layer_forward): training's over the planned batch,
+// saving each layer's activations, or generation's over a KV cache, one layer's activations
+// reused by all (keep nothing). The layer body is the same; only where k and v go, which
+// attention runs and the scratch differ.
+typedef struct qwen3_pass {
+    qwen3_dims d; // the rows: B sequences of T tokens (generation: B = 1, T = the new tokens)
+    // The q/k norm + RoPE kernel's rows: rope_B x rope_T tokens reading these table rows
+    // (block-causal documents: 1 x N over each token's own rows).
+    const float *rope_cos, *rope_sin;
+    int rope_B, rope_T;
+    const qwen3_doc *docs; // block-causal documents (n_docs 0: one per row)
+    int n_docs;
+    // A KV cache (NULL: k and v are the layer's own kr and v, and attention reads them): layer
+    // l's keys and values go to rows [pos, pos + T) of its (cache_len, NKV, D) block, after L
+    // such blocks for the layers before; attention then reads rows [0, pos + T): the table's
+    // causal kernel at pos 0, attention_decode over rows [0, pos] past it (T = 1).
+    float *kcache, *vcache;
+    int cache_len, pos;
+    float *dec_scratch; // attention_decode's (NH x cache_len)
+    // Scratch: the fused q/k kernels', SwiGLU's, the expert kernel's, a wide router's (planned
+    // for route_threads), the bf16 GEMMs'.
+    float *rope_scratch, *swiglu_scratch, *moe_scratch, *route_scratch, *mm_scratch;
+    int route_threads;
+    bool count; // the routers add their statistics to the model's balance component
+} qwen3_pass;
+
+// Layer l's forward over pass p: a->resid -> out, through the activations a points at. gemms
+// false (the op-level recomputation) runs only the elementwise ops from the kept GEMM and
+// attention outputs. The one layer body of training, verify and generation (qwen3.c).
+void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const qwen3_pass *p,
+                         float *out, bool gemms);
 
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
 // .bf16_experts.
@@ -134,7 +165,8 @@ int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qw
 // A linear layer, out = inp @ w^T + bias: under bf16 mixed precision the table's bf16 kernel on
 // w's bf16 copy (the same offset in param_bf16) and the input's bf16 copy inp16, with the output
 // in bf16 into out16 when given; else the fp32 matmul. scratch: the bf16 kernel's, planned for
-// this shape. The forward of training (qwen3.c) and of generation (qwen3_generate.c) both.
+// this shape. The layers (qwen3.c: training's and generation's) and both heads (the loss head,
+// generation's last row).
 static inline void qwen3_linear(const qwen3_model *m, float *scratch, float *out, uint16_t *out16,
                                 const float *inp, const uint16_t *inp16, const float *w,
                                 const float *bias, int N, int C, int OC) {

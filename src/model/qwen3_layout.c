@@ -440,8 +440,9 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
     return qwen3_init_on(m, cfg, NULL, ops, err);
 }
 
-int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
-                  ct_error *err) {
+// The model, with gradients (training) or without (forward only).
+static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                      bool grads, ct_error *err) {
     memset(m, 0, sizeof *m);
     if (!ops) ops = &ct_ops_cpu;
     be = ct_backend_or_cpu(be);
@@ -464,24 +465,32 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
         qwen3_free(m);
         return ct_fail(err, "qwen3_init: out of memory for the parameter table");
     }
-    const size_t n_stats = (size_t)n_sparse * (size_t)cfg->num_experts;
     if (be->bind_ops(be, bound, ops, err) ||
         !(m->param_mem = be->alloc(be, bytes, "the weights", err)) ||
-        !(m->grad_mem = be->alloc(be, bytes, "the gradients", err)) ||
-        (n_sparse &&
-         (!(m->moe_load = be->alloc(be, n_stats * sizeof(double), "MoE loads", err)) ||
-          !(m->moe_prob = be->alloc(be, n_stats * sizeof(double), "MoE probs", err))))) {
+        (grads && !(m->grad_mem = be->alloc(be, bytes, "the gradients", err)))) {
         qwen3_free(m);
         return ct_wrap(err,
                        "qwen3_init: %zu parameters (%zu bytes for weights + %zu bytes for "
                        "gradients)",
-                       bytes / sizeof(float), bytes, bytes);
+                       bytes / sizeof(float), bytes, grads ? bytes : 0);
     }
     param_walk pw = {.table = m->params, .base = m->param_mem};
     param_walk_model(&pw, &m->w, cfg);
-    param_walk gw = {.base = m->grad_mem};
-    param_walk_model(&gw, &m->g, cfg);
+    if (grads) { // else m->g stays all NULL
+        param_walk gw = {.base = m->grad_mem};
+        param_walk_model(&gw, &m->g, cfg);
+    }
     return 0;
+}
+
+int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                  ct_error *err) {
+    return model_init(m, cfg, be, ops, true, err);
+}
+
+int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
+                            const ct_ops *ops, ct_error *err) {
+    return model_init(m, cfg, be, ops, false, err);
 }
 
 // RoPE tables exactly as HF builds them in fp32: inv_freq = 1 / theta^(2i/D) (float pow),
@@ -613,8 +622,6 @@ void qwen3_free(qwen3_model *m) {
     if (m->be) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->grad_mem);
-        m->be->free(m->be, m->moe_load);
-        m->be->free(m->be, m->moe_prob);
         m->be->free(m->be, m->param_bf16);
     }
     memset(m, 0, sizeof *m);

@@ -281,15 +281,24 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     return 0;
 }
 
-// MoE: the load-balancing mode and the buffers its per-step statistics need.
+// moe_balance's sum over ranks.
+static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
+    return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
+}
+
+// MoE: the load-balancing mode and the component that owns its statistics, attached to the
+// model.
 static int setup_moe(trainer *t, ct_error *err) {
-    const qwen3_model *m = &t->model;
+    qwen3_model *m = &t->model;
     if (m->n_sparse == 0) return 0;
     const qwen3_config *mc = &m->cfg;
     const char *lb = t->cfg->model.load_balance;
     t->aux_in_loss = strcmp(lb, "hf") == 0 && mc->output_router_logits;
     t->aux_free = strcmp(lb, "aux_free") == 0;
-    if (moe_balance_init(&t->moe, m, t->d->size, err) != 0) return -1;
+    // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
+    const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
+    if (moe_balance_init(&t->moe, m, t->d->size, moe_sum_ranks, t->d, aux_scale, err) != 0)
+        return -1;
     fprintf(t->log,
             "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
             "load balancing %s%s\n",

@@ -47,7 +47,9 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
         for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
     if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
-    if (rc == 0) rc = qwen3_check_tokens(&t->model, t->inputs, t->targets, (int64_t)n * t->T, err);
+    // The step's one check of its inputs (the forwards below trust it: qwen3_batch.checked).
+    const qwen3_batch step = {t->inputs, t->targets, t->positions, false};
+    if (rc == 0) rc = qwen3_batch_check(&t->model, &step, n, err);
     if (rc != 0)
         ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
                 (unsigned long long)mine, (unsigned long long)(mine + n - 1));
@@ -58,32 +60,11 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     return 0;
 }
 
-// moe_balance's sum over ranks.
-static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
-    return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
-}
-
-// MoE, after a micro-batch's forward: its routing statistics summed over the ranks give the aux
-// of the global micro-batch (HF computes the aux per forward, over the batch it sees), so ranks
-// and micro-batches combine as one process with the same micro-batches would. When the aux is
-// in the loss, the backward adds the gradient of coef * aux / accum. The loads add up to the
-// step's, for the metrics and the expert bias.
-static int moe_after_forward(trainer *t, double *aux, ct_error *err) {
-    qwen3_model *m = &t->model;
-    moe_balance_collect(&t->moe, m);
-    if (moe_balance_reduce(&t->moe, moe_sum_ranks, t->d, err) != 0) return -1;
-    *aux = moe_balance_aux(&t->moe);
-    if (t->aux_in_loss)
-        moe_balance_aux_grad(&t->moe, m, (float)(m->cfg.router_aux_loss_coef / t->accum));
-    return 0;
-}
-
 // MoE, before the optimizer step: each sparse layer's load balance for the metrics and, with
 // load_balance = aux_free, the expert-bias update from the step's token counts (summed over
 // ranks, so every rank moves its biases alike).
 static void moe_before_optimizer(trainer *t, bool skipped) {
-    moe_balance_end_step(&t->moe, &t->model, t->aux_free && !skipped,
-                         (float)t->cfg->model.load_balance_coeff);
+    moe_balance_end_step(&t->moe, t->aux_free && !skipped, (float)t->cfg->model.load_balance_coeff);
 }
 
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
@@ -108,12 +89,16 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         // A step whose samples train no token (conversations without assistant tokens in
         // them) computes no gradient; it is skipped below.
         const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
-        if (t->positions && qwen3_set_positions(m, t->positions + off, err) != 0) return -1;
-        loss_sum += qwen3_forward_train(m, t->inputs + off, t->targets + off, scale, NULL);
-        double aux = 0;
-        if (m->n_sparse && moe_after_forward(t, &aux, err) != 0) return -1;
-        aux_sum += aux;
+        const qwen3_batch micro = {t->inputs + off, t->targets + off,
+                                   t->positions ? t->positions + off : NULL, true};
+        loss_sum += qwen3_forward_train(m, &micro, scale, NULL);
         qwen3_backward(m, scale);
+        // MoE: the backward had the balance component sum the micro-batch's routing statistics
+        // over the ranks, so its aux is the global micro-batch's (HF computes the aux per
+        // forward, over the batch it sees): ranks and micro-batches combine as one process with
+        // the same micro-batches would.
+        if (moe_balance_status(&t->moe, err) != 0) return -1;
+        aux_sum += moe_balance_aux(&t->moe);
     }
     double sq;
     if (vt->grads_final(t, err) != 0 ||
