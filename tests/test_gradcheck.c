@@ -273,7 +273,7 @@ static void test_layout_and_errors(void) {
     CHECK(mem.activations == m.act_floats * 4 + 2 * 3 * 7 * sizeof(int32_t),
           "activation bytes %zu vs %zu", mem.activations, m.act_floats * 4);
 
-    // Random init: deterministic, norms 1, biases 0, matrices std 0.02.
+    // Random init: deterministic, norms 1, biases 0.
     qwen3_init_random(&m, 42, NULL);
     float *first = malloc(m.num_params * 4);
     memcpy(first, m.param_mem, m.num_params * 4);
@@ -286,22 +286,16 @@ static void test_layout_and_errors(void) {
     CHECK(m.param_mem[bq->offset] == 0.0f && m.param_mem[nw->offset] == 1.0f &&
               m.w.layers[1].k_norm[3] == 1.0f,
           "bias/norm init");
-    double ss = 0;
-    size_t cnt = 0;
-    for (int i = 0; i < m.n_params; i++) {
-        if (m.params[i].ndim != 2) continue;
-        for (size_t j = 0; j < m.params[i].numel; j++, cnt++)
-            ss += (double)m.param_mem[m.params[i].offset + j] * m.param_mem[m.params[i].offset + j];
-    }
-    const double sd = sqrt(ss / cnt);
-    CHECK(fabs(sd - 0.02) < 0.002, "matrix std %.4f over %zu values", sd, cnt);
-    // At init the logits are nearly uniform: loss ~ log(V).
+    // The matrices' distributions, torchtitan's: test_init.c.
+    // At init the loss is near log(V): the tied output's logits have unit variance (torchtitan's
+    // init), so it sits above it.
     int32_t in[3 * 7], tg[3 * 7];
     for (int i = 0; i < 21; i++) in[i] = i % 11, tg[i] = (i * 3) % 11;
     int64_t n = 0;
     const double loss =
         qwen3_forward(&m, &(qwen3_batch){.inputs = in, .targets = tg}, &n) / (double)n;
-    CHECK(fabs(loss - log(11.0)) < 0.05, "init loss %.4f vs log(11) %.4f", loss, log(11.0));
+    CHECK(loss > log(11.0) && loss < log(11.0) + 1.5, "init loss %.4f vs log(11) %.4f", loss,
+          log(11.0));
     free(first);
 
     // Errors.

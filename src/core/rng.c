@@ -38,20 +38,22 @@ static double xoshiro_uniform(uint64_t st[4]) {
     return ((double)(xoshiro_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
-static void normal_stream(float *x, size_t n, float mean, float stddev, uint64_t seed,
-                          uint64_t stream) {
+// Values outside [lo, hi] are dropped and the stream goes on (torch's trunc_normal_ gives the
+// same distribution by inverting the CDF). With infinite bounds nothing is dropped, so the plain
+// fill keeps its bits.
+static void normal_stream(float *x, size_t n, float mean, float stddev, double lo, double hi,
+                          uint64_t seed, uint64_t stream) {
     uint64_t sm = seed ^ (0xD1B54A32D192ED03ull * (stream + 1)), st[4];
     for (int i = 0; i < 4; i++) st[i] = ct_splitmix64(&sm);
     const double two_pi = 6.283185307179586476925;
-    for (size_t i = 0; i < n; i += 2) { // two normals per pair of uniforms
+    for (size_t k = 0; k < n;) { // two normals per pair of uniforms
         const double r = sqrt(-2.0 * log(xoshiro_uniform(st)));
         const double th = two_pi * xoshiro_uniform(st);
-        const double a = stddev * r * cos(th);
-        // mean + a would turn a -0.0 into +0.0 when mean is 0.
-        x[i] = (float)(mean == 0.0f ? a : mean + a);
-        if (i + 1 < n) {
-            const double b = stddev * r * sin(th);
-            x[i + 1] = (float)(mean == 0.0f ? b : mean + b);
+        const double pair[2] = {stddev * r * cos(th), stddev * r * sin(th)};
+        for (int j = 0; j < 2 && k < n; j++) {
+            if (!(pair[j] >= lo && pair[j] <= hi)) continue;
+            // mean + a would turn a -0.0 into +0.0 when mean is 0.
+            x[k++] = (float)(mean == 0.0f ? pair[j] : mean + pair[j]);
         }
     }
 }
@@ -73,8 +75,13 @@ static void normal_counter(float *p, size_t n, float mean, float std, uint64_t s
 uint64_t ct_rng_normal(float *dst, size_t n, float mean, float std, uint64_t seed, uint64_t stream,
                        ct_rng_kind kind) {
     if (kind == CT_RNG_STREAM)
-        normal_stream(dst, n, mean, std, seed, stream);
+        normal_stream(dst, n, mean, std, -INFINITY, INFINITY, seed, stream);
     else
         normal_counter(dst, n, mean, std, seed, stream);
     return (uint64_t)(n / 2 + n % 2) * 2;
+}
+
+void ct_rng_trunc_normal(float *dst, size_t n, float std, double lo, double hi, uint64_t seed,
+                         uint64_t stream) {
+    normal_stream(dst, n, 0.0f, std, lo, hi, seed, stream);
 }

@@ -33,3 +33,8 @@ typedef enum ct_rng_kind {
 // the 64-bit draws it used, 2 * ceil(n / 2): where a CT_RNG_COUNTER sequence continues.
 uint64_t ct_rng_normal(float *dst, size_t n, float mean, float std, uint64_t seed, uint64_t stream,
                        ct_rng_kind kind);
+
+// N(0, std) cut to [lo, hi] (torch.nn.init.trunc_normal_'s distribution): CT_RNG_STREAM's
+// values in order, those outside the bounds dropped. torchtitan's init (model/qwen3_init.c).
+void ct_rng_trunc_normal(float *dst, size_t n, float std, double lo, double hi, uint64_t seed,
+                         uint64_t stream);

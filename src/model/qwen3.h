@@ -196,7 +196,17 @@ void qwen3_free(qwen3_model *m);
 // HF's format does not have); a tied embedding is one tensor in the table, so it counts once.
 size_t qwen3_num_hf_parameters(const qwen3_model *m);
 
-// Deterministic init from a seed: weights normal(0, 0.02), biases 0, norm weights 1.
+// Deterministic init from a seed, torchtitan's (qwen3_init.c): the embedding normal(0, 1); q, k,
+// v and every gate_proj trunc_normal(0, 0.02); o_proj, up_proj, down_proj and the router
+// trunc_normal(0, 0.02 / sqrt(2 (layer + 1))), those cut at +-2; the output layer (the tied
+// embedding too) trunc_normal(0, hidden^-0.5) cut at 3 std; biases and buffers 0, norms 1.
+typedef enum { QWEN3_INIT_CONST, QWEN3_INIT_NORMAL, QWEN3_INIT_TRUNC } qwen3_init_kind;
+typedef struct qwen3_init_rule {
+    qwen3_init_kind kind;
+    double value; // CONST: the value; NORMAL, TRUNC: the std (mean 0)
+    double cut;   // TRUNC: values are in [-cut, cut]
+} qwen3_init_rule;
+qwen3_init_rule qwen3_init_rule_of(const qwen3_config *c, const qwen3_param *p);
 int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err);
 // The same for the tensors that start in elements [lo, hi) only (FSDP fills one unit at a time):
 // each gets the values qwen3_init_random gives it.

@@ -1,6 +1,5 @@
 // Where everything lives: the parameter table (HF names, one contiguous buffer, llm.c style),
-// the activation plan, allocation, and the deterministic random init. The arithmetic is in
-// qwen3.c.
+// the activation plan and allocation (the random init: qwen3_init.c; the arithmetic: qwen3.c).
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -632,38 +631,6 @@ const qwen3_param *qwen3_find_param(const qwen3_model *m, const char *name) {
         if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
     }
     return NULL;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Random init: each tensor fills from its own stream (core/rng.h), so a tensor's values
-// depend only on (seed, its index) and tensors can be filled in parallel.
-
-int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
-    return qwen3_init_random_range(m, seed, 0, m->num_params, err);
-}
-
-int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err) {
-    // Filled on the host (in place on the plain CPU backend), tensors in parallel.
-    const size_t bytes = m->num_params * sizeof(float);
-    const bool part = lo > 0 || hi < m->num_params; // the rest is kept
-    float *base = m->be->view(m->be, m->param_mem, bytes, part, err);
-    if (!base) return ct_wrap(err, "random init");
-#pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i];
-        if (p->offset < lo || p->offset >= hi) continue;
-        float *x = base + p->offset;
-        const size_t len = strlen(p->name);
-        if (p->ndim == 2) {
-            ct_rng_normal(x, p->numel, 0.0f, 0.02f, seed, (uint64_t)i, CT_RNG_STREAM);
-        } else {
-            // 1-D tensors are biases (0) or norm weights (1); buffers (the expert bias) start 0.
-            const bool is_bias = p->buffer || (len >= 5 && strcmp(p->name + len - 5, ".bias") == 0);
-            for (size_t j = 0; j < p->numel; j++) x[j] = is_bias ? 0.0f : 1.0f;
-        }
-    }
-    m->be->view_release(m->be, base, m->param_mem, bytes, true);
-    return 0;
 }
 
 size_t qwen3_num_hf_parameters(const qwen3_model *m) {

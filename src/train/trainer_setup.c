@@ -217,7 +217,7 @@ static int setup_weights(trainer *t, ct_error *err) {
     if (!from) {
         const uint64_t seed = (uint64_t)c->debug.seed;
         if (t->strat.vt->init_random(t, seed, err) != 0) return -1;
-        fprintf(t->log, "weights: random init, normal(0, 0.02), norms 1, seed %lld\n",
+        fprintf(t->log, "weights: random init (torchtitan's init_weights), seed %lld\n",
                 (long long)c->debug.seed);
         return 0;
     }
