@@ -41,7 +41,8 @@ void config_choices_text(char *out, size_t cap, const config_key *k);
 // offending value was set.
 int config_check(const ct_config *c, const config_origins *o, ct_error *err);
 
-// The problems of one load, so that a config with several is reported whole: one line each.
+// The problems of one load, so that a config with several is reported whole: one line each
+// (config_errors.c).
 #define CONFIG_MAX_ERRORS 32
 typedef struct config_errors {
     int n, dropped;
