@@ -165,6 +165,39 @@ ck=$tmp/ckpt
   >"$tmp/ck.json" 2>"$tmp/ck.err" && cmp -s "$tmp/ck.json" "$tmp/a.json" && ok ||
   bad "checkpoint: $(cat "$tmp/ck.json" "$tmp/ck.err")"
 
+# --- train's run setup: the guarded backend gives the same ids; a user plugin runs (its parity
+# check first, its own call counters after) with the same ids (rope_hf_avx2 is exact), and a wrong
+# one is refused before anything is generated
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --debug.guard_device_memory \
+  >"$tmp/guard.json" 2>"$tmp/guard.err" && cmp -s "$tmp/a.json" "$tmp/guard.json" && ok ||
+  bad "guarded backend: $(cat "$tmp/guard.json" "$tmp/guard.err")"
+kernels=$CTITAN_BUILD_DIR/examples/kernels
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --override.imports "$kernels/librope_hf_avx2.so" \
+  >"$tmp/rope.json" 2>"$tmp/rope.err" && cmp -s "$tmp/a.json" "$tmp/rope.json" &&
+  grep -q "override: rope_hf" "$tmp/rope.err" &&
+  grep -qE "override calls: rope_hf forward [1-9]" "$tmp/rope.err" && ok ||
+  bad "rope plugin: $(cat "$tmp/rope.json" "$tmp/rope.err")"
+expect_err "wrong plugin refused" "refused.*rope_hf.*max abs" "$ct" generate --model.hf_path "$hf" \
+  --prompt x --override.imports "$kernels/librope_interleaved_wrong.so"
+# The memory check, before any weight is read: a config.json of about 1.5 TB of weights (the
+# folder holds no weights at all).
+mkdir -p "$tmp/big" && py "$hf/config.json" "$tmp/big/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=8192, intermediate_size=65536, num_hidden_layers=200, num_attention_heads=64,
+         num_key_value_heads=8, head_dim=128)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_err "does not fit" "KV cache of 16 positions needs about [0-9.]+ GiB \(weights [0-9.]+, KV cache.*--training.allow_overcommit" \
+  "$ct" generate --model.hf_path "$tmp/big" --model.tokenizer_path "$hf" --prompt x --cache_len 16
+# generate takes its keys from train's table: the same checks, messages and suggestions
+expect_err "train's check" 'model.attn_backend: expected one of "auto", "sdpa", "flash", found "fast"' \
+  "$ct" generate --model.hf_path "$hf" --prompt x --model.attn_backend fast
+expect_err "a key generate does not take" "unknown option --optimizer.lr \(see ctitan generate --help\)" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --optimizer.lr 1
+expect_err "suggestion" "unknown option --max_new_token \(did you mean --max_new_tokens\?\)" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --max_new_token 3
+
 # --- errors: one line, the file or option named, exit 1
 expect_err "missing folder" "--model.hf_path $tmp/none" "$ct" generate --model.hf_path "$tmp/none" --prompt x
 expect_err "no model" "exactly one of --model.hf_path DIR, --checkpoint DIR" "$ct" generate --prompt x

@@ -65,10 +65,8 @@ static int verify_fix(ct_config *c, void *ctx, ct_error *err) {
 
 static const config_use verify_use = {
     .command = "verify",
-    .keys = verify_keys,
-    .n_keys = sizeof verify_keys / sizeof *verify_keys,
-    .required = verify_required,
-    .n_required = sizeof verify_required / sizeof *verify_required,
+    CONFIG_USE_KEYS(verify_keys),
+    CONFIG_USE_REQUIRED(verify_required),
     .fix = verify_fix,
 };
 

@@ -203,7 +203,8 @@ typedef struct config_use {
     // Keys the command line must give ("verify needs --model.hf_path").
     const char *const *required;
     int n_required;
-    const char *const *own; // the command's own options ("prompt"), offered as suggestions
+    const char *required_msg; // the message when one is missing (NULL: "verify needs --KEY")
+    const char *const *own;   // the command's own options ("prompt"), offered as suggestions
     int n_own;
     bool needs_data; // training.dataset_path must be set (train; check-kernels reads no data)
     // The values the command fixes (verify: model.backend "hf"), set after the defaults and
@@ -211,6 +212,9 @@ typedef struct config_use {
     int (*fix)(ct_config *c, void *ctx, ct_error *err);
     void *ctx;
 } config_use;
+// config_use's designated initializers from arrays: .keys and .n_keys, .required and .n_required.
+#define CONFIG_USE_KEYS(a) .keys = (a), .n_keys = (int)(sizeof(a) / sizeof *(a))
+#define CONFIG_USE_REQUIRED(a) .required = (a), .n_required = (int)(sizeof(a) / sizeof *(a))
 // What train takes: every key, --config, and training.dataset_path.
 extern const config_use config_use_train;
 // config_load_noted for the command `u` describes.

@@ -324,13 +324,20 @@ static int apply_argv(ct_config *c, const config_use *u, int argc, char **argv, 
 
 const config_use config_use_train = {.command = "train", .needs_data = true};
 
-// The first key `u` requires that neither the file nor the command line gave.
-static void check_required(const config_use *u, const config_origins *o, config_errors *errs) {
+// The first key `u` requires that neither the file, the command line nor the command gave.
+static void check_required(const ct_config *c, const config_use *u, const config_origins *o,
+                           config_errors *errs) {
     for (int i = 0; i < u->n_required; i++) {
         const int k = config_key_index(u->required[i], strlen(u->required[i]));
-        if (k >= 0 && o->where[k][0]) continue;
+        // Given, or set by the command itself (generate's --checkpoint sets model.hf_path).
+        const bool fixed = k >= 0 && config_table[k].type == CONFIG_STR &&
+                           ((const char *)c + config_table[k].offset)[0];
+        if (k >= 0 && (o->where[k][0] || fixed)) continue;
         ct_error e;
-        ct_fail(&e, "%s needs --%s", u->command, u->required[i]);
+        if (u->required_msg)
+            ct_fail(&e, "%s", u->required_msg);
+        else
+            ct_fail(&e, "%s needs --%s", u->command, u->required[i]);
         config_errors_add(errs, &e);
         return; // one line: the first key missing
     }
@@ -357,7 +364,7 @@ int config_load_use(ct_config *c, config_notes *notes, const config_use *u,
     }
     if (name) apply_toml(c, path, o, notes, errs);
     apply_argv(c, u, argc, argv, config_at, o, notes, errs);
-    if (errs->n == 0) check_required(u, o, errs);
+    if (errs->n == 0) check_required(c, u, o, errs);
     if (errs->n == 0) config_compat_resolve(c, o, errs);
     if (config_errors_report(errs, err) != 0) goto done;
     config_resolve(c);
