@@ -198,6 +198,31 @@ expect_err "a key generate does not take" "unknown option --optimizer.lr \(see c
 expect_err "suggestion" "unknown option --max_new_token \(did you mean --max_new_tokens\?\)" \
   "$ct" generate --model.hf_path "$hf" --prompt x --max_new_token 3
 
+# --- verify takes train's model.attn_mask_type (here: this test's model has Qwen3's vocabulary,
+# so <|endoftext|> can end a document): block_causal computes each document as its own sequence,
+# so the window's loss is the two documents' losses alone, weighted by their targets (6 and 9;
+# the target across the boundary is not trained).
+py "$tmp" <<'PY'
+import numpy as np, sys
+d1, d2 = [9707, 11, 1879, 13, 576, 374, 151643], [791, 3974, 14198, 38835, 34208, 916, 279, 15678, 5562, 13]
+np.save(sys.argv[1] + "/docs.npy", np.array(d1 + d2, np.int32))
+np.save(sys.argv[1] + "/d1.npy", np.array(d1, np.int32))
+np.save(sys.argv[1] + "/d2.npy", np.array(d2, np.int32))
+PY
+vloss() { "$ct" verify --model.hf_path "$hf" --training.local_batch_size 1 --json "$@" 2>/dev/null | tail -n 1; }
+vloss --training.dataset_path "$tmp/docs.npy" --training.seq_len 16 >"$tmp/v_causal.json"
+vloss --training.dataset_path "$tmp/docs.npy" --training.seq_len 16 --model.attn_mask_type block_causal >"$tmp/v_block.json"
+vloss --training.dataset_path "$tmp/d1.npy" --training.seq_len 6 >"$tmp/v_d1.json"
+vloss --training.dataset_path "$tmp/d2.npy" --training.seq_len 9 >"$tmp/v_d2.json"
+py "$tmp" <<'PY' && ok || bad "verify block_causal: $(cat "$tmp"/v_*.json)"
+import json, sys
+r = {k: json.load(open("%s/v_%s.json" % (sys.argv[1], k))) for k in ("causal", "block", "d1", "d2")}
+want = (6 * r["d1"]["loss"] + 9 * r["d2"]["loss"]) / 15
+assert r["block"]["n_valid"] == 15 and r["causal"]["n_valid"] == 16, r
+assert abs(r["block"]["loss"] - want) <= 1e-5 * want, (r["block"]["loss"], want)
+assert abs(r["causal"]["loss"] - want) > 1e-3 * want, "causal equals block_causal"
+PY
+
 # --- errors: one line, the file or option named, exit 1
 expect_err "missing folder" "--model.hf_path $tmp/none" "$ct" generate --model.hf_path "$tmp/none" --prompt x
 expect_err "no model" "exactly one of --model.hf_path DIR, --checkpoint DIR" "$ct" generate --prompt x

@@ -18,9 +18,11 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/sysmem.h"
-#include "io/npy.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
+#include "text/tokenizer.h"
 #include "train/run_setup.h"
 
 // verify's own options; the config keys it takes are verify_keys (train/config.c's table).
@@ -157,6 +159,49 @@ typedef struct verify_result {
     cJSON *grad_norms; // by HF name
 } verify_result;
 
+// The first B windows of T+1 tokens, as train's loader reads them without shuffle. With
+// positions (model.attn_mask_type block_causal) also each token's position in its document and
+// no target across a document boundary, as train packs documents; documents end at the
+// tokenizer's <|endoftext|>, so the tokenizer (model.tokenizer_path) is read then.
+static int read_batch(int32_t **inputs, int32_t **targets, int32_t **positions, const ct_config *c,
+                      int vocab_size, ct_error *err) {
+    const int B = c->training.local_batch_size, T = c->training.seq_len;
+    const char *path = c->training.dataset_path;
+    const size_t need = (size_t)B * (T + 1), n = (size_t)B * T;
+    tokenizer *tok = NULL;
+    token_stream s = {0};
+    data_loader l = {0};
+    int rc = -1;
+    if (positions && tok_load(&tok, c->model.tokenizer_path, err) != 0) {
+        ct_wrap(err, "the tokenizer (model.tokenizer_path), for block_causal's documents");
+        goto done;
+    }
+    if (stream_open(&s, path, tok, vocab_size, 0, err) != 0) goto done;
+    if (s.n_tokens < need) {
+        ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu", path,
+                (unsigned long long)s.n_tokens, B, T, need);
+        goto done;
+    }
+    *inputs = malloc(n * sizeof **inputs);
+    *targets = malloc(n * sizeof **targets);
+    if (positions) *positions = malloc(n * sizeof **positions);
+    if (!*inputs || !*targets || (positions && !*positions)) {
+        ct_fail(err, "out of memory for %zu tokens", need);
+        goto done;
+    }
+    if (loader_init(&l, &s, T, false, 0, err) != 0) goto done;
+    for (int b = 0; b < B; b++) // sample b = tokens [b*(T+1), (b+1)*(T+1))
+        if (loader_sample(&l, *inputs + (size_t)b * T, *targets + (size_t)b * T,
+                          positions ? *positions + (size_t)b * T : NULL, (uint64_t)b, err) != 0)
+            goto done;
+    rc = 0;
+done:
+    loader_free(&l);
+    stream_free(&s);
+    tok_free(tok);
+    return rc;
+}
+
 static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, run_setup *setup,
                       run_memory *mem, const ct_config *run_cfg, int k_logits, FILE *out,
                       ct_error *err) {
@@ -171,29 +216,12 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     *mem = run_setup_memory(setup, 0, 0, 1);
     if (run_setup_check_fit(setup, mem, what, true, err) != 0) return -1;
 
-    npy_tokens tokens;
-    if (npy_open(&tokens, data_path, err) != 0) return -1;
-    size_t window = (size_t)T + 1, need = (size_t)B * window;
-    if (tokens.count < need) {
-        ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu", data_path,
-                (unsigned long long)tokens.count, B, T, need);
-        npy_close(&tokens); // after the message: closing zeroes the count
-        return -1;
-    }
-    int32_t *stream = malloc(need * sizeof *stream);
-    int32_t *inputs = malloc((size_t)B * T * sizeof *inputs);
-    int32_t *targets = malloc((size_t)B * T * sizeof *targets);
+    int32_t *inputs = NULL, *targets = NULL, *positions = NULL;
     int rc = -1;
     moe_balance balance = {0};
-    if (!stream || !inputs || !targets) {
-        ct_fail(err, "out of memory for %zu tokens", need);
+    if (read_batch(&inputs, &targets, setup->mem_opts.block_causal ? &positions : NULL, run_cfg,
+                   cfg.vocab_size, err) != 0)
         goto done;
-    }
-    if (npy_read(stream, &tokens, 0, need, cfg.vocab_size, err) != 0) goto done;
-    for (int b = 0; b < B; b++) { // sample b = tokens [b*(T+1), (b+1)*(T+1))
-        memcpy(inputs + (size_t)b * T, stream + b * window, T * sizeof *inputs);
-        memcpy(targets + (size_t)b * T, stream + b * window + 1, T * sizeof *targets);
-    }
 
     st_set set;
     if (st_set_open(&set, dir, err) != 0) goto done;
@@ -203,6 +231,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     st_set_close(&set);
     if (rc == 0) rc = qwen3_plan(m, B, T, err);
     if (rc == 0) qwen3_refresh_bf16(m);
+    if (rc == 0 && positions) rc = qwen3_set_positions(m, positions, err);
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
@@ -238,10 +267,9 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     rc = 0;
 done:
     moe_balance_free(&balance);
-    free(stream);
     free(inputs);
     free(targets);
-    npy_close(&tokens);
+    free(positions);
     return rc;
 }
 
