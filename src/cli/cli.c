@@ -128,9 +128,10 @@ int cli_parse_config(cli_args *a, ct_config *c, const config_use *u, const cli_o
         goto done;
     }
     for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i], *eq = strchr(arg, '=');
-        const size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg) - 2;
-        const int k = strncmp(arg, "--", 2) == 0 ? option_index(opts, n_opts, arg + 2, len) : -1;
+        const bool dashed = strncmp(argv[i], "--", 2) == 0;
+        const char *key = argv[i] + (dashed ? 2 : 0), *eq = strchr(key, '=');
+        const size_t len = eq ? (size_t)(eq - key) : strlen(key);
+        const int k = dashed ? option_index(opts, n_opts, key, len) : -1;
         if (k < 0) {
             keys[n_keys++] = argv[i];
             continue;

@@ -4,6 +4,8 @@
 // chat template and add_generation_prompt), or a terminal chat (--chat: user lines from stdin,
 // the history rendered with the template each turn, /reset clears it, EOF ends). Stops at any
 // eos_token_id (generation_config.json, else config.json) or after --max_new_tokens.
+// The model, its kernels, plugins, backend and memory check are train's run setup
+// (train/run_setup.c), with the keys from train's table.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -4,8 +4,9 @@
 // output_router_logits is on; both parts are printed. With --json the results also name each
 // parameter's gradient norm and summarise the logits, so a difference from HF's own numbers can
 // be traced to one tensor.
-// The model config, kernels, plugin trust and memory check are train's (train/run_setup.c), so
-// verify computes with the kernels a training run with the same options would use.
+// The model config, kernels, plugin trust and memory check are train's (train/run_setup.c), and
+// so are its keys (verify_keys, from train's table) and its batch (train's loader), so verify
+// computes what a training run's first step with the same options would.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
