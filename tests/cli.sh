@@ -81,7 +81,7 @@ out=$("$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/token
 "$CTITAN_PYTHON" -c 'import json, sys; r = json.loads(sys.argv[1]); m = json.load(open(sys.argv[2]))
 sys.exit(0 if abs(r["loss"] - m["loss"]) <= 1e-5 * m["loss"] else 1)' "$(tail -n 1 <<<"$out")" \
   "$moe/meta.json" && grep -q "expert kernel loop" <<<"$out" && ok || bad "verify_moe_loop: $out"
-expect_err verify_bad_moe_impl 'moe_impl "fast": expected "grouped" or "loop"' \
+expect_err verify_bad_moe_impl 'model.moe_impl: expected one of "grouped", "loop", found "fast"' \
   "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
   --model.moe_impl fast
 
@@ -93,7 +93,14 @@ expect_ok verify_attn_default 'kernels: attention flash, experts grouped' "$ct" 
 expect_ok verify_attn_sdpa '"attn_backend":"sdpa"' "$ct" verify --model.hf_path "$moe/hf" \
   --training.dataset_path "$moe/tokens.npy" --training.seq_len 5 --training.local_batch_size 2 \
   --model.attn_backend sdpa --json
-expect_err verify_bad_attn 'attn_backend "fast": expected "sdpa" or "flash"' \
+# verify takes its keys from train's table: a key it does not take is unknown to it, and a typo
+# is answered with a key it takes
+expect_err verify_not_its_key 'unknown option --optimizer.lr \(see ctitan verify --help\)' \
+  "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" --optimizer.lr 1
+expect_err verify_typo 'unknown option --model.attn_mask_typ \(did you mean --model.attn_mask_type\?\)' \
+  "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
+  --model.attn_mask_typ block_causal
+expect_err verify_bad_attn 'model.attn_backend: expected one of "auto", "sdpa", "flash", found "fast"' \
   "$ct" verify --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
   --model.attn_backend fast
 

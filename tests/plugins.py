@@ -109,6 +109,32 @@ line = error_line(err)
 check(code == 1 and doc and not doc["check"]["passed"], "wrong kernel passed: %s" % err)
 check("rope_hf" in line and "max abs" in line and "tolerance" in line, "refusal: %s" % line)
 
+# check-kernels takes every train key and reads no data (no training.dataset_path): every key of
+# the table at its default and torchtitan's inert keys, the plugin named last.
+every = []
+for line in run(["train", "--help"])[1].splitlines():
+    m = re.match(r"\s+--(\S+?)=\S+\s.*\(default: (.*)\)$", line)
+    if m and m.group(1) not in ("override.imports", "training.dataset_path", "model.vocab_size",
+                                "training.seq_len") \
+            and m.group(2) not in ("unset", '""'):
+        every += ["--" + m.group(1), m.group(2).strip('"')]
+for key in ("profiling.enable_profiling", "metrics.enable_tensorboard", "training.enable_cpu_offload",
+            "compile.enable", "checkpoint.enable_first_step_checkpoint"):
+    every += ["--" + key, "false"]
+for key in ("tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree"):
+    every += ["--parallelism." + key, "1"]
+check(len(every) > 150, "the keys from train --help: %d words" % len(every))
+code, doc, err = check_kernels(example("rope_hf_avx2"), every)
+check(code == 0 and doc and doc["check"]["passed"], "check-kernels with every key: %s" % err[-2000:])
+# Any number of arguments (once, the words past 255 were dropped): 150 times the same key gives 149
+# problems, all counted.
+code, out, err = run(["check-kernels"] + ["--job.description", "x"] * 150 +
+                     ["--override.imports", example("rope_hf_avx2")])
+shown = len(re.findall(r"^ctitan: error: command line --job.description: given twice$", err, re.M))
+more = re.search(r"\(and ([0-9]+) more problems\)", err)
+check(code == 1 and more and shown + int(more.group(1)) == 149,
+      "300 arguments: %d shown, %s" % (shown, err[-300:]))
+
 # --- training with each override against the built-in ops
 code, out, err, base = train("base", [])
 check(code == 0 and len(base) == STEPS, "baseline training failed: %s" % err[-2000:])

@@ -176,6 +176,64 @@ ck=$tmp/ckpt
   >"$tmp/ck.json" 2>"$tmp/ck.err" && cmp -s "$tmp/ck.json" "$tmp/a.json" && ok ||
   bad "checkpoint: $(cat "$tmp/ck.json" "$tmp/ck.err")"
 
+# --- train's run setup: the guarded backend gives the same ids; a user plugin runs (its parity
+# check first, its own call counters after) with the same ids (rope_hf_avx2 is exact), and a wrong
+# one is refused before anything is generated
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --debug.guard_device_memory \
+  >"$tmp/guard.json" 2>"$tmp/guard.err" && cmp -s "$tmp/a.json" "$tmp/guard.json" && ok ||
+  bad "guarded backend: $(cat "$tmp/guard.json" "$tmp/guard.err")"
+kernels=$CTITAN_BUILD_DIR/examples/kernels
+"${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --override.imports "$kernels/librope_hf_avx2.so" \
+  >"$tmp/rope.json" 2>"$tmp/rope.err" && cmp -s "$tmp/a.json" "$tmp/rope.json" &&
+  grep -q "override: rope_hf" "$tmp/rope.err" &&
+  grep -qE "override calls: rope_hf forward [1-9]" "$tmp/rope.err" && ok ||
+  bad "rope plugin: $(cat "$tmp/rope.json" "$tmp/rope.err")"
+expect_err "wrong plugin refused" "refused.*rope_hf.*max abs" "$ct" generate --model.hf_path "$hf" \
+  --prompt x --override.imports "$kernels/librope_interleaved_wrong.so"
+# The memory check, before any weight is read: a config.json of about 1.5 TB of weights (the
+# folder holds no weights at all).
+mkdir -p "$tmp/big" && py "$hf/config.json" "$tmp/big/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=8192, intermediate_size=65536, num_hidden_layers=200, num_attention_heads=64,
+         num_key_value_heads=8, head_dim=128)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_err "does not fit" "KV cache of 16 positions needs about [0-9.]+ GiB \(weights [0-9.]+, KV cache.*--training.allow_overcommit" \
+  "$ct" generate --model.hf_path "$tmp/big" --model.tokenizer_path "$hf" --prompt x --cache_len 16
+# generate takes its keys from train's table: the same checks, messages and suggestions
+expect_err "train's check" 'model.attn_backend: expected one of "auto", "sdpa", "flash", found "fast"' \
+  "$ct" generate --model.hf_path "$hf" --prompt x --model.attn_backend fast
+expect_err "a key generate does not take" "unknown option --optimizer.lr \(see ctitan generate --help\)" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --optimizer.lr 1
+expect_err "suggestion" "unknown option --max_new_token \(did you mean --max_new_tokens\?\)" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --max_new_token 3
+
+# --- verify takes train's model.attn_mask_type (here: this test's model has Qwen3's vocabulary,
+# so <|endoftext|> can end a document): block_causal computes each document as its own sequence,
+# so the window's loss is the two documents' losses alone, weighted by their targets (6 and 9;
+# the target across the boundary is not trained).
+py "$tmp" <<'PY'
+import numpy as np, sys
+d1, d2 = [9707, 11, 1879, 13, 576, 374, 151643], [791, 3974, 14198, 38835, 34208, 916, 279, 15678, 5562, 13]
+np.save(sys.argv[1] + "/docs.npy", np.array(d1 + d2, np.int32))
+np.save(sys.argv[1] + "/d1.npy", np.array(d1, np.int32))
+np.save(sys.argv[1] + "/d2.npy", np.array(d2, np.int32))
+PY
+vloss() { "$ct" verify --model.hf_path "$hf" --training.local_batch_size 1 --json "$@" 2>/dev/null | tail -n 1; }
+vloss --training.dataset_path "$tmp/docs.npy" --training.seq_len 16 >"$tmp/v_causal.json"
+vloss --training.dataset_path "$tmp/docs.npy" --training.seq_len 16 --model.attn_mask_type block_causal >"$tmp/v_block.json"
+vloss --training.dataset_path "$tmp/d1.npy" --training.seq_len 6 >"$tmp/v_d1.json"
+vloss --training.dataset_path "$tmp/d2.npy" --training.seq_len 9 >"$tmp/v_d2.json"
+py "$tmp" <<'PY' && ok || bad "verify block_causal: $(cat "$tmp"/v_*.json)"
+import json, sys
+r = {k: json.load(open("%s/v_%s.json" % (sys.argv[1], k))) for k in ("causal", "block", "d1", "d2")}
+want = (6 * r["d1"]["loss"] + 9 * r["d2"]["loss"]) / 15
+assert r["block"]["n_valid"] == 15 and r["causal"]["n_valid"] == 16, r
+assert abs(r["block"]["loss"] - want) <= 1e-5 * want, (r["block"]["loss"], want)
+assert abs(r["causal"]["loss"] - want) > 1e-3 * want, "causal equals block_causal"
+PY
+
 # --- errors: one line, the file or option named, exit 1
 expect_err "missing folder" "--model.hf_path $tmp/none" "$ct" generate --model.hf_path "$tmp/none" --prompt x
 expect_err "no model" "exactly one of --model.hf_path DIR, --checkpoint DIR" "$ct" generate --prompt x

@@ -92,17 +92,64 @@ bool cli_flag(const cli_args *a, const char *key) {
     return s && strcmp(s, "true") == 0;
 }
 
-void cli_print_help(const char *usage, const char *summary, const cli_option *opts, int n_opts) {
+static void print_option(const char *key, bool is_flag, const char *help, const char *def) {
+    char left[96];
+    snprintf(left, sizeof left, "--%s%s", key, is_flag ? "" : " VALUE");
+    printf("  %-34s %s", left, help);
+    if (def && def[0] && !is_flag) printf(" (default: %s)", def);
+    printf("\n");
+}
+
+void cli_print_help_keys(const char *usage, const char *summary, const cli_option *opts, int n_opts,
+                         const config_use *u) {
     printf("usage: %s\n\n%s\n\noptions:\n", usage, summary);
-    for (int i = 0; i < n_opts; i++) {
-        char left[96];
-        snprintf(left, sizeof left, "--%s%s", opts[i].key, opts[i].is_flag ? "" : " VALUE");
-        printf("  %-34s %s", left, opts[i].help);
-        if (opts[i].default_value && !opts[i].is_flag)
-            printf(" (default: %s)", opts[i].default_value);
-        printf("\n");
+    for (int i = 0; i < n_opts; i++)
+        print_option(opts[i].key, opts[i].is_flag, opts[i].help, opts[i].default_value);
+    for (int i = 0; u && i < u->n_keys; i++) {
+        const config_key *k = config_find_key(u->keys[i]);
+        if (k) print_option(u->keys[i], k->type == CONFIG_BOOL, k->help, k->def);
     }
     printf("  %-34s %s\n", "--help", "show this help");
+}
+
+void cli_print_help(const char *usage, const char *summary, const cli_option *opts, int n_opts) {
+    cli_print_help_keys(usage, summary, opts, n_opts, NULL);
+}
+
+int cli_parse_config(cli_args *a, ct_config *c, const config_use *u, const cli_option *opts,
+                     int n_opts, int argc, char **argv, ct_error *err) {
+    // Two lists of words, the command's and the config's; any count of arguments.
+    char **own = malloc((size_t)(argc + 1) * sizeof *own);
+    char **keys = malloc((size_t)(argc + 1) * sizeof *keys);
+    const char *names[64];
+    int n_own = 0, n_keys = 0, rc = -1;
+    if (!own || !keys) {
+        ct_fail(err, "out of memory for %d arguments", argc);
+        goto done;
+    }
+    for (int i = 0; i < argc; i++) {
+        const bool dashed = strncmp(argv[i], "--", 2) == 0;
+        const char *key = argv[i] + (dashed ? 2 : 0), *eq = strchr(key, '=');
+        const size_t len = eq ? (size_t)(eq - key) : strlen(key);
+        const int k = dashed ? option_index(opts, n_opts, key, len) : -1;
+        if (k < 0) {
+            keys[n_keys++] = argv[i];
+            continue;
+        }
+        own[n_own++] = argv[i];
+        if (!eq && !opts[k].is_flag && i + 1 < argc) own[n_own++] = argv[++i];
+    }
+    for (int i = 0; i < n_opts && i < 64; i++) names[i] = opts[i].key;
+    config_use use = *u;
+    use.own = names;
+    use.n_own = n_opts < 64 ? n_opts : 64;
+    if (cli_parse(a, opts, n_opts, n_own, own, 0, err) == 0 &&
+        config_load_use(c, NULL, &use, NULL, n_keys, keys, err) == 0)
+        rc = 0;
+done:
+    free(own);
+    free(keys);
+    return rc;
 }
 
 int cli_report(const ct_error *err) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "train/config.h"
 
 typedef struct cli_option {
     const char *key;           // "model.hf_path" (given as --model.hf_path)
@@ -29,10 +30,19 @@ typedef struct cli_args {
 int cli_parse(cli_args *a, const cli_option *opts, int n_opts, int argc, char **argv,
               int max_positional, ct_error *err);
 bool cli_wants_help(int argc, char **argv);
+// The command line of a subcommand that takes config keys: its own options (opts: --prompt,
+// --json) into `a`, and the keys `u` names into `c` through config_load_use, with the key
+// table's defaults, checks and messages. A word is the command's when its key is one of opts;
+// every other word is the config's. u->ctx, when u->fix is set, may be `a`: it is parsed first.
+int cli_parse_config(cli_args *a, ct_config *c, const config_use *u, const cli_option *opts,
+                     int n_opts, int argc, char **argv, ct_error *err);
 const char *cli_str(const cli_args *a, const char *key);
 int cli_int(int64_t *out, const cli_args *a, const char *key, ct_error *err);
 bool cli_flag(const cli_args *a, const char *key);
 void cli_print_help(const char *usage, const char *summary, const cli_option *opts, int n_opts);
+// cli_print_help that also lists the config keys `u` takes, with the table's help and default.
+void cli_print_help_keys(const char *usage, const char *summary, const cli_option *opts, int n_opts,
+                         const config_use *u);
 // Prints "ctitan: error: <msg>" to stderr and returns the exit code 1.
 int cli_report(const ct_error *err);
 

@@ -66,22 +66,16 @@ int cmd_check_kernels(int argc, char **argv) {
                "one JSON object instead of the table. Every `ctitan train` key is accepted.\n");
         return 0;
     }
-    // --json is ours; everything else is the training config.
-    // No data is read, so a training config without training.dataset_path is fine here.
-    bool json = false, data_given = false;
-    char *rest[256], no_data[] = "--training.dataset_path=unused-by-check-kernels";
-    int n = 0;
-    for (int i = 0; i < argc && n < 255; i++) {
-        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--json=true") == 0)
-            json = true;
-        else if (strcmp(argv[i], "--json=false") != 0)
-            rest[n++] = argv[i];
-        if (strncmp(argv[i], "--training.dataset_path", 23) == 0) data_given = true;
-    }
-    if (!data_given) rest[n++] = no_data;
+    // --json is ours; every other word is the training config, whose data check-kernels does
+    // not read (no training.dataset_path needed).
+    static const cli_option own[] = {
+        {"json", "false", "print one JSON object instead of the table", true}};
+    static const config_use use = {.command = "check-kernels"};
+    cli_args args;
     ct_config cfg;
     ct_error err;
-    if (config_load(&cfg, NULL, n, rest, &err) != 0 || check(&cfg, json, &err) != 0)
+    if (cli_parse_config(&args, &cfg, &use, own, 1, argc, argv, &err) != 0 ||
+        check(&cfg, cli_flag(&args, "json"), &err) != 0)
         return cli_report(&err);
     return 0;
 }

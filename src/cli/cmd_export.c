@@ -18,18 +18,19 @@ static const cli_option export_options[] = {
      "shard the weights above this size, as HF (500MB, 5GB, 2GiB; 0 = one file)", false},
     {"tokenizer", NULL,
      "folder with tokenizer.json to copy (default: the run's model.tokenizer_path)", false},
-    {"debug.guard_device_memory", "false",
-     "test only, slow: load the whole model into the guarded CPU backend and save it from there "
-     "(as train's option), instead of streaming the tensors from the files",
-     true},
 };
+
+// Train's key, from its table: under it the whole model is loaded into the guarded CPU backend
+// and saved from there, instead of streamed tensor by tensor from the files.
+static const char *const export_keys[] = {"debug.guard_device_memory"};
+static const config_use export_use = {.command = "export", CONFIG_USE_KEYS(export_keys)};
 
 static bool same_folder(const char *a, const char *b) {
     struct stat x, y;
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-static int export_run(const cli_args *args, ct_error *err) {
+static int export_run(const cli_args *args, const ct_config *c, ct_error *err) {
     const char *given = cli_str(args, "checkpoint"), *out = cli_str(args, "output");
     if (!given) return ct_fail(err, "export needs --checkpoint DIR");
     if (!out) return ct_fail(err, "export needs --output HFDIR");
@@ -58,7 +59,7 @@ static int export_run(const cli_args *args, ct_error *err) {
     train_state st;
     size_t n_params = 0;
     int n_tok;
-    if (!cli_flag(args, "debug.guard_device_memory")) {
+    if (!c->debug.guard_device_memory) {
         // Tensor by tensor from the checkpoint's files: the model is never in memory.
         n_tok = ckpt_export_hf_streaming_info(dir, out, dtype, shard, tok_dir, &st, &n_params, err);
     } else {
@@ -96,19 +97,23 @@ static int export_run(const cli_args *args, ct_error *err) {
 int cmd_export(int argc, char **argv) {
     const int n_opts = sizeof export_options / sizeof export_options[0];
     if (cli_wants_help(argc, argv)) {
-        cli_print_help("ctitan export --checkpoint DIR --output HFDIR [--dtype bfloat16|float16|"
-                       "float32] [--max-shard-size SIZE] [--tokenizer DIR]",
-                       "Writes a training checkpoint as a Hugging Face folder: config.json, the "
-                       "weights as\nsafetensors (sharded with an index above --max-shard-size) "
-                       "and the tokenizer files.\nThe checkpoint is fully verified first "
-                       "(sizes, checksums, tensor names and shapes).",
-                       export_options, n_opts);
+        cli_print_help_keys(
+            "ctitan export --checkpoint DIR --output HFDIR [--dtype bfloat16|float16|"
+            "float32] [--max-shard-size SIZE] [--tokenizer DIR]",
+            "Writes a training checkpoint as a Hugging Face folder: config.json, the "
+            "weights as\nsafetensors (sharded with an index above --max-shard-size) "
+            "and the tokenizer files.\nThe checkpoint is fully verified first "
+            "(sizes, checksums, tensor names and shapes). Under "
+            "--debug.guard_device_memory\nthe whole model is loaded into the guarded "
+            "backend and saved from there.",
+            export_options, n_opts, &export_use);
         return 0;
     }
     ct_error err;
     cli_args args;
-    if (cli_parse(&args, export_options, n_opts, argc, argv, 0, &err) != 0 ||
-        export_run(&args, &err) != 0)
+    ct_config cfg;
+    if (cli_parse_config(&args, &cfg, &export_use, export_options, n_opts, argc, argv, &err) != 0 ||
+        export_run(&args, &cfg, &err) != 0)
         return cli_report(&err);
     return 0;
 }

@@ -4,6 +4,8 @@
 // chat template and add_generation_prompt), or a terminal chat (--chat: user lines from stdin,
 // the history rendered with the template each turn, /reset clears it, EOF ends). Stops at any
 // eos_token_id (generation_config.json, else config.json) or after --max_new_tokens.
+// The model, its kernels, plugins, backend and memory check are train's run setup
+// (train/run_setup.c), with the keys from train's table.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,12 +24,14 @@
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "checkpoint/checkpoint.h"
+#include "train/run_setup.h"
 
+// generate's own options; the config keys it takes are generate_keys (train/config.c's table).
 static const cli_option generate_options[] = {
-    {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
-    {"checkpoint", NULL, "a checkpoint folder (step-N), or a folder of them (the newest)", false},
-    {"model.tokenizer_path", NULL,
-     "folder with tokenizer.json (default: the HF folder, or the checkpoint run's)", false},
+    {"checkpoint", NULL,
+     "a checkpoint folder (step-N), or a folder of them (the newest), instead of "
+     "--model.hf_path; the tokenizer is the run's unless --model.tokenizer_path",
+     false},
     {"prompt", NULL, "the prompt, as raw text (no chat template)", false},
     {"input", NULL, "JSONL: one {\"prompt\": text} or {\"messages\": [...]} per line", false},
     {"chat", "false", "a multi-turn chat: user lines from stdin, /reset clears the history", true},
@@ -39,18 +43,27 @@ static const cli_option generate_options[] = {
     {"seed", "0", "the sampling seed: the same seed gives the same text", false},
     {"cache_len", "0",
      "KV cache positions (0: the longest prompt + max_new_tokens; --chat: up to 4096)", false},
-    {"model.attn_backend", "flash", "the prefill's attention kernel: flash | sdpa", false},
-    {"training.mixed_precision_param", "float32",
-     "float32, or bfloat16: the linear layers in bf16 with fp32 accumulation (as train)", false},
     {"json", "false",
      "print one JSON object per prompt: prompt_ids, ids, text, stop (eos | length)", true},
     {"timing", "false",
      "print each prompt's prefill and decode times to stderr (the model's forwards only)", true},
 };
 
+// The run setup's keys: the model, its kernels and plugins, the backend and the memory check,
+// as train takes them.
+static const char *const generate_keys[] = {
+    "model.hf_path",           "model.tokenizer_path",           "model.attn_backend",
+    "model.moe_impl",          "training.mixed_precision_param", "override.imports",
+    "override.allow_mismatch", "training.allow_overcommit",      "debug.guard_device_memory",
+};
+static const char *const generate_required[] = {"model.hf_path"};
+
 typedef struct gen_run {
+    const cli_args *args; // generate's own options, parsed before the config
+    ct_config cfg;
+    run_setup setup; // the model runs setup.ops on setup.be: it outlives the model
+    bool setup_open;
     qwen3_model m;
-    ct_ops ops;
     qwen3_gen g;
     gen_sampler s;
     tokenizer *tok;
@@ -166,46 +179,81 @@ static int parse_float(float *out, const cli_args *a, const char *key, float uns
     return 0;
 }
 
-static int load_model(gen_run *r, const cli_args *a, ct_error *err) {
-    const char *hf = cli_str(a, "model.hf_path"), *ck = cli_str(a, "checkpoint");
-    if (!hf == !ck)
-        return ct_fail(err, "generate needs exactly one of --model.hf_path DIR, --checkpoint DIR");
-    if (ct_ops_with_attention(&r->ops, &ct_ops_cpu, cli_str(a, "model.attn_backend")) != 0)
-        return ct_fail(err, "option --model.attn_backend: '%s' is not flash or sdpa",
-                       cli_str(a, "model.attn_backend"));
-    const char *prec = cli_str(a, "training.mixed_precision_param");
-    if (strcmp(prec, "float32") != 0 && strcmp(prec, "bfloat16") != 0)
-        return ct_fail(err,
-                       "option --training.mixed_precision_param: '%s' is not float32 or "
-                       "bfloat16",
-                       prec);
-    char *toml = NULL;
-    if (hf) {
-        snprintf(r->model_dir, sizeof r->model_dir, "%s", hf);
-        snprintf(r->tok_dir, sizeof r->tok_dir, "%s", hf);
-        hf_load_report rep;
-        const int rc = hf_load_folder_forward_only(&r->m, &rep, hf, &r->ops, err);
-        hf_report_free(&rep);
-        if (rc != 0) return ct_wrap(err, "--model.hf_path %s", hf);
-    } else {
-        if (cli_resolve_checkpoint(r->model_dir, sizeof r->model_dir, ck, err) != 0) return -1;
-        char path[4200];
-        qwen3_config cfg;
-        train_state st;
-        snprintf(path, sizeof path, "%s/config.json", r->model_dir);
-        if (qwen3_config_load(&cfg, path, err) != 0 ||
-            qwen3_init_forward_only(&r->m, &cfg, NULL, &r->ops, err) != 0 ||
-            ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, &toml, err) != 0)
-            return ct_wrap(err, "--checkpoint %s", ck);
-        ckpt_tokenizer_dir(r->tok_dir, sizeof r->tok_dir, toml);
-        free(toml);
-    }
-    if (cli_str(a, "model.tokenizer_path"))
-        snprintf(r->tok_dir, sizeof r->tok_dir, "%s", cli_str(a, "model.tokenizer_path"));
-    r->m.mem_opts.bf16 = r->m.mem_opts.bf16_experts = strcmp(prec, "bfloat16") == 0;
+// What generate fixes in the config: an HF folder, or a checkpoint's (its config.json is the
+// architecture, its run's tokenizer the default); one sequence. training.seq_len is only the
+// plugins' parity check's length here (it runs min(seq_len, 256) tokens); the memory check
+// below takes the KV cache's length.
+static int generate_fix(ct_config *c, void *ctx, ct_error *err) {
+    gen_run *r = ctx;
+    snprintf(c->model.backend, sizeof c->model.backend, "hf");
+    c->training.local_batch_size = 1;
+    c->training.seq_len = 256;
+    c->training.loss_chunk_tokens = 0;
+    const char *ck = cli_str(r->args, "checkpoint");
+    if (!ck) return 0;
+    if (cli_resolve_checkpoint(r->model_dir, sizeof r->model_dir, ck, err) != 0) return -1;
+    if (strlen(r->model_dir) >= sizeof c->model.hf_path)
+        return ct_fail(err, "--checkpoint %s: the path is longer than %zu characters", ck,
+                       sizeof c->model.hf_path - 1);
+    snprintf(c->model.hf_path, sizeof c->model.hf_path, "%s", r->model_dir);
+    char path[4200], *toml = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.toml", r->model_dir);
+    if (file_read_all(&toml, &len, path, 1 << 20, err) != 0)
+        return ct_wrap(err, "--checkpoint %s", ck);
+    ckpt_tokenizer_dir(c->model.tokenizer_path, sizeof c->model.tokenizer_path, toml);
+    free(toml);
+    return 0;
+}
+
+static const config_use generate_use = {
+    .command = "generate",
+    CONFIG_USE_KEYS(generate_keys),
+    CONFIG_USE_REQUIRED(generate_required),
+    .required_msg = "generate needs exactly one of --model.hf_path DIR, --checkpoint DIR",
+    .fix = generate_fix,
+};
+
+// train's run setup: the architecture, the kernels (model.attn_backend, model.moe_impl), the
+// plugins' check and the backend (debug.guard_device_memory). First: the check forks, which must
+// precede any OpenMP region. Then the tokenizer and the stop tokens.
+static int open_setup(gen_run *r, ct_error *err) {
+    const char *ck = cli_str(r->args, "checkpoint");
+    if (ck && strcmp(r->cfg.model.hf_path, r->model_dir) != 0)
+        return ct_fail(err, "%s", generate_use.required_msg);
+    if (!ck) snprintf(r->model_dir, sizeof r->model_dir, "%s", r->cfg.model.hf_path);
+    snprintf(r->tok_dir, sizeof r->tok_dir, "%s", r->cfg.model.tokenizer_path);
+    run_setup_opts so = {.log = stderr, .warn = stderr};
+    if (run_setup_open(&r->setup, &r->cfg, &so, err) != 0)
+        return ck ? ct_wrap(err, "--checkpoint %s", ck)
+                  : ct_wrap(err, "--model.hf_path %s", r->model_dir);
+    r->setup_open = true;
     if (tok_load(&r->tok, r->tok_dir, err) != 0 || tok_encoder_new(&r->enc, r->tok, err) != 0)
         return ct_wrap(err, "the tokenizer (--model.tokenizer_path)");
     return load_eos(r, err);
+}
+
+// The weights, on the setup's backend with its kernels, once the memory check passed; no
+// gradients (a forward-only model).
+static int load_weights(gen_run *r, ct_error *err) {
+    const char *ck = cli_str(r->args, "checkpoint");
+    if (qwen3_init_forward_only(&r->m, &r->setup.model, r->setup.be, &r->setup.ops, err) != 0)
+        return -1;
+    r->m.mem_opts = r->setup.mem_opts;
+    if (ck) {
+        train_state st;
+        if (ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, NULL, err) != 0)
+            return ct_wrap(err, "--checkpoint %s", ck);
+        return 0;
+    }
+    st_set set;
+    hf_load_report rep = {0};
+    if (st_set_open(&set, r->model_dir, err) != 0)
+        return ct_wrap(err, "--model.hf_path %s", r->model_dir);
+    const int rc = hf_load_weights(&r->m, &rep, &set, r->model_dir, err);
+    st_set_close(&set);
+    hf_report_free(&rep);
+    return rc != 0 ? ct_wrap(err, "--model.hf_path %s", r->model_dir) : 0;
 }
 
 // Prints text[*printed, ...) up to the last complete character: a trailing U+FFFD is a
@@ -393,6 +441,7 @@ static void run_free(gen_run *r) {
     qwen3_gen_free(&r->g);
     gen_sampler_free(&r->s);
     qwen3_free(&r->m);
+    if (r->setup_open) run_setup_close(&r->setup);
     tok_encoder_free(r->enc);
     tok_free(r->tok);
     chat_template_free(r->tmpl);
@@ -428,13 +477,13 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
                          err) != 0)
         return -1;
     gen_sampler_free(&probe);
-    if (load_model(r, a, err) != 0 || sampling_defaults(r, &temperature, &top_k, &top_p, err) != 0)
+    if (open_setup(r, err) != 0 || sampling_defaults(r, &temperature, &top_k, &top_p, err) != 0)
         return -1;
-    if (gen_sampler_init(&r->s, r->m.cfg.vocab_size, temperature, (int)top_k, top_p, (uint64_t)seed,
-                         err) != 0)
+    if (gen_sampler_init(&r->s, r->setup.model.vocab_size, temperature, (int)top_k, top_p,
+                         (uint64_t)seed, err) != 0)
         return -1;
     tok_ids ids = {0};
-    const int max_pos = r->m.cfg.max_position_embeddings;
+    const int max_pos = r->setup.model.max_position_embeddings;
     if (cache_len == 0) {
         int64_t longest = 0;
         if (chat) {
@@ -451,7 +500,9 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     if (cache_len > max_pos)
         return ct_fail(err, "option --cache_len: %lld exceeds max_position_embeddings %d",
                        (long long)cache_len, max_pos);
-    int rc = qwen3_gen_plan(&r->g, &r->m, (int)cache_len, err);
+    int rc = run_setup_check_generate_fit(&r->setup, (int)cache_len, err);
+    if (rc == 0) rc = load_weights(r, err);
+    if (rc == 0) rc = qwen3_gen_plan(&r->g, &r->m, (int)cache_len, err);
     if (rc == 0 && prompt) {
         char *text = NULL;
         if (!ids.n) rc = encode(r, &ids, prompt, strlen(prompt), err);
@@ -488,7 +539,7 @@ static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_erro
 int cmd_generate(int argc, char **argv) {
     const int n_opts = sizeof generate_options / sizeof generate_options[0];
     if (cli_wants_help(argc, argv)) {
-        cli_print_help(
+        cli_print_help_keys(
             "ctitan generate (--model.hf_path DIR | --checkpoint DIR) (--prompt TEXT | --chat | "
             "--input prompts.jsonl) [--max_new_tokens N] [--temperature T] [--top_k K] "
             "[--top_p P] [--seed S] [--json]",
@@ -500,15 +551,20 @@ int cmd_generate(int argc, char **argv) {
             "(generation_config.json,\n"
             "else config.json) or after --max_new_tokens. --chat reads user lines from stdin;\n"
             "/reset clears the history.",
-            generate_options, n_opts);
+            generate_options, n_opts, &generate_use);
         return 0;
     }
     ct_error err;
     cli_args args;
     gen_run r;
     memset(&r, 0, sizeof r);
-    int rc = cli_parse(&args, generate_options, n_opts, argc, argv, 0, &err);
+    r.args = &args;
+    config_use use = generate_use;
+    use.ctx = &r;
+    int rc = cli_parse_config(&args, &r.cfg, &use, generate_options, n_opts, argc, argv, &err);
     if (rc == 0) rc = generate_run(&r, &args, &err);
+    // The plugins' own call counters: proof that their kernels ran (stderr: stdout is the text).
+    if (rc == 0 && r.setup_open) override_report_calls(&r.setup.overrides, stderr);
     run_free(&r);
     return rc != 0 ? cli_report(&err) : 0;
 }

@@ -4,8 +4,9 @@
 // output_router_logits is on; both parts are printed. With --json the results also name each
 // parameter's gradient norm and summarise the logits, so a difference from HF's own numbers can
 // be traced to one tensor.
-// The model config, kernels, plugin trust and memory check are train's (train/run_setup.c), so
-// verify computes with the kernels a training run with the same options would use.
+// The model config, kernels, plugin trust and memory check are train's (train/run_setup.c), and
+// so are its keys (verify_keys, from train's table) and its batch (train's loader), so verify
+// computes what a training run's first step with the same options would.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,25 +19,15 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/sysmem.h"
-#include "io/npy.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
+#include "text/tokenizer.h"
 #include "train/run_setup.h"
 
+// verify's own options; the config keys it takes are verify_keys (train/config.c's table).
 static const cli_option verify_options[] = {
-    {"model.hf_path", NULL, "Hugging Face folder (config.json + *.safetensors)", false},
-    {"training.dataset_path", NULL, "token stream (.npy of uint16/int32/uint32/int64)", false},
-    {"training.seq_len", "2048", "tokens per sample T (each sample reads T+1 tokens)", false},
-    {"training.local_batch_size", "8", "samples B in the batch", false},
-    {"model.moe_impl", "grouped", "MoE expert kernel: grouped | loop", false},
-    {"model.attn_backend", "auto", "attention kernel: auto (= flash, as train) | flash | sdpa",
-     false},
-    {"override.imports", "", "plugins whose kernels replace built-in ops (comma-separated)", false},
-    {"override.allow_mismatch", "false", "use overrides that fail the parity check", true},
-    {"training.mixed_precision_param", "float32",
-     "float32, or bfloat16: the linear layers in bf16 with fp32 accumulation (as train)", false},
-    {"debug.guard_device_memory", "false",
-     "test only, slow: run on the guarded CPU backend (as train's option)", true},
     {"json", "false",
      "print the results as exactly one JSON object on stdout (the readable report goes to "
      "stderr): also each parameter's gradient norm by HF name and the sum and sum of squares "
@@ -44,6 +35,42 @@ static const cli_option verify_options[] = {
      true},
     {"logits", "0", "with --json: also the first K logits of sample 0 at positions 0 and T-1",
      false},
+};
+
+static const char *const verify_keys[] = {
+    "model.hf_path",
+    "training.dataset_path",
+    "training.seq_len",
+    "training.local_batch_size",
+    "model.moe_impl",
+    "model.attn_backend",
+    "model.attn_mask_type",
+    "model.tokenizer_path",
+    "model.router_aux_loss_coef",
+    "model.output_router_logits",
+    "override.imports",
+    "override.allow_mismatch",
+    "training.mixed_precision_param",
+    "training.allow_overcommit",
+    "debug.guard_device_memory",
+};
+static const char *const verify_required[] = {"model.hf_path", "training.dataset_path"};
+
+// What verify fixes: an HF folder, the whole-batch loss head and no activation checkpointing
+// (verify summarises all the logits after the forward).
+static int verify_fix(ct_config *c, void *ctx, ct_error *err) {
+    (void)ctx, (void)err;
+    snprintf(c->model.backend, sizeof c->model.backend, "hf");
+    c->training.loss_chunk_tokens = 0;
+    snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "none");
+    return 0;
+}
+
+static const config_use verify_use = {
+    .command = "verify",
+    CONFIG_USE_KEYS(verify_keys),
+    CONFIG_USE_REQUIRED(verify_required),
+    .fix = verify_fix,
 };
 
 static double sum_squares(const float *x, size_t n) {
@@ -133,81 +160,69 @@ typedef struct verify_result {
     cJSON *grad_norms; // by HF name
 } verify_result;
 
-// The run setup's config: train's defaults with verify's options. Whole-batch loss head and no
-// activation checkpointing: verify summarises all the logits after the forward.
-static int verify_config(ct_config *c, const cli_args *args, int B, int T, ct_error *err) {
-    config_defaults(c);
-    c->training.local_batch_size = B;
-    c->training.seq_len = T;
-    c->training.loss_chunk_tokens = 0;
-    snprintf(c->model.backend, sizeof c->model.backend, "hf");
-    snprintf(c->activation_checkpoint.mode, sizeof c->activation_checkpoint.mode, "none");
-    c->override.allow_mismatch = cli_flag(args, "override.allow_mismatch");
-    c->debug.guard_device_memory = cli_flag(args, "debug.guard_device_memory");
-    const struct {
-        const char *key;
-        char *dst;
-        size_t cap;
-    } strs[] = {
-        {"model.hf_path", c->model.hf_path, sizeof c->model.hf_path},
-        {"model.moe_impl", c->model.moe_impl, sizeof c->model.moe_impl},
-        {"model.attn_backend", c->model.attn_backend, sizeof c->model.attn_backend},
-        {"training.mixed_precision_param", c->training.mixed_precision_param,
-         sizeof c->training.mixed_precision_param},
-        {"override.imports", c->override.imports, sizeof c->override.imports},
-    };
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
-        const char *v = cli_str(args, strs[i].key);
-        if (!v) v = "";
-        if (strlen(v) >= strs[i].cap)
-            return ct_fail(err, "--%s: %zu characters, at most %zu", strs[i].key, strlen(v),
-                           strs[i].cap - 1);
-        memcpy(strs[i].dst, v, strlen(v) + 1);
+// The first B windows of T+1 tokens, as train's loader reads them without shuffle. With
+// positions (model.attn_mask_type block_causal) also each token's position in its document and
+// no target across a document boundary, as train packs documents; documents end at the
+// tokenizer's <|endoftext|>, so the tokenizer (model.tokenizer_path) is read then.
+static int read_batch(int32_t **inputs, int32_t **targets, int32_t **positions, const ct_config *c,
+                      int vocab_size, ct_error *err) {
+    const int B = c->training.local_batch_size, T = c->training.seq_len;
+    const char *path = c->training.dataset_path;
+    const size_t need = (size_t)B * (T + 1), n = (size_t)B * T;
+    tokenizer *tok = NULL;
+    token_stream s = {0};
+    data_loader l = {0};
+    int rc = -1;
+    if (positions && tok_load(&tok, c->model.tokenizer_path, err) != 0) {
+        ct_wrap(err, "the tokenizer (model.tokenizer_path), for block_causal's documents");
+        goto done;
     }
-    const char *p = c->training.mixed_precision_param;
-    if (strcmp(p, "float32") != 0 && strcmp(p, "bfloat16") != 0)
-        return ct_fail(err, "--training.mixed_precision_param \"%s\": expected float32 or bfloat16",
-                       p);
-    return 0;
+    if (stream_open(&s, path, tok, vocab_size, 0, err) != 0) goto done;
+    if (s.n_tokens < need) {
+        ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu", path,
+                (unsigned long long)s.n_tokens, B, T, need);
+        goto done;
+    }
+    *inputs = malloc(n * sizeof **inputs);
+    *targets = malloc(n * sizeof **targets);
+    if (positions) *positions = malloc(n * sizeof **positions);
+    if (!*inputs || !*targets || (positions && !*positions)) {
+        ct_fail(err, "out of memory for %zu tokens", need);
+        goto done;
+    }
+    if (loader_init(&l, &s, T, false, 0, err) != 0) goto done;
+    for (int b = 0; b < B; b++) // sample b = tokens [b*(T+1), (b+1)*(T+1))
+        if (loader_sample(&l, *inputs + (size_t)b * T, *targets + (size_t)b * T,
+                          positions ? *positions + (size_t)b * T : NULL, (uint64_t)b, err) != 0)
+            goto done;
+    rc = 0;
+done:
+    loader_free(&l);
+    stream_free(&s);
+    tok_free(tok);
+    return rc;
 }
 
 static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, run_setup *setup,
-                      run_memory *mem, const cli_args *args, const char *dir, const char *data_path,
-                      int B, int T, int k_logits, FILE *out, ct_error *err) {
-    ct_config run_cfg;
-    if (verify_config(&run_cfg, args, B, T, err) != 0) return -1;
+                      run_memory *mem, const ct_config *run_cfg, int k_logits, FILE *out,
+                      ct_error *err) {
+    const char *dir = run_cfg->model.hf_path, *data_path = run_cfg->training.dataset_path;
+    const int B = run_cfg->training.local_batch_size, T = run_cfg->training.seq_len;
     // Before anything runs an OpenMP region: the parity check forks.
     run_setup_opts so = {.log = out, .warn = stderr};
-    if (run_setup_open(setup, &run_cfg, &so, err) != 0) return -1;
+    if (run_setup_open(setup, run_cfg, &so, err) != 0) return -1;
     const qwen3_config cfg = setup->model;
     char what[4200];
     snprintf(what, sizeof what, "%s with batch %d x seq_len %d", dir, B, T);
     *mem = run_setup_memory(setup, 0, 0, 1);
-    if (run_setup_check_fit(setup, mem, what, false, err) != 0) return -1;
+    if (run_setup_check_fit(setup, mem, what, true, err) != 0) return -1;
 
-    npy_tokens tokens;
-    if (npy_open(&tokens, data_path, err) != 0) return -1;
-    size_t window = (size_t)T + 1, need = (size_t)B * window;
-    if (tokens.count < need) {
-        ct_fail(err, "%s: has %llu tokens, but batch %d x (seq_len %d + 1) needs %zu", data_path,
-                (unsigned long long)tokens.count, B, T, need);
-        npy_close(&tokens); // after the message: closing zeroes the count
-        return -1;
-    }
-    int32_t *stream = malloc(need * sizeof *stream);
-    int32_t *inputs = malloc((size_t)B * T * sizeof *inputs);
-    int32_t *targets = malloc((size_t)B * T * sizeof *targets);
+    int32_t *inputs = NULL, *targets = NULL, *positions = NULL;
     int rc = -1;
     moe_balance balance = {0};
-    if (!stream || !inputs || !targets) {
-        ct_fail(err, "out of memory for %zu tokens", need);
+    if (read_batch(&inputs, &targets, setup->mem_opts.block_causal ? &positions : NULL, run_cfg,
+                   cfg.vocab_size, err) != 0)
         goto done;
-    }
-    if (npy_read(stream, &tokens, 0, need, cfg.vocab_size, err) != 0) goto done;
-    for (int b = 0; b < B; b++) { // sample b = tokens [b*(T+1), (b+1)*(T+1))
-        memcpy(inputs + (size_t)b * T, stream + b * window, T * sizeof *inputs);
-        memcpy(targets + (size_t)b * T, stream + b * window + 1, T * sizeof *targets);
-    }
 
     st_set set;
     if (st_set_open(&set, dir, err) != 0) goto done;
@@ -226,7 +241,7 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
-    qwen3_batch batch = {inputs, targets, NULL, false};
+    qwen3_batch batch = {inputs, targets, positions, false}; // positions: block_causal only
     if ((rc = qwen3_batch_check(m, &batch, B, err)) != 0) goto done;
     batch.checked = true; // the forward need not check again
     double loss_sum = qwen3_forward(m, &batch, &res->n_valid);
@@ -257,10 +272,9 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     rc = 0;
 done:
     moe_balance_free(&balance);
-    free(stream);
     free(inputs);
     free(targets);
-    npy_close(&tokens);
+    free(positions);
     return rc;
 }
 
@@ -276,35 +290,32 @@ static void verify_free(qwen3_model *m, hf_load_report *rep, run_setup *setup, v
 int cmd_verify(int argc, char **argv) {
     const int n_opts = sizeof verify_options / sizeof verify_options[0];
     if (cli_wants_help(argc, argv)) {
-        cli_print_help("ctitan verify --model.hf_path DIR --training.dataset_path TOKENS.npy "
-                       "[--training.seq_len T] [--training.local_batch_size B] [--json]",
-                       "Loads an HF Qwen3 folder, takes the first B windows of T+1 tokens "
-                       "(input: first T,\nlabels: last T) and runs one forward and backward "
-                       "pass in fp32\nwith the kernels train uses (model.attn_backend, "
-                       "model.moe_impl). Prints the kernels,\nthe loss, the global gradient L2 "
-                       "norm, the parameter count, key report, source dtype\nand peak memory.",
-                       verify_options, n_opts);
+        cli_print_help_keys("ctitan verify --model.hf_path DIR --training.dataset_path TOKENS.npy "
+                            "[--training.seq_len T] [--training.local_batch_size B] [--json]",
+                            "Loads an HF Qwen3 folder, takes the first B windows of T+1 tokens "
+                            "(input: first T,\nlabels: last T) and runs one forward and backward "
+                            "pass in fp32\nwith the kernels train uses (model.attn_backend, "
+                            "model.moe_impl). Prints the kernels,\nthe loss, the global gradient "
+                            "L2 norm, the parameter count, key report, source dtype\nand peak "
+                            "memory. The model.*, training.*, override.* and debug.* keys are "
+                            "train's.",
+                            verify_options, n_opts, &verify_use);
         return 0;
     }
     ct_error err;
     cli_args args;
-    int64_t B, T, k_logits;
-    if (cli_parse(&args, verify_options, n_opts, argc, argv, 0, &err) != 0 ||
-        cli_int(&B, &args, "training.local_batch_size", &err) != 0 ||
-        cli_int(&T, &args, "training.seq_len", &err) != 0 ||
+    ct_config cfg;
+    int64_t k_logits;
+    if (cli_parse_config(&args, &cfg, &verify_use, verify_options, n_opts, argc, argv, &err) != 0 ||
         cli_int(&k_logits, &args, "logits", &err) != 0)
         return cli_report(&err);
-    const char *dir = cli_str(&args, "model.hf_path");
-    const char *data = cli_str(&args, "training.dataset_path");
-    if (!dir || !data) {
-        ct_fail(&err, "verify needs --%s", !dir ? "model.hf_path" : "training.dataset_path");
-        return cli_report(&err);
-    }
-    if (B < 1 || B > 1 << 20 || T < 1 || T > 1 << 24) {
+    const int B = cfg.training.local_batch_size, T = cfg.training.seq_len;
+    const char *dir = cfg.model.hf_path, *data = cfg.training.dataset_path;
+    if (B > 1 << 20 || T > 1 << 24) {
         ct_fail(&err,
-                "training.local_batch_size (%lld) and training.seq_len (%lld) must be "
-                "positive and sane",
-                (long long)B, (long long)T);
+                "training.local_batch_size (%d) and training.seq_len (%d) must be at most %d "
+                "and %d",
+                B, T, 1 << 20, 1 << 24);
         return cli_report(&err);
     }
     if (k_logits < 0 || k_logits > 1 << 24) {
@@ -319,8 +330,7 @@ int cmd_verify(int argc, char **argv) {
     verify_result res = {0};
     run_setup setup = {0};
     run_memory mem = {0};
-    int rc = verify_run(&res, &m, &rep, &setup, &mem, &args, dir, data, (int)B, (int)T,
-                        (int)k_logits, out, &err);
+    int rc = verify_run(&res, &m, &rep, &setup, &mem, &cfg, (int)k_logits, out, &err);
     if (rep.n_loaded || rep.n_missing || rep.n_unexpected) print_key_report(out, &rep);
     if (rc != 0) {
         verify_free(&m, &rep, &setup, &res);

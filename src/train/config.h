@@ -193,9 +193,39 @@ typedef struct config_notes {
 int config_load_noted(ct_config *c, config_notes *notes, const char *toml_path_or_NULL, int argc,
                       char **argv, ct_error *err);
 
+// What a subcommand takes of the key table. train and check-kernels take every key (and
+// --config FILE); verify and generate take the keys they name. A key keeps the table's default,
+// checks and messages whichever command takes it, so no command declares a key of its own.
+typedef struct config_use {
+    const char *command;     // "verify": named in messages
+    const char *const *keys; // the "section.key" names taken; NULL: every key, and --config
+    int n_keys;
+    // Keys the command line must give ("verify needs --model.hf_path").
+    const char *const *required;
+    int n_required;
+    const char *required_msg; // the message when one is missing (NULL: "verify needs --KEY")
+    const char *const *own;   // the command's own options ("prompt"), offered as suggestions
+    int n_own;
+    bool needs_data; // training.dataset_path must be set (train; check-kernels reads no data)
+    // The values the command fixes (verify: model.backend "hf"), set after the defaults and
+    // before the command line; NULL: none. ctx is passed back.
+    int (*fix)(ct_config *c, void *ctx, ct_error *err);
+    void *ctx;
+} config_use;
+// config_use's designated initializers from arrays: .keys and .n_keys, .required and .n_required.
+#define CONFIG_USE_KEYS(a) .keys = (a), .n_keys = (int)(sizeof(a) / sizeof *(a))
+#define CONFIG_USE_REQUIRED(a) .required = (a), .n_required = (int)(sizeof(a) / sizeof *(a))
+// What train takes: every key, --config, and training.dataset_path.
+extern const config_use config_use_train;
+// config_load_noted for the command `u` describes.
+int config_load_use(ct_config *c, config_notes *notes, const config_use *u,
+                    const char *toml_path_or_NULL, int argc, char **argv, ct_error *err);
+// Whether `u` takes the key "section.key".
+bool config_use_takes(const config_use *u, const char *full_name);
+
 // Cross-key checks that need no model: choices, ranges, global_batch_size a multiple of
 // local_batch_size * data-parallel degree, decay_ratio in [0,1], warmup + decay steps <= steps,
-// backend=hf needs hf_path, ...
+// backend=hf needs hf_path, training.dataset_path set (train's checks), ...
 int config_validate(const ct_config *c, ct_error *err);
 
 // The full effective config, every key, as TOML that config_load reads back to an equal struct.

@@ -38,10 +38,11 @@ bool config_choice_ok(const config_key *k, const char *s, const char **suggestio
 // "one of \"a\", \"b\"".
 void config_choices_text(char *out, size_t cap, const config_key *k);
 // config_validate's checks; with origins (may be NULL) the message starts with where the
-// offending value was set.
-int config_check(const ct_config *c, const config_origins *o, ct_error *err);
+// offending value was set. needs_data: training.dataset_path must be set.
+int config_check(const ct_config *c, const config_origins *o, bool needs_data, ct_error *err);
 
-// The problems of one load, so that a config with several is reported whole: one line each.
+// The problems of one load, so that a config with several is reported whole: one line each
+// (config_errors.c).
 #define CONFIG_MAX_ERRORS 32
 typedef struct config_errors {
     int n, dropped;

@@ -70,6 +70,29 @@ static void suggest_key(char *out, size_t cap, const char *section, const char *
     if (close) snprintf(out, cap, "%s%s?)", pre, close);
 }
 
+// "did you mean" for a command that takes some keys: its keys and its own options only, so a
+// suggestion is always something it takes.
+static void suggest_use(char *out, size_t cap, const config_use *u, const char *full) {
+    const char *names[CONFIG_MAX_KEYS + 64];
+    int n = 0;
+    for (int i = 0; i < u->n_keys && n < CONFIG_MAX_KEYS; i++) names[n++] = u->keys[i];
+    for (int i = 0; i < u->n_own && n < CONFIG_MAX_KEYS + 64; i++) names[n++] = u->own[i];
+    const char *hint = config_compat_hint(full), *close = NULL;
+    if (hint && config_use_takes(u, hint)) close = hint;
+    if (!close) close = suggest_closest(full, names, n);
+    if (close)
+        snprintf(out, cap, " (did you mean --%s?)", close);
+    else
+        snprintf(out, cap, " (see ctitan %s --help)", u->command);
+}
+
+bool config_use_takes(const config_use *u, const char *full_name) {
+    if (!u->keys) return config_key_index(full_name, strlen(full_name)) >= 0;
+    for (int i = 0; i < u->n_keys; i++)
+        if (strcmp(u->keys[i], full_name) == 0) return true;
+    return false;
+}
+
 static bool any_section_known(const char *s) {
     return config_section_known(s) || config_compat_section_known(s);
 }
@@ -91,17 +114,24 @@ static void unknown_section(config_errors *errs, const char *path, const toml_ta
 // One `section.key = value` from the file or the command line, by its table index, a renamed
 // torchtitan key, or an inert torchtitan key. Returns the table index set, or -1.
 static int apply_one(ct_config *c, const char *section, const char *key, const toml_value *v,
-                     const char *text, const char *where, bool cli, config_notes *notes,
-                     config_errors *errs) {
+                     const char *text, const char *where, const config_use *u, bool cli,
+                     config_notes *notes, config_errors *errs) {
     char full[256];
     snprintf(full, sizeof full, "%s.%s", section, key);
     const char *renamed = config_compat_renamed(full);
     int k = config_key_index(renamed ? renamed : full, strlen(renamed ? renamed : full));
     ct_error e;
-    if (k >= 0) {
+    if (k >= 0 && (!u->keys || config_use_takes(u, renamed ? renamed : full))) {
         int rc = text ? config_key_set_text(c, &config_table[k], text, where, &e)
                       : config_key_set(c, &config_table[k], v, where, &e);
         if (rc == 0) return k;
+        config_errors_add(errs, &e);
+        return -1;
+    }
+    if (u->keys) { // a command that takes some keys: the others are unknown to it
+        char hint[256];
+        suggest_use(hint, sizeof hint, u, full);
+        ct_fail(&e, "command line: unknown option --%s%s", full, hint);
         config_errors_add(errs, &e);
         return -1;
     }
@@ -148,7 +178,8 @@ static int apply_toml(ct_config *c, const char *path, config_origins *o, config_
         if (en->section[0] && !any_section_known(en->section)) continue; // reported above
         char where[CONFIG_ORIGIN_MAX];
         snprintf(where, sizeof where, "%s:%d", path, en->line);
-        int k = apply_one(c, en->section, en->key, &en->value, NULL, where, false, notes, errs);
+        int k = apply_one(c, en->section, en->key, &en->value, NULL, where, &config_use_train,
+                          false, notes, errs);
         if (k >= 0) snprintf(o->where[k], sizeof o->where[k], "%s", where);
     }
     toml_free(&doc);
@@ -223,8 +254,8 @@ static int resolve_config_path(char *out, size_t cap, const char *name, ct_error
                    name, name, ext);
 }
 
-static int apply_argv(ct_config *c, int argc, char **argv, int config_at, config_origins *o,
-                      config_notes *notes, config_errors *errs) {
+static int apply_argv(ct_config *c, const config_use *u, int argc, char **argv, int config_at,
+                      config_origins *o, config_notes *notes, config_errors *errs) {
     bool given[CONFIG_MAX_KEYS] = {false};
     ct_error e;
     for (int i = 0; i < argc; i++) {
@@ -272,14 +303,17 @@ static int apply_argv(ct_config *c, int argc, char **argv, int config_at, config
         char *dot = strrchr(full, '.');
         if (!dot) {
             char hint[256];
-            suggest_key(hint, sizeof hint, "", full, true);
+            if (u->keys)
+                suggest_use(hint, sizeof hint, u, full);
+            else
+                suggest_key(hint, sizeof hint, "", full, true);
             ct_fail(&e, "command line: unknown option --%s%s", full,
                     hint[0] ? hint : " (see ctitan train --help)");
             config_errors_add(errs, &e);
             continue;
         }
         *dot = '\0';
-        k = apply_one(c, full, dot + 1, NULL, value, where, true, notes, errs);
+        k = apply_one(c, full, dot + 1, NULL, value, where, u, true, notes, errs);
         if (k >= 0) {
             given[k] = true;
             snprintf(o->where[k], sizeof o->where[k], "%s", where);
@@ -288,36 +322,36 @@ static int apply_argv(ct_config *c, int argc, char **argv, int config_at, config
     return 0;
 }
 
-void config_errors_add(config_errors *e, const ct_error *err) {
-    if (e->n < CONFIG_MAX_ERRORS)
-        snprintf(e->msg[e->n++], sizeof e->msg[0], "%.*s", (int)sizeof e->msg[0] - 1, err->msg);
-    else
-        e->dropped++;
-}
+const config_use config_use_train = {.command = "train", .needs_data = true};
 
-int config_errors_report(const config_errors *e, ct_error *err) {
-    if (e->n == 0) return 0;
-    size_t len = 0, cap = sizeof err->msg;
-    err->msg[0] = '\0';
-    int shown = 0;
-    for (int i = 0; i < e->n; i++) {
-        size_t n = strlen(e->msg[i]);
-        if (len + n + 64 > cap) break; // keep room for the "more" line
-        len += (size_t)snprintf(err->msg + len, cap - len, "%s%s", i ? "\n" : "", e->msg[i]);
-        shown++;
+// The first key `u` requires that neither the file, the command line nor the command gave.
+static void check_required(const ct_config *c, const config_use *u, const config_origins *o,
+                           config_errors *errs) {
+    for (int i = 0; i < u->n_required; i++) {
+        const int k = config_key_index(u->required[i], strlen(u->required[i]));
+        // Given, or set by the command itself (generate's --checkpoint sets model.hf_path).
+        const bool fixed = k >= 0 && config_table[k].type == CONFIG_STR &&
+                           ((const char *)c + config_table[k].offset)[0];
+        if (k >= 0 && (o->where[k][0] || fixed)) continue;
+        ct_error e;
+        if (u->required_msg)
+            ct_fail(&e, "%s", u->required_msg);
+        else
+            ct_fail(&e, "%s needs --%s", u->command, u->required[i]);
+        config_errors_add(errs, &e);
+        return; // one line: the first key missing
     }
-    int more = e->n - shown + e->dropped;
-    if (more > 0) snprintf(err->msg + len, cap - len, "\n(and %d more problems)", more);
-    return -1;
 }
 
-int config_load_noted(ct_config *c, config_notes *notes, const char *toml_path_or_NULL, int argc,
-                      char **argv, ct_error *err) {
+int config_load_use(ct_config *c, config_notes *notes, const config_use *u,
+                    const char *toml_path_or_NULL, int argc, char **argv, ct_error *err) {
     config_defaults_raw(c);
     if (notes) memset(notes, 0, sizeof *notes);
+    if (u->fix && u->fix(c, u->ctx, err) != 0) return -1;
     const char *name = NULL;
-    int config_at;
-    if (find_config_arg(&name, &config_at, argc, argv, err) != 0) return -1;
+    int config_at = -1;
+    // --config is a whole run's file: only a command that takes every key reads one.
+    if (!u->keys && find_config_arg(&name, &config_at, argc, argv, err) != 0) return -1;
     if (!name) name = toml_path_or_NULL;
     char path[CT_CONFIG_PATH_MAX];
     if (name && resolve_config_path(path, sizeof path, name, err) != 0) return -1;
@@ -329,15 +363,21 @@ int config_load_noted(ct_config *c, config_notes *notes, const char *toml_path_o
         goto done;
     }
     if (name) apply_toml(c, path, o, notes, errs);
-    apply_argv(c, argc, argv, config_at, o, notes, errs);
+    apply_argv(c, u, argc, argv, config_at, o, notes, errs);
+    if (errs->n == 0) check_required(c, u, o, errs);
     if (errs->n == 0) config_compat_resolve(c, o, errs);
     if (config_errors_report(errs, err) != 0) goto done;
     config_resolve(c);
-    rc = config_check(c, o, err);
+    rc = config_check(c, o, u->needs_data, err);
 done:
     free(o);
     free(errs);
     return rc;
+}
+
+int config_load_noted(ct_config *c, config_notes *notes, const char *toml_path_or_NULL, int argc,
+                      char **argv, ct_error *err) {
+    return config_load_use(c, notes, &config_use_train, toml_path_or_NULL, argc, argv, err);
 }
 
 int config_load(ct_config *c, const char *toml_path_or_NULL, int argc, char **argv, ct_error *err) {

@@ -143,7 +143,7 @@ int config_loss_chunk(const ct_config *c, int vocab_size, int tokens) {
     return (tokens + chunks - 1) / chunks;
 }
 
-static int check_training(const ct_config *c, const vctx *vp) {
+static int check_training(const ct_config *c, bool needs_data, const vctx *vp) {
     vctx v = *vp;
     const ct_config_training *t = &c->training;
     int dp = c->parallelism.data_parallel_shard_degree;
@@ -155,7 +155,7 @@ static int check_training(const ct_config *c, const vctx *vp) {
     NEED(t->loss_chunk_tokens >= -1, "training.loss_chunk_tokens", NULL,
          "training.loss_chunk_tokens = %d; expected -1 (auto), 0 (whole) or a token count",
          t->loss_chunk_tokens);
-    NEED(t->dataset_path[0], "training.dataset_path", NULL,
+    NEED(!needs_data || t->dataset_path[0], "training.dataset_path", NULL,
          "training.dataset_path is not set: point it at a .txt, .jsonl or .npy file, or a "
          "folder of them");
     NEED(t->local_batch_size >= 1, "training.local_batch_size", NULL,
@@ -278,18 +278,18 @@ static int check_rest(const ct_config *c, const vctx *vp) {
 
 // Each group stops at its first problem (later checks in a group may rely on earlier ones);
 // the groups' problems are reported together.
-int config_check(const ct_config *c, const config_origins *o, ct_error *err) {
+int config_check(const ct_config *c, const config_origins *o, bool needs_data, ct_error *err) {
     config_errors errs = {0};
     ct_error e;
     vctx v = {o, &e};
     if (check_keys(c, &v) != 0) config_errors_add(&errs, &e);
     if (check_model(&c->model, &v) != 0) config_errors_add(&errs, &e);
-    if (check_training(c, &v) != 0) config_errors_add(&errs, &e);
+    if (check_training(c, needs_data, &v) != 0) config_errors_add(&errs, &e);
     if (check_optim(c, &v) != 0) config_errors_add(&errs, &e);
     if (check_rest(c, &v) != 0) config_errors_add(&errs, &e);
     return config_errors_report(&errs, err);
 }
 
 int config_validate(const ct_config *c, ct_error *err) {
-    return config_check(c, NULL, err);
+    return config_check(c, NULL, true, err);
 }

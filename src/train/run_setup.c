@@ -226,3 +226,19 @@ int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *wha
                        overcommit_option ? ", or set --training.allow_overcommit" : "");
     return 0;
 }
+
+int run_setup_check_generate_fit(const run_setup *s, int cache_len, ct_error *err) {
+    const qwen3_memory plan = run_setup_plan(s);
+    const double weights = (double)plan.params + plan.weights_bf16;
+    const double cache = (double)qwen3_gen_memory(&s->model, &s->ops, &s->mem_opts, cache_len);
+    const uint64_t avail = sysmem_available_bytes();
+    if (avail && weights + cache > (double)avail && !s->allow_overcommit)
+        return ct_fail(err,
+                       "generating from %s with a KV cache of %d positions needs about %.2f GiB "
+                       "(weights %.2f, KV cache and buffers %.2f) but %.2f GiB is available; "
+                       "lower --cache_len or --max_new_tokens, or set "
+                       "--training.allow_overcommit",
+                       s->model_source, cache_len, (weights + cache) / GIB, weights / GIB,
+                       cache / GIB, avail / GIB);
+    return 0;
+}

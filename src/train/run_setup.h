@@ -1,5 +1,5 @@
-// One run setup for train, verify and check-kernels: from the parsed config it resolves the
-// model's architecture, chooses the kernels (model.moe_impl, model.attn_backend), runs plugin
+// One run setup for train, verify, generate and check-kernels: from the parsed config it resolves
+// the model's architecture, chooses the kernels (model.moe_impl, model.attn_backend), runs plugin
 // trust (load, parity check, refuse or apply: plugin/trusted_ops.c), fills the op table the
 // model runs, and checks that the run fits in memory. So every command runs the kernels the
 // config names: verify computes with the attention kernel train uses.
@@ -94,3 +94,7 @@ run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double b
 // message offers --training.allow_overcommit (the command takes it).
 int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *what,
                         bool overcommit_option, ct_error *err);
+// generate's check, before the weights load: the weights (and their bf16 copy) and the KV cache
+// with the inference buffers for cache_len positions (qwen3_gen_memory) must fit in the available
+// memory (unless training.allow_overcommit). The refusal is one line naming both parts.
+int run_setup_check_generate_fit(const run_setup *s, int cache_len, ct_error *err);
