@@ -76,24 +76,6 @@ static bool in_list(const char *const *list, const char *s, size_t n) {
     return false;
 }
 
-static const char *const known_filters[] = {
-    "length",     "count",   "tojson",     "trim",       "upper",   "lower",   "title",
-    "capitalize", "string",  "int",        "float",      "list",    "join",    "first",
-    "last",       "default", "d",          "items",      "reverse", "replace", "map",
-    "select",     "reject",  "selectattr", "rejectattr", "safe",    "abs",     NULL};
-static const char *const known_tests[] = {
-    "defined",     "undefined", "none",     "string",  "number",  "mapping", "sequence",
-    "iterable",    "true",      "false",    "boolean", "integer", "float",   "equalto",
-    "eq",          "==",        "ne",       "!=",      "sameas",  "odd",     "even",
-    "divisibleby", "in",        "callable", "lower",   "upper",   NULL};
-
-bool jinja_known_filter(const char *s, size_t n) {
-    return in_list(known_filters, s, n);
-}
-bool jinja_known_test(const char *s, size_t n) {
-    return in_list(known_tests, s, n);
-}
-
 // ---- lexer
 
 typedef enum {
@@ -585,14 +567,16 @@ static jnode *filter_or_test(pstate *ps, jnode_kind kind, jnode *node) {
         expected(ps, filter ? "a filter name" : "a test name");
         return NULL;
     }
-    if (!(filter ? jinja_known_filter(f->s, f->n) : jinja_known_test(f->s, f->n))) {
+    int id = filter ? jinja_name_find(jinja_filter_names, JINJA_N_FILTERS, f->s, f->n)
+                    : jinja_name_find(jinja_test_names, JINJA_N_TESTS, f->s, f->n);
+    if (id < 0) {
         FAIL(ps, f->pos, "unsupported %s '%.*s'", filter ? "filter" : "test", (int)f->n, f->s);
         return NULL;
     }
     jnode *n = new_node(ps, kind, f->pos);
     if (!n) return NULL;
     ps->i++;
-    n->a = node, n->str = f->s, n->len = f->n;
+    n->a = node, n->str = f->s, n->len = f->n, n->ival = id;
     return n;
 }
 
