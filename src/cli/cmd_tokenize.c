@@ -27,7 +27,7 @@
 #include "text/chat.h"
 #include "text/chat_mask.h"
 #include "text/tokenizer.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 static const cli_option tokenize_options[] = {
     {"tokenizer", NULL, "folder with tokenizer.json (and tokenizer_config.json)", false},

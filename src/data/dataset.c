@@ -22,7 +22,7 @@
 #include "text/chat.h"
 #include "text/chat_mask.h"
 #include "text/strmap.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 #define BATCH_BYTES (64u << 20)  // text per encode batch
 #define PIECE_BYTES (256u << 10) // a long .txt document is cut into pieces of about this size
@@ -308,7 +308,7 @@ static bool add_keys(worker *w, const unit *u, const src_file *f, const char *te
     return true;
 }
 
-// Repairs invalid UTF-8 in text[0..*len) into the worker's buffer (see text/utf8.h).
+// Repairs invalid UTF-8 in text[0..*len) into the worker's buffer (see core/utf8.h).
 static bool repair_utf8(worker *w, unit *u, const char **text, size_t *len) {
     if (utf8_valid_prefix(*text, *len) == *len) return true;
     size_t need = utf8_repair_bound(*len), n_bad;

@@ -10,7 +10,7 @@
 #include "io/json.h"
 #include "text/bytelevel.h"
 #include "text/tokenizer_internal.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 #define TOKENIZER_JSON_MAX (1u << 30)
 
