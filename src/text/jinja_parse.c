@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "core/utf8.h"
 #include "text/jinja_internal.h"
 
@@ -112,13 +113,7 @@ typedef struct {
 #define FAIL(ps, pos, ...) jinja_fail_at((ps)->t, (pos), (ps)->err, __VA_ARGS__)
 
 static token *emit(pstate *ps, ttype t, size_t pos, const char *s, size_t n) {
-    if (ps->ntok == ps->cap) {
-        size_t cap = ps->cap ? 2 * ps->cap : 256;
-        token *p = realloc(ps->tok, cap * sizeof *p);
-        if (!p) return NULL;
-        ps->tok = p;
-        ps->cap = cap;
-    }
+    if (grow_to((void **)&ps->tok, &ps->cap, ps->ntok + 1, sizeof *ps->tok) != 0) return NULL;
     token *k = &ps->tok[ps->ntok++];
     *k = (token){.t = t, .pos = pos, .s = s, .n = n};
     return k;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/grow.h"
 #include "text/jinja_value.h"
 
 int jv_fail(ctx *c, const jnode *at, const char *fmt, ...) {
@@ -38,14 +39,8 @@ int jv_buf_put(ctx *c, const jnode *at, jbuf *b, const char *p, size_t n) {
     if (n > c->t->limits.max_output - b->n)
         return jv_fail(c, at, "the output passed %zu MiB (the limit)",
                        c->t->limits.max_output >> 20);
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return jv_fail(c, at, "out of memory for %zu bytes of output", cap);
-        b->p = q;
-        b->cap = cap;
-    }
+    if (grow_to((void **)&b->p, &b->cap, b->n + n + 1, 1) != 0)
+        return jv_fail(c, at, "out of memory for %zu bytes of output", b->n + n + 1);
     if (n) memcpy(b->p + b->n, p, n);
     b->n += n;
     b->p[b->n] = 0;
