@@ -9,14 +9,10 @@
 // subsequence (as Python's errors="replace"), and a warning says how many and where the first was.
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
 #include "core/clock.h"
@@ -408,29 +404,6 @@ static int folder_has_npy(const char *dir, ct_error *err) {
     return rc;
 }
 
-// Maps the input read-only (an empty file has nothing to map).
-static int map_input(const char **text, size_t *len, const char *path, ct_error *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ct_fail(err, "%s: not a regular file", path);
-    }
-    *len = (size_t)sb.st_size;
-    *text = "";
-    if (*len) {
-        void *m = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            close(fd);
-            return ct_fail(err, "%s: mmap failed: %s", path, strerror(errno));
-        }
-        *text = m;
-    }
-    close(fd);
-    return 0;
-}
-
 int cmd_tokenize(int argc, char **argv) {
     const int n_opts = sizeof tokenize_options / sizeof tokenize_options[0];
     if (cli_wants_help(argc, argv)) {
@@ -497,12 +470,13 @@ int cmd_tokenize(int argc, char **argv) {
                 dir);
         return cli_report(&err);
     }
-    const char *text = "";
-    size_t len = 0;
-    if (map_input(&text, &len, in, &err) != 0) {
+    void *map;
+    size_t len;
+    if (fs_map_readonly(&map, &len, in, &err) != 0) {
         tok_free(tok);
         return cli_report(&err);
     }
+    const char *text = map ? map : ""; // an empty file has nothing to map
     // A folder without a chat template is an error only if the input holds a conversation.
     chat_template *chat = NULL;
     ct_error no_chat = {0};
@@ -531,7 +505,7 @@ int cmd_tokenize(int argc, char **argv) {
     // Where the first repair was: a byte offset, or for .jsonl (the text is inside JSON) a line.
     uint64_t first_bad =
         kind == IN_JSONL && st.replaced ? line_of(text, st.first_bad) : (uint64_t)st.first_bad;
-    if (len) munmap((void *)text, len);
+    fs_unmap(map, len);
     tok_free(tok);
     chat_template_free(chat);
     free(w.esc.p);
