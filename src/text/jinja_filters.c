@@ -167,12 +167,12 @@ static int filter_text(ctx *c, const jnode *at, jinja_filter id, const char *wha
         *out = jv_py_strip(s, ch, true, true);
         return 0;
     }
-    return jv_change_case(c, at, s,
-                          id == JF_UPPER   ? CASE_UPPER
-                          : id == JF_LOWER ? CASE_LOWER
-                          : id == JF_TITLE ? CASE_JINJA_TITLE
-                                           : CASE_CAPITALIZE,
-                          out);
+    // Jinja's title, not str.title: see case_op.
+    static const case_op cases[JINJA_N_FILTERS] = {[JF_UPPER] = CASE_UPPER,
+                                                   [JF_LOWER] = CASE_LOWER,
+                                                   [JF_TITLE] = CASE_JINJA_TITLE,
+                                                   [JF_CAPITALIZE] = CASE_CAPITALIZE};
+    return jv_change_case(c, at, s, cases[id], out);
 }
 
 // int, float

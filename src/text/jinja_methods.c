@@ -92,13 +92,12 @@ static int method_strip(ctx *c, const jnode *at, jinja_method id, const char *wh
 // upper, lower, title, capitalize
 static int method_case(ctx *c, const jnode *at, jinja_method id, const char *what, jval self,
                        const jargs *a, jval *out) {
+    static const case_op cases[JINJA_N_METHODS] = {[JM_UPPER] = CASE_UPPER,
+                                                   [JM_LOWER] = CASE_LOWER,
+                                                   [JM_TITLE] = CASE_TITLE,
+                                                   [JM_CAPITALIZE] = CASE_CAPITALIZE};
     TRY(jv_arg_check(c, at, a, what, 0, none));
-    return jv_change_case(c, at, self,
-                          id == JM_UPPER   ? CASE_UPPER
-                          : id == JM_LOWER ? CASE_LOWER
-                          : id == JM_TITLE ? CASE_TITLE
-                                           : CASE_CAPITALIZE,
-                          out);
+    return jv_change_case(c, at, self, cases[id], out);
 }
 
 static int method_replace(ctx *c, const jnode *at, jinja_method id, const char *what, jval self,
