@@ -24,7 +24,7 @@
 #include "text/chat_mask.h"
 #include "text/normalize.h"
 #include "text/tokenizer.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 #ifndef CTITAN_ASSETS_DIR
 #define CTITAN_ASSETS_DIR "assets"

@@ -1,5 +1,6 @@
 // .npy token streams: round trips for every accepted dtype, byte equality with numpy's np.save,
-// numpy-written v1/v2/v3 files read back, and one malformed file per validation rule.
+// the streaming writer's files equal npy_write's, numpy-written v1/v2/v3 files read back, and
+// one malformed file per validation rule.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,15 +49,22 @@ static void check_tokens(const char *path, int d, int line) {
     npy_close(&t);
 }
 
+// Fills v with value_at(d, .) and writes it with npy_write to PREFIX_<descr>.npy; its path.
+static const char *write_values(int64_t *v, int d, const char *prefix) {
+    for (size_t i = 0; i < N; i++) v[i] = value_at(d, i);
+    char name[64];
+    snprintf(name, sizeof name, "%s_%c%c.npy", prefix, descrs[d][1], descrs[d][2]);
+    const char *p = tpath(name);
+    ct_error err = {{0}};
+    CHECK(npy_write(p, v, N, descrs[d], &err) == 0, "write %s: %s", p, err.msg);
+    return p;
+}
+
 static void test_round_trip(void) {
     int64_t *v = malloc(N * sizeof *v);
     for (int d = 0; d < 4; d++) {
-        for (size_t i = 0; i < N; i++) v[i] = value_at(d, i);
-        char name[64];
-        snprintf(name, sizeof name, "rt_%c%c.npy", descrs[d][1], descrs[d][2]);
-        const char *p = tpath(name);
+        const char *p = write_values(v, d, "rt");
         ct_error err = {{0}};
-        CHECK(npy_write(p, v, N, descrs[d], &err) == 0, "write %s: %s", p, err.msg);
         size_t len;
         char *raw = NULL;
         CHECK(file_read_all(&raw, &len, p, 1 << 20, &err) == 0, "read back");
@@ -83,6 +91,49 @@ static void test_round_trip(void) {
 
 // numpy loads our files, re-saves them with np.save (must be byte-identical) and writes
 // v2.0 and v3.0 copies, which we must read.
+// npy_writer (ctitan tokenize's output) writes the bytes npy_write writes, whatever the pieces
+// the values come in: the header written first for 0 values keeps its length when the count
+// replaces it. A value that does not fit is refused; abort leaves no file.
+static void test_writer(void) {
+    int64_t *v = malloc(N * sizeof *v);
+    for (int d = 0; d < 4; d++) {
+        const char *whole = write_values(v, d, "whole");
+        char name[64];
+        snprintf(name, sizeof name, "stream_%c%c.npy", descrs[d][1], descrs[d][2]);
+        const char *stream = tpath(name);
+        ct_error err = {{0}};
+        npy_writer w;
+        int rc = npy_writer_open(&w, stream, descrs[d], &err);
+        for (size_t at = 0, k = 1; rc == 0 && at < N; at += k, k = k * 3 % 1024 + 1)
+            rc = npy_writer_put(&w, v + at, at + k <= N ? k : N - at, &err);
+        if (rc == 0) rc = npy_writer_commit(&w, &err);
+        CHECK(rc == 0, "stream %s: %s", stream, err.msg);
+        char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        file_read_all(&a, &na, whole, 1 << 20, &err);
+        file_read_all(&b, &nb, stream, 1 << 20, &err);
+        CHECK(a && b && na == nb && memcmp(a, b, na) == 0, "%s: %zu bytes, npy_write's %zu", stream,
+              nb, na);
+        free(a);
+        free(b);
+    }
+    ct_error err = {{0}};
+    npy_writer w;
+    const char *p = tpath("refused.npy");
+    int64_t big = 70000;
+    CHECK(npy_writer_open(&w, p, "<u2", &err) == 0, "open: %s", err.msg);
+    CHECK(npy_writer_put(&w, &big, 1, &err) == -1 && strstr(err.msg, "70000") &&
+              strstr(err.msg, "<u2"),
+          "a value that does not fit: %s", err.msg);
+    npy_writer_abort(&w);
+    FILE *f = fopen(p, "rb");
+    CHECK(f == NULL, "abort left %s", p);
+    if (f) fclose(f);
+    CHECK(npy_writer_open(&w, p, "<f4", &err) == -1 && strstr(err.msg, "<f4"), "dtype: %s",
+          err.msg);
+    free(v);
+}
+
 static void test_numpy(void) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
@@ -260,6 +311,7 @@ static void test_bad(void) {
 int main(void) {
     tmp = check_env("CTITAN_TMP");
     test_round_trip();
+    test_writer();
     test_numpy();
     test_bad();
     return check_summary();

@@ -41,7 +41,7 @@
 #include "io/json.h"
 #include "text/normalize.h"
 #include "text/pretokenizer.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 #define CHUNK 512 // code points per reference line
 

@@ -18,7 +18,7 @@
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_internal.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {

@@ -9,25 +9,22 @@
 // subsequence (as Python's errors="replace"), and a warning says how many and where the first was.
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/fs.h"
+#include "core/grow.h"
+#include "data/doc_encoder.h"
 #include "data/jsonl.h"
 #include "io/atomic.h"
 #include "io/json.h"
+#include "io/npy.h"
 #include "text/chat.h"
-#include "text/chat_mask.h"
 #include "text/tokenizer.h"
-#include "text/utf8.h"
 
 static const cli_option tokenize_options[] = {
     {"tokenizer", NULL, "folder with tokenizer.json (and tokenizer_config.json)", false},
@@ -61,8 +58,6 @@ typedef struct unit {
     bool doc_end; // IN_TXT: the piece ends the document
 } unit;
 
-// One per thread: the ids of the unit it just encoded, until they are written. Cache-line
-// aligned, as each thread updates its counters for every word.
 // A document of the unit: where its ids end, and for a conversation its mask and text.
 typedef struct doc {
     size_t end;      // ids.n at its end
@@ -71,20 +66,16 @@ typedef struct doc {
     size_t at;       // its file offset (messages)
 } doc;
 
+// One per thread (data/doc_encoder.h, the dataset's encoder): d.ids holds the ids of the unit it
+// just encoded until they are written, d.mask their mask (conversations).
 typedef struct __attribute__((aligned(64))) worker {
-    tok_encoder *enc;
-    tok_ids ids;
-    uint8_t *mask; // parallel to ids (conversations)
-    size_t mask_cap;
-    char *render; // the conversations' rendered texts, back to back
+    doc_encoder d; // first: doc_encoders_new makes the array
+    char *render;  // the conversations' rendered texts, back to back
     size_t render_n, render_cap;
-    jsonl_buf json; // a .jsonl text with escapes, decoded
-    doc *docs;      // the documents of the unit
+    doc *docs; // the documents of the unit
     size_t n_docs, docs_cap;
     int line_kind; // the jsonl_kind of the unit's first line, -1 before it
     size_t kind_at;
-    char *fixed; // repaired text (invalid UTF-8)
-    size_t fixed_cap;
     uint64_t n_replaced;
     size_t first_bad; // file offset of the first repair (for .jsonl, of its line); SIZE_MAX: none
     bool failed;
@@ -101,12 +92,6 @@ typedef struct job {
     size_t len;
     int32_t eos; // after each document in .npy output; -1: none
 } job;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
@@ -128,83 +113,45 @@ static bool fail_at(worker *w, size_t at, const char *msg) {
 }
 
 static bool end_doc(worker *w, size_t at, bool chat) {
-    if (w->n_docs == w->docs_cap) {
-        size_t cap = w->docs_cap ? 2 * w->docs_cap : 1024;
-        doc *d = realloc(w->docs, cap * sizeof *d);
-        if (!d) return fail_at(w, at, "out of memory");
-        w->docs = d;
-        w->docs_cap = cap;
-    }
-    w->docs[w->n_docs++] = (doc){w->ids.n, chat, w->render_n, at};
+    if (grow_to((void **)&w->docs, &w->docs_cap, w->n_docs + 1, sizeof *w->docs) != 0)
+        return fail_at(w, at, "out of memory");
+    w->docs[w->n_docs++] = (doc){w->d.ids.n, chat, w->render_n, at};
     return true;
-}
-
-static bool encode_doc(worker *w, const char *text, size_t len, size_t at, bool end);
-
-// A conversation: rendered with the chat template (kept for --render), encoded, and its
-// assistant tokens marked in mask.
-static bool encode_chat(worker *w, const job *j, const cJSON *root, size_t at) {
-    if (!j->chat) return fail_at(w, at, j->chat_missing);
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    char *text;
-    size_t len, first = w->ids.n;
-    ct_error err;
-    if (chat_render(j->chat, cJSON_GetObjectItemCaseSensitive(root, "messages"),
-                    cJSON_IsNull(tools) ? NULL : tools, false, -1, &text, &len, &err) != 0)
-        return fail_at(w, at, err.msg);
-    bool ok = true;
-    if (w->render_cap - w->render_n < len) {
-        size_t cap = w->render_cap ? w->render_cap : 1 << 16;
-        while (cap - w->render_n < len) cap *= 2;
-        char *grown = realloc(w->render, cap);
-        if (grown) w->render = grown, w->render_cap = cap;
-        ok = grown != NULL;
-    }
-    if (ok) {
-        memcpy(w->render + w->render_n, text, len);
-        w->render_n += len;
-    }
-    ok = ok ? encode_doc(w, text, len, at, false) : fail_at(w, at, "out of memory");
-    free(text);
-    if (!ok) return false;
-    if (w->mask_cap < w->ids.cap) {
-        uint8_t *grown = realloc(w->mask, w->ids.cap);
-        if (!grown) return fail_at(w, at, "out of memory");
-        w->mask = grown;
-        w->mask_cap = w->ids.cap;
-    }
-    if (chat_assistant_mask(j->tok, w->ids.v + first, w->ids.n - first, w->mask + first, &err) < 0)
-        return fail_at(w, at, err.msg);
-    return end_doc(w, at, true);
 }
 
 // Encodes one document's text (at file offset `at`, for messages) and ends it if asked.
 static bool encode_doc(worker *w, const char *text, size_t len, size_t at, bool end) {
-    size_t bad = utf8_valid_prefix(text, len);
-    if (bad < len) {
-        size_t need = utf8_repair_bound(len), n_bad;
-        if (need > w->fixed_cap) {
-            free(w->fixed);
-            w->fixed = malloc(need);
-            w->fixed_cap = w->fixed ? need : 0;
-            if (!w->fixed) return fail_at(w, at, "out of memory repairing UTF-8");
-        }
-        len = utf8_repair(w->fixed, text, len, &n_bad);
-        text = w->fixed;
-        w->n_replaced += n_bad;
-        if (at + bad < w->first_bad) w->first_bad = at + bad;
-    }
-    if (tok_encode(w->enc, &w->ids, text, len, &w->err) != 0) {
+    size_t bad = SIZE_MAX;
+    if (doc_encode_text(&w->d, text, len, &w->n_replaced, &bad, &w->err) != 0) {
         w->failed = true;
         w->err_at = at;
         return false;
     }
+    if (bad != SIZE_MAX && at + bad < w->first_bad) w->first_bad = at + bad;
     if (end) return end_doc(w, at, false);
     return true;
 }
 
+// A conversation: encoded with its assistant mask (text/chat_encode.h), its rendered text kept
+// for --render.
+static bool encode_chat(worker *w, const job *j, const cJSON *root, size_t at) {
+    if (!j->chat) return fail_at(w, at, j->chat_missing);
+    uint64_t replaced = w->n_replaced;
+    ct_error err;
+    if (doc_encode_chat(&w->d, j->tok, j->chat, root, true, &w->n_replaced, &err) != 0)
+        return fail_at(w, at, err.msg);
+    // Repairs inside a JSON string are located by their line.
+    if (w->n_replaced > replaced && at < w->first_bad) w->first_bad = at;
+    const chat_scratch *c = &w->d.chat;
+    if (grow_to((void **)&w->render, &w->render_cap, w->render_n + c->len, 1) != 0)
+        return fail_at(w, at, "out of memory");
+    memcpy(w->render + w->render_n, c->text, c->len);
+    w->render_n += c->len;
+    return end_doc(w, at, true);
+}
+
 static void encode_unit(worker *w, const unit *u, const job *j) {
-    w->ids.n = 0;
+    w->d.ids.n = 0;
     w->n_docs = 0;
     w->render_n = 0;
     w->line_kind = -1;
@@ -226,7 +173,7 @@ static void encode_unit(worker *w, const unit *u, const job *j) {
         }
         jsonl_doc d;
         ct_error err;
-        if (jsonl_doc_parse(&d, &w->json, line, n, &err) != 0) {
+        if (jsonl_doc_parse(&d, &w->d.json, line, n, &err) != 0) {
             fail_at(w, at, err.msg);
             return;
         }
@@ -250,70 +197,59 @@ static void encode_unit(worker *w, const unit *u, const job *j) {
     }
 }
 
-// The output: a .npy stream (header rewritten with the count at the end), a folder of them
-// (shards of shard_tokens ids), or .jsonl lines.
+// The output: a .npy stream (io/npy.h's writer: the header gets the count at the end), a folder
+// of them (shards of shard_tokens ids), or .jsonl lines.
 typedef struct writer {
-    atomic_file f;
+    npy_writer out; // .npy: the file, or the current shard
+    atomic_file f;  // .jsonl
     bool npy, in_doc, render;
     const char *dir; // shards: the folder; else NULL
     uint64_t shard_tokens;
     int shards;     // shards begun
-    uint64_t count; // ids written, in the current file for .npy
     uint64_t total; // ids written, all files
-    uint32_t buf[4096];
-    size_t nbuf;
-    json_buf esc; // a rendered text escaped for JSON
+    json_buf esc;   // a rendered text escaped for JSON
 } writer;
 
-#define NPY_HEADER 128 // fixed, so the final count can be written over the placeholder
-
-static int npy_header(writer *w, ct_error *err) {
-    char h[NPY_HEADER];
-    memcpy(h, "\x93NUMPY\x01\x00", 8);
-    h[8] = (char)(NPY_HEADER - 10);
-    h[9] = 0;
-    int n = snprintf(h + 10, NPY_HEADER - 10,
-                     "{'descr': '<u4', 'fortran_order': False, 'shape': (%llu,), }",
-                     (unsigned long long)w->count);
-    memset(h + 10 + n, ' ', (size_t)(NPY_HEADER - 11 - n));
-    h[NPY_HEADER - 1] = '\n';
-    return atomic_write(&w->f, h, NPY_HEADER, err);
+static int writer_finish(writer *w, ct_error *err) {
+    return w->npy ? npy_writer_commit(&w->out, err) : atomic_commit(&w->f, err);
 }
 
-static int writer_flush(writer *w, ct_error *err) {
-    int rc = w->nbuf ? atomic_write(&w->f, w->buf, w->nbuf * sizeof *w->buf, err) : 0;
-    w->nbuf = 0;
-    return rc;
+static void writer_abort(writer *w) {
+    if (w->npy)
+        npy_writer_abort(&w->out);
+    else if (w->f.fp)
+        atomic_abort(&w->f);
 }
-
-static int writer_finish(writer *w, ct_error *err);
 
 // The next shard of a folder output: DIR/tokens-00000.npy, ...
 static int next_shard(writer *w, ct_error *err) {
     if (w->shards > 0 && writer_finish(w, err) != 0) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%s/tokens-%05d.npy", w->dir, w->shards++);
-    w->count = 0;
-    if (atomic_open(&w->f, path, err) != 0) return -1;
-    return npy_header(w, err);
+    return npy_writer_open(&w->out, path, "<u4", err);
 }
 
 static int writer_ids(writer *w, const int32_t *ids, size_t n, ct_error *err) {
-    char num[16];
-    for (size_t i = 0; i < n; i++) {
-        if (!w->npy) {
+    if (!w->npy) {
+        char num[16];
+        for (size_t i = 0; i < n; i++) {
             int k = snprintf(num, sizeof num, "%s%d", w->in_doc ? "," : "{\"ids\":[", ids[i]);
             w->in_doc = true;
             if (atomic_write(&w->f, num, (size_t)k, err) != 0) return -1;
-            continue;
         }
-        // A shard may end inside a document: the stream goes on in the next.
-        if (w->dir && w->count == w->shard_tokens && next_shard(w, err) != 0) return -1;
-        if (w->nbuf == 4096 && writer_flush(w, err) != 0) return -1;
-        w->buf[w->nbuf++] = (uint32_t)ids[i]; // little-endian hosts: stored as is
-        w->count++;
+        w->total += n;
+        return 0;
     }
-    if (!w->npy) w->count += n;
+    int64_t v[1024];
+    for (size_t i = 0; i < n;) {
+        // A shard may end inside a document: the stream goes on in the next.
+        if (w->dir && w->out.count == w->shard_tokens && next_shard(w, err) != 0) return -1;
+        size_t k = n - i < 1024 ? n - i : 1024;
+        if (w->dir && k > w->shard_tokens - w->out.count) k = w->shard_tokens - w->out.count;
+        for (size_t t = 0; t < k; t++) v[t] = ids[i + t];
+        if (npy_writer_put(&w->out, v, k, err) != 0) return -1;
+        i += k;
+    }
     w->total += n;
     return 0;
 }
@@ -346,17 +282,6 @@ static int writer_end_doc(writer *w, int32_t eos, ct_error *err) {
     const char *end = w->in_doc ? "]}\n" : "{\"ids\":[]}\n";
     w->in_doc = false;
     return atomic_write(&w->f, end, strlen(end), err);
-}
-
-static int writer_finish(writer *w, ct_error *err) {
-    if (w->npy) {
-        if (writer_flush(w, err) != 0) return -1;
-        if (fseek(w->f.fp, 0, SEEK_SET) != 0 || npy_header(w, err) != 0) {
-            atomic_abort(&w->f);
-            return ct_fail(err, "%s: cannot rewrite the .npy header", w->f.path);
-        }
-    }
-    return atomic_commit(&w->f, err);
 }
 
 // Cuts the next list of units from the input at *pos.
@@ -400,23 +325,23 @@ static int write_unit(run_stats *st, const worker *wk, const unit *u, const job 
                            "%s:%llu: a conversation: its mask needs a .jsonl --output (the .npy "
                            "holds ids only)",
                            j->path, (unsigned long long)line_of(j->text, dc->at));
-        if (writer_ids(w, wk->ids.v + prev, dc->end - prev, err) != 0) return -1;
-        int rc = dc->chat ? writer_chat(w, wk->mask + prev, dc->end - prev, wk->render + text_prev,
-                                        dc->text_end - text_prev, err)
+        if (writer_ids(w, wk->d.ids.v + prev, dc->end - prev, err) != 0) return -1;
+        int rc = dc->chat ? writer_chat(w, wk->d.mask + prev, dc->end - prev,
+                                        wk->render + text_prev, dc->text_end - text_prev, err)
                           : writer_end_doc(w, j->eos, err);
         if (rc != 0) return -1;
-        for (size_t i = prev; dc->chat && i < dc->end; i++) st->trained += wk->mask[i];
+        for (size_t i = prev; dc->chat && i < dc->end; i++) st->trained += wk->d.mask[i];
         st->chats += dc->chat;
         prev = dc->end;
         text_prev = dc->text_end;
         st->docs++;
         st->in_doc = false;
     }
-    if (prev < wk->ids.n || (j->kind == IN_TXT && !u->doc_end)) {
-        if (writer_ids(w, wk->ids.v + prev, wk->ids.n - prev, err) != 0) return -1;
+    if (prev < wk->d.ids.n || (j->kind == IN_TXT && !u->doc_end)) {
+        if (writer_ids(w, wk->d.ids.v + prev, wk->d.ids.n - prev, err) != 0) return -1;
         st->in_doc = true;
     }
-    double t = now();
+    double t = ct_now_s();
     size_t done = (size_t)(u->p + u->len - j->text);
     if (t - st->last_report > 2 && done < j->len) {
         fprintf(stderr, "tokenize: %.1f/%.1f MB (%.0f%%), %.1f MB/s, %llu documents\n", done / 1e6,
@@ -430,15 +355,12 @@ static int write_unit(run_stats *st, const worker *wk, const unit *u, const job 
 static int tokenize_all(run_stats *st, const job *j, writer *w, int threads, ct_error *err) {
     const size_t max_units = 1 << 16;
     unit *units = calloc(max_units, sizeof *units);
-    worker *ws = aligned_alloc(64, (size_t)threads * sizeof *ws);
-    if (ws) memset(ws, 0, (size_t)threads * sizeof *ws);
     int rc = 0;
-    if (!units || !ws) rc = ct_fail(err, "out of memory");
-    for (int i = 0; i < threads && rc == 0; i++) {
-        ws[i].first_bad = SIZE_MAX;
-        rc = tok_encoder_new(&ws[i].enc, j->tok, err);
-    }
-    st->start = st->last_report = now();
+    if (!units) rc = ct_fail(err, "out of memory");
+    worker *ws = rc == 0 ? doc_encoders_new(threads, sizeof *ws, j->tok, err) : NULL;
+    if (!ws) rc = -1;
+    for (int i = 0; i < threads && rc == 0; i++) ws[i].first_bad = SIZE_MAX;
+    st->start = st->last_report = ct_now_s();
     size_t pos = 0;
     while (rc == 0 && pos < j->len) {
         size_t n = next_units(units, max_units, j, &pos);
@@ -457,17 +379,12 @@ static int tokenize_all(run_stats *st, const job *j, writer *w, int threads, ct_
     for (int i = 0; i < threads && ws; i++) {
         st->replaced += ws[i].n_replaced;
         if (ws[i].first_bad < st->first_bad) st->first_bad = ws[i].first_bad;
-        tok_encoder_free(ws[i].enc);
-        tok_ids_free(&ws[i].ids);
-        jsonl_buf_free(&ws[i].json);
         free(ws[i].docs);
-        free(ws[i].mask);
         free(ws[i].render);
-        free(ws[i].fixed);
     }
     st->tokens = w->total;
     free(units);
-    free(ws);
+    doc_encoders_free(ws, threads, sizeof *ws);
     return rc;
 }
 
@@ -485,29 +402,6 @@ static int folder_has_npy(const char *dir, ct_error *err) {
                    : 0;
     closedir(d);
     return rc;
-}
-
-// Maps the input read-only (an empty file has nothing to map).
-static int map_input(const char **text, size_t *len, const char *path, ct_error *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ct_fail(err, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ct_fail(err, "%s: not a regular file", path);
-    }
-    *len = (size_t)sb.st_size;
-    *text = "";
-    if (*len) {
-        void *m = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            close(fd);
-            return ct_fail(err, "%s: mmap failed: %s", path, strerror(errno));
-        }
-        *text = m;
-    }
-    close(fd);
-    return 0;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -576,12 +470,13 @@ int cmd_tokenize(int argc, char **argv) {
                 dir);
         return cli_report(&err);
     }
-    const char *text = "";
-    size_t len = 0;
-    if (map_input(&text, &len, in, &err) != 0) {
+    void *map;
+    size_t len;
+    if (fs_map_readonly(&map, &len, in, &err) != 0) {
         tok_free(tok);
         return cli_report(&err);
     }
+    const char *text = map ? map : ""; // an empty file has nothing to map
     // A folder without a chat template is an error only if the input holds a conversation.
     chat_template *chat = NULL;
     ct_error no_chat = {0};
@@ -591,25 +486,26 @@ int cmd_tokenize(int argc, char **argv) {
                 .dir = to_dir ? out : NULL,
                 .shard_tokens = (uint64_t)shard_tokens};
     run_stats st = {0};
-    int rc = to_dir ? next_shard(&w, &err) : atomic_open(&w.f, out, &err);
-    if (rc == 0 && npy && !to_dir) rc = npy_header(&w, &err);
+    int rc = to_dir ? next_shard(&w, &err)
+             : npy  ? npy_writer_open(&w.out, out, "<u4", &err)
+                    : atomic_open(&w.f, out, &err);
     // Timed: reading, encoding and writing every id. Not timed: loading the tokenizer, and the
     // final fsync and rename of the output (reported apart: it is the disk, not the tokenizer).
-    double t0 = now();
+    double t0 = ct_now_s();
     job j = {tok, chat, no_chat.msg, kind, in, text, len, eos};
     if (rc == 0) rc = tokenize_all(&st, &j, &w, (int)threads, &err);
-    double secs = now() - t0;
+    double secs = ct_now_s() - t0;
     if (rc == 0 && st.docs == 0) rc = ct_fail(&err, "%s: no documents (the input is empty)", in);
     if (rc == 0) {
         rc = writer_finish(&w, &err);
-    } else if (w.f.fp) {
-        atomic_abort(&w.f);
+    } else {
+        writer_abort(&w);
     }
-    double sync_secs = now() - t0 - secs;
+    double sync_secs = ct_now_s() - t0 - secs;
     // Where the first repair was: a byte offset, or for .jsonl (the text is inside JSON) a line.
     uint64_t first_bad =
         kind == IN_JSONL && st.replaced ? line_of(text, st.first_bad) : (uint64_t)st.first_bad;
-    if (len) munmap((void *)text, len);
+    fs_unmap(map, len);
     tok_free(tok);
     chat_template_free(chat);
     free(w.esc.p);

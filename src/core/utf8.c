@@ -1,5 +1,6 @@
 #include "core/utf8.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 // Well-formed sequences, Unicode Table 3-7. The second byte's range depends on the first byte;
@@ -88,4 +89,47 @@ int utf8_encode(char out[4], uint32_t cp) {
     out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
     out[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
+}
+
+size_t utf8_repair(char *out, const char *s, size_t n, size_t *n_replaced) {
+    size_t o = 0, i = 0, bad = 0;
+    while (i < n) {
+        size_t good = utf8_valid_prefix(s + i, n - i);
+        memcpy(out + o, s + i, good);
+        o += good;
+        i += good;
+        if (i >= n) break;
+        uint32_t cp;
+        int len = utf8_decode(&cp, (const unsigned char *)s + i, n - i);
+        memcpy(out + o, UTF8_REPLACEMENT, 3);
+        o += 3;
+        i += (size_t)-len;
+        bad++;
+    }
+    if (n_replaced) *n_replaced = bad;
+    return o;
+}
+
+int utf8_repair_text(utf8_scratch *scratch, const char **text, size_t *len, uint64_t *n_replaced,
+                     size_t *first_bad) {
+    size_t bad = utf8_valid_prefix(*text, *len);
+    if (bad == *len) return 0;
+    // Sized exactly, not doubled: the bound is three times the text, and texts vary widely.
+    size_t need = utf8_repair_bound(*len), n_bad;
+    if (need > scratch->cap) {
+        free(scratch->p);
+        scratch->p = malloc(need);
+        scratch->cap = scratch->p ? need : 0;
+        if (!scratch->p) return -1;
+    }
+    *len = utf8_repair(scratch->p, *text, *len, &n_bad);
+    *text = scratch->p;
+    *n_replaced += n_bad;
+    if (first_bad) *first_bad = bad;
+    return 0;
+}
+
+void utf8_scratch_free(utf8_scratch *scratch) {
+    free(scratch->p);
+    *scratch = (utf8_scratch){0};
 }

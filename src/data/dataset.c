@@ -17,12 +17,12 @@
 #include <sys/stat.h>
 
 #include "core/fs.h"
+#include "core/grow.h"
+#include "data/doc_encoder.h"
 #include "data/jsonl.h"
 #include "io/npy.h"
-#include "text/chat.h"
-#include "text/chat_mask.h"
 #include "text/strmap.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 #define BATCH_BYTES (64u << 20)  // text per encode batch
 #define PIECE_BYTES (256u << 10) // a long .txt document is cut into pieces of about this size
@@ -70,17 +70,11 @@ typedef struct unit {
     size_t ids_off, n_ids;
 } unit;
 
-// Cache-line aligned: each thread grows its ids.n for every word, and two workers sharing a
-// line would make the threads take turns.
+// One per thread, on its own cache lines (data/doc_encoder.h). d.ids holds the units this
+// thread encoded in the current batch, back to back, and d.mask their flags (where a unit is
+// flagged).
 typedef struct __attribute__((aligned(64))) worker {
-    tok_encoder *enc;
-    tok_ids ids;    // the units this thread encoded in the current batch, back to back
-    uint8_t *flags; // the flags of ids (where a unit is flagged), as long as ids.cap
-    size_t flags_cap;
-    char *rendered; // the text of the conversation this thread rendered last
-    jsonl_buf json; // a .jsonl text with escapes, decoded
-    char *fixed;    // a .jsonl text with invalid UTF-8, repaired
-    size_t fixed_cap;
+    doc_encoder d; // first: doc_encoders_new makes the array
     doc_key *keys; // the hashes of the documents and lines this thread met (find_dups)
     size_t n_keys, cap_keys;
     size_t err_unit; // the first unit (in stream order) that failed, SIZE_MAX if none
@@ -196,13 +190,8 @@ static int map_text(src_file *f, ct_error *err) {
 }
 
 static int add_unit(reader *r, unit u, ct_error *err) {
-    if (r->n_units == r->cap_units) {
-        size_t cap = r->cap_units ? 2 * r->cap_units : 1024;
-        unit *grown = realloc(r->units, cap * sizeof *grown);
-        if (!grown) return ct_fail(err, "out of memory listing the documents of the dataset");
-        r->units = grown;
-        r->cap_units = cap;
-    }
+    if (grow_to((void **)&r->units, &r->cap_units, r->n_units + 1, sizeof *r->units) != 0)
+        return ct_fail(err, "out of memory listing the documents of the dataset");
     r->units[r->n_units++] = u;
     return 0;
 }
@@ -283,13 +272,7 @@ static void fail_unit(worker *w, size_t ui, const unit *u, const src_file *f, co
 }
 
 static bool add_key(worker *w, const char *text, size_t len, uint32_t file, bool is_line) {
-    if (w->n_keys == w->cap_keys) {
-        size_t cap = w->cap_keys ? 2 * w->cap_keys : 1024;
-        doc_key *grown = realloc(w->keys, cap * sizeof *grown);
-        if (!grown) return false;
-        w->keys = grown;
-        w->cap_keys = cap;
-    }
+    if (grow_to((void **)&w->keys, &w->cap_keys, w->n_keys + 1, sizeof *w->keys) != 0) return false;
     w->keys[w->n_keys++] = (doc_key){text_hash(text, len), file, is_line};
     return true;
 }
@@ -308,71 +291,26 @@ static bool add_keys(worker *w, const unit *u, const src_file *f, const char *te
     return true;
 }
 
-// Repairs invalid UTF-8 in text[0..*len) into the worker's buffer (see text/utf8.h).
-static bool repair_utf8(worker *w, unit *u, const char **text, size_t *len) {
-    if (utf8_valid_prefix(*text, *len) == *len) return true;
-    size_t need = utf8_repair_bound(*len), n_bad;
-    if (need > w->fixed_cap) {
-        free(w->fixed);
-        w->fixed = malloc(need);
-        w->fixed_cap = w->fixed ? need : 0;
-    }
-    if (!w->fixed) return false;
-    *len = utf8_repair(w->fixed, *text, *len, &n_bad);
-    *text = w->fixed;
-    u->n_replaced += n_bad;
-    return true;
-}
-
-// Room for `more` ids (and their flags) after the worker's ids.
-static bool reserve_ids(worker *w, size_t more) {
-    tok_ids *ids = &w->ids;
-    if (more > ids->cap - ids->n) {
-        size_t cap = ids->cap ? ids->cap : 4096;
-        while (cap - ids->n < more) cap *= 2;
-        int32_t *grown = realloc(ids->v, cap * sizeof *grown);
-        if (!grown) return false;
-        ids->v = grown;
-        ids->cap = cap;
-    }
-    if (w->flags_cap < ids->cap) {
-        uint8_t *grown = realloc(w->flags, ids->cap);
-        if (!grown) return false;
-        w->flags = grown;
-        w->flags_cap = ids->cap;
-    }
-    return true;
-}
-
 // The flags of the unit's ids: mask[i] (1 = trained, or all under train_on_all) as
 // STREAM_TRAIN, and the first token starts a document.
 static void set_flags(worker *w, const unit *u, bool train_all) {
-    uint8_t *f = w->flags + u->ids_off;
+    uint8_t *f = w->d.mask + u->ids_off;
     for (size_t i = 0; i < u->n_ids; i++) f[i] = train_all || f[i] ? STREAM_TRAIN : 0;
     if (u->n_ids) f[0] |= STREAM_DOC_START;
 }
 
-// A conversation: rendered with the chat template, tokenized, and its assistant tokens marked.
+// A conversation: rendered with the chat template, tokenized, and its assistant tokens marked
+// (data/doc_encoder.h); under train_on_all every token is trained, so there is no mask to find.
 static int encode_chat(worker *w, unit *u, const reader *r, const cJSON *root, ct_error *err) {
     if (!r->o->chat)
         return ct_fail(err, "a conversation (\"messages\"), but there is no chat template: %s",
                        r->o->chat_from ? r->o->chat_from : "none was given");
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (cJSON_IsNull(tools)) tools = NULL;
-    free(w->rendered);
-    w->rendered = NULL;
-    size_t len;
-    if (chat_render(r->o->chat, cJSON_GetObjectItemCaseSensitive(root, "messages"), tools, false,
-                    -1, &w->rendered, &len, err) != 0)
+    if (doc_encode_chat(&w->d, r->tok, r->o->chat, root, !r->o->train_on_all, &u->n_replaced,
+                        err) != 0)
         return -1;
-    const char *text = w->rendered;
-    if (!repair_utf8(w, u, &text, &len)) return ct_fail(err, "out of memory repairing UTF-8");
-    if (tok_encode(w->enc, &w->ids, text, len, err) != 0) return -1;
-    u->n_ids = w->ids.n - u->ids_off;
-    if (!reserve_ids(w, 0)) return ct_fail(err, "out of memory for a conversation's flags");
-    if (!r->o->train_on_all && chat_assistant_mask(r->tok, w->ids.v + u->ids_off, u->n_ids,
-                                                   w->flags + u->ids_off, err) < 0)
-        return -1;
+    u->n_ids = w->d.ids.n - u->ids_off;
+    if (doc_encoder_reserve(&w->d, 0) != 0)
+        return ct_fail(err, "out of memory for a conversation's flags");
     return 0;
 }
 
@@ -381,9 +319,9 @@ static int encode_ids(worker *w, unit *u, const reader *r, const cJSON *root, ct
     size_t n;
     bool has_mask;
     if (jsonl_ids_check(root, r->vocab_size, &n, &has_mask, err) != 0) return -1;
-    if (!reserve_ids(w, n)) return ct_fail(err, "out of memory for %zu ids", n);
-    jsonl_ids_copy(root, w->ids.v + w->ids.n, w->flags + w->ids.n);
-    w->ids.n += n;
+    if (doc_encoder_reserve(&w->d, n) != 0) return ct_fail(err, "out of memory for %zu ids", n);
+    jsonl_ids_copy(root, w->d.ids.v + w->d.ids.n, w->d.mask + w->d.ids.n);
+    w->d.ids.n += n;
     u->n_ids = n;
     u->flagged = has_mask;
     u->doc_end = !has_mask;
@@ -395,11 +333,11 @@ static void encode_unit(worker *w, unit *u, size_t ui, const reader *r) {
     const char *text = u->p;
     size_t len = u->len;
     ct_error err;
-    u->ids_off = w->ids.n;
+    u->ids_off = w->d.ids.n;
     u->n_ids = 0;
     if (f->kind == SRC_JSONL) {
         jsonl_doc d;
-        if (jsonl_doc_parse(&d, &w->json, u->p, u->len, &err) != 0) {
+        if (jsonl_doc_parse(&d, &w->d.json, u->p, u->len, &err) != 0) {
             fail_unit(w, ui, u, f, err.msg);
             return;
         }
@@ -416,7 +354,7 @@ static void encode_unit(worker *w, unit *u, size_t ui, const reader *r) {
         }
         text = d.text;
         len = d.len;
-        if (!repair_utf8(w, u, &text, &len)) {
+        if (utf8_repair_text(&w->d.fixed, &text, &len, &u->n_replaced, NULL) != 0) {
             fail_unit(w, ui, u, f, "out of memory repairing invalid UTF-8");
             return;
         }
@@ -425,8 +363,8 @@ static void encode_unit(worker *w, unit *u, size_t ui, const reader *r) {
         fail_unit(w, ui, u, f, "out of memory hashing documents");
         return;
     }
-    if (tok_encode(w->enc, &w->ids, text, len, &err) != 0) fail_unit(w, ui, u, f, err.msg);
-    u->n_ids = w->ids.n - u->ids_off;
+    if (tok_encode(w->d.enc, &w->d.ids, text, len, &err) != 0) fail_unit(w, ui, u, f, err.msg);
+    u->n_ids = w->d.ids.n - u->ids_off;
 }
 
 static int reserve_tokens(reader *r, size_t more, ct_error *err) {
@@ -434,11 +372,9 @@ static int reserve_tokens(reader *r, size_t more, ct_error *err) {
     if (more <= r->cap_tokens - s->n_mem) return 0;
     if (more > SIZE_MAX / sizeof(int32_t) / 2 - s->n_mem)
         return ct_fail(err, "dataset %s: too many tokens", s->path);
-    size_t cap = r->cap_tokens ? r->cap_tokens : 1 << 16;
-    while (cap - s->n_mem < more) cap *= 2;
-    int32_t *grown = realloc(s->tokens, cap * sizeof *grown);
-    if (!grown) return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, cap);
-    s->tokens = grown;
+    size_t cap = r->cap_tokens;
+    if (grow_to((void **)&s->tokens, &cap, s->n_mem + more, sizeof *s->tokens) != 0)
+        return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, s->n_mem + more);
     if (r->track_flags) {
         uint8_t *flags = realloc(s->flags, cap);
         if (!flags) return ct_fail(err, "dataset %s: out of memory for %zu tokens", s->path, cap);
@@ -524,7 +460,7 @@ static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
     src_file *f = &r->files[u->file];
     if (f->kind == SRC_NPY) return append_npy(r, f, err);
     if (f->kind == SRC_JSONL && check_kind(f, u, err) != 0) return -1;
-    const int32_t *ids = ws[u->thread].ids.v + u->ids_off;
+    const int32_t *ids = ws[u->thread].d.ids.v + u->ids_off;
     for (size_t i = 0; i < u->n_ids; i++) {
         if (r->vocab_size > 0 && ids[i] >= r->vocab_size) {
             const char *str = tok_token_str(r->tok, ids[i]);
@@ -534,7 +470,7 @@ static int append_unit(reader *r, const worker *ws, size_t ui, ct_error *err) {
         }
     }
     if (u->flagged) {
-        const uint8_t *flags = ws[u->thread].flags + u->ids_off;
+        const uint8_t *flags = ws[u->thread].d.mask + u->ids_off;
         r->any_flagged = true;
         r->at_doc_start = true;
         s->n_chats++;
@@ -661,18 +597,13 @@ static int note_duplicates(reader *r, const worker *ws, int threads, ct_error *e
 static int encode_all(reader *r, int threads, ct_error *err) {
     worker *ws = NULL;
     int rc = 0;
-    if (threads > 0) {
-        ws = aligned_alloc(64, (size_t)threads * sizeof *ws);
-        if (!ws) return ct_fail(err, "out of memory");
-        memset(ws, 0, (size_t)threads * sizeof *ws);
-        for (int i = 0; i < threads && rc == 0; i++) rc = tok_encoder_new(&ws[i].enc, r->tok, err);
-    }
+    if (threads > 0 && !(ws = doc_encoders_new(threads, sizeof *ws, r->tok, err))) return -1;
     for (size_t u0 = 0, u1; rc == 0 && u0 < r->n_units; u0 = u1) {
         size_t bytes = 0;
         for (u1 = u0; u1 < r->n_units && (u1 == u0 || bytes < BATCH_BYTES); u1++)
             bytes += r->units[u1].len;
         for (int t = 0; t < threads; t++) {
-            ws[t].ids.n = 0;
+            ws[t].d.ids.n = 0;
             ws[t].err_unit = SIZE_MAX;
         }
         if (threads > 0) {
@@ -704,16 +635,8 @@ static int encode_all(reader *r, int threads, ct_error *err) {
         if (rc == 0 && failed) rc = ct_fail(err, "%s", failed->err.msg);
     }
     if (rc == 0 && r->find_dups) rc = note_duplicates(r, ws, threads, err);
-    for (int t = 0; t < threads; t++) {
-        tok_encoder_free(ws[t].enc);
-        tok_ids_free(&ws[t].ids);
-        free(ws[t].flags);
-        free(ws[t].rendered);
-        jsonl_buf_free(&ws[t].json);
-        free(ws[t].fixed);
-        free(ws[t].keys);
-    }
-    free(ws);
+    for (int t = 0; t < threads; t++) free(ws[t].keys);
+    doc_encoders_free(ws, threads, sizeof *ws);
     return rc;
 }
 

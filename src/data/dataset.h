@@ -35,7 +35,7 @@
 //     train_on_all every token is trained; otherwise only its assistant turns' tokens
 //     (text/chat_mask.h: from after "<|im_start|>assistant\n" through its "<|im_end|>").
 //
-// Invalid UTF-8 follows the tokenizer's rule for readers of user files (text/utf8.h): each
+// Invalid UTF-8 follows the tokenizer's rule for readers of user files (core/utf8.h): each
 // maximal ill-formed subsequence becomes U+FFFD, as Python's errors="replace", so the ids match
 // what Hugging Face sees. The stream counts the replacements and describes the first in
 // `warning` for the caller to log (library code prints nothing).

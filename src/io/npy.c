@@ -341,54 +341,101 @@ int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_
     return rc;
 }
 
-int npy_write(const char *path, const int64_t *values, size_t n, const char *descr, ct_error *err) {
-    const npy_type *ty = npy_type_find(descr);
-    if (!ty)
-        return ct_fail(err, "%s: cannot write dtype %s (expected <u2, <i4, <u4 or <i8)", path,
-                       descr);
-    for (size_t i = 0; i < n; i++) {
-        if (values[i] < ty->min || values[i] > ty->max)
-            return ct_fail(err, "%s: value %lld at index %zu does not fit %s", path,
-                           (long long)values[i], i, descr);
-    }
-    // The same bytes as numpy's np.save: dict, room to grow the first axis, then spaces and a
-    // newline up to a multiple of 64 (a whole extra 64 when already aligned, as numpy does).
-    char hdr[256];
-    int len = snprintf(hdr, sizeof hdr,
-                       "{'descr': '%s', 'fortran_order': False, 'shape': (%zu,), }", descr, n);
-    int digits = snprintf(NULL, 0, "%zu", n);
+// The header numpy's np.save writes for a 1-D array of n: the dict, room to grow the first axis
+// (so a stream's final count is written over its first header in place), then spaces and a
+// newline up to a multiple of 64 (a whole extra 64 when already aligned, as numpy does).
+// Returns its length, preamble included.
+static size_t npy_header_write(unsigned char out[256], const char *descr, uint64_t n) {
+    char *hdr = (char *)out + 10;
+    int len = snprintf(hdr, 246, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
+                       descr, (unsigned long long)n);
+    int digits = snprintf(NULL, 0, "%llu", (unsigned long long)n);
     for (int i = digits; i < NPY_GROWTH_DIGITS; i++) hdr[len++] = ' ';
     int pad = NPY_ALIGN - (10 + len + 1) % NPY_ALIGN;
     memset(hdr + len, ' ', (size_t)pad);
     len += pad;
     hdr[len++] = '\n';
-    unsigned char pre[10] = {0x93,
-                             'N',
-                             'U',
-                             'M',
-                             'P',
-                             'Y',
-                             1,
-                             0,
-                             (unsigned char)(len & 0xff),
-                             (unsigned char)(len >> 8)};
-    atomic_file af;
-    if (atomic_open(&af, path, err) != 0) return -1;
-    int rc = atomic_write(&af, pre, sizeof pre, err);
-    if (rc == 0) rc = atomic_write(&af, hdr, (size_t)len, err);
-    unsigned char chunk[4096];
-    size_t k = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        uint64_t u = (uint64_t)values[i];
-        for (size_t b = 0; b < ty->size; b++) chunk[k++] = (unsigned char)(u >> (8 * b));
-        if (k + 8 > sizeof chunk || i + 1 == n) {
-            rc = atomic_write(&af, chunk, k, err);
-            k = 0;
-        }
-    }
-    if (rc != 0) {
-        atomic_abort(&af);
+    memcpy(out, NPY_MAGIC "\x01\x00", 8);
+    out[8] = (unsigned char)(len & 0xff);
+    out[9] = (unsigned char)(len >> 8);
+    return 10 + (size_t)len;
+}
+
+int npy_writer_open(npy_writer *w, const char *path, const char *descr, ct_error *err) {
+    memset(w, 0, sizeof *w);
+    const npy_type *ty = npy_type_find(descr);
+    if (!ty)
+        return ct_fail(err, "%s: cannot write dtype %s (expected <u2, <i4, <u4 or <i8)", path,
+                       descr);
+    memcpy(w->descr, ty->descr, strlen(ty->descr) + 1);
+    w->elem_size = ty->size;
+    w->min = ty->min;
+    w->max = ty->max;
+    unsigned char hdr[256];
+    size_t len = npy_header_write(hdr, w->descr, 0);
+    if (atomic_open(&w->f, path, err) != 0) return -1;
+    if (atomic_write(&w->f, hdr, len, err) != 0) {
+        atomic_abort(&w->f);
         return -1;
     }
-    return atomic_commit(&af, err);
+    return 0;
+}
+
+static int npy_writer_flush(npy_writer *w, ct_error *err) {
+    int rc = w->nbuf ? atomic_write(&w->f, w->buf, w->nbuf, err) : 0;
+    w->nbuf = 0;
+    return rc;
+}
+
+int npy_writer_put(npy_writer *w, const int64_t *values, size_t n, ct_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        if (values[i] < w->min || values[i] > w->max)
+            return ct_fail(err, "%s: value %lld at index %llu does not fit %s", w->f.path,
+                           (long long)values[i], (unsigned long long)(w->count + i), w->descr);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (w->nbuf + w->elem_size > sizeof w->buf && npy_writer_flush(w, err) != 0) return -1;
+        uint64_t u = (uint64_t)values[i]; // little-endian on every host
+        for (size_t b = 0; b < w->elem_size; b++) w->buf[w->nbuf++] = (unsigned char)(u >> (8 * b));
+    }
+    w->count += n;
+    return 0;
+}
+
+int npy_writer_commit(npy_writer *w, ct_error *err) {
+    unsigned char hdr[256];
+    size_t len = npy_header_write(hdr, w->descr, w->count);
+    if (npy_writer_flush(w, err) != 0) {
+        atomic_abort(&w->f);
+        return -1;
+    }
+    if (fseek(w->f.fp, 0, SEEK_SET) != 0 || atomic_write(&w->f, hdr, len, err) != 0) {
+        atomic_abort(&w->f);
+        return ct_fail(err, "%s: cannot rewrite the .npy header", w->f.path);
+    }
+    return atomic_commit(&w->f, err);
+}
+
+void npy_writer_abort(npy_writer *w) {
+    if (w->f.fp) atomic_abort(&w->f);
+}
+
+int npy_write(const char *path, const int64_t *values, size_t n, const char *descr, ct_error *err) {
+    const npy_type *ty = npy_type_find(descr);
+    if (!ty)
+        return ct_fail(err, "%s: cannot write dtype %s (expected <u2, <i4, <u4 or <i8)", path,
+                       descr);
+    // Checked before the file is created, so a value that does not fit leaves nothing behind.
+    for (size_t i = 0; i < n; i++) {
+        if (values[i] < ty->min || values[i] > ty->max)
+            return ct_fail(err, "%s: value %lld at index %zu does not fit %s", path,
+                           (long long)values[i], i, descr);
+    }
+    npy_writer w;
+    if (npy_writer_open(&w, path, descr, err) != 0) return -1;
+    if (npy_writer_put(&w, values, n, err) != 0) {
+        npy_writer_abort(&w);
+        return -1;
+    }
+    return npy_writer_commit(&w, err);
 }

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "io/atomic.h"
 
 typedef struct npy_tokens {
     char *path;
@@ -29,5 +30,24 @@ void npy_close(npy_tokens *t);
 // naming the file and index (vocab_size <= 0 disables the check).
 int npy_read(int32_t *out, const npy_tokens *t, uint64_t start, size_t n, int64_t vocab_size,
              ct_error *err);
-// Writes a 1-D array (descr "<u2", "<i4", "<u4" or "<i8") atomically; for tools and tests.
+// Writes a 1-D array (descr "<u2", "<i4", "<u4" or "<i8") atomically, with the bytes of numpy's
+// np.save; for tools and tests.
 int npy_write(const char *path, const int64_t *values, size_t n, const char *descr, ct_error *err);
+
+// The same file written as a stream, its length known only at the end (`ctitan tokenize`):
+// open writes a header for 0 values, put appends (each value must fit descr), commit writes the
+// header again with the count (numpy's header has room for any count, so its length stays)
+// and renames the file into place; abort removes it. commit and abort free w either way.
+typedef struct npy_writer {
+    atomic_file f;
+    char descr[8];
+    size_t elem_size;
+    int64_t min, max;
+    uint64_t count;
+    unsigned char buf[16384];
+    size_t nbuf;
+} npy_writer;
+int npy_writer_open(npy_writer *w, const char *path, const char *descr, ct_error *err);
+int npy_writer_put(npy_writer *w, const int64_t *values, size_t n, ct_error *err);
+int npy_writer_commit(npy_writer *w, ct_error *err);
+void npy_writer_abort(npy_writer *w);

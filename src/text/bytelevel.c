@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "text/utf8.h"
+#include "core/utf8.h"
 
 // Printable Latin-1 bytes ('!'..'~', 0xA1..0xAC, 0xAE..0xFF) show as themselves; the other 68
 // bytes, in increasing order (0x00..0x20, 0x7F..0xA0, 0xAD), show as U+0100, U+0101, ...

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "text/jinja.h"
+#include "text/jinja_names.h"
 
 // Bump allocator; everything is freed at once. Allocation fails (NULL) past cap bytes in all.
 typedef struct jarena {
@@ -34,8 +35,8 @@ typedef enum {
     N_ITEM,   // a: object, b: key
     N_SLICE,  // a: object, kids[0..2]: start, stop, step (each may be NULL)
     N_CALL,   // a: callee, kids: arguments, names: keyword names (NULL: positional)
-    N_FILTER, // a: value, str: filter, kids/names: arguments
-    N_TEST,   // a: value, str: test, kids: arguments, op: 1 when negated
+    N_FILTER, // a: value, str: filter, ival: its jinja_filter, kids/names: arguments
+    N_TEST,   // a: value, str: test, ival: its jinja_test, kids: arguments, op: 1 when negated
     N_UNARY,  // op: '-', '+', '!' (not), a: operand
     N_BINARY, // op: JB_*, a, b
     N_AND,
@@ -85,7 +86,3 @@ int jinja_fail_at(const jinja_template *t, size_t pos, ct_error *err, const char
 // backward, the end) of s[0..n).
 bool jinja_py_space(uint32_t c);
 size_t jinja_space_run(const char *s, size_t n, bool backward);
-
-// The names the parser accepts; the evaluator implements each.
-bool jinja_known_filter(const char *s, size_t n);
-bool jinja_known_test(const char *s, size_t n);

@@ -6,7 +6,7 @@
 #include "core/grow.h"
 #include "text/normalize.h"
 #include "text/tokenizer_internal.h"
-#include "text/utf8.h"
+#include "core/utf8.h"
 #include "text/word_cache.h"
 
 struct tok_encoder {

@@ -51,7 +51,7 @@ int32_t tok_eos_id(const tokenizer *t);
 int tok_encoder_new(tok_encoder **out, const tokenizer *t, ct_error *err);
 void tok_encoder_free(tok_encoder *e);
 // Appends the ids of text[0..len) to ids. The text must be valid UTF-8: anything else is an
-// error naming the byte offset (readers of files repair first, see text/utf8.h).
+// error naming the byte offset (readers of files repair first, see core/utf8.h).
 int tok_encode(tok_encoder *e, tok_ids *ids, const char *text, size_t len, ct_error *err);
 
 // The text of ids, as HF's decode: tokens' bytes joined, then invalid UTF-8 (a multi-byte

@@ -7,10 +7,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/grow.h"
+#include "core/utf8.h"
 #include "io/json.h"
 #include "text/bytelevel.h"
 #include "text/tokenizer_internal.h"
-#include "text/utf8.h"
 
 #define TOKENIZER_JSON_MAX (1u << 30)
 
@@ -245,14 +246,9 @@ static int load_merges(loader *L, const cJSON *merges, ct_error *err) {
             rc = ct_fail(err, "%s: merge #%u is neither \"a b\" nor [\"a\", \"b\"]", L->what, rank);
             break;
         }
-        if (la + lb + 1 > joined_cap) {
-            joined_cap = 2 * (la + lb + 1);
-            char *p = realloc(joined, joined_cap);
-            if (!p) {
-                rc = ct_fail(err, "%s: out of memory", L->what);
-                break;
-            }
-            joined = p;
+        if (grow_to((void **)&joined, &joined_cap, la + lb + 1, 1) != 0) {
+            rc = ct_fail(err, "%s: out of memory", L->what);
+            break;
         }
         memcpy(joined, a, la);
         memcpy(joined + la, b, lb);
