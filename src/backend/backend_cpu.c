@@ -1,8 +1,10 @@
 // The CPU backends. "cpu": host memory, every view the buffer itself, ops as given. "cpu-guarded"
 // (--debug.guard_device_memory): each buffer is its own mmap, PROT_NONE except while a backend
 // call runs (a buffer call below, or any kernel of the bound table, through the wrappers
-// generated from the op list), so a host read or write of backend memory outside the seam
-// faults at the instruction that made it.
+// generated from the op list), or while a collective that touches it is in flight, so a host
+// read or write of backend memory outside the seam faults at the instruction that made it. Both
+// run their collectives on MPI (comm_mpi.c), on the buffers themselves. Their state (mappings,
+// the guard's depth, the bf16 sum's MPI_Op) is the backend object's (ct_backend.ctx).
 #include <mpi.h>
 #include <stdint.h>
 #include <stdlib.h>
