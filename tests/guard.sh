@@ -62,14 +62,17 @@ STEPS=2 train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
   ok || bad "guarded resume: $(tail -3 "$tmp/resume.guard.log")"
 why=$(same_run "$tmp/straight.plain" "$tmp/resume.guard") && ok || bad "guarded resume: $why"
 
-# --- under mpirun: ZeRO-1 and replicated optimizer state (2 ranks), FSDP in fp32 and in bf16
-# with a bf16 reduction (2 ranks), HSDP (2 replica groups x 2 shard ranks). Every collective is
-# the backend's, and the guarded one opens exactly the buffers a collective touches while it is
-# in flight: the gathers, the reduce-scatter ring's sends and receives, the all-reduces.
-for mode in zero1 replicated fsdp fsdp_bf16 hsdp; do
+# --- under mpirun: ZeRO-1 (fp32, and bf16 with a bf16 reduction) and replicated optimizer
+# state (2 ranks), FSDP in fp32 and in bf16 with a bf16 reduction (2 ranks), HSDP (2 replica
+# groups x 2 shard ranks). Every collective is the backend's, and the guarded one opens exactly
+# the buffers a collective touches while it is in flight: the buckets, the gathers, the
+# reduce-scatter ring's sends and receives, the all-reduces.
+for mode in zero1 zero1_bf16 replicated fsdp fsdp_bf16 hsdp; do
   np=2 opts=(--training.local_batch_size 1)
   case $mode in
     zero1) opts+=(--parallelism.data_parallel_shard_mode zero1) ;;
+    zero1_bf16) opts+=(--parallelism.data_parallel_shard_mode zero1
+      --training.mixed_precision_param bfloat16 --training.mixed_precision_reduce bfloat16) ;;
     replicated) opts+=(--parallelism.data_parallel_shard_mode zero1
       --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1) ;;
     fsdp_bf16) opts+=(--training.mixed_precision_param bfloat16
