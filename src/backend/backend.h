@@ -1,6 +1,6 @@
 // A compute backend: where the model's tensors live and what runs on them. The model, the
 // trainer, checkpoints and data parallelism reach tensor memory only through one: its buffers
-// (allocate, zero, copy host <-> backend and within it, host views for I/O and communication)
+// (allocate, zero, copy host <-> backend and within it, host views for bulk I/O), its collectives
 // and the op table it runs (ops.h: every kernel, the optimizer's, the reductions and the
 // initialisation among them). Host code never dereferences a backend pointer.
 //
