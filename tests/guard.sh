@@ -6,8 +6,9 @@
 # and AdamW moments), exports and verify's numbers. Covered: dense and MoE (HF aux loss and
 # aux-free bias), both expert kernels, flash and sdpa, activation checkpointing (full and op),
 # the chunked loss head, gradient accumulation, clipping, bf16 mixed precision (oneDNN's kernels
-# through the bound table), a plugin kernel, checkpoint save and
-# resume, mpirun -np 2 with ZeRO-1 and replicated state, verify, export and check-kernels.
+# through the bound table), a plugin kernel, checkpoint save and resume, mpirun with ZeRO-1,
+# replicated state, FSDP (fp32, and bf16 with a bf16 reduction) and HSDP (4 ranks), verify,
+# export and check-kernels.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_REF_DIR:?}" "${CTITAN_TMP:?}" "${CTITAN_BUILD_DIR:?}"
 source "$(dirname "$0")/mpi_test.bash"
@@ -61,34 +62,38 @@ STEPS=2 train "$tmp/resume.guard" "$dense" "${const[@]}" "${guard[@]}" &&
   ok || bad "guarded resume: $(tail -3 "$tmp/resume.guard.log")"
 why=$(same_run "$tmp/straight.plain" "$tmp/resume.guard") && ok || bad "guarded resume: $why"
 
-# --- two ranks under mpirun: ZeRO-1 and replicated optimizer state (FSDP gathers into and
-# reduces from the weights' own memory, which MPI must address: the guarded backend is refused)
-for mode in zero1 replicated; do
-  opts=(--training.local_batch_size 1 --parallelism.data_parallel_shard_mode zero1)
-  [ $mode = replicated ] && opts+=(--parallelism.data_parallel_replicate_degree 2
-    --parallelism.data_parallel_shard_degree 1)
+# --- under mpirun: ZeRO-1 (fp32, and bf16 with a bf16 reduction) and replicated optimizer
+# state (2 ranks), FSDP in fp32 and in bf16 with a bf16 reduction (2 ranks), HSDP (2 replica
+# groups x 2 shard ranks). Every collective is the backend's, and the guarded one opens exactly
+# the buffers a collective touches while it is in flight: the buckets, the gathers, the
+# reduce-scatter ring's sends and receives, the all-reduces.
+for mode in zero1 zero1_bf16 replicated fsdp fsdp_bf16 hsdp; do
+  np=2 opts=(--training.local_batch_size 1)
+  case $mode in
+    zero1) opts+=(--parallelism.data_parallel_shard_mode zero1) ;;
+    zero1_bf16) opts+=(--parallelism.data_parallel_shard_mode zero1
+      --training.mixed_precision_param bfloat16 --training.mixed_precision_reduce bfloat16) ;;
+    replicated) opts+=(--parallelism.data_parallel_shard_mode zero1
+      --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1) ;;
+    fsdp_bf16) opts+=(--training.mixed_precision_param bfloat16
+      --training.mixed_precision_reduce bfloat16) ;;
+    hsdp) np=4 opts+=(--parallelism.data_parallel_replicate_degree 2) ;;
+  esac
   for side in plain guard; do
     extra=(); [ $side = guard ] && extra=("${guard[@]}")
-    d=$tmp/np2_$mode.$side
-    mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
+    d=$tmp/np${np}_$mode.$side
+    mpirun --oversubscribe --bind-to none -np $np "$ct" train --model.backend hf \
       --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" \
       --training.seq_len 5 --training.global_batch_size 4 --training.steps 4 \
       --training.max_norm 0.5 --metrics.log_freq 1 --metrics.peak_gflops 100 \
       --checkpoint.interval 2 --checkpoint.keep_latest_k 0 --job.dump_folder "$d" \
       --parallelism.threads_per_rank 1 "${opts[@]}" "${extra[@]}" >"$d.log" 2>&1 ||
-      bad "np2 $mode ($side): $(tail -3 "$d.log")"
+      bad "np$np $mode ($side): $(tail -3 "$d.log")"
   done
-  why=$(same_run "$tmp/np2_$mode.plain" "$tmp/np2_$mode.guard") && ok || bad "np2 $mode: $why"
+  why=$(same_run "$tmp/np${np}_$mode.plain" "$tmp/np${np}_$mode.guard") && ok || bad "np$np $mode: $why"
 done
-if mpirun --oversubscribe --bind-to none -np 2 "$ct" train --model.backend hf \
-  --model.hf_path "$moe/hf" --training.dataset_path "$moe/tokens.npy" --training.seq_len 5 \
-  --training.steps 1 --checkpoint.enable false --job.dump_folder "$tmp/np2_fsdp.guard" \
-  --parallelism.threads_per_rank 1 "${guard[@]}" >"$tmp/np2_fsdp.guard.log" 2>&1; then
-  bad "FSDP on the guarded backend: exit 0"
-else
-  grep -q "FSDP needs a backend whose memory MPI can address" "$tmp/np2_fsdp.guard.log" && ok ||
-    bad "FSDP on the guarded backend: $(grep error "$tmp/np2_fsdp.guard.log" | head -2)"
-fi
+grep -q "FSDP over 2 ranks" "$tmp/np2_fsdp.guard.log" && ok || bad "the guarded FSDP run is not FSDP"
+grep -q "HSDP" "$tmp/np4_hsdp.guard.log" && ok || bad "the guarded HSDP run is not HSDP"
 
 # --- verify, export and check-kernels under the guard
 ckpt=$tmp/moe_grouped_hf_aux.plain/checkpoint/step-4

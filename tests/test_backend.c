@@ -3,6 +3,7 @@
 // and faults anywhere else, so tests/guard.sh's bit-identical runs mean no host code touched
 // backend memory.
 #include <signal.h>
+#include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,8 +101,60 @@ static void test_guarded(void) {
     free(out);
 }
 
+// Large buffers are mappings of their own, however many: the table of them grows (it used to
+// stop at 64 and quietly fall back to calloc, which commits the memory).
+static void test_many_large(void) {
+    ct_backend *be = ct_backend_cpu();
+    ct_error err = {0};
+    enum { N = 70 };
+    const size_t bytes = (size_t)64 << 20;
+    void *p[N];
+    bool mapped = true;
+    for (int i = 0; i < N; i++) {
+        p[i] = be->alloc(be, bytes, "test", &err);
+        mapped &= p[i] && (uintptr_t)p[i] % 4096 == 0;
+    }
+    CHECK(mapped, "70 buffers of 64 MiB are each a page-aligned mapping: %s", err.msg);
+    float *last = p[N - 1];
+    be->write(be, last, &(float){3.0f}, sizeof(float));
+    CHECK(last[0] == 3.0f && last[bytes / sizeof(float) - 1] == 0, "the 70th is usable, zeroed");
+    for (int i = 0; i < N; i++) be->free(be, p[i]);
+}
+
+// What a collective written by hand adds (FSDP's ring), and populate, on both backends.
+static void test_accumulate(ct_backend *be) {
+    ct_error err = {0};
+    float *f = be->alloc(be, 4 * sizeof(float), "test", &err), hf[4] = {1, 2, 3, 4};
+    uint16_t *h = be->alloc(be, 4 * sizeof(uint16_t), "test", &err), hh[4];
+    float *src = be->alloc(be, 4 * sizeof(float), "test", &err);
+    be->write(be, f, hf, sizeof hf);
+    be->write(be, src, hf, sizeof hf);
+    be->populate(be, f, 4 * sizeof(float));
+    be->accumulate(be, f, CT_COMM_F32, src, CT_COMM_F32, 4);
+    be->read(be, hf, f, sizeof hf);
+    CHECK(hf[0] == 2 && hf[3] == 8, "%s: f32 += f32", be->name);
+    for (int i = 0; i < 4; i++) hh[i] = f32_to_bf16(i == 0 ? 256.0f : 1.0f);
+    be->write(be, h, hh, sizeof hh);
+    be->accumulate(be, f, CT_COMM_F32, h, CT_COMM_BF16, 4);
+    be->read(be, hf, f, sizeof hf);
+    CHECK(hf[0] == 258 && hf[1] == 5, "%s: f32 += bf16", be->name);
+    uint16_t one[4];
+    for (int i = 0; i < 4; i++) one[i] = f32_to_bf16(1.0f);
+    uint16_t *o = be->alloc(be, sizeof one, "test", &err);
+    be->write(be, o, one, sizeof one);
+    be->accumulate(be, h, CT_COMM_BF16, o, CT_COMM_BF16, 4);
+    be->read(be, hh, h, sizeof hh);
+    // 256 + 1 rounds to 256 in bf16 (8 bits of mantissa), as a bf16 reduction rounds.
+    CHECK(bf16_to_f32(hh[0]) == 256.0f && bf16_to_f32(hh[1]) == 2.0f, "%s: bf16 += bf16, rounded",
+          be->name);
+    be->free(be, f), be->free(be, h), be->free(be, src), be->free(be, o);
+}
+
 int main(void) {
     test_plain();
+    test_many_large();
+    test_accumulate(ct_backend_cpu());
+    test_accumulate(ct_backend_cpu_guarded());
     test_guarded();
     return check_summary();
 }

@@ -13,8 +13,8 @@ static void check_buckets(size_t cap, const char *what) {
     grad_sync s;
     ct_error err;
     static float p[N], g[N];
-    CHECK(grad_sync_init(&s, &d, GRAD_SYNC_REPLICATE, NULL, p, g, N, starts, N_TENSORS, cap, false,
-                         &err) == 0,
+    CHECK(grad_sync_init(&s, &d, GRAD_SYNC_REPLICATE, NULL, NULL, p, g, N, starts, N_TENSORS, cap,
+                         false, &err) == 0,
           "%s: %s", what, err.msg);
     size_t end = N;
     for (int i = 0; i < s.n_buckets; i++) {
@@ -47,8 +47,8 @@ static void check_shards(int P, size_t cap) {
         dist d = {.rank = r, .size = P, .local_size = P};
         grad_sync s;
         ct_error err;
-        CHECK(grad_sync_init(&s, &d, GRAD_SYNC_SHARD, NULL, p, g, N, starts, N_TENSORS, cap, false,
-                             &err) == 0,
+        CHECK(grad_sync_init(&s, &d, GRAD_SYNC_SHARD, NULL, NULL, p, g, N, starts, N_TENSORS, cap,
+                             false, &err) == 0,
               "P=%d: %s", P, err.msg);
         size_t n = s.shard_hi - s.shard_lo;
         CHECK(s.shard_lo == covered && (n == (size_t)(N / P) || n == (size_t)(N / P + 1)),

@@ -402,9 +402,9 @@ static void test_clip(void) {
         exact += (double)g[i] * g[i];
     }
     omp_set_num_threads(1);
-    double ss1 = clip_sum_squares(g, N);
+    double ss1 = clip_sum_squares(&ct_ops_cpu, g, N);
     omp_set_num_threads(3);
-    double ss3 = clip_sum_squares(g, N);
+    double ss3 = clip_sum_squares(&ct_ops_cpu, g, N);
     omp_set_num_threads(2);
     CHECK(ss1 == ss3, "sum of squares depends on the thread count: %.17g vs %.17g", ss1, ss3);
     CHECK(fabs(ss1 - exact) <= 1e-12 * exact, "sum of squares %.17g vs %.17g", ss1, exact);
@@ -412,20 +412,20 @@ static void test_clip(void) {
     double norm = sqrt(exact);
     // Below the limit, or clipping off: untouched, and the norm is still returned.
     memcpy(g2, g, N * sizeof *g);
-    CHECK(clip_grad_norm(g2, N, norm * 2) == sqrt(ss1), "norm returned");
+    CHECK(clip_grad_norm(&ct_ops_cpu, g2, N, norm * 2) == sqrt(ss1), "norm returned");
     CHECK(memcmp(g, g2, N * sizeof *g) == 0, "no clipping below max_norm");
-    CHECK(clip_grad_norm(g2, N, 0) == sqrt(ss1) && memcmp(g, g2, N * sizeof *g) == 0,
+    CHECK(clip_grad_norm(&ct_ops_cpu, g2, N, 0) == sqrt(ss1) && memcmp(g, g2, N * sizeof *g) == 0,
           "max_norm 0 is off");
     // Above: g *= max_norm / (norm + 1e-6), formed in fp32 as torch does.
     double max_norm = norm / 4;
     float coef = (1.0f / ((float)norm + 1e-6f)) * (float)max_norm;
     CHECK(clip_coefficient(norm, max_norm) == coef, "coefficient %.9g vs %.9g",
           clip_coefficient(norm, max_norm), coef);
-    CHECK(clip_grad_norm(g2, N, max_norm) == sqrt(ss1), "pre-clip norm returned");
+    CHECK(clip_grad_norm(&ct_ops_cpu, g2, N, max_norm) == sqrt(ss1), "pre-clip norm returned");
     int bad = 0;
     for (int i = 0; i < N; i++) bad += g2[i] != g[i] * coef;
     CHECK(bad == 0, "%d elements not scaled by the coefficient", bad);
-    double after = sqrt(clip_sum_squares(g2, N));
+    double after = sqrt(clip_sum_squares(&ct_ops_cpu, g2, N));
     CHECK(fabs(after - max_norm) < 1e-5 * max_norm, "norm after clipping %.9g, max %.9g", after,
           max_norm);
     CHECK(clip_coefficient(1.0, 1.0) < 1.0f, "norm == max_norm: the 1e-6 makes it clip a hair");
@@ -434,13 +434,15 @@ static void test_clip(void) {
           "non-finite norm: coefficient 1");
     memcpy(g2, g, N * sizeof *g);
     g2[17] = NAN;
-    CHECK(isnan(clip_grad_norm(g2, N, 1.0)), "NaN gradient gives a NaN norm");
+    CHECK(isnan(clip_grad_norm(&ct_ops_cpu, g2, N, 1.0)), "NaN gradient gives a NaN norm");
     CHECK(memcmp(g2, g, 17 * sizeof *g) == 0, "gradients untouched when the norm is NaN");
     g2[17] = INFINITY;
-    CHECK(isinf(clip_grad_norm(g2, N, 1.0)), "infinite gradient gives an infinite norm");
+    CHECK(isinf(clip_grad_norm(&ct_ops_cpu, g2, N, 1.0)),
+          "infinite gradient gives an infinite norm");
     float big[2] = {3e38f, 3e38f}; // squares overflow fp32 but not the double accumulator
-    CHECK(isfinite(clip_grad_norm(big, 2, 0)), "large finite gradients have a finite norm");
-    CHECK(clip_sum_squares(g, 0) == 0, "empty");
+    CHECK(isfinite(clip_grad_norm(&ct_ops_cpu, big, 2, 0)),
+          "large finite gradients have a finite norm");
+    CHECK(clip_sum_squares(&ct_ops_cpu, g, 0) == 0, "empty");
     free(g), free(g2);
 }
 

@@ -202,7 +202,7 @@ static void run_case(const char *ref, const char *name) {
             qwen3_backward(&m, (float)(1.0 / (double)n_valid));
         }
         double loss = sum / (double)n_valid, want_loss = log_value(&c, s, "loss");
-        double norm = clip_grad_norm(m.grad_mem, m.num_params, c.max_norm);
+        double norm = clip_grad_norm(m.ops, m.grad_mem, m.num_params, c.max_norm);
         double want_norm = log_value(&c, s, "grad_norm");
         double lr = lr_at(&c.sched, s, c.steps), want_lr = log_value(&c, s, "lr");
         bool clipped = c.max_norm > 0 && norm > c.max_norm;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "ops/bf16_round.h"
 #include "ops/vec_math.h"
 #include "ops/matmul_bf16_internal.h"
@@ -33,9 +34,9 @@ typedef struct mm_shape {
     mm_prim kind[MM_KINDS];
 } mm_shape;
 
-#define MM_MAX_SHAPES 256
-static mm_shape shapes[MM_MAX_SHAPES];
-static int n_shapes;
+// The shapes prepared so far, a list that grows (each shape's primitives are made once).
+static mm_shape *shapes;
+static size_t n_shapes, cap_shapes;
 
 #define md2 onednn_md2
 
@@ -55,37 +56,42 @@ static int make_prim(mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weig
 }
 
 static mm_shape *find_shape(int N, int C, int OC) {
-    for (int i = 0; i < n_shapes; i++)
+    for (size_t i = 0; i < n_shapes; i++)
         if (shapes[i].N == N && shapes[i].C == C && shapes[i].OC == OC) return &shapes[i];
     return NULL;
 }
 
-// How this process runs its bf16 GEMMs, decided by the first shape prepared: oneDNN, unless
-// CTITAN_BF16_GEMM=emulated asks for the emulation or oneDNN cannot make that first shape's
-// primitives (no bf16 matmul on this CPU).
+// How this process runs its bf16 GEMMs, decided once, before any shape, by the same question
+// whatever the model's shapes are: oneDNN, unless CTITAN_BF16_GEMM=emulated asks for the
+// emulation or oneDNN cannot make a 16 x 16 x 16 product's primitives (no bf16 matmul on this
+// CPU). A model shape oneDNN then refuses cannot be run (SIZE_MAX scratch), rather than
+// switching the process's mode behind the shapes prepared before it.
 static enum { MODE_UNSET, MODE_ONEDNN, MODE_EMULATED } mode;
 
 static bool make_shape(mm_shape *s, int N, int C, int OC);
 static mm_shape *prepare(int N, int C, int OC);
 
+static void decide_mode(void) {
+    if (mode != MODE_UNSET) return;
+    const char *env = getenv("CTITAN_BF16_GEMM");
+    mode = env && strcmp(env, "emulated") == 0 ? MODE_EMULATED : MODE_ONEDNN;
+    if (mode == MODE_ONEDNN && !prepare(16, 16, 16)) mode = MODE_EMULATED;
+}
+
 bool cpu_matmul_bf16_emulated(void) {
-    if (mode == MODE_UNSET) prepare(16, 16, 16); // decides
+    decide_mode();
     return mode == MODE_EMULATED;
 }
 
+// The shape's entry, made (its primitives under oneDNN) when new; NULL when it cannot be run.
 static mm_shape *prepare(int N, int C, int OC) {
+    if (mode == MODE_UNSET) decide_mode();
     mm_shape *s = find_shape(N, C, OC);
     if (s) return s;
-    if (n_shapes == MM_MAX_SHAPES) return NULL;
+    if (grow_to((void **)&shapes, &cap_shapes, n_shapes + 1, sizeof *shapes) != 0) return NULL;
     s = &shapes[n_shapes];
     *s = (mm_shape){.N = N, .C = C, .OC = OC};
-    if (mode == MODE_UNSET) {
-        const char *env = getenv("CTITAN_BF16_GEMM");
-        mode = env && strcmp(env, "emulated") == 0 ? MODE_EMULATED : MODE_ONEDNN;
-        if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) mode = MODE_EMULATED;
-    } else if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) {
-        return NULL;
-    }
+    if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) return NULL;
     n_shapes++;
     return s;
 }

@@ -5,11 +5,9 @@
 
 #include <math.h>
 
-#include "ops/ops_cpu.h"
-
-double clip_sum_squares(const float *g, size_t n) {
+double clip_sum_squares(const ct_ops *ops, const float *g, size_t n) {
     double sum;
-    cpu_sum_squares(&sum, g, n);
+    ops->sum_squares(&sum, g, n);
     return sum;
 }
 
@@ -26,8 +24,8 @@ void clip_scale(float *g, size_t n, float coef) {
     for (size_t i = 0; i < n; i++) g[i] *= coef;
 }
 
-double clip_grad_norm(float *g, size_t n, double max_norm) {
-    double norm = sqrt(clip_sum_squares(g, n));
+double clip_grad_norm(const ct_ops *ops, float *g, size_t n, double max_norm) {
+    double norm = sqrt(clip_sum_squares(ops, g, n));
     clip_scale(g, n, clip_coefficient(norm, max_norm));
     return norm;
 }

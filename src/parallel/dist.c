@@ -1,14 +1,12 @@
 #include "parallel/dist.h"
 
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "backend/comm_mpi.h"
 #include "core/clock.h"
-#include "core/dtype.h"
 
 double dist_clock(void) {
     return ct_now_s();
@@ -88,45 +86,31 @@ _Noreturn void dist_abort(dist *d, int code) {
     exit(code);
 }
 
-bool dist_test(dist *d, int n, MPI_Request *reqs) {
-    if (!d->mpi) return true;
-    double t0 = ct_now_s();
-    int done = 0;
-    MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err) {
+    if (!d->mpi) return 0;
+    const double t0 = ct_now_s();
+    int rc = ct_mpi_wait(reqs, n, d->timeout_s, d->rank, what, err);
+    d->comm_s += ct_now_s() - t0;
+    return rc;
+}
+
+ct_comm dist_comm(const dist *d) {
+    return (ct_comm){d->mpi ? &d->comm : NULL, d->rank, d->size};
+}
+
+bool dist_test_requests(dist *d, ct_backend *be, ct_request **reqs, int n) {
+    const double t0 = ct_now_s();
+    bool done = be->comm_test(be, reqs, n);
     d->comm_s += ct_now_s() - t0;
     return done;
 }
 
-int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err) {
-    if (!d->mpi) return 0;
-    double t0 = ct_now_s(), deadline = t0 + d->timeout_s;
-    int done = 0;
-    for (;;) {
-        if (MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-            d->comm_s += ct_now_s() - t0;
-            return ct_fail(err, "rank %d: MPI failed during %s", d->rank, what);
-        }
-        if (done) break;
-        double t = ct_now_s();
-        if (t > deadline) {
-            d->comm_s += t - t0;
-            return ct_fail(err,
-                           "rank %d: %s did not complete within %.0f s (comm timeout): another "
-                           "rank died, hung or stopped early",
-                           d->rank, what, d->timeout_s);
-        }
-        // Open MPI moves data only inside MPI calls, so poll as MPI_Wait does, giving the core
-        // to ranks that share it; after a second (a partner still computing or saving), poll
-        // every millisecond instead of burning the core.
-        if (t - t0 < 1.0) {
-            sched_yield();
-        } else {
-            struct timespec pause = {0, 1000000};
-            nanosleep(&pause, NULL);
-        }
-    }
+int dist_wait_requests(dist *d, ct_backend *be, ct_request **reqs, int n, const char *what,
+                       ct_error *err) {
+    const double t0 = ct_now_s();
+    int rc = be->comm_wait(be, reqs, n, d->timeout_s, what, err);
     d->comm_s += ct_now_s() - t0;
-    return 0;
+    return rc;
 }
 
 // The tail of every blocking collective: the non-blocking call returned `start_rc`.
@@ -196,18 +180,4 @@ int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     ct_fail(err, "rank %d: %s", failed, shared.msg);
     d->failure_agreed = true;
     return -1;
-}
-
-// MPI has no bf16: the reduction's element is a uint16 holding a bf16, and its sum rounds each
-// addition to bf16, as a bf16 all-reduce does. Open MPI applies it in a fixed order for a given
-// rank count and size, so the sums stay deterministic.
-static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
-    (void)type;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
-}
-
-int dist_bf16_sum_create(MPI_Op *op) {
-    return MPI_Op_create(bf16_sum, 1, op) == MPI_SUCCESS ? 0 : -1;
 }

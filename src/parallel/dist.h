@@ -2,11 +2,17 @@
 // otherwise a world of one that never touches MPI. Every collective is non-blocking underneath
 // and every wait has a deadline, so a rank that died or hung becomes an error on the others
 // instead of a hang. The model never sees this: only the trainer and grad_sync do.
+//
+// Collectives on backend memory are the backend's (backend.h's comm_* entries): a group is
+// handed down to them as the opaque ct_comm that dist_comm makes, and their waits take the
+// group's deadline here (dist_wait_requests). What dist runs itself on MPI is host values only:
+// error agreement, sums of doubles, the checkpoint's checksums.
 #pragma once
 #include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 
 typedef struct dist {
@@ -40,8 +46,14 @@ double dist_clock(void);
 
 // Waits for n requests until d->timeout_s; `what` names the operation in the timeout error.
 int dist_wait(dist *d, int n, MPI_Request *reqs, const char *what, ct_error *err);
-// One round of progress on n requests without waiting: returns true when all completed.
-bool dist_test(dist *d, int n, MPI_Request *reqs);
+
+// d's group as the backend's collectives take it (valid while d is).
+ct_comm dist_comm(const dist *d);
+// The backend's comm_test and comm_wait on n collectives of d's group, with d's deadline
+// (timeout_s), their time added to d->comm_s.
+bool dist_test_requests(dist *d, ct_backend *be, ct_request **reqs, int n);
+int dist_wait_requests(dist *d, ct_backend *be, ct_request **reqs, int n, const char *what,
+                       ct_error *err);
 
 // Every rank's `bytes` bytes from `mine` into all[rank * bytes ...] (all == mine's content on
 // each rank for its own slot).
@@ -53,9 +65,6 @@ int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_err
 int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err);
 // buf[i] = the sum of every rank's buf[i], added in rank order; scratch holds n * size doubles.
 int dist_sum_array(dist *d, double *buf, int n, double *scratch, const char *what, ct_error *err);
-// The sum of bf16 values (MPI_UINT16_T elements), each addition rounded to bf16: a bf16
-// reduction (training.mixed_precision_reduce). 0, or -1 when MPI refused it.
-int dist_bf16_sum_create(MPI_Op *op);
 
 // Collective status check: every rank passes its own result (0 or -1 with err set). When any
 // rank failed, every rank returns -1 with err = "rank R: <R's message>" for the lowest failing

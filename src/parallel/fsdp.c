@@ -2,14 +2,11 @@
 
 #include <limits.h>
 #include <stdint.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "parallel/grad_sync.h"
-#include "core/dtype.h"
 
 int fsdp_reshard_parse(fsdp_reshard *out, const char *name, ct_error *err) {
     static const char *names[] = {"default", "always", "never"};
@@ -53,15 +50,6 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     if (S * R != world->size)
         return ct_fail(err, "FSDP: %d shard ranks x %d replicas is not the %d ranks", S, R,
                        world->size);
-    // MPI reads and writes the full buffers in place: they must be host memory.
-    void *view = f->be->view(f->be, params, sizeof(float), false, err);
-    if (view != params) {
-        if (view) f->be->view_release(f->be, view, params, sizeof(float), false);
-        return ct_fail(err,
-                       "FSDP needs a backend whose memory MPI can address (\"cpu\"), not "
-                       "\"%s\"",
-                       f->be->name);
-    }
     if (o->bf16_params && !params_bf16)
         return ct_fail(err, "FSDP: bf16 gathers need the model's bf16 weight copy");
     // torchtitan's mesh: the replica index is the outer one, the shard rank the inner one.
@@ -107,12 +95,12 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     for (int u = 0; u < n_units; u++)
         for (int r = 0; r < S; r++)
             most = f->units[u].counts[r] > most ? f->units[u].counts[r] : most;
-    if (!(f->ring_recv = malloc((size_t)most * sizeof(float))) ||
-        (o->bf16_reduce && !(f->ring_recv16 = malloc((size_t)most * sizeof(uint16_t))))) {
-        fsdp_free(f);
-        return ct_fail(err, "out of memory for the reduce-scatter's buffer");
-    }
-    if (!(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err)) ||
+    if (!(f->ring_recv = alloc_zeroed(f, (size_t)most * sizeof(float),
+                                      "the reduce-scatter's receive buffer", err)) ||
+        (o->bf16_reduce &&
+         !(f->ring_recv16 = alloc_zeroed(f, (size_t)most * sizeof(uint16_t),
+                                         "the reduce-scatter's receive buffer", err))) ||
+        !(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err)) ||
         !(f->shard_grads = alloc_zeroed(f, ns * sizeof(float), "the FSDP gradient shard", err)) ||
         (o->bf16_params &&
          !(f->shard_bf16 = alloc_zeroed(f, ns * sizeof(uint16_t), "the FSDP bf16 shard", err))) ||
@@ -121,24 +109,18 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
         fsdp_free(f);
         return -1;
     }
-    if ((o->bf16_params || o->bf16_reduce) && world->mpi &&
-        dist_bf16_sum_create(&f->bf16_op) != 0) {
-        fsdp_free(f);
-        return ct_fail(err, "MPI refused the bf16 sum");
-    }
     return 0;
 }
 
 void fsdp_free(fsdp *f) {
-    if (f->bf16_op) MPI_Op_free(&f->bf16_op);
     if (f->be) {
         f->be->free(f->be, f->shard_params);
         f->be->free(f->be, f->shard_grads);
         f->be->free(f->be, f->shard_bf16);
         f->be->free(f->be, f->grads_bf16);
+        f->be->free(f->be, f->ring_recv);
+        f->be->free(f->be, f->ring_recv16);
     }
-    free(f->ring_recv);
-    free(f->ring_recv16);
     for (int u = 0; u < f->n_units; u++) {
         free(f->units[u].counts);
         free(f->units[u].displs);
@@ -155,22 +137,9 @@ static void fail(fsdp *f, int rc) {
     if (rc != 0) f->failed = -1;
 }
 
-// Maps in the pages of [p, p + bytes) before a unit's weights or gradients are written there,
-// in one call (Linux 5.14's MADV_POPULATE_WRITE) rather than one page fault per 4 KiB page,
-// which costs as much again as the zeroing itself. Where the kernel lacks it, the writes fault
-// the pages in as usual.
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-static void populate(void *p, size_t bytes) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (uintptr_t)p / page * page,
-                    hi = ((uintptr_t)p + bytes + page - 1) / page * page;
-    if (bytes) madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
-}
-
 static void populate_grads(fsdp *f, int u) {
-    populate(f->grads + f->units[u].lo, (f->units[u].hi - f->units[u].lo) * sizeof(float));
+    f->be->populate(f->be, f->grads + f->units[u].lo,
+                    (f->units[u].hi - f->units[u].lo) * sizeof(float));
 }
 
 // --- gathers
@@ -180,20 +149,22 @@ static void start_gather(fsdp *f, int u) {
     if (f->failed || x->gathered || x->gathering) return;
     const size_t piece = x->piece_hi - x->piece_lo;
     x->gather_t0 = dist_clock();
+    ct_backend *be = f->be;
+    const ct_comm c = dist_comm(&f->shard);
     int rc;
-    populate(f->params + x->lo, (x->hi - x->lo) * sizeof(float));
+    be->populate(be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
     if (f->params_bf16) {
-        populate(f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
-        memcpy(f->params_bf16 + x->piece_lo, f->shard_bf16 + x->at, piece * sizeof(uint16_t));
-        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f->params_bf16 + x->lo, x->counts,
-                             x->displs, MPI_UINT16_T, f->shard.comm, &x->gather_req);
+        be->populate(be, f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
+        be->copy(be, f->params_bf16 + x->piece_lo, f->shard_bf16 + x->at, piece * sizeof(uint16_t));
+        rc = be->comm_allgather(be, &c, f->params_bf16 + x->lo, x->counts, x->displs, CT_COMM_BF16,
+                                &x->gather_req, &f->err);
     } else {
-        memcpy(f->params + x->piece_lo, f->shard_params + x->at, piece * sizeof(float));
-        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f->params + x->lo, x->counts,
-                             x->displs, MPI_FLOAT, f->shard.comm, &x->gather_req);
+        be->copy(be, f->params + x->piece_lo, f->shard_params + x->at, piece * sizeof(float));
+        rc = be->comm_allgather(be, &c, f->params + x->lo, x->counts, x->displs, CT_COMM_F32,
+                                &x->gather_req, &f->err);
     }
     f->shard.comm_s += dist_clock() - x->gather_t0;
-    if (rc != MPI_SUCCESS) {
+    if (rc != 0) {
         fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the gather of FSDP unit %d",
                         f->shard.rank, u));
         return;
@@ -217,7 +188,8 @@ static void ensure_gathered(fsdp *f, int u) {
     start_gather(f, u);
     char what[64];
     snprintf(what, sizeof what, "the gather of FSDP unit %d", u);
-    if (dist_wait(&f->shard, 1, &x->gather_req, what, &f->err) != 0) return fail(f, -1);
+    if (dist_wait_requests(&f->shard, f->be, &x->gather_req, 1, what, &f->err) != 0)
+        return fail(f, -1);
     f->busy_s += dist_clock() - x->gather_t0;
     gather_done(f, u);
 }
@@ -252,19 +224,19 @@ static void ring_post(fsdp *f) {
     const int send = ((s - k - 1) % S + S) % S, recv = ((s - k - 2) % S + S) % S;
     const int right = (s + 1) % S, left = (s + S - 1) % S, tag = 7;
     double t0 = dist_clock();
-    int rc;
-    if (f->grads_bf16)
-        rc = MPI_Isend(f->grads_bf16 + block_at(x, send), x->counts[send], MPI_UINT16_T, right, tag,
-                       f->shard.comm, &f->ring_req[0]) |
-             MPI_Irecv(f->ring_recv16, x->counts[recv], MPI_UINT16_T, left, tag, f->shard.comm,
-                       &f->ring_req[1]);
-    else
-        rc = MPI_Isend(f->grads + block_at(x, send), x->counts[send], MPI_FLOAT, right, tag,
-                       f->shard.comm, &f->ring_req[0]) |
-             MPI_Irecv(f->ring_recv, x->counts[recv], MPI_FLOAT, left, tag, f->shard.comm,
-                       &f->ring_req[1]);
+    ct_backend *be = f->be;
+    const ct_comm c = dist_comm(&f->shard);
+    const bool b16 = f->grads_bf16 != NULL;
+    const ct_comm_type type = b16 ? CT_COMM_BF16 : CT_COMM_F32;
+    const void *out = b16 ? (const void *)(f->grads_bf16 + block_at(x, send))
+                          : (const void *)(f->grads + block_at(x, send));
+    void *in = b16 ? (void *)f->ring_recv16 : (void *)f->ring_recv;
+    int rc =
+        be->comm_send(be, &c, out, x->counts[send], type, right, tag, &f->ring_req[0], &f->err);
+    if (rc == 0)
+        rc = be->comm_recv(be, &c, in, x->counts[recv], type, left, tag, &f->ring_req[1], &f->err);
     f->shard.comm_s += dist_clock() - t0;
-    if (rc != MPI_SUCCESS)
+    if (rc != 0)
         fail(f, ct_fail(&f->err,
                         "rank %d: MPI failed to post step %d of FSDP unit %d's reduce-scatter",
                         f->shard.rank, k, f->reducing));
@@ -276,14 +248,12 @@ static void ring_add(fsdp *f) {
     const fsdp_unit *x = &f->units[f->reducing];
     const int S = f->o.shard_degree, s = f->shard.rank, k = f->ring_step;
     const int b = ((s - k - 2) % S + S) % S, n = x->counts[b];
-    if (f->grads_bf16) {
-        uint16_t *dst = f->grads_bf16 + block_at(x, b);
-        for (int i = 0; i < n; i++)
-            dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + bf16_to_f32(f->ring_recv16[i]));
-    } else {
-        float *dst = f->grads + block_at(x, b);
-        for (int i = 0; i < n; i++) dst[i] += f->ring_recv[i];
-    }
+    if (f->grads_bf16)
+        f->be->accumulate(f->be, f->grads_bf16 + block_at(x, b), CT_COMM_BF16, f->ring_recv16,
+                          CT_COMM_BF16, (size_t)n);
+    else
+        f->be->accumulate(f->be, f->grads + block_at(x, b), CT_COMM_F32, f->ring_recv, CT_COMM_F32,
+                          (size_t)n);
 }
 
 static void start_reduce(fsdp *f, int u) {
@@ -306,12 +276,10 @@ static void reduce_done(fsdp *f) {
     const size_t len = x->hi - x->lo, piece = x->piece_hi - x->piece_lo;
     float *g = f->shard_grads + x->at;
     if (f->grads_bf16) {
-        const uint16_t *sum = f->grads_bf16 + x->piece_lo;
-        for (size_t i = 0; i < piece; i++) g[i] += bf16_to_f32(sum[i]);
+        f->be->accumulate(f->be, g, CT_COMM_F32, f->grads_bf16 + x->piece_lo, CT_COMM_BF16, piece);
         f->be->discard(f->be, f->grads_bf16 + x->lo, len * sizeof(uint16_t));
     } else {
-        const float *sum = f->grads + x->piece_lo;
-        for (size_t i = 0; i < piece; i++) g[i] += sum[i];
+        f->be->accumulate(f->be, g, CT_COMM_F32, f->grads + x->piece_lo, CT_COMM_F32, piece);
         f->be->discard(f->be, f->grads + x->lo, len * sizeof(float));
     }
     f->busy_s += dist_clock() - f->reduce_t0;
@@ -326,8 +294,9 @@ static void advance_reduce(fsdp *f, bool wait) {
             char what[80];
             snprintf(what, sizeof what, "step %d of the reduce-scatter of FSDP unit %d",
                      f->ring_step, f->reducing);
-            if (dist_wait(&f->shard, 2, f->ring_req, what, &f->err) != 0) return fail(f, -1);
-        } else if (!dist_test(&f->shard, 2, f->ring_req)) {
+            if (dist_wait_requests(&f->shard, f->be, f->ring_req, 2, what, &f->err) != 0)
+                return fail(f, -1);
+        } else if (!dist_test_requests(&f->shard, f->be, f->ring_req, 2)) {
             return;
         }
         ring_add(f);
@@ -351,7 +320,7 @@ static void progress(fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
         fsdp_unit *x = &f->units[u];
         const double t = dist_clock();
-        if (x->gathering && dist_test(&f->shard, 1, &x->gather_req)) {
+        if (x->gathering && dist_test_requests(&f->shard, f->be, &x->gather_req, 1)) {
             f->busy_s += t - x->gather_t0;
             gather_done(f, u);
         }
@@ -413,8 +382,8 @@ void fsdp_backward_done(fsdp *f, int u) {
 
 void fsdp_take(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
-    memcpy(f->shard_params + x->at, f->params + x->piece_lo,
-           (x->piece_hi - x->piece_lo) * sizeof(float));
+    f->be->copy(f->be, f->shard_params + x->at, f->params + x->piece_lo,
+                (x->piece_hi - x->piece_lo) * sizeof(float));
     x->gathered = true; // what the full buffer holds goes
     reshard(f, u);
 }
@@ -436,19 +405,22 @@ void fsdp_begin_step(fsdp *f) {
 // HSDP: the R replicas of this shard add their sums (in rank order for a given layout). Nothing
 // computes meanwhile, so its time is all exposed.
 static void allreduce_replicas(fsdp *f) {
-    MPI_Request req;
+    ct_request *req = NULL;
+    ct_backend *be = f->be;
+    const ct_comm c = dist_comm(&f->replica);
     double t0 = dist_clock();
     uint16_t *h = f->grads_bf16; // free staging now: the reduce-scatters are done
     if (f->o.bf16_reduce) f->ops->f32_to_bf16(h, f->shard_grads, f->n_shard);
-    int rc = f->o.bf16_reduce ? MPI_Iallreduce(MPI_IN_PLACE, h, (int)f->n_shard, MPI_UINT16_T,
-                                               f->bf16_op, f->replica.comm, &req)
-                              : MPI_Iallreduce(MPI_IN_PLACE, f->shard_grads, (int)f->n_shard,
-                                               MPI_FLOAT, MPI_SUM, f->replica.comm, &req);
+    int rc = f->o.bf16_reduce
+                 ? be->comm_allreduce(be, &c, h, (int)f->n_shard, CT_COMM_BF16, &req, &f->err)
+                 : be->comm_allreduce(be, &c, f->shard_grads, (int)f->n_shard, CT_COMM_F32, &req,
+                                      &f->err);
     f->replica.comm_s += dist_clock() - t0;
-    if (rc != MPI_SUCCESS)
+    if (rc != 0)
         return fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the replicas' all-reduce",
                                f->shard.rank));
-    if (dist_wait(&f->replica, 1, &req, "the replicas' gradient all-reduce", &f->err) != 0)
+    if (dist_wait_requests(&f->replica, be, &req, 1, "the replicas' gradient all-reduce",
+                           &f->err) != 0)
         return fail(f, -1);
     f->busy_s += dist_clock() - t0;
     if (f->o.bf16_reduce) {

@@ -23,8 +23,10 @@
 // gradient is reduced only after the embedding's own backward.
 // HSDP: with R > 1 replica groups, fsdp_finish all-reduces the shard gradient across the R
 // ranks holding the same shard.
-// Every collective runs on the group's communicator in the same order on every rank, with the
-// deadline of dist_wait, so runs are deterministic for a given layout of ranks. The model knows
+// Every collective is the backend's (backend.h's comm_* entries, on the buffers themselves: the
+// guarded backend holds exactly those open while one is in flight) and runs on the group's
+// communicator in the same order on every rank, with the group's deadline
+// (dist_wait_requests), so runs are deterministic for a given layout of ranks. The model knows
 // none of this: it only calls the hook.
 #pragma once
 #include <stdbool.h>
@@ -50,7 +52,7 @@ typedef struct fsdp_unit {
     int *counts, *displs;      // (S) every shard rank's piece, from lo (MPI's ints)
     bool gathered;             // the full buffers hold its weights
     bool gathering;            // a gather is in flight: gather_req, started at gather_t0
-    MPI_Request gather_req;
+    ct_request *gather_req;
     double gather_t0;
 } fsdp_unit;
 
@@ -77,11 +79,10 @@ typedef struct fsdp {
     size_t n_shard;
     float *shard_params, *shard_grads; // this rank's pieces, concatenated
     uint16_t *shard_bf16;              // bf16_params: their bf16 copy (the optimizer writes it)
-    MPI_Op bf16_op;
     // The reduce-scatter in flight (one at a time): its unit or -1, the ring's step, its send and
-    // receive, one piece to receive into, when it started.
+    // receive, one piece (on the backend) to receive into, when it started.
     int reducing, ring_step;
-    MPI_Request ring_req[2];
+    ct_request *ring_req[2];
     float *ring_recv;
     uint16_t *ring_recv16;
     double reduce_t0;
@@ -95,8 +96,8 @@ typedef struct fsdp {
 } fsdp;
 
 // units: n_units ranges [lo[u], hi[u]) tiling [0, n) in order. params, grads (and params_bf16
-// when o->bf16_params) are full-size buffers of n elements on be, which must be host memory
-// (the plain CPU backend). The shard buffers are allocated zeroed.
+// when o->bf16_params) are full-size buffers of n elements on be, ops its bound table. The
+// shard buffers are allocated zeroed, on be.
 int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct_ops *ops,
               float *params, float *grads, uint16_t *params_bf16, size_t n, const size_t *lo,
               const size_t *hi, int n_units, bool tied, ct_error *err);

@@ -1,7 +1,5 @@
 #include "parallel/grad_sync.h"
 
-#include "core/dtype.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,31 +52,24 @@ size_t grad_sync_shard_start(size_t n, int r, int P) {
     return (size_t)(x / (unsigned)P);
 }
 
-int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
-                   float *grads, size_t n, const size_t *tensor_start, int n_tensors,
+int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, const ct_ops *ops,
+                   float *params, float *grads, size_t n, const size_t *tensor_start, int n_tensors,
                    size_t bucket_floats, bool bf16_reduce, ct_error *err) {
     memset(s, 0, sizeof *s);
     s->d = d;
     s->mode = mode;
     s->be = ct_backend_or_cpu(be);
+    s->ops = ops ? ops : &ct_ops_cpu;
     s->params = params;
     s->grads = grads;
     s->n = n;
-    // MPI sends and receives host memory: the buffers themselves on the plain CPU backend,
-    // staging copies on others.
-    if (d->mpi && (!(s->host_params = s->be->view(s->be, params, n * sizeof(float), false, err)) ||
-                   !(s->host_grads = s->be->view(s->be, grads, n * sizeof(float), false, err)))) {
-        grad_sync_free(s);
-        return -1;
-    }
     // training.mixed_precision_reduce = "bfloat16": each bucket goes out as bf16 (half the
     // bytes) and comes back into the fp32 gradient.
-    if (d->mpi && bf16_reduce) {
-        s->bf16_grads = malloc((n ? n : 1) * sizeof *s->bf16_grads);
-        if (!s->bf16_grads || dist_bf16_sum_create(&s->bf16_op) != 0) {
-            grad_sync_free(s);
-            return ct_fail(err, "out of memory for the bf16 gradient reduction");
-        }
+    if (d->mpi && bf16_reduce &&
+        !(s->bf16_grads = s->be->alloc(s->be, (n ? n : 1) * sizeof *s->bf16_grads,
+                                       "the bf16 gradient reduction", err))) {
+        grad_sync_free(s);
+        return -1;
     }
     int P = d->size;
     // MPI counts are ints: a bucket never exceeds 2^30 elements.
@@ -99,7 +90,7 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, f
         return -1;
     }
     size_t parts = (size_t)s->n_buckets * P;
-    s->reqs = malloc((size_t)s->n_buckets * sizeof *s->reqs);
+    s->reqs = calloc((size_t)s->n_buckets, sizeof *s->reqs);
     s->counts = malloc(parts * sizeof *s->counts);
     s->displs = malloc(parts * sizeof *s->displs);
     if (!s->reqs || !s->counts || !s->displs) {
@@ -111,12 +102,7 @@ int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, f
 }
 
 void grad_sync_free(grad_sync *s) {
-    if (s->be) {
-        s->be->view_release(s->be, s->host_params, s->params, s->n * sizeof(float), false);
-        s->be->view_release(s->be, s->host_grads, s->grads, s->n * sizeof(float), false);
-    }
-    if (s->bf16_grads) MPI_Op_free(&s->bf16_op);
-    free(s->bf16_grads);
+    if (s->be) s->be->free(s->be, s->bf16_grads);
     free(s->shard_start);
     free(s->counts);
     free(s->displs);
@@ -133,27 +119,26 @@ void grad_sync_begin(grad_sync *s) {
 static int start_bucket(grad_sync *s, int i, ct_error *err) {
     double t0 = dist_clock();
     const grad_bucket *b = &s->buckets[i];
-    float *g = s->host_grads + b->lo;
+    const ct_comm c = dist_comm(s->d);
+    ct_backend *be = s->be;
+    const int *counts = s->counts + (size_t)i * s->d->size;
+    float *g = s->grads + b->lo;
     int count = (int)(b->hi - b->lo), rc;
-    s->be->read(s->be, g, s->grads + b->lo, (size_t)count * sizeof(float));
     if (s->bf16_grads) {
         uint16_t *h = s->bf16_grads + b->lo;
-        for (int i = 0; i < count; i++) h[i] = f32_to_bf16(g[i]);
+        s->ops->f32_to_bf16(h, g, (size_t)count);
         rc = s->mode == GRAD_SYNC_REPLICATE
-                 ? MPI_Iallreduce(MPI_IN_PLACE, h, count, MPI_UINT16_T, s->bf16_op, s->d->comm,
-                                  &s->reqs[i])
-                 : MPI_Ireduce_scatter(MPI_IN_PLACE, h, s->counts + (size_t)i * s->d->size,
-                                       MPI_UINT16_T, s->bf16_op, s->d->comm, &s->reqs[i]);
+                 ? be->comm_allreduce(be, &c, h, count, CT_COMM_BF16, &s->reqs[i], err)
+                 : be->comm_reduce_scatter(be, &c, h, counts, CT_COMM_BF16, &s->reqs[i], err);
     } else if (s->mode == GRAD_SYNC_REPLICATE) {
-        rc = MPI_Iallreduce(MPI_IN_PLACE, g, count, MPI_FLOAT, MPI_SUM, s->d->comm, &s->reqs[i]);
+        rc = be->comm_allreduce(be, &c, g, count, CT_COMM_F32, &s->reqs[i], err);
     } else {
         // In place: the input is the whole bucket; this rank's sum lands at the bucket's start
         // and is moved to its own offset in grad_sync_finish.
-        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, g, s->counts + (size_t)i * s->d->size, MPI_FLOAT,
-                                 MPI_SUM, s->d->comm, &s->reqs[i]);
+        rc = be->comm_reduce_scatter(be, &c, g, counts, CT_COMM_F32, &s->reqs[i], err);
     }
     s->d->comm_s += dist_clock() - t0;
-    if (rc != MPI_SUCCESS)
+    if (rc != 0)
         return ct_fail(err, "rank %d: MPI failed to start the reduction of gradient bucket %d",
                        s->d->rank, i);
     return 0;
@@ -163,7 +148,7 @@ int grad_sync_ready(grad_sync *s, size_t from, ct_error *err) {
     if (!s->d->mpi) return 0;
     while (s->next < s->n_buckets && s->buckets[s->next].lo >= from)
         if (start_bucket(s, s->next++, err) != 0) return -1;
-    if (s->next > 0) dist_test(s->d, s->next, s->reqs);
+    if (s->next > 0) dist_test_requests(s->d, s->be, s->reqs, s->next);
     return 0;
 }
 
@@ -172,7 +157,7 @@ int grad_sync_finish(grad_sync *s, ct_error *err) {
     if (grad_sync_ready(s, 0, err) != 0) return -1;
     char what[64];
     snprintf(what, sizeof what, "the gradient reduction (%d buckets)", s->n_buckets);
-    if (dist_wait(s->d, s->n_buckets, s->reqs, what, err) != 0) return -1;
+    if (dist_wait_requests(s->d, s->be, s->reqs, s->n_buckets, what, err) != 0) return -1;
     // Each bucket's sum for this rank: all of it when replicating; with ZeRO-1 this rank's part,
     // which the in-place reduce-scatter left at the bucket's start, moved to its own offset. A
     // bf16 reduction's part returns to fp32 on the way (only the part this rank keeps).
@@ -181,35 +166,29 @@ int grad_sync_finish(grad_sync *s, ct_error *err) {
         const size_t at = (size_t)i * s->d->size + s->d->rank;
         const bool shard = s->mode == GRAD_SYNC_SHARD;
         const size_t n = shard ? (size_t)s->counts[at] : b->hi - b->lo;
-        float *to = s->host_grads + b->lo + (shard ? (size_t)s->displs[at] : 0);
+        float *to = s->grads + b->lo + (shard ? (size_t)s->displs[at] : 0);
         if (s->bf16_grads)
-            for (size_t k = 0; k < n; k++) to[k] = bf16_to_f32(s->bf16_grads[b->lo + k]);
-        else if (n && to != s->host_grads + b->lo)
-            memmove(to, s->host_grads + b->lo, n * sizeof(float));
+            s->ops->bf16_to_f32(to, s->bf16_grads + b->lo, n);
+        else if (n && to != s->grads + b->lo)
+            s->be->copy(s->be, to, s->grads + b->lo, n * sizeof(float));
     }
-    s->be->write(s->be, s->grads + s->shard_lo, s->host_grads + s->shard_lo,
-                 (s->shard_hi - s->shard_lo) * sizeof(float));
     return 0;
 }
 
 int grad_sync_gather_params(grad_sync *s, ct_error *err) {
     if (!s->d->mpi || s->mode != GRAD_SYNC_SHARD) return 0;
     double t0 = dist_clock();
-    s->be->read(s->be, s->host_params + s->shard_lo, s->params + s->shard_lo,
-                (s->shard_hi - s->shard_lo) * sizeof(float));
+    const ct_comm c = dist_comm(s->d);
     for (int i = 0; i < s->n_buckets; i++) {
         size_t at = (size_t)i * s->d->size;
         // In place: this rank's part is already at its displacement in the bucket.
-        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, s->host_params + s->buckets[i].lo,
-                            s->counts + at, s->displs + at, MPI_FLOAT, s->d->comm,
-                            &s->reqs[i]) != MPI_SUCCESS)
+        if (s->be->comm_allgather(s->be, &c, s->params + s->buckets[i].lo, s->counts + at,
+                                  s->displs + at, CT_COMM_F32, &s->reqs[i], err) != 0)
             return ct_fail(err, "rank %d: MPI failed to start the gather of parameter bucket %d",
                            s->d->rank, i);
     }
     s->d->comm_s += dist_clock() - t0;
     char what[64];
     snprintf(what, sizeof what, "the parameter all-gather (%d buckets)", s->n_buckets);
-    if (dist_wait(s->d, s->n_buckets, s->reqs, what, err) != 0) return -1;
-    s->be->write(s->be, s->params, s->host_params, s->n * sizeof(float));
-    return 0;
+    return dist_wait_requests(s->d, s->be, s->reqs, s->n_buckets, what, err);
 }

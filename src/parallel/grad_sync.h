@@ -38,28 +38,27 @@ typedef struct grad_bucket {
 typedef struct grad_sync {
     dist *d;
     grad_sync_mode mode;
-    ct_backend *be;
-    float *params, *grads;           // backend memory
-    float *host_params, *host_grads; // what MPI reads and writes: host views of the two
-    uint16_t *bf16_grads;            // bf16 reduction: what goes out instead (n), else NULL
-    MPI_Op bf16_op;                  // its sum
+    ct_backend *be;        // whose collectives reduce and gather the buffers in place
+    const ct_ops *ops;     // its table (the bf16 conversions)
+    float *params, *grads; // backend memory
+    uint16_t *bf16_grads;  // bf16 reduction: what goes out instead (n, on be), else NULL
     size_t n;
     size_t shard_lo, shard_hi; // this rank's optimizer range ([0, n) when replicating)
     size_t *shard_start;       // size+1 boundaries: rank r owns [shard_start[r], shard_start[r+1])
     grad_bucket *buckets;      // in launch order (descending offsets)
     int n_buckets;
-    MPI_Request *reqs;    // one per bucket
+    ct_request **reqs;    // one per bucket, NULL once completed
     int *counts, *displs; // (n_buckets, size): each rank's part of each bucket (shard mode)
     int next;             // the next bucket to start in this step
 } grad_sync;
 
 // tensor_start: the first element of each tensor, ascending (tensor boundaries for bucketing).
-// params and grads live on backend be (NULL: the plain CPU one); MPI works on host views of
-// them (the buffers themselves on the plain CPU backend, so nothing is copied there).
+// params and grads live on backend be (NULL: the plain CPU one), whose collectives reduce and
+// gather them in place; ops is the table bound to be (NULL: ct_ops_cpu).
 // bf16_reduce: gradients are summed in bf16 (training.mixed_precision_reduce), half the bytes,
 // each addition rounded to bf16; the result returns to the fp32 gradient.
-int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, float *params,
-                   float *grads, size_t n, const size_t *tensor_start, int n_tensors,
+int grad_sync_init(grad_sync *s, dist *d, grad_sync_mode mode, ct_backend *be, const ct_ops *ops,
+                   float *params, float *grads, size_t n, const size_t *tensor_start, int n_tensors,
                    size_t bucket_floats, bool bf16_reduce, ct_error *err);
 void grad_sync_free(grad_sync *s);
 

@@ -203,11 +203,15 @@ static void add_whole(void *ctx, const float *delta) {
         const qwen3_plan_tensor *x = &p->tensors[i];
         if (x->split != QWEN3_SPLIT_WHOLE) continue;
         const fsdp_unit *u = &f->units[x->unit];
-        for (size_t off = x->lo; off < x->hi; off++, copy++) {
-            *copy += delta[copy - t->strat.whole];
-            if (off >= u->piece_lo && off < u->piece_hi)
-                f->shard_params[u->at + (off - u->piece_lo)] = *copy;
-        }
+        for (size_t off = x->lo; off < x->hi; off++)
+            copy[off - x->lo] += delta[copy - t->strat.whole + (off - x->lo)];
+        // The tensor's part inside this rank's piece goes to the shard (backend memory).
+        const size_t lo = x->lo > u->piece_lo ? x->lo : u->piece_lo;
+        const size_t hi = x->hi < u->piece_hi ? x->hi : u->piece_hi;
+        if (lo < hi)
+            f->be->write(f->be, f->shard_params + u->at + (lo - u->piece_lo), copy + (lo - x->lo),
+                         (hi - lo) * sizeof(float));
+        copy += x->hi - x->lo;
     }
 }
 
@@ -234,6 +238,17 @@ static int whole_ranges(const trainer *t, ckpt_range *out) {
     return n;
 }
 
+// A host view of n_shard floats of backend memory at dev (the shard's weights, or a moment):
+// the loads and saves read and write files through host memory.
+static float *shard_view(trainer *t, float *dev, bool fill, ct_error *err) {
+    ct_backend *be = t->model.be;
+    return be->view(be, dev, t->strat.fsdp.n_shard * sizeof(float), fill, err);
+}
+static void shard_release(trainer *t, float *host, float *dev, bool write_back) {
+    ct_backend *be = t->model.be;
+    be->view_release(be, host, dev, t->strat.fsdp.n_shard * sizeof(float), write_back);
+}
+
 // This rank's pieces, and every expert bias whole, from a checkpoint of any layout and rank
 // count; moments (NULL: not read) get the pieces' AdamW state.
 static int load_pieces(trainer *t, const char *dir, float *moments[2], train_state *st,
@@ -242,8 +257,11 @@ static int load_pieces(trainer *t, const char *dir, float *moments[2], train_sta
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
     int n = shard_ranges(t, t->strat.fsdp.shard.rank, r);
-    int rc = ckpt_load_ranges(dir, m, r, n, t->strat.fsdp.shard_params, moments ? moments[0] : NULL,
-                              moments ? moments[1] : NULL, st, NULL, err);
+    float *dev = t->strat.fsdp.shard_params, *host = shard_view(t, dev, false, err);
+    int rc = host ? ckpt_load_ranges(dir, m, r, n, host, moments ? moments[0] : NULL,
+                                     moments ? moments[1] : NULL, st, NULL, err)
+                  : -1;
+    if (host) shard_release(t, host, dev, rc == 0);
     if (rc == 0 && t->strat.whole)
         rc = ckpt_load_ranges(dir, m, r, whole_ranges(t, r), t->strat.whole, NULL, NULL, NULL, NULL,
                               err);
@@ -258,9 +276,11 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
     const qwen3_model *m = &t->model;
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
-    int rc =
-        hf_load_weights_ranges(m, rep, set, from, r, shard_ranges(t, t->strat.fsdp.shard.rank, r),
-                               t->strat.fsdp.shard_params, err);
+    float *dev = t->strat.fsdp.shard_params, *host = shard_view(t, dev, false, err);
+    int rc = host ? hf_load_weights_ranges(m, rep, set, from, r,
+                                           shard_ranges(t, t->strat.fsdp.shard.rank, r), host, err)
+                  : -1;
+    if (host) shard_release(t, host, dev, rc == 0);
     if (rc == 0 && t->strat.whole) {
         hf_load_report ignored = {0};
         rc = hf_load_weights_ranges(m, &ignored, set, from, r, whole_ranges(t, r), t->strat.whole,
@@ -302,10 +322,18 @@ static int save_checkpoint(trainer *t, ct_error *err) {
         of[s] = ranges + (size_t)s * n_units;
         n_ranges[s] = shard_ranges(t, s, ranges + (size_t)s * n_units);
     }
-    if (rc == 0 && t->d->rank < S)
-        rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],
-                              n_ranges[f->shard.rank], f->shard_params, t->opt.m, t->opt.v,
-                              &mine[0], &mine[1], err);
+    if (rc == 0 && t->d->rank < S) {
+        // The files are written from host views of the shard and its moments.
+        float *dev[3] = {f->shard_params, t->opt.m, t->opt.v}, *host[3] = {NULL, NULL, NULL};
+        for (int i = 0; rc == 0 && i < 3; i++)
+            if (!(host[i] = shard_view(t, dev[i], true, err))) rc = -1;
+        if (rc == 0)
+            rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],
+                                  n_ranges[f->shard.rank], host[0], host[1], host[2], &mine[0],
+                                  &mine[1], err);
+        for (int i = 0; i < 3; i++)
+            if (host[i]) shard_release(t, host[i], dev[i], false);
+    }
     if (dist_agree(t->d, rc, "writing the model and optimizer shards", err) != 0 ||
         dist_allgather(t->d, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
         if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);

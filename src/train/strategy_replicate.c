@@ -33,8 +33,8 @@ static int setup(trainer *t, ct_error *err) {
     size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
     int rc =
         grad_sync_init(&st->sync, t->d, zero1(t) ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
-                       m->param_mem, m->grad_mem, m->num_params, starts, st->plan.n_tensors, bucket,
-                       strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
+                       m->ops, m->param_mem, m->grad_mem, m->num_params, starts, st->plan.n_tensors,
+                       bucket, strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
     free(starts);
     if (rc != 0) return -1;
     size_t lo = st->sync.shard_lo, n = st->sync.shard_hi - lo;
