@@ -53,6 +53,7 @@ int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *e
 // Subcommands. Each returns the process exit code.
 int cmd_train(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

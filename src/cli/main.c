@@ -16,6 +16,8 @@ typedef struct subcommand {
 static const subcommand subcommands[] = {
     {"train", cmd_train, "train the model a config describes (HF folder or native flavor)"},
     {"verify", cmd_verify, "one forward+backward of an HF model on tokens: loss, grad norm"},
+    {"eval", cmd_eval,
+     "loss and perplexity of a model over a dataset, forward only (train's config and data)"},
     {"plot", cmd_plot, "draw a run's loss curve (metrics.jsonl) as a PNG with gnuplot"},
     {"inspect", cmd_inspect, "list and validate the tensors of a safetensors file or HF folder"},
     {"tokenize", cmd_tokenize,

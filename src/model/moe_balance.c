@@ -112,6 +112,16 @@ double moe_balance_aux(const moe_balance *b) {
     return b->E * sum / (rows * rows);
 }
 
+int moe_balance_forward_end(moe_balance *b, ct_error *err) {
+    if (b->n_sparse == 0) return 0;
+    collect(b);
+    if (reduce(b) != 0) {
+        b->failed = 1;
+        return moe_balance_status(b, err);
+    }
+    return 0;
+}
+
 const float *moe_balance_backward_begin(moe_balance *b) {
     if (b->n_sparse == 0) return NULL;
     collect(b);

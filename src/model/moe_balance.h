@@ -77,6 +77,9 @@ void moe_balance_forward_begin(moe_balance *b, int64_t tokens);
 // aux gradient per router probability (E floats, host memory) for the routers' backward, or
 // NULL when there is none (aux_scale 0, no tokens, or the sum failed: see moe_balance_status).
 const float *moe_balance_backward_begin(moe_balance *b);
+// After a forward that has no backward (eval): reduces its statistics as a backward would, so
+// moe_balance_aux gives that forward's aux. 0, or -1 and err set when the sum over ranks failed.
+int moe_balance_forward_end(moe_balance *b, ct_error *err);
 // 0, or -1 and err set when a backward's sum over ranks failed (the failure is then cleared).
 int moe_balance_status(moe_balance *b, ct_error *err);
 

@@ -17,6 +17,7 @@
 #include "optim/lr_schedule.h"
 #include "checkpoint/checkpoint.h"
 #include "train/metrics.h"
+#include "train/run_data.h"
 #include "train/run_setup.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
@@ -37,8 +38,7 @@ typedef struct trainer {
     adamw opt;
     adamw_hparams hp;
     lr_schedule_cfg sched;
-    tokenizer *tok;
-    chat_template *chat; // the tokenizer folder's, when it has one
+    run_text text; // the tokenizer and chat template the data needs
     token_stream train_data, val_data;
     data_loader train_loader, val_loader;
     bool has_val;

@@ -129,47 +129,17 @@ static int check_plan(trainer *t, ct_error *err) {
     return run_setup_check_fit(&t->setup, &mem, "the run", true, err);
 }
 
-static bool dataset_is_npy_only(const char *path) {
-    size_t n = strlen(path);
-    return n > 4 && strcmp(path + n - 4, ".npy") == 0;
-}
-
-static bool block_causal(const ct_config *c) {
-    return strcmp(c->model.attn_mask_type, "block_causal") == 0;
-}
-
-// Data, its tokenizer and chat template. A .npy token stream needs no tokenizer, unless
-// block-causal masking needs its end-of-document id.
+// Data, its tokenizer and chat template (train/run_data.c).
 static int setup_data(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    int32_t vocab = t->model.cfg.vocab_size;
-    bool need_tok = !dataset_is_npy_only(c->training.dataset_path) ||
-                    (c->validation.enable && !dataset_is_npy_only(c->validation.dataset_path)) ||
-                    block_causal(c);
-    if (need_tok) {
-        if (tok_load(&t->tok, c->model.tokenizer_path, err) != 0)
-            return ct_wrap(err, "model.tokenizer_path");
-        if (tok_vocab_size(t->tok) > vocab)
-            return ct_fail(err,
-                           "tokenizer %s has %d ids but the model's vocab_size is %d: token ids "
-                           "would fall outside the embedding",
-                           c->model.tokenizer_path, tok_vocab_size(t->tok), vocab);
-    }
-    // A folder without a template is an error only if the data holds a conversation.
-    ct_error no_chat = {0};
-    if (need_tok && chat_template_load(&t->chat, c->model.tokenizer_path, &no_chat) != 0)
-        t->chat = NULL;
-    stream_options so = {.tok = t->tok,
-                         .chat = t->chat,
-                         .chat_from = no_chat.msg,
-                         .vocab_size = vocab,
-                         .train_on_all = strcmp(c->training.train_on, "all") == 0};
-    if (stream_open_with(&t->train_data, c->training.dataset_path, &so, err) != 0)
+    const char *paths[] = {c->training.dataset_path, c->validation.dataset_path};
+    if (run_text_open(&t->text, c, paths, c->validation.enable ? 2 : 1, t->model.cfg.vocab_size,
+                      err) != 0)
+        return -1;
+    if (run_data_open(&t->train_data, &t->train_loader, &t->text, c->training.dataset_path, t->T,
+                      c->training.shuffle, (uint64_t)c->debug.seed, err) != 0)
         return ct_wrap(err, "training.dataset_path");
     if (t->train_data.warning[0]) fprintf(t->log, "data: %s\n", t->train_data.warning);
-    if (loader_init(&t->train_loader, &t->train_data, t->T, c->training.shuffle,
-                    (uint64_t)c->debug.seed, err) != 0)
-        return -1;
     const token_stream *s = &t->train_data;
     fprintf(t->log, "data: %s: %llu tokens%s, %llu windows of %d+1 tokens, shuffle %s\n",
             c->training.dataset_path, (unsigned long long)s->n_tokens,
@@ -182,13 +152,13 @@ static int setup_data(trainer *t, ct_error *err) {
                 "trained (training.train_on = \"%s\")\n",
                 (unsigned long long)s->n_chats, c->model.tokenizer_path,
                 (unsigned long long)s->n_trained, c->training.train_on);
-    if (block_causal(c))
+    if (run_data_block_causal(c))
         fprintf(t->log, "attention: block_causal: documents packed in a window do not see each "
                         "other; RoPE positions restart at each\n");
     if (c->validation.enable) {
-        if (stream_open_with(&t->val_data, c->validation.dataset_path, &so, err) != 0)
+        if (run_data_open(&t->val_data, &t->val_loader, &t->text, c->validation.dataset_path, t->T,
+                          false, 0, err) != 0)
             return ct_wrap(err, "validation.dataset_path");
-        if (loader_init(&t->val_loader, &t->val_data, t->T, false, 0, err) != 0) return -1;
         t->has_val = true;
     }
     return 0;
@@ -395,8 +365,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     size_t n = (size_t)t->accum * t->B * t->T;
     t->inputs = malloc(n * sizeof *t->inputs);
     t->targets = malloc(n * sizeof *t->targets);
-    if (block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
-    if (!t->inputs || !t->targets || (block_causal(c) && !t->positions))
+    if (run_data_block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
+    if (!t->inputs || !t->targets || (run_data_block_causal(c) && !t->positions))
         return ct_fail(err, "out of memory for the batch buffers");
     t->flops_per_token = metrics_flops_per_token(&mc, t->T);
     char peak_source[4200];
@@ -422,8 +392,7 @@ void trainer_free(trainer *t) {
     if (t->has_val) loader_free(&t->val_loader);
     stream_free(&t->train_data);
     stream_free(&t->val_data);
-    if (t->tok) tok_free(t->tok);
-    chat_template_free(t->chat);
+    run_text_free(&t->text);
     free(t->positions);
     if (t->strat.vt) t->strat.vt->free(t);
     adamw_free(&t->opt);
