@@ -8,6 +8,7 @@
 
 #include "core/suggest.h"
 #include "checkpoint/checkpoint.h"
+#include "io/json.h"
 
 static int option_index(const cli_option *opts, int n, const char *key, size_t key_len) {
     for (int i = 0; i < n; i++)
@@ -187,5 +188,22 @@ int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *e
                        "--checkpoint %s: not a checkpoint (no state.json) and holds no "
                        "complete step-N checkpoint",
                        given);
+    return 0;
+}
+
+int cli_use_checkpoint(ct_config *c, char *dir, size_t cap, const char *given, ct_error *err) {
+    if (cli_resolve_checkpoint(dir, cap, given, err) != 0) return -1;
+    if (strlen(dir) >= sizeof c->model.hf_path)
+        return ct_fail(err, "--checkpoint %s: the path is longer than %zu characters", given,
+                       sizeof c->model.hf_path - 1);
+    snprintf(c->model.backend, sizeof c->model.backend, "hf");
+    snprintf(c->model.hf_path, sizeof c->model.hf_path, "%s", dir);
+    char path[4200], *toml = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.toml", dir);
+    if (file_read_all(&toml, &len, path, 1 << 20, err) != 0)
+        return ct_wrap(err, "--checkpoint %s", given);
+    ckpt_tokenizer_dir(c->model.tokenizer_path, sizeof c->model.tokenizer_path, toml);
+    free(toml);
     return 0;
 }

@@ -49,6 +49,10 @@ int cli_report(const ct_error *err);
 // --checkpoint DIR: DIR itself when it is a checkpoint (has state.json), else the newest
 // complete step-N checkpoint under it (skipped incomplete ones are warned about on stderr).
 int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *err);
+// A command's --checkpoint DIR (generate, eval): dir gets the resolved folder, and c takes its
+// model (backend "hf" on the folder: its config.json and model.safetensors) and, as its default
+// tokenizer, the run's (its config.toml's model.tokenizer_path).
+int cli_use_checkpoint(ct_config *c, char *dir, size_t cap, const char *given, ct_error *err);
 
 // Subcommands. Each returns the process exit code.
 int cmd_train(int argc, char **argv);

@@ -43,18 +43,11 @@ typedef struct eval_run {
     int32_t *inputs, *targets, *positions; // one micro-batch
 } eval_run;
 
-// --checkpoint DIR: the model is the checkpoint's (its config.json, an HF folder's).
+// --checkpoint DIR: the model is the checkpoint's, and its run's tokenizer the default.
 static int eval_fix(ct_config *c, void *ctx, ct_error *err) {
     eval_run *r = ctx;
     const char *ck = cli_str(r->args, "checkpoint");
-    if (!ck) return 0;
-    if (cli_resolve_checkpoint(r->ckpt_dir, sizeof r->ckpt_dir, ck, err) != 0) return -1;
-    if (strlen(r->ckpt_dir) >= sizeof c->model.hf_path)
-        return ct_fail(err, "--checkpoint %s: the path is longer than %zu characters", ck,
-                       sizeof c->model.hf_path - 1);
-    snprintf(c->model.backend, sizeof c->model.backend, "hf");
-    snprintf(c->model.hf_path, sizeof c->model.hf_path, "%s", r->ckpt_dir);
-    return 0;
+    return ck ? cli_use_checkpoint(c, r->ckpt_dir, sizeof r->ckpt_dir, ck, err) : 0;
 }
 
 // The weights train's first step would start from: a checkpoint, checkpoint.initial_load_path,

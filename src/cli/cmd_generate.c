@@ -191,19 +191,7 @@ static int generate_fix(ct_config *c, void *ctx, ct_error *err) {
     c->training.loss_chunk_tokens = 0;
     const char *ck = cli_str(r->args, "checkpoint");
     if (!ck) return 0;
-    if (cli_resolve_checkpoint(r->model_dir, sizeof r->model_dir, ck, err) != 0) return -1;
-    if (strlen(r->model_dir) >= sizeof c->model.hf_path)
-        return ct_fail(err, "--checkpoint %s: the path is longer than %zu characters", ck,
-                       sizeof c->model.hf_path - 1);
-    snprintf(c->model.hf_path, sizeof c->model.hf_path, "%s", r->model_dir);
-    char path[4200], *toml = NULL;
-    size_t len;
-    snprintf(path, sizeof path, "%s/config.toml", r->model_dir);
-    if (file_read_all(&toml, &len, path, 1 << 20, err) != 0)
-        return ct_wrap(err, "--checkpoint %s", ck);
-    ckpt_tokenizer_dir(c->model.tokenizer_path, sizeof c->model.tokenizer_path, toml);
-    free(toml);
-    return 0;
+    return cli_use_checkpoint(c, r->model_dir, sizeof r->model_dir, ck, err);
 }
 
 static const config_use generate_use = {
