@@ -115,21 +115,23 @@ done
 rm -rf "$tmp/export" "$tmp/export_cli" "$tmp"/fromhf* "$tmp"/fromckpt*
 
 # --- bf16: parameters gathered in bf16 (MixedPrecisionPolicy), deterministic; near one process,
-# whose norms and embedding stay fp32 (measured: losses rel 1.7e-5, grad norms 4.2e-4, weights
-# 3.0e-4; bounds about 10 times that); a bf16 reduction runs and moves the curve
+# whose norms and embedding stay fp32 (measured with torchtitan's init: losses rel 1.9e-4, grad
+# norms 6.5e-4, weights 5.3e-5; bounds about 10 times that. Its tied output has unit-variance
+# logits, so the embedding's bf16 rounding under FSDP moves the loss more than normal(0, 0.02)
+# did: 1.7e-5 then); a bf16 reduction runs and moves the curve
 bf=(--training.mixed_precision_param bfloat16)
 check "bf16 np1" run 1 "$tmp/bf1" "${bf[@]}" --training.local_batch_size 2
 check "bf16 np2" run 2 "$tmp/bf2" "${bf[@]}"
 check "bf16 np2 again" run 2 "$tmp/bf2b" "${bf[@]}"
 check "bf16 np2 twice: bit-identical" same "$tmp/bf2b" "$tmp/bf2" 0 0 0
-check "bf16 np2 near np1" same "$tmp/bf2" "$tmp/bf1" 2e-4 5e-3 3e-3
+check "bf16 np2 near np1" same "$tmp/bf2" "$tmp/bf1" 2e-3 7e-3 6e-4
 grep -q "gathers in bfloat16" "$tmp/bf2.log" && ok || bad "bf16 gathers not logged"
 check "bf16 reduce np2" run 2 "$tmp/bf2r" "${bf[@]}" --training.mixed_precision_reduce bfloat16
 [ "$(losses "$tmp/bf2r")" != "$(losses "$tmp/bf2")" ] && ok || bad "the bf16 reduction changed nothing"
 check "bf16 reduce HSDP" run 4 "$tmp/bf4r" "${bf[@]}" --training.mixed_precision_reduce bfloat16 \
   --parallelism.data_parallel_replicate_degree 2
-# Measured 1.3e-5, 4.1e-4, 3.1e-4: the bf16 sums add little to the bf16 gathers' difference.
-check "bf16 reduce HSDP near np1" same "$tmp/bf4r" "$tmp/bf1" 2e-4 5e-3 3e-3
+# Measured 2.1e-4, 6.0e-4, 5.4e-5: the bf16 sums add little to the bf16 gathers' difference.
+check "bf16 reduce HSDP near np1" same "$tmp/bf4r" "$tmp/bf1" 2e-3 7e-3 6e-4
 rm -rf "$tmp"/bf*
 
 # --- MoE: the HF aux loss against ZeRO-1 on the same micro-batches; aux-free balancing (its
