@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "core/clock.h"
+#include "core/grow.h"
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
@@ -284,9 +285,9 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
             stop = "eos";
             break;
         }
-        if (out.n == out.cap) {
-            out.cap = out.cap ? 2 * out.cap : 64;
-            out.v = realloc(out.v, out.cap * sizeof *out.v);
+        if (grow_to((void **)&out.v, &out.cap, out.n + 1, sizeof *out.v) != 0) {
+            rc = ct_fail(err, "out of memory for %zu generated ids", out.n + 1);
+            break;
         }
         out.v[out.n++] = next;
         free(*text);
@@ -306,7 +307,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         printf(", \"ids\": ");
         print_ids(out.v, out.n);
         printf(", \"text\": ");
-        json_write_string(stdout, *text, strlen(*text), 0);
+        json_write_string(stdout, *text, len, 0); // len: a generated NUL byte is text too
         printf(", \"stop\": \"%s\"}\n", stop);
         fflush(stdout);
     }
