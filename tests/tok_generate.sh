@@ -165,6 +165,20 @@ cp "$tokdir"/tokenizer.json "$tokdir"/tokenizer_config.json "$tmp/nulhf"/
 [ "$(field "$tmp/nul.json" ids)" = "[188, 188, 188]" ] && [ "$(field "$tmp/nul.json" text)" = '"\u0000\u0000\u0000"' ] &&
   ok || bad "--json lost NUL bytes: $(cat "$tmp/nul.json")"
 
+# A generated token allocates nothing: the process's allocations (tests/alloc_count.c, preloaded)
+# for 256 new tokens against 8 differ only by the buffers' doublings (measured: 6). Streaming
+# re-decoded every id after each token before, two allocations a token. Not under ASan, whose
+# runtime owns malloc.
+if ldd "$ct" 2>/dev/null | grep -q libasan; then ok; else
+  for n in 8 256; do
+    LD_PRELOAD=$CTITAN_ALLOC_COUNT "$ct" generate --model.hf_path "$tmp/nulhf" --prompt "Hi" \
+      --max_new_tokens $n --temperature 0 >/dev/null 2>"$tmp/alloc$n.err"
+  done
+  a8=$(sed -n 's/^alloc_count: //p' "$tmp/alloc8.err") a256=$(sed -n 's/^alloc_count: //p' "$tmp/alloc256.err")
+  [ -n "$a8" ] && [ -n "$a256" ] && [ $((a256 - a8)) -le 16 ] && ok ||
+    bad "allocations: $a8 for 8 new tokens, $a256 for 256: $(tail -2 "$tmp/alloc256.err")"
+fi
+
 # --- --input: a text line and a messages line (rendered with the template, generation prompt)
 printf '%s\n' '{"prompt": "Hello, world"}' '' \
   '{"messages": [{"role": "user", "content": "Hi"}]}' >"$tmp/in.jsonl"

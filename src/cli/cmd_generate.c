@@ -8,6 +8,7 @@
 // (train/run_setup.c), with the keys from train's table.
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "cli/cli.h"
 #include "core/clock.h"
 #include "core/grow.h"
+#include "core/utf8.h"
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
@@ -72,6 +74,11 @@ typedef struct gen_run {
     chat_template *tmpl;
     int32_t eos[16];
     int n_eos;
+    // The new ids and their bytes, and the repaired text being streamed: grown as needed and
+    // reused, so a token costs no allocation once they reached their size.
+    tok_ids new_ids;
+    char *raw, *shown;
+    size_t raw_cap, shown_cap;
     int64_t max_new;
     bool json, timing;
     char model_dir[4096], tok_dir[4096];
@@ -245,16 +252,25 @@ static int load_weights(gen_run *r, ct_error *err) {
     return rc != 0 ? ct_wrap(err, "--model.hf_path %s", r->model_dir) : 0;
 }
 
-// Prints text[*printed, ...) up to the last complete character: a trailing U+FFFD is a
-// multi-byte character still cut between tokens, held back until its bytes arrive.
-static void stream_text(const char *text, size_t len, size_t *printed, bool final) {
-    size_t upto = len;
-    if (!final && len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) upto = len - 3;
-    if (upto > *printed) {
-        fwrite(text + *printed, 1, upto - *printed, stdout);
-        fflush(stdout);
-        *printed = upto;
-    }
+// The repaired text of r->raw[from, to) into r->shown; its length, or -1 when out of memory.
+static ptrdiff_t repair_range(gen_run *r, size_t from, size_t to) {
+    if (grow_to((void **)&r->shown, &r->shown_cap, utf8_repair_bound(to - from) + 1, 1) != 0)
+        return -1;
+    return (ptrdiff_t)utf8_repair(r->shown, r->raw + from, to - from, NULL);
+}
+
+// Streams the new text of r->raw[0, len): from *printed up to the last complete character (a
+// character still cut between tokens waits for its bytes; final: all), repaired as the whole
+// text would be, so what streams is exactly decode(ids). Allocates nothing in steady state.
+static int stream_text(gen_run *r, size_t len, size_t *printed, bool final, ct_error *err) {
+    const size_t upto = final ? len : len - utf8_incomplete_tail(r->raw, len);
+    if (upto <= *printed) return 0;
+    const ptrdiff_t n = repair_range(r, *printed, upto);
+    if (n < 0) return ct_fail(err, "out of memory for %zu bytes of text", upto - *printed);
+    fwrite(r->shown, 1, (size_t)n, stdout);
+    fflush(stdout);
+    *printed = upto;
+    return 0;
 }
 
 static void print_ids(const int32_t *ids, size_t n) {
@@ -272,8 +288,9 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
                        "a prompt of %zu tokens does not fit the KV cache of %d positions "
                        "(--cache_len)",
                        n, r->g.max_len);
-    tok_ids out = {0};
-    size_t len = 0, printed = 0;
+    tok_ids *out = &r->new_ids;
+    out->n = 0;
+    size_t len = 0, printed = 0; // r->raw[0, len): the new ids' bytes
     const char *stop = "length";
     double t0 = ct_now_s(), t_decode = 0;
     if (qwen3_gen_prefill(&r->g, ids, (int)n, err) != 0) return -1;
@@ -285,29 +302,41 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
             stop = "eos";
             break;
         }
-        if (grow_to((void **)&out.v, &out.cap, out.n + 1, sizeof *out.v) != 0) {
-            rc = ct_fail(err, "out of memory for %zu generated ids", out.n + 1);
+        const char *bytes;
+        size_t nb;
+        if ((rc = tok_id_bytes(r->tok, next, true, &bytes, &nb, err)) != 0) break;
+        if (grow_to((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) != 0 ||
+            grow_to((void **)&r->raw, &r->raw_cap, len + nb + 1, 1) != 0) {
+            rc = ct_fail(err, "out of memory for %zu generated ids", out->n + 1);
             break;
         }
-        out.v[out.n++] = next;
-        free(*text);
-        if ((rc = tok_decode(r->tok, text, &len, out.v, out.n, true, err)) != 0) break;
-        if (!r->json) stream_text(*text, len, &printed, false);
+        out->v[out->n++] = next;
+        memcpy(r->raw + len, bytes, nb);
+        len += nb;
+        if (!r->json && (rc = stream_text(r, len, &printed, false, err)) != 0) break;
         if (k + 1 == r->max_new || r->g.len == r->g.max_len) break; // the cache is full
         t0 = ct_now_s();
         if ((rc = qwen3_gen_decode(&r->g, next, err)) != 0) break;
         t_decode += ct_now_s() - t0;
         n_decode++;
     }
-    if (rc == 0 && !*text) *text = calloc(1, 1);
-    if (rc == 0 && !r->json) stream_text(*text, len, &printed, true);
+    if (rc == 0 && !r->json) rc = stream_text(r, len, &printed, true, err);
+    // The whole text, once: decode(ids), HF's lossy repair included.
+    const ptrdiff_t text_len = rc == 0 ? repair_range(r, 0, len) : 0;
+    if (rc == 0 && (text_len < 0 || !(*text = malloc((size_t)text_len + 1))))
+        rc = ct_fail(err, "out of memory for %zu bytes of text", len);
+    if (rc == 0) {
+        memcpy(*text, r->shown, (size_t)text_len);
+        (*text)[text_len] = 0;
+    }
     if (rc == 0 && r->json) {
         printf("{\"prompt_ids\": ");
         print_ids(ids, n);
         printf(", \"ids\": ");
-        print_ids(out.v, out.n);
+        print_ids(out->v, out->n);
         printf(", \"text\": ");
-        json_write_string(stdout, *text, len, 0); // len: a generated NUL byte is text too
+        // text_len, not strlen: a generated NUL byte is text too
+        json_write_string(stdout, *text, (size_t)text_len, 0);
         printf(", \"stop\": \"%s\"}\n", stop);
         fflush(stdout);
     }
@@ -317,7 +346,6 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
                 "in %.4f s (%.2f tokens/s)\n",
                 n, t_prefill, n / t_prefill, n_decode, t_decode,
                 n_decode ? n_decode / t_decode : 0.0);
-    tok_ids_free(&out);
     return rc;
 }
 
@@ -432,6 +460,9 @@ static void run_free(gen_run *r) {
     qwen3_free(&r->m);
     if (r->setup_open) run_setup_close(&r->setup);
     tok_encoder_free(r->enc);
+    tok_ids_free(&r->new_ids);
+    free(r->raw);
+    free(r->shown);
     tok_free(r->tok);
     chat_template_free(r->tmpl);
 }

@@ -68,6 +68,19 @@ size_t utf8_valid_prefix(const char *s, size_t n) {
     return n;
 }
 
+size_t utf8_incomplete_tail(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const unsigned char lead = u[n - k];
+        if (lead < 0xC2 || lead > 0xF4) continue; // not a lead byte: look further back
+        const size_t need = lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+        uint32_t cp;
+        // The k bytes are the maximal subpart of a valid sequence that needs more of them.
+        return need > k && utf8_decode(&cp, u + n - k, k) == -(int)k ? k : 0;
+    }
+    return 0;
+}
+
 int utf8_encode(char out[4], uint32_t cp) {
     if (cp < 0x80) {
         out[0] = (char)cp;

@@ -20,6 +20,10 @@
 int utf8_decode(uint32_t *cp, const unsigned char *s, size_t n);
 // Offset of the first ill-formed byte, or n when all of s is valid UTF-8.
 size_t utf8_valid_prefix(const char *s, size_t n);
+// The length (0..3) of s's last bytes when they begin a character that more bytes could still
+// complete: a streaming decoder holds them back; everything before them repairs as it would in
+// the whole (utf8_repair's units never reach past a lead byte).
+size_t utf8_incomplete_tail(const char *s, size_t n);
 // Writes the UTF-8 form of cp (< 0x110000, not a surrogate) to out; returns 1..4.
 int utf8_encode(char out[4], uint32_t cp);
 

@@ -137,6 +137,17 @@ int tok_encode(tok_encoder *e, tok_ids *ids, const char *text, size_t len, ct_er
     return encode_plain(e, text + pos, len - pos);
 }
 
+int tok_id_bytes(const tokenizer *t, int32_t id, bool skip_special, const char **bytes, size_t *len,
+                 ct_error *err) {
+    if (id < 0 || id >= t->n_ids || t->kind[id] == TOK_UNUSED)
+        return ct_fail(err, "decode: id %d is not in the vocabulary (size %d)", (int)id,
+                       (int)t->n_ids);
+    const bool skip = skip_special && t->kind[id] == TOK_SPECIAL;
+    *bytes = t->dec + t->dec_off[id];
+    *len = skip ? 0 : t->dec_off[id + 1] - t->dec_off[id];
+    return 0;
+}
+
 int tok_decode(const tokenizer *t, char **out, size_t *out_len, const int32_t *ids, size_t n,
                bool skip_special, ct_error *err) {
     *out = NULL;

@@ -60,6 +60,12 @@ int tok_encode(tok_encoder *e, tok_ids *ids, const char *text, size_t len, ct_er
 int tok_decode(const tokenizer *t, char **out, size_t *out_len, const int32_t *ids, size_t n,
                bool skip_special, ct_error *err);
 
+// The bytes of one id as tok_decode joins them (before the UTF-8 repair), a view into the
+// tokenizer: nothing is allocated. A special token is empty with skip_special. -1 for an id
+// outside the vocabulary. Streaming decoders append these and repair what is complete.
+int tok_id_bytes(const tokenizer *t, int32_t id, bool skip_special, const char **bytes, size_t *len,
+                 ct_error *err);
+
 // Offsets where text can be cut so that encoding the pieces separately and concatenating the ids
 // gives exactly the ids of the whole (for parallel encoding of one long document). Writes up to
 // max_cuts increasing offsets in (0, len), about `target` bytes apart, and returns how many.
