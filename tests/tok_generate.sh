@@ -19,23 +19,36 @@ py() { "$CTITAN_PYTHON" - "$@"; }
 
 # The model: 2 layers, GQA, head_dim != hidden/heads, Qwen3's vocabulary, config.json's eos the
 # two Qwen3 ids; the tokenizer files beside it.
-hf=$tmp/hf
-py "$CTITAN_SOURCE_DIR/tests/ref" "$hf" <<'PY'
+# write_model DIR [nul]: that model as an HF folder with the tokenizer. nul: untied, every layer's
+# output projections 0 (the residual is the embedding row, all ones) and lm_head 0 but row 188
+# (the byte 0x00), so greedy says only 188; its eos is off (-1).
+write_model() {
+  py "$CTITAN_SOURCE_DIR/tests/ref" "$1" "${2:-}" <<'PY'
 import json, os, sys
 sys.path.insert(0, sys.argv[1]); sys.dont_write_bytecode = True
 import torch, make_ref, qwen3_ref, safetensors_ref
-v = dict(V=151936, C=32, F=48, L=2, NH=4, NKV=2, D=16, tied=True, bias=False, dtype="F32",
+nul = sys.argv[3] == "nul"
+v = dict(V=151936, C=32, F=48, L=2, NH=4, NKV=2, D=16, tied=not nul, bias=False, dtype="F32",
          theta=1e6, eps=1e-6)
 os.makedirs(sys.argv[2])
 cfg = make_ref.model_cfg(v)
 params = make_ref.make_params(cfg, torch.Generator().manual_seed(5))
+if nul:
+    for n in params:
+        if n.endswith(("o_proj.weight", "down_proj.weight")) or n == "lm_head.weight":
+            params[n].zero_()
+    params["model.embed_tokens.weight"].fill_(1.0)
+    params["lm_head.weight"][188].fill_(1.0)
 hc = make_ref.hf_config(v)
-hc.update(eos_token_id=[151643, 151645], max_position_embeddings=256)
+hc.update(eos_token_id=-1 if nul else [151643, 151645], max_position_embeddings=256)
 json.dump(hc, open(os.path.join(sys.argv[2], "config.json"), "w"))
 safetensors_ref.write_folder(sys.argv[2], [(n, params[n]) for n, _ in qwen3_ref.param_shapes(cfg)],
                              "F32", 0)
 PY
-cp "$tokdir"/tokenizer.json "$tokdir"/tokenizer_config.json "$hf"/
+  cp "$tokdir"/tokenizer.json "$tokdir"/tokenizer_config.json "$1"/
+}
+hf=$tmp/hf
+write_model "$hf"
 
 field() { py "$1" "$2" <<'PY'; } # FILE KEY [line 1]: a field of a JSON line
 import json, sys
@@ -137,29 +150,8 @@ echo '{"eos_token_id": -1}' >"$hf/generation_config.json"
   bad "eos_token_id -1: $(cat "$tmp/e3.json")"
 rm "$hf/generation_config.json"
 
-# --json keeps NUL bytes: a model that can only say id 188 (the byte 0x00): every layer's output
-# projections 0, so the residual is the embedding row (all ones), and lm_head is 0 but row 188
-py "$CTITAN_SOURCE_DIR/tests/ref" "$tmp/nulhf" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1]); sys.dont_write_bytecode = True
-import torch, make_ref, qwen3_ref, safetensors_ref
-v = dict(V=151936, C=32, F=48, L=2, NH=4, NKV=2, D=16, tied=False, bias=False, dtype="F32",
-         theta=1e6, eps=1e-6)
-os.makedirs(sys.argv[2])
-cfg = make_ref.model_cfg(v)
-params = make_ref.make_params(cfg, torch.Generator().manual_seed(5))
-for n in params:
-    if n.endswith(("o_proj.weight", "down_proj.weight")) or n == "lm_head.weight":
-        params[n].zero_()
-params["model.embed_tokens.weight"].fill_(1.0)
-params["lm_head.weight"][188].fill_(1.0)
-hc = make_ref.hf_config(v)
-hc.update(eos_token_id=-1, max_position_embeddings=256)
-json.dump(hc, open(os.path.join(sys.argv[2], "config.json"), "w"))
-safetensors_ref.write_folder(sys.argv[2], [(n, params[n]) for n, _ in qwen3_ref.param_shapes(cfg)],
-                             "F32", 0)
-PY
-cp "$tokdir"/tokenizer.json "$tokdir"/tokenizer_config.json "$tmp/nulhf"/
+# --json keeps NUL bytes: a model that can only say id 188 (the byte 0x00)
+write_model "$tmp/nulhf" nul
 "$ct" generate --model.hf_path "$tmp/nulhf" --prompt "Hi" --max_new_tokens 3 --temperature 0 \
   --json >"$tmp/nul.json" 2>"$tmp/nul.err" || bad "NUL model: $(cat "$tmp/nul.err")"
 [ "$(field "$tmp/nul.json" ids)" = "[188, 188, 188]" ] && [ "$(field "$tmp/nul.json" text)" = '"\u0000\u0000\u0000"' ] &&
