@@ -112,23 +112,22 @@ double moe_balance_aux(const moe_balance *b) {
     return b->E * sum / (rows * rows);
 }
 
-int moe_balance_forward_end(moe_balance *b, ct_error *err) {
-    if (b->n_sparse == 0) return 0;
+// The last forward's statistics, read and summed over the ranks (the step's loads grow by
+// them). 0, or -1 with b->failed set.
+static int take_forward(moe_balance *b) {
     collect(b);
-    if (reduce(b) != 0) {
-        b->failed = 1;
-        return moe_balance_status(b, err);
-    }
-    return 0;
+    if (reduce(b) == 0) return 0;
+    b->failed = 1;
+    return -1;
+}
+
+int moe_balance_forward_end(moe_balance *b, ct_error *err) {
+    if (b->n_sparse == 0 || take_forward(b) == 0) return 0;
+    return moe_balance_status(b, err);
 }
 
 const float *moe_balance_backward_begin(moe_balance *b) {
-    if (b->n_sparse == 0) return NULL;
-    collect(b);
-    if (reduce(b) != 0) {
-        b->failed = 1;
-        return NULL;
-    }
+    if (b->n_sparse == 0 || take_forward(b) != 0) return NULL;
     const int E = b->E;
     const double rows = b->stats[2 * stat_count(b)] * b->n_sparse;
     if (b->aux_scale == 0.0f || !(rows > 0)) return NULL;
