@@ -69,10 +69,11 @@ def log(msg):
 # ---- the HF folder --------------------------------------------------------------------------
 
 def write_model(folder, g, seed, threads):
-    """One F32 model.safetensors, streamed tensor by tensor (the model is 3 GiB; the reference
-    writer would hold several copies of it). Matrices normal(0, 0.02), norms 1, so the loss
-    starts near log(V) as a real first step's would. numpy's generator, one stream per tensor and
-    row block, `threads` blocks at a time: torch.randn would take half a minute here."""
+    """One model.safetensors in g["dtype"] (F32, or BF16 rounded to nearest even), streamed
+    tensor by tensor (the model is 3 GiB; the reference writer would hold several copies of it).
+    Matrices normal(0, 0.02), norms 1, so the loss starts near log(V) as a real first step's
+    would. numpy's generator, one stream per tensor and row block, `threads` blocks at a time:
+    torch.randn would take half a minute here."""
     from concurrent.futures import ThreadPoolExecutor
     import numpy as np
     import make_ref
@@ -85,11 +86,14 @@ def write_model(folder, g, seed, threads):
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
     shapes = sorted(qwen3_ref.param_shapes(cfg), key=lambda e: e[0].encode("utf-8"))
+    dtype = g.get("dtype", "F32")
+    assert dtype in ("F32", "BF16"), dtype
+    size = 4 if dtype == "F32" else 2
     parts, off = ['{"__metadata__":{"format":"pt"}'], 0
     for name, shape in shapes:
-        n = 4 * int(np.prod(shape))
-        parts.append('%s:{"dtype":"F32","shape":[%s],"data_offsets":[%d,%d]}' % (
-            safetensors_ref.header_str(name), ",".join(map(str, shape)), off, off + n))
+        n = size * int(np.prod(shape))
+        parts.append('%s:{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}' % (
+            safetensors_ref.header_str(name), dtype, ",".join(map(str, shape)), off, off + n))
         off += n
     h = (",".join(parts) + "}").encode("utf-8")
     h += b" " * ((8 - (8 + len(h)) % 8) % 8)
@@ -112,6 +116,10 @@ def write_model(folder, g, seed, threads):
                         for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
                 for job in jobs:
                     job.result()
+            if dtype == "BF16":  # to nearest even (no NaN here)
+                u = t.view("<u4")
+                u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+                t = (u >> np.uint32(16)).astype("<u2")
             f.write(memoryview(t))
     return cfg
 

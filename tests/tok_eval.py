@@ -2,12 +2,15 @@
 """`ctitan eval`, forward-only loss and perplexity, against what it must equal:
 
 - `ctitan verify`'s loss on the same window, bit for bit (fp32 and bf16, dense, and MoE with
-  HF's aux loss in it), and the PyTorch reference (tests/ref/qwen3_ref.py) on the dense case;
+  HF's aux loss in it), and the PyTorch reference (tests/ref/qwen3_ref.py) on the dense case.
+  bf16 on weights stored as BF16, as published checkpoints are: eval holds the matrices (the
+  embedding too) in bf16 only, so on fp32 weights its embedding rows are the rounded ones and
+  only the bf16 copy of a trained model's fp32 master agrees with it;
 - `ctitan train`'s first logged loss, bit for bit, on the same config: a native flavor at
   torchtitan's random init over real text through the real tokenizer, shuffled, with
-  gradient accumulation (global batch 4 in micro-batches of 2); fp32 and bf16; block_causal;
+  gradient accumulation (global batch 4 in micro-batches of 2); fp32; block_causal;
   conversations, where only the assistant tokens count (train_on = "assistant", fewer targets
-  than "all");
+  than "all"); bf16 within a tolerance (the random init is fp32, see above);
 - a whole pass (--steps 0) takes every window once, its last, partial step padded with ignored
   targets, and its loss is the token-weighted mean of the steps;
 - bad input is one line and a non-zero exit."""
@@ -61,13 +64,28 @@ def train_first_loss(args, name):
     return [r["loss"] for r in rows if "loss" in r][0]
 
 
+def bf16_copy(src, dst):
+    """The HF folder src with its weights stored as BF16 (rounded to nearest even)."""
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if f.endswith(".json") and "safetensors" not in f:
+            with open(os.path.join(src, f)) as i, open(os.path.join(dst, f), "w") as o:
+                o.write(i.read())
+    t = safetensors_ref.load_folder(src)
+    safetensors_ref.write_folder(dst, [(n, v.float()) for n, v in sorted(t.items())], "BF16")
+    return dst
+
+
 # --- eval = verify, bit for bit, on a reference HF folder (first window batch, no shuffle)
 for case, B in [("warmup_cosine_clip_accum_untied", 4), ("moe_hf_aux_clip_accum", 2)]:
     d = os.path.join(REF, "train", case)
-    common = ["--model.hf_path", os.path.join(d, "hf"), "--training.dataset_path",
-              os.path.join(d, "tokens.npy"), "--training.seq_len", "5",
-              "--training.local_batch_size", str(B)]
     for prec in ["float32", "bfloat16"]:
+        hf = os.path.join(d, "hf")
+        if prec == "bfloat16":
+            hf = bf16_copy(hf, os.path.join(TMP, case + "_bf16"))
+        common = ["--model.hf_path", hf, "--training.dataset_path",
+                  os.path.join(d, "tokens.npy"), "--training.seq_len", "5",
+                  "--training.local_batch_size", str(B)]
         p = ["--training.mixed_precision_param", prec]
         v = verify_json(common + p)
         e = eval_json(common + p + ["--model.backend", "hf", "--training.shuffle", "false",
@@ -91,8 +109,10 @@ for case, B in [("warmup_cosine_clip_accum_untied", 4), ("moe_hf_aux_clip_accum"
             logits = qwen3_ref.forward(params, cfg, x[:, :5])
             ref = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                           x[:, 1:].reshape(-1)))
-        e = eval_json(common + ["--model.backend", "hf", "--training.shuffle", "false",
-                                "--steps", "1"])
+        e = eval_json(["--model.hf_path", os.path.join(d, "hf"), "--training.dataset_path",
+                       os.path.join(d, "tokens.npy"), "--training.seq_len", "5",
+                       "--training.local_batch_size", str(B), "--model.backend", "hf",
+                       "--training.shuffle", "false", "--steps", "1"])
         if e:
             rel = abs(e["loss"] - ref) / ref
             print("eval vs PyTorch: %.6f vs %.6f (rel %.2e)" % (e["loss"], ref, rel))
@@ -125,8 +145,15 @@ for name, extra in cases:
     want = train_first_loss(native + extra, name)
     e = eval_json(native + extra + ["--steps", "1"])
     if want is not None and e:
-        check(e["step_losses"][0] == want,
-              "%s: eval's first step %r != train's %r" % (name, e["step_losses"][0], want))
+        got = e["step_losses"][0]
+        if name.endswith("bf16"):
+            # The embedding rows rounded to bf16 (eval holds no fp32 master): measured 2.6e-5
+            # relative on this case.
+            rel = abs(got - want) / want
+            print("%s: eval %.7f vs train %.7f (rel %.1e)" % (name, got, want, rel))
+            check(rel < 3e-4, "%s: eval's first step %r vs train's %r" % (name, got, want))
+        else:
+            check(got == want, "%s: eval's first step %r != train's %r" % (name, got, want))
 # The assistant mask: fewer targets than training on every token.
 e_mask = eval_json(native + ["--training.dataset_path", chats, "--steps", "2"])
 e_all = eval_json(native + ["--training.dataset_path", chats, "--steps", "2",

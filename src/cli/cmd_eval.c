@@ -92,17 +92,14 @@ static int eval_open(eval_run *r, const ct_config *c, FILE *out, ct_error *err) 
     if (run_setup_open(&r->setup, c, &so, err) != 0) return -1;
     r->setup_open = true;
     // The memory rule of inference: weights and the forward's buffers, no gradients.
-    run_memory mem = run_setup_memory(&r->setup, 0, 3.0 * B * T * sizeof(int32_t), 1);
-    mem.total -= (double)mem.model.grads;
-    mem.node -= (double)mem.model.grads;
-    mem.model.grads = 0;
+    run_memory mem = run_setup_memory_forward_only(&r->setup, 3.0 * B * T * sizeof(int32_t));
     char what[4200];
     snprintf(what, sizeof what, "eval with batch %d x seq_len %d", B, T);
     if (run_setup_check_fit(&r->setup, &mem, what, true, err) != 0) return -1;
     qwen3_model *m = &r->m;
-    if (qwen3_init_forward_only(m, &r->setup.model, r->setup.be, &r->setup.ops, err) != 0)
+    if (qwen3_init_forward_only(m, &r->setup.model, r->setup.be, &r->setup.ops,
+                                &r->setup.mem_opts, err) != 0)
         return -1;
-    m->mem_opts = r->setup.mem_opts;
     if (qwen3_plan(m, B, T, err) != 0 || load_weights(r, c, out, err) != 0) return -1;
     qwen3_refresh_bf16(m);
     // MoE: the balance component counts each forward's routing, for the aux loss train adds.

@@ -67,7 +67,7 @@ static int export_run(const cli_args *args, const ct_config *c, ct_error *err) {
         qwen3_config cfg;
         qwen3_model m;
         if (qwen3_config_load(&cfg, cfg_path, err) != 0 ||
-            qwen3_init_forward_only(&m, &cfg, ct_backend_cpu_guarded(), NULL, err) != 0)
+            qwen3_init_forward_only(&m, &cfg, ct_backend_cpu_guarded(), NULL, NULL, err) != 0)
             return -1;
         int rc = ckpt_load(dir, &m, NULL, NULL, 0, 0, &st, NULL, err);
         n_tok = rc == 0 ? ckpt_export_hf(&m, out, dtype, shard, tok_dir, err) : -1;

@@ -233,9 +233,9 @@ static int open_setup(gen_run *r, ct_error *err) {
 // gradients (a forward-only model).
 static int load_weights(gen_run *r, ct_error *err) {
     const char *ck = cli_str(r->args, "checkpoint");
-    if (qwen3_init_forward_only(&r->m, &r->setup.model, r->setup.be, &r->setup.ops, err) != 0)
+    if (qwen3_init_forward_only(&r->m, &r->setup.model, r->setup.be, &r->setup.ops,
+                                &r->setup.mem_opts, err) != 0)
         return -1;
-    r->m.mem_opts = r->setup.mem_opts;
     if (ck) {
         train_state st;
         if (ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, NULL, err) != 0)

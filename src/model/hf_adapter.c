@@ -118,19 +118,35 @@ static int check_tensors(const st_tensor **found, const qwen3_model *m, hf_load_
     return 0;
 }
 
+// Values converted per chunk on the host: what the streaming load holds beside the weights.
+#define LOAD_CHUNK (1u << 20)
+
 int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const char *source,
                     ct_error *err) {
     const st_tensor **found = calloc((size_t)m->n_params + 1, sizeof *found);
     if (!found) return ct_fail(err, "%s: out of memory", source);
     int rc = check_tensors(found, m, r, s, source, err);
-    // Converted into a host view of the weights (the weights themselves on the plain CPU
-    // backend); filled first, since a buffer that the folder lacks keeps its value.
-    float *host = rc == 0 ? qwen3_params_view(m, true, err) : NULL;
-    if (rc == 0 && !host) rc = ct_wrap(err, "%s", source);
-    for (int i = 0; i < m->n_params && host && rc == 0; i++)
-        if (found[i] && st_tensor_to_f32(host + m->params[i].offset, found[i], err) != 0)
-            rc = ct_wrap(err, "%s", source);
-    if (host) qwen3_params_view_release(m, host, rc == 0);
+    // Tensor by tensor, a chunk at a time, into wherever the model holds each (fp32, or bf16 in
+    // a forward-only bf16 model); the file's pages leave the process as each chunk is copied (a
+    // page that two chunks share, once the tensor is done), so the load holds the weights and
+    // one chunk. A buffer the folder lacks keeps its value.
+    float *chunk = rc == 0 ? malloc(LOAD_CHUNK * sizeof *chunk) : NULL;
+    if (rc == 0 && !chunk) rc = ct_fail(err, "%s: out of memory", source);
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const st_tensor *t = found[i];
+        if (!t) continue;
+        const size_t esize = dtype_size(t->dtype);
+        const bool mapped = s->files[t->file_index].map != NULL;
+        for (uint64_t at = 0; at < t->numel && rc == 0; at += LOAD_CHUNK) {
+            const uint64_t n = t->numel - at < LOAD_CHUNK ? t->numel - at : LOAD_CHUNK;
+            if (st_tensor_range_to_f32(chunk, t, at, n, err) != 0 ||
+                qwen3_params_write(m, m->params[i].name, at, n, chunk, err) != 0)
+                rc = ct_wrap(err, "%s", source);
+            if (mapped) fs_release_read((const char *)t->data + at * esize, n * esize);
+        }
+        if (mapped) fs_release_read(t->data, t->numel * esize);
+    }
+    free(chunk);
     free(found);
     return rc;
 }
@@ -188,7 +204,7 @@ static int load_folder(qwen3_model *m, hf_load_report *r, const char *dir, const
     if (qwen3_config_load(&cfg, cfg_path, err) != 0) return -1;
     if (st_set_open(&set, dir, err) != 0) return -1;
     int rc =
-        grads ? qwen3_init(m, &cfg, ops, err) : qwen3_init_forward_only(m, &cfg, NULL, ops, err);
+        grads ? qwen3_init(m, &cfg, ops, err) : qwen3_init_forward_only(m, &cfg, NULL, ops, NULL, err);
     if (rc == 0) rc = hf_load_weights(m, r, &set, dir, err);
     st_set_close(&set);
     if (rc != 0) {

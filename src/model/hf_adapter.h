@@ -28,6 +28,8 @@ typedef struct hf_load_report {
 // they are not missing and keep their values (zero after qwen3_init); present (a ctitan
 // checkpoint's model.safetensors has them), they are loaded like any parameter.
 // `source` names the folder or file, for messages.
+// The load streams: tensor by tensor, a chunk at a time, into wherever the model holds each
+// tensor (qwen3_params_write), and each tensor's file pages leave the process once copied.
 int hf_load_weights(qwen3_model *m, hf_load_report *r, const st_set *s, const char *source,
                     ct_error *err);
 // hf_load_weights for the flat ranges (ascending, disjoint; qwen3_range) of m's layout only:

@@ -576,7 +576,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);
-    op->embedding_forward(s->layers[0].resid, s->inputs, m->w.embed, d.N, d.C); // (N,C)
+    qwen3_embed(m, s->layers[0].resid, s->inputs, d.N); // (N,C)
     unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
     for (int l = 0; l < L; l++) {
         unit_event(m, 1 + l, QWEN3_UNIT_FORWARD);
@@ -621,7 +621,7 @@ double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
-    if (m->param_bf16) m->ops->f32_to_bf16(m->param_bf16, m->param_mem, m->num_params);
+    if (m->param_bf16 && !m->weights16) m->ops->f32_to_bf16(m->param_bf16, m->param_mem, m->num_params);
 }
 
 void qwen3_zero_grad(qwen3_model *m) {

@@ -134,6 +134,9 @@ typedef struct qwen3_model {
     // mem_opts.bf16: the weights rounded to bf16, param_mem's layout (qwen3_plan allocates it;
     // qwen3_refresh_bf16 fills it); NULL otherwise.
     uint16_t *param_bf16;
+    // A forward-only bf16 model (qwen3_init_forward_only): param_bf16 is where its matrices
+    // live, not a copy; parameter I/O writes and reads them there, and nothing refreshes it.
+    bool weights16;
 } qwen3_model;
 
 enum { QWEN3_UNIT_FORWARD, QWEN3_UNIT_FORWARD_DONE, QWEN3_UNIT_BACKWARD, QWEN3_UNIT_BACKWARD_DONE };
@@ -181,14 +184,23 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
                   ct_error *err);
 // qwen3_init_on the plain CPU backend.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
-// The same without gradients, for a model that is never trained (generate, an export): no
-// grad_mem (NULL, and every m->g pointer NULL). The weights' bf16 copy is made only where a bf16
-// forward needs it, as for a trained model; optimizer state and fp32 masters live in the
-// trainer, so an untrained model holds the weights and what its forward plans, nothing else.
+// The same without gradients, for a model that is never trained (generate, eval, an export): no
+// grad_mem (NULL, and every m->g pointer NULL), and mem_opts set from opts (NULL: all zero).
+// Optimizer state and fp32 masters live in the trainer, so an untrained model holds the weights
+// and what its forward plans, nothing else. Each weight is held once, in the dtype its kernel
+// reads (qwen3_param_in_bf16): under opts->bf16 the matrices that the bf16 kernels read (every
+// linear layer, the embedding, the experts unless a plugin's fp32 kernel runs them) live only in
+// param_bf16, and only the vectors (norms, biases, the expert bias) in param_mem, whose other
+// pages are never written and so never mapped on the plain CPU backend (as FSDP's freed units).
 // qwen3_zero_grad does nothing on it; qwen3_backward is a programming error (it asserts in a
 // debug build and does nothing in a release one).
 int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
-                            const ct_ops *ops, ct_error *err);
+                            const ct_ops *ops, const qwen3_memory_opts *opts, ct_error *err);
+// Whether tensor p of a model is held in bf16 only (a forward-only model under bf16, see above).
+bool qwen3_param_in_bf16(const qwen3_model *m, const qwen3_param *p);
+// Bytes a forward-only model of cfg holds for its weights under opts (NULL: fp32), as
+// qwen3_init_forward_only allocates them (fp32 tensors x 4, bf16-held ones x 2).
+size_t qwen3_forward_only_weight_bytes(const qwen3_config *cfg, const qwen3_memory_opts *opts);
 // Allocates activation buffers for batches of B sequences of T tokens (T <= max positions).
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err);
 void qwen3_free(qwen3_model *m);
@@ -270,7 +282,8 @@ double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_
                            int64_t *n_valid);
 void qwen3_zero_grad(qwen3_model *m);
 // Under mem_opts.bf16: rounds the weights into param_bf16. Call after the weights change (load,
-// init, resume, each optimizer step), before the next forward. Does nothing otherwise.
+// init, resume, each optimizer step), before the next forward. Does nothing otherwise, nor on a
+// model whose bf16 weights are its only ones (weights16).
 void qwen3_refresh_bf16(qwen3_model *m);
 // Accumulates into grad_mem the gradient of loss_scale * (sum of token losses) of the last
 // forward. loss_scale is 1/n_valid for the mean loss. Once per forward: a backward without a

@@ -243,7 +243,7 @@ static void gen_forward(qwen3_gen *g, const int32_t *ids, int n, int rows, int p
     const size_t half = (size_t)m->cfg.head_dim / 2;
     be->write(be, g->ids, ids, (size_t)n * sizeof *ids);
     if (rows > n) be->zero(be, g->ids + n, (size_t)(rows - n) * sizeof *ids);
-    op->embedding_forward(g->resid[0], g->ids, m->w.embed, rows, C);
+    qwen3_embed(m, g->resid[0], g->ids, rows);
     const qwen3_pass p = {.d = qwen3_dims_of(&m->cfg, 1, rows),
                           .rope_cos = g->rope_cos + (size_t)pos * half,
                           .rope_sin = g->rope_sin + (size_t)pos * half,

@@ -4,6 +4,7 @@
 // index in the table) and tensors fill in parallel, or one FSDP unit at a time.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/rng.h"
@@ -45,7 +46,39 @@ int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
     return qwen3_init_random_range(m, seed, 0, m->num_params, err);
 }
 
+// Tensor p's values, into x (p->numel floats).
+static void init_tensor(const qwen3_model *m, const qwen3_param *p, float *x, uint64_t seed) {
+    const qwen3_init_rule r = qwen3_init_rule_of(&m->cfg, p);
+    if (r.kind == QWEN3_INIT_CONST) {
+        for (size_t j = 0; j < p->numel; j++) x[j] = (float)r.value;
+    } else {
+        const double cut = r.kind == QWEN3_INIT_TRUNC ? r.cut : INFINITY;
+        ct_rng_trunc_normal(x, p->numel, (float)r.value, -cut, cut, seed, (uint64_t)(p - m->params));
+    }
+}
+
+// A model holding its matrices in bf16 only (weights16) has no fp32 buffer to fill in place:
+// one tensor at a time through a host buffer of the largest, so the fp32 values never exist
+// for the whole model at once.
+static int init_by_tensor(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err) {
+    size_t most = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > most) most = m->params[i].numel;
+    float *x = malloc(most * sizeof *x + 1);
+    if (!x) return ct_fail(err, "random init: out of memory for a tensor of %zu values", most);
+    int rc = 0;
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (p->offset < lo || p->offset >= hi) continue;
+        init_tensor(m, p, x, seed);
+        rc = qwen3_params_write(m, p->name, 0, p->numel, x, err);
+    }
+    free(x);
+    return rc != 0 ? ct_wrap(err, "random init") : 0;
+}
+
 int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err) {
+    if (m->weights16) return init_by_tensor(m, seed, lo, hi, err);
     // Filled on the host (in place on the plain CPU backend), tensors in parallel.
     const size_t bytes = m->num_params * sizeof(float);
     const bool part = lo > 0 || hi < m->num_params; // the rest is kept
@@ -54,15 +87,7 @@ int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi,
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        if (p->offset < lo || p->offset >= hi) continue;
-        float *x = base + p->offset;
-        const qwen3_init_rule r = qwen3_init_rule_of(&m->cfg, p);
-        if (r.kind == QWEN3_INIT_CONST) {
-            for (size_t j = 0; j < p->numel; j++) x[j] = (float)r.value;
-        } else {
-            const double cut = r.kind == QWEN3_INIT_TRUNC ? r.cut : INFINITY;
-            ct_rng_trunc_normal(x, p->numel, (float)r.value, -cut, cut, seed, (uint64_t)i);
-        }
+        if (p->offset >= lo && p->offset < hi) init_tensor(m, p, base + p->offset, seed);
     }
     m->be->view_release(m->be, base, m->param_mem, bytes, true);
     return 0;

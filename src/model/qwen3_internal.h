@@ -177,6 +177,17 @@ static inline void qwen3_linear(const qwen3_model *m, float *scratch, float *out
         m->ops->matmul_forward(out, inp, w, bias, N, C, OC);
 }
 
+// The embedding rows of ids (N) into out (N, C): from param_bf16 where the model holds the table
+// in bf16 only (weights16), else from the fp32 table.
+static inline void qwen3_embed(const qwen3_model *m, float *out, const int32_t *ids, int N) {
+    const float *table = m->w.embed;
+    if (m->weights16)
+        m->ops->embedding_bf16_forward(out, ids, m->param_bf16 + (table - m->param_mem), N,
+                                       m->cfg.hidden_size);
+    else
+        m->ops->embedding_forward(out, ids, table, N, m->cfg.hidden_size);
+}
+
 // A bump allocator over one buffer (base NULL: count only). Every piece starts on a 64-byte
 // boundary. The activations' layout and generation's walk with it, so a plan counts exactly what
 // the same walk then carves.

@@ -441,7 +441,7 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
 
 // The model, with gradients (training) or without (forward only).
 static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
-                      bool grads, ct_error *err) {
+                      bool grads, const qwen3_memory_opts *opts, ct_error *err) {
     memset(m, 0, sizeof *m);
     if (!ops) ops = &ct_ops_cpu;
     be = ct_backend_or_cpu(be);
@@ -464,8 +464,17 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
         qwen3_free(m);
         return ct_fail(err, "qwen3_init: out of memory for the parameter table");
     }
+    if (opts) m->mem_opts = *opts;
+    // Forward only under bf16: the matrices live in param_bf16 alone (qwen3_init_forward_only).
+    m->weights16 = !grads && m->mem_opts.bf16;
+    if (m->weights16 && !ops->embedding_bf16_forward) {
+        qwen3_free(m);
+        return ct_fail(err, "op table '%s' has no embedding_bf16_forward (bf16 inference)",
+                       ops->name ? ops->name : "?");
+    }
     if (be->bind_ops(be, bound, ops, err) ||
         !(m->param_mem = be->alloc(be, bytes, "the weights", err)) ||
+        (m->weights16 && !(m->param_bf16 = be->alloc(be, bytes / 2, "the bf16 weights", err))) ||
         (grads && !(m->grad_mem = be->alloc(be, bytes, "the gradients", err)))) {
         qwen3_free(m);
         return ct_wrap(err,
@@ -484,12 +493,35 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
 
 int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                   ct_error *err) {
-    return model_init(m, cfg, be, ops, true, err);
+    return model_init(m, cfg, be, ops, true, NULL, err);
 }
 
 int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
-                            const ct_ops *ops, ct_error *err) {
-    return model_init(m, cfg, be, ops, false, err);
+                            const ct_ops *ops, const qwen3_memory_opts *opts, ct_error *err) {
+    return model_init(m, cfg, be, ops, false, opts, err);
+}
+
+// The bf16 kernels read every matrix (the linear layers, the embedding, the router) but a MoE
+// model's experts when a plugin's fp32 expert kernel runs them.
+static bool read_in_bf16(const qwen3_param *p, const qwen3_memory_opts *o) {
+    return o->bf16 && p->ndim == 2 && (!strstr(p->name, ".mlp.experts.") || qwen3_bf16_experts(o));
+}
+
+bool qwen3_param_in_bf16(const qwen3_model *m, const qwen3_param *p) {
+    return m->weights16 && read_in_bf16(p, &m->mem_opts);
+}
+
+size_t qwen3_forward_only_weight_bytes(const qwen3_config *cfg, const qwen3_memory_opts *opts) {
+    qwen3_model layout;
+    const qwen3_memory_opts none = {0};
+    ct_error err;
+    if (qwen3_init_layout(&layout, cfg, &err) != 0) return SIZE_MAX;
+    size_t bytes = 0;
+    for (int i = 0; i < layout.n_params; i++)
+        bytes += layout.params[i].numel *
+                 (read_in_bf16(&layout.params[i], opts ? opts : &none) ? 2 : 4);
+    qwen3_free(&layout);
+    return bytes;
 }
 
 // RoPE tables exactly as HF builds them in fp32: inv_freq = 1 / theta^(2i/D) (float pow),

@@ -10,6 +10,12 @@ void cpu_embedding_forward(float *out, const int32_t *ids, const float *table, i
     }
 }
 
+void cpu_embedding_bf16_forward(float *out, const int32_t *ids, const uint16_t *table, int N,
+                                int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * C >= CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) cpu_bf16_to_f32(out + (size_t)n * C, table + (size_t)ids[n] * C, C);
+}
+
 // Repeated tokens add into the same row, so rows cannot be split across threads; columns can.
 // Each column block walks the tokens in order, which fixes the summation order.
 void cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int C) {

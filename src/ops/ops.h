@@ -17,6 +17,8 @@
 // contracts of the entries plugin.h does not declare:
 //
 // embedding_forward: out(N,C) = table(V,C)[ids[n]]. ids are in range (the model checks them).
+// embedding_bf16_forward: the same from a bf16 table, each value widened (exact): a model that
+//   holds its weights in bf16 only (forward-only, qwen3_init_forward_only).
 // embedding_backward: dtable[ids[n]] += dout(N,C)[n]; a token seen twice accumulates twice.
 // add: out(n) = a + b. out may alias a or b (residual adds and gradient sums).
 //

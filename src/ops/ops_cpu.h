@@ -18,6 +18,8 @@
 #define CPU_PAR_MIN 32768
 
 void cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N, int C);
+void cpu_embedding_bf16_forward(float *out, const int32_t *ids, const uint16_t *table, int N,
+                                int C);
 void cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int C);
 void cpu_add(float *out, const float *a, const float *b, int64_t n);
 

@@ -54,6 +54,9 @@ typedef struct ct_adamw_coeffs {
     X(OWN, embedding_forward, ct_embedding_forward_fn, cpu_embedding_forward, ALL, "embedding",    \
       forward, (float *out, const int32_t *ids, const float *table, int N, int C),                 \
       (out, ids, table, N, C))                                                                     \
+    X(OWN, embedding_bf16_forward, ct_embedding_bf16_forward_fn, cpu_embedding_bf16_forward, OPT, \
+      "embedding", forward, (float *out, const int32_t *ids, const uint16_t *table, int N, int C), \
+      (out, ids, table, N, C))                                                                     \
     X(OWN, embedding_backward, ct_embedding_backward_fn, cpu_embedding_backward, ALL, "embedding", \
       backward, (float *dtable, const float *dout, const int32_t *ids, int N, int C),              \
       (dtable, dout, ids, N, C))                                                                   \
@@ -322,7 +325,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 55, "the op list has 55 entries");
+_Static_assert(CT_OP_COUNT == 56, "the op list has 56 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -227,9 +227,17 @@ int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *wha
     return 0;
 }
 
+run_memory run_setup_memory_forward_only(const run_setup *s, double batch_bytes) {
+    run_memory m = run_setup_memory(s, 0, batch_bytes, 1);
+    m.model.params = qwen3_forward_only_weight_bytes(&s->model, &s->mem_opts);
+    m.model.weights_bf16 = m.model.grads = 0;
+    m.total = (double)m.model.params + m.model.activations + m.batch;
+    m.node = m.total;
+    return m;
+}
+
 int run_setup_check_generate_fit(const run_setup *s, int cache_len, ct_error *err) {
-    const qwen3_memory plan = run_setup_plan(s);
-    const double weights = (double)plan.params + plan.weights_bf16;
+    const double weights = (double)qwen3_forward_only_weight_bytes(&s->model, &s->mem_opts);
     const double cache = (double)qwen3_gen_memory(&s->model, &s->ops, &s->mem_opts, cache_len);
     const uint64_t avail = sysmem_available_bytes();
     if (avail && weights + cache > (double)avail && !s->allow_overcommit)

@@ -88,13 +88,16 @@ typedef struct run_memory {
 } run_memory;
 run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double batch_bytes,
                             int ranks_per_node);
+// The same for a forward-only model (eval): its weights as qwen3_init_forward_only holds them
+// (each once, bf16 where the bf16 kernels read it), the forward's buffers, no gradients.
+run_memory run_setup_memory_forward_only(const run_setup *s, double batch_bytes);
 // Refuses a run that cannot fit, before anything is allocated: T beyond the model's positions,
 // or m->node above the available memory (unless training.allow_overcommit). `what` names the
 // run in the message ("the run", "DIR with batch 8 x seq_len 2048"); overcommit_option: the
 // message offers --training.allow_overcommit (the command takes it).
 int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *what,
                         bool overcommit_option, ct_error *err);
-// generate's check, before the weights load: the weights (and their bf16 copy) and the KV cache
-// with the inference buffers for cache_len positions (qwen3_gen_memory) must fit in the available
-// memory (unless training.allow_overcommit). The refusal is one line naming both parts.
+// generate's check, before the weights load: the weights (as a forward-only model holds them)
+// and the KV cache with the inference buffers for cache_len positions (qwen3_gen_memory) must
+// fit in the available memory (unless training.allow_overcommit). The refusal is one line naming both parts.
 int run_setup_check_generate_fit(const run_setup *s, int cache_len, ct_error *err);
