@@ -19,6 +19,7 @@
 #include "core/sysmem.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "ops/cpu_kernels.h"
 #include "ops/moe_router.h"
 #include "ops/ops.h"
 #include "train/metrics.h"
@@ -184,8 +185,10 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     const size_t EC = (size_t)E * C, W = (size_t)E * 3 * F * C;
     // bf16: the experts' bf16 kernels on a bf16 copy of their weights (the router stays fp32).
     const size_t state_n = (bf16 ? ops.moe_bf16_state_floats : ops.moe_state_floats)(N, C, F, E, K);
-    const size_t scratch_n =
-        (bf16 ? ops.moe_bf16_scratch_floats : ops.moe_scratch_floats)(N, C, F, E, K);
+    cpu_kernels kernels = {0}; // the bf16 experts' GEMMs: the bench's own kernel state
+    ops.kernel_state = &kernels;
+    const size_t scratch_n = bf16 ? ops.moe_bf16_scratch_floats(&ops, N, C, F, E, K)
+                                  : ops.moe_scratch_floats(N, C, F, E, K);
     if (scratch_n == SIZE_MAX) {
         fprintf(stderr, "bench_step: moe: oneDNN could not make the bf16 expert GEMMs\n");
         return 1;
@@ -221,9 +224,10 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
         ops.matmul_forward(probs, x, router, NULL, N, C, E); // logits, softmaxed in place
         moe_route_forward(expert, weight, probs, NULL, N, E, K, true, route_scratch, threads);
         if (bf16) {
-            ops.moe_bf16_forward(out, state, scratch, x16, expert, weight, w16, N, C, F, E, K);
-            ops.moe_bf16_backward(dx, dweight, dw, scratch, dout, state, x16, expert, weight, w16,
-                                  N, C, F, E, K);
+            ops.moe_bf16_forward(&ops, out, state, scratch, x16, expert, weight, w16, N, C, F, E,
+                                 K);
+            ops.moe_bf16_backward(&ops, dx, dweight, dw, scratch, dout, state, x16, expert, weight,
+                                  w16, N, C, F, E, K);
         } else {
             ops.moe_forward(out, state, scratch, x, expert, weight, w, N, C, F, E, K);
             ops.moe_backward(dx, dweight, dw, scratch, dout, state, x, expert, weight, w, N, C, F,
@@ -248,6 +252,7 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     free(x), free(router), free(w), free(dout), free(out), free(dx), free(dtmp), free(probs);
     free(dlogits), free(weight), free(dweight), free(expert), free(drouter), free(dw);
     free(state), free(scratch), free(route_scratch), free(ms), free(w16), free(x16);
+    cpu_kernels_free(&kernels);
     return 0;
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "ops/cpu_kernels.h"
 
 // Runs fn(arg) in a forked child: true when the child finished it (exit 0), false when it died
 // (a fault; under ASan, the sanitizer's report and exit).
@@ -150,7 +151,36 @@ static void test_accumulate(ct_backend *be) {
     be->free(be, f), be->free(be, h), be->free(be, src), be->free(be, o);
 }
 
+// Each backend owns its kernels' state (the bf16 GEMMs' primitives per shape): a table bound to
+// it carries it, the two backends' are apart, a table bound to none prepares nothing, and close
+// frees it (a later plan makes it again).
+static void test_kernel_state(void) {
+    ct_backend *plain = ct_backend_cpu(), *guarded = ct_backend_cpu_guarded();
+    ct_ops tp, tg;
+    ct_error err = {0};
+    CHECK(plain->bind_ops(plain, &tp, &ct_ops_cpu, &err) == 0 &&
+              guarded->bind_ops(guarded, &tg, &ct_ops_cpu, &err) == 0,
+          "bind: %s", err.msg);
+    cpu_kernels *kp = tp.kernel_state, *kg = tg.kernel_state;
+    CHECK(kp && kg && kp != kg && !ct_ops_cpu.kernel_state,
+          "each backend binds its own kernel state; the built-in table has none");
+    const size_t n = tp.matmul_bf16_scratch_floats(&tp, 8, 24, 40, false);
+    const size_t shapes = kp->n_mm_shapes;
+    CHECK(n != SIZE_MAX && shapes >= 1 && kg->n_mm_shapes == 0,
+          "a shape planned on the plain backend is its own (%zu shapes; guarded %zu)", shapes,
+          kg->n_mm_shapes);
+    CHECK(ct_ops_cpu.matmul_bf16_scratch_floats(&ct_ops_cpu, 8, 24, 40, false) == n &&
+              kp->n_mm_shapes == shapes,
+          "a table bound to none answers the same size from a state of its own");
+    plain->close(plain);
+    CHECK(kp->n_mm_shapes == 0 && !kp->mm_shapes && !kp->engine && !kp->stream,
+          "close frees the kernel state");
+    CHECK(tp.matmul_bf16_scratch_floats(&tp, 8, 24, 40, false) == n && kp->n_mm_shapes == shapes,
+          "after close, planning makes the state again");
+}
+
 int main(void) {
+    test_kernel_state();
     test_plain();
     test_many_large();
     test_accumulate(ct_backend_cpu());

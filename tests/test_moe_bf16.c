@@ -19,6 +19,7 @@
 #include "check.h"
 #include "core/rng.h"
 #include "ops/bf16_round.h"
+#include "ops/cpu_kernels.h"
 #include "ops/moe_plan.h"
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
@@ -172,16 +173,16 @@ static void free_result(result *r) {
 static result run(const ct_ops *ops, const char *name, const problem *p) {
     const int N = p->N, C = p->C, F = p->F, E = p->E, K = p->K;
     const size_t ns = ops->moe_bf16_state_floats(N, C, F, E, K);
-    const size_t nsc = ops->moe_bf16_scratch_floats(N, C, F, E, K);
+    const size_t nsc = ops->moe_bf16_scratch_floats(ops, N, C, F, E, K);
     const size_t nw = (size_t)E * 3 * F * C;
     CHECK(nsc != SIZE_MAX, "%s: oneDNN could not make the bf16 expert GEMMs", name);
     float *state = check_guarded(ns), *scratch = check_guarded(nsc);
     result r = {malloc((size_t)N * C * 4), malloc((size_t)N * C * 4), malloc((size_t)N * K * 4),
                 malloc(nw * 4)};
     memcpy(r.dw, p->dw0, nw * 4);
-    ops->moe_bf16_forward(r.out, state, scratch, p->x16, p->expert, p->weight, p->w16, N, C, F, E,
-                          K);
-    ops->moe_bf16_backward(r.dx, r.dweight, r.dw, scratch, p->dout, state, p->x16, p->expert,
+    ops->moe_bf16_forward(ops, r.out, state, scratch, p->x16, p->expert, p->weight, p->w16, N, C, F,
+                          E, K);
+    ops->moe_bf16_backward(ops, r.dx, r.dweight, r.dw, scratch, p->dout, state, p->x16, p->expert,
                            p->weight, p->w16, N, C, F, E, K);
     CHECK(check_guard_ok(state, ns) && check_guard_ok(scratch, nsc),
           "%s N%d C%d F%d E%d K%d: wrote past its state (%zu) or scratch (%zu)", name, N, C, F, E,
@@ -203,6 +204,7 @@ static void note(int i, double e) {
 }
 
 static ct_ops ops_loop, ops_grouped;
+static cpu_kernels kernels; // both tables' kernel state, as two tables bound to one backend
 
 // skip >= 0: that expert gets no token. hot >= 0: hot_pct% of the tokens choose it first.
 static void test_case(int N, int C, int F, int E, int K, int skip, int hot, int hot_pct) {
@@ -273,6 +275,7 @@ int main(int argc, char **argv) {
               ops_grouped.moe_bf16_forward == ct_ops_cpu.moe_bf16_forward &&
               ops_loop.moe_bf16_forward != ops_grouped.moe_bf16_forward,
           "moe_impl: the bf16 expert kernels");
+    ops_loop.kernel_state = ops_grouped.kernel_state = &kernels;
     test_case(37, 48, 40, 8, 2, 3, -1, 0);  // odd sizes, an expert without tokens
     test_case(1, 16, 8, 4, 1, -1, -1, 0);   // one token
     test_case(24, 33, 17, 4, 4, -1, -1, 0); // K = E
@@ -283,14 +286,17 @@ int main(int argc, char **argv) {
            "%.2g\n",
            emulated ? "emulated" : "oneDNN", worst[0], worst[1], worst[2], worst[3], worst[4]);
     // The emulation (what a CPU without oneDNN's bf16 matmul runs: sgemm on the widened bf16
-    // values), held to the same bounds, in a second process: the choice is made once per process.
+    // values), held to the same bounds, in a second process: the choice is made once per kernel
+    // state, and this process's is made.
     if (!emulated) {
         char cmd[4200];
         snprintf(cmd, sizeof cmd, "CTITAN_BF16_GEMM=emulated '%s'", argv[0]);
         const int rc = system(cmd);
         CHECK(rc == 0, "the run with CTITAN_BF16_GEMM=emulated failed (%d)", rc);
     } else {
-        CHECK(cpu_matmul_bf16_emulated(), "CTITAN_BF16_GEMM=emulated: the bf16 GEMMs use oneDNN");
+        CHECK(cpu_matmul_bf16_emulated(&ops_grouped),
+              "CTITAN_BF16_GEMM=emulated: the bf16 GEMMs use oneDNN");
     }
+    cpu_kernels_free(&kernels);
     return check_summary();
 }

@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "fd_check.h"
+#include "ops/cpu_kernels.h"
 #include "ops/matmul_bf16_internal.h"
 #include "ops/ops.h"
 
@@ -405,13 +406,16 @@ static void test_cross_entropy(int N, int V, float spread) {
 // (matmul_bf16_emulated.c) against a double product of the bf16-rounded operands. Both accumulate
 // in fp32, so each is within fp32 summation error of it: rel L2 1e-6 (measured 3e-9 to 1.4e-7).
 static void test_matmul_bf16(int N, int C, int OC) {
+    cpu_kernels kernels = {0}; // the primitives' home: a backend's, here the test's own
+    ct_ops bf16 = *ops;
+    bf16.kernel_state = &kernels;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
     float *x = frand_array(nx, -1, 1), *w = frand_array(nw, -1, 1), *dy = frand_array(ny, -1, 1);
     uint16_t *w16 = malloc(nw * 2), *x16 = malloc(nx * 2), *y16 = malloc(ny * 2);
     ops->round_to_bf16(w16, w, nw); // x, w and dy now hold bf16 values
     ops->round_to_bf16(x16, x, nx);
     ops->round_to_bf16(NULL, dy, ny);
-    const size_t ns = ops->matmul_bf16_scratch_floats(N, C, OC, false);
+    const size_t ns = bf16.matmul_bf16_scratch_floats(&bf16, N, C, OC, false);
     const size_t ne = mm_emulated_scratch_floats(N, C, OC);
     float *scratch = malloc((ns > ne ? ns : ne) * sizeof(float));
     double *ry = calloc(ny, sizeof *ry), *rdx = calloc(nx, sizeof *rdx), *rdw = calloc(nw, 8);
@@ -429,9 +433,10 @@ static void test_matmul_bf16(int N, int C, int OC) {
             mm_emulated_forward(NULL, y16, scratch, NULL, x16, w16, N, C, OC);
             mm_emulated_backward(dx, dw, scratch, dy, NULL, NULL, x16, w16, N, C, OC);
         } else {
-            ops->matmul_bf16_forward(y, NULL, scratch, x, NULL, w16, NULL, N, C, OC);
-            ops->matmul_bf16_forward(NULL, y16, scratch, NULL, x16, w16, NULL, N, C, OC);
-            ops->matmul_bf16_backward(dx, dw, NULL, scratch, dy, NULL, NULL, x16, w16, N, C, OC);
+            bf16.matmul_bf16_forward(&bf16, y, NULL, scratch, x, NULL, w16, NULL, N, C, OC);
+            bf16.matmul_bf16_forward(&bf16, NULL, y16, scratch, NULL, x16, w16, NULL, N, C, OC);
+            bf16.matmul_bf16_backward(&bf16, dx, dw, NULL, scratch, dy, NULL, NULL, x16, w16, N, C,
+                                      OC);
         }
         CHECK(rel_l2_fd(y, ry, ny) < 1e-6, "%s bf16 matmul fwd %dx%dx%d: %.3g", how, N, C, OC,
               rel_l2_fd(y, ry, ny));
@@ -445,6 +450,7 @@ static void test_matmul_bf16(int N, int C, int OC) {
     }
     free(x), free(w), free(dy), free(w16), free(x16), free(y16), free(scratch);
     free(ry), free(rdx), free(rdw);
+    cpu_kernels_free(&kernels);
 }
 
 // The dense MLP's bf16 SwiGLU against torch's roundings computed here independently (every op in

@@ -44,8 +44,11 @@ struct ct_backend {
     void *(*view)(ct_backend *b, void *dev, size_t bytes, bool fill, ct_error *err);
     void (*view_release)(ct_backend *b, void *host, void *dev, size_t bytes, bool write_back);
     // *out = the table `in` as this backend runs it (the guarded backend makes its buffers
-    // accessible for the length of each call). `in` must outlive *out. The guarded backend runs
-    // one table per process: binding a second, different one is an error.
+    // accessible for the length of each call), with out->kernel_state this backend's kernel
+    // state: what the kernels make once and reuse (the CPU's bf16 GEMM primitives per shape,
+    // oneDNN's engine and stream; ops/cpu_kernels.h), which each backend object owns. `in` must
+    // outlive *out. The guarded backend runs one table per process: binding a second, different
+    // one is an error.
     int (*bind_ops)(ct_backend *b, ct_ops *out, const ct_ops *in, ct_error *err);
     // [dst, dst + bytes) is about to be written whole: the plain CPU backend maps its pages in
     // with one call rather than one fault per page (FSDP's gathers). The contents do not change.
@@ -89,7 +92,11 @@ struct ct_backend {
     // an error naming `what` (the collectives then stay in flight: the run ends).
     int (*comm_wait)(ct_backend *b, ct_request **reqs, int n, double timeout_s, const char *what,
                      ct_error *err);
-    void *ctx; // the backend's own state: its mappings, its guard, its communication's
+    // Frees the kernel state (after the last call of a table bound to it; a later bind starts
+    // a new one). Buffers are freed by their owners before.
+    void (*close)(ct_backend *b);
+    void *ctx; // the backend's own state: its mappings, its guard, its communication's, its
+               // kernels'
 };
 
 // The plain CPU backend (the default everywhere a backend may be NULL).

@@ -4,7 +4,8 @@
 // generated from the op list), or while a collective that touches it is in flight, so a host
 // read or write of backend memory outside the seam faults at the instruction that made it. Both
 // run their collectives on MPI (comm_mpi.c), on the buffers themselves. Their state (mappings,
-// the guard's depth, the bf16 sum's MPI_Op) is the backend object's (ct_backend.ctx).
+// the guard's depth, the bf16 sum's MPI_Op, the kernels' state) is the backend object's
+// (ct_backend.ctx).
 #include <mpi.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "backend/comm_mpi.h"
 #include "core/dtype.h"
 #include "core/grow.h"
+#include "ops/cpu_kernels.h"
 
 // A mapping of its own: a large buffer (plain) or any buffer (guarded).
 typedef struct mapping {
@@ -30,6 +32,10 @@ typedef struct cpu_state {
     size_t n_maps, cap_maps;
     int depth;       // guarded: how deep in backend calls control is
     MPI_Op bf16_sum; // the bf16 sum of the collectives, made on first use
+    // What the kernels of a table bound to this backend make once and reuse (the bf16 GEMMs'
+    // oneDNN engine, stream and primitives per shape): bind_ops points the table's
+    // kernel_state here, and close frees it.
+    cpu_kernels kernels;
 } cpu_state;
 
 static cpu_state *state_of(ct_backend *b) {
@@ -123,9 +129,15 @@ static void cpu_view_release(ct_backend *b, void *host, void *dev, size_t bytes,
     (void)b, (void)host, (void)dev, (void)bytes, (void)write_back;
 }
 static int cpu_bind_ops(ct_backend *b, ct_ops *out, const ct_ops *in, ct_error *err) {
-    (void)b, (void)err;
+    (void)err;
     *out = *in;
+    out->kernel_state = &state_of(b)->kernels;
     return 0;
+}
+// The kernels' state goes; the buffers are their owners' to free, and the MPI_Op stays (MPI
+// may be finalized already). A later bind starts a new state.
+static void cpu_close(ct_backend *b) {
+    cpu_kernels_free(&state_of(b)->kernels);
 }
 
 // Maps in the pages of [dst, dst + bytes) in one call (Linux 5.14's MADV_POPULATE_WRITE) rather
@@ -213,7 +225,7 @@ static int cpu_comm_wait(ct_backend *b, ct_request **reqs, int n, double timeout
         .comm_reduce_scatter = prefix##_comm_reduce_scatter,                                       \
         .comm_allgather = prefix##_comm_allgather, .comm_send = prefix##_comm_send,                \
         .comm_recv = prefix##_comm_recv, .comm_alltoall = prefix##_comm_alltoall,                  \
-        .comm_test = cpu_comm_test, .comm_wait = cpu_comm_wait, .ctx = state                       \
+        .comm_test = cpu_comm_test, .comm_wait = cpu_comm_wait, .close = cpu_close, .ctx = state   \
     }
 
 static cpu_state cpu_st = {.bf16_sum = MPI_OP_NULL};
@@ -402,12 +414,13 @@ static bool have_bound;
 CT_OPS_LIST(WRAP)
 
 static int guarded_bind_ops(ct_backend *b, ct_ops *out, const ct_ops *in, ct_error *err) {
-    (void)b;
-    if (have_bound && memcmp(&bound, in, sizeof bound) != 0)
+    ct_ops table = *in;
+    table.kernel_state = &state_of(b)->kernels;
+    if (have_bound && memcmp(&bound, &table, sizeof bound) != 0)
         return ct_fail(err, "the guarded backend runs one op table per process; a second, "
                             "different one was asked for");
-    bound = *in, have_bound = true;
-    *out = *in; // the size queries pass through: they touch no buffer
+    bound = table, have_bound = true;
+    *out = table; // the size queries pass through: they touch no buffer
 #define INSTALL(kind, field, ...)                                                                  \
     CT_OP_IF_TIMED_##kind(if (in->field) out->field = guarded_##field;)
     CT_OPS_LIST(INSTALL)

@@ -41,8 +41,9 @@ static void linear_backward(const qwen3_model *m, float *dinp, float *dw, float 
                             const uint16_t *inp16, const float *w, int N, int C, int OC) {
     const ct_ops *op = m->ops;
     if (m->mem_opts.bf16)
-        op->matmul_bf16_backward(dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch, dout,
-                                 dout16, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C, OC);
+        op->matmul_bf16_backward(op, dinp, dw, dbias, ((const qwen3_acts *)m->acts)->mm_scratch,
+                                 dout, dout16, inp, inp16, m->param_bf16 + (w - m->param_mem), N, C,
+                                 OC);
     else
         op->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
@@ -308,8 +309,8 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
         op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
                             d.N, d.E, d.K);
     if (qwen3_bf16_experts(&m->mem_opts))
-        op->moe_bf16_forward(out, a->moe_state, p->moe_scratch, a->ln2_16, a->expert, a->route_w,
-                             bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
+        op->moe_bf16_forward(op, out, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
+                             a->route_w, bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
         op->moe_forward(out, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                         w->experts, d.N, d.C, d.Fm, d.E, d.K);
@@ -325,7 +326,7 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     const qwen3_dims d = model_dims(m);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
     if (qwen3_bf16_experts(&m->mem_opts)) {
-        op->moe_bf16_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid,
+        op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid,
                               a->moe_state, a->ln2_16, a->expert, a->route_w,
                               bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     } else {

@@ -36,7 +36,7 @@ static size_t gen_mm_scratch(const qwen3_config *cfg, const ct_ops *ops, int n) 
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         if (!shapes[i][0]) continue;
         const size_t s =
-            ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2], true);
+            ops->matmul_bf16_scratch_floats(ops, shapes[i][0], shapes[i][1], shapes[i][2], true);
         if (s == SIZE_MAX) return SIZE_MAX;
         if (s > most) most = s;
     }
@@ -132,9 +132,10 @@ static size_t gen_count(qwen3_gen *g, const qwen3_config *cfg, const ct_ops *op,
     }
     if (qwen3_dims_of(cfg, 1, 1).E) {
         const bool b = qwen3_bf16_experts(o);
-        sz->moe_scratch = (b ? op->moe_bf16_scratch_floats : op->moe_scratch_floats)(
-            max_len, cfg->hidden_size, cfg->moe_intermediate_size, cfg->num_experts,
-            cfg->num_experts_per_tok);
+        const int C = cfg->hidden_size, F = cfg->moe_intermediate_size, E = cfg->num_experts,
+                  K = cfg->num_experts_per_tok;
+        sz->moe_scratch = b ? op->moe_bf16_scratch_floats(op, max_len, C, F, E, K)
+                            : op->moe_scratch_floats(max_len, C, F, E, K);
         if (sz->moe_scratch == SIZE_MAX) return SIZE_MAX;
     }
     return gen_layout(g, NULL, cfg, op, o, max_len, *sz);

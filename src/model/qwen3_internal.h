@@ -171,7 +171,7 @@ static inline void qwen3_linear(const qwen3_model *m, float *scratch, float *out
                                 const float *inp, const uint16_t *inp16, const float *w,
                                 const float *bias, int N, int C, int OC) {
     if (m->mem_opts.bf16)
-        m->ops->matmul_bf16_forward(out, out16, scratch, inp, inp16,
+        m->ops->matmul_bf16_forward(m->ops, out, out16, scratch, inp, inp16,
                                     m->param_bf16 + (w - m->param_mem), bias, N, C, OC);
     else
         m->ops->matmul_forward(out, inp, w, bias, N, C, OC);

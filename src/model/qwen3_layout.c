@@ -238,8 +238,8 @@ static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, in
     size_t most = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         if (shapes[i][0] == 0) continue;
-        const size_t n =
-            ops->matmul_bf16_scratch_floats(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+        const size_t n = ops->matmul_bf16_scratch_floats(ops, shapes[i][0], shapes[i][1],
+                                                         shapes[i][2], shapes[i][3]);
         if (n == SIZE_MAX) return SIZE_MAX;
         if (n > most) most = n;
     }
@@ -335,9 +335,11 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->swiglu_scratch = carve_take(
         &cv, ops->swiglu_rows_scratch_floats ? ops->swiglu_rows_scratch_floats(n, (int)F) : 0);
     a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
-    const ctitan_moe_experts_floats_fn moe_scratch =
-        qwen3_bf16_experts(opts) ? ops->moe_bf16_scratch_floats : ops->moe_scratch_floats;
-    const size_t moe_floats = moe ? moe_scratch(n, c, fm, e, k) : 0;
+    size_t moe_floats = 0;
+    if (moe && qwen3_bf16_experts(opts))
+        moe_floats = ops->moe_bf16_scratch_floats(ops, n, c, fm, e, k);
+    else if (moe)
+        moe_floats = ops->moe_scratch_floats(n, c, fm, e, k);
     a->moe_scratch = moe ? carve_take(&cv, moe_floats == SIZE_MAX ? 0 : moe_floats) : NULL;
     // A router with more experts than fit on a thread's stack sorts its top-k in here (live
     // only during moe_route_forward, like the other layer scratch above).
@@ -603,8 +605,9 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
         if (m->n_sparse && qwen3_bf16_experts(&m->mem_opts) &&
             (!m->ops->moe_bf16_forward || !m->ops->moe_bf16_backward ||
              !m->ops->moe_bf16_state_floats || !m->ops->moe_bf16_scratch_floats ||
-             m->ops->moe_bf16_scratch_floats(B * T, c->hidden_size, c->moe_intermediate_size,
-                                             c->num_experts, c->num_experts_per_tok) == SIZE_MAX))
+             m->ops->moe_bf16_scratch_floats(m->ops, B * T, c->hidden_size,
+                                             c->moe_intermediate_size, c->num_experts,
+                                             c->num_experts_per_tok) == SIZE_MAX))
             return ct_fail(err,
                            "qwen3_plan: oneDNN could not create the bf16 expert GEMMs for hidden "
                            "size %d, moe_intermediate_size %d (training.mixed_precision_param = "

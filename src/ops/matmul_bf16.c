@@ -4,10 +4,11 @@
 //   forward  out  = inp @ W^T
 //   backward dinp = dout @ W,  dW += dout^T @ inp (oneDNN's sum post-op: accumulated in fp32)
 // Each shape's primitives are created once, by matmul_bf16_scratch_floats when the model plans
-// its buffers; the kernels then run them with user-provided scratch (bf16 copies of inputs the
-// caller did not give in bf16, and oneDNN's scratchpad), so nothing is allocated inside a step.
-// oneDNN runs on the same OpenMP threads as the rest. Where oneDNN has no bf16 matmul, the same
-// products run emulated on sgemm (matmul_bf16_emulated.c).
+// its buffers, and kept in the kernel state of the table's backend (cpu_kernels.h); the kernels
+// then run them with user-provided scratch (bf16 copies of inputs the caller did not give in bf16,
+// and oneDNN's scratchpad), so nothing is allocated inside a step. oneDNN runs on the same OpenMP
+// threads as the rest. Where oneDNN has no bf16 matmul, the same products run emulated on sgemm
+// (matmul_bf16_emulated.c).
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,18 +35,17 @@ typedef struct mm_shape {
     mm_prim kind[MM_KINDS];
 } mm_shape;
 
-// The shapes prepared so far, a list that grows (each shape's primitives are made once).
-static mm_shape *shapes;
-static size_t n_shapes, cap_shapes;
+// The shapes prepared so far are a kernel state's list that grows (cpu_kernels.mm_shapes): each
+// shape's primitives are made once per state.
 
 #define md2 onednn_md2
 
 // One primitive: src (M,K) @ weights (K,Nn) -> dst (M,Nn), dst += when `accumulate`.
-static int make_prim(mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weights,
+static int make_prim(cpu_kernels *k, mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weights,
                      dnnl_memory_desc_t dst, bool accumulate) {
     dnnl_memory_desc_t pad;
-    const dnnl_engine_t engine = onednn_engine();
-    int ok = onednn_matmul_create(&p->prim, &pad, &src, &weights, &dst, accumulate) == 0;
+    const dnnl_engine_t engine = onednn_engine(k);
+    int ok = onednn_matmul_create(k, &p->prim, &pad, &src, &weights, &dst, accumulate) == 0;
     p->pad_bytes = ok ? dnnl_memory_desc_get_size(&pad) : 0;
     ok = ok && dnnl_memory_create(&p->src, &src, engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dnnl_memory_create(&p->weights, &weights, engine, DNNL_MEMORY_NONE) == dnnl_success &&
@@ -55,61 +55,93 @@ static int make_prim(mm_prim *p, dnnl_memory_desc_t src, dnnl_memory_desc_t weig
     return ok ? 0 : -1;
 }
 
-static mm_shape *find_shape(int N, int C, int OC) {
-    for (size_t i = 0; i < n_shapes; i++)
-        if (shapes[i].N == N && shapes[i].C == C && shapes[i].OC == OC) return &shapes[i];
+static mm_shape *find_shape(cpu_kernels *k, int N, int C, int OC) {
+    for (size_t i = 0; k && i < k->n_mm_shapes; i++) {
+        mm_shape *s = &k->mm_shapes[i];
+        if (s->N == N && s->C == C && s->OC == OC) return s;
+    }
     return NULL;
 }
 
-// How this process runs its bf16 GEMMs, decided once, before any shape, by the same question
-// whatever the model's shapes are: oneDNN, unless CTITAN_BF16_GEMM=emulated asks for the
-// emulation or oneDNN cannot make a 16 x 16 x 16 product's primitives (no bf16 matmul on this
-// CPU). A model shape oneDNN then refuses cannot be run (SIZE_MAX scratch), rather than
-// switching the process's mode behind the shapes prepared before it.
-static enum { MODE_UNSET, MODE_ONEDNN, MODE_EMULATED } mode;
+// How a kernel state runs its bf16 GEMMs (cpu_kernels.mm_mode), decided once, before any shape,
+// by the same question whatever the model's shapes are: oneDNN, unless CTITAN_BF16_GEMM=emulated
+// asks for the emulation or oneDNN cannot make a 16 x 16 x 16 product's primitives (no bf16
+// matmul on this CPU). A model shape oneDNN then refuses cannot be run (SIZE_MAX scratch), rather
+// than switching the mode behind the shapes prepared before it.
+enum { MODE_UNSET, MODE_ONEDNN, MODE_EMULATED };
 
-static bool make_shape(mm_shape *s, int N, int C, int OC);
-static mm_shape *prepare(int N, int C, int OC);
+static bool make_shape(cpu_kernels *k, mm_shape *s, int N, int C, int OC);
+static mm_shape *prepare(cpu_kernels *k, int N, int C, int OC);
 
-static void decide_mode(void) {
-    if (mode != MODE_UNSET) return;
+static void decide_mode(cpu_kernels *k) {
+    if (k->mm_mode != MODE_UNSET) return;
     const char *env = getenv("CTITAN_BF16_GEMM");
-    mode = env && strcmp(env, "emulated") == 0 ? MODE_EMULATED : MODE_ONEDNN;
-    if (mode == MODE_ONEDNN && !prepare(16, 16, 16)) mode = MODE_EMULATED;
+    k->mm_mode = env && strcmp(env, "emulated") == 0 ? MODE_EMULATED : MODE_ONEDNN;
+    if (k->mm_mode == MODE_ONEDNN && !prepare(k, 16, 16, 16)) k->mm_mode = MODE_EMULATED;
 }
 
-bool cpu_matmul_bf16_emulated(void) {
-    decide_mode();
-    return mode == MODE_EMULATED;
+bool matmul_bf16_emulated(cpu_kernels *k) {
+    decide_mode(k);
+    return k->mm_mode == MODE_EMULATED;
+}
+
+bool cpu_matmul_bf16_emulated(const ct_ops *ops) {
+    cpu_kernels own, *k = cpu_kernels_or_own(ops, &own);
+    const bool emulated = matmul_bf16_emulated(k);
+    if (k == &own) cpu_kernels_free(&own);
+    return emulated;
+}
+
+static void free_shape(mm_shape *s) {
+    for (int i = 0; i < MM_KINDS; i++) {
+        mm_prim *p = &s->kind[i];
+        if (p->prim) dnnl_primitive_destroy(p->prim);
+        dnnl_memory_t mem[4] = {p->src, p->weights, p->dst, p->pad};
+        for (int m = 0; m < 4; m++)
+            if (mem[m]) dnnl_memory_destroy(mem[m]);
+    }
+    *s = (mm_shape){0};
+}
+
+void matmul_bf16_free(cpu_kernels *k) {
+    for (size_t i = 0; i < k->n_mm_shapes; i++) free_shape(&k->mm_shapes[i]);
+    free(k->mm_shapes);
+    k->mm_shapes = NULL, k->n_mm_shapes = k->cap_mm_shapes = 0;
+    k->mm_mode = MODE_UNSET;
 }
 
 // The shape's entry, made (its primitives under oneDNN) when new; NULL when it cannot be run.
-static mm_shape *prepare(int N, int C, int OC) {
-    if (mode == MODE_UNSET) decide_mode();
-    mm_shape *s = find_shape(N, C, OC);
+static mm_shape *prepare(cpu_kernels *k, int N, int C, int OC) {
+    if (k->mm_mode == MODE_UNSET) decide_mode(k);
+    mm_shape *s = find_shape(k, N, C, OC);
     if (s) return s;
-    if (grow_to((void **)&shapes, &cap_shapes, n_shapes + 1, sizeof *shapes) != 0) return NULL;
-    s = &shapes[n_shapes];
+    if (grow_to((void **)&k->mm_shapes, &k->cap_mm_shapes, k->n_mm_shapes + 1,
+                sizeof *k->mm_shapes) != 0)
+        return NULL;
+    s = &k->mm_shapes[k->n_mm_shapes];
     *s = (mm_shape){.N = N, .C = C, .OC = OC};
-    if (mode == MODE_ONEDNN && !make_shape(s, N, C, OC)) return NULL;
-    n_shapes++;
+    if (k->mm_mode == MODE_ONEDNN && !make_shape(k, s, N, C, OC)) {
+        free_shape(s);
+        return NULL;
+    }
+    k->n_mm_shapes++;
     return s;
 }
 
 // The shape's oneDNN primitives; false when oneDNN cannot make them.
-static bool make_shape(mm_shape *s, int N, int C, int OC) {
-    if (!onednn_engine()) return false;
+static bool make_shape(cpu_kernels *k, mm_shape *s, int N, int C, int OC) {
+    if (!onednn_engine(k)) return false;
     const dnnl_data_type_t b16 = dnnl_bf16, f32 = dnnl_f32;
     // forward: inp (N,C) @ W^T, W (OC,C) read as (C,OC) with strides (1,C)
-    if (make_prim(&s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
+    if (make_prim(k, &s->kind[MM_FORWARD], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
                   md2(N, OC, OC, 1, f32), false) ||
-        make_prim(&s->kind[MM_FORWARD_BF16_OUT], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
+        make_prim(k, &s->kind[MM_FORWARD_BF16_OUT], md2(N, C, C, 1, b16), md2(C, OC, 1, C, b16),
                   md2(N, OC, OC, 1, b16), false) ||
         // dinp: dout (N,OC) @ W (OC,C)
-        make_prim(&s->kind[MM_DINP], md2(N, OC, OC, 1, b16), md2(OC, C, C, 1, b16),
+        make_prim(k, &s->kind[MM_DINP], md2(N, OC, OC, 1, b16), md2(OC, C, C, 1, b16),
                   md2(N, C, C, 1, f32), false) ||
         // dW += dout^T (OC,N) @ inp (N,C)
-        make_prim(&s->kind[MM_DWEIGHT], md2(OC, N, 1, OC, b16), md2(N, C, C, 1, b16),
+        make_prim(k, &s->kind[MM_DWEIGHT], md2(OC, N, 1, OC, b16), md2(N, C, C, 1, b16),
                   md2(OC, C, C, 1, f32), true))
         return false;
     return true;
@@ -137,10 +169,10 @@ static mm_scratch scratch_parts(float *scratch, int N, int C, int OC, bool need_
     return s;
 }
 
-size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged) {
-    const mm_shape *s = prepare(N, C, OC);
+static size_t scratch_floats(cpu_kernels *k, int N, int C, int OC, bool staged) {
+    const mm_shape *s = prepare(k, N, C, OC);
     if (!s) return SIZE_MAX;
-    if (mode == MODE_EMULATED) return mm_emulated_scratch_floats(N, C, OC);
+    if (k->mm_mode == MODE_EMULATED) return mm_emulated_scratch_floats(N, C, OC);
     size_t pad = 0;
     for (int k = 0; k < MM_KINDS; k++)
         if (s->kind[k].pad_bytes > pad) pad = s->kind[k].pad_bytes;
@@ -148,7 +180,15 @@ size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged) {
     return (copies + align64(pad) + 64) / sizeof(float);
 }
 
-static void run(mm_prim *p, const void *src, const void *weights, void *dst, void *scratch) {
+size_t cpu_matmul_bf16_scratch_floats(const ct_ops *ops, int N, int C, int OC, bool staged) {
+    cpu_kernels own, *k = cpu_kernels_or_own(ops, &own);
+    const size_t n = scratch_floats(k, N, C, OC, staged);
+    if (k == &own) cpu_kernels_free(&own);
+    return n;
+}
+
+static void run(cpu_kernels *k, mm_prim *p, const void *src, const void *weights, void *dst,
+                void *scratch) {
     dnnl_memory_set_data_handle(p->src, (void *)src);
     dnnl_memory_set_data_handle(p->weights, (void *)weights);
     dnnl_memory_set_data_handle(p->dst, dst);
@@ -157,16 +197,17 @@ static void run(mm_prim *p, const void *src, const void *weights, void *dst, voi
                                {DNNL_ARG_DST, p->dst},
                                {DNNL_ARG_SCRATCHPAD, p->pad}};
     if (p->pad) dnnl_memory_set_data_handle(p->pad, scratch);
-    dnnl_primitive_execute(p->prim, onednn_stream(), p->pad ? 4 : 3, args);
-    dnnl_stream_wait(onednn_stream());
+    dnnl_primitive_execute(p->prim, k->stream, p->pad ? 4 : 3, args);
+    dnnl_stream_wait(k->stream);
 }
 
-// The shape's primitives: prepared when the model planned its buffers.
-static mm_shape *planned(int N, int C, int OC) {
-    mm_shape *s = find_shape(N, C, OC);
+// The shape's primitives: prepared in the table's kernel state when the model planned its
+// buffers.
+static mm_shape *planned(cpu_kernels *k, int N, int C, int OC) {
+    mm_shape *s = find_shape(k, N, C, OC);
     if (!s) {
-        fprintf(stderr, "ctitan: internal error: bf16 matmul %d x %d x %d was not planned\n", N, C,
-                OC);
+        fprintf(stderr, "ctitan: internal error: bf16 matmul %d x %d x %d was not planned%s\n", N,
+                C, OC, k ? "" : " (the op table is bound to no backend)");
         abort();
     }
     return s;
@@ -213,42 +254,45 @@ static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const ui
     }
 }
 
-void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
-                             const uint16_t *inp16, const uint16_t *weight, const float *bias,
-                             int N, int C, int OC) {
-    mm_shape *s = planned(N, C, OC);
+void cpu_matmul_bf16_forward(const ct_ops *ops, float *out, uint16_t *out16, float *scratch,
+                             const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                             const float *bias, int N, int C, int OC) {
+    cpu_kernels *k = cpu_kernels_of(ops);
+    mm_shape *s = planned(k, N, C, OC);
     if (N == 1) {
         const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, false);
         if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)C), inp16 = sc.inp;
         row_forward(out, out16, inp16, weight, bias, C, OC);
         return;
     }
-    if (mode == MODE_EMULATED) {
+    if (k->mm_mode == MODE_EMULATED) {
         mm_emulated_forward(out, out16, scratch, inp, inp16, weight, N, C, OC);
         if (bias) add_bias_bf16(out, bias, N, OC);
         return;
     }
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, false);
     if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
-    run(&s->kind[out16 ? MM_FORWARD_BF16_OUT : MM_FORWARD], inp16, weight,
+    run(k, &s->kind[out16 ? MM_FORWARD_BF16_OUT : MM_FORWARD], inp16, weight,
         out16 ? (void *)out16 : out, sc.pad);
     if (bias) add_bias_bf16(out, bias, N, OC);
 }
 
-void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                              const float *dout, const uint16_t *dout16, const float *inp,
-                              const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC) {
-    mm_shape *s = planned(N, C, OC);
-    if (mode == MODE_EMULATED) {
+void cpu_matmul_bf16_backward(const ct_ops *ops, float *dinp, float *dweight, float *dbias,
+                              float *scratch, const float *dout, const uint16_t *dout16,
+                              const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                              int N, int C, int OC) {
+    cpu_kernels *k = cpu_kernels_of(ops);
+    mm_shape *s = planned(k, N, C, OC);
+    if (k->mm_mode == MODE_EMULATED) {
         mm_emulated_backward(dinp, dweight, scratch, dout, dout16, inp, inp16, weight, N, C, OC);
         if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
         return;
     }
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, !dout16);
     if (!dout16) cpu_f32_to_bf16(sc.dout, dout, (size_t)N * OC), dout16 = sc.dout;
-    if (dinp) run(&s->kind[MM_DINP], dout16, weight, dinp, sc.pad);
+    if (dinp) run(k, &s->kind[MM_DINP], dout16, weight, dinp, sc.pad);
     if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
-    run(&s->kind[MM_DWEIGHT], dout16, inp16, dweight, sc.pad);
+    run(k, &s->kind[MM_DWEIGHT], dout16, inp16, dweight, sc.pad);
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }
 

@@ -27,7 +27,8 @@
 //
 // The GEMMs: tokens per expert change every step, so each product is a oneDNN matmul with one
 // runtime dimension (the rows; for dW the reduction), the ten of them created once per (C, F) by
-// the scratch size query when the model plans its buffers. oneDNN 2.6 runs them through its gemm
+// the scratch size query when the model plans its buffers, and kept in the kernel state of the
+// table's backend (cpu_kernels.h). oneDNN 2.6 runs them through its gemm
 // driver (AVX512-BF16 where the CPU has it), which takes no scratchpad but allocates its packing
 // buffers in each call (onednn.h). Measured on the development machine's Zen 4, single-threaded:
 // 1.6-2.1x sgemm's speed from 64 rows per expert up, 1.3-2.1x at 32, 0.7-2.8x at 8 (2 threads:
@@ -46,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "ops/bf16_round.h"
 #include "ops/moe_plan.h"
 #include "ops/onednn.h"
@@ -79,25 +81,34 @@ typedef struct expert_gemms {
     onednn_rt_matmul mm[N_GEMMS];
 } expert_gemms;
 
-#define MAX_SHAPES 16
-static expert_gemms shapes[MAX_SHAPES];
-static int n_shapes;
+// The (C, F) shapes made so far are a kernel state's list that grows (cpu_kernels.moe_shapes).
 
 static onednn_rt_operand opd(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
                              dnnl_data_type_t t) {
     return (onednn_rt_operand){rows, cols, rs, cs, t};
 }
 
-static expert_gemms *find_shape(int C, int F) {
-    for (int i = 0; i < n_shapes; i++)
-        if (shapes[i].C == C && shapes[i].F == F) return &shapes[i];
+static expert_gemms *find_shape(cpu_kernels *k, int C, int F) {
+    for (size_t i = 0; k && i < k->n_moe_shapes; i++)
+        if (k->moe_shapes[i].C == C && k->moe_shapes[i].F == F) return &k->moe_shapes[i];
     return NULL;
 }
 
-static const expert_gemms *prepare(int C, int F) {
-    expert_gemms *s = find_shape(C, F);
-    if (s || n_shapes == MAX_SHAPES) return s;
-    s = &shapes[n_shapes];
+void moe_experts_bf16_free(cpu_kernels *k) {
+    for (size_t i = 0; i < k->n_moe_shapes; i++)
+        for (int g = 0; g < N_GEMMS; g++)
+            if (k->moe_shapes[i].mm[g].prim) dnnl_primitive_destroy(k->moe_shapes[i].mm[g].prim);
+    free(k->moe_shapes);
+    k->moe_shapes = NULL, k->n_moe_shapes = k->cap_moe_shapes = 0;
+}
+
+static const expert_gemms *prepare(cpu_kernels *k, int C, int F) {
+    expert_gemms *s = find_shape(k, C, F);
+    if (s) return s;
+    if (grow_to((void **)&k->moe_shapes, &k->cap_moe_shapes, k->n_moe_shapes + 1,
+                sizeof *k->moe_shapes) != 0)
+        return NULL;
+    s = &k->moe_shapes[k->n_moe_shapes];
     *s = (expert_gemms){.C = C, .F = F};
     const dnnl_data_type_t b = dnnl_bf16, f = dnnl_f32;
     const int64_t R = DNNL_RUNTIME_DIM_VAL, G = 2 * (int64_t)F;
@@ -121,16 +132,16 @@ static const expert_gemms *prepare(int C, int F) {
     // a step, so the experts take the allocation-free emulation unless CTITAN_BF16_MOE_GEMM=onednn
     // opts in to oneDNN (measured 1.6-2.1x the emulation's GEMMs from 64 rows per expert).
     const char *opt_in = getenv("CTITAN_BF16_MOE_GEMM");
-    s->emulated = cpu_matmul_bf16_emulated() || !opt_in || strcmp(opt_in, "onednn") != 0;
-    for (int k = 0; k < N_GEMMS; k++) {
-        s->accumulate[k] = spec[k].accumulate;
-        if (s->emulated || onednn_rt_create(&s->mm[k], spec[k].src, spec[k].weights, spec[k].dst,
-                                            spec[k].accumulate))
+    s->emulated = matmul_bf16_emulated(k) || !opt_in || strcmp(opt_in, "onednn") != 0;
+    for (int g = 0; g < N_GEMMS; g++) {
+        s->accumulate[g] = spec[g].accumulate;
+        if (s->emulated || onednn_rt_create(k, &s->mm[g], spec[g].src, spec[g].weights, spec[g].dst,
+                                            spec[g].accumulate))
             s->emulated = true;
-        s->mm[k].op[0] = spec[k].src, s->mm[k].op[1] = spec[k].weights;
-        s->mm[k].op[2] = spec[k].dst;
+        s->mm[g].op[0] = spec[g].src, s->mm[g].op[1] = spec[g].weights;
+        s->mm[g].op[2] = spec[g].dst;
     }
-    n_shapes++;
+    k->n_moe_shapes++;
     return s;
 }
 
@@ -179,12 +190,12 @@ static void emulated_gemm(const expert_gemms *s, gemm_kind k, int n, const uint1
     if (d->t == dnnl_bf16) cpu_f32_to_bf16(dst, D, extent(d, n));
 }
 
-// The shape's GEMMs: created when the model planned its buffers.
-static const expert_gemms *planned(int C, int F) {
-    const expert_gemms *s = find_shape(C, F);
+// The shape's GEMMs: created in the table's kernel state when the model planned its buffers.
+static const expert_gemms *planned(const ct_ops *ops, int C, int F) {
+    const expert_gemms *s = find_shape(cpu_kernels_of(ops), C, F);
     if (!s) {
-        fprintf(stderr, "ctitan: internal error: the bf16 experts C %d F %d were not planned\n", C,
-                F);
+        fprintf(stderr, "ctitan: internal error: the bf16 experts C %d F %d were not planned%s\n",
+                C, F, cpu_kernels_of(ops) ? "" : " (the op table is bound to no backend)");
         abort();
     }
     return s;
@@ -278,10 +289,13 @@ static size_t scratch_layout(bf16_scratch *s, float *base, size_t rows, const ex
 }
 
 // What the scratch size queries answer: SIZE_MAX when the GEMMs cannot be prepared.
-static size_t scratch_floats(size_t rows, int C, int F) {
-    const expert_gemms *mm = prepare(C, F);
+static size_t scratch_floats(const ct_ops *ops, size_t rows, int C, int F) {
+    cpu_kernels own, *k = cpu_kernels_or_own(ops, &own);
+    const expert_gemms *mm = prepare(k, C, F);
     bf16_scratch s;
-    return mm ? scratch_layout(&s, NULL, rows, mm) : SIZE_MAX;
+    const size_t n = mm ? scratch_layout(&s, NULL, rows, mm) : SIZE_MAX;
+    if (k == &own) cpu_kernels_free(&own);
+    return n;
 }
 
 // ---- loop -----------------------------------------------------------------------------------
@@ -292,15 +306,15 @@ size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K) {
     return moe_plan_floats(N, E, K) + 2 * half_floats((size_t)N * K * F);
 }
 
-size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K) {
+size_t cpu_moe_loop_bf16_scratch_floats(const ct_ops *ops, int N, int C, int F, int E, int K) {
     (void)E, (void)K;
-    return scratch_floats((size_t)N, C, F);
+    return scratch_floats(ops, (size_t)N, C, F);
 }
 
-void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
-                               const int32_t *expert, const float *weight, const uint16_t *w, int N,
-                               int C, int F, int E, int K) {
-    const expert_gemms *mm = planned(C, F);
+void cpu_moe_loop_bf16_forward(const ct_ops *ops, float *out, float *state, float *scratch,
+                               const uint16_t *x16, const int32_t *expert, const float *weight,
+                               const uint16_t *w, int N, int C, int F, int E, int K) {
+    const expert_gemms *mm = planned(ops, C, F);
     const size_t S = (size_t)N * K;
     moe_plan p = moe_plan_at(state, N, E, K);
     moe_plan_build(p, expert, N, E, K);
@@ -337,12 +351,12 @@ void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const u
     }
 }
 
-void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                const float *dout, const float *state, const uint16_t *x16,
-                                const int32_t *expert, const float *weight, const uint16_t *w,
-                                int N, int C, int F, int E, int K) {
+void cpu_moe_loop_bf16_backward(const ct_ops *ops, float *dx, float *dweight, float *dw,
+                                float *scratch, const float *dout, const float *state,
+                                const uint16_t *x16, const int32_t *expert, const float *weight,
+                                const uint16_t *w, int N, int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
-    const expert_gemms *mm = planned(C, F);
+    const expert_gemms *mm = planned(ops, C, F);
     const size_t S = (size_t)N * K;
     const moe_plan p = moe_plan_at(state, N, E, K);
     const uint16_t *gate = (const uint16_t *)(state + moe_plan_floats(N, E, K));
@@ -451,14 +465,15 @@ size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K) {
     return moe_plan_floats(N, E, K) + half_floats((size_t)N * K * 2 * F);
 }
 
-size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K) {
+size_t cpu_moe_grouped_bf16_scratch_floats(const ct_ops *ops, int N, int C, int F, int E, int K) {
     (void)E;
-    return scratch_floats((size_t)N * K, C, F);
+    return scratch_floats(ops, (size_t)N * K, C, F);
 }
 
-static grouped_args grouped_setup(float *scratch, const float *state, const float *weight,
-                                  const uint16_t *w, int N, int C, int F, int E, int K) {
-    grouped_args g = {.mm = planned(C, F),
+static grouped_args grouped_setup(const ct_ops *ops, float *scratch, const float *state,
+                                  const float *weight, const uint16_t *w, int N, int C, int F,
+                                  int E, int K) {
+    grouped_args g = {.mm = planned(ops, C, F),
                       .p = moe_plan_at(state, N, E, K),
                       .weight = weight,
                       .w = w,
@@ -469,11 +484,11 @@ static grouped_args grouped_setup(float *scratch, const float *state, const floa
     return g;
 }
 
-void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
-                                  const int32_t *expert, const float *weight, const uint16_t *w,
-                                  int N, int C, int F, int E, int K) {
+void cpu_moe_grouped_bf16_forward(const ct_ops *ops, float *out, float *state, float *scratch,
+                                  const uint16_t *x16, const int32_t *expert, const float *weight,
+                                  const uint16_t *w, int N, int C, int F, int E, int K) {
     const int S = N * K;
-    grouped_args g = grouped_setup(scratch, state, weight, w, N, C, F, E, K);
+    grouped_args g = grouped_setup(ops, scratch, state, weight, w, N, C, F, E, K);
     moe_plan_build(g.p, expert, N, E, K);
     g.gu = (uint16_t *)(state + moe_plan_floats(N, E, K));
     gather_rows16(g.s.a, x16, g.p.perm, 0, S, K, C);
@@ -481,13 +496,13 @@ void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, cons
     moe_combine_rows(out, g.s.y, weight, g.p, N, C, K);
 }
 
-void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                   const float *dout, const float *state, const uint16_t *x16,
-                                   const int32_t *expert, const float *weight, const uint16_t *w,
-                                   int N, int C, int F, int E, int K) {
+void cpu_moe_grouped_bf16_backward(const ct_ops *ops, float *dx, float *dweight, float *dw,
+                                   float *scratch, const float *dout, const float *state,
+                                   const uint16_t *x16, const int32_t *expert, const float *weight,
+                                   const uint16_t *w, int N, int C, int F, int E, int K) {
     (void)expert; // the forward's plan has it
     const int S = N * K;
-    grouped_args g = grouped_setup(scratch, state, weight, w, N, C, F, E, K);
+    grouped_args g = grouped_setup(ops, scratch, state, weight, w, N, C, F, E, K);
     g.gs = (const uint16_t *)(state + moe_plan_floats(N, E, K));
     g.dout = dout;
     g.dweight = dweight;

@@ -53,10 +53,13 @@
 //   dgate_up may alias gate_up (the model calls it in place: the layer's backward is gate_up's
 //   last reader).
 //
-// bf16 mixed precision (matmul_bf16.c; optional entries, needed only under bf16). Weights are
-// the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(N, C, OC, staged) floats
-// (SIZE_MAX: the shape cannot be run), asked once at plan time, which also prepares the shape;
-// `staged`: every call passes inp16, and the backward's dout16 too (less scratch).
+// bf16 mixed precision (matmul_bf16.c; optional entries, needed only under bf16). Each takes the
+// table it is called through first (`ops`): the shapes it prepares live in that table's kernel
+// state. Weights are the model's bf16 copies; scratch holds matmul_bf16_scratch_floats(ops, N,
+// C, OC, staged) floats (SIZE_MAX: the shape cannot be run), asked once at plan time, which also
+// prepares the shape in the kernel state (a table bound to none answers from a state made and
+// freed inside the call, preparing nothing: its forward and backward cannot run); `staged`:
+// every call passes inp16, and the backward's dout16 too (less scratch).
 // matmul_bf16_forward: out(N,OC) = bf16(inp)(N,C) @ weight(OC,C)^T + bf16(bias), fp32 sums. When
 //   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
 //   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
@@ -81,9 +84,10 @@
 //   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
 //   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
 //   dw is the fp32 gradient (+=). State and scratch sizes: moe_bf16_state_floats /
-//   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls
-//   (SIZE_MAX: it could not). Not plugin override points: under a plugin's moe_experts (fp32 by
-//   the ABI) the model runs that instead, in fp32.
+//   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls in the
+//   table's kernel state (SIZE_MAX: it could not), as matmul_bf16_scratch_floats does; the
+//   scratch query, forward and backward take the table first. Not plugin override points: under a
+//   plugin's moe_experts (fp32 by the ABI) the model runs that instead, in fp32.
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
@@ -91,13 +95,20 @@
 //   (the scores). Causality is the caller's: it passes only the positions up to the query's.
 typedef struct ct_ops {
     const char *name;
+    // The kernel state of the backend this table is bound to (bind_ops sets it; NULL in a table
+    // bound to none, as ct_ops_cpu): what the kernels make once and reuse, such as the bf16
+    // kernels' oneDNN primitives per shape (cpu_kernels.h for the CPU's). The entries that need
+    // it take the table they were called through as their first parameter and read it there, so
+    // each backend owns its own and no kernel keeps state in file statics.
+    void *kernel_state;
 #define CT_OP_FIELD(kind, field, type, ...) type field;
     CT_OPS_LIST(CT_OP_FIELD)
 #undef CT_OP_FIELD
 } ct_ops;
 
-_Static_assert(sizeof(ct_ops) == sizeof(const char *) + CT_OP_COUNT * sizeof(void (*)(void)),
-               "ct_ops is the name and one function pointer per op list entry");
+_Static_assert(sizeof(ct_ops) ==
+                   sizeof(const char *) + sizeof(void *) + CT_OP_COUNT * sizeof(void (*)(void)),
+               "ct_ops is the name, the kernel state and one function pointer per op list entry");
 
 // The built-in CPU table (BLAS for matmuls, OpenMP for the rest), with the grouped MoE kernel.
 extern const ct_ops ct_ops_cpu;

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "ops/ops.h"
+#include "ops/cpu_kernels.h"
 #include "ops/moe_router.h"
 #include "ops/ops_cpu.h"
 
@@ -93,4 +94,12 @@ int ct_ops_with_attention(ct_ops *out, const ct_ops *base, const char *backend) 
     out->attention_bf16_forward = c->kernels.attention_bf16_forward;
     out->attention_bf16_backward = c->kernels.attention_bf16_backward;
     return 0;
+}
+
+void cpu_kernels_free(cpu_kernels *k) {
+    if (!k) return;
+    matmul_bf16_free(k);
+    moe_experts_bf16_free(k);
+    onednn_free(k); // last: the primitives above were made on its engine
+    *k = (cpu_kernels){0};
 }

@@ -29,16 +29,19 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int N, int C, int OC);
 void cpu_matmul_add_bias(float *out, const float *bias, int N, int OC);
 void cpu_matmul_bias_grad(float *dbias, const float *dout, int N, int OC);
-// bf16 mixed precision (matmul_bf16.c, oneDNN; the contracts are ops.h's).
-size_t cpu_matmul_bf16_scratch_floats(int N, int C, int OC, bool staged);
-// Whether this process's bf16 GEMMs are emulated on sgemm (matmul_bf16_emulated.c).
-bool cpu_matmul_bf16_emulated(void);
-void cpu_matmul_bf16_forward(float *out, uint16_t *out16, float *scratch, const float *inp,
-                             const uint16_t *inp16, const uint16_t *weight, const float *bias,
-                             int N, int C, int OC);
-void cpu_matmul_bf16_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                              const float *dout, const uint16_t *dout16, const float *inp,
-                              const uint16_t *inp16, const uint16_t *weight, int N, int C, int OC);
+// bf16 mixed precision (matmul_bf16.c, oneDNN; the contracts are ops.h's). `ops` is the table
+// the call came through: its kernel state (cpu_kernels.h) holds the shapes' primitives.
+size_t cpu_matmul_bf16_scratch_floats(const struct ct_ops *ops, int N, int C, int OC, bool staged);
+// Whether the bf16 GEMMs of the table's kernel state are emulated on sgemm
+// (matmul_bf16_emulated.c); for a table bound to no backend, whether a new state's would be.
+bool cpu_matmul_bf16_emulated(const struct ct_ops *ops);
+void cpu_matmul_bf16_forward(const struct ct_ops *ops, float *out, uint16_t *out16, float *scratch,
+                             const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                             const float *bias, int N, int C, int OC);
+void cpu_matmul_bf16_backward(const struct ct_ops *ops, float *dinp, float *dweight, float *dbias,
+                              float *scratch, const float *dout, const uint16_t *dout16,
+                              const float *inp, const uint16_t *inp16, const uint16_t *weight,
+                              int N, int C, int OC);
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void cpu_round_to_bf16(uint16_t *dst, float *x, size_t n);
 void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
@@ -129,25 +132,29 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                               int C, int F, int E, int K);
 // The same two under bf16 mixed precision (moe_experts_bf16.c, oneDNN): x16 is the input in
 // bf16, w the bf16 copy of the experts' weights. The scratch size query creates the shape's oneDNN
-// matmuls (SIZE_MAX: oneDNN could not make them).
+// matmuls (SIZE_MAX: oneDNN could not make them) in the kernel state of `ops`, the table the
+// call came through (cpu_kernels.h).
 size_t cpu_moe_loop_bf16_state_floats(int N, int C, int F, int E, int K);
-size_t cpu_moe_loop_bf16_scratch_floats(int N, int C, int F, int E, int K);
-void cpu_moe_loop_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
-                               const int32_t *expert, const float *weight, const uint16_t *w, int N,
-                               int C, int F, int E, int K);
-void cpu_moe_loop_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                const float *dout, const float *state, const uint16_t *x16,
-                                const int32_t *expert, const float *weight, const uint16_t *w,
-                                int N, int C, int F, int E, int K);
+size_t cpu_moe_loop_bf16_scratch_floats(const struct ct_ops *ops, int N, int C, int F, int E,
+                                        int K);
+void cpu_moe_loop_bf16_forward(const struct ct_ops *ops, float *out, float *state, float *scratch,
+                               const uint16_t *x16, const int32_t *expert, const float *weight,
+                               const uint16_t *w, int N, int C, int F, int E, int K);
+void cpu_moe_loop_bf16_backward(const struct ct_ops *ops, float *dx, float *dweight, float *dw,
+                                float *scratch, const float *dout, const float *state,
+                                const uint16_t *x16, const int32_t *expert, const float *weight,
+                                const uint16_t *w, int N, int C, int F, int E, int K);
 size_t cpu_moe_grouped_bf16_state_floats(int N, int C, int F, int E, int K);
-size_t cpu_moe_grouped_bf16_scratch_floats(int N, int C, int F, int E, int K);
-void cpu_moe_grouped_bf16_forward(float *out, float *state, float *scratch, const uint16_t *x16,
-                                  const int32_t *expert, const float *weight, const uint16_t *w,
-                                  int N, int C, int F, int E, int K);
-void cpu_moe_grouped_bf16_backward(float *dx, float *dweight, float *dw, float *scratch,
-                                   const float *dout, const float *state, const uint16_t *x16,
-                                   const int32_t *expert, const float *weight, const uint16_t *w,
-                                   int N, int C, int F, int E, int K);
+size_t cpu_moe_grouped_bf16_scratch_floats(const struct ct_ops *ops, int N, int C, int F, int E,
+                                           int K);
+void cpu_moe_grouped_bf16_forward(const struct ct_ops *ops, float *out, float *state,
+                                  float *scratch, const uint16_t *x16, const int32_t *expert,
+                                  const float *weight, const uint16_t *w, int N, int C, int F,
+                                  int E, int K);
+void cpu_moe_grouped_bf16_backward(const struct ct_ops *ops, float *dx, float *dweight, float *dw,
+                                   float *scratch, const float *dout, const float *state,
+                                   const uint16_t *x16, const int32_t *expert, const float *weight,
+                                   const uint16_t *w, int N, int C, int F, int E, int K);
 
 void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V);

@@ -12,6 +12,9 @@
 //           OWN_SIZE     a built-in size query (the type is declared below)
 //           FUSED        a fused kernel (fused.c): its first parameter is the table it runs
 //                        through; timed as one op against the untimed table
+//           An OWN or OWN_SIZE entry whose first parameter is `const struct ct_ops *ops` (the
+//           bf16 matmul and experts) reads the kernel state of the backend that table is bound
+//           to (ct_ops.kernel_state, cpu_kernels.h); wrappers pass the caller's table on.
 //   field   the ct_ops member (the name the model code calls)
 //   type    its function pointer type
 //   cpu     the kernel in ct_ops_cpu (NULL: none)
@@ -204,35 +207,36 @@ typedef struct ct_adamw_coeffs {
       (p, p16, g, m, v, n, no_decay, n_no_decay, decay, k))                                                 \
     X(OWN_SIZE, matmul_bf16_scratch_floats, ct_matmul_bf16_scratch_floats_fn,                      \
       cpu_matmul_bf16_scratch_floats, OPT, "matmul_bf16", scratch,                                 \
-      (int N, int C, int OC, bool staged), (N, C, OC, staged))                                     \
+      (const struct ct_ops *ops, int N, int C, int OC, bool staged), (ops, N, C, OC, staged))      \
     X(OWN, matmul_bf16_forward, ct_matmul_bf16_forward_fn, cpu_matmul_bf16_forward, OPT,           \
       "matmul_bf16", forward,                                                                      \
-      (float *out, uint16_t *out16, float *scratch, const float *inp, const uint16_t *inp16,      \
-       const uint16_t *weight, const float *bias, int N, int C, int OC),                           \
-      (out, out16, scratch, inp, inp16, weight, bias, N, C, OC))                                   \
+      (const struct ct_ops *ops, float *out, uint16_t *out16, float *scratch, const float *inp,    \
+       const uint16_t *inp16, const uint16_t *weight, const float *bias, int N, int C, int OC),    \
+      (ops, out, out16, scratch, inp, inp16, weight, bias, N, C, OC))                              \
     X(OWN, matmul_bf16_backward, ct_matmul_bf16_backward_fn, cpu_matmul_bf16_backward, OPT,        \
       "matmul_bf16", backward,                                                                     \
-      (float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,                \
-       const uint16_t *dout16, const float *inp, const uint16_t *inp16, const uint16_t *weight,    \
-       int N, int C, int OC),                                                                      \
-      (dinp, dweight, dbias, scratch, dout, dout16, inp, inp16, weight, N, C, OC))                 \
+      (const struct ct_ops *ops, float *dinp, float *dweight, float *dbias, float *scratch,        \
+       const float *dout, const uint16_t *dout16, const float *inp, const uint16_t *inp16,         \
+       const uint16_t *weight, int N, int C, int OC),                                              \
+      (ops, dinp, dweight, dbias, scratch, dout, dout16, inp, inp16, weight, N, C, OC))            \
     X(OWN_SIZE, moe_bf16_state_floats, ct_moe_bf16_floats_fn,                                      \
       cpu_moe_grouped_bf16_state_floats, OPT, "experts_bf16", state,                               \
       (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
-    X(OWN_SIZE, moe_bf16_scratch_floats, ct_moe_bf16_floats_fn,                                    \
+    X(OWN_SIZE, moe_bf16_scratch_floats, ct_moe_bf16_scratch_floats_fn,                            \
       cpu_moe_grouped_bf16_scratch_floats, OPT, "experts_bf16", scratch,                           \
-      (int N, int C, int F, int E, int K), (N, C, F, E, K))                                        \
+      (const struct ct_ops *ops, int N, int C, int F, int E, int K), (ops, N, C, F, E, K))         \
     X(OWN, moe_bf16_forward, ct_moe_bf16_forward_fn, cpu_moe_grouped_bf16_forward, OPT,            \
       "experts_bf16", forward,                                                                     \
-      (float *out, float *state, float *scratch, const uint16_t *x16, const int32_t *expert,       \
-       const float *weight, const uint16_t *w, int N, int C, int F, int E, int K),                 \
-      (out, state, scratch, x16, expert, weight, w, N, C, F, E, K))                                \
+      (const struct ct_ops *ops, float *out, float *state, float *scratch, const uint16_t *x16,    \
+       const int32_t *expert, const float *weight, const uint16_t *w, int N, int C, int F, int E,  \
+       int K),                                                                                     \
+      (ops, out, state, scratch, x16, expert, weight, w, N, C, F, E, K))                           \
     X(OWN, moe_bf16_backward, ct_moe_bf16_backward_fn, cpu_moe_grouped_bf16_backward, OPT,         \
       "experts_bf16", backward,                                                                    \
-      (float *dx, float *dweight, float *dw, float *scratch, const float *dout,                    \
-       const float *state, const uint16_t *x16, const int32_t *expert, const float *weight,        \
-       const uint16_t *w, int N, int C, int F, int E, int K),                                      \
-      (dx, dweight, dw, scratch, dout, state, x16, expert, weight, w, N, C, F, E, K))              \
+      (const struct ct_ops *ops, float *dx, float *dweight, float *dw, float *scratch,             \
+       const float *dout, const float *state, const uint16_t *x16, const int32_t *expert,          \
+       const float *weight, const uint16_t *w, int N, int C, int F, int E, int K),                 \
+      (ops, dx, dweight, dw, scratch, dout, state, x16, expert, weight, w, N, C, F, E, K))         \
     X(OWN, f32_to_bf16, ct_f32_to_bf16_fn, cpu_f32_to_bf16, OPT, "to_bf16", none,                  \
       (uint16_t *dst, const float *src, size_t n), (dst, src, n))                                  \
     X(OWN, round_to_bf16, ct_round_to_bf16_fn, cpu_round_to_bf16, OPT, "to_bf16", none,            \

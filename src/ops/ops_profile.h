@@ -1,8 +1,10 @@
 // --debug.profile_ops: a table that wraps another and times every call, for a per-op table of
 // milliseconds per step and each op's share of the step.
 //
-// The kernels take no context argument, so the wrapped table and the timers are file-level
-// state: one profiled table per process (the trainer's). Calls come from one thread.
+// The plugin ABI's kernels take no context argument, so the wrapped table and the timers are
+// file-level state: one profiled table per process (the trainer's). Calls come from one thread.
+// The kernel state is not among them: it stays the backend's (ct_ops.kernel_state, copied with
+// the table; the bf16 entries get the caller's table, which carries it).
 #pragma once
 #include <stdio.h>
 

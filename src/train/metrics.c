@@ -14,6 +14,7 @@
 #include "core/clock.h"
 #include "io/atomic.h"
 #include "io/json.h"
+#include "ops/cpu_kernels.h"
 #include "ops/ops.h"
 
 // The rows of steps up to `keep_through`: a resumed run logs the later steps again, and a
@@ -170,9 +171,16 @@ double metrics_sgemm_gflops(int n, int repeats) {
 
 double metrics_bf16_gflops(int n, int repeats) {
     if (n < 1 || repeats < 1) return 0;
+    // The built-in table on a kernel state of the measurement's own: its primitives go with it.
+    cpu_kernels kernels = {0};
+    ct_ops ops = ct_ops_cpu;
+    ops.kernel_state = &kernels;
     const size_t nn = (size_t)n * (size_t)n,
-                 scratch_n = ct_ops_cpu.matmul_bf16_scratch_floats(n, n, n, false);
-    if (scratch_n == SIZE_MAX) return 0;
+                 scratch_n = ops.matmul_bf16_scratch_floats(&ops, n, n, n, false);
+    if (scratch_n == SIZE_MAX) {
+        cpu_kernels_free(&kernels);
+        return 0;
+    }
     float *a = malloc(nn * sizeof *a), *c = malloc(nn * sizeof *c);
     float *scratch = malloc(scratch_n * sizeof *scratch);
     uint16_t *b = malloc(nn * sizeof *b);
@@ -183,11 +191,12 @@ double metrics_bf16_gflops(int n, int repeats) {
         // As a bf16 linear layer runs: the input rounded to bf16 first, fp32 out.
         for (int r = 0; r < repeats; r++) {
             double t0 = ct_now_s();
-            ct_ops_cpu.matmul_bf16_forward(c, NULL, scratch, a, NULL, b, NULL, n, n, n);
+            ops.matmul_bf16_forward(&ops, c, NULL, scratch, a, NULL, b, NULL, n, n, n);
             double rate = 2.0 * n * n * (double)n / (ct_now_s() - t0) / 1e9;
             if (rate > best) best = rate;
         }
     }
     free(a), free(b), free(c), free(scratch);
+    cpu_kernels_free(&kernels);
     return best;
 }

@@ -127,6 +127,9 @@ int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct
 void run_setup_close(run_setup *s) {
     kernel_check_free(&s->check);
     override_close(&s->overrides);
+    // The backend's kernel state (its bf16 GEMMs' primitives) goes with the run that chose it;
+    // the model bound to it was freed before.
+    if (s->be) s->be->close(s->be);
 }
 
 const char *run_setup_attention(const run_setup *s) {
@@ -181,7 +184,7 @@ void run_setup_log_kernels(const run_setup *s, FILE *f) {
                    "the linear layers run in fp32 around it\n");
     else if (strcmp(s->precision, "bfloat16") == 0)
         log_bf16_precision(s, moe, f);
-    if (s->mem_opts.bf16 && cpu_matmul_bf16_emulated() && s->warn)
+    if (s->mem_opts.bf16 && cpu_matmul_bf16_emulated(&s->ops) && s->warn)
         fprintf(s->warn,
                 "ctitan: warning: the bf16 matmuls are emulated on OpenBLAS sgemm over "
                 "bf16-rounded values (%s): the same products as bf16 with fp32 "

@@ -64,7 +64,8 @@ int run_setup_model_config(qwen3_config *out, const ct_config *c, ct_error *err)
 // Model config, kernels, plugin trust (in that order), the op table and the memory options.
 // With o->d, the ranks agree on the plugins' outcome (every rank checks its own). Call it
 // before the process's first OpenMP parallel region: the parity check forks. On error the
-// setup holds nothing; else run_setup_close releases it.
+// setup holds nothing; else run_setup_close releases it, and closes the backend (its kernel
+// state): call it after freeing the model bound to it.
 int run_setup_open(run_setup *s, const ct_config *c, const run_setup_opts *o, ct_error *err);
 void run_setup_close(run_setup *s);
 
