@@ -293,7 +293,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
     size_t len = 0, printed = 0; // r->raw[0, len): the new ids' bytes
     const char *stop = "length";
     double t0 = ct_now_s(), t_decode = 0;
-    if (qwen3_gen_prefill(&r->g, ids, (int)n, err) != 0) return -1;
+    if (qwen3_gen_prefill(&r->g, 0, ids, (int)n, err) != 0) return -1;
     const double t_prefill = ct_now_s() - t0;
     int rc = 0, n_decode = 0;
     for (int64_t k = 0; k < r->max_new; k++) {
