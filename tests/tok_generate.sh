@@ -199,6 +199,54 @@ assert b["prompt_ids"][-3:] == [151644, 77091, 198]  # <|im_start|>assistant\n
 PY
 [ -s "$tmp/chat.err" ] && bad "--chat printed to stderr without a TTY: $(cat "$tmp/chat.err")" || ok
 
+# --- --chat keeps the KV cache across turns: three turns, fp32 and bf16, with --timing. Each
+# turn's reply (and prompt) equals a fresh run given the same history at once (--input with the
+# messages, the same cache length, so the same bf16 row buckets). Each turn prefills only what
+# follows the longest common prefix of its rendered ids and the cached ones (the last turn's
+# prompt, then its new ids fed through decode: all but the last unless it stopped at eos), and
+# turns 2 and 3 reuse at least the whole previous prompt.
+for prec in float32 bfloat16; do
+  c=("${g[@]}" --max_new_tokens 5 --cache_len 256 --training.mixed_precision_param "$prec")
+  printf 'Hi\nHow are you?\nTell me more\n' | "${c[@]}" --chat --timing \
+    >"$tmp/kv_$prec.json" 2>"$tmp/kv_$prec.err" || bad "--chat $prec: $(cat "$tmp/kv_$prec.err")"
+  py "$tmp/kv_$prec.json" "$tmp/kv_in_$prec.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+history = []
+with open(sys.argv[2], "w") as f:
+    for user, row in zip(["Hi", "How are you?", "Tell me more"], rows):
+        history.append({"role": "user", "content": user})
+        f.write(json.dumps({"messages": history}) + "\n")
+        history.append({"role": "assistant", "content": row["text"]})
+PY
+  "${c[@]}" --input "$tmp/kv_in_$prec.jsonl" >"$tmp/kv_fresh_$prec.json" 2>"$tmp/kv_fresh_$prec.err" ||
+    bad "--input $prec: $(cat "$tmp/kv_fresh_$prec.err")"
+  py "$tmp/kv_$prec.json" "$tmp/kv_fresh_$prec.json" "$tmp/kv_$prec.err" <<'PY' && ok ||
+import json, re, sys
+chat = [json.loads(l) for l in open(sys.argv[1])]
+fresh = [json.loads(l) for l in open(sys.argv[2])]
+assert len(chat) == len(fresh) == 3, (chat, fresh)
+for k in range(3):
+    assert chat[k] == fresh[k], f"turn {k + 1} differs from a fresh prefill of its history"
+line = (r"ctitan: timing: prefill (\d+) tokens in [0-9.]+ s \([0-9.]+ tokens/s\), decode \d+ "
+        r"tokens in [0-9.]+ s \([0-9.]+ tokens/s\), (\d+) tokens reused from the cache")
+timing = [re.fullmatch(line, l) for l in open(sys.argv[3]).read().splitlines()]
+assert len(timing) == 3 and all(timing), timing
+cached = []
+for k, (row, t) in enumerate(zip(chat, timing)):
+    ids, prefilled, reused = row["prompt_ids"], int(t[1]), int(t[2])
+    lcp = 0
+    while lcp < min(len(cached), len(ids)) and cached[lcp] == ids[lcp]:
+        lcp += 1
+    assert reused == min(lcp, len(ids) - 1) and prefilled == len(ids) - reused, (k, lcp, t[0])
+    assert k == 0 or reused >= len(chat[k - 1]["prompt_ids"]), (k, t[0])
+    print(f"turn {k + 1}: {len(ids)} tokens, {len(cached)} cached, {reused} reused, "
+          f"{prefilled} prefilled")
+    cached = ids + (row["ids"] if row["stop"] == "eos" else row["ids"][:-1])
+PY
+    bad "--chat's cache, $prec: $(cat "$tmp/kv_$prec.json" "$tmp/kv_fresh_$prec.json" "$tmp/kv_$prec.err")"
+done
+
 # --- a checkpoint as the model: the same greedy ids as its HF folder
 ck=$tmp/ckpt
 "$ct" train --model.backend hf --model.hf_path "$hf" --model.tokenizer_path "$tokdir" \

@@ -2,10 +2,12 @@
 // model/qwen3.h (qwen3_gen_*) and HF's sampling (gen/sample.h). A prompt (--prompt, raw text),
 // a JSONL file of prompts (--input: {"prompt": text} or {"messages": [...]} rendered with the
 // chat template and add_generation_prompt), or a terminal chat (--chat: user lines from stdin,
-// the history rendered with the template each turn, /reset clears it, EOF ends). Stops at any
-// eos_token_id (generation_config.json, else config.json) or after --max_new_tokens.
-// The model, its kernels, plugins, backend and memory check are train's run setup
-// (train/run_setup.c), with the keys from train's table.
+// the history rendered with the template each turn, /reset clears it, EOF ends). A chat keeps
+// the KV cache across turns, as llama.cpp's server keeps its prompt cache: each turn prefills
+// only what follows the longest common prefix of the rendered history and the cached ids. Stops at
+// any eos_token_id (generation_config.json, else config.json) or after --max_new_tokens. The model,
+// its kernels, plugins, backend and memory check are train's run setup (train/run_setup.c), with
+// the keys from train's table.
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -37,7 +39,10 @@ static const cli_option generate_options[] = {
      false},
     {"prompt", NULL, "the prompt, as raw text (no chat template)", false},
     {"input", NULL, "JSONL: one {\"prompt\": text} or {\"messages\": [...]} per line", false},
-    {"chat", "false", "a multi-turn chat: user lines from stdin, /reset clears the history", true},
+    {"chat", "false",
+     "a multi-turn chat: user lines from stdin, each turn prefilling only what the KV cache "
+     "lacks; /reset clears the history",
+     true},
     {"max_new_tokens", "256", "stop after this many new tokens", false},
     {"temperature", NULL,
      "divide the logits by it; 0 = greedy (default: generation_config.json's, see below)", false},
@@ -77,6 +82,9 @@ typedef struct gen_run {
     // The new ids and their bytes, and the repaired text being streamed: grown as needed and
     // reused, so a token costs no allocation once they reached their size.
     tok_ids new_ids;
+    // The ids whose keys and values the cache holds (cached.n <= g.len: the prompt and the new
+    // ids fed through decode), max_len of room planned with the cache; /reset empties it.
+    tok_ids cached;
     char *raw, *shown;
     size_t raw_cap, shown_cap;
     int64_t max_new;
@@ -279,9 +287,19 @@ static void print_ids(const int32_t *ids, size_t n) {
     putchar(']');
 }
 
+// The cached positions a prompt of ids[0, n) can keep: the longest common prefix with the
+// cache's ids, less one when it is the whole prompt (the prefill must run a row for the logits).
+static size_t reusable(const gen_run *r, const int32_t *ids, size_t n) {
+    size_t keep = 0;
+    while (keep < r->cached.n && keep < n && r->cached.v[keep] == ids[keep]) keep++;
+    return keep == n && n > 0 ? n - 1 : keep;
+}
+
 // Generates from ids[0, n); *text gets the new text (malloc'd). Streams it unless --json, which
-// prints the object instead.
-static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, ct_error *err) {
+// prints the object instead. reuse (--chat): the cache keeps what it shares with ids, and only
+// the rest is prefilled; otherwise everything is.
+static int generate_one(gen_run *r, const int32_t *ids, size_t n, bool reuse, char **text,
+                        ct_error *err) {
     *text = NULL;
     if (n + 1 > (size_t)r->g.max_len)
         return ct_fail(err,
@@ -292,9 +310,13 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
     out->n = 0;
     size_t len = 0, printed = 0; // r->raw[0, len): the new ids' bytes
     const char *stop = "length";
+    const size_t keep = reuse ? reusable(r, ids, n) : 0, fresh = n - keep;
     double t0 = ct_now_s(), t_decode = 0;
-    if (qwen3_gen_prefill(&r->g, ids, (int)n, err) != 0) return -1;
+    r->cached.n = 0; // until the prefill succeeds, nothing in the cache is known
+    if (qwen3_gen_prefill(&r->g, (int)keep, ids + keep, (int)fresh, err) != 0) return -1;
     const double t_prefill = ct_now_s() - t0;
+    memcpy(r->cached.v + keep, ids + keep, fresh * sizeof *ids);
+    r->cached.n = n;
     int rc = 0, n_decode = 0;
     for (int64_t k = 0; k < r->max_new; k++) {
         const int32_t next = gen_sample(&r->s, r->g.logits);
@@ -318,6 +340,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         t0 = ct_now_s();
         if ((rc = qwen3_gen_decode(&r->g, next, err)) != 0) break;
         t_decode += ct_now_s() - t0;
+        r->cached.v[r->cached.n++] = next;
         n_decode++;
     }
     if (rc == 0 && !r->json) rc = stream_text(r, len, &printed, true, err);
@@ -340,12 +363,16 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, char **text, c
         printf(", \"stop\": \"%s\"}\n", stop);
         fflush(stdout);
     }
-    if (rc == 0 && r->timing)
+    // The prefill's count is the tokens it ran; a chat's line ends with those it reused.
+    if (rc == 0 && r->timing) {
         fprintf(stderr,
                 "ctitan: timing: prefill %zu tokens in %.4f s (%.1f tokens/s), decode %d tokens "
-                "in %.4f s (%.2f tokens/s)\n",
-                n, t_prefill, n / t_prefill, n_decode, t_decode,
+                "in %.4f s (%.2f tokens/s)",
+                fresh, t_prefill, fresh / t_prefill, n_decode, t_decode,
                 n_decode ? n_decode / t_decode : 0.0);
+        if (reuse) fprintf(stderr, ", %zu tokens reused from the cache", keep);
+        fputc('\n', stderr);
+    }
     return rc;
 }
 
@@ -399,7 +426,7 @@ static int run_input(gen_run *r, const char *path, ct_error *err) {
             rc = got < 0 ? -1 : 0;
             continue;
         }
-        rc = generate_one(r, ids.v, ids.n, &text, err);
+        rc = generate_one(r, ids.v, ids.n, false, &text, err);
         if (rc == 0 && !r->json) putchar('\n');
         if (rc != 0) ct_wrap(err, "--input %s line %ld", path, no);
         free(text);
@@ -428,6 +455,7 @@ static int run_chat(gen_run *r, ct_error *err) {
         if (strcmp(line, "/reset") == 0) {
             cJSON_Delete(history);
             history = cJSON_CreateArray();
+            r->cached.n = 0;
             if (tty) fprintf(stderr, "(history cleared)\n");
             continue;
         }
@@ -436,7 +464,7 @@ static int run_chat(gen_run *r, ct_error *err) {
         cJSON_AddStringToObject(user, "content", line);
         cJSON_AddItemToArray(history, user);
         rc = encode_messages(r, &ids, history, err);
-        if (rc == 0) rc = generate_one(r, ids.v, ids.n, &text, err);
+        if (rc == 0) rc = generate_one(r, ids.v, ids.n, true, &text, err);
         if (rc == 0) {
             if (!r->json) putchar('\n');
             fflush(stdout);
@@ -461,6 +489,7 @@ static void run_free(gen_run *r) {
     if (r->setup_open) run_setup_close(&r->setup);
     tok_encoder_free(r->enc);
     tok_ids_free(&r->new_ids);
+    tok_ids_free(&r->cached);
     free(r->raw);
     free(r->shown);
     tok_free(r->tok);
@@ -523,10 +552,13 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     int rc = run_setup_check_generate_fit(&r->setup, (int)cache_len, err);
     if (rc == 0) rc = load_weights(r, err);
     if (rc == 0) rc = qwen3_gen_plan(&r->g, &r->m, (int)cache_len, err);
+    if (rc == 0 &&
+        grow_to((void **)&r->cached.v, &r->cached.cap, (size_t)cache_len, sizeof *r->cached.v) != 0)
+        rc = ct_fail(err, "out of memory for %lld cached ids", (long long)cache_len);
     if (rc == 0 && prompt) {
         char *text = NULL;
         if (!ids.n) rc = encode(r, &ids, prompt, strlen(prompt), err);
-        if (rc == 0) rc = generate_one(r, ids.v, ids.n, &text, err);
+        if (rc == 0) rc = generate_one(r, ids.v, ids.n, false, &text, err);
         if (rc != 0) ct_wrap(err, "--prompt");
         if (rc == 0 && !r->json) putchar('\n');
         free(text);

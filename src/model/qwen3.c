@@ -99,15 +99,20 @@ static kv_rows kv_of(const qwen3_layer_acts *a, const qwen3_pass *p, int l) {
 }
 
 // out, state = attention(q, k, v) of the pass: the table's kernel (its bf16 one when
-// attention_in_bf16) over (B, T), or over each document; over a cache past position 0 (one
-// token), attention_decode over its rows [0, pos].
+// attention_in_bf16) over (B, T), or over each document; over a cache past position 0,
+// attention_decode for each of the T rows (B = 1) over the cache rows [0, pos + t]: the causal
+// kernels take queries and keys of one length, and a row against the cache is decode's
+// contract (one row: decode; T rows: a prefill after cached positions, the rows one after the
+// other, each parallel over its heads).
 static void attention_forward(const qwen3_model *m, qwen3_layer_acts *a, const qwen3_pass *p,
                               kv_rows kv) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = p->d;
     if (p->kcache && p->pos > 0) {
-        op->attention_decode(a->atty, p->dec_scratch, a->qr, kv.k_all, kv.v_all, p->pos + 1, d.NH,
-                             d.NKV, d.D);
+        const size_t QD = (size_t)d.NH * d.D;
+        for (int t = 0; t < d.T; t++)
+            op->attention_decode(a->atty + t * QD, p->dec_scratch, a->qr + t * QD, kv.k_all,
+                                 kv.v_all, p->pos + t + 1, d.NH, d.NKV, d.D);
         return;
     }
     const ct_attention_bf16_forward_fn fwd =

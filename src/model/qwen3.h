@@ -329,10 +329,13 @@ size_t qwen3_gen_memory(const qwen3_config *cfg, const ct_ops *ops, const qwen3_
 // bf16 copy, which this refreshes) for up to max_len positions (<= max_position_embeddings).
 int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err);
 void qwen3_gen_free(qwen3_gen *g);
-// Starts a sequence: ids[0, n) at positions [0, n) in one batched forward (the table's causal
-// attention over the block), filling the cache; g->logits gets position n-1's. Errors (nothing
-// runs): n < 1, n > max_len, an id outside the vocabulary.
-int qwen3_gen_prefill(qwen3_gen *g, const int32_t *ids, int n, ct_error *err);
+// Keeps the cache's first `keep` positions (<= g->len) and runs ids[0, n) at positions
+// [keep, keep + n) in one batched forward against them (bf16 near the cache's end: in pieces),
+// filling the cache; g->len becomes keep + n and g->logits gets its last position's. keep 0 starts
+// a sequence (the table's causal attention over the block); past 0 (a chat's new turn after its
+// cached history) each row runs attention_decode over the cache rows [0, its position]. Errors
+// (nothing runs): n < 1, keep > g->len, keep + n > max_len, an id outside the vocabulary.
+int qwen3_gen_prefill(qwen3_gen *g, int keep, const int32_t *ids, int n, ct_error *err);
 // Appends one token at position g->len (attention_decode against the cache); g->logits gets its
 // logits. Errors: no prefill yet, the cache full, an id outside the vocabulary.
 int qwen3_gen_decode(qwen3_gen *g, int32_t id, ct_error *err);

@@ -6,11 +6,13 @@
 // batch (B = 1, T = n), as the training forward runs a window: q/k norm + RoPE at positions
 // [0, n) writing k and v straight into the layer's cache rows, the table's causal attention over
 // the block; then the head on the last row only. Decode runs one token at position p the same way
-// with T = 1, its RoPE row p, and the table's attention_decode over the cache rows [0, p]. Under
+// with T = 1, its RoPE row p, and the table's attention_decode over the cache rows [0, p]. A
+// prefill that keeps the cache's first `keep` positions (a chat's earlier turns) runs its n rows
+// at positions [keep, keep + n), each row's attention as decode's over the rows before it. Under
 // bf16 every step rounds where the training forward rounds (it is the same code), and a prompt
 // runs padded to a planned row count (the bf16 GEMMs are prepared per shape): padded rows come
 // after the prompt, so causal attention keeps them out of its rows, and their cache rows are
-// overwritten by decode before any query reads them.
+// overwritten by decode or the next prefill before any query reads them.
 #include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -277,21 +279,35 @@ static void gen_forward(qwen3_gen *g, const int32_t *ids, int n, int rows, int p
     be->read(be, g->logits, g->dev_logits, (size_t)V * sizeof *g->logits);
 }
 
-int qwen3_gen_prefill(qwen3_gen *g, const int32_t *ids, int n, ct_error *err) {
+int qwen3_gen_prefill(qwen3_gen *g, int keep, const int32_t *ids, int n, ct_error *err) {
     if (n < 1) return ct_fail(err, "generation: an empty prompt");
-    if (n > g->max_len)
+    if (keep < 0 || keep > g->len)
+        return ct_fail(err, "generation: cannot keep %d positions of a cache holding %d", keep,
+                       g->len);
+    if (n > g->max_len - keep)
         return ct_fail(err,
-                       "generation: a prompt of %d tokens does not fit the cache of %d "
-                       "positions",
-                       n, g->max_len);
+                       "generation: a prompt of %d tokens after %d kept does not fit the cache of "
+                       "%d positions",
+                       n, keep, g->max_len);
     if (qwen3_check_tokens(g->m, ids, NULL, n, err) != 0) return ct_wrap(err, "generation");
-    int rows = n;
-    for (int i = 0; g->m->mem_opts.bf16 && i < g->n_buckets; i++) {
-        rows = g->buckets[i];
-        if (rows >= n) break;
+    // fp32: one forward of the n rows. bf16: the smallest planned row count holding the rest
+    // whose rows still fit the cache past pos (padding rows write cache rows too), else the
+    // largest that fits, unpadded, and the next piece after it (bucket 1 always fits).
+    for (int pos = keep, done = 0; done < n;) {
+        const int rest = n - done;
+        int take = rest, rows = rest;
+        for (int i = 0; g->m->mem_opts.bf16 && i < g->n_buckets; i++) {
+            const int b = g->buckets[i];
+            if (b > g->max_len - pos) break; // its padding rows would run past the cache
+            take = b < rest ? b : rest;
+            rows = b;
+            if (b >= rest) break;
+        }
+        gen_forward(g, ids + done, take, rows, pos);
+        pos += take;
+        done += take;
     }
-    gen_forward(g, ids, n, rows, 0);
-    g->len = n;
+    g->len = keep + n;
     return 0;
 }
 

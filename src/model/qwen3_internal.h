@@ -113,7 +113,8 @@ typedef struct qwen3_pass {
     // A KV cache (NULL: k and v are the layer's own kr and v, and attention reads them): layer
     // l's keys and values go to rows [pos, pos + T) of its (cache_len, NKV, D) block, after L
     // such blocks for the layers before; attention then reads rows [0, pos + T): the table's
-    // causal kernel at pos 0, attention_decode over rows [0, pos] past it (T = 1).
+    // causal kernel at pos 0, past it attention_decode for each row t over rows [0, pos + t]
+    // (decode: T = 1; a prefill after cached positions: T rows).
     float *kcache, *vcache;
     int cache_len, pos;
     float *dec_scratch; // attention_decode's (NH x cache_len)
