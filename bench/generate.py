@@ -175,6 +175,23 @@ def torch_worker(folder, prompts_path, new, threads):
 
 # ---- the ctitan side ------------------------------------------------------------------------
 
+# Each measured process's peak RSS in bytes, by what ran ("ctitan <options>", "llama.cpp <file>").
+PEAK_RSS = {}
+
+
+def run_measured(cmd, env):
+    """subprocess.run's result (text, captured) with .peak_rss: this child's own high-water mark
+    (os.wait4's rusage, not the largest of every child so far)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        out.seek(0), err.seek(0)
+        r = subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), out.read(),
+                                        err.read())
+    r.peak_rss = usage.ru_maxrss * 1024
+    return r
+
+
 def ctitan_runs(ct, folder, tok, prompts, repeats, new, env, extra):
     """[(prompt ids, new ids, prefill s, decodes, decode s)] for the prompts, repeats times over."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
@@ -183,14 +200,14 @@ def ctitan_runs(ct, folder, tok, prompts, repeats, new, env, extra):
                 f.write(json.dumps({"prompt": prompt_text(n)}) + "\n")
         path = f.name
     try:
-        r = subprocess.run([ct, "generate", "--model.hf_path", folder, "--model.tokenizer_path",
-                            tok, "--input", path, "--temperature", "0", "--max_new_tokens",
-                            str(new), "--json", "--timing"] + extra,
-                           capture_output=True, text=True, env=env)
+        r = run_measured([ct, "generate", "--model.hf_path", folder, "--model.tokenizer_path",
+                          tok, "--input", path, "--temperature", "0", "--max_new_tokens",
+                          str(new), "--json", "--timing"] + extra, env)
     finally:
         os.unlink(path)
     if r.returncode != 0:
         sys.exit("ctitan generate failed:\n" + r.stderr)
+    PEAK_RSS["ctitan " + " ".join(extra)] = r.peak_rss
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
     times = [l.split() for l in r.stderr.splitlines() if l.startswith("ctitan: timing:")]
     assert len(rows) == len(times) == repeats * len(prompts), (r.stdout, r.stderr)
@@ -221,13 +238,13 @@ def llama_runs(npm_dir, gguf, prompts, repeats, new, threads, env):
         json.dump(prompts, f)
         path = f.name
     try:
-        r = subprocess.run(["node", os.path.join(ROOT, "bench", "llama_peer.mjs"), gguf, path,
-                            str(new), str(threads), str(repeats)], capture_output=True, text=True,
-                           env=dict(env, CTITAN_LLAMA_NPM=npm_dir))
+        r = run_measured(["node", os.path.join(ROOT, "bench", "llama_peer.mjs"), gguf, path,
+                          str(new), str(threads), str(repeats)], dict(env, CTITAN_LLAMA_NPM=npm_dir))
     finally:
         os.unlink(path)
     if r.returncode != 0:
         sys.exit("llama.cpp failed:\n" + r.stderr[-3000:])
+    PEAK_RSS["llama.cpp " + os.path.basename(gguf)] = r.peak_rss
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return [(prompts[[len(p) for p in prompts].index(x["n"])], x["ids"], x["prefill_s"],
              new - 1, x["decode_s"]) for x in out["runs"]]
@@ -380,6 +397,7 @@ def main():
                          "decode": round(result[ours][str(T)]["decode_tokens_per_s"]
                                          / result[peer][str(T)]["decode_tokens_per_s"], 3)}
                 for T in lengths}
+    result["peak_rss_gib"] = {k: round(v / 2**30, 3) for k, v in PEAK_RSS.items() if v}
     result["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result, indent=2))
 
