@@ -257,6 +257,16 @@ ck=$tmp/ckpt
 "$ct" generate --temperature 0 --json --checkpoint "$ck/checkpoint" --prompt "Hello, world" --max_new_tokens 6 \
   >"$tmp/ck.json" 2>"$tmp/ck.err" && cmp -s "$tmp/ck.json" "$tmp/a.json" && ok ||
   bad "checkpoint: $(cat "$tmp/ck.json" "$tmp/ck.err")"
+# ... and in bf16, where the model holds its matrices in bf16 only (the checkpoint's fp32 weights
+# pass through a host copy): the same ids as the HF folder in bf16
+for src in "--model.hf_path $hf" "--checkpoint $ck/checkpoint"; do
+  # shellcheck disable=SC2086
+  "$ct" generate --temperature 0 --json $src --prompt "Hello, world" --max_new_tokens 6 \
+    --training.mixed_precision_param bfloat16 >"$tmp/ck16_${src%% *}.json" 2>"$tmp/ck16.err" ||
+    bad "bf16 from $src: $(cat "$tmp/ck16.err")"
+done
+cmp -s "$tmp/ck16_--model.hf_path.json" "$tmp/ck16_--checkpoint.json" && ok ||
+  bad "bf16 checkpoint: $(cat "$tmp/ck16_--model.hf_path.json" "$tmp/ck16_--checkpoint.json")"
 
 # --- train's run setup: the guarded backend gives the same ids; a user plugin runs (its parity
 # check first, its own call counters after) with the same ids (rope_hf_avx2 is exact), and a wrong
