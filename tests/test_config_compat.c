@@ -44,8 +44,9 @@ static void test_torchtitan_files(void) {
                       strcmp(c.training.dataset, "c4") == 0 && c.training.steps == 10 &&
                       isnan(c.lr_scheduler.decay_ratio) && !c.checkpoint.last_save_in_hf),
           "qwen3_0.6b.toml values");
-    // profiling x3, metrics x2, parallelism x2, checkpoint.async_mode, compile x2, float8 x3
-    CHECK(n.n_no_effect == 13 && strstr(n.no_effect, "quantize.linear.float8.filter_fqns") &&
+    // profiling x3, metrics x2, parallelism x1 (tensor_parallel_degree is a ctitan key now),
+    // checkpoint.async_mode, compile x2, float8 x3
+    CHECK(n.n_no_effect == 12 && strstr(n.no_effect, "quantize.linear.float8.filter_fqns") &&
               strstr(n.no_effect, "compile.enable"),
           "noted %d: %s", n.n_no_effect, n.no_effect);
 
@@ -71,13 +72,13 @@ static void test_inert_keys(void) {
     config_notes n;
     ct_error err;
     const char *p = write_file("tp.toml", "[training]\ndataset_path = 'd'\n"
-                                          "[parallelism]\ntensor_parallel_degree = 2\n");
+                                          "[parallelism]\npipeline_parallel_degree = 2\n");
     CHECK(load(&c, &n, p, &err, NULL) != 0 && strstr(err.msg, "tp.toml:4:") &&
-              strstr(err.msg, "parallelism.tensor_parallel_degree = 2 is a torchtitan setting") &&
+              strstr(err.msg, "parallelism.pipeline_parallel_degree = 2 is a torchtitan setting") &&
               strstr(err.msg, "only 1, which has no effect") &&
               strstr(err.msg, "nearest in ctitan: data parallelism"),
           "non-neutral inert key: %s", err.msg);
-    CHECK(load(&c, &n, p, &err, "--parallelism.tensor_parallel_degree", "1", NULL) != 0,
+    CHECK(load(&c, &n, p, &err, "--parallelism.pipeline_parallel_degree", "1", NULL) != 0,
           "the file's line is still an error when the command line repeats it neutrally");
     CHECK(load(&c, &n, NULL, &err, "--training.dataset_path", "d", "--compile.enable", "false",
                "--checkpoint.async_mode", "disabled", "--profiling.save_traces_folder", "x",

@@ -67,6 +67,55 @@ static void from_bf16(const qwen3_model *m, float *x, const uint16_t *x16, size_
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tensor parallelism with sequence parallelism (qwen3_tp, qwen3.h). Without it the shard is all
+// N rows at offset 0 and every collective is skipped, so one process runs the plain path.
+
+// Rows of this rank's sequence shard.
+static int sp_rows(const qwen3_model *m, int N) {
+    return m->tp ? N / m->tp->size : N;
+}
+
+// Where this rank's rows start in a full (N, C) buffer that a gather fills.
+static size_t sp_offset(const qwen3_model *m, int N, int C) {
+    return m->tp ? (size_t)m->tp->rank * sp_rows(m, N) * C : 0;
+}
+
+static void tp_gather(const qwen3_model *m, float *buf, size_t n) {
+    if (m->tp) m->tp->gather(m->tp->ctx, buf, n);
+}
+
+static void tp_reduce_scatter(const qwen3_model *m, float *buf, size_t n) {
+    if (m->tp) m->tp->reduce_scatter(m->tp->ctx, buf, n);
+}
+
+// The gradient of the sequence shard (Ns, C) as full rows (N, C) in `full`: copied to this
+// rank's rows, then gathered. Without TP, `full` is the shard itself.
+static const float *tp_full_rows(const qwen3_model *m, float *full, const float *shard, int N,
+                                 int C) {
+    if (!m->tp) return shard;
+    const size_t n = (size_t)sp_rows(m, N) * C;
+    m->be->copy(m->be, full + sp_offset(m, N, C), shard, n * sizeof(float));
+    tp_gather(m, full, n);
+    return full;
+}
+
+// The rows of `x` (N, C) whose input id is another rank's vocabulary (host_ids -1) set to zero:
+// the vocab-parallel embedding's lookup and its gradient.
+static void tp_zero_foreign_rows(const qwen3_model *m, float *x, int N, int C) {
+    const int32_t *ids = m->tp->host_ids;
+    for (int i = 0; i < N;) {
+        if (ids[i] >= 0) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < N && ids[j] < 0) j++;
+        m->be->zero(m->be, x + (size_t)i * C, (size_t)(j - i) * C * sizeof(float));
+        i = j;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Block-causal documents (qwen3_batch.positions). With documents, the q/k norm + RoPE kernel sees
 // the N tokens as one sequence (B = 1, T = N: q and k are (B,T,H,D) contiguous, the same
 // memory) whose RoPE rows are each token's own (pos_cos, pos_sin), and attention runs once per
@@ -164,7 +213,12 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const size_t N = (size_t)d.N;
     const float eps = m->cfg.rms_norm_eps;
-    op->rmsnorm_forward(a->ln1, a->ln1_rstd, a->resid, w->input_norm, d.N, d.C, eps);
+    // Sequence parallelism: the norms on this rank's Ns rows, gathered into the full rows the
+    // GEMMs read (Ns = N and nothing gathered in one process).
+    const int Ns = sp_rows(m, d.N);
+    const size_t own = sp_offset(m, d.N, d.C);
+    op->rmsnorm_forward(a->ln1 + own, a->ln1_rstd, a->resid, w->input_norm, Ns, d.C, eps);
+    tp_gather(m, a->ln1, (size_t)Ns * d.C);
     to_bf16(m, a->ln1_16, a->ln1, N * d.C);
     if (gemms) {
         qwen3_linear(m, p->mm_scratch, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
@@ -183,17 +237,23 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     to_bf16(m, a->v16, kv.v, N * d.NKV * d.D);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
-        op->rmsnorm_forward(a->ln2, a->ln2_rstd, a->resid2, w->post_norm, d.N, d.C, eps);
+        op->rmsnorm_forward(a->ln2 + own, a->ln2_rstd, a->resid2, w->post_norm, Ns, d.C, eps);
+        tp_gather(m, a->ln2, (size_t)Ns * d.C);
         to_bf16(m, a->ln2_16, a->ln2, N * d.C);
         return;
     }
     attention_forward(m, a, p, kv);
     to_bf16(m, a->atty16, a->atty, N * QD);
-    qwen3_linear(m, p->mm_scratch, a->resid2, NULL, a->atty, a->atty16, w->wo, w->bo, d.N, QD,
-                 d.C); // (N,C)
-    to_bf16(m, NULL, a->resid2, N * d.C);
-    op->add_rmsnorm_forward(op, a->resid2, a->ln2, a->ln2_rstd, a->resid, a->resid2, w->post_norm,
-                            d.N, d.C, eps);
+    // o_proj is row-parallel under TP: its (N,C) partial sums go to p->part, are summed onto the
+    // shards, then added to the residual; the bias enters once (rank 0's partial).
+    float *o = m->tp ? p->part : a->resid2;
+    const float *bo = m->tp && m->tp->rank != 0 ? NULL : w->bo;
+    qwen3_linear(m, p->mm_scratch, o, NULL, a->atty, a->atty16, w->wo, bo, d.N, QD, d.C); // (N,C)
+    tp_reduce_scatter(m, o, (size_t)Ns * d.C);
+    to_bf16(m, NULL, o, (size_t)Ns * d.C);
+    op->add_rmsnorm_forward(op, a->resid2, a->ln2 + own, a->ln2_rstd, a->resid, o, w->post_norm,
+                            Ns, d.C, eps);
+    tp_gather(m, a->ln2, (size_t)Ns * d.C);
     to_bf16(m, a->ln2_16, a->ln2, N * d.C);
 }
 
@@ -205,8 +265,12 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const qwen3_dims d = model_dims(m);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     const size_t N = (size_t)d.N;
-    linear_backward(m, s->datty, g->wo, g->bo, s->dresid, NULL, a->atty, a->atty16, w->wo, d.N, QD,
-                    d.C);
+    const int Ns = sp_rows(m, d.N);
+    // Under TP, the output gradient's full rows (in dln, free until q|k|v's input gradient); the
+    // bias gradient once (rank 0's; the strategy sums the replicated tensors over the group).
+    const float *dout = tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
+    float *dbo = m->tp && m->tp->rank != 0 ? NULL : g->bo;
+    linear_backward(m, s->datty, g->wo, dbo, dout, NULL, a->atty, a->atty16, w->wo, d.N, QD, d.C);
     from_bf16(m, a->atty, a->atty16, N * QD);
     from_bf16(m, a->qr, a->qr16, N * QD);
     from_bf16(m, a->kr, a->kr16, N * d.NKV * d.D);
@@ -220,8 +284,9 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
                               d.NH, d.NKV, d.D);
     linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, NULL, a->ln1, a->ln1_16, w->wqkv, d.N,
                     d.C, QKV);
+    tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
-                             a->ln1_rstd, d.N, d.C);
+                             a->ln1_rstd, Ns, d.C);
 }
 
 // The gradient of a block's input ln2 = post_attention_layernorm(resid2) in s->dln, added into
@@ -229,8 +294,10 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
 static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const qwen3_dims d = model_dims(m);
+    const int Ns = sp_rows(m, d.N);
+    tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C);
     m->ops->rmsnorm_backward_add(m->ops, s->dresid, g->post_norm, s->dtmp, s->dln, a->resid2,
-                                 w->post_norm, a->ln2_rstd, d.N, d.C);
+                                 w->post_norm, a->ln2_rstd, Ns, d.C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,10 +328,13 @@ static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
         to_bf16(m, a->h16, a->h, N * d.F);
     }
     if (!gemms) return;
-    qwen3_linear(m, p->mm_scratch, out, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F,
-                 d.C); // (N,C)
-    to_bf16(m, NULL, out, N * d.C);
-    op->add(out, a->resid2, out, (int64_t)d.N * d.C);
+    // down_proj is row-parallel under TP: partial sums in p->part, summed onto the shards.
+    const int Ns = sp_rows(m, d.N);
+    float *y = m->tp ? p->part : out;
+    qwen3_linear(m, p->mm_scratch, y, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
+    tp_reduce_scatter(m, y, (size_t)Ns * d.C);
+    to_bf16(m, NULL, y, (size_t)Ns * d.C);
+    op->add(out, a->resid2, y, (int64_t)Ns * d.C);
 }
 
 // On entry s->dresid is the gradient of the block output; on exit, of a->resid2.
@@ -272,8 +342,8 @@ static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    linear_backward(m, s->dh, g->w_down, NULL, s->dresid, NULL, a->h, a->h16, w->w_down, d.N, d.F,
-                    d.C);
+    const float *dout = tp_full_rows(m, s->dln, s->dresid, d.N, d.C); // dln: free until gate|up's
+    linear_backward(m, s->dh, g->w_down, NULL, dout, NULL, a->h, a->h16, w->w_down, d.N, d.F, d.C);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
     if (qwen3_mlp_bf16(op, &m->mem_opts)) {
         op->swiglu_rows_bf16_backward(a->gate_up16, s->dh, a->gate_up16, d.N, d.F);
@@ -351,7 +421,7 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
 
 int qwen3_check_tokens(const qwen3_model *m, const int32_t *inputs, const int32_t *targets,
                        int64_t n, ct_error *err) {
-    const int V = m->cfg.vocab_size;
+    const int V = m->tp ? m->tp->vocab_total : m->cfg.vocab_size;
     for (int64_t i = 0; i < n; i++) {
         if (inputs[i] < 0 || inputs[i] >= V)
             return ct_fail(err, "input token %d at position %lld is outside the vocabulary [0, %d)",
@@ -386,6 +456,7 @@ static qwen3_pass train_pass(const qwen3_model *m, bool count) {
     p.swiglu_scratch = s->swiglu_scratch, p.moe_scratch = s->moe_scratch;
     p.route_scratch = s->route_scratch, p.route_threads = s->route_threads;
     p.mm_scratch = s->mm_scratch;
+    p.part = m->tp ? s->dtmp : NULL; // dtmp: free in the forward and where a backward recomputes
     return p;
 }
 
@@ -405,6 +476,27 @@ static void layer_forward(qwen3_model *m, int l, qwen3_layer_ac ac) {
 static int head_rows(const qwen3_model *m) {
     const int N = m->B * m->T, chunk = m->mem_opts.loss_chunk;
     return chunk > 0 && chunk < N ? chunk : N;
+}
+
+// Loss parallel (TP): the cross-entropy of rows [r0, r0 + R) whose logits lg (R, V) are this
+// rank's vocabulary columns. When the logits were just computed (`fresh`), each row's max is
+// gathered and its sum of exponentials and target logit are summed over the group; a backward
+// of logits kept from the forward reuses them. Then the losses (when given) and, with
+// `backward`, the scaled gradient in place of the logits.
+static void tp_loss(qwen3_model *m, int r0, int R, bool fresh, void *lg, bool bf16,
+                    float *losses, bool backward, float scale) {
+    const qwen3_tp *tp = m->tp;
+    const ct_ops *op = m->ops;
+    const int V = m->cfg.vocab_size;
+    const int32_t *t = tp->targets + r0;
+    if (fresh) {
+        op->cross_entropy_tp_max(tp->ce_max + (size_t)tp->rank * R, lg, bf16, R, V);
+        tp->gather(tp->ctx, tp->ce_max, (size_t)R);
+        op->cross_entropy_tp_sums(tp->ce_sums, tp->ce_max, tp->size, lg, bf16, t, R, V);
+        tp->allreduce(tp->ctx, tp->ce_sums, 2 * (size_t)R);
+    }
+    op->cross_entropy_tp_finish(losses, backward ? lg : NULL, tp->ce_max, tp->size, tp->ce_sums,
+                                lg, bf16, t, scale, R, V);
 }
 
 // The loss head over token rows [r0, r1) and s->logits: `logits` computes them, `forward` the
@@ -428,7 +520,10 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     }
     const int32_t *t = s->targets + r0;
     float *losses = s->losses + r0;
-    if (forward && backward) { // training's chunked head: the loss and its gradient in one pass
+    if (m->tp && (forward || backward)) {
+        tp_loss(m, r0, R, logits, logits16 ? (void *)logits16 : (void *)logits32, logits16 != NULL,
+                forward ? losses : NULL, backward, loss_scale);
+    } else if (forward && backward) { // training's chunked head: the loss and its gradient in one pass
         if (logits16) {
             op->cross_entropy_bf16_forward_backward(losses, logits16, logits16, t, loss_scale,
                                                     s->ce_scratch, R, d.V);
@@ -563,6 +658,38 @@ static void unit_event(qwen3_model *m, int unit, int event) {
     if (m->unit_hook) m->unit_hook(m->unit_hook_ctx, unit, event);
 }
 
+// The vocab-parallel embedding (TP): this rank's vocabulary rows looked up (zero for the ids
+// of other ranks' rows) into full (N,C) rows, summed onto the sequence shards: the first
+// layer's input.
+static void tp_embed(qwen3_model *m, const int32_t *inputs) {
+    qwen3_acts *s = m->acts;
+    const qwen3_tp *tp = m->tp;
+    const qwen3_dims d = model_dims(m);
+    for (int i = 0; i < d.N; i++) {
+        const int32_t id = inputs[i] - tp->vocab_lo;
+        tp->host_ids[i] = id >= 0 && id < d.V ? id : -1;
+        tp->host_targets[i] = id >= 0 && id < d.V ? id : 0; // a row to look up, zeroed below
+    }
+    m->be->write(m->be, tp->ids, tp->host_targets, (size_t)d.N * sizeof(int32_t));
+    const int Ns = sp_rows(m, d.N);
+    qwen3_embed(m, s->dtmp, tp->ids, d.N);
+    tp_zero_foreign_rows(m, s->dtmp, d.N, d.C);
+    tp_reduce_scatter(m, s->dtmp, (size_t)Ns * d.C);
+    m->be->copy(m->be, s->layers[0].resid, s->dtmp, (size_t)Ns * d.C * sizeof(float));
+}
+
+// The targets as this rank's vocabulary columns (TP): local index, -1 on another rank, -100
+// ignored.
+static void tp_targets(qwen3_model *m, const int32_t *targets) {
+    const qwen3_tp *tp = m->tp;
+    const qwen3_dims d = model_dims(m);
+    for (int i = 0; i < d.N; i++) {
+        const int32_t t = targets[i], lt = t - tp->vocab_lo;
+        tp->host_targets[i] = t == QWEN3_IGNORE_INDEX ? t : lt >= 0 && lt < d.V ? lt : -1;
+    }
+    m->be->write(m->be, tp->targets, tp->host_targets, (size_t)d.N * sizeof(int32_t));
+}
+
 static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backward,
                       float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
@@ -582,7 +709,10 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);
-    qwen3_embed(m, s->layers[0].resid, s->inputs, d.N); // (N,C)
+    if (m->tp)
+        tp_embed(m, batch->inputs);
+    else
+        qwen3_embed(m, s->layers[0].resid, s->inputs, d.N); // (N,C)
     unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
     for (int l = 0; l < L; l++) {
         unit_event(m, 1 + l, QWEN3_UNIT_FORWARD);
@@ -590,8 +720,10 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
         unit_event(m, 1 + l, QWEN3_UNIT_FORWARD_DONE);
     }
     unit_event(m, L + 1, QWEN3_UNIT_FORWARD);
-    op->rmsnorm_forward(s->lnf, s->lnf_rstd, s->resid_out, m->w.final_norm, d.N, d.C,
-                        m->cfg.rms_norm_eps);
+    const int Ns = sp_rows(m, d.N);
+    op->rmsnorm_forward(s->lnf + sp_offset(m, d.N, d.C), s->lnf_rstd, s->resid_out, m->w.final_norm,
+                        Ns, d.C, m->cfg.rms_norm_eps);
+    tp_gather(m, s->lnf, (size_t)Ns * d.C); // the head reads every row (its vocabulary columns)
     to_bf16(m, s->lnf16, s->lnf, (size_t)d.N * d.C);
     const int rows = head_rows(m);
     if (!targets) {
@@ -600,6 +732,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
         return 0.0;
     }
     be->write(be, s->targets, targets, (size_t)d.N * sizeof(int32_t));
+    if (m->tp) tp_targets(m, targets);
     // Chunked, a training forward also runs the head's backward while each chunk's logits are
     // at hand; whole, the logits stay for qwen3_backward.
     const bool fused = head_backward && rows < d.N;
@@ -655,8 +788,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
             head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, rows < d.N, false, true,
                            loss_scale);
     }
+    const int Ns = sp_rows(m, d.N);
+    tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C); // the head's partial input gradient
     op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
-                         s->lnf_rstd, d.N, d.C);
+                         s->lnf_rstd, Ns, d.C);
     // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
     // suffix of the buffer (a tied head is the embedding, final only at the very end).
     unit_event(m, L + 1, QWEN3_UNIT_BACKWARD_DONE);
@@ -675,7 +810,13 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
     unit_event(m, 0, QWEN3_UNIT_BACKWARD);
-    op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
+    if (m->tp) { // this rank's vocabulary rows take the gradient of their tokens' full rows
+        tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
+        tp_zero_foreign_rows(m, s->dln, d.N, d.C);
+        op->embedding_backward(m->g.embed, s->dln, m->tp->ids, d.N, d.C);
+    } else {
+        op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
+    }
     unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;

@@ -87,6 +87,38 @@ typedef struct qwen3_memory_opts {
     bool block_causal;
 } qwen3_memory_opts;
 
+// Tensor parallelism with sequence parallelism (torchtitan's Qwen3 plan), as the model sees it:
+// this rank's part of a TP group of `size` ranks. The model is then a local one (its config has
+// the rank's heads, MLP width and vocabulary rows [vocab_lo, vocab_lo + cfg.vocab_size) of
+// vocab_total), and its N = B*T token rows are cut into `size` sequence shards of N/size rows:
+// the residual stream and the three RMSNorms run on this rank's shard, an all-gather fills
+// the full rows before the q|k|v and gate|up GEMMs and the head, a reduce-scatter sums the
+// o_proj and down_proj partial outputs (and the vocab-parallel embedding's) onto the shards,
+// and the cross-entropy takes each row's max, sum of exponentials and target logit over the
+// group (loss parallel: no rank holds a row's whole logits). The backward swaps gathers and
+// reduce-scatters. The strategy that owns the group (train/strategy_tp.c) provides the
+// collectives and the buffers below; the model never sees MPI.
+typedef struct qwen3_tp {
+    int rank, size;
+    int vocab_lo, vocab_total;
+    // In place, over the group, blocks of n floats: gather: every rank's block r lands at
+    // buf + r*n (this rank's is there already); reduce_scatter: buf holds `size` blocks, and
+    // the sum of every rank's block r lands at buf's start on rank r; allreduce: buf(n) summed.
+    // A failure is kept by the strategy (ctx) and reported after the step's backward.
+    void (*gather)(void *ctx, float *buf, size_t n);
+    void (*reduce_scatter)(void *ctx, float *buf, size_t n);
+    void (*allreduce)(void *ctx, float *buf, size_t n);
+    void *ctx;
+    // Planned by the strategy for the model's N rows. Host: the last forward's local input ids
+    // (id - vocab_lo, or -1 for an id of another rank's rows), and scratch for the targets.
+    int32_t *host_ids, *host_targets;
+    // Backend: the local ids (0 where host_ids is -1) and targets (local index, -1 elsewhere,
+    // -100 ignored), each row's max on every rank (size x N), its sum of exponentials and target
+    // logit minus the max (N x 2).
+    int32_t *ids, *targets;
+    float *ce_max, *ce_sums;
+} qwen3_tp;
+
 typedef struct qwen3_model {
     qwen3_config cfg;
     ct_backend *be;    // where every buffer below lives (host code reaches them through it)
@@ -123,6 +155,9 @@ typedef struct qwen3_model {
     // element on is final: FSDP reduce-scatters the unit there, DDP starts its buckets.
     void (*unit_hook)(void *ctx, int unit, int event);
     void *unit_hook_ctx;
+    // Optional (NULL = one process): tensor parallelism (qwen3_tp above), set by its strategy
+    // after qwen3_plan.
+    const qwen3_tp *tp;
 
     // MoE: n_sparse sparse layers. Optional (NULL = none): the load-balancing component
     // (model/moe_balance.h, attached by moe_balance_init). The forward's routers write their
@@ -220,6 +255,10 @@ typedef struct qwen3_init_rule {
 } qwen3_init_rule;
 qwen3_init_rule qwen3_init_rule_of(const qwen3_config *c, const qwen3_param *p);
 int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err);
+// Tensor p's (one of m's params) values from the seed into x (p->numel floats, host memory); m
+// may be a parameter table alone (qwen3_init_layout): tensor parallelism draws the global tensor
+// and keeps its slice.
+void qwen3_init_tensor(const qwen3_model *m, const qwen3_param *p, float *x, uint64_t seed);
 // The same for the tensors that start in elements [lo, hi) only (FSDP fills one unit at a time):
 // each gets the values qwen3_init_random gives it.
 int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, ct_error *err);

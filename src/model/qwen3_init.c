@@ -47,7 +47,7 @@ int qwen3_init_random(qwen3_model *m, uint64_t seed, ct_error *err) {
 }
 
 // Tensor p's values, into x (p->numel floats).
-static void init_tensor(const qwen3_model *m, const qwen3_param *p, float *x, uint64_t seed) {
+void qwen3_init_tensor(const qwen3_model *m, const qwen3_param *p, float *x, uint64_t seed) {
     const qwen3_init_rule r = qwen3_init_rule_of(&m->cfg, p);
     if (r.kind == QWEN3_INIT_CONST) {
         for (size_t j = 0; j < p->numel; j++) x[j] = (float)r.value;
@@ -70,7 +70,7 @@ static int init_by_tensor(qwen3_model *m, uint64_t seed, size_t lo, size_t hi, c
     for (int i = 0; i < m->n_params && rc == 0; i++) {
         const qwen3_param *p = &m->params[i];
         if (p->offset < lo || p->offset >= hi) continue;
-        init_tensor(m, p, x, seed);
+        qwen3_init_tensor(m, p, x, seed);
         rc = qwen3_params_write(m, p->name, 0, p->numel, x, err);
     }
     free(x);
@@ -87,7 +87,7 @@ int qwen3_init_random_range(qwen3_model *m, uint64_t seed, size_t lo, size_t hi,
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        if (p->offset >= lo && p->offset < hi) init_tensor(m, p, base + p->offset, seed);
+        if (p->offset >= lo && p->offset < hi) qwen3_init_tensor(m, p, base + p->offset, seed);
     }
     m->be->view_release(m->be, base, m->param_mem, bytes, true);
     return 0;

@@ -122,6 +122,9 @@ typedef struct qwen3_pass {
     // for route_threads), the bf16 GEMMs'.
     float *rope_scratch, *swiglu_scratch, *moe_scratch, *route_scratch, *mm_scratch;
     int route_threads;
+    // Tensor parallelism (m->tp): an (N,C) buffer for a row-parallel GEMM's partial sums, which
+    // a reduce-scatter sums onto the sequence shards (NULL without TP).
+    float *part;
     bool count; // the routers add their statistics to the model's balance component
 } qwen3_pass;
 

@@ -34,3 +34,47 @@ void qwen3_parallel_plan_free(qwen3_parallel_plan *p) {
     free(p->tensors);
     memset(p, 0, sizeof *p);
 }
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+qwen3_tp_cut qwen3_tp_cut_of(const char *name) {
+    if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight"))
+        return QWEN3_TP_COLUMNS;
+    static const char *const rows[] = {"embed_tokens.weight", "lm_head.weight", "q_proj.weight",
+                                       "k_proj.weight",       "v_proj.weight",  "q_proj.bias",
+                                       "k_proj.bias",         "v_proj.bias",    "gate_proj.weight",
+                                       "up_proj.weight"};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        if (ends_with(name, rows[i])) return QWEN3_TP_ROWS;
+    return QWEN3_TP_WHOLE;
+}
+
+int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err) {
+    const qwen3_config *g = global;
+    if (g->num_experts > 0)
+        return ct_fail(err, "parallelism.tensor_parallel_degree = %d: MoE models (num_experts = "
+                            "%d) are not supported under tensor parallelism yet",
+                       tp, g->num_experts);
+    const struct {
+        const char *what;
+        int n;
+    } cut[] = {{"num_attention_heads", g->num_attention_heads},
+               {"num_key_value_heads", g->num_key_value_heads},
+               {"intermediate_size", g->intermediate_size},
+               {"vocab_size", g->vocab_size}};
+    for (size_t i = 0; i < sizeof cut / sizeof *cut; i++)
+        if (cut[i].n % tp != 0)
+            return ct_fail(err,
+                           "parallelism.tensor_parallel_degree = %d does not divide the model's "
+                           "%s = %d",
+                           tp, cut[i].what, cut[i].n);
+    *local = *g;
+    local->num_attention_heads /= tp;
+    local->num_key_value_heads /= tp;
+    local->intermediate_size /= tp;
+    local->vocab_size /= tp;
+    return 0;
+}

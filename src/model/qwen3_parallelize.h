@@ -18,9 +18,9 @@ typedef enum qwen3_split {
     // A buffer (the MoE expert bias): every rank keeps it whole and in fp32, as FSDP2 keeps
     // buffers; it enters the unit's gathered weights when the unit runs.
     QWEN3_SPLIT_WHOLE,
-    // Room for the next issues: QWEN3_SPLIT_COLUMN / QWEN3_SPLIT_ROW (tensor parallelism: q, k,
-    // v, gate, up by output rows; o, down by input columns), QWEN3_SPLIT_EXPERT (expert
-    // parallelism: an expert's three matrices on one rank), and a unit's pipeline stage.
+    // Room for the next issues: QWEN3_SPLIT_EXPERT (expert parallelism: an expert's three
+    // matrices on one rank), and a unit's pipeline stage. Tensor parallelism's cuts are below
+    // (qwen3_tp_cut).
 } qwen3_split;
 
 typedef struct qwen3_plan_tensor {
@@ -43,3 +43,18 @@ typedef struct qwen3_parallel_plan {
 int qwen3_parallelize(qwen3_parallel_plan *p, const qwen3_config *cfg, const qwen3_model *m,
                       ct_error *err);
 void qwen3_parallel_plan_free(qwen3_parallel_plan *p);
+
+// Tensor parallelism (torchtitan's parallelize_qwen3 with sequence parallelism): how each HF
+// tensor is cut over the tp ranks of a group. Rank r holds slice r of `dim`, of the length the
+// local model's tensor has there (qwen3_tp_config): rows of the embedding and lm_head (its
+// vocabulary rows; a tied head is the embedding, cut once), of q/k/v (weights and biases: its
+// query heads and their kv heads) and gate/up; columns of o_proj and down_proj (their inputs).
+// Everything else (the norms, q_norm/k_norm, o_proj's bias) is whole on every rank, its
+// gradient summed over the group.
+typedef enum qwen3_tp_cut { QWEN3_TP_WHOLE, QWEN3_TP_ROWS, QWEN3_TP_COLUMNS } qwen3_tp_cut;
+qwen3_tp_cut qwen3_tp_cut_of(const char *name);
+
+// The model rank r of tp holds: num_attention_heads, num_key_value_heads, intermediate_size
+// and vocab_size divided by tp (head_dim and the rest unchanged). Refuses, in one line naming
+// both numbers, a count tp does not divide, and a MoE config (not supported under TP yet).
+int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err);

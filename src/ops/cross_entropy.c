@@ -117,3 +117,89 @@ CE_KERNELS(float, CE_F32, CE_F32, CE_KEEP_IN_DX, cpu_cross_entropy_forward,
            cpu_cross_entropy_backward, cpu_cross_entropy_forward_backward)
 CE_KERNELS(uint16_t, bf16_value, bf16_round, CE_KEEP_IN_SPARE, cpu_cross_entropy_bf16_forward,
            cpu_cross_entropy_bf16_backward, cpu_cross_entropy_bf16_forward_backward)
+
+// ---------------------------------------------------------------------------------------------
+// Loss parallel (tensor parallelism, torchtitan's loss_parallel): each of P ranks holds V of a
+// row's columns (fp32 logits, or bf16 ones under mixed precision). Three steps, with the
+// caller's collectives between them: each row's local max (gathered: maxes is P x N, rank r's
+// at r*N); its sum of exp(x - max) over the local columns and, on the rank whose columns hold
+// the target, x[t] - max (summed over the ranks: sums is N x 2); then the loss and the
+// gradient, as the one-process row above computes them (the same formulas; the sum of the exps
+// is each rank's double sum, rounded to fp32 for the reduction). targets: the local column of
+// the target, -1 when another rank holds it, CE_IGNORE (-100) for an ignored row.
+
+static inline float tp_load(const void *x, bool bf16, size_t i) {
+    return bf16 ? bf16_value(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+static inline float tp_row_max(const float *maxes, int P, int N, int n) {
+    float m = maxes[n];
+    for (int r = 1; r < P; r++) m = maxes[(size_t)r * N + n] > m ? maxes[(size_t)r * N + n] : m;
+    return m;
+}
+
+void cpu_cross_entropy_tp_max(float *maxes, const void *logits, bool bf16, int N, int V) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const size_t row = (size_t)n * V;
+        float m = tp_load(logits, bf16, row);
+        for (int i = 1; i < V; i++) {
+            const float v = tp_load(logits, bf16, row + i);
+            m = v > m ? v : m;
+        }
+        maxes[n] = m;
+    }
+}
+
+void cpu_cross_entropy_tp_sums(float *sums, const float *maxes, int P, const void *logits,
+                               bool bf16, const int32_t *targets, int N, int V) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const size_t row = (size_t)n * V;
+        const float m = tp_row_max(maxes, P, N, n);
+        double s = 0.0;
+        for (int b = 0; b < V; b += CE_BLOCK) {
+            const int e = b + CE_BLOCK < V ? b + CE_BLOCK : V;
+            float part = 0.0f;
+            for (int i = b; i < e; i++) part += vexp(tp_load(logits, bf16, row + i) - m);
+            s += part;
+        }
+        const int t = targets[n];
+        sums[2 * n] = t == CE_IGNORE ? 0.0f : (float)s;
+        sums[2 * n + 1] = t >= 0 ? tp_load(logits, bf16, row + t) - m : 0.0f;
+    }
+}
+
+void cpu_cross_entropy_tp_finish(float *losses, void *dlogits, const float *maxes, int P,
+                                 const float *sums, const void *logits, bool bf16,
+                                 const int32_t *targets, float scale, int N, int V) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * V >= CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const size_t row = (size_t)n * V;
+        const int t = targets[n];
+        float *d32 = dlogits && !bf16 ? (float *)dlogits + row : NULL;
+        uint16_t *d16 = dlogits && bf16 ? (uint16_t *)dlogits + row : NULL;
+        if (t == CE_IGNORE) {
+            if (losses) losses[n] = 0.0f;
+            if (d32) memset(d32, 0, (size_t)V * sizeof *d32);
+            if (d16) memset(d16, 0, (size_t)V * sizeof *d16);
+            continue;
+        }
+        const float m = tp_row_max(maxes, P, N, n), xt_m = sums[2 * n + 1];
+        const double sum = (double)sums[2 * n];
+        if (losses) losses[n] = (float)(log(sum) - (double)xt_m);
+        if (!dlogits) continue;
+        const double inv = 1.0 / sum;
+        const float finv = (float)inv;
+        for (int i = 0; i < V; i++) {
+            const float g = scale * (vexp(tp_load(logits, bf16, row + i) - m) * finv);
+            if (d32) d32[i] = g;
+            else d16[i] = bf16_round(g);
+        }
+        if (t >= 0) {
+            const float dt = scale * (float)((double)vexp(xt_m) * inv - 1.0);
+            if (d32) d32[t] = dt;
+            else d16[t] = bf16_round(dt);
+        }
+    }
+}

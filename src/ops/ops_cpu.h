@@ -54,6 +54,14 @@ void cpu_cross_entropy_forward_backward(float *losses, float *dlogits, const flo
 void cpu_cross_entropy_bf16_forward_backward(float *losses, uint16_t *dlogits,
                                              const uint16_t *logits, const int32_t *targets,
                                              float scale, float *scratch, int N, int V);
+// Loss parallel (tensor parallelism): the cross-entropy of rows whose V logits are this rank's
+// columns of P ranks' (cross_entropy.c).
+void cpu_cross_entropy_tp_max(float *maxes, const void *logits, bool bf16, int N, int V);
+void cpu_cross_entropy_tp_sums(float *sums, const float *maxes, int P, const void *logits,
+                               bool bf16, const int32_t *targets, int N, int V);
+void cpu_cross_entropy_tp_finish(float *losses, void *dlogits, const float *maxes, int P,
+                                 const float *sums, const void *logits, bool bf16,
+                                 const int32_t *targets, float scale, int N, int V);
 void cpu_cross_entropy_bf16_forward(float *losses, const uint16_t *logits, const int32_t *targets,
                                     int N, int V);
 void cpu_cross_entropy_bf16_backward(uint16_t *dlogits, const uint16_t *logits,

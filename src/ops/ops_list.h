@@ -262,6 +262,19 @@ typedef struct ct_adamw_coeffs {
       (float *losses, uint16_t *dlogits, const uint16_t *logits, const int32_t *targets,           \
        float scale, float *scratch, int N, int V),                                                 \
       (losses, dlogits, logits, targets, scale, scratch, N, V))                                    \
+    X(OWN, cross_entropy_tp_max, ct_cross_entropy_tp_max_fn, cpu_cross_entropy_tp_max, OPT,        \
+      "cross_entropy_tp", forward, (float *maxes, const void *logits, bool bf16, int N, int V),    \
+      (maxes, logits, bf16, N, V))                                                                 \
+    X(OWN, cross_entropy_tp_sums, ct_cross_entropy_tp_sums_fn, cpu_cross_entropy_tp_sums, OPT,     \
+      "cross_entropy_tp", forward,                                                                 \
+      (float *sums, const float *maxes, int P, const void *logits, bool bf16,                      \
+       const int32_t *targets, int N, int V),                                                      \
+      (sums, maxes, P, logits, bf16, targets, N, V))                                               \
+    X(OWN, cross_entropy_tp_finish, ct_cross_entropy_tp_finish_fn, cpu_cross_entropy_tp_finish,    \
+      OPT, "cross_entropy_tp", both,                                                               \
+      (float *losses, void *dlogits, const float *maxes, int P, const float *sums,                 \
+       const void *logits, bool bf16, const int32_t *targets, float scale, int N, int V),          \
+      (losses, dlogits, maxes, P, sums, logits, bf16, targets, scale, N, V))                       \
     X(OWN, swiglu_rows_bf16_forward, ct_swiglu_rows_bf16_forward_fn,                               \
       cpu_swiglu_rows_bf16_forward, OPT, "swiglu_rows_bf16", forward,                              \
       (uint16_t *h, const uint16_t *gate_up, int N, int F), (h, gate_up, N, F))                    \
@@ -329,7 +342,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 56, "the op list has 56 entries");
+_Static_assert(CT_OP_COUNT == 59, "the op list has 59 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

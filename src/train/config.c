@@ -198,6 +198,10 @@ const config_key config_table[] = {
     KEY(parallelism, data_parallel_replicate_degree, CONFIG_INT, "1", NULL, false,
         "groups of data_parallel_shard_degree ranks that each hold the whole model: DDP with "
         "shard degree 1, HSDP above (shard * replicate = ranks)"),
+    KEY(parallelism, tensor_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "ranks that split each layer (torchtitan's TP with sequence parallelism and loss "
+        "parallel; tp innermost: ranks [k*tp, (k+1)*tp) form a group); dense models, with DDP "
+        "(data_parallel_replicate_degree) over the remaining ranks"),
     KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
         "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
         "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),

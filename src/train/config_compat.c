@@ -34,8 +34,6 @@ static const inert_key INERT[] = {
     {"training", "deterministic", NULL, NULL},
     {"training", "enable_cpu_offload", "false",
      "activation_checkpoint.mode and training.loss_chunk_tokens to save memory"},
-    {"parallelism", "tensor_parallel_degree", "1",
-     "data parallelism: parallelism.data_parallel_shard_degree"},
     {"parallelism", "enable_async_tensor_parallel", "false", NULL},
     {"parallelism", "context_parallel_degree", "1",
      "flash attention (model.attn_backend) and activation checkpointing for long sequences"},

@@ -176,6 +176,9 @@ static int check_training(const ct_config *c, bool needs_data, const vctx *vp) {
          "under data_parallel_shard_mode = \"zero1\": ZeRO-1 shards the optimizer over all "
          "ranks or replicates it on all; HSDP (both) is data_parallel_shard_mode = \"fsdp\"",
          rep, dp);
+    NEED(c->parallelism.tensor_parallel_degree >= 1, "parallelism.tensor_parallel_degree", NULL,
+         "parallelism.tensor_parallel_degree = %d; expected at least 1",
+         c->parallelism.tensor_parallel_degree);
     NEED(c->parallelism.threads_per_rank >= 0, "parallelism.threads_per_rank", NULL,
          "parallelism.threads_per_rank = %d; expected 0 (automatic) or more",
          c->parallelism.threads_per_rank);

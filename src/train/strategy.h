@@ -74,6 +74,20 @@ typedef struct strategy_vt {
 } strategy_vt;
 
 extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
+// Tensor parallelism with sequence parallelism (strategy_tp.c) over the trainer's TP group,
+// with replicate (DDP) over the data-parallel ranks (the trainer's t->d).
+extern const strategy_vt strategy_tp;
+// Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
+int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+
+// Tensor parallelism's state: the group (its collectives carry the model's qwen3_tp hook) and
+// the first failure of a collective the hook ran (reported after the backward).
+typedef struct strategy_tp_state {
+    dist *group;
+    qwen3_tp tp;
+    ct_error err;
+    bool failed;
+} strategy_tp_state;
 
 // One run's strategy and its state.
 typedef struct strategy {
@@ -85,6 +99,7 @@ typedef struct strategy {
     // FSDP: the plan's QWEN3_SPLIT_WHOLE tensors (the MoE expert biases), whole, back to back in
     // plan order.
     float *whole;
+    strategy_tp_state tp; // TP (strategy_tp)
 } strategy;
 
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0

@@ -163,6 +163,16 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
 
 int trainer_export_final(trainer *t, ct_error *err) {
     int rc = 0;
+    if (t->tp > 1) { // the weights only (no tokenizer files yet), assembled from the TP slices
+        ct_dtype dtype;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
+        rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
+        if (rc == 0) rc = strategy_tp_export(t, dir, dtype, err);
+        if (rc == 0) fprintf(t->log, "export: %s (%s, assembled from the TP slices)\n", dir,
+                             t->cfg->checkpoint.export_dtype);
+        return dist_agree(t->world, rc, "the final export", err);
+    }
     if (is_root(t)) {
         ct_dtype dtype;
         char dir[4096];

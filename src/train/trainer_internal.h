@@ -29,7 +29,10 @@
 typedef struct trainer {
     const ct_config *cfg;
     FILE *log;        // rank 0: the caller's stream; other ranks: /dev/null (owned)
-    dist *d;          // the ranks (a world of one without a launcher)
+    dist *d;          // the data-parallel ranks (the world, or under TP the ranks of this TP rank)
+    dist *world;      // every rank (t->d but under TP)
+    int tp;           // parallelism.tensor_parallel_degree
+    dist tp_group, dp_group; // under TP: this rank's TP group (tp innermost) and its DP group
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
@@ -58,7 +61,7 @@ typedef struct trainer {
 } trainer;
 
 static inline bool is_root(const trainer *t) {
-    return t->d->rank == 0;
+    return (t->world ? t->world : t->d)->rank == 0;
 }
 // AdamW decays the tensor (buffers are not trained).
 static inline bool trainer_param_decays(const trainer *t, const qwen3_param *p) {

@@ -36,9 +36,26 @@ static int setup_parallel(trainer *t, ct_error *err) {
             "(%d) must equal the number of ranks, %d",
             c->parallelism.data_parallel_shard_degree, rep, P);
     t->shard_degree = shard;
+    if (t->tp > 1) {
+        if (shard > 1)
+            return ct_fail(err,
+                           "parallelism.tensor_parallel_degree = %d with data_parallel_shard_degree "
+                           "= %d: FSDP, HSDP and ZeRO-1 under tensor parallelism are not supported "
+                           "yet; set data_parallel_replicate_degree = %d (DDP over the %d "
+                           "data-parallel ranks)",
+                           t->tp, shard, P, P);
+        if (c->checkpoint.enable)
+            return ct_fail(err, "parallelism.tensor_parallel_degree = %d: checkpoint.enable = "
+                                "true is not supported under tensor parallelism yet (the final "
+                                "export, checkpoint.last_save_in_hf, is)",
+                           t->tp);
+    }
     const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
     const bool zero1 = !fsdp_on && shard > 1;
-    t->strat.vt = fsdp_on ? &strategy_fsdp : zero1 ? &strategy_zero1 : &strategy_replicate;
+    t->strat.vt = t->tp > 1 ? &strategy_tp
+                  : fsdp_on   ? &strategy_fsdp
+                  : zero1     ? &strategy_zero1
+                              : &strategy_replicate;
     if (t->strat.vt->model_in_shards && c->checkpoint.last_save_in_hf && !c->checkpoint.enable)
         return ct_fail(err,
                        "checkpoint.last_save_in_hf under FSDP exports the last checkpoint, tensor "
@@ -133,7 +150,7 @@ static int check_plan(trainer *t, ct_error *err) {
 static int setup_data(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     const char *paths[] = {c->training.dataset_path, c->validation.dataset_path};
-    if (run_text_open(&t->text, c, paths, c->validation.enable ? 2 : 1, t->model.cfg.vocab_size,
+    if (run_text_open(&t->text, c, paths, c->validation.enable ? 2 : 1, t->setup.model.vocab_size,
                       err) != 0)
         return -1;
     if (run_data_open(&t->train_data, &t->train_loader, &t->text, c->training.dataset_path, t->T,
@@ -307,21 +324,55 @@ static int save_config(trainer *t, ct_error *err) {
 
 // Everything before the first step. Errors that every rank meets alike (config, memory,
 // model) need no agreement; the ones that may differ between ranks are agreed on.
+// Tensor parallelism: the world cut into TP groups of tp consecutive ranks (tp innermost, as
+// torchtitan's mesh) and the data-parallel groups across them; t->d becomes this rank's DP
+// group, so data, loss and gradient sums run over the data-parallel ranks only.
+static int setup_tp_groups(trainer *t, ct_error *err) {
+    const int tp = t->tp, P = t->world->size, r = t->world->rank;
+    if (P % tp != 0)
+        return ct_fail(err, "parallelism.tensor_parallel_degree = %d does not divide the %d ranks",
+                       tp, P);
+    if (dist_split(t->world, r / tp, r % tp, &t->tp_group, err) != 0 ||
+        dist_split(t->world, r % tp, r / tp, &t->dp_group, err) != 0)
+        return -1;
+    t->d = &t->dp_group;
+    return 0;
+}
+
+// Under TP, a refusal every rank meets alike, printed once (by rank 0): agreed over the world.
+static int tp_agree(trainer *t, int rc, ct_error *err) {
+    return t->tp > 1 ? dist_agree(t->world, rc, "the tensor-parallel setup", err) : rc;
+}
+
+// This rank's local model under TP, and the sequence cut.
+static int tp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
+    if (t->T % t->tp != 0)
+        return ct_fail(err,
+                       "parallelism.tensor_parallel_degree = %d does not divide training.seq_len "
+                       "= %d (sequence parallelism cuts each batch's tokens over the TP ranks)",
+                       t->tp, t->T);
+    return qwen3_tp_config(mc, &t->setup.model, t->tp, err);
+}
+
 int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->cfg = c;
+    t->world = t->d;
+    t->tp = c->parallelism.tensor_parallel_degree;
+    if (t->tp > 1 && setup_tp_groups(t, err) != 0) return -1;
     t->B = c->training.local_batch_size;
     t->T = c->training.seq_len;
     t->log = is_root(t) ? log : fopen("/dev/null", "w");
     if (!t->log) return ct_fail(err, "rank %d: cannot open /dev/null for its log", t->d->rank);
     t->d->timeout_s = c->comm.init_timeout_seconds;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
-    if (setup_parallel(t, err) != 0) return -1;
+    if (tp_agree(t, setup_parallel(t, err), err) != 0) return -1;
     setup_threads(t);
     // First thing after the config: the plugins' parity check forks, which must precede any
     // OpenMP region.
     run_setup_opts so = {.log = t->log, .warn = is_root(t) ? stderr : NULL, .d = t->d};
     if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
-    const qwen3_config mc = t->setup.model;
+    qwen3_config mc = t->setup.model; // under TP: this rank's local model
+    if (t->tp > 1 && tp_agree(t, tp_local_config(t, &mc, err), err) != 0) return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
@@ -398,6 +449,11 @@ void trainer_free(trainer *t) {
     adamw_free(&t->opt);
     moe_balance_free(&t->moe);
     qwen3_free(&t->model);
+    if (t->tp > 1) {
+        t->d = t->world;
+        dist_group_free(&t->dp_group);
+        dist_group_free(&t->tp_group);
+    }
     run_setup_close(&t->setup);
     if (t->log && !is_root(t)) fclose(t->log);
 }

@@ -46,7 +46,7 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
                            t->positions ? t->positions + off : NULL, mine + i, err);
         for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
-    if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->model.cfg.vocab_size + 7;
+    if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->setup.model.vocab_size + 7;
     // The step's one check of its inputs (the forwards below trust it: qwen3_batch.checked).
     const qwen3_batch step = {t->inputs, t->targets, t->positions, false};
     if (rc == 0) rc = qwen3_batch_check(&t->model, &step, n, err);
