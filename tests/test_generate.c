@@ -184,7 +184,7 @@ static void check_prefill_at(qwen3_model *m, const gen_ref *r, const char *what,
     if (rc) return;
     int32_t *seq = malloc((size_t)total * sizeof *seq),
             *other = malloc((size_t)total * sizeof *seq);
-    float *full = malloc(2 * (size_t)V * sizeof *full);
+    float *full = calloc(2 * (size_t)V, sizeof *full); // argmax reads it after a failed prefill too
     memcpy(seq, r->prompt, (size_t)r->P * sizeof *seq);
     memcpy(seq + r->P, r->ids, (size_t)r->S * sizeof *seq);
     rc = qwen3_gen_prefill(&full_g, 0, seq, total, &err);

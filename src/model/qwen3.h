@@ -220,7 +220,7 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
 // qwen3_init_on the plain CPU backend.
 int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_error *err);
 // The same without gradients, for a model that is never trained (generate, eval, an export): no
-// grad_mem (NULL, and every m->g pointer NULL), and mem_opts set from opts (NULL: all zero).
+// grad_mem (NULL, and every m->g pointer NULL), and mem_opts = qwen3_forward_only_opts(opts).
 // Optimizer state and fp32 masters live in the trainer, so an untrained model holds the weights
 // and what its forward plans, nothing else. Each weight is held once, in the dtype its kernel
 // reads (qwen3_param_in_bf16): under opts->bf16 the matrices that the bf16 kernels read (every
@@ -231,6 +231,10 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
 // debug build and does nothing in a release one).
 int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
                             const ct_ops *ops, const qwen3_memory_opts *opts, ct_error *err);
+// The memory options a forward-only model runs with: opts (NULL: none) with full activation
+// checkpointing, so each layer keeps only its input and one layer's working set serves all of
+// them. A forward computes the same numbers either way; without a backward nothing is recomputed.
+qwen3_memory_opts qwen3_forward_only_opts(const qwen3_memory_opts *opts);
 // Whether tensor p of a model is held in bf16 only (a forward-only model under bf16, see above).
 bool qwen3_param_in_bf16(const qwen3_model *m, const qwen3_param *p);
 // Bytes a forward-only model of cfg holds for its weights under opts (NULL: fp32), as

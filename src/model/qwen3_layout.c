@@ -466,7 +466,7 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
         qwen3_free(m);
         return ct_fail(err, "qwen3_init: out of memory for the parameter table");
     }
-    if (opts) m->mem_opts = *opts;
+    if (!grads) m->mem_opts = qwen3_forward_only_opts(opts);
     // Forward only under bf16: the matrices live in param_bf16 alone (qwen3_init_forward_only).
     m->weights16 = !grads && m->mem_opts.bf16;
     if (m->weights16 && !ops->embedding_bf16_forward) {
@@ -501,6 +501,13 @@ int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const
 int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
                             const ct_ops *ops, const qwen3_memory_opts *opts, ct_error *err) {
     return model_init(m, cfg, be, ops, false, opts, err);
+}
+
+qwen3_memory_opts qwen3_forward_only_opts(const qwen3_memory_opts *opts) {
+    qwen3_memory_opts o = opts ? *opts : (qwen3_memory_opts){0};
+    o.ac_every = 1;
+    o.ac_op = false;
+    return o;
 }
 
 // The bf16 kernels read every matrix (the linear layers, the embedding, the router) but a MoE

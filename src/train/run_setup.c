@@ -231,7 +231,9 @@ int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *wha
 }
 
 run_memory run_setup_memory_forward_only(const run_setup *s, double batch_bytes) {
+    const qwen3_memory_opts o = qwen3_forward_only_opts(&s->mem_opts);
     run_memory m = run_setup_memory(s, 0, batch_bytes, 1);
+    m.model.activations = qwen3_memory_plan_ops(&s->model, &s->ops, s->B, s->T, &o).activations;
     m.model.params = qwen3_forward_only_weight_bytes(&s->model, &s->mem_opts);
     m.model.weights_bf16 = m.model.grads = 0;
     m.total = (double)m.model.params + m.model.activations + m.batch;

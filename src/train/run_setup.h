@@ -90,7 +90,8 @@ typedef struct run_memory {
 run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double batch_bytes,
                             int ranks_per_node);
 // The same for a forward-only model (eval): its weights as qwen3_init_forward_only holds them
-// (each once, bf16 where the bf16 kernels read it), the forward's buffers, no gradients.
+// (each once, bf16 where the bf16 kernels read it), the forward's buffers as it plans them
+// (qwen3_forward_only_opts), no gradients.
 run_memory run_setup_memory_forward_only(const run_setup *s, double batch_bytes);
 // Refuses a run that cannot fit, before anything is allocated: T beyond the model's positions,
 // or m->node above the available memory (unless training.allow_overcommit). `what` names the
