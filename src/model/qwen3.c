@@ -370,6 +370,11 @@ static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
 
 // The pass's `count` adds the routing statistics of these tokens to the balance component; a
 // recomputation (activation checkpointing) must not count them twice, generation not at all.
+// Under TP (MoE without EP) the router is replicated and runs on the gathered ln2, so every rank
+// of the group routes all N rows alike and counts the same statistics (the balance component
+// sums them over the data-parallel ranks only); the experts are cut by width (Fm/tp each), so
+// the expert kernel's (N,C) output is a partial sum, in p->part, summed onto the sequence shards
+// as down_proj's.
 static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_pass *p, float *out) {
     const ct_ops *op = m->ops;
@@ -383,33 +388,44 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     if (p->count && m->balance)
         op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
                             d.N, d.E, d.K);
+    float *y = m->tp ? p->part : out;
     if (qwen3_bf16_experts(&m->mem_opts))
-        op->moe_bf16_forward(op, out, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
+        op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
                              a->route_w, bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
-        op->moe_forward(out, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
+        op->moe_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                         w->experts, d.N, d.C, d.Fm, d.E, d.K);
-    op->add(out, a->resid2, out, (int64_t)d.N * d.C);
+    const int Ns = sp_rows(m, d.N);
+    tp_reduce_scatter(m, y, (size_t)Ns * d.C);
+    op->add(out, a->resid2, y, (int64_t)Ns * d.C);
 }
 
 // On entry s->dresid is the gradient of the block output; on exit, of a->resid2. ln2 reaches
 // the loss through the experts and through the router (via the routing weights and, when set,
 // the load-balancing loss): both input gradients are summed.
+// Under TP the experts read the output gradient's full rows (gathered into dtmp, free until the
+// router's input gradient); their routing-weight gradient (dweight) is then this rank's part of
+// the sum over the group, and so are the router's logit, weight and input gradients that follow
+// from it linearly: the strategy sums the router's over the group, the reduce-scatter in
+// post_norm_backward the input's. The aux loss's gradient (aux_dprob) is the same on every rank
+// (the same global statistics), so only rank 0 adds it, as o_proj's bias.
 static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
+    const float *dout = tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
     if (qwen3_bf16_experts(&m->mem_opts)) {
-        op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid,
+        op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, dout,
                               a->moe_state, a->ln2_16, a->expert, a->route_w,
                               bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     } else {
         from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
-        op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, s->dresid, a->moe_state,
+        op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, dout, a->moe_state,
                          a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     }
-    op->moe_route_backward(s->dlogits, s->dweight, s->aux_active ? s->aux_dprob : NULL, a->probs,
+    const bool aux = s->aux_active && (!m->tp || m->tp->rank == 0);
+    op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs,
                            a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
     linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, NULL, a->ln2, a->ln2_16, w->router,
                     d.N, d.C, d.E);

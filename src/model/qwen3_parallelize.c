@@ -54,17 +54,16 @@ qwen3_tp_cut qwen3_tp_cut_of(const char *name) {
 
 int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err) {
     const qwen3_config *g = global;
-    if (g->num_experts > 0)
-        return ct_fail(err, "parallelism.tensor_parallel_degree = %d: MoE models (num_experts = "
-                            "%d) are not supported under tensor parallelism yet",
-                       tp, g->num_experts);
     const struct {
         const char *what;
         int n;
     } cut[] = {{"num_attention_heads", g->num_attention_heads},
                {"num_key_value_heads", g->num_key_value_heads},
                {"intermediate_size", g->intermediate_size},
-               {"vocab_size", g->vocab_size}};
+               {"vocab_size", g->vocab_size},
+               // MoE without EP: every expert's gate/up rows and down columns are cut, as the
+               // dense MLP's (the router stays whole).
+               {"moe_intermediate_size", g->num_experts > 0 ? g->moe_intermediate_size : 0}};
     for (size_t i = 0; i < sizeof cut / sizeof *cut; i++)
         if (cut[i].n % tp != 0)
             return ct_fail(err,
@@ -76,5 +75,6 @@ int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_
     local->num_key_value_heads /= tp;
     local->intermediate_size /= tp;
     local->vocab_size /= tp;
+    local->moe_intermediate_size /= tp;
     return 0;
 }

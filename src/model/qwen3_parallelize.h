@@ -49,12 +49,15 @@ void qwen3_parallel_plan_free(qwen3_parallel_plan *p);
 // local model's tensor has there (qwen3_tp_config): rows of the embedding and lm_head (its
 // vocabulary rows; a tied head is the embedding, cut once), of q/k/v (weights and biases: its
 // query heads and their kv heads) and gate/up; columns of o_proj and down_proj (their inputs).
-// Everything else (the norms, q_norm/k_norm, o_proj's bias) is whole on every rank, its
-// gradient summed over the group.
+// A MoE layer's experts (MoE without EP, torchtitan's TensorParallel style for GroupedExperts)
+// are cut as the dense MLP: every expert's gate_proj/up_proj rows and down_proj columns, by the
+// same names. Everything else (the norms, q_norm/k_norm, o_proj's bias, the router mlp.gate)
+// is whole on every rank, its gradient summed over the group; the expert bias is a buffer,
+// whole, updated alike on every rank from the same statistics.
 typedef enum qwen3_tp_cut { QWEN3_TP_WHOLE, QWEN3_TP_ROWS, QWEN3_TP_COLUMNS } qwen3_tp_cut;
 qwen3_tp_cut qwen3_tp_cut_of(const char *name);
 
-// The model rank r of tp holds: num_attention_heads, num_key_value_heads, intermediate_size
-// and vocab_size divided by tp (head_dim and the rest unchanged). Refuses, in one line naming
-// both numbers, a count tp does not divide, and a MoE config (not supported under TP yet).
+// The model rank r of tp holds: num_attention_heads, num_key_value_heads, intermediate_size,
+// vocab_size and (MoE) moe_intermediate_size divided by tp (head_dim, num_experts and the rest
+// unchanged). Refuses, in one line naming both numbers, a count tp does not divide.
 int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err);

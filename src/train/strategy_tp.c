@@ -1,9 +1,12 @@
-// Tensor parallelism with sequence parallelism (torchtitan's parallelize_qwen3 for dense
-// models): each rank of a TP group holds the local model of qwen3_tp_config (its heads, MLP width
-// and vocabulary rows) and runs the model's qwen3_tp hook with the backend's collectives on
-// the group. Data parallelism over the other ranks is the replicate strategy's (DDP) on t->d.
-// The replicated tensors (norms, q/k norms, o_proj's bias) have partial gradients on each
-// rank: summed over the group after the backward. The norm counts every sharded tensor's
+// Tensor parallelism with sequence parallelism (torchtitan's parallelize_qwen3, dense and MoE
+// without EP): each rank of a TP group holds the local model of qwen3_tp_config (its heads, MLP
+// width, experts' width and vocabulary rows) and runs the model's qwen3_tp hook with the
+// backend's collectives on the group. Data parallelism over the other ranks is the replicate
+// strategy's (DDP) on t->d. The replicated tensors (norms, q/k norms, o_proj's bias, the MoE
+// router) have partial gradients on each rank: summed over the group after the backward. The
+// MoE expert bias is a buffer, left out of that sum: every rank updates it alike from the same
+// routing statistics, which the balance component sums over t->d (the DP group) only, since
+// every rank of a TP group routes the same gathered rows. The norm counts every sharded tensor's
 // shards once and each replicated tensor once, so clipping equals one process's.
 #include <stdlib.h>
 #include <string.h>
