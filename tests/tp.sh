@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Tensor parallelism with sequence parallelism and loss parallel (issue 30), under real mpirun:
-# TP=2, TP=4 and TP=2 x DP=2 against one process on the same global batch (dense tied and
-# untied, GQA with num_key_value_heads = tp, head_dim != hidden/heads, fp32 and bf16; MoE without
-# EP with HF's aux loss and with the aux-loss-free expert bias), the weights after 4 steps
-# compared through the final HF export (assembled from the TP slices), and the refusals, each
+# TP=2, TP=4, TP=2 x DP=2 (HSDP 2 x 1 x 2) and TP=2 x FSDP=2 (2D) against one process on the
+# same global batch (dense tied and untied, GQA with num_key_value_heads = tp, head_dim !=
+# hidden/heads, fp32 and bf16; MoE without EP with HF's aux loss and with the aux-loss-free expert
+# bias), the weights after 4 steps compared through the final HF export (assembled from the TP
+# slices, under FSDP from the shards); the compositions (activation checkpointing, both attention
+# kernels, block_causal, gradient accumulation, chat masks, attention bias, the chunked loss head,
+# the guarded backend), the memory estimate's TP shares, a dead TP peer, and the refusals, each
 # one line.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
@@ -37,9 +40,26 @@ check "np1 kv4" run 1 "$tmp/np1_kv4" "${mha[@]}"
 check "tp4" tp 4 "$tmp/tp4" "${mha[@]}"
 check "tp4 = np1" same "$tmp/tp4" "$tmp/np1_kv4" "${tol[@]}"
 
+# HSDP 2 x 1 x 2 (dp_replicate x dp_shard x tp): DDP over the replicas.
 check "tp2 x dp2" run 4 "$tmp/tp2dp2" --parallelism.tensor_parallel_degree 2 \
   --parallelism.data_parallel_replicate_degree 2 --training.local_batch_size 1
 check "tp2 x dp2 = np1" same "$tmp/tp2dp2" "$tmp/np1" "${tol[@]}"
+
+# 2D: each rank's TP-sliced model sharded over its FSDP group. Measured 1.2e-8, 3.5e-8, 3.4e-8.
+# (3D, HSDP 2 x 2 x 2 on 8 ranks, measured once at 5.3e-9, 1.1e-8, 1.5e-8 against one process
+# of batch 4: too slow for two cores, CTITAN_TP_3D=1 runs it.)
+check "tp2 x fsdp2" run 4 "$tmp/tp2fsdp2" --parallelism.tensor_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1
+check "tp2 x fsdp2 = np1" same "$tmp/tp2fsdp2" "$tmp/np1" "${tol[@]}"
+grep -q "tensor parallel over 2 ranks .*; FSDP: parameters, gradients and optimizer state sharded over 2" \
+  "$tmp/tp2fsdp2.log" && ok || bad "tp2 x fsdp2 log lacks the 2D line: $(grep '^parallel' "$tmp/tp2fsdp2.log")"
+if [ "${CTITAN_TP_3D:-0}" = 1 ]; then
+  check "np1 b4" run 1 "$tmp/np1_b4" --training.local_batch_size 4 --training.global_batch_size 4
+  check "tp2 x hsdp 2x2" run 8 "$tmp/tp2hsdp" --parallelism.tensor_parallel_degree 2 \
+    --parallelism.data_parallel_shard_degree 2 --parallelism.data_parallel_replicate_degree 2 \
+    --training.local_batch_size 1 --training.global_batch_size 4
+  check "tp2 x hsdp 2x2 = np1" same "$tmp/tp2hsdp" "$tmp/np1_b4" "${tol[@]}"
+fi
 
 check "np1 untied" run 1 "$tmp/np1_untied" --model.tie_embeddings false
 check "tp2 untied" tp 2 "$tmp/tp2_untied" --model.tie_embeddings false
@@ -49,6 +69,74 @@ bf16=(--training.mixed_precision_param bfloat16)
 check "np1 bf16" run 1 "$tmp/np1_bf16" "${bf16[@]}"
 check "tp2 bf16" tp 2 "$tmp/tp2_bf16" "${bf16[@]}"
 check "tp2 bf16 = np1 bf16" same "$tmp/tp2_bf16" "$tmp/np1_bf16" "${tol16[@]}"
+# FSDP's bf16 gathers round every weight, the norms too (MixedPrecisionPolicy): against FSDP=2
+# bf16 on the same batch. Measured 6.1e-5, 9.0e-5, 2.0e-5.
+check "fsdp2 bf16" run 2 "$tmp/fsdp2_bf16" --training.local_batch_size 1 "${bf16[@]}" \
+  --checkpoint.enable true --checkpoint.interval 100
+check "tp2 x fsdp2 bf16" run 4 "$tmp/tp2fsdp2_bf16" --parallelism.tensor_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1 "${bf16[@]}"
+check "tp2 x fsdp2 bf16 = fsdp2 bf16" same "$tmp/tp2fsdp2_bf16" "$tmp/fsdp2_bf16" "${tol16[@]}"
+
+# --- compositions: each pair of options against one process with the same ones. Measured
+# (loss, grad norm, weights): ac full + sdpa 9.4e-9, 1.5e-8, 2.0e-8; ac op + chunked head
+# 1.3e-8, 2.9e-8, 3.7e-8; block_causal + accumulation 5.3e-9, 1.6e-8, 1.4e-8; chat 1.0e-8,
+# 4.6e-8, 2.2e-8; attention bias 1.1e-8, 2.2e-8, 1.6e-8. The guarded run: 0, 0, 0.
+compose() { # NAME [--key value ...]: np1 and tp2, compared at the fp32 tolerances
+  local name=$1; shift
+  check "np1 $name" run 1 "$tmp/np1_$name" "$@"
+  check "tp2 $name" tp 2 "$tmp/tp2_$name" "$@"
+  check "tp2 $name = np1" same "$tmp/tp2_$name" "$tmp/np1_$name" "${tol[@]}"
+}
+compose ac_full_sdpa --activation_checkpoint.mode full --model.attn_backend sdpa
+compose ac_op_chunked --activation_checkpoint.mode selective \
+  --activation_checkpoint.selective_ac_option op --training.loss_chunk_tokens 24
+# block_causal on packed documents, and 2 micro-batches per step (global 4 = 2 x local 2)
+compose block_accum --model.attn_mask_type block_causal --training.global_batch_size 4
+# chat masks: conversations of real text, the assistant turns trained (training.train_on)
+"$CTITAN_PYTHON" - "$text" "$tmp/chat.jsonl" <<'PY'
+import json, sys
+lines = [l.strip() for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    for i in range(0, len(lines) - 2, 2):
+        m = [{"role": "user", "content": lines[i]}, {"role": "assistant", "content": lines[i + 1]}]
+        f.write(json.dumps({"messages": m}, ensure_ascii=False) + "\n")
+PY
+compose chat --training.dataset_path "$tmp/chat.jsonl" --training.train_on assistant
+grep -q "conversations rendered" "$tmp/tp2_chat.log" && ok || bad "tp2 chat: no conversations"
+# attention bias: np1's exported weights with q/k/v/o biases added (attention_bias: true), as an
+# HF folder (model.n_layers 0: the architecture is config.json's)
+"$CTITAN_PYTHON" "$(dirname "$0")/tp_add_bias.py" "$tmp/np1/hf" "$tmp/bias_hf" || bad "tp_add_bias.py"
+compose bias --model.backend hf --model.hf_path "$tmp/bias_hf" --model.n_layers 0
+# guarded backend: the same TP run, bit for bit
+check "tp2 guarded" tp 2 "$tmp/tp2_guard" --debug.guard_device_memory true
+check "tp2 guarded = tp2" same "$tmp/tp2_guard" "$tmp/tp2" 0 0 0
+
+# --- the memory estimate's TP shares (measured: weights 0.493, activations 0.506) (the "memory, TP" and estimate lines, before any step).
+# Weights: the debugmodel is weight-dominated (its 151936-row embedding); TP=2 holds half of
+# every cut tensor and the replicated norms whole. Activations: 4 x 128 tokens, where the
+# logits and the layers' buffers dominate; sequence parallelism keeps the residual stream's
+# shard, loss parallel the logits' vocabulary half.
+mib() { sed -n "s/^memory, TP: .* $1 \([0-9.]*\) MiB.*/\1/p" "$2"; }
+mem=(--training.steps 1 --training.seq_len 128 --training.local_batch_size 4 --training.global_batch_size 4)
+check "np1 mem" run 1 "$tmp/np1_mem" "${mem[@]}"
+check "tp2 mem" tp 2 "$tmp/tp2_mem" "${mem[@]}"
+"$CTITAN_PYTHON" - "$tmp/np1_mem.log" "$tmp/tp2_mem.log" <<'PY' && ok || bad "TP memory shares"
+import re, sys
+def parse(path):
+    for l in open(path):
+        m = re.match(r"memory estimate per rank: params ([0-9.]+) GiB.*activations [0-9.]+ GiB \(([0-9.]+) MiB", l)
+        if m: return float(m.group(1)), float(m.group(2))
+(w1, a1), (w2, a2) = parse(sys.argv[1]), parse(sys.argv[2])
+print(f"TP=2 / one process: weights {w2 / w1:.3f}, activations {a2 / a1:.3f} ({a2:.1f} / {a1:.1f} MiB)")
+sys.exit(0 if w2 / w1 <= 0.52 and a2 / a1 <= 0.55 else 1)
+PY
+
+# --- a hung or dead TP peer: every rank ends, non-zero, within the comm timeout, the wait named
+fails tp_hang "a tensor-parallel .* did not complete within 5 s" 2 \
+  --parallelism.tensor_parallel_degree 2 --debug.fault hang --debug.fault_rank 1 \
+  --debug.fault_step 2 --comm.train_timeout_seconds 5
+fails tp_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 2 --parallelism.tensor_parallel_degree 2 \
+  --debug.fault exit --debug.fault_rank 1 --debug.fault_step 2
 
 # --- MoE without EP (debugmodel_moe: 8 experts of width 128, top-2, every layer sparse): the
 # router replicated, every expert's gate/up rows and down columns cut. HF's aux loss in the loss
@@ -105,8 +193,8 @@ refused seq_len "tensor_parallel_degree = 2 does not divide training.seq_len = 3
 refused moe_ffn "tensor_parallel_degree = 2 does not divide the model's moe_intermediate_size = 127" \
   2 --parallelism.tensor_parallel_degree 2 --model.flavor debugmodel_moe \
   --model.moe_intermediate_size 127
-refused fsdp "FSDP, HSDP and ZeRO-1 under tensor parallelism are not supported yet" 4 \
-  --parallelism.tensor_parallel_degree 2
+refused zero1 "ZeRO-1 under tensor parallelism is not supported yet" 4 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
 refused ckpt "checkpoint.enable = true is not supported under tensor parallelism yet" 2 \
   --parallelism.tensor_parallel_degree 2 --checkpoint.enable true
 refused async "enable_async_tensor_parallel" 2 \

@@ -70,6 +70,11 @@ typedef struct qwen3_memory_opts {
     // at once, only (loss_chunk, V). qwen3_forward_train then also runs the head's backward, and
     // qwen3_backward after a plain qwen3_forward recomputes the logits chunk by chunk.
     int loss_chunk;
+    // Sequence parallelism (tensor parallelism's, qwen3_tp): the degree (0 or 1: none). The
+    // buffers that hold only this rank's rows of the sequence (the residual stream and its
+    // gradient, the norms' rstd) are planned for N / sp rows; the GEMMs' gathered inputs and
+    // everything after them stay N.
+    int sp;
     // bf16 mixed precision (training.mixed_precision_param = "bfloat16"): every linear layer
     // (q|k|v, o, gate|up, down, the router, lm_head) runs the table's matmul_bf16 kernels on a
     // bf16 copy of the weights (param_bf16, refreshed by qwen3_refresh_bf16) with fp32

@@ -173,18 +173,23 @@ static void take_act(float **p, uint16_t **p16, bool bf16, carve *cv, unsigned o
         *p = carve_take(cv, n);
 }
 
+// Sequence parallelism's degree: the rows of a sequence shard are N / it.
+static size_t sp_degree(const qwen3_memory_opts *opts) {
+    return opts && opts->sp > 1 ? (size_t)opts->sp : 1;
+}
+
 // One layer's saved activations, except resid: the buffers of the classes in `dense` that a
 // dense layer has, and of those in `sparse` that a sparse one has (the recompute set may need
 // both kinds). Buffers of other classes and kinds are left as they are.
 static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cfg,
-                         const ct_ops *ops, int B, int T, bool bf16, bool bf16_experts,
-                         unsigned dense, unsigned sparse) {
+                         const ct_ops *ops, int B, int T, const qwen3_memory_opts *opts, bool bf16,
+                         bool bf16_experts, unsigned dense, unsigned sparse) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D;
-    const size_t E = d.E, K = d.K;
+    const size_t E = d.E, K = d.K, Ns = N / sp_degree(opts);
     const unsigned any = dense | sparse;
     take_act(&la->ln1, &la->ln1_16, bf16, cv, any, ACT_CHEAP, N * C);
-    take(&la->ln1_rstd, cv, any, ACT_CHEAP, N);
+    take(&la->ln1_rstd, cv, any, ACT_CHEAP, Ns);
     take_act(&la->qkv, &la->qkv16, bf16, cv, any, ACT_KEPT, N * (NH + 2 * NKV) * D);
     take_act(&la->v, &la->v16, bf16, cv, any, ACT_CHEAP, N * NKV * D);
     take(&la->q_rstd, cv, any, ACT_CHEAP, N * NH);
@@ -195,9 +200,9 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     take_act(&la->atty, &la->atty16, bf16, cv, any, ACT_KEPT, N * NH * D);
     // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
     // add to redo. down_proj's (and the experts') is the next layer's resid.
-    take(&la->resid2, cv, any, ACT_KEPT, N * C);
+    take(&la->resid2, cv, any, ACT_KEPT, Ns * C);
     take_act(&la->ln2, &la->ln2_16, bf16, cv, any, ACT_CHEAP, N * C);
-    take(&la->ln2_rstd, cv, any, ACT_CHEAP, N);
+    take(&la->ln2_rstd, cv, any, ACT_CHEAP, Ns);
     take_act(&la->gate_up, &la->gate_up16, bf16, cv, dense, ACT_KEPT, N * 2 * F);
     take_act(&la->h, &la->h16, bf16, cv, dense, ACT_CHEAP, N * F);
     // The router logits (softmaxed in place), the routing and the expert kernel's state (its
@@ -269,7 +274,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         opts && opts->loss_chunk > 0 && opts->loss_chunk < B * T ? opts->loss_chunk : B * T;
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const size_t N = (size_t)B * T, C = d.C, F = d.F, NH = d.NH, NKV = d.NKV, D = d.D, V = d.V;
-    const size_t E = d.E, K = d.K;
+    const size_t E = d.E, K = d.K, Ns = N / sp_degree(opts);
     const int nh = d.NH, nkv = d.NKV, n = d.N, c = d.C, fm = d.Fm, e = d.E, k = d.K, L = d.L;
     const bool moe = d.E > 0, bf16 = opts && opts->bf16;
     carve cv = {base, 0};
@@ -285,7 +290,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
             dense_rc |= cls;
     }
     if (dense_rc | sparse_rc)
-        layer_layout(&shared, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), dense_rc,
+        layer_layout(&shared, &cv, cfg, ops, B, T, opts, bf16, qwen3_bf16_experts(opts), dense_rc,
                      sparse_rc);
     int n_sparse = 0;
     for (int l = 0; l < L; l++) {
@@ -294,9 +299,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         const qwen3_layer_ac ac = qwen3_layer_recompute(opts, l);
         const unsigned own = ACT_ALL & ~recomputed_classes(ac);
         *la = ac == QWEN3_AC_NONE ? (qwen3_layer_acts){0} : shared;
-        layer_layout(la, &cv, cfg, ops, B, T, bf16, qwen3_bf16_experts(opts), sparse ? 0 : own,
-                     sparse ? own : 0);
-        la->resid = carve_take(&cv, N * C);
+        layer_layout(la, &cv, cfg, ops, B, T, opts, bf16, qwen3_bf16_experts(opts),
+                     sparse ? 0 : own, sparse ? own : 0);
+        la->resid = carve_take(&cv, Ns * C); // sequence parallel: this rank's rows
+
         la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
     }
@@ -306,14 +312,14 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         a->pos_cos = carve_take(&cv, N * D / 2);
         a->pos_sin = carve_take(&cv, N * D / 2);
     }
-    a->resid_out = carve_take(&cv, N * C);
+    a->resid_out = carve_take(&cv, Ns * C);
     if (bf16)
         a->lnf16 = (uint16_t *)carve_take(&cv, N * C / 2 + 1);
     else
         a->lnf = carve_take(&cv, N * C);
-    a->lnf_rstd = carve_take(&cv, N);
+    a->lnf_rstd = carve_take(&cv, Ns);
     a->losses = carve_take(&cv, N);
-    a->dresid = carve_take(&cv, N * C);
+    a->dresid = carve_take(&cv, Ns * C);
     a->dln = carve_take(&cv, N * C);
     a->dtmp = carve_take(&cv, N * C);
     a->aux_dprob = moe ? carve_take(&cv, E) : NULL;

@@ -79,10 +79,19 @@ extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
 extern const strategy_vt strategy_tp;
 // Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+// FSDP composed with another cut (TP): every unit of the full buffer (which a load filled) into
+// the shard; and the fp32 weights assembled from the shard group's pieces into `full` (host,
+// the full buffer's layout; every rank of the shard group takes part).
+void strategy_fsdp_take_all(trainer *t);
+int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err);
+// FSDP's parts of the memory estimate for the model cfg (the run's, or a rank's under TP).
+int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_memory *mem,
+                              ct_error *err);
 
 // Tensor parallelism's state: the group (its collectives carry the model's qwen3_tp hook) and
 // the first failure of a collective the hook ran (reported after the backward).
 typedef struct strategy_tp_state {
+    const strategy_vt *dp; // over the data-parallel ranks (t->d): replicate, or FSDP/HSDP
     dist *group;
     qwen3_tp tp;
     ct_error err;

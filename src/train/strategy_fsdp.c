@@ -27,9 +27,11 @@ typedef struct fsdp_bytes {
     double gathered; // units' weights and gradients at the worst moment of a step
 } fsdp_bytes;
 
-static int fsdp_bytes_of(const trainer *t, fsdp_bytes *out, ct_error *err) {
+// The model: the run's, or under TP this rank's local one.
+static int fsdp_bytes_of(const trainer *t, const qwen3_config *cfg, fsdp_bytes *out,
+                         ct_error *err) {
     qwen3_parallel_plan p;
-    if (qwen3_parallelize(&p, &t->setup.model, NULL, err) != 0) return -1;
+    if (qwen3_parallelize(&p, cfg, NULL, err) != 0) return -1;
     const size_t *lo = p.unit_lo, *hi = p.unit_hi;
     const fsdp_opts o = fsdp_options(t);
     const int n = p.n_units;
@@ -50,9 +52,10 @@ static int fsdp_bytes_of(const trainer *t, fsdp_bytes *out, ct_error *err) {
 // and moments, plus the units gathered and the gradients not yet reduced at the worst moment.
 // Logged on a line of their own; params and grads in `mem` become the shard's plus what is in
 // flight.
-static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_memory *mem,
+                              ct_error *err) {
     fsdp_bytes b;
-    if (fsdp_bytes_of(t, &b, err) != 0) return -1;
+    if (fsdp_bytes_of(t, cfg, &b, err) != 0) return -1;
     mem->model.params = (size_t)b.shard_params;
     mem->model.weights_bf16 = (size_t)b.shard_bf16;
     mem->model.grads = (size_t)b.shard_grads;
@@ -66,6 +69,10 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
             t->shard_degree, b.shard_params / GIB, b.shard_bf16 ? " (+ their bf16 copy)" : "",
             b.shard_grads / GIB, b.optimizer / GIB, b.gathered / GIB);
     return 0;
+}
+
+static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    return strategy_fsdp_estimate_of(t, &t->setup.model, mem, err);
 }
 
 // The plan's whole tensors (the MoE expert bias) are buffers: as FSDP2 does with buffers,
@@ -445,3 +452,45 @@ const strategy_vt strategy_fsdp = {.describe = describe,
                                    .load_checkpoint = load_checkpoint,
                                    .save_checkpoint = save_checkpoint,
                                    .model_in_shards = true};
+
+// ---------------------------------------------------------------------------------------------
+// For a strategy that composes FSDP with another cut (tensor parallelism, strategy_tp.c), whose
+// loads write the whole local model into the full buffer first.
+
+void strategy_fsdp_take_all(trainer *t) {
+    for (int u = 0; u < t->strat.fsdp.n_units; u++) take_unit(t, u);
+    fsdp_weights_changed(&t->strat.fsdp, false);
+}
+
+// Every unit's fp32 weights, from the shard group's pieces (padded to the largest piece: the
+// host all-gather takes one size), into full (the full buffer's layout, host memory).
+int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err) {
+    fsdp *f = &t->strat.fsdp;
+    const int S = f->o.shard_degree;
+    size_t most = 0;
+    for (int u = 0; u < f->n_units; u++)
+        for (int s = 0; s < S; s++) {
+            size_t lo, hi;
+            fsdp_piece(f, u, s, &lo, &hi);
+            most = hi - lo > most ? hi - lo : most;
+        }
+    float *mine = malloc((most ? most : 1) * sizeof *mine);
+    float *all = malloc((most ? most : 1) * S * sizeof *all);
+    float *host = shard_view(t, f->shard_params, true, err);
+    int rc = mine && all && host ? 0 : ct_fail(err, "gathering the FSDP shards: out of memory");
+    for (int u = 0; u < f->n_units && rc == 0; u++) {
+        const fsdp_unit *x = &f->units[u];
+        memcpy(mine, host + x->at, (x->piece_hi - x->piece_lo) * sizeof *mine);
+        rc = dist_allgather(&f->shard, mine, all, (int)(most * sizeof *mine),
+                            "gathering the FSDP shards", err);
+        for (int s = 0; s < S && rc == 0; s++) {
+            size_t lo, hi;
+            fsdp_piece(f, u, s, &lo, &hi);
+            memcpy(full + lo, all + (size_t)s * most, (hi - lo) * sizeof *full);
+        }
+    }
+    if (host) shard_release(t, host, f->shard_params, false);
+    free(mine);
+    free(all);
+    return rc;
+}

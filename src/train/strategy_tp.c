@@ -1,13 +1,16 @@
 // Tensor parallelism with sequence parallelism (torchtitan's parallelize_qwen3, dense and MoE
 // without EP): each rank of a TP group holds the local model of qwen3_tp_config (its heads, MLP
 // width, experts' width and vocabulary rows) and runs the model's qwen3_tp hook with the
-// backend's collectives on the group. Data parallelism over the other ranks is the replicate
-// strategy's (DDP) on t->d. The replicated tensors (norms, q/k norms, o_proj's bias, the MoE
-// router) have partial gradients on each rank: summed over the group after the backward. The
-// MoE expert bias is a buffer, left out of that sum: every rank updates it alike from the same
-// routing statistics, which the balance component sums over t->d (the DP group) only, since
-// every rank of a TP group routes the same gathered rows. The norm counts every sharded tensor's
-// shards once and each replicated tensor once, so clipping equals one process's.
+// backend's collectives on the group. Data parallelism over the other ranks (t->d) is another
+// strategy's on the local model: replicate (DDP), or FSDP/HSDP (2D/3D: each rank's TP-sliced
+// model sharded over its DP-shard group; the TP peers of a rank hold the same local layout, so
+// the same shard ranges). The replicated tensors (norms, q/k norms, o_proj's bias, the MoE
+// router) have partial gradients on each rank: summed over the group after the data-parallel
+// reduction (under FSDP on the shards' pieces of them). The MoE expert bias is a buffer, left
+// out of that sum: every rank updates it alike from the same routing statistics, which the
+// balance component sums over t->d (the DP group) only, since every rank of a TP group routes
+// the same gathered rows. The norm counts every sharded tensor's shards once and each
+// replicated tensor once, so clipping equals one process's.
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,17 +73,56 @@ static void tp_allreduce(void *ctx, float *buf, size_t n) {
 
 // ---------------------------------------------------------------------------------------------
 
+// The data-parallel strategy under TP (ZeRO-1 is refused in trainer_setup.c): known from the
+// config alone, before setup (the memory estimate).
+static const strategy_vt *dp_of(const trainer *t) {
+    return t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+}
+
+static bool fsdp_on(const trainer *t) {
+    return dp_of(t) == &strategy_fsdp;
+}
+
 static void describe(const trainer *t, char *buf, size_t size) {
-    char dp[160];
-    strategy_replicate.describe(t, dp, sizeof dp);
+    char dp[256];
+    dp_of(t)->describe(t, dp, sizeof dp);
     snprintf(buf, size,
              "tensor parallel over %d ranks with sequence parallelism and loss parallel; %s over "
              "%d",
              t->tp, dp, t->d->size);
 }
 
+// The memory estimate under TP: this rank's local model (its 1/tp of every cut tensor, the
+// replicated ones whole) for the weights, gradients and AdamW's moments; its activations with
+// the sequence-parallel buffers at N / tp rows and the gathered GEMM inputs at N; the loss
+// parallel's own buffers (ids, targets, each row's max per rank and two sums). Under FSDP,
+// FSDP's shares of that local model.
+static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    qwen3_config local;
+    if (qwen3_tp_config(&local, &t->setup.model, t->tp, err) != 0) return -1;
+    qwen3_memory_opts o = t->setup.mem_opts;
+    o.sp = t->tp;
+    const double N = (double)t->B * t->T;
+    mem->model = qwen3_memory_plan_ops(&local, &t->setup.ops, t->B, t->T, &o);
+    mem->model.activations += (size_t)(2 * N * sizeof(int32_t) + (t->tp + 2) * N * sizeof(float));
+    mem->optimizer = 2.0 * (double)mem->model.params;
+    mem->total = (double)mem->model.params + mem->model.weights_bf16 + mem->model.grads +
+                 mem->optimizer + mem->model.activations + mem->batch;
+    mem->node = mem->total * mem->ranks_per_node;
+    fprintf(t->log,
+            "memory, TP: this rank's 1/%d of the cut tensors (and every replicated one) %.3f GiB "
+            "of weights; activations with sequence parallelism %.2f MiB\n",
+            t->tp, mem->model.params / GIB, mem->model.activations / (1024.0 * 1024.0));
+    return fsdp_on(t) ? strategy_fsdp_estimate_of(t, &local, mem, err) : 0;
+}
+
 static int setup(trainer *t, ct_error *err) {
-    if (strategy_replicate.setup(t, err) != 0) return -1;
+    if (t->model.mem_opts.sp != t->tp)
+        return ct_fail(err, "tensor parallelism: the model was planned for sequence parallelism "
+                            "over %d ranks, not %d",
+                       t->model.mem_opts.sp, t->tp);
+    t->strat.tp.dp = dp_of(t);
+    if (t->strat.tp.dp->setup(t, err) != 0) return -1;
     qwen3_model *m = &t->model;
     strategy_tp_state *s = &t->strat.tp;
     const size_t N = (size_t)t->B * t->T;
@@ -124,7 +166,7 @@ static void free_(trainer *t) {
     free(tp->host_targets);
     memset(tp, 0, sizeof *tp);
     t->model.tp = NULL;
-    strategy_replicate.free(t);
+    if (t->strat.tp.dp) t->strat.tp.dp->free(t);
 }
 
 // Rank r's slice of the global tensor `full` (gshape) as the local tensor p holds it, into out.
@@ -163,6 +205,7 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     free(full);
     free(mine);
     qwen3_free(&g);
+    if (rc == 0 && fsdp_on(t)) strategy_fsdp_take_all(t);
     return rc;
 }
 
@@ -213,6 +256,7 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
         if (rc == 0 && rep->n_loaded++ == 0) rep->source_dtype = st->dtype;
     }
     free(mine);
+    if (rc == 0 && fsdp_on(t)) strategy_fsdp_take_all(t);
     return rc != 0 ? ct_wrap(err, "%s", from) : 0;
 }
 
@@ -234,18 +278,45 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 
 static void begin_step(trainer *t) {
     t->strat.tp.failed = false;
-    strategy_replicate.begin_step(t);
+    t->strat.tp.dp->begin_step(t);
+}
+
+// Each tensor's elements among the gradients this rank's optimizer steps (the whole local
+// model, or under FSDP its shard's pieces): fn(ctx, grads, count, replicated).
+typedef void (*grad_range_fn)(trainer *t, float *g, size_t n, bool whole, void *ctx);
+
+static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
+    qwen3_model *m = &t->model;
+    const fsdp *f = &t->strat.fsdp;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        const bool whole = qwen3_tp_cut_of(p->name) == QWEN3_TP_WHOLE;
+        if (!fsdp_on(t)) {
+            fn(t, m->grad_mem + p->offset, p->numel, whole, ctx);
+            continue;
+        }
+        for (int u = 0; u < f->n_units; u++) {
+            const fsdp_unit *x = &f->units[u];
+            const size_t lo = p->offset > x->piece_lo ? p->offset : x->piece_lo;
+            const size_t hi =
+                p->offset + p->numel < x->piece_hi ? p->offset + p->numel : x->piece_hi;
+            if (lo < hi) fn(t, f->shard_grads + x->at + (lo - x->piece_lo), hi - lo, whole, ctx);
+        }
+    }
+}
+
+static void sum_whole(trainer *t, float *g, size_t n, bool whole, void *ctx) {
+    (void)ctx;
+    if (whole) tp_allreduce(t, g, n);
 }
 
 // After the data-parallel reduction: the replicated tensors' partial gradients summed over the
-// group (each rank saw its sequence shard, or its heads).
+// group (each rank saw its sequence shard, or its heads). Under FSDP, on this rank's pieces:
+// its TP peers hold the same pieces of the same local layout.
 static int grads_final(trainer *t, ct_error *err) {
     strategy_tp_state *s = &t->strat.tp;
-    if (strategy_replicate.grads_final(t, err) != 0) return -1;
-    qwen3_model *m = &t->model;
-    for (int i = 0; i < m->n_params && !s->failed; i++)
-        if (qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_WHOLE && !m->params[i].buffer)
-            tp_allreduce(t, m->grad_mem + m->params[i].offset, m->params[i].numel);
+    if (s->dp->grads_final(t, err) != 0) return -1;
+    each_grad_range(t, sum_whole, NULL);
     if (s->failed) {
         *err = s->err;
         return -1;
@@ -253,46 +324,49 @@ static int grads_final(trainer *t, ct_error *err) {
     return 0;
 }
 
-// Sharded tensors: this rank's squares summed over the group; replicated ones once.
+static void add_squares(trainer *t, float *g, size_t n, bool whole, void *ctx) {
+    double *sq = ctx, x;
+    t->model.ops->sum_squares(&x, g, n);
+    sq[whole] += x;
+}
+
+// Sharded tensors: this rank's squares summed over the group; replicated ones once; under
+// FSDP, then summed over the shard group (each rank its pieces).
 static int grad_sq(trainer *t, double *sq, ct_error *err) {
-    qwen3_model *m = &t->model;
-    double sharded = 0, whole = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i];
-        double x;
-        m->ops->sum_squares(&x, m->grad_mem + p->offset, p->numel);
-        *(qwen3_tp_cut_of(p->name) == QWEN3_TP_WHOLE ? &whole : &sharded) += x;
-    }
-    if (dist_sum(t->strat.tp.group, sharded, &sharded, "the gradient norm", err) != 0) return -1;
-    *sq = sharded + whole;
+    double part[2] = {0, 0}; // sharded, whole
+    each_grad_range(t, add_squares, part);
+    if (dist_sum(t->strat.tp.group, part[0], &part[0], "the gradient norm", err) != 0) return -1;
+    *sq = part[0] + part[1];
+    if (fsdp_on(t)) return dist_sum(&t->strat.fsdp.shard, *sq, sq, "the gradient norm", err);
     return 0;
 }
 
 // The rest is the data-parallel strategy's over t->d.
 static void weights_ready(trainer *t) {
-    strategy_replicate.weights_ready(t);
+    t->strat.tp.dp->weights_ready(t);
 }
 static void begin_micro(trainer *t, bool last) {
-    strategy_replicate.begin_micro(t, last);
+    t->strat.tp.dp->begin_micro(t, last);
 }
 static void unit_ready(void *ctx, int unit, int event) {
-    strategy_replicate.unit_ready(ctx, unit, event);
+    ((trainer *)ctx)->strat.tp.dp->unit_ready(ctx, unit, event);
 }
 static strategy_shard shard(trainer *t) {
-    return strategy_replicate.shard(t);
+    return t->strat.tp.dp->shard(t);
 }
 static int after_update(trainer *t, ct_error *err) {
-    return strategy_replicate.after_update(t, err);
+    return t->strat.tp.dp->after_update(t, err);
 }
 static void after_eval(trainer *t) {
-    strategy_replicate.after_eval(t);
+    t->strat.tp.dp->after_eval(t);
 }
 static void take_comm(trainer *t, double *exposed, double *hidden) {
-    strategy_replicate.take_comm(t, exposed, hidden);
+    t->strat.tp.dp->take_comm(t, exposed, hidden);
 }
 
 const strategy_vt strategy_tp = {
-    .describe = describe, .memory_note = "", .optimizer_sharded = false, .setup = setup,
+    .describe = describe, .memory_note = " (TP shares)", .optimizer_sharded = false,
+    .estimate = estimate, .setup = setup,
     .free = free_, .init_random = init_random, .load_sharded = load_sharded, .load_hf = load_hf,
     .weights_ready = weights_ready, .begin_step = begin_step, .begin_micro = begin_micro,
     .unit_ready = unit_ready, .grads_final = grads_final, .grad_sq = grad_sq, .shard = shard,
@@ -323,8 +397,11 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     size_t most = 0;
     for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
     float *full = malloc(g.num_params * sizeof *full), *all = malloc(most * P * sizeof *all);
-    float *local = qwen3_params_view(m, true, err);
+    // The local model: the full buffer, or under FSDP assembled from the shard group's pieces.
+    float *local = fsdp_on(t) ? malloc(m->num_params * sizeof *local)
+                              : qwen3_params_view(m, true, err);
     int rc = full && all && local ? 0 : ct_fail(err, "the TP export: out of memory");
+    if (rc == 0 && fsdp_on(t)) rc = strategy_fsdp_gather_weights(t, local, err);
     for (int i = 0; i < m->n_params && rc == 0; i++) {
         const qwen3_param *p = &m->params[i], *gp = &g.params[i];
         rc = dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
@@ -346,7 +423,10 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
             break;
         }
     }
-    if (local) qwen3_params_view_release(m, local, false);
+    if (local && fsdp_on(t))
+        free(local);
+    else if (local)
+        qwen3_params_view_release(m, local, false);
     tp_export ctx = {full};
     if (rc == 0 && is_root(t))
         rc = hf_save_folder_from(&g, dir, dtype, 5000000000ull, false, read_full, &ctx, err);

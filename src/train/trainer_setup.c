@@ -36,22 +36,21 @@ static int setup_parallel(trainer *t, ct_error *err) {
             "(%d) must equal the number of ranks, %d",
             c->parallelism.data_parallel_shard_degree, rep, P);
     t->shard_degree = shard;
+    const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
+    const bool zero1 = !fsdp_on && shard > 1;
     if (t->tp > 1) {
-        if (shard > 1)
+        if (zero1)
             return ct_fail(err,
-                           "parallelism.tensor_parallel_degree = %d with data_parallel_shard_degree "
-                           "= %d: FSDP, HSDP and ZeRO-1 under tensor parallelism are not supported "
-                           "yet; set data_parallel_replicate_degree = %d (DDP over the %d "
-                           "data-parallel ranks)",
-                           t->tp, shard, P, P);
+                           "parallelism.tensor_parallel_degree = %d with data_parallel_shard_mode "
+                           "= \"zero1\": ZeRO-1 under tensor parallelism is not supported yet; "
+                           "use \"fsdp\" (2D/3D with TP) or data_parallel_replicate_degree = %d",
+                           t->tp, P);
         if (c->checkpoint.enable)
             return ct_fail(err, "parallelism.tensor_parallel_degree = %d: checkpoint.enable = "
                                 "true is not supported under tensor parallelism yet (the final "
                                 "export, checkpoint.last_save_in_hf, is)",
                            t->tp);
     }
-    const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
-    const bool zero1 = !fsdp_on && shard > 1;
     t->strat.vt = t->tp > 1 ? &strategy_tp
                   : fsdp_on   ? &strategy_fsdp
                   : zero1     ? &strategy_zero1
@@ -111,7 +110,7 @@ static void setup_threads(trainer *t) {
     openblas_set_num_threads(n);
     // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
     const char *wait = getenv("OMP_WAIT_POLICY");
-    char mode[160];
+    char mode[400];
     t->strat.vt->describe(t, mode, sizeof mode);
     fprintf(t->log,
             "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
@@ -381,6 +380,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (qwen3_init_on(&t->model, &mc, be, &t->setup.ops, err) != 0) return -1;
     fprintf(t->log, "backend: %s\n", be->name);
     t->model.mem_opts = *mo;
+    t->model.mem_opts.sp = t->tp; // sequence parallelism: the shard's buffers are N / tp rows
     if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
     fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "

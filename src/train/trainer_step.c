@@ -16,7 +16,7 @@
 // tests of failure handling. Returns true when `kind` hits this rank at `step` (from 1).
 bool trainer_fault_at(const trainer *t, const char *kind, int64_t step) {
     const ct_config_debug *dbg = &t->cfg->debug;
-    return strcmp(dbg->fault, kind) == 0 && dbg->fault_rank == t->d->rank &&
+    return strcmp(dbg->fault, kind) == 0 && dbg->fault_rank == (t->world ? t->world : t->d)->rank &&
            dbg->fault_step == step;
 }
 
