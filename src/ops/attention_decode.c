@@ -41,6 +41,12 @@ __attribute__((target("avx512f"))) static void qk_rows_avx512(float *s, const fl
                                                               int ldk, float scale) {
     for (int j0 = 0; j0 < T; j0 += 16) {
         const int nb = T - j0 < 16 ? T - j0 : 16;
+        // The rows are D floats 4 KiB or more apart (all kv heads of a position lie together),
+        // so every row starts a new page, which the hardware prefetchers do not cross: ask for
+        // the next block's rows while this one computes.
+        for (int p = 16; p < 32 && j0 + p < T; p++)
+            for (int i = 0; i < D; i += 16)
+                _mm_prefetch((const char *)(k + (size_t)(j0 + p) * ldk + i), _MM_HINT_T0);
         __m512 r[16];
         for (int p = 0; p < 16; p++) {
             __m512 lane = _mm512_setzero_ps();
@@ -96,6 +102,9 @@ __attribute__((target("avx512f"))) static void pv_rows_avx512(float *o, const fl
         for (int j = 0; j < T; j++) {
             const __m512 p = _mm512_set1_ps(s[j] * inv);
             const float *vj = v + (size_t)j * ldk + i0;
+            if (j + 8 < T) // as in qk_rows_avx512: each row is on a page of its own
+                for (int c = 0; c < nv; c++)
+                    _mm_prefetch((const char *)(vj + (size_t)8 * ldk + 16 * c), _MM_HINT_T0);
             for (int c = 0; c < nv; c++)
                 acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(p, _mm512_loadu_ps(vj + 16 * c)));
         }
