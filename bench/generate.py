@@ -14,7 +14,9 @@ ctitan: one `ctitan generate --input` process over the prompt list given --repea
 model load); `--timing` prints each prompt's prefill time (qwen3_gen_prefill) and decode time
 (the qwen3_gen_decode calls: new tokens - 1 of them; sampling and detokenizing excluded). The
 best repeat of each length is reported. --bf16 adds the same run with
---training.mixed_precision_param bfloat16.
+--training.mixed_precision_param bfloat16; --no-fp32 then leaves out the fp32 sides (ctitan's and
+llama.cpp's), which halves the run on a busy machine, and the greedy ids are compared with
+ctitan bf16's.
 
 Bounds:
   prefill  MFU = achieved FLOP/s over the best 2048^3 OpenBLAS sgemm of this run (bench_step
@@ -271,6 +273,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="runs of each prompt (the best kept)")
     ap.add_argument("--bf16", action="store_true", help="also ctitan with bf16 weights")
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch side")
+    ap.add_argument("--no-fp32", action="store_true",
+                    help="with --bf16: leave out the fp32 sides (ctitan's and llama.cpp's)")
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="0.6B")
     ap.add_argument("--llama", default=os.path.join(ROOT, "assets", "llama"),
                     help="folder where bench/setup-llama installed node-llama-cpp ('' skips it)")
@@ -314,17 +318,19 @@ def main():
         peaks, bws = [sgemm_peak()], [bandwidth_gbs(bench, env)]
         peaks16 = [gemm_peak("bf16")] if args.bf16 else []
         sides = {}
-        log("ctitan fp32")
-        runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
-        sides["ctitan"] = (best_by_length(runs), 4)
-        prompts = {len(r[0]): r[0] for r in runs}
-        assert sorted(prompts) == sorted(lengths), sorted(prompts)
+        fp32 = not (args.no_fp32 and args.bf16)
+        if fp32:
+            log("ctitan fp32")
+            runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
+            sides["ctitan"] = (best_by_length(runs), 4)
         if args.bf16:
             log("ctitan bf16")
             runs16 = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env,
                                  ["--training.mixed_precision_param", "bfloat16"])
             sides["ctitan_bf16"] = (best_by_length(runs16), 2)
-        if not args.no_torch:
+        prompts = {len(r[0]): r[0] for r in (runs if fp32 else runs16)}
+        assert sorted(prompts) == sorted(lengths), sorted(prompts)
+        if not args.no_torch and fp32:
             log("pytorch eager")
             ppath = os.path.join(tmp, "prompts.json")
             json.dump([prompts[n] for _ in range(args.repeats) for n in lengths], open(ppath, "w"))
@@ -339,8 +345,8 @@ def main():
         use_llama = bool(args.llama) and os.path.isdir(os.path.join(args.llama, "node_modules"))
         if args.llama and not use_llama:
             log(f"no llama.cpp at {args.llama} (bench/setup-llama installs it): left out")
-        for dt, name, wb in [("f32", "llama_cpp", 4)] + ([("bf16", "llama_cpp_bf16", 2)]
-                                                          if args.bf16 else []):
+        for dt, name, wb in ([("f32", "llama_cpp", 4)] if fp32 else []) + (
+                [("bf16", "llama_cpp_bf16", 2)] if args.bf16 else []):
             if not use_llama:
                 break
             log(f"llama.cpp {dt}: converting to GGUF")
@@ -362,6 +368,7 @@ def main():
     if peaks16:
         result.update({"bf16_peak_gflops": max(peaks16), "bf16_runs_gflops": peaks16})
     kv_per_pos = 2 * g["L"] * g["NKV"] * g["D"] * 4
+    ref = "ctitan" if "ctitan" in sides else "ctitan_bf16"  # whose greedy ids the others meet
     for name, (best, wb) in sides.items():
         wbytes = (n_layers + n_head) * wb
         # MFU against the peak of the dtype the products run in: bf16 sides against oneDNN's
@@ -372,9 +379,9 @@ def main():
         for T in lengths:
             f = figures(g, T, best[T], side_peak, bw, wbytes)
             f["kv_bytes_per_token"] = kv_per_pos * (T + args.new // 2)
-            if name != "ctitan":
-                f["ids_match_ctitan"] = best[T]["ids"] == sides["ctitan"][0][T]["ids"]
-                f["ids_same_until"] = first_divergence(best[T]["ids"], sides["ctitan"][0][T]["ids"])
+            if name != ref:
+                f["ids_match_" + ref] = best[T]["ids"] == sides[ref][0][T]["ids"]
+                f["ids_same_until"] = first_divergence(best[T]["ids"], sides[ref][0][T]["ids"])
             result[name][str(T)] = f
     if "pytorch" in sides:
         result["ctitan_vs_pytorch"] = {
