@@ -3,6 +3,7 @@
 // reported against. Prints one JSON line.
 //   bench_step sgemm N REPEATS
 //   bench_step bf16 N REPEATS   (the bf16 peak: oneDNN, as a bf16 linear layer runs)
+//   bench_step bandwidth GIB REPEATS   (streaming-read bandwidth: the decode bound's divisor)
 //   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
 //   bench_step moe N C F E K STEPS MOE_IMPL SEED [bf16]   (bf16: the experts' bf16 kernels)
 // step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
@@ -97,6 +98,65 @@ static int bench_bf16(int n, int repeats) {
         return 1;
     }
     printf("{\"bf16_n\":%d,\"bf16_gflops\":%.2f}\n", n, gflops);
+    return 0;
+}
+
+// Streaming-read bandwidth, what a decode step's weight reads get at best: a GIB GiB buffer,
+// written first by the threads that read it, each OpenMP thread summing its contiguous slice
+// with 64-byte vector loads (four independent accumulators, so the adds never wait on each
+// other), the best of REPEATS timed passes after one warm-up. numpy's float32 sum (the probe
+// bench/generate.py used before) reads at a lower rate than llama.cpp's decode streams its
+// weights, so a bound built on it was too low to grade against.
+typedef float bw_vec __attribute__((vector_size(64)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static float bw_sum(const bw_vec *p, size_t n) {
+    bw_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
+    for (; i < n; i++) a0 += p[i];
+    const bw_vec a = a0 + a1 + a2 + a3;
+    float s = 0;
+    for (int k = 0; k < 16; k++) s += a[k];
+    return s;
+}
+
+static int bench_bandwidth(double gib, int repeats) {
+    const size_t n = (size_t)(gib * (1 << 30)) / sizeof(bw_vec);
+    if (n < 1024 || repeats < 1) {
+        fprintf(stderr, "bench_step: bandwidth %g GiB, %d repeats: bad size\n", gib, repeats);
+        return 1;
+    }
+    bw_vec *buf = aligned_alloc(64, n * sizeof *buf);
+    if (!buf) {
+        fprintf(stderr, "bench_step: bandwidth: out of memory for %g GiB\n", gib);
+        return 1;
+    }
+    const int threads = omp_get_max_threads();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 16; k++) buf[i][k] = (float)((i + k) & 7);
+    double best = 0, *runs = calloc((size_t)repeats, sizeof *runs);
+    float sink = 0;
+    for (int r = -1; r < repeats; r++) { // r = -1: the warm-up
+        const double t0 = now();
+#pragma omp parallel reduction(+ : sink)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+            sink += bw_sum(buf + lo, hi - lo);
+        }
+        const double gbs = (double)n * sizeof *buf / (now() - t0) / 1e9;
+        if (r >= 0) runs[r] = gbs, best = gbs > best ? gbs : best;
+    }
+    printf("{\"bandwidth_gib\":%g,\"threads\":%d,\"bandwidth_gbs\":%.2f,\"bandwidth_runs_gbs\":[",
+           gib, threads, best);
+    for (int r = 0; r < repeats; r++) printf("%s%.2f", r ? "," : "", runs[r]);
+    printf("],\"sink\":%g}\n", (double)sink);
+    free(runs);
+    free(buf);
     return 0;
 }
 
@@ -260,6 +320,8 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
         return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && strcmp(argv[1], "bf16") == 0) return bench_bf16(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "bandwidth") == 0)
+        return bench_bandwidth(atof(argv[2]), atoi(argv[3]));
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "step") == 0)
         return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                            argc == 8 ? argv[7] : "grouped");
@@ -269,6 +331,7 @@ int main(int argc, char **argv) {
                          atoi(argv[7]), argv[8], strtoull(argv[9], NULL, 10), argc == 11);
     fprintf(stderr, "usage: bench_step sgemm N REPEATS\n"
                     "       bench_step bf16 N REPEATS\n"
+                    "       bench_step bandwidth GIB REPEATS\n"
                     "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
                     "       bench_step moe N C F E K STEPS grouped|loop SEED [bf16]\n");
     return 2;

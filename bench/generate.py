@@ -14,7 +14,9 @@ ctitan: one `ctitan generate --input` process over the prompt list given --repea
 model load); `--timing` prints each prompt's prefill time (qwen3_gen_prefill) and decode time
 (the qwen3_gen_decode calls: new tokens - 1 of them; sampling and detokenizing excluded). The
 best repeat of each length is reported. --bf16 adds the same run with
---training.mixed_precision_param bfloat16.
+--training.mixed_precision_param bfloat16; --no-fp32 then leaves out the fp32 sides (ctitan's and
+llama.cpp's), which halves the run on a busy machine, and the greedy ids are compared with
+ctitan bf16's.
 
 Bounds:
   prefill  MFU = achieved FLOP/s over the best 2048^3 OpenBLAS sgemm of this run (bench_step
@@ -27,9 +29,11 @@ Bounds:
   decode   tokens/s bound = measured bandwidth / bytes of weights read per token: every linear
            weight once, lm_head included (N_layers + V * C parameters; 4 bytes fp32, 2 bf16).
            The KV cache's reads are not in the bound (reported: kv_bytes_per_token at the
-           prompt's length). Bandwidth: numpy float32 sums of a 1 GiB array split over
-           --threads Python threads (numpy releases the GIL), best of 5, measured before and
-           after; the bound uses the larger.
+           prompt's length). Bandwidth: bench_step bandwidth, a C streaming read of a 1 GiB
+           buffer, each of --threads OpenMP threads summing its slice with 64-byte vector
+           loads, best of 5, measured before and after; the bound uses the larger. (numpy's
+           float32 sum, used before, read at about half that rate on the 2-core machine, and
+           llama.cpp's decode beat the bound built on it.)
 
 llama.cpp: the CPU build that the npm package node-llama-cpp ships prebuilt (bench/setup-llama
 installs it into assets/llama), on a GGUF that bench/gguf.py writes from the same HF folder (F32,
@@ -86,19 +90,11 @@ def prompt_text(n):
     return "the" + " the" * (n - 1)
 
 
-def bandwidth_gbs(threads, gib=1.0, repeats=5):
-    """Read bandwidth: numpy sums of a gib GiB float32 array, one slice per thread."""
-    from concurrent.futures import ThreadPoolExecutor
-    import numpy as np
-    a = np.ones(int(gib * (1 << 30)) // 4, dtype=np.float32)
-    parts = np.array_split(a, threads)
-    best = 0.0
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(repeats + 1):  # the first is warm-up
-            t0 = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
-    return best
+def bandwidth_gbs(bench, env, gib=1, repeats=5):
+    """Streaming-read bandwidth in GB/s: bench_step bandwidth (C, OpenMP threads, wide loads)."""
+    out = subprocess.run([bench, "bandwidth", str(gib), str(repeats)], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])["bandwidth_gbs"]
 
 
 # ---- the PyTorch side (its own process) -----------------------------------------------------
@@ -277,6 +273,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="runs of each prompt (the best kept)")
     ap.add_argument("--bf16", action="store_true", help="also ctitan with bf16 weights")
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch side")
+    ap.add_argument("--no-fp32", action="store_true",
+                    help="with --bf16: leave out the fp32 sides (ctitan's and llama.cpp's)")
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="0.6B")
     ap.add_argument("--llama", default=os.path.join(ROOT, "assets", "llama"),
                     help="folder where bench/setup-llama installed node-llama-cpp ('' skips it)")
@@ -317,20 +315,22 @@ def main():
         with open(os.path.join(folder, "generation_config.json"), "w") as f:
             json.dump({"eos_token_id": -1}, f)  # no stop but the length
         log("sgemm peak, bandwidth")
-        peaks, bws = [sgemm_peak()], [bandwidth_gbs(args.threads)]
+        peaks, bws = [sgemm_peak()], [bandwidth_gbs(bench, env)]
         peaks16 = [gemm_peak("bf16")] if args.bf16 else []
         sides = {}
-        log("ctitan fp32")
-        runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
-        sides["ctitan"] = (best_by_length(runs), 4)
-        prompts = {len(r[0]): r[0] for r in runs}
-        assert sorted(prompts) == sorted(lengths), sorted(prompts)
+        fp32 = not (args.no_fp32 and args.bf16)
+        if fp32:
+            log("ctitan fp32")
+            runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
+            sides["ctitan"] = (best_by_length(runs), 4)
         if args.bf16:
             log("ctitan bf16")
             runs16 = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env,
                                  ["--training.mixed_precision_param", "bfloat16"])
             sides["ctitan_bf16"] = (best_by_length(runs16), 2)
-        if not args.no_torch:
+        prompts = {len(r[0]): r[0] for r in (runs if fp32 else runs16)}
+        assert sorted(prompts) == sorted(lengths), sorted(prompts)
+        if not args.no_torch and fp32:
             log("pytorch eager")
             ppath = os.path.join(tmp, "prompts.json")
             json.dump([prompts[n] for _ in range(args.repeats) for n in lengths], open(ppath, "w"))
@@ -345,8 +345,8 @@ def main():
         use_llama = bool(args.llama) and os.path.isdir(os.path.join(args.llama, "node_modules"))
         if args.llama and not use_llama:
             log(f"no llama.cpp at {args.llama} (bench/setup-llama installs it): left out")
-        for dt, name, wb in [("f32", "llama_cpp", 4)] + ([("bf16", "llama_cpp_bf16", 2)]
-                                                          if args.bf16 else []):
+        for dt, name, wb in ([("f32", "llama_cpp", 4)] if fp32 else []) + (
+                [("bf16", "llama_cpp_bf16", 2)] if args.bf16 else []):
             if not use_llama:
                 break
             log(f"llama.cpp {dt}: converting to GGUF")
@@ -357,17 +357,18 @@ def main():
                 args.threads, env)), wb)
             os.unlink(path)
         peaks.append(sgemm_peak())
-        bws.append(bandwidth_gbs(args.threads))
+        bws.append(bandwidth_gbs(bench, env))
         if args.bf16:
             peaks16.append(gemm_peak("bf16"))
     peak, bw = max(peaks), max(bws)
     result.update({"sgemm_peak_gflops": peak, "sgemm_runs_gflops": peaks,
                    "bandwidth_gbs": round(bw, 2), "bandwidth_runs_gbs": [round(b, 2) for b in bws],
-                   "bandwidth_method": "numpy float32 sum of a 1 GiB array over %d threads, best"
-                                       " of 5" % args.threads})
+                   "bandwidth_method": "bench_step bandwidth: C streaming read of 1 GiB over %d"
+                                       " OpenMP threads, 64-byte loads, best of 5" % args.threads})
     if peaks16:
         result.update({"bf16_peak_gflops": max(peaks16), "bf16_runs_gflops": peaks16})
     kv_per_pos = 2 * g["L"] * g["NKV"] * g["D"] * 4
+    ref = "ctitan" if "ctitan" in sides else "ctitan_bf16"  # whose greedy ids the others meet
     for name, (best, wb) in sides.items():
         wbytes = (n_layers + n_head) * wb
         # MFU against the peak of the dtype the products run in: bf16 sides against oneDNN's
@@ -378,9 +379,9 @@ def main():
         for T in lengths:
             f = figures(g, T, best[T], side_peak, bw, wbytes)
             f["kv_bytes_per_token"] = kv_per_pos * (T + args.new // 2)
-            if name != "ctitan":
-                f["ids_match_ctitan"] = best[T]["ids"] == sides["ctitan"][0][T]["ids"]
-                f["ids_same_until"] = first_divergence(best[T]["ids"], sides["ctitan"][0][T]["ids"])
+            if name != ref:
+                f["ids_match_" + ref] = best[T]["ids"] == sides[ref][0][T]["ids"]
+                f["ids_same_until"] = first_divergence(best[T]["ids"], sides[ref][0][T]["ids"])
             result[name][str(T)] = f
     if "pytorch" in sides:
         result["ctitan_vs_pytorch"] = {
