@@ -92,11 +92,6 @@ static void *cpu_alloc(ct_backend *b, size_t bytes, const char *what, ct_error *
             munmap(p, bytes);
             return NULL;
         }
-        // 2 MiB pages where the kernel gives them on request (THP "madvise", this machine's
-        // setting): a decode step streams every weight once, and with 4 KiB pages a one-row
-        // bf16 product over 311 MB read 26 GB/s on one thread against 33 with them. Pages are
-        // still only taken when touched, 2 MiB at a time.
-        madvise(p, bytes, MADV_HUGEPAGE);
         return p;
     }
     void *p = calloc(bytes ? bytes : 1, 1);
