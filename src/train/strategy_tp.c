@@ -298,57 +298,92 @@ const strategy_vt strategy_tp = {
     .model_in_shards = false};
 
 // ---------------------------------------------------------------------------------------------
-// The final HF export (checkpoint.last_save_in_hf): every TP group assembles the global tensors
-// from its ranks' slices (host all-gathers, tensor by tensor) into the global layout; world rank
-// 0 writes them, the same files one process writes for the same weights.
+// The final HF export (checkpoint.last_save_in_hf), streamed tensor by tensor: world rank 0
+// writes the folder one process writes for the same weights (hf_save_folder_from, in its own
+// tensor order); for each tensor it reaches, it names the tensor to its TP group, whose ranks
+// all-gather their slices of it, and it assembles the global tensor. No rank holds more than one
+// global tensor beside its slices. Only the first replica's TP group takes part.
 
 typedef struct tp_export {
-    const float *full;
+    trainer *t;
+    const qwen3_model *g; // the global layout
+    int cur;              // the tensor in full, or -1
+    float *all, *full;    // the group's slices of it, and it assembled
+    const float *local;   // this rank's weights (a host view)
 } tp_export;
 
+// Every rank of the group: tensor i's slices gathered and assembled into x->full.
+static int gather_tensor(tp_export *x, int i, ct_error *err) {
+    const qwen3_model *m = &x->t->model;
+    const qwen3_param *p = &m->params[i], *gp = &x->g->params[i];
+    dist *grp = x->t->strat.tp.group;
+    const int P = grp->size;
+    if (dist_allgather(grp, x->local + p->offset, x->all, (int)(p->numel * sizeof(float)),
+                       "the TP export", err) != 0)
+        return -1;
+    switch (qwen3_tp_cut_of(p->name)) {
+    case QWEN3_TP_WHOLE:
+        memcpy(x->full, x->all, p->numel * sizeof *x->full);
+        break;
+    case QWEN3_TP_ROWS:
+        memcpy(x->full, x->all, p->numel * P * sizeof *x->full);
+        break;
+    case QWEN3_TP_COLUMNS:
+        for (int r = 0; r < P; r++)
+            for (int64_t row = 0; row < p->shape[0]; row++)
+                memcpy(x->full + row * gp->shape[1] + r * p->shape[1],
+                       x->all + r * p->numel + row * p->shape[1],
+                       (size_t)p->shape[1] * sizeof *x->full);
+        break;
+    }
+    return 0;
+}
+
+// hf_save_folder_from's reads (within one tensor) on TP rank 0.
 static int read_full(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
-    (void)err;
-    memcpy(dst, ((const tp_export *)ctx)->full + lo, n * sizeof *dst);
+    tp_export *x = ctx;
+    const qwen3_param *gp = qwen3_param_at(x->g, lo);
+    int i = (int)(gp - x->g->params);
+    if (i != x->cur) {
+        if (dist_bcast(x->t->strat.tp.group, &i, sizeof i, 0, "the TP export's next tensor", err) !=
+                0 ||
+            gather_tensor(x, i, err) != 0)
+            return -1;
+        x->cur = i;
+    }
+    memcpy(dst, x->full + (lo - gp->offset), n * sizeof *dst);
     return 0;
 }
 
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
-    qwen3_model *m = &t->model, g;
+    if (t->d->rank != 0) return 0; // the other replicas hold the same slices
+    qwen3_model g;
     dist *grp = t->strat.tp.group;
-    const int P = grp->size;
+    grp->timeout_s = t->d->timeout_s;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     size_t most = 0;
-    for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
-    float *full = malloc(g.num_params * sizeof *full), *all = malloc(most * P * sizeof *all);
-    float *local = qwen3_params_view(m, true, err);
-    int rc = full && all && local ? 0 : ct_fail(err, "the TP export: out of memory");
-    for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i], *gp = &g.params[i];
-        rc = dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
-                            "the TP export", err);
-        float *out = full + gp->offset;
-        switch (qwen3_tp_cut_of(p->name)) {
-        case QWEN3_TP_WHOLE:
-            memcpy(out, all, p->numel * sizeof *out);
-            break;
-        case QWEN3_TP_ROWS:
-            memcpy(out, all, p->numel * P * sizeof *out);
-            break;
-        case QWEN3_TP_COLUMNS:
-            for (int r = 0; r < P; r++)
-                for (int64_t row = 0; row < p->shape[0]; row++)
-                    memcpy(out + row * gp->shape[1] + r * p->shape[1],
-                           all + r * p->numel + row * p->shape[1],
-                           (size_t)p->shape[1] * sizeof *out);
-            break;
+    for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
+    float *local = qwen3_params_view(&t->model, true, err);
+    tp_export x = {t, &g, -1, malloc(most * sizeof(float)), malloc(most * sizeof(float)), local};
+    int rc = !local ? -1 : x.all && x.full ? 0 : ct_fail(err, "the TP export: out of memory");
+    rc = dist_agree(grp, rc, "the TP export's buffers", err);
+    if (rc == 0 && grp->rank == 0) {
+        rc = ckpt_export_hf_from(&g, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path,
+                                 read_full, &x, err);
+        int done = -1; // the peers stop (after a failure too)
+        ct_error ignored;
+        if (dist_bcast(grp, &done, sizeof done, 0, "the TP export's end", &ignored) != 0 && rc >= 0)
+            rc = -1, *err = ignored;
+    } else if (rc == 0) {
+        for (int i; rc == 0;) {
+            rc = dist_bcast(grp, &i, sizeof i, 0, "the TP export's next tensor", err);
+            if (rc == 0 && i < 0) break;
+            if (rc == 0) rc = gather_tensor(&x, i, err);
         }
     }
-    if (local) qwen3_params_view_release(m, local, false);
-    tp_export ctx = {full};
-    if (rc == 0 && is_root(t))
-        rc = hf_save_folder_from(&g, dir, dtype, 5000000000ull, false, read_full, &ctx, err);
-    free(full);
-    free(all);
+    if (local) qwen3_params_view_release(&t->model, local, false);
+    free(x.all);
+    free(x.full);
     qwen3_free(&g);
     return rc;
 }

@@ -163,14 +163,18 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
 
 int trainer_export_final(trainer *t, ct_error *err) {
     int rc = 0;
-    if (t->tp > 1) { // the weights only (no tokenizer files yet), assembled from the TP slices
+    if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        if (rc == 0) rc = strategy_tp_export(t, dir, dtype, err);
-        if (rc == 0) fprintf(t->log, "export: %s (%s, assembled from the TP slices)\n", dir,
-                             t->cfg->checkpoint.export_dtype);
+        int copied = rc == 0 ? strategy_tp_export(t, dir, dtype, err) : -1;
+        if (copied < 0)
+            rc = -1;
+        else if (is_root(t))
+            fprintf(t->log, "export: %s (%s, assembled from the TP slices%s)\n", dir,
+                    t->cfg->checkpoint.export_dtype,
+                    copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
     if (is_root(t)) {
