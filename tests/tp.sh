@@ -70,8 +70,6 @@ refused moe "MoE models \(num_experts = 8\) are not supported under tensor paral
   --parallelism.tensor_parallel_degree 2 --model.flavor debugmodel_moe
 refused fsdp "FSDP, HSDP and ZeRO-1 under tensor parallelism are not supported yet" 4 \
   --parallelism.tensor_parallel_degree 2
-refused ckpt "checkpoint.enable = true is not supported under tensor parallelism yet" 2 \
-  --parallelism.tensor_parallel_degree 2 --checkpoint.enable true
 refused async "enable_async_tensor_parallel" 2 \
   --parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel true
 finish

@@ -44,11 +44,6 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "yet; set data_parallel_replicate_degree = %d (DDP over the %d "
                            "data-parallel ranks)",
                            t->tp, shard, P, P);
-        if (c->checkpoint.enable)
-            return ct_fail(err, "parallelism.tensor_parallel_degree = %d: checkpoint.enable = "
-                                "true is not supported under tensor parallelism yet (the final "
-                                "export, checkpoint.last_save_in_hf, is)",
-                           t->tp);
     }
     const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
     const bool zero1 = !fsdp_on && shard > 1;
@@ -410,8 +405,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->strat.vt->weights_ready(t);
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
-    t->save_tag = (long)getpid();
-    if (dist_bcast(t->d, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
+    t->save_tag = (long)getpid(); // world rank 0's: one temporary folder for every rank's files
+    if (dist_bcast(t->world, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
         return -1;
     size_t n = (size_t)t->accum * t->B * t->T;
     t->inputs = malloc(n * sizeof *t->inputs);
