@@ -195,8 +195,9 @@ refused moe_ffn "tensor_parallel_degree = 2 does not divide the model's moe_inte
   --model.moe_intermediate_size 127
 refused zero1 "ZeRO-1 under tensor parallelism is not supported yet" 4 \
   --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
-refused ckpt "checkpoint.enable = true is not supported under tensor parallelism yet" 2 \
-  --parallelism.tensor_parallel_degree 2 --checkpoint.enable true
+refused ckpt_fsdp "checkpoints .* are not supported yet under TP with FSDP" 4 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 \
+  --checkpoint.enable true
 refused async "enable_async_tensor_parallel" 2 \
   --parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel true
 finish

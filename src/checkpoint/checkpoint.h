@@ -43,6 +43,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/hf_adapter.h"
 #include "model/qwen3.h"
 #include "train/train_state.h"
 
@@ -224,6 +225,12 @@ void ckpt_tokenizer_dir(char *out, size_t cap, const char *config_toml);
 // to warn about), or -1.
 int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
                    uint64_t max_shard_bytes, const char *tokenizer_dir, ct_error *err);
+// ckpt_export_hf with the weights read through `read` (hf_save_folder_from: each tensor a chunk
+// at a time, m the layout only): the same files, byte for byte. Tensor parallelism's export
+// assembles each tensor from its ranks' slices as it is read.
+int ckpt_export_hf_from(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
+                        uint64_t max_shard_bytes, const char *tokenizer_dir, hf_read_fn read,
+                        void *ctx, ct_error *err);
 // ckpt_export_hf of the checkpoint folder ckpt_dir, without the model in memory: the geometry
 // from its config.json, the folder verified (every file, as ckpt_verify), then each HF tensor in
 // save_pretrained's order read from model.safetensors or the model shards a chunk at a time as

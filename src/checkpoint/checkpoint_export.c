@@ -200,6 +200,14 @@ int ckpt_export_hf(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
     return copy_tokenizer(out_dir, tokenizer_dir, err);
 }
 
+int ckpt_export_hf_from(const qwen3_model *m, const char *out_dir, ct_dtype dtype,
+                        uint64_t max_shard_bytes, const char *tokenizer_dir, hf_read_fn read,
+                        void *ctx, ct_error *err) {
+    if (hf_save_folder_from(m, out_dir, dtype, max_shard_bytes, false, read, ctx, err) != 0)
+        return -1;
+    return copy_tokenizer(out_dir, tokenizer_dir, err);
+}
+
 // The source of a streamed export: a checked view of the checkpoint, in the layout m.
 typedef struct export_src {
     const ckpt_view *v;

@@ -10,27 +10,27 @@
 #include "io/safetensors.h"
 #include "checkpoint/checkpoint_internal.h"
 
-// Copies tensor k of each shard file of `list` into dst (concatenated over want): for each wanted
-// range, the pieces of the shards' ranges that overlap it, at their place in the shard's data.
+// Copies tensor k of each shard file of `list` into dst (concatenated over want): for each shard,
+// one merge of its ranges with the wanted ones (both ascend), each overlap copied from its place
+// in the shard's data. Linear in the ranges, so a TP rank may ask for one range per row.
 static void copy_from_shards(float *dst, const ckpt_shard_list *list, const st_file *files, int k,
                              const ckpt_range *want, int n_want) {
-    size_t pos = 0;
-    for (int w = 0; w < n_want; w++) {
-        const ckpt_range *x = &want[w];
-        for (int i = 0; i < list->n && x->hi > x->lo; i++) {
-            size_t at = 0; // the shard's data before range j
-            for (int j = list->first[i]; j < list->first[i + 1]; j++) {
-                const ckpt_range *r = &list->ranges[j];
-                uint64_t lo = r->lo > x->lo ? r->lo : x->lo, hi = r->hi < x->hi ? r->hi : x->hi;
-                if (lo < hi) { // only the shards that overlap the request are open
-                    const float *src = (const float *)files[i].tensors[k].data + at + (lo - r->lo);
-                    memcpy(dst + pos + (lo - x->lo), src, (hi - lo) * sizeof(float));
-                    fs_release_read(src, (hi - lo) * sizeof(float));
-                }
-                at += r->hi - r->lo;
+    for (int i = 0; i < list->n; i++) {
+        int j = list->first[i], w = 0;
+        size_t at = 0, pos = 0; // the shard's data before range j; dst before want[w]
+        while (j < list->first[i + 1] && w < n_want) {
+            const ckpt_range *r = &list->ranges[j], *x = &want[w];
+            uint64_t lo = r->lo > x->lo ? r->lo : x->lo, hi = r->hi < x->hi ? r->hi : x->hi;
+            if (lo < hi) { // only the shards that overlap the request are open
+                const float *src = (const float *)files[i].tensors[k].data + at + (lo - r->lo);
+                memcpy(dst + pos + (lo - x->lo), src, (hi - lo) * sizeof(float));
+                fs_release_read(src, (hi - lo) * sizeof(float));
             }
+            if (r->hi <= x->hi)
+                at += r->hi - r->lo, j++;
+            else
+                pos += x->hi - x->lo, w++;
         }
-        pos += x->hi - x->lo;
     }
 }
 

@@ -114,3 +114,12 @@ typedef struct strategy {
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0
 // the model and state.json, after the replicas agree bit for bit.
 int trainer_save_replicated(trainer *t, ct_error *err);
+// The replicas over t->d hold the same weights, bit for bit (else an error naming the rank):
+// checked before a save.
+int trainer_check_replicas(trainer *t, ct_error *err);
+// Rank 0, once every shard's pair of infos is gathered (pairs[2s]: shard s's optimizer file,
+// pairs[2s + 1]: its model file): ckpt_commit_ranges over `layout` (the global model's), the
+// prune, and the "saved" line (note: words after the shard count).
+int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shard_info *pairs,
+                          int S, const ckpt_range *const *ranges, const int *n_ranges,
+                          const char *note, ct_error *err);

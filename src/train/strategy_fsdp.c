@@ -347,24 +347,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
         free(all), free(ranges), free(of), free(n_ranges);
         return -1;
     }
-    if (is_root(t)) {
-        // Rank s's pair is all[2s], all[2s + 1]: its optimizer shard, then its model shard.
-        ckpt_shard_info *optim = calloc(2 * (size_t)S, sizeof *optim), *model = optim + S;
-        for (int s = 0; optim && s < S; s++) optim[s] = all[2 * s], model[s] = all[2 * s + 1];
-        rc = optim ? ckpt_commit_ranges(t->ckpt_root, t->save_tag, &t->model, optim, model, S, of,
-                                        n_ranges, &t->state, t->config_toml, err)
-                   : ct_fail(err, "out of memory");
-        free(optim);
-        ckpt_notes notes = {0};
-        if (rc == 0)
-            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
-        trainer_log_notes(t, &notes);
-        if (rc == 0)
-            fprintf(t->log,
-                    "checkpoint: saved step %lld in %s/step-%lld (%d model and optimizer "
-                    "shards)\n",
-                    (long long)step, t->ckpt_root, (long long)step, S);
-    }
+    if (is_root(t)) rc = trainer_commit_shards(t, &t->model, all, S, of, n_ranges, "", err);
     free(all);
     free(ranges);
     free(of);

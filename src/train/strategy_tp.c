@@ -260,20 +260,180 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
     return rc != 0 ? ct_wrap(err, "%s", from) : 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Checkpoints. A TP checkpoint is an ordinary one of model and optimizer shards over flat ranges
+// of the one-process layout (format 4, as FSDP writes), so that every loader, `ctitan verify`
+// and `ctitan export` read it unchanged, at any degree. TP rank r of P writes shard r: its slice
+// of each row-cut tensor (one range), rows [R r / P, R (r + 1) / P) of each column-cut one
+// (assembled from the group's column slices, one tensor at a time) and, on rank 0, the whole
+// tensors; the moments follow the weights. A load asks for exactly its slices: a row cut is one
+// range, a column cut one range per row; the ranges, in order, are its local layout.
+
+// The ranges of the global layout g that TP rank r of P writes (save) or holds (its slices, in
+// the order of its local model m). *out malloc'd; returns their count, or -1.
+static int tp_ranges(const qwen3_model *g, const qwen3_model *m, int r, int P, bool save,
+                     ckpt_range **out, ct_error *err) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        n += !save && qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_COLUMNS
+                 ? (size_t)m->params[i].shape[0]
+                 : 1;
+    ckpt_range *x = malloc(n * sizeof *x);
+    if (!x) return ct_fail(err, "out of memory for the TP checkpoint's ranges");
+    int k = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i], *gp = &g->params[i];
+        const size_t o = gp->offset;
+        if (strcmp(p->name, gp->name) != 0) {
+            free(x);
+            return ct_fail(err, "the TP model's tensor %d is %s, the global layout's %s", i,
+                           p->name, gp->name);
+        }
+        switch (qwen3_tp_cut_of(p->name)) {
+        case QWEN3_TP_WHOLE:
+            if (!save || r == 0) x[k++] = (ckpt_range){o, o + gp->numel};
+            break;
+        case QWEN3_TP_ROWS:
+            x[k++] = (ckpt_range){o + r * p->numel, o + (r + 1) * p->numel};
+            break;
+        case QWEN3_TP_COLUMNS: {
+            const size_t R = (size_t)gp->shape[0], C = (size_t)gp->shape[1],
+                         c = (size_t)p->shape[1];
+            if (save) {
+                const size_t lo = R * r / P, hi = R * (r + 1) / P;
+                if (hi > lo) x[k++] = (ckpt_range){o + lo * C, o + hi * C};
+            } else {
+                for (size_t row = 0; row < R; row++)
+                    x[k++] = (ckpt_range){o + row * C + r * c, o + row * C + (r + 1) * c};
+            }
+            break;
+        }
+        }
+    }
+    *out = x;
+    return k;
+}
+
+// This rank's slices of a checkpoint's model (and, with moments, of its AdamW moments: views
+// of the optimizer's, which spans the local model), from a checkpoint of any layout.
+static int load_slices(trainer *t, const char *dir, float *moments[2], train_state *st,
+                       ct_error *err) {
+    qwen3_model *m = &t->model, g;
+    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
+        return ct_fail(err, "the TP optimizer does not span the local model");
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    ckpt_range *x = NULL;
+    int n = tp_ranges(&g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, &x, err);
+    float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL;
+    int rc = host ? ckpt_load_ranges(dir, &g, x, n, host, moments ? moments[0] : NULL,
+                                     moments ? moments[1] : NULL, st, NULL, err)
+                  : -1;
+    if (host) qwen3_params_view_release(m, host, rc == 0);
+    free(x);
+    qwen3_free(&g);
+    return rc;
+}
+
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
-    (void)t, (void)dir;
-    return ct_fail(err, "parallelism.tensor_parallel_degree > 1: loading a checkpoint's model "
-                        "shards is not supported under tensor parallelism yet");
+    return load_slices(t, dir, NULL, NULL, err);
 }
 
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    (void)t, (void)dir, (void)moments;
-    return ct_fail(err, "parallelism.tensor_parallel_degree > 1: checkpoints are not supported "
-                        "under tensor parallelism yet");
+    return load_slices(t, dir, moments, &t->state, err);
 }
 
+// Shard r of the first replica's TP group (every rank of it calls this, in step: the column
+// cuts are all-gathers): the model and moment values of its save ranges x, then the files.
+static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const ckpt_range *x,
+                       int n, ckpt_shard_info info[2], ct_error *err) {
+    qwen3_model *m = &t->model;
+    dist *grp = t->strat.tp.group;
+    const int P = grp->size, r = grp->rank;
+    ct_backend *be = t->opt.be;
+    size_t total = 0, most = 0;
+    for (int i = 0; i < n; i++) total += x[i].hi - x[i].lo;
+    for (int i = 0; i < m->n_params; i++)
+        if (qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_COLUMNS && m->params[i].numel > most)
+            most = m->params[i].numel;
+    float *buf = malloc((3 * total + 1) * sizeof *buf), *all = malloc((most * P + 1) * sizeof *all);
+    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
+    if (src[0]) src[1] = be->view(be, t->opt.m, m->num_params * sizeof(float), true, err);
+    if (src[1]) src[2] = be->view(be, t->opt.v, m->num_params * sizeof(float), true, err);
+    int rc = !src[2] ? -1 : buf && all ? 0 : ct_fail(err, "out of memory for the TP checkpoint");
+    rc = dist_agree(grp, rc, "the TP checkpoint's buffers", err);
+    size_t pos = 0;
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const qwen3_param *p = &m->params[i], *gp = &g->params[i];
+        const qwen3_tp_cut cut = qwen3_tp_cut_of(p->name);
+        if (cut == QWEN3_TP_WHOLE && r != 0) continue;
+        if (cut != QWEN3_TP_COLUMNS) {
+            for (int k = 0; k < 3; k++)
+                memcpy(buf + k * total + pos, src[k] + p->offset, p->numel * sizeof *buf);
+            pos += p->numel;
+            continue;
+        }
+        // Rows [lo, hi) of the global tensor: row i is every rank's row i, side by side.
+        const size_t R = (size_t)gp->shape[0], C = (size_t)gp->shape[1], c = (size_t)p->shape[1];
+        const size_t lo = R * r / P, hi = R * (r + 1) / P;
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            rc = dist_allgather(grp, src[k] + p->offset, all, (int)(p->numel * sizeof(float)),
+                                "the TP checkpoint's column slices", err);
+            for (size_t row = lo; row < hi && rc == 0; row++)
+                for (int q = 0; q < P; q++)
+                    memcpy(buf + k * total + pos + (row - lo) * C + q * c,
+                           all + q * p->numel + row * c, c * sizeof *buf);
+        }
+        pos += (hi - lo) * C;
+    }
+    if (rc == 0)
+        rc = ckpt_write_shard(tmp, g, r, P, x, n, buf, buf + total, buf + 2 * total, &info[0],
+                              &info[1], err);
+    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
+    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
+    if (src[0]) qwen3_params_view_release(m, src[0], false);
+    free(buf);
+    free(all);
+    return rc;
+}
+
+// The replicas of each slice agree bit for bit (over t->d); the first replica's TP group writes
+// its P shards; world rank 0 (its TP rank 0) lists them in state.json and commits.
 static int save_checkpoint(trainer *t, ct_error *err) {
-    return load_checkpoint(t, NULL, NULL, err);
+    dist *grp = t->strat.tp.group;
+    const int P = grp->size;
+    const int64_t step = t->state.step;
+    grp->timeout_s = t->world->timeout_s = t->d->timeout_s;
+    int rc = trainer_check_replicas(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
+    qwen3_model g;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
+    char tmp[4200];
+    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
+    memset(mine, 0, sizeof mine);
+    ckpt_range **of = calloc((size_t)P, sizeof *of);
+    int *n_of = calloc((size_t)P, sizeof *n_of);
+    rc = all && of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
+                           : ct_fail(err, "out of memory");
+    for (int q = 0; rc == 0 && q < P; q++)
+        if ((n_of[q] = tp_ranges(&g, &t->model, q, P, true, &of[q], err)) < 0) rc = -1;
+    rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
+    if (rc == 0 && t->d->rank == 0)
+        rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], mine, err);
+    if (dist_agree(t->world, rc, "writing the model and optimizer shards", err) != 0 ||
+        dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
+        rc = -1;
+    } else if (is_root(t)) {
+        rc = trainer_commit_shards(t, &g, all, P, (const ckpt_range *const *)of, n_of,
+                                   ", one per TP rank", err);
+    }
+    for (int q = 0; of && q < P; q++) free(of[q]);
+    free(of);
+    free(n_of);
+    free(all);
+    qwen3_free(&g);
+    return dist_agree(t->world, rc, "committing the checkpoint", err);
 }
 
 static void begin_step(trainer *t) {
@@ -375,63 +535,104 @@ const strategy_vt strategy_tp = {
     .model_in_shards = false};
 
 // ---------------------------------------------------------------------------------------------
-// The final HF export (checkpoint.last_save_in_hf): every TP group assembles the global tensors
-// from its ranks' slices (host all-gathers, tensor by tensor) into the global layout; world rank
-// 0 writes them, the same files one process writes for the same weights.
+// The final HF export (checkpoint.last_save_in_hf), streamed tensor by tensor: world rank 0
+// writes the folder one process writes for the same weights (hf_save_folder_from, in its own
+// tensor order); for each tensor it reaches, it names the tensor to its TP group, whose ranks
+// all-gather their slices of it, and it assembles the global tensor. No rank holds more than one
+// global tensor beside its slices. Only the first replica's TP group takes part.
 
 typedef struct tp_export {
-    const float *full;
+    trainer *t;
+    const qwen3_model *g; // the global layout
+    int cur;              // the tensor in full, or -1
+    float *all, *full;    // the group's slices of it, and it assembled
+    const float *local;   // this rank's weights (a host view)
 } tp_export;
 
+// Every rank of the group: tensor i's slices gathered and assembled into x->full.
+static int gather_tensor(tp_export *x, int i, ct_error *err) {
+    const qwen3_model *m = &x->t->model;
+    const qwen3_param *p = &m->params[i], *gp = &x->g->params[i];
+    dist *grp = x->t->strat.tp.group;
+    const int P = grp->size;
+    if (dist_allgather(grp, x->local + p->offset, x->all, (int)(p->numel * sizeof(float)),
+                       "the TP export", err) != 0)
+        return -1;
+    switch (qwen3_tp_cut_of(p->name)) {
+    case QWEN3_TP_WHOLE:
+        memcpy(x->full, x->all, p->numel * sizeof *x->full);
+        break;
+    case QWEN3_TP_ROWS:
+        memcpy(x->full, x->all, p->numel * P * sizeof *x->full);
+        break;
+    case QWEN3_TP_COLUMNS:
+        for (int r = 0; r < P; r++)
+            for (int64_t row = 0; row < p->shape[0]; row++)
+                memcpy(x->full + row * gp->shape[1] + r * p->shape[1],
+                       x->all + r * p->numel + row * p->shape[1],
+                       (size_t)p->shape[1] * sizeof *x->full);
+        break;
+    }
+    return 0;
+}
+
+// hf_save_folder_from's reads (within one tensor) on TP rank 0.
 static int read_full(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
-    (void)err;
-    memcpy(dst, ((const tp_export *)ctx)->full + lo, n * sizeof *dst);
+    tp_export *x = ctx;
+    const qwen3_param *gp = qwen3_param_at(x->g, lo);
+    int i = (int)(gp - x->g->params);
+    if (i != x->cur) {
+        if (dist_bcast(x->t->strat.tp.group, &i, sizeof i, 0, "the TP export's next tensor", err) !=
+                0 ||
+            gather_tensor(x, i, err) != 0)
+            return -1;
+        x->cur = i;
+    }
+    memcpy(dst, x->full + (lo - gp->offset), n * sizeof *dst);
     return 0;
 }
 
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     qwen3_model *m = &t->model, g;
     dist *grp = t->strat.tp.group;
-    const int P = grp->size;
-    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
-    size_t most = 0;
-    for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
-    float *full = malloc(g.num_params * sizeof *full), *all = malloc(most * P * sizeof *all);
-    // The local model: the full buffer, or under FSDP assembled from the shard group's pieces.
-    float *local = fsdp_on(t) ? malloc(m->num_params * sizeof *local)
+    // The local model: the weights themselves, or under FSDP assembled from the shard group's
+    // pieces, a collective over t->d, before the other replicas leave (they hold the same).
+    float *local = fsdp_on(t) ? malloc(m->num_params * sizeof *local + 1)
                               : qwen3_params_view(m, true, err);
-    int rc = full && all && local ? 0 : ct_fail(err, "the TP export: out of memory");
-    if (rc == 0 && fsdp_on(t)) rc = strategy_fsdp_gather_weights(t, local, err);
-    for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i], *gp = &g.params[i];
-        rc = dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
-                            "the TP export", err);
-        float *out = full + gp->offset;
-        switch (qwen3_tp_cut_of(p->name)) {
-        case QWEN3_TP_WHOLE:
-            memcpy(out, all, p->numel * sizeof *out);
-            break;
-        case QWEN3_TP_ROWS:
-            memcpy(out, all, p->numel * P * sizeof *out);
-            break;
-        case QWEN3_TP_COLUMNS:
-            for (int r = 0; r < P; r++)
-                for (int64_t row = 0; row < p->shape[0]; row++)
-                    memcpy(out + row * gp->shape[1] + r * p->shape[1],
-                           all + r * p->numel + row * p->shape[1],
-                           (size_t)p->shape[1] * sizeof *out);
-            break;
+    int rc = local ? 0 : ct_fail(err, "the TP export: out of memory for the local model");
+    if (fsdp_on(t)) {
+        rc = dist_agree(t->d, rc, "the TP export's local model", err);
+        if (rc == 0) rc = strategy_fsdp_gather_weights(t, local, err);
+    }
+    if (rc != 0 || t->d->rank != 0 || qwen3_init_layout(&g, &t->setup.model, err) != 0) {
+        if (local && fsdp_on(t)) free(local);
+        else if (local) qwen3_params_view_release(m, local, false);
+        return rc != 0 || t->d->rank != 0 ? rc : -1;
+    }
+    grp->timeout_s = t->d->timeout_s;
+    size_t most = 0;
+    for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
+    tp_export x = {t, &g, -1, malloc(most * sizeof(float)), malloc(most * sizeof(float)), local};
+    rc = x.all && x.full ? 0 : ct_fail(err, "the TP export: out of memory");
+    rc = dist_agree(grp, rc, "the TP export's buffers", err);
+    if (rc == 0 && grp->rank == 0) {
+        rc = ckpt_export_hf_from(&g, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path,
+                                 read_full, &x, err);
+        int done = -1; // the peers stop (after a failure too)
+        ct_error ignored;
+        if (dist_bcast(grp, &done, sizeof done, 0, "the TP export's end", &ignored) != 0 && rc >= 0)
+            rc = -1, *err = ignored;
+    } else if (rc == 0) {
+        for (int i; rc == 0;) {
+            rc = dist_bcast(grp, &i, sizeof i, 0, "the TP export's next tensor", err);
+            if (rc == 0 && i < 0) break;
+            if (rc == 0) rc = gather_tensor(&x, i, err);
         }
     }
-    if (local && fsdp_on(t))
-        free(local);
-    else if (local)
-        qwen3_params_view_release(m, local, false);
-    tp_export ctx = {full};
-    if (rc == 0 && is_root(t))
-        rc = hf_save_folder_from(&g, dir, dtype, 5000000000ull, false, read_full, &ctx, err);
-    free(full);
-    free(all);
+    if (fsdp_on(t)) free(local);
+    else qwen3_params_view_release(m, local, false);
+    free(x.all);
+    free(x.full);
     qwen3_free(&g);
     return rc;
 }

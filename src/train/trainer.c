@@ -13,12 +13,12 @@
 
 // The signal every rank exits with: the highest any rank received, so that all agree.
 static int agreed_signal(trainer *t, int mine, ct_error *err) {
-    int *all = calloc((size_t)t->d->size, sizeof *all);
+    int *all = calloc((size_t)t->world->size, sizeof *all);
     if (!all) return ct_fail(err, "out of memory"), -1;
     int sig = -1;
-    if (dist_allgather(t->d, &mine, all, sizeof mine, "the stop signal", err) == 0) {
+    if (dist_allgather(t->world, &mine, all, sizeof mine, "the stop signal", err) == 0) {
         sig = 0;
-        for (int r = 0; r < t->d->size; r++) sig = all[r] > sig ? all[r] : sig;
+        for (int r = 0; r < t->world->size; r++) sig = all[r] > sig ? all[r] : sig;
     }
     free(all);
     return sig;
@@ -69,9 +69,10 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
                                 start_step, skipped_total);
         if (t->has_val && step % c->validation.freq == 0 && trainer_validate(t, err) != 0)
             return -1;
-        // A signal may reach the ranks at different steps: any rank's stop stops them all here.
+        // A signal may reach the ranks at different steps: any rank's stop stops them all here
+        // (every rank of the world: under TP a save is a collective of the TP groups too).
         double stop = opt->stop_flag && *opt->stop_flag;
-        if (dist_sum(t->d, stop, &stop, "the stop check", err) != 0) return -1;
+        if (dist_sum(t->world, stop, &stop, "the stop check", err) != 0) return -1;
         t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
         if (c->checkpoint.enable &&
             (step % c->checkpoint.interval == 0 || stop > 0 || step == c->training.steps)) {

@@ -53,9 +53,10 @@ static void moments_release(trainer *t, size_t lo, size_t n, float *host[2], boo
     be->view_release(be, host[1], t->opt.v + (lo - t->opt.base), n * sizeof(float), write_back);
 }
 
-// Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others;
-// each rank then loads the model and its own range of the optimizer state, whatever rank count
-// wrote it. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
+// Rank 0 picks the newest complete checkpoint (verifying every file) and tells the others (over
+// the world: under TP, t->d is only this TP rank's data-parallel group); each rank then loads the
+// model and its own range of the optimizer state, whatever rank count wrote it. Returns 1 when
+// resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err) {
     char dir[4096] = "";
     int rc = 0;
@@ -65,8 +66,8 @@ int trainer_resume(trainer *t, ct_error *err) {
         if (rc == 0) rc = ckpt_find_latest(dir, sizeof dir, NULL, t->ckpt_root, NULL, &notes, err);
         trainer_log_notes(t, &notes);
     }
-    if (dist_agree(t->d, rc < 0 ? -1 : 0, "finding the checkpoint to resume", err) != 0 ||
-        dist_bcast(t->d, dir, sizeof dir, 0, "the checkpoint to resume", err) != 0)
+    if (dist_agree(t->world, rc < 0 ? -1 : 0, "finding the checkpoint to resume", err) != 0 ||
+        dist_bcast(t->world, dir, sizeof dir, 0, "the checkpoint to resume", err) != 0)
         return -1;
     if (!dir[0]) return 0;
     size_t lo = t->opt.base;
@@ -77,7 +78,7 @@ int trainer_resume(trainer *t, ct_error *err) {
         moments_release(t, lo, t->opt.n, moments, rc == 0);
     }
     if (rc == 0 && t->state.config_hash != t->config_hash) refuse_resume(t, dir, err), rc = -1;
-    if (dist_agree(t->d, rc, "loading the checkpoint", err) != 0) return -1;
+    if (dist_agree(t->world, rc, "loading the checkpoint", err) != 0) return -1;
     t->opt.step = t->state.opt_step;
     fprintf(t->log, "resumed from %s at step %lld (sample %llu)\n", dir, (long long)t->state.step,
             (unsigned long long)t->state.samples_seen);
@@ -86,7 +87,7 @@ int trainer_resume(trainer *t, ct_error *err) {
 
 // Replicas must agree bit for bit; a difference means the reduction was not deterministic or
 // memory was corrupted, and is caught before it is saved.
-static int check_replicas_equal(trainer *t, ct_error *err) {
+int trainer_check_replicas(trainer *t, ct_error *err) {
     if (t->d->size == 1) return 0;
     // debug.fault weights: one weight of this rank moves by an ulp before the save of step
     // debug.fault_step, as memory corruption would move it.
@@ -123,7 +124,7 @@ int trainer_save_checkpoint(trainer *t, ct_error *err) {
 int trainer_save_replicated(trainer *t, ct_error *err) {
     const int P = t->d->size, r = t->d->rank;
     const int64_t step = t->state.step;
-    int rc = check_replicas_equal(t, err);
+    int rc = trainer_check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
 
@@ -161,16 +162,40 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
     return dist_agree(t->d, rc, "committing the checkpoint", err);
 }
 
+int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shard_info *pairs,
+                          int S, const ckpt_range *const *ranges, const int *n_ranges,
+                          const char *note, ct_error *err) {
+    const int64_t step = t->state.step;
+    ckpt_shard_info *optim = calloc(2 * (size_t)S, sizeof *optim), *model = optim + S;
+    for (int s = 0; optim && s < S; s++) optim[s] = pairs[2 * s], model[s] = pairs[2 * s + 1];
+    int rc = optim ? ckpt_commit_ranges(t->ckpt_root, t->save_tag, layout, optim, model, S, ranges,
+                                        n_ranges, &t->state, t->config_toml, err)
+                   : ct_fail(err, "out of memory");
+    free(optim);
+    ckpt_notes notes = {0};
+    if (rc == 0) rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+    trainer_log_notes(t, &notes);
+    if (rc == 0)
+        fprintf(t->log,
+                "checkpoint: saved step %lld in %s/step-%lld (%d model and optimizer shards%s)\n",
+                (long long)step, t->ckpt_root, (long long)step, S, note);
+    return rc;
+}
+
 int trainer_export_final(trainer *t, ct_error *err) {
     int rc = 0;
-    if (t->tp > 1) { // the weights only (no tokenizer files yet), assembled from the TP slices
+    if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        if (rc == 0) rc = strategy_tp_export(t, dir, dtype, err);
-        if (rc == 0) fprintf(t->log, "export: %s (%s, assembled from the TP slices)\n", dir,
-                             t->cfg->checkpoint.export_dtype);
+        int copied = rc == 0 ? strategy_tp_export(t, dir, dtype, err) : -1;
+        if (copied < 0)
+            rc = -1;
+        else if (is_root(t))
+            fprintf(t->log, "export: %s (%s, assembled from the TP slices%s)\n", dir,
+                    t->cfg->checkpoint.export_dtype,
+                    copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
     if (is_root(t)) {

@@ -45,11 +45,17 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "= \"zero1\": ZeRO-1 under tensor parallelism is not supported yet; "
                            "use \"fsdp\" (2D/3D with TP) or data_parallel_replicate_degree = %d",
                            t->tp, P);
-        if (c->checkpoint.enable)
-            return ct_fail(err, "parallelism.tensor_parallel_degree = %d: checkpoint.enable = "
-                                "true is not supported under tensor parallelism yet (the final "
-                                "export, checkpoint.last_save_in_hf, is)",
-                           t->tp);
+        // TP checkpoints write and read each TP rank's whole local model; under FSDP a rank
+        // holds only its shard's pieces of it.
+        if (fsdp_on && (c->checkpoint.enable || (c->checkpoint.initial_load_path[0] &&
+                                                 !c->checkpoint.initial_load_in_hf)))
+            return ct_fail(err,
+                           "parallelism.tensor_parallel_degree = %d with FSDP "
+                           "(data_parallel_shard_degree = %d): checkpoints (checkpoint.enable, "
+                           "a checkpoint as initial_load_path) are not supported yet under TP "
+                           "with FSDP; use DDP over the data-parallel ranks "
+                           "(data_parallel_replicate_degree), or checkpoint.enable = false",
+                           t->tp, shard);
     }
     t->strat.vt = t->tp > 1 ? &strategy_tp
                   : fsdp_on   ? &strategy_fsdp
@@ -410,8 +416,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->strat.vt->weights_ready(t);
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
 
-    t->save_tag = (long)getpid();
-    if (dist_bcast(t->d, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
+    t->save_tag = (long)getpid(); // world rank 0's: one temporary folder for every rank's files
+    if (dist_bcast(t->world, &t->save_tag, sizeof t->save_tag, 0, "the checkpoint tag", err) != 0)
         return -1;
     size_t n = (size_t)t->accum * t->B * t->T;
     t->inputs = malloc(n * sizeof *t->inputs);
