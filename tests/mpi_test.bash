@@ -9,6 +9,9 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 # be suppressed by name) would fail every run at exit: leak checking stays on for ctitan's code
 # in the single-process tests, and ASan/UBSan errors still stop these runs.
 [ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
+# The sanitizer build (make check's second pass: Debug, about 10x slower), where the long
+# parallel matrices run one case of each kind and leave the rest to the optimised pass.
+sanitized_build() { grep -qs '^CTITAN_SANITIZE:BOOL=ON' "${CTITAN_BUILD_DIR:-}/CMakeCache.txt"; }
 if ! command -v mpirun >/dev/null; then echo "mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; fi
 
 # mpi_train NP DUMP KEY=VALUE... -- [--key value ...]: `ctitan train` ($ct) under mpirun -np NP
