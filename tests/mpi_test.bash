@@ -12,6 +12,8 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 # The sanitizer build (make check's second pass: Debug, about 10x slower), where the long
 # parallel matrices run one case of each kind and leave the rest to the optimised pass.
 sanitized_build() { grep -qs '^CTITAN_SANITIZE:BOOL=ON' "${CTITAN_BUILD_DIR:-}/CMakeCache.txt"; }
+# full: the whole matrix runs (the optimised pass); under the sanitizers one case of each kind.
+full() { ! sanitized_build; }
 if ! command -v mpirun >/dev/null; then echo "mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; fi
 
 # mpi_train NP DUMP KEY=VALUE... -- [--key value ...]: `ctitan train` ($ct) under mpirun -np NP

@@ -13,8 +13,8 @@ source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
 # Under the sanitizers (make check's second pass, a Debug build about 10x slower) the matrix is
 # the optimised pass's job: this pass runs one case of each kind (dense TP=2, 2D with FSDP, MoE,
-# the guarded backend, a hung peer, three refusals) for memory errors on the TP paths.
-full() { ! sanitized_build; }
+# the guarded backend, a hung peer, three refusals) for memory errors on the TP paths (full,
+# mpi_test.bash).
 
 # run NP DUMP [--key value ...]: the 2-layer debugmodel, 4 steps of 2 sequences of 32 tokens,
 # 1 thread per rank, no checkpoints, the final weights exported to DUMP/hf.
