@@ -490,6 +490,12 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
                        "gradients)",
                        bytes / sizeof(float), bytes, grads ? bytes : 0);
     }
+    // A forward-only model's weights are read whole by every forward (each decoded token):
+    // where they live, they are written whole at the load.
+    if (m->weights16)
+        be->mark_streamed(be, m->param_bf16, bytes / 2);
+    else if (!grads)
+        be->mark_streamed(be, m->param_mem, bytes);
     param_walk pw = {.table = m->params, .base = m->param_mem};
     param_walk_model(&pw, &m->w, cfg);
     if (grads) { // else m->g stays all NULL
