@@ -100,6 +100,13 @@ static int parse_targets(unsigned *targets, const cJSON *root, const char *file,
                            "%s: key \"target_modules\": \"all-linear\" inside a list names no "
                            "module (PEFT takes it only as the whole value)",
                            file);
+        // (lora_parse_targets would name it too, but unescaped: a message stays one line.)
+        if (lora_module_of(x->valuestring) < 0)
+            return ct_fail(err,
+                           "%s: key \"target_modules\": unknown module %s (expected \"all-linear\" "
+                           "or a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                           "down_proj)",
+                           file, json_brief(brief, sizeof brief, x));
         if (n == (int)(sizeof names / sizeof names[0]))
             return ct_fail(err, "%s: key \"target_modules\": more than %d names", file, n);
         names[n++] = x->valuestring;
