@@ -8,7 +8,7 @@ PeftModel's keys, the adapter name removed, metadata {"format": "pt"}, tensors o
 safetensors library orders them). The merged export must equal W + (B @ A) * scaling (numpy,
 float64, rounded to fp32) within 1e-6 relative (measured: at most 7.7e-8, fp32 summation order),
 with every tensor the adapter leaves alone bit-identical to the base. Also: the same adapter with
-transformers' prefix-less keys merges to the same bits, BF16 adapter tensors are read, and a bad
+transformers' prefix-less keys merges to the same bits, BF16 bases and adapters are read, and a bad
 adapter is refused in one line that names what is wrong.
 """
 import json
@@ -65,8 +65,9 @@ def st_read(path):
     return out, header.get("__metadata__")
 
 
-def base_folder(name, cfg):
-    """config.json and random fp32 weights, every tensor transformers' Qwen3 has."""
+def base_folder(name, cfg, dtype="F32"):
+    """config.json and random weights, every tensor transformers' Qwen3 has; returns them as
+    stored (BF16 values widened)."""
     d = os.path.join(TMP, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -91,7 +92,9 @@ def base_folder(name, cfg):
             t.update({p + "mlp.gate_proj.weight": (F, C), p + "mlp.up_proj.weight": (F, C),
                       p + "mlp.down_proj.weight": (C, F)})
     w = {k: rng.standard_normal(s).astype(np.float32) * 0.1 for k, s in t.items()}
-    st_write(os.path.join(d, "model.safetensors"), w)
+    if dtype == "BF16":
+        w = {k: st_bf16(v) for k, v in w.items()}
+    st_write(os.path.join(d, "model.safetensors"), w, dtype)
     return d, w
 
 
@@ -209,8 +212,8 @@ if r.returncode == 0:
         check(all(np.array_equal(again[k], merged[k]) for k in merged),
               "prefix-less keys merge differently")
 
-# MoE: every linear projection (each expert's own A and B), rsLoRA, BF16 adapter tensors.
-base, base_w = base_folder("moe", moe_cfg)
+# MoE: every linear projection (each expert's own A and B), rsLoRA, a BF16 base and adapter.
+base, base_w = base_folder("moe", moe_cfg, "BF16")
 all_linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ad, pairs = adapter_folder("moe_lora", base_w, all_linear, r=8, alpha=8, rslora=True,
                            dtype="BF16")
