@@ -42,16 +42,14 @@ static char *edited(const char *from, const char *to) {
         fprintf(stderr, "test bug: %s not in the config\n", from);
         exit(2);
     }
-    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - peft_json), peft_json, to,
-             at + strlen(from));
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - peft_json), peft_json, to, at + strlen(from));
     return buf;
 }
 
 static void test_config(void) {
     peft_config pc, back;
     ct_error err = {{0}};
-    CHECK(peft_config_parse(&pc, peft_json, strlen(peft_json), "a.json", &err) == 0, "%s",
-          err.msg);
+    CHECK(peft_config_parse(&pc, peft_json, strlen(peft_json), "a.json", &err) == 0, "%s", err.msg);
     CHECK(pc.lc.rank == 16 && pc.lc.alpha == 32.0f && pc.lc.dropout == 0.05f && !pc.lc.use_rslora,
           "r %d alpha %g dropout %g", pc.lc.rank, (double)pc.lc.alpha, (double)pc.lc.dropout);
     CHECK(pc.lc.targets == ((1u << LORA_Q) | (1u << LORA_V) | (1u << LORA_DOWN)), "targets %#x",
@@ -64,7 +62,8 @@ static void test_config(void) {
     size_t n1 = 0, n2 = 0;
     CHECK(peft_config_text(&t1, &n1, &pc, &err) == 0, "%s", err.msg);
     CHECK(peft_config_parse(&back, t1, n1, "ours.json", &err) == 0, "%s", err.msg);
-    CHECK(memcmp(&back.lc, &pc.lc, sizeof pc.lc) == 0 && strcmp(back.base_model, pc.base_model) == 0,
+    CHECK(memcmp(&back.lc, &pc.lc, sizeof pc.lc) == 0 &&
+              strcmp(back.base_model, pc.base_model) == 0,
           "read back differently");
     CHECK(peft_config_text(&t2, &n2, &back, &err) == 0 && n1 == n2 && memcmp(t1, t2, n1) == 0,
           "not stable");
@@ -155,7 +154,9 @@ static st_entry *entries_of(const lora_layout *L, const float *buf, char (*names
     for (int i = 0; i < L->n; i++) {
         snprintf(names[i], 200, "%s",
                  prefixed ? L->t[i].name : L->t[i].name + strlen("base_model.model."));
-        e[i] = (st_entry){.name = names[i], .data = buf + L->t[i].offset, .ndim = 2,
+        e[i] = (st_entry){.name = names[i],
+                          .data = buf + L->t[i].offset,
+                          .ndim = 2,
                           .shape = {L->t[i].shape[0], L->t[i].shape[1]}};
     }
     return e;
@@ -189,15 +190,14 @@ static void test_tensors(const char *flavor, unsigned targets) {
     peft_adapter_free(&a);
 
     // Keys without the prefix, as BF16, in the file's (sorted) order: each value at its offset.
-    char (*names)[200] = calloc((size_t)L.n + 1, sizeof *names);
+    char(*names)[200] = calloc((size_t)L.n + 1, sizeof *names);
     st_entry *e = entries_of(&L, buf, names, false);
     st_file f;
     snprintf(path, sizeof path, "%s/bf16.safetensors", dir);
     if (open_written(&f, path, e, L.n, CT_BF16) == 0) {
         CHECK(peft_tensors_read(back, &L, &f, path, &err) == 0, "%s", err.msg);
         int wrong = 0;
-        for (size_t i = 0; i < L.num; i++)
-            wrong += back[i] != bf16_to_f32(f32_to_bf16(buf[i]));
+        for (size_t i = 0; i < L.num; i++) wrong += back[i] != bf16_to_f32(f32_to_bf16(buf[i]));
         CHECK(wrong == 0, "%s: %d bf16 values misplaced", flavor, wrong);
         st_close(&f);
     }
@@ -218,7 +218,9 @@ static void test_tensors(const char *flavor, unsigned targets) {
     };
     for (int c = 0; c < 3; c++) {
         if (c > 0)
-            e[k] = (st_entry){.name = names[k], .data = zeros, .ndim = 2,
+            e[k] = (st_entry){.name = names[k],
+                              .data = zeros,
+                              .ndim = 2,
                               .shape = {bad_shape[c][0], bad_shape[c][1]}};
         for (size_t i = 0; i < L.num; i++) back[i] = -7.0f;
         snprintf(path, sizeof path, "%s/bad_%s.safetensors", dir, labels[c]);
@@ -230,7 +232,9 @@ static void test_tensors(const char *flavor, unsigned targets) {
               "%s %s: %s", flavor, labels[c], err.msg);
         CHECK(back[0] == -7.0f && back[L.num - 1] == -7.0f, "%s: buffer written", labels[c]);
         st_close(&f);
-        e[k] = (st_entry){.name = names[k], .data = buf + t->offset, .ndim = 2,
+        e[k] = (st_entry){.name = names[k],
+                          .data = buf + t->offset,
+                          .ndim = 2,
                           .shape = {t->shape[0], t->shape[1]}};
     }
     static const struct {
@@ -249,7 +253,9 @@ static void test_tensors(const char *flavor, unsigned targets) {
     const lora_tensor *q0 = lora_layout_tensor(&L, 0, LORA_Q, -1, false);
     // (k_proj is untargeted only in the first geometry's adapter.)
     for (size_t c = (targets >> LORA_K) & 1u; c < sizeof extras / sizeof extras[0]; c++) {
-        more[L.n] = (st_entry){.name = extras[c].name, .data = zeros, .ndim = 2,
+        more[L.n] = (st_entry){.name = extras[c].name,
+                               .data = zeros,
+                               .ndim = 2,
                                .shape = {q0->shape[0], q0->shape[1]}};
         snprintf(path, sizeof path, "%s/extra_%zu.safetensors", dir, c);
         if (open_written(&f, path, more, L.n + 1, CT_F32) != 0) continue;
@@ -280,7 +286,8 @@ static void test_tensors(const char *flavor, unsigned targets) {
         snprintf(name, sizeof name, "%.*s.weight",
                  (int)(strlen(A->name) - strlen(".lora_A.weight") - strlen("base_model.model.")),
                  A->name + strlen("base_model.model."));
-        float *w = malloc((size_t)(out * in) * sizeof *w), *w2 = malloc((size_t)(out * in) * sizeof *w2);
+        float *w = malloc((size_t)(out * in) * sizeof *w),
+              *w2 = malloc((size_t)(out * in) * sizeof *w2);
         for (int64_t j = 0; j < out * in; j++) w[j] = w2[j] = rand_sym(&r);
         const float s = lora_scale(&lc);
         double amax = 0, emax = 0;
@@ -291,15 +298,15 @@ static void test_tensors(const char *flavor, unsigned targets) {
             for (int64_t c = 0; c < in; c++) {
                 double d = 0;
                 for (int64_t q = 0; q < lc.rank; q++)
-                    d += (double)buf[B->offset + o * lc.rank + q] *
-                         buf[A->offset + q * in + c];
+                    d += (double)buf[B->offset + o * lc.rank + q] * buf[A->offset + q * in + c];
                 double want = want_src[o * in + c] + d * s;
                 amax = fmax(amax, fabs(want));
                 emax = fmax(emax, fabs(w[o * in + c] - want));
             }
         worst = fmax(worst, emax / amax);
         // Chunks that cut rows anywhere give the same bits.
-        for (uint64_t at = 0, step = 37; at < (uint64_t)(out * in); at += step, step = step * 3 % 101 + 1) {
+        for (uint64_t at = 0, step = 37; at < (uint64_t)(out * in);
+             at += step, step = step * 3 % 101 + 1) {
             uint64_t n = at + step < (uint64_t)(out * in) ? step : (uint64_t)(out * in) - at;
             lora_merge_range(w2 + at, at, n, A, B, buf, s);
         }
@@ -314,8 +321,8 @@ static void test_tensors(const char *flavor, unsigned targets) {
     float one = 1.0f;
     CHECK(lora_merge_tensor(&one, "model.norm.weight", 1, 1, &L, buf, &err) == 0 && one == 1.0f,
           "norm touched");
-    CHECK(lora_merge_tensor(&one, "model.layers.0.self_attn.q_proj.weight", 1, 1, &L, buf,
-                            &err) != 0 &&
+    CHECK(lora_merge_tensor(&one, "model.layers.0.self_attn.q_proj.weight", 1, 1, &L, buf, &err) !=
+                  0 &&
               strstr(err.msg, "q_proj"),
           "shape: %s", err.msg);
     free(e);

@@ -50,8 +50,8 @@ static bool same_folder(const char *a, const char *b) {
 
 // --merge: the base HF folder with the adapter merged in, streamed tensor by tensor from the
 // base's mapped files (the adapter alone is held in memory).
-static int export_merged(const cli_args *args, const ct_config *c, ct_dtype dtype,
-                         uint64_t shard, ct_error *err) {
+static int export_merged(const cli_args *args, const ct_config *c, ct_dtype dtype, uint64_t shard,
+                         ct_error *err) {
     const char *base = c->model.hf_path, *adapter = cli_str(args, "lora.adapter_path"),
                *out = cli_str(args, "output");
     if (cli_str(args, "checkpoint"))

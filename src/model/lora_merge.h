@@ -11,8 +11,9 @@
 #include "model/peft_adapter.h"
 #include "model/qwen3.h"
 
-// A (rank, in) and B (out, rank) of the HF parameter `name` (model.layers.3.self_attn.q_proj.weight,
-// model.layers.1.mlp.experts.5.up_proj.weight); false when the adapter leaves it alone.
+// A (rank, in) and B (out, rank) of the HF parameter `name`
+// (model.layers.3.self_attn.q_proj.weight, model.layers.1.mlp.experts.5.up_proj.weight); false when
+// the adapter leaves it alone.
 bool lora_pair_of(const lora_layout *L, const char *name, const lora_tensor **A,
                   const lora_tensor **B);
 // w holds elements [first, first + count) (row-major) of the (out, in) weight that A and B adapt;

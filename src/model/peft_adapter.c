@@ -26,11 +26,23 @@
 // absent or empty (null, false, {}, [] or ""): anything else is a LoRA that ctitan would
 // silently compute differently, so it is refused by name.
 static const char *const unsupported_fields[] = {
-    "use_dora",          "use_qalora",          "lora_bias",      "modules_to_save",
-    "rank_pattern",      "alpha_pattern",       "layers_to_transform", "layer_replication",
-    "exclude_modules",   "target_parameters",   "trainable_token_indices",
-    "alora_invocation_tokens", "use_bdlora",   "arrow_config",   "kasa_config",
-    "velora_config",     "monteclora_config",
+    "use_dora",
+    "use_qalora",
+    "lora_bias",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+    "layers_to_transform",
+    "layer_replication",
+    "exclude_modules",
+    "target_parameters",
+    "trainable_token_indices",
+    "alora_invocation_tokens",
+    "use_bdlora",
+    "arrow_config",
+    "kasa_config",
+    "velora_config",
+    "monteclora_config",
 };
 
 static bool json_empty(const cJSON *v) {
@@ -57,8 +69,7 @@ static int expect_string(const cJSON *root, const char *key, const char *want, c
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     char brief[96];
     if ((!v || cJSON_IsNull(v)) && dflt) return 0;
-    if (!v)
-        return ct_fail(err, "%s: key \"%s\": expected \"%s\", found nothing", file, key, want);
+    if (!v) return ct_fail(err, "%s: key \"%s\": expected \"%s\", found nothing", file, key, want);
     if (!cJSON_IsString(v) || strcmp(v->valuestring, want) != 0)
         return ct_fail(err, "%s: key \"%s\": expected \"%s\"%s, found %s", file, key, want, why,
                        json_brief(brief, sizeof brief, v));
@@ -137,16 +148,18 @@ int peft_config_parse(peft_config *pc, const char *text, size_t len, const char 
         goto done;
     if (json_get_bool(&b, root, "fan_in_fan_out", false, file, err) != 0) goto done;
     if (b) {
-        ct_fail(err, "%s: key \"fan_in_fan_out\": expected false (Qwen3's linear layers store "
-                     "(out, in)), found true",
+        ct_fail(err,
+                "%s: key \"fan_in_fan_out\": expected false (Qwen3's linear layers store "
+                "(out, in)), found true",
                 file);
         goto done;
     }
     for (size_t i = 0; i < sizeof unsupported_fields / sizeof unsupported_fields[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, unsupported_fields[i]);
         if (json_empty(v)) continue;
-        ct_fail(err, "%s: key \"%s\": %s is not supported (ctitan reads plain LoRA: expected it "
-                     "absent, null, false or empty)",
+        ct_fail(err,
+                "%s: key \"%s\": %s is not supported (ctitan reads plain LoRA: expected it "
+                "absent, null, false or empty)",
                 file, unsupported_fields[i], json_brief(brief, sizeof brief, v));
         goto done;
     }
@@ -162,8 +175,8 @@ int peft_config_parse(peft_config *pc, const char *text, size_t len, const char 
     if (lora_config_validate(&pc->lc, file, err) != 0) goto done;
     const cJSON *base = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
     if (base && !cJSON_IsNull(base)) {
-        if (json_get_string(pc->base_model, sizeof pc->base_model, root,
-                            "base_model_name_or_path", false, file, err) != 0)
+        if (json_get_string(pc->base_model, sizeof pc->base_model, root, "base_model_name_or_path",
+                            false, file, err) != 0)
             goto done;
         size_t n = strlen(pc->base_model);
         if (utf8_valid_prefix(pc->base_model, n) != n) {
@@ -256,9 +269,10 @@ int peft_config_text(char **out, size_t *len, const peft_config *pc, ct_error *e
     put_number(&o, pc->lc.alpha, true);
     put(&o, ",\n  \"lora_bias\": false,\n  \"lora_dropout\": ");
     put_number(&o, pc->lc.dropout, false);
-    put(&o, ",\n  \"megatron_config\": null,\n  \"megatron_core\": \"megatron.core\",\n"
-            "  \"modules_to_save\": null,\n  \"peft_type\": \"LORA\",\n  \"r\": %d,\n"
-            "  \"rank_pattern\": {},\n  \"revision\": null,\n  \"target_modules\": [",
+    put(&o,
+        ",\n  \"megatron_config\": null,\n  \"megatron_core\": \"megatron.core\",\n"
+        "  \"modules_to_save\": null,\n  \"peft_type\": \"LORA\",\n  \"r\": %d,\n"
+        "  \"rank_pattern\": {},\n  \"revision\": null,\n  \"target_modules\": [",
         pc->lc.rank);
     bool first = true;
     for (int i = 0; i < LORA_N_MODULES; i++) {
@@ -266,8 +280,9 @@ int peft_config_text(char **out, size_t *len, const peft_config *pc, ct_error *e
         put(&o, "%s\n    \"%s\"", first ? "" : ",", lora_module_name(sorted_modules[i]));
         first = false;
     }
-    put(&o, "%s],\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n"
-            "  \"use_rslora\": %s\n}",
+    put(&o,
+        "%s],\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n"
+        "  \"use_rslora\": %s\n}",
         first ? "" : "\n  ", pc->lc.use_rslora ? "true" : "false");
     if (o.oom) {
         free(o.b.p);
@@ -355,8 +370,8 @@ static int match_tensors(const st_tensor **found, const lora_layout *L, const st
                            source, s->name, (long long)s->shape[1],
                            st_shape_str(got, sizeof got, s->shape, s->ndim), L->lc.rank);
         if (s->ndim != 2 || s->shape[0] != t->shape[0] || s->shape[1] != t->shape[1])
-            return ct_fail(err, "%s: tensor \"%s\": expected shape %s, found %s", source,
-                           s->name, st_shape_str(want, sizeof want, t->shape, 2),
+            return ct_fail(err, "%s: tensor \"%s\": expected shape %s, found %s", source, s->name,
+                           st_shape_str(want, sizeof want, t->shape, 2),
                            st_shape_str(got, sizeof got, s->shape, s->ndim));
         if (s->dtype != CT_F32 && s->dtype != CT_BF16 && s->dtype != CT_F16)
             return ct_fail(err, "%s: tensor \"%s\": dtype %s (expected F32, BF16 or F16)", source,
@@ -367,15 +382,14 @@ static int match_tensors(const st_tensor **found, const lora_layout *L, const st
     for (int i = 0; i < L->n; i++)
         if (!found[i] && missing++ == 0) first = i;
     if (missing)
-        return ct_fail(err, "%s: tensor \"%s\" is missing%s (%d of the %d tensors the config's "
-                            "target_modules and r call for are absent)",
-                       source, L->t[first].name, missing > 1 ? " among others" : "", missing,
-                       L->n);
+        return ct_fail(err,
+                       "%s: tensor \"%s\" is missing%s (%d of the %d tensors the config's "
+                       "target_modules and r call for are absent)",
+                       source, L->t[first].name, missing > 1 ? " among others" : "", missing, L->n);
     return 0;
 }
 
-int peft_tensors_check(const lora_layout *L, const st_file *f, const char *source,
-                       ct_error *err) {
+int peft_tensors_check(const lora_layout *L, const st_file *f, const char *source, ct_error *err) {
     const st_tensor **found = malloc(((size_t)L->n + 1) * sizeof *found);
     if (!found) return ct_fail(err, "%s: out of memory", source);
     int rc = match_tensors(found, L, f, source, err);
@@ -391,8 +405,7 @@ int peft_tensors_read(float *buf, const lora_layout *L, const st_file *f, const 
     // Straight from the mapping into the buffer, each tensor's pages let go once converted.
     for (int i = 0; i < L->n && rc == 0; i++) {
         const st_tensor *s = found[i];
-        if (st_tensor_to_f32(buf + L->t[i].offset, s, err) != 0)
-            rc = ct_wrap(err, "%s", source);
+        if (st_tensor_to_f32(buf + L->t[i].offset, s, err) != 0) rc = ct_wrap(err, "%s", source);
         if (f->map) fs_release_read(s->data, s->numel * dtype_size(s->dtype));
     }
     free(found);
