@@ -7,7 +7,9 @@
 
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "model/peft_adapter.h"
 #include "model/qwen3_config.h"
+#include "peft_geometry.h"
 #include "checkpoint/checkpoint_internal.h"
 
 static char path[4096];
@@ -57,6 +59,7 @@ int main(int argc, char **argv) {
     mkdir(at("npy", ""), 0755);
     mkdir(at("hf_config", ""), 0755);
     mkdir(at("ckpt_state", ""), 0755);
+    mkdir(at("peft_config", ""), 0755);
     ct_error err;
     float v[12] = {1, -2, 0.5f, 3.25f, -0.125f, 65504, 1e-8f, 7, 8, 9, 10, 11};
     st_entry e[3] = {
@@ -185,5 +188,53 @@ int main(int argc, char **argv) {
             }
         }
     }
+
+    // adapter_config.json: PEFT's save_pretrained output, ctitan's, a small one with PEFT's
+    // defaults, and refusals; then (after byte 1) adapter tensors for peft_geometry.h's model.
+    text("peft_config", "peft.json",
+         "{\n  \"alpha_pattern\": {},\n  \"auto_mapping\": null,\n  \"base_model_name_or_path\": "
+         "\"Qwen/Qwen3-0.6B\",\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  "
+         "\"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"layers_to_transform\": "
+         "null,\n  \"loftq_config\": {},\n  \"lora_alpha\": 32,\n  \"lora_dropout\": 0.05,\n  "
+         "\"modules_to_save\": null,\n  \"peft_type\": \"LORA\",\n  \"r\": 16,\n  "
+         "\"rank_pattern\": {},\n  \"target_modules\": [\n    \"v_proj\",\n    \"q_proj\"\n  "
+         "],\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n  \"use_rslora\": "
+         "false\n}");
+    text("peft_config", "small.json",
+         "{\"peft_type\": \"LORA\", \"target_modules\": \"all-linear\", \"r\": 4, "
+         "\"lora_alpha\": 1e-3, \"use_rslora\": true, \"x\": [1, {\"y\": null}]}");
+    text("peft_config", "regex.json",
+         "{\"peft_type\": \"LORA\", \"target_modules\": \".*\\\\.(q|v)_proj\"}");
+    text("peft_config", "dora.json",
+         "{\"peft_type\": \"LORA\", \"target_modules\": [\"q_proj\"], \"use_dora\": true, "
+         "\"rank_pattern\": {\"q_proj\": 2}}");
+    qwen3_config gc;
+    peft_config pc = {.base_model = "tiny/\u00e9"};
+    peft_fuzz_geometry(&gc, &pc.lc);
+    char *t = NULL;
+    size_t len = 0;
+    check(peft_config_text(&t, &len, &pc, &err), &err);
+    raw("peft_config", "ctitan.json", t, len);
+    free(t);
+    lora_layout L;
+    check(lora_layout_init(&L, &gc, &pc.lc, &err), &err);
+    float *buf = calloc(L.num, sizeof *buf);
+    for (size_t i = 0; i < L.num; i++) buf[i] = (float)i / 8.0f - 3.0f;
+    char st_path[4200];
+    snprintf(st_path, sizeof st_path, "%s/peft_config/adapter.tmp", root);
+    check(peft_tensors_write(st_path, &L, buf, &err), &err);
+    FILE *fp = fopen(st_path, "rb");
+    static unsigned char img[1u << 16];
+    img[0] = 1;
+    size_t n = fp ? fread(img + 1, 1, sizeof img - 1, fp) : 0;
+    if (fp) fclose(fp);
+    remove(st_path);
+    if (n == 0 || n == sizeof img - 1) {
+        fprintf(stderr, "cannot read back %s\n", st_path);
+        return 1;
+    }
+    raw("peft_config", "adapter_tensors", img, n + 1);
+    free(buf);
+    lora_layout_free(&L);
     return 0;
 }

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
+#include "model/lora_merge.h"
 #include "checkpoint/checkpoint.h"
 
 static const cli_option export_options[] = {
@@ -17,28 +18,83 @@ static const cli_option export_options[] = {
     {"max-shard-size", "5GB",
      "shard the weights above this size, as HF (500MB, 5GB, 2GiB; 0 = one file)", false},
     {"tokenizer", NULL,
-     "folder with tokenizer.json to copy (default: the run's model.tokenizer_path)", false},
+     "folder with tokenizer.json to copy (default: the run's model.tokenizer_path; with "
+     "--merge, the base folder)",
+     false},
+    {"merge", "false",
+     "write the base HF folder --model.hf_path with the PEFT LoRA adapter --lora.adapter_path "
+     "merged in (W + s * B @ A), instead of a checkpoint",
+     true},
+    {"lora.adapter_path", NULL,
+     "with --merge: the PEFT adapter folder (adapter_config.json, adapter_model.safetensors)",
+     false},
 };
 
 // Train's key, from its table: under it the whole model is loaded into the guarded CPU backend
 // and saved from there, instead of streamed tensor by tensor from the files.
-static const char *const export_keys[] = {"debug.guard_device_memory"};
-static const config_use export_use = {.command = "export", CONFIG_USE_KEYS(export_keys)};
+// model.hf_path: --merge's base folder.
+static const char *const export_keys[] = {"debug.guard_device_memory", "model.hf_path"};
+// --merge reads an HF folder: model.backend "hf", as generate and verify fix it.
+static int export_fix(ct_config *c, void *ctx, ct_error *err) {
+    (void)err;
+    if (ctx && cli_flag(ctx, "merge")) snprintf(c->model.backend, sizeof c->model.backend, "hf");
+    return 0;
+}
+static const config_use export_use = {
+    .command = "export", CONFIG_USE_KEYS(export_keys), .fix = export_fix};
 
 static bool same_folder(const char *a, const char *b) {
     struct stat x, y;
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+// --merge: the base HF folder with the adapter merged in, streamed tensor by tensor from the
+// base's mapped files (the adapter alone is held in memory).
+static int export_merged(const cli_args *args, const ct_config *c, ct_dtype dtype, uint64_t shard,
+                         ct_error *err) {
+    const char *base = c->model.hf_path, *adapter = cli_str(args, "lora.adapter_path"),
+               *out = cli_str(args, "output");
+    if (cli_str(args, "checkpoint"))
+        return ct_fail(err, "--merge reads the base model from --model.hf_path HFDIR, not "
+                            "--checkpoint");
+    if (!base[0]) return ct_fail(err, "export --merge needs --model.hf_path HFDIR (the base)");
+    if (!adapter) return ct_fail(err, "export --merge needs --lora.adapter_path DIR");
+    if (same_folder(base, out) || same_folder(adapter, out))
+        return ct_fail(err, "--output %s is an input folder; choose another folder", out);
+    lora_merge_src src;
+    if (lora_merge_open(&src, base, adapter, err) != 0) return -1;
+    const char *tok = cli_str(args, "tokenizer") ? cli_str(args, "tokenizer") : base;
+    int n_tok = ckpt_export_hf_from(&src.m, out, dtype, shard, tok, lora_merge_read, &src, err);
+    if (n_tok >= 0) {
+        const lora_config *lc = &src.ad.L.lc;
+        printf("merged %s (r %d, alpha %g, scale %g%s; %d tensors changed; trained on %s) into "
+               "%s (%zu parameters), written to %s as %s\n",
+               adapter, lc->rank, (double)lc->alpha, (double)src.scale,
+               lc->use_rslora ? ", rsLoRA" : "", src.n_merged,
+               src.ad.pc.base_model[0] ? src.ad.pc.base_model : "an unnamed base", base,
+               src.m.num_params, out, cli_str(args, "dtype"));
+        if (n_tok == 0)
+            fprintf(stderr,
+                    "ctitan: warning: no tokenizer.json in %s: the export has no tokenizer "
+                    "files (pass --tokenizer DIR)\n",
+                    tok);
+    }
+    lora_merge_close(&src);
+    return n_tok < 0 ? -1 : 0;
+}
+
 static int export_run(const cli_args *args, const ct_config *c, ct_error *err) {
     const char *given = cli_str(args, "checkpoint"), *out = cli_str(args, "output");
-    if (!given) return ct_fail(err, "export needs --checkpoint DIR");
     if (!out) return ct_fail(err, "export needs --output HFDIR");
     ct_dtype dtype;
     uint64_t shard;
     if (ckpt_parse_dtype(&dtype, cli_str(args, "dtype"), err) != 0) return ct_wrap(err, "--dtype");
     if (ckpt_parse_size(&shard, cli_str(args, "max-shard-size"), err) != 0)
         return ct_wrap(err, "--max-shard-size");
+    if (cli_flag(args, "merge")) return export_merged(args, c, dtype, shard, err);
+    if (cli_str(args, "lora.adapter_path"))
+        return ct_fail(err, "--lora.adapter_path is read by export --merge only");
+    if (!given) return ct_fail(err, "export needs --checkpoint DIR");
 
     char dir[4096], cfg_path[4200];
     if (cli_resolve_checkpoint(dir, sizeof dir, given, err) != 0) return -1;
@@ -99,20 +155,25 @@ int cmd_export(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         cli_print_help_keys(
             "ctitan export --checkpoint DIR --output HFDIR [--dtype bfloat16|float16|"
-            "float32] [--max-shard-size SIZE] [--tokenizer DIR]",
+            "float32] [--max-shard-size SIZE] [--tokenizer DIR]\n"
+            "       ctitan export --merge --model.hf_path HFDIR --lora.adapter_path DIR "
+            "--output HFDIR [...]",
             "Writes a training checkpoint as a Hugging Face folder: config.json, the "
             "weights as\nsafetensors (sharded with an index above --max-shard-size) "
             "and the tokenizer files.\nThe checkpoint is fully verified first "
             "(sizes, checksums, tensor names and shapes). Under "
             "--debug.guard_device_memory\nthe whole model is loaded into the guarded "
-            "backend and saved from there.",
+            "backend and saved from there.\nWith --merge, the base HF folder and a PEFT LoRA "
+            "adapter are written merged (PEFT's merge_and_unload),\ntensor by tensor.",
             export_options, n_opts, &export_use);
         return 0;
     }
     ct_error err;
     cli_args args;
     ct_config cfg;
-    if (cli_parse_config(&args, &cfg, &export_use, export_options, n_opts, argc, argv, &err) != 0 ||
+    config_use use = export_use;
+    use.ctx = &args;
+    if (cli_parse_config(&args, &cfg, &use, export_options, n_opts, argc, argv, &err) != 0 ||
         export_run(&args, &cfg, &err) != 0)
         return cli_report(&err);
     return 0;
