@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz demo bench bench-dp bench-moe bench-train bench-generate format clean
+.PHONY: all deps check check-fast check-asan fuzz fuzz-long demo bench bench-dp bench-moe bench-train bench-generate format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -34,6 +34,11 @@ check-asan:
 
 fuzz:
 	./scripts/run-fuzz $(FUZZ_SECONDS)
+
+# Every target to FUZZ_EXECUTIONS executions (or an hour each), with a table at the end.
+FUZZ_EXECUTIONS ?= 10000000
+fuzz-long:
+	./scripts/run-fuzz --executions $(FUZZ_EXECUTIONS) --max-time 3600
 
 # The demo trains configs/debugmodel.toml from scratch on real text with the real Qwen3
 # tokenizer, then plots the loss curve. A previous demo run is removed first.
