@@ -177,6 +177,10 @@ typedef struct qwen3_model {
     // A forward-only bf16 model (qwen3_init_forward_only): param_bf16 is where its matrices
     // live, not a copy; parameter I/O writes and reads them there, and nothing refreshes it.
     bool weights16;
+    // LoRA (model/qwen3_lora.h, qwen3_init_lora): the adapter on a frozen base, NULL otherwise.
+    // The base has no grad_mem; its norm weights' gradients go to grad_sink, never read.
+    struct qwen3_lora *lora;
+    float *grad_sink;
 } qwen3_model;
 
 enum { QWEN3_UNIT_FORWARD, QWEN3_UNIT_FORWARD_DONE, QWEN3_UNIT_BACKWARD, QWEN3_UNIT_BACKWARD_DONE };
