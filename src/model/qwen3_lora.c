@@ -2,11 +2,84 @@
 #include "model/qwen3_lora.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/rng.h"
 #include "model/qwen3_internal.h"
+
+// The adapter as a model-shaped table (qwen3_trained) and its units.
+static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
+    qwen3_model *v = &lo->view;
+    const int L = m->cfg.num_hidden_layers;
+    memset(v, 0, sizeof *v);
+    v->cfg = m->cfg;
+    v->be = m->be;
+    v->ops = m->ops;
+    v->n_params = lo->L.n;
+    v->num_params = lo->L.num;
+    v->param_mem = lo->w;
+    v->grad_mem = lo->g;
+    qwen3_param *table = calloc((size_t)lo->L.n + 1, sizeof *table);
+    lo->unit_lo = calloc((size_t)L + 3, sizeof *lo->unit_lo);
+    if (!table || !lo->unit_lo) {
+        free(table);
+        return ct_fail(err, "lora: out of memory for the adapter's table");
+    }
+    for (int i = 0; i < lo->L.n; i++) {
+        const lora_tensor *t = &lo->L.t[i];
+        qwen3_param *p = &table[i];
+        if (strlen(t->name) >= sizeof p->name) {
+            free(table);
+            return ct_fail(err, "lora: tensor name %s is longer than %zu characters", t->name,
+                           sizeof p->name - 1);
+        }
+        snprintf(p->name, sizeof p->name, "%s", t->name);
+        p->ndim = 2;
+        p->shape[0] = t->shape[0], p->shape[1] = t->shape[1];
+        p->offset = t->offset, p->numel = t->numel;
+    }
+    v->params = table;
+    lo->unit_lo[0] = 0; // the embedding: nothing
+    for (int l = 0; l < L; l++) lo->unit_lo[1 + l] = lo->L.layer_lo[l];
+    lo->unit_lo[L + 1] = lo->unit_lo[L + 2] = lo->L.num; // the head: nothing
+    return 0;
+}
+
+uint64_t qwen3_lora_base_hash(const qwen3_model *m) {
+    uint64_t h = 0x4c6f524142617365ull; // "LoRABase"
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        uint64_t t = 0;
+        if (qwen3_param_in_bf16(m, p))
+            m->ops->hash_xxh64(&t, m->param_bf16 + p->offset, p->numel * sizeof(uint16_t));
+        else
+            m->ops->hash_xxh64(&t, m->param_mem + p->offset, p->numel * sizeof(float));
+        h = ct_splitmix64_at(h ^ t, (uint64_t)i);
+    }
+    return h;
+}
+
+qwen3_model *qwen3_trained(qwen3_model *m) {
+    return m->lora ? &m->lora->view : m;
+}
+
+void qwen3_trained_units(const qwen3_model *m, size_t *lo) {
+    const int n = qwen3_n_units(&m->cfg);
+    if (m->lora) {
+        memcpy(lo, m->lora->unit_lo, ((size_t)n + 1) * sizeof *lo);
+        return;
+    }
+    size_t *hi = calloc((size_t)n, sizeof *hi);
+    if (!hi) { // a few words; the units then start at 0: every gradient waits for the end
+        memset(lo, 0, ((size_t)n + 1) * sizeof *lo);
+        return;
+    }
+    qwen3_units(&m->cfg, lo, hi);
+    lo[n] = m->num_params;
+    free(hi);
+}
 
 // The adapter's buffers and the per-layer table, on a model whose base is built.
 static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
@@ -37,7 +110,7 @@ static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
         else
             md->a = t;
     }
-    return 0;
+    return lora_view(m, lo, err);
 }
 
 void qwen3_lora_free(qwen3_model *m) {
@@ -49,6 +122,8 @@ void qwen3_lora_free(qwen3_model *m) {
         m->be->free(m->be, lo->act);
     }
     free(lo->mod);
+    free((qwen3_param *)lo->view.params);
+    free(lo->unit_lo);
     lora_layout_free(&lo->L);
     free(lo);
     m->lora = NULL;

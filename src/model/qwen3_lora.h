@@ -33,6 +33,12 @@ typedef struct qwen3_lora {
     // widened, dropout applied), its gradient, and the kernels' scratch.
     float *act;
     float *xd, *dx, *scratch;
+    // The adapter as the trained parameters (qwen3_trained): a model-shaped table whose
+    // params are the adapter's tensors under PEFT's names, param_mem = w, grad_mem = g, cfg
+    // the base's, and nothing else set (no weights of its own, no ops to free). unit_lo: unit
+    // u's first element in the adapter (the embedding's and the head's units hold none).
+    qwen3_model view;
+    size_t *unit_lo;
 } qwen3_lora;
 
 // A model for LoRA training: the base as qwen3_init_forward_only holds it (no gradients, each
@@ -51,6 +57,10 @@ void qwen3_lora_init_random(qwen3_model *m, uint64_t seed);
 // Host I/O of the adapter (floats [offset, offset + n) of the layout), weights or gradients.
 void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src);
 void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads);
+
+// The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16
+// where it holds a tensor in bf16 only), combined in table order.
+uint64_t qwen3_lora_base_hash(const qwen3_model *m);
 
 // Private to src/model (qwen3.c, qwen3_layout.c).
 int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err);
