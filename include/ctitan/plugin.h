@@ -110,7 +110,7 @@ typedef void (*ctitan_swiglu_backward_fn)(float *dgate, float *dup, const float 
  * `state` (one per layer) carries forward -> backward; `scratch` is shared by every layer and
  * by the backward. Their sizes are the built-in's unless the plugin registers its own with
  * ctitan_register_workspace. Backward: dx(N,C) = and dweight(N,K) = (the gradient of each
- * routing weight); dw (the layout of w) +=. */
+ * routing weight); dw (the layout of w) += (dw may be NULL: frozen experts, as under LoRA). */
 typedef void (*ctitan_moe_experts_forward_fn)(float *out, float *state, float *scratch,
                                               const float *x, const int32_t *expert,
                                               const float *weight, const float *w, int N, int C,

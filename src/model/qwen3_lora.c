@@ -84,10 +84,11 @@ void qwen3_trained_units(const qwen3_model *m, size_t *lo) {
 // The adapter's buffers and the per-layer table, on a model whose base is built.
 static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
     const qwen3_config *c = &m->cfg;
-    if (m->n_sparse > 0)
-        return ct_fail(err, "lora: a model with sparse (MoE) layers: the frozen experts' input "
-                            "gradient and per-expert adapters are not supported yet (dense "
-                            "models only)");
+    if (m->n_sparse > 0 && (lc->targets & ((1u << LORA_GATE) | (1u << LORA_UP) | (1u << LORA_DOWN))))
+        return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model with "
+                            "sparse (MoE) layers: per-expert adapters inside the grouped expert "
+                            "kernels are not supported yet; target q_proj, k_proj, v_proj, "
+                            "o_proj");
     if (!m->ops->lora_forward || !m->ops->lora_backward || !m->ops->lora_dropout)
         return ct_fail(err, "lora: op table '%s' has no lora_forward/lora_backward/lora_dropout",
                        m->ops->name ? m->ops->name : "?");

@@ -83,7 +83,7 @@
 // moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
 //   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
 //   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
-//   dw is the fp32 gradient (+=). State and scratch sizes: moe_bf16_state_floats /
+//   dw is the fp32 gradient (+=; NULL: frozen experts, no dW). State and scratch sizes: moe_bf16_state_floats /
 //   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls in the
 //   table's kernel state (SIZE_MAX: it could not), as matmul_bf16_scratch_floats does; the
 //   scratch query, forward and backward take the table first. Not plugin override points: under a

@@ -52,6 +52,13 @@ CASES = [
          bf16=False),
     dict(TIED, **RUN, name="tied_bias_subset_rslora_f32", r=3, alpha=5.0, rslora=True,
          targets=["q_proj", "v_proj", "down_proj"], bf16=False),
+    # Qwen3-MoE with a dense first layer (mlp_only_layers [0]); the attention adapted, the
+    # experts frozen (MLP targets on sparse layers are refused: per-expert adapters are not
+    # written yet). No aux loss (output_router_logits false): test_lora.c runs no balance.
+    dict(V=96, C=32, F=48, L=2, NH=4, NKV=2, D=8, tied=False, bias=False, **RUN,
+         name="moe_mixed_attention_f32", r=4, alpha=4.0, rslora=False,
+         targets=["q_proj", "k_proj", "v_proj", "o_proj"], bf16=False, E=6, K=2, Fm=16,
+         norm=True, step=1, mlp_only=[0], aux=False, coef=0.001),
     dict(SMALL, **RUN, name="untied_all_bf16", r=4, alpha=8.0, rslora=False, targets=ALL,
          bf16=True),
     dict(TIED, **RUN, name="tied_bias_subset_rslora_bf16", r=3, alpha=5.0, rslora=True,
