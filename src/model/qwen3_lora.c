@@ -35,7 +35,7 @@ static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
             return ct_fail(err, "lora: tensor name %s is longer than %zu characters", t->name,
                            sizeof p->name - 1);
         }
-        snprintf(p->name, sizeof p->name, "%s", t->name);
+        memcpy(p->name, t->name, strlen(t->name) + 1); // checked to fit above
         p->ndim = 2;
         p->shape[0] = t->shape[0], p->shape[1] = t->shape[1];
         p->offset = t->offset, p->numel = t->numel;

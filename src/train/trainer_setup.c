@@ -488,7 +488,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_data_block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
     if (!t->inputs || !t->targets || (run_data_block_causal(c) && !t->positions))
         return ct_fail(err, "out of memory for the batch buffers");
-    t->flops_per_token = metrics_flops_per_token(&mc, t->T);
+    t->flops_per_token = metrics_flops_per_token_lora(
+        &mc, t->T, t->model.lora != NULL, t->model.lora ? t->model.lora->L.num : 0);
     char peak_source[4200];
     t->peak_gflops =
         peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source, sizeof peak_source);
