@@ -110,7 +110,7 @@ typedef void (*ctitan_swiglu_backward_fn)(float *dgate, float *dup, const float 
  * `state` (one per layer) carries forward -> backward; `scratch` is shared by every layer and
  * by the backward. Their sizes are the built-in's unless the plugin registers its own with
  * ctitan_register_workspace. Backward: dx(N,C) = and dweight(N,K) = (the gradient of each
- * routing weight); dw (the layout of w) +=. */
+ * routing weight); dw (the layout of w) += (dw may be NULL: frozen experts, as under LoRA). */
 typedef void (*ctitan_moe_experts_forward_fn)(float *out, float *state, float *scratch,
                                               const float *x, const int32_t *expert,
                                               const float *weight, const float *w, int N, int C,
@@ -132,7 +132,8 @@ typedef void (*ctitan_cross_entropy_backward_fn)(float *dlogits, const float *lo
 
 /* "matmul": out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC), the nn.Linear layout; bias may
  * be NULL. Backward: dinp(N,C) = dout @ weight (dinp may be NULL: not wanted); dweight(OC,C)
- * += dout^T @ inp; dbias(OC) += column sums of dout (dbias may be NULL). */
+ * += dout^T @ inp (dweight may be NULL: a frozen weight, as under LoRA); dbias(OC) += column
+ * sums of dout (dbias may be NULL). */
 typedef void (*ctitan_matmul_forward_fn)(float *out, const float *inp, const float *weight,
                                          const float *bias, int N, int C, int OC);
 typedef void (*ctitan_matmul_backward_fn)(float *dinp, float *dweight, float *dbias,

@@ -270,6 +270,12 @@ int ckpt_state_text(char **text, size_t *len, const train_state *st,
     hex64(hex, st->config_hash);
     cJSON_AddStringToObject(o, "config_hash", hex);
     cJSON_AddNumberToObject(o, "skipped_in_row", st->skipped_in_row);
+    if (st->lora_base_hash) { // a LoRA run's: the base it trains on, the dropout counter
+        cJSON *lora = cJSON_AddObjectToObject(o, "lora");
+        hex64(hex, st->lora_base_hash);
+        cJSON_AddStringToObject(lora, "base_xxh64", hex);
+        add_u64(lora, "forwards", st->lora_forwards);
+    }
     char num[40];
     snprintf(num, sizeof num, "%.17g", isfinite(st->time_s) ? st->time_s : 0.0);
     cJSON_AddRawToObject(o, "time_s", num); // 17 digits: strtod gives the same double back
@@ -492,6 +498,16 @@ int ckpt_state_parse(ckpt_state *s, const char *text, size_t len, const char *pa
     if (rc == 0) rc = json_get_string(hash, sizeof hash, o, "config_hash", true, path, err);
     if (rc == 0 && !parse_hex64(&s->st.config_hash, hash))
         rc = ct_fail(err, "%s: \"config_hash\" must be 16 lowercase hex digits", path);
+    const cJSON *lora = cJSON_GetObjectItemCaseSensitive(o, "lora");
+    s->st.lora_base_hash = s->st.lora_forwards = 0;
+    if (rc == 0 && lora) {
+        char base[32];
+        rc = json_get_string(base, sizeof base, lora, "base_xxh64", true, path, err);
+        if (rc == 0 && !parse_hex64(&s->st.lora_base_hash, base))
+            rc = ct_fail(err, "%s: \"lora\": \"base_xxh64\" must be 16 lowercase hex digits",
+                         path);
+        if (rc == 0) rc = get_uint(&s->st.lora_forwards, lora, "forwards", path, err);
+    }
     if (rc == 0)
         rc = parse_shards(s, &s->optim, false,
                           cJSON_GetObjectItemCaseSensitive(o, "optimizer_shards"), path, err);

@@ -45,8 +45,11 @@ int lora_parse_targets(const char *const *names, int n, unsigned *targets, const
     return 0;
 }
 
+// PEFT's scaling is a Python float (double) that torch rounds to fp32 where it multiplies an
+// fp32 or bf16 tensor: computed in double, rounded once.
 float lora_scale(const lora_config *lc) {
-    return lc->use_rslora ? lc->alpha / sqrtf((float)lc->rank) : lc->alpha / (float)lc->rank;
+    const double a = lc->alpha, r = lc->rank;
+    return (float)(lc->use_rslora ? a / sqrt(r) : a / r);
 }
 
 int lora_config_validate(const lora_config *lc, const char *source, ct_error *err) {

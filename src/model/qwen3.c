@@ -19,6 +19,7 @@
 #include "model/moe_balance.h"
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
+#include "model/qwen3_lora.h"
 #include "ops/moe_router.h"
 
 static qwen3_dims model_dims(const qwen3_model *m) {
@@ -223,6 +224,13 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     if (gemms) {
         qwen3_linear(m, p->mm_scratch, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
                      QKV); // (N,QKV)
+        if (p->lora && m->lora) { // PEFT: the base output (bf16 under autocast), plus the branch
+            const int KVD = d.NKV * d.D;
+            to_bf16(m, NULL, a->qkv, N * QKV);
+            qwen3_lora_forward(m, l, LORA_Q, a->qkv, NULL, QKV, a->ln1, a->ln1_16, d.N);
+            qwen3_lora_forward(m, l, LORA_K, a->qkv + QD, NULL, QKV, a->ln1, a->ln1_16, d.N);
+            qwen3_lora_forward(m, l, LORA_V, a->qkv + QD + KVD, NULL, QKV, a->ln1, a->ln1_16, d.N);
+        }
         to_bf16(m, a->qkv16, a->qkv, N * QKV);
     } else {
         from_bf16(m, a->qkv, a->qkv16, N * QKV);
@@ -251,6 +259,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     qwen3_linear(m, p->mm_scratch, o, NULL, a->atty, a->atty16, w->wo, bo, d.N, QD, d.C); // (N,C)
     tp_reduce_scatter(m, o, (size_t)Ns * d.C);
     to_bf16(m, NULL, o, (size_t)Ns * d.C);
+    if (p->lora) qwen3_lora_forward(m, l, LORA_O, o, NULL, d.C, a->atty, a->atty16, d.N);
     op->add_rmsnorm_forward(op, a->resid2, a->ln2 + own, a->ln2_rstd, a->resid, o, w->post_norm,
                             Ns, d.C, eps);
     tp_gather(m, a->ln2, (size_t)Ns * d.C);
@@ -258,7 +267,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
 }
 
 // On entry s->dresid is the gradient of a->resid2; on exit, of a->resid.
-static void attention_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+static void attention_block_backward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                                      qwen3_layer_weights *g, const qwen3_layer_acts *a,
                                      qwen3_acts *s) {
     const ct_ops *op = m->ops;
@@ -271,6 +280,7 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
     const float *dout = tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
     float *dbo = m->tp && m->tp->rank != 0 ? NULL : g->bo;
     linear_backward(m, s->datty, g->wo, dbo, dout, NULL, a->atty, a->atty16, w->wo, d.N, QD, d.C);
+    qwen3_lora_backward(m, l, LORA_O, s->datty, dout, NULL, d.C, a->atty, a->atty16, d.N);
     from_bf16(m, a->atty, a->atty16, N * QD);
     from_bf16(m, a->qr, a->qr16, N * QD);
     from_bf16(m, a->kr, a->kr16, N * d.NKV * d.D);
@@ -284,6 +294,11 @@ static void attention_block_backward(const qwen3_model *m, const qwen3_layer_wei
                               d.NH, d.NKV, d.D);
     linear_backward(m, s->dln, g->wqkv, g->bqkv, s->dqkv, NULL, a->ln1, a->ln1_16, w->wqkv, d.N,
                     d.C, QKV);
+    const int KVD = d.NKV * d.D;
+    qwen3_lora_backward(m, l, LORA_Q, s->dln, s->dqkv, NULL, QKV, a->ln1, a->ln1_16, d.N);
+    qwen3_lora_backward(m, l, LORA_K, s->dln, s->dqkv + QD, NULL, QKV, a->ln1, a->ln1_16, d.N);
+    qwen3_lora_backward(m, l, LORA_V, s->dln, s->dqkv + QD + KVD, NULL, QKV, a->ln1, a->ln1_16,
+                        d.N);
     tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C);
     op->rmsnorm_backward_add(op, s->dresid, g->input_norm, s->dtmp, s->dln, a->resid, w->input_norm,
                              a->ln1_rstd, Ns, d.C);
@@ -306,19 +321,32 @@ static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *
 // Under bf16 with the table's bf16 SwiGLU, gate|up and h (and in the backward dgate|up) stay
 // bf16 from GEMM to GEMM, as under torch's autocast; else an fp32 SwiGLU runs between them.
 
-static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
+static void mlp_block_forward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_pass *p, float *out, bool gemms) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = p->d;
     const size_t N = (size_t)d.N;
     if (qwen3_mlp_bf16(op, &m->mem_opts)) {
-        if (gemms)
+        if (gemms) {
             qwen3_linear(m, p->mm_scratch, NULL, a->gate_up16, a->ln2, a->ln2_16, w->w_gate_up,
                          NULL, d.N, d.C, 2 * d.F);
+            if (p->lora) {
+                qwen3_lora_forward(m, l, LORA_GATE, NULL, a->gate_up16, 2 * d.F, a->ln2, a->ln2_16,
+                                   d.N);
+                qwen3_lora_forward(m, l, LORA_UP, NULL, a->gate_up16 + d.F, 2 * d.F, a->ln2,
+                                   a->ln2_16, d.N);
+            }
+        }
         op->swiglu_rows_bf16_forward(a->h16, a->gate_up16, d.N, d.F);
     } else if (gemms) {
         qwen3_linear(m, p->mm_scratch, a->gate_up, NULL, a->ln2, a->ln2_16, w->w_gate_up, NULL, d.N,
                      d.C, 2 * d.F);
+        if (p->lora && m->lora) {
+            to_bf16(m, NULL, a->gate_up, N * 2 * d.F);
+            qwen3_lora_forward(m, l, LORA_GATE, a->gate_up, NULL, 2 * d.F, a->ln2, a->ln2_16, d.N);
+            qwen3_lora_forward(m, l, LORA_UP, a->gate_up + d.F, NULL, 2 * d.F, a->ln2, a->ln2_16,
+                               d.N);
+        }
         to_bf16(m, a->gate_up16, a->gate_up, N * 2 * d.F);
     } else {
         from_bf16(m, a->gate_up, a->gate_up16, N * 2 * d.F);
@@ -334,27 +362,37 @@ static void mlp_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
     qwen3_linear(m, p->mm_scratch, y, NULL, a->h, a->h16, w->w_down, NULL, d.N, d.F, d.C); // (N,C)
     tp_reduce_scatter(m, y, (size_t)Ns * d.C);
     to_bf16(m, NULL, y, (size_t)Ns * d.C);
+    if (p->lora) qwen3_lora_forward(m, l, LORA_DOWN, y, NULL, d.C, a->h, a->h16, d.N);
     op->add(out, a->resid2, y, (int64_t)Ns * d.C);
 }
 
 // On entry s->dresid is the gradient of the block output; on exit, of a->resid2.
-static void mlp_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+static void mlp_block_backward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const float *dout = tp_full_rows(m, s->dln, s->dresid, d.N, d.C); // dln: free until gate|up's
     linear_backward(m, s->dh, g->w_down, NULL, dout, NULL, a->h, a->h16, w->w_down, d.N, d.F, d.C);
+    qwen3_lora_backward(m, l, LORA_DOWN, s->dh, dout, NULL, d.C, a->h, a->h16, d.N);
     // In place: gate_up's last reader is this backward, so it takes its own gradient.
     if (qwen3_mlp_bf16(op, &m->mem_opts)) {
         op->swiglu_rows_bf16_backward(a->gate_up16, s->dh, a->gate_up16, d.N, d.F);
         linear_backward(m, s->dln, g->w_gate_up, NULL, NULL, a->gate_up16, a->ln2, a->ln2_16,
                         w->w_gate_up, d.N, d.C, 2 * d.F);
+        qwen3_lora_backward(m, l, LORA_GATE, s->dln, NULL, a->gate_up16, 2 * d.F, a->ln2,
+                            a->ln2_16, d.N);
+        qwen3_lora_backward(m, l, LORA_UP, s->dln, NULL, a->gate_up16 + d.F, 2 * d.F, a->ln2,
+                            a->ln2_16, d.N);
     } else {
         from_bf16(m, a->gate_up, a->gate_up16, (size_t)d.N * 2 * d.F);
         float *dgate_up = a->gate_up;
         op->swiglu_rows_backward(op, dgate_up, s->swiglu_scratch, s->dh, a->gate_up, d.N, d.F);
         linear_backward(m, s->dln, g->w_gate_up, NULL, dgate_up, NULL, a->ln2, a->ln2_16,
                         w->w_gate_up, d.N, d.C, 2 * d.F);
+        qwen3_lora_backward(m, l, LORA_GATE, s->dln, dgate_up, NULL, 2 * d.F, a->ln2, a->ln2_16,
+                            d.N);
+        qwen3_lora_backward(m, l, LORA_UP, s->dln, dgate_up + d.F, NULL, 2 * d.F, a->ln2,
+                            a->ln2_16, d.N);
     }
     post_norm_backward(m, w, g, a, s);
 }
@@ -456,7 +494,7 @@ void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const
     const qwen3_layer_weights *w = &m->w.layers[l];
     attention_block_forward(m, w, a, p, l, gemms);
     if (a->sparse_index < 0)
-        mlp_block_forward(m, w, a, p, out, gemms);
+        mlp_block_forward(m, l, w, a, p, out, gemms);
     else if (gemms)
         moe_block_forward(m, w, a, p, out);
 }
@@ -473,6 +511,7 @@ static qwen3_pass train_pass(const qwen3_model *m, bool count) {
     p.route_scratch = s->route_scratch, p.route_threads = s->route_threads;
     p.mm_scratch = s->mm_scratch;
     p.part = m->tp ? s->dtmp : NULL; // dtmp: free in the forward and where a backward recomputes
+    p.lora = m->lora != NULL;
     return p;
 }
 
@@ -722,6 +761,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     ct_backend *be = m->be;
     be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
     take_docs(m, batch->positions);
+    if (m->lora) m->lora->forwards++; // a new dropout mask (recomputations keep this one)
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);
@@ -771,8 +811,9 @@ double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid)
 
 double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
                            int64_t *n_valid) {
-    assert(m->grad_mem && "qwen3_forward_train on a model built without gradients");
-    return forward(m, batch, m->grad_mem != NULL, loss_scale, n_valid);
+    const bool trains = m->grad_mem || m->lora;
+    assert(trains && "qwen3_forward_train on a model built without gradients");
+    return forward(m, batch, trains, loss_scale, n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
@@ -781,12 +822,13 @@ void qwen3_refresh_bf16(qwen3_model *m) {
 
 void qwen3_zero_grad(qwen3_model *m) {
     if (m->grad_mem) m->be->zero(m->be, m->grad_mem, m->num_params * sizeof(float));
+    qwen3_lora_zero_grad(m);
 }
 
 void qwen3_backward(qwen3_model *m, float loss_scale) {
     qwen3_acts *s = m->acts;
-    assert(m->grad_mem && "qwen3_backward on a model built without gradients");
-    if (!m->grad_mem) return;
+    assert((m->grad_mem || m->lora) && "qwen3_backward on a model built without gradients");
+    if (!m->grad_mem && !m->lora) return;
     if (!s || !s->have_targets) return; // no loss was computed: nothing to differentiate
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
@@ -821,12 +863,13 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         if (a->sparse_index >= 0)
             moe_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
         else
-            mlp_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
-        attention_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+            mlp_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);
+        attention_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
     unit_event(m, 0, QWEN3_UNIT_BACKWARD);
-    if (m->tp) { // this rank's vocabulary rows take the gradient of their tokens' full rows
+    if (!m->g.embed) { // a frozen base (LoRA): no embedding gradient
+    } else if (m->tp) { // this rank's vocabulary rows take the gradient of their tokens' full rows
         tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
         tp_zero_foreign_rows(m, s->dln, d.N, d.C);
         op->embedding_backward(m->g.embed, s->dln, m->tp->ids, d.N, d.C);

@@ -177,7 +177,21 @@ typedef struct qwen3_model {
     // A forward-only bf16 model (qwen3_init_forward_only): param_bf16 is where its matrices
     // live, not a copy; parameter I/O writes and reads them there, and nothing refreshes it.
     bool weights16;
+    // LoRA (model/qwen3_lora.h, qwen3_init_lora): the adapter on a frozen base, NULL otherwise.
+    // The base has no grad_mem; its norm weights' gradients go to grad_sink, never read.
+    struct qwen3_lora *lora;
+    float *grad_sink;
 } qwen3_model;
+
+// The parameters a trainer trains: what its optimizer steps, clipping measures, data
+// parallelism sums and checkpoints save. A model's own (m itself), or for a LoRA model
+// (model/qwen3_lora.h) the adapter, as a model-shaped table: params under PEFT's names,
+// param_mem and grad_mem its two fp32 buffers, cfg the base's, nothing else (no activations,
+// no bf16 copy; never passed to qwen3_free).
+qwen3_model *qwen3_trained(qwen3_model *m);
+// Unit u's first element in qwen3_trained(m)'s buffer: the unit hook's "everything from here on
+// is final" (qwen3_n_units + 1 entries; the last is the buffer's size).
+void qwen3_trained_units(const qwen3_model *m, size_t *lo);
 
 enum { QWEN3_UNIT_FORWARD, QWEN3_UNIT_FORWARD_DONE, QWEN3_UNIT_BACKWARD, QWEN3_UNIT_BACKWARD_DONE };
 // The units (see unit_hook): qwen3_n_units of them; unit u is elements [lo[u], hi[u]) of

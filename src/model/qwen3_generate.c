@@ -165,6 +165,9 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
     const qwen3_config *c = &m->cfg;
     const ct_ops *op = m->ops;
     const qwen3_memory_opts *o = &m->mem_opts;
+    if (m->lora)
+        return ct_fail(err, "generation: a LoRA model's adapter is not applied by generation yet "
+                            "(merge it into the weights first)");
     if (max_len < 1 || max_len > c->max_position_embeddings)
         return ct_fail(err,
                        "generation: %d positions (prompt + new tokens) is outside [1, %d] "

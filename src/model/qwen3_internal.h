@@ -126,6 +126,7 @@ typedef struct qwen3_pass {
     // a reduce-scatter sums onto the sequence shards (NULL without TP).
     float *part;
     bool count; // the routers add their statistics to the model's balance component
+    bool lora;  // the adapted projections add their LoRA branch (training's pass; qwen3_lora.h)
 } qwen3_pass;
 
 // Layer l's forward over pass p: a->resid -> out, through the activations a points at. gemms
@@ -133,6 +134,12 @@ typedef struct qwen3_pass {
 // attention outputs. The one layer body of training, verify and generation (qwen3.c).
 void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const qwen3_pass *p,
                          float *out, bool gemms);
+
+// A frozen model (LoRA's base, qwen3_init_lora): held as qwen3_init_forward_only holds it (no
+// grad_mem, each weight once in its kernel's dtype), planned with opts as given, and its
+// backward computes input gradients only.
+int qwen3_init_frozen(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                      const qwen3_memory_opts *opts, ct_error *err);
 
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
 // .bf16_experts.

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
+#include "model/qwen3_lora.h"
 #include "ops/moe_router.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -447,9 +448,14 @@ int qwen3_init(qwen3_model *m, const qwen3_config *cfg, const ct_ops *ops, ct_er
     return qwen3_init_on(m, cfg, NULL, ops, err);
 }
 
-// The model, with gradients (training) or without (forward only).
+// The model, with gradients (training), without (forward only), or frozen: held as forward
+// only, planned with the options as given and allowed a backward that computes input gradients
+// only (LoRA's base, qwen3_init_frozen).
+typedef enum { MODEL_TRAIN, MODEL_FORWARD_ONLY, MODEL_FROZEN } model_kind;
+
 static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
-                      bool grads, const qwen3_memory_opts *opts, ct_error *err) {
+                      model_kind kind, const qwen3_memory_opts *opts, ct_error *err) {
+    const bool grads = kind == MODEL_TRAIN;
     memset(m, 0, sizeof *m);
     if (!ops) ops = &ct_ops_cpu;
     be = ct_backend_or_cpu(be);
@@ -472,7 +478,8 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
         qwen3_free(m);
         return ct_fail(err, "qwen3_init: out of memory for the parameter table");
     }
-    if (!grads) m->mem_opts = qwen3_forward_only_opts(opts);
+    if (kind == MODEL_FORWARD_ONLY) m->mem_opts = qwen3_forward_only_opts(opts);
+    if (kind == MODEL_FROZEN && opts) m->mem_opts = *opts;
     // Forward only under bf16: the matrices live in param_bf16 alone (qwen3_init_forward_only).
     m->weights16 = !grads && m->mem_opts.bf16;
     if (m->weights16 && !ops->embedding_bf16_forward) {
@@ -502,17 +509,41 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
         param_walk gw = {.base = m->grad_mem};
         param_walk_model(&gw, &m->g, cfg);
     }
+    if (kind == MODEL_FROZEN) {
+        // The RMSNorm kernels' backward always accumulates a weight gradient: a frozen model
+        // points those at one small sink, never read (C for the layer and final norms, D each
+        // for q_norm and k_norm). Every other m->g stays NULL: no dW, no bias or embedding
+        // gradient.
+        const size_t C = (size_t)cfg->hidden_size, D = (size_t)cfg->head_dim;
+        if (!(m->grad_sink = be->alloc(be, (C + 2 * D) * sizeof(float), "the norm-gradient sink",
+                                       err))) {
+            qwen3_free(m);
+            return ct_wrap(err, "qwen3_init");
+        }
+        for (int l = 0; l < L; l++) {
+            qwen3_layer_weights *g = &m->g.layers[l];
+            g->input_norm = g->post_norm = m->grad_sink;
+            g->q_norm = m->grad_sink + C;
+            g->k_norm = m->grad_sink + C + D;
+        }
+        m->g.final_norm = m->grad_sink;
+    }
     return 0;
+}
+
+int qwen3_init_frozen(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                      const qwen3_memory_opts *opts, ct_error *err) {
+    return model_init(m, cfg, be, ops, MODEL_FROZEN, opts, err);
 }
 
 int qwen3_init_on(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                   ct_error *err) {
-    return model_init(m, cfg, be, ops, true, NULL, err);
+    return model_init(m, cfg, be, ops, MODEL_TRAIN, NULL, err);
 }
 
 int qwen3_init_forward_only(qwen3_model *m, const qwen3_config *cfg, ct_backend *be,
                             const ct_ops *ops, const qwen3_memory_opts *opts, ct_error *err) {
-    return model_init(m, cfg, be, ops, false, opts, err);
+    return model_init(m, cfg, be, ops, MODEL_FORWARD_ONLY, opts, err);
 }
 
 qwen3_memory_opts qwen3_forward_only_opts(const qwen3_memory_opts *opts) {
@@ -659,6 +690,10 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
         model_free_acts(m);
         return ct_wrap(err, "qwen3_plan");
     }
+    if (qwen3_lora_plan(m, B, T, err) != 0) {
+        model_free_acts(m);
+        return -1;
+    }
     m->B = B;
     m->T = T;
     m->logits = a->logits;
@@ -668,6 +703,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
 
 void qwen3_free(qwen3_model *m) {
     model_free_acts(m);
+    qwen3_lora_free(m);
     free(m->params);
     free(m->w.layers);
     free(m->g.layers);
@@ -676,6 +712,7 @@ void qwen3_free(qwen3_model *m) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->grad_mem);
         m->be->free(m->be, m->param_bf16);
+        m->be->free(m->be, m->grad_sink);
     }
     memset(m, 0, sizeof *m);
 }

@@ -39,8 +39,9 @@ void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                     0.0f, dinp, C);
     }
-    // dweight(OC,C) += dout(N,OC)^T @ inp(N,C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+    // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); none for a frozen weight
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dweight, C);
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }

@@ -362,8 +362,10 @@ void cpu_matmul_bf16_backward(const ct_ops *ops, float *dinp, float *dweight, fl
     const mm_scratch sc = scratch_parts(scratch, N, C, OC, !inp16, !dout16);
     if (!dout16) cpu_f32_to_bf16(sc.dout, dout, (size_t)N * OC), dout16 = sc.dout;
     if (dinp) run(k, &s->kind[MM_DINP], dout16, weight, dinp, sc.pad);
-    if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
-    run(k, &s->kind[MM_DWEIGHT], dout16, inp16, dweight, sc.pad);
+    if (dweight) { // none for a frozen weight
+        if (!inp16) cpu_f32_to_bf16(sc.inp, inp, (size_t)N * C), inp16 = sc.inp;
+        run(k, &s->kind[MM_DWEIGHT], dout16, inp16, dweight, sc.pad);
+    }
     if (dbias) cpu_matmul_bias_grad(dbias, dout, N, OC);
 }
 

@@ -69,8 +69,9 @@ void mm_emulated_backward(float *dinp, float *dweight, float *scratch, const flo
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, ob, 1.0f, db, ob, wb, C,
                         o0 ? 1.0f : 0.0f, dinp, C);
         }
-        // dW[o0:o0+ob] += db^T @ x
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, C, N, 1.0f, db, ob, x, C, 1.0f,
+        // dW[o0:o0+ob] += db^T @ x (none for a frozen weight)
+        if (dweight)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, C, N, 1.0f, db, ob, x, C, 1.0f,
                     dweight + (size_t)o0 * C, C);
     }
 }

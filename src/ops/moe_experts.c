@@ -205,8 +205,9 @@ void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch,
         if (n == 0) continue;
         const float *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
         const float *wd = wu + (size_t)F * C;
-        float *dwg = dw + (size_t)e * 3 * F * C, *dwu = dwg + (size_t)F * C;
-        float *dwd = dwu + (size_t)F * C;
+        // dw NULL: frozen experts (LoRA's base), the input gradient only
+        float *dwg = dw ? dw + (size_t)e * 3 * F * C : NULL, *dwu = dw ? dwg + (size_t)F * C : NULL;
+        float *dwd = dw ? dwu + (size_t)F * C : NULL;
         const float *ge = gate + (size_t)r0 * F, *upe = up + (size_t)r0 * F;
         gather_rows(de, dout, p.perm, r0, r0 + n, K, C);
         gather_rows(xe, x, p.perm, r0, r0 + n, K, C);
@@ -224,12 +225,14 @@ void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch,
             for (int c = 0; c < C; c++) d[c] = wt * d[c]; // the gradient of y_e
         }
         cpu_swiglu_backward(dge, due, ue, ge, upe, (int64_t)n * F);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, he, F, 1.0f, dwd,
-                    F);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, dge, F, xe, C, 1.0f,
-                    dwg, C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, due, F, xe, C, 1.0f,
-                    dwu, C);
+        if (dw) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, he, F, 1.0f,
+                        dwd, F);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, dge, F, xe, C, 1.0f,
+                        dwg, C);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, C, n, 1.0f, due, F, xe, C, 1.0f,
+                        dwu, C);
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, F, 1.0f, dge, F, wg, C, 0.0f,
                     dxe, C);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, F, 1.0f, due, F, wu, C, 1.0f,
@@ -275,7 +278,9 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     const grouped_args *g = ctx;
     const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
     const float *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
-    float *dwgu = g->dw + (size_t)e * 3 * F * C, *dwd = dwgu + (size_t)2 * F * C;
+    // dw NULL: frozen experts (LoRA's base), the input gradient only
+    float *dwgu = g->dw ? g->dw + (size_t)e * 3 * F * C : NULL;
+    float *dwd = g->dw ? dwgu + (size_t)2 * F * C : NULL;
     const float *gu = g->gus + (size_t)r0 * 2 * F, *xe = g->b + (size_t)r0 * C;
     float *de = g->a + (size_t)r0 * C, *h = g->hb + (size_t)r0 * F;
     float *dgu = g->dgu + (size_t)r0 * 2 * F;
@@ -296,9 +301,12 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
         }
         for (int c = 0; c < C; c++) d[c] = wt * d[c]; // the gradient of y_e
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, h, F, 1.0f, dwd, F);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * F, C, n, 1.0f, dgu, 2 * F, xe, C, 1.0f,
-                dwgu, C);
+    if (g->dw) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, F, n, 1.0f, de, C, h, F, 1.0f, dwd,
+                    F);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * F, C, n, 1.0f, dgu, 2 * F, xe, C,
+                    1.0f, dwgu, C);
+    }
     // dx_e (n,C) = dgu @ W_gate|up, into the dout rows (consumed by dW_down above).
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, 2 * F, 1.0f, dgu, 2 * F, wgu, C,
                 0.0f, de, C);

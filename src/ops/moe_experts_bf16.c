@@ -370,8 +370,9 @@ void cpu_moe_loop_bf16_backward(const ct_ops *ops, float *dx, float *dweight, fl
         if (n == 0) continue;
         const uint16_t *wg = w + (size_t)e * 3 * F * C, *wu = wg + (size_t)F * C;
         const uint16_t *wd = wu + (size_t)F * C;
-        float *dwg = dw + (size_t)e * 3 * F * C, *dwu = dwg + (size_t)F * C;
-        float *dwd = dwu + (size_t)F * C;
+        // dw NULL: frozen experts (LoRA's base), the input gradient only
+        float *dwg = dw ? dw + (size_t)e * 3 * F * C : NULL, *dwu = dw ? dwg + (size_t)F * C : NULL;
+        float *dwd = dw ? dwu + (size_t)F * C : NULL;
         const uint16_t *ge = gate + (size_t)r0 * F, *ue = up + (size_t)r0 * F;
         gather_rows_bf16(s.a, dout, p.perm, r0, r0 + n, K, C);
         gather_rows16(s.b, x16, p.perm, r0, r0 + n, K, C);
@@ -383,9 +384,11 @@ void cpu_moe_loop_bf16_backward(const ct_ops *ops, float *dx, float *dweight, fl
             row_backward(s.h + f, dg + f, du + f, s.a + (size_t)i * C, &dweight[slot], ge + f,
                          ue + f, s.u + f, dout + (size_t)(slot / K) * C, weight[slot], F, C);
         }
-        gemm(mm, BWD_DW_D, n, s.a, s.h, dwd, s.e);
-        gemm(mm, BWD_DW_G, n, dg, s.b, dwg, s.e);
-        gemm(mm, BWD_DW_G, n, du, s.b, dwu, s.e);
+        if (dw) {
+            gemm(mm, BWD_DW_D, n, s.a, s.h, dwd, s.e);
+            gemm(mm, BWD_DW_G, n, dg, s.b, dwg, s.e);
+            gemm(mm, BWD_DW_G, n, du, s.b, dwu, s.e);
+        }
         gemm(mm, BWD_DX_G, n, dg, wg, s.y, s.e);
         gemm(mm, BWD_DX_G1, n, du, wu, s.y, s.e);
         moe_add_rows(dx, s.y, p.perm + r0, n, K, C);
@@ -428,7 +431,9 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     const grouped_args *g = ctx;
     const int C = g->C, F = g->F, K = g->K, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
     const uint16_t *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
-    float *dwgu = g->dw + (size_t)e * 3 * F * C, *dwd = dwgu + (size_t)2 * F * C;
+    // dw NULL: frozen experts (LoRA's base), the input gradient only
+    float *dwgu = g->dw ? g->dw + (size_t)e * 3 * F * C : NULL;
+    float *dwd = g->dw ? dwgu + (size_t)2 * F * C : NULL;
     const uint16_t *gu = g->gs + (size_t)r0 * 2 * F, *xe = g->s.b + (size_t)r0 * C;
     uint16_t *de = g->s.a + (size_t)r0 * C, *h = g->s.h + (size_t)r0 * F;
     uint16_t *dgu = g->s.g + (size_t)r0 * 2 * F;
@@ -443,8 +448,10 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
                      gi + F, u + (size_t)i * F, g->dout + (size_t)(slot / K) * C, g->weight[slot],
                      F, C);
     }
-    gemm(g->mm, BWD_DW_D, n, de, h, dwd, g->s.e);
-    gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu, g->s.e);
+    if (g->dw) {
+        gemm(g->mm, BWD_DW_D, n, de, h, dwd, g->s.e);
+        gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu, g->s.e);
+    }
     gemm(g->mm, BWD_DX_GU, n, dgu, wgu, g->s.y + (size_t)r0 * C, g->s.e);
 }
 

@@ -64,7 +64,7 @@
 //   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
 //   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
 // matmul_bf16_backward: dinp(N,C) = bf16(dout) @ weight (skipped when dinp is NULL), dweight +=
-//   bf16(dout)^T @ bf16(inp), dbias += column sums of dout (fp32); inp16 as in the forward, and
+//   bf16(dout)^T @ bf16(inp) (skipped when dweight is NULL: a frozen weight), dbias += column sums of dout (fp32); inp16 as in the forward, and
 //   likewise dout16 for dout (dbias must then be NULL).
 // f32_to_bf16: dst(n) = src rounded to bf16 (to nearest even, as torch's .to(torch.bfloat16)).
 // round_to_bf16: x(n) rounded in place to bf16's values (kept in fp32), and written to dst as
@@ -83,11 +83,21 @@
 // moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
 //   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
 //   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
-//   dw is the fp32 gradient (+=). State and scratch sizes: moe_bf16_state_floats /
+//   dw is the fp32 gradient (+=; NULL: frozen experts, no dW). State and scratch sizes: moe_bf16_state_floats /
 //   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls in the
 //   table's kernel state (SIZE_MAX: it could not), as matmul_bf16_scratch_floats does; the
 //   scratch query, forward and backward take the table first. Not plugin override points: under a
 //   plugin's moe_experts (fp32 by the ABI) the model runs that instead, in fp32.
+// lora_forward / lora_backward / lora_dropout (lora.c): PEFT's LoRA branch on a frozen linear
+//   layer, y += scale * B (A x) with A (r, in), B (out, r) fp32 (model/qwen3_lora.c). Forward:
+//   x (N, in) contiguous, already through dropout; u (N, r) = A x is saved for the backward; y
+//   (N, out) is a column block of rows ldy apart (a fused q|k|v or gate|up output), or y16 (bf16,
+//   y NULL) the same block of a bf16-only output. Backward: dx (N, in) = the branch's input
+//   gradient (=, before dropout's), dA, dB +=; dy the output gradient's block (ldy apart), or
+//   dy16. bf16: torch.autocast's arithmetic (lora.c). scratch: ct_lora_scratch_floats floats.
+//   lora_dropout: out(n) = x * (1 / (1 - p)) where draw i of the splitmix64 sequence of `seed`
+//   (core/rng.h) as a uniform in [0, 1) is >= p, else 0; out may alias x. The backward of
+//   dropout is the same call on the gradient (the same seed keeps the same elements).
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
@@ -116,6 +126,9 @@ extern const ct_ops ct_ops_cpu;
 // model.moe_impl: "grouped" (the default: slots sorted by expert, one fused gate/up GEMM per
 // expert) or "loop" (the reference: one GEMM per expert and projection). Copies `base` into *out
 // with that expert kernel and its bf16 variant (moe_bf16_*); returns -1 for an unknown name.
+// Floats of scratch lora_forward and lora_backward take for N rows of (in -> r -> out).
+size_t ct_lora_scratch_floats(int N, int in, int r, int out);
+
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
 
 // model.attn_backend: "sdpa" (the reference, and ct_ops_cpu's: materialised (B,NH,T,T)

@@ -89,6 +89,15 @@ void cpu_attention_forward(float *out, float *probs, const float *q, const float
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *dscores, const float *dout,
                             const float *out, const float *probs, const float *q, const float *k,
                             const float *v, int B, int T, int NH, int NKV, int D);
+// PEFT's LoRA branch (lora.c; ops.h has the contracts).
+void cpu_lora_forward(float *y, uint16_t *y16, int ldy, float *u, float *scratch, const float *x,
+                      const float *A, const float *B, float scale, bool bf16, int N, int in, int r,
+                      int out);
+void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const float *dy,
+                       const uint16_t *dy16, int ldy, const float *u, const float *x,
+                       const float *A, const float *B, float scale, bool bf16, int N, int in,
+                       int r, int out);
+void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed);
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D);
 

@@ -293,6 +293,17 @@ typedef struct ct_adamw_coeffs {
        const float *state, const float *q, const float *k, const float *v, int B, int T, int NH,   \
        int NKV, int D),                                                                            \
       (dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D))                          \
+    X(OWN, lora_forward, ct_lora_forward_fn, cpu_lora_forward, OPT, "lora", forward,              \
+      (float *y, uint16_t *y16, int ldy, float *u, float *scratch, const float *x, const float *A, \
+       const float *B, float scale, bool bf16, int N, int in, int r, int out),                     \
+      (y, y16, ldy, u, scratch, x, A, B, scale, bf16, N, in, r, out))                              \
+    X(OWN, lora_backward, ct_lora_backward_fn, cpu_lora_backward, OPT, "lora", backward,           \
+      (float *dx, float *dA, float *dB, float *scratch, const float *dy, const uint16_t *dy16,     \
+       int ldy, const float *u, const float *x, const float *A, const float *B, float scale,       \
+       bool bf16, int N, int in, int r, int out),                                                  \
+      (dx, dA, dB, scratch, dy, dy16, ldy, u, x, A, B, scale, bf16, N, in, r, out))                \
+    X(OWN, lora_dropout, ct_lora_dropout_fn, cpu_lora_dropout, OPT, "lora_dropout", none,          \
+      (float *out, const float *x, int64_t n, float p, uint64_t seed), (out, x, n, p, seed))      \
     X(OWN, attention_decode, ct_attention_decode_fn, cpu_attention_decode, ALL,                    \
       "attention_decode", forward,                                                                 \
       (float *out, float *scratch, const float *q, const float *k, const float *v, int T, int NH,  \
@@ -342,7 +353,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 59, "the op list has 59 entries");
+_Static_assert(CT_OP_COUNT == 62, "the op list has 62 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

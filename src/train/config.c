@@ -232,6 +232,20 @@ const config_key config_table[] = {
         "selective: \"op\" (keep GEMM and attention outputs, recompute norms, RoPE, SwiGLU) "
         "or k (checkpoint every k-th layer)"),
 
+    KEY(lora, rank, CONFIG_INT, "0", NULL, true,
+        "PEFT's r: train a LoRA adapter of this rank on the frozen model (0: no LoRA, train every "
+        "weight)"),
+    KEY(lora, alpha, CONFIG_FLOAT, "8", NULL, true, "PEFT's lora_alpha: scaling alpha / rank"),
+    KEY(lora, dropout, CONFIG_FLOAT, "0.0", NULL, true,
+        "PEFT's lora_dropout, on the LoRA branch's input only"),
+    KEY(lora, target_modules, CONFIG_LIST, "q_proj,v_proj", NULL, true,
+        "the projections adapted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+        "or \"all-linear\" (PEFT's default for Qwen3: q_proj, v_proj)"),
+    KEY(lora, use_rslora, CONFIG_BOOL, "false", NULL, true,
+        "rsLoRA: scaling alpha / sqrt(rank)"),
+    KEY(lora, adapter_path, CONFIG_STR, "", NULL, true,
+        "start from this PEFT adapter folder (adapter_config.json + adapter_model.safetensors)"),
+
     KEY(override, imports, CONFIG_LIST, "", NULL, false,
         "plugins (shared libraries, include/ctitan/plugin.h) whose kernels replace built-in ops; "
         "each override is checked against the built-in op before it is used"),

@@ -141,6 +141,17 @@ typedef struct ct_config_activation_checkpoint {
     char selective_ac_option[CT_CONFIG_NAME_MAX]; // selective: every k-th layer, k as text
 } ct_config_activation_checkpoint;
 
+// PEFT's LoRA (model/lora.h), in PEFT's words. On when rank > 0: the base is frozen and the
+// adapter is what trains (README "LoRA").
+typedef struct ct_config_lora {
+    int rank;                   // PEFT's r; 0: no LoRA
+    double alpha;               // lora_alpha
+    double dropout;             // lora_dropout
+    char target_modules[512];   // comma-separated module names, or "all-linear"
+    bool use_rslora;            // scaling alpha / sqrt(r)
+    char adapter_path[CT_CONFIG_PATH_MAX]; // a PEFT adapter folder to start from
+} ct_config_lora;
+
 typedef struct ct_config_override {
     // Plugins (include/ctitan/plugin.h) whose kernels replace built-in ops, comma-separated.
     char imports[4096];
@@ -166,6 +177,7 @@ typedef struct ct_config {
     ct_config_parallelism parallelism;
     ct_config_comm comm;
     ct_config_activation_checkpoint activation_checkpoint;
+    ct_config_lora lora;
     ct_config_override override;
 } ct_config;
 
@@ -228,6 +240,9 @@ bool config_use_takes(const config_use *u, const char *full_name);
 // local_batch_size * data-parallel degree, decay_ratio in [0,1], warmup + decay steps <= steps,
 // backend=hf needs hf_path, training.dataset_path set (train's checks), ...
 int config_validate(const ct_config *c, ct_error *err);
+// [lora] as the model takes it (the target list parsed, the values checked); lora.rank > 0.
+struct lora_config;
+int config_lora(struct lora_config *lc, const ct_config *c, ct_error *err);
 
 // The full effective config, every key, as TOML that config_load reads back to an equal struct.
 // Returns -1 if the stream reports a write error.

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/lora.h"
 #include "train/config_internal.h"
 
 typedef struct vctx {
@@ -279,6 +280,51 @@ static int check_rest(const ct_config *c, const vctx *vp) {
     return 0;
 }
 
+// [lora]: on when rank > 0; its values as PEFT takes them (model/lora.h).
+static int check_lora(const ct_config *c, const vctx *vp) {
+    vctx v = *vp;
+    const ct_config_lora *l = &c->lora;
+    NEED(l->rank >= 0, "lora.rank", NULL, "lora.rank = %d; expected 0 (no LoRA) or more", l->rank);
+    if (l->rank == 0) return 0;
+    lora_config lc;
+    if (config_lora(&lc, c, v.err) != 0) {
+        const char *where = origin_of(&v, "lora.target_modules");
+        if (where) return ct_wrap(v.err, "%s", where);
+        return -1;
+    }
+    NEED(c->parallelism.tensor_parallel_degree <= 1, "lora.rank",
+         "parallelism.tensor_parallel_degree",
+         "lora.rank = %d with parallelism.tensor_parallel_degree = %d: LoRA under tensor "
+         "parallelism is not supported yet",
+         l->rank, c->parallelism.tensor_parallel_degree);
+    NEED(!l->adapter_path[0], "lora.adapter_path", NULL,
+         "lora.adapter_path = \"%s\": starting from a PEFT adapter is not supported yet (its "
+         "reader lands with PEFT's files, model/peft_adapter.h)",
+         l->adapter_path);
+    NEED(!c->checkpoint.last_save_in_hf && !c->checkpoint.last_save_model_only,
+         "checkpoint.last_save_in_hf", "lora.rank",
+         "checkpoint.last_save_in_hf with lora.rank = %d: the final export of a LoRA run (a PEFT "
+         "adapter folder) is not supported yet",
+         l->rank);
+    return 0;
+}
+
+int config_lora(lora_config *lc, const ct_config *c, ct_error *err) {
+    const ct_config_lora *l = &c->lora;
+    memset(lc, 0, sizeof *lc);
+    lc->rank = l->rank, lc->alpha = (float)l->alpha, lc->dropout = (float)l->dropout;
+    lc->use_rslora = l->use_rslora;
+    char list[sizeof l->target_modules];
+    const char *names[64];
+    int n = 0;
+    snprintf(list, sizeof list, "%s", l->target_modules);
+    for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok && n < 64;
+         tok = strtok_r(NULL, ", ", &save))
+        names[n++] = tok;
+    if (lora_parse_targets(names, n, &lc->targets, "lora", err) != 0) return -1;
+    return lora_config_validate(lc, "lora", err);
+}
+
 // Each group stops at its first problem (later checks in a group may rely on earlier ones);
 // the groups' problems are reported together.
 int config_check(const ct_config *c, const config_origins *o, bool needs_data, ct_error *err) {
@@ -290,6 +336,7 @@ int config_check(const ct_config *c, const config_origins *o, bool needs_data, c
     if (check_training(c, needs_data, &v) != 0) config_errors_add(&errs, &e);
     if (check_optim(c, &v) != 0) config_errors_add(&errs, &e);
     if (check_rest(c, &v) != 0) config_errors_add(&errs, &e);
+    if (check_lora(c, &v) != 0) config_errors_add(&errs, &e);
     return config_errors_report(&errs, err);
 }
 

@@ -136,6 +136,11 @@ void metrics_close(metrics_log *m) {
 }
 
 double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
+    return metrics_flops_per_token_lora(c, seq_len, false, 0);
+}
+
+double metrics_flops_per_token_lora(const qwen3_config *c, int seq_len, bool frozen,
+                                    size_t adapter) {
     double C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     double q = (double)c->num_attention_heads * c->head_dim;
     double kv = (double)c->num_key_value_heads * c->head_dim;
@@ -146,7 +151,10 @@ double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
                          ? (double)c->num_experts * C +
                                3.0 * C * c->moe_intermediate_size * c->num_experts_per_tok
                          : 3 * C * F);
-    return 6 * n + 12.0 * c->num_hidden_layers * q * seq_len;
+    // A frozen base (LoRA) skips dW: 2N forward + 2N for the input gradients; the adapter's own
+    // matmuls train (6 a parameter).
+    return (frozen ? 4 * n + 6.0 * (double)adapter : 6 * n) +
+           12.0 * c->num_hidden_layers * q * seq_len;
 }
 
 double metrics_sgemm_gflops(int n, int repeats) {

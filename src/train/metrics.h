@@ -1,6 +1,8 @@
 // What the user sees of a run: one readable line per logged step, and the same fields as one
 // JSON object per line in <dump_folder>/metrics.jsonl.
 #pragma once
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -46,6 +48,10 @@ void metrics_close(metrics_log *m);
 // parameters in matmuls (a tied embedding once, as lm_head; an untied input embedding not).
 // In a sparse layer N counts the parameters a token uses: the router and its K experts.
 double metrics_flops_per_token(const qwen3_config *c, int seq_len);
+// The same for a run whose base is frozen (LoRA: 4*N, no dW) training `adapter` parameters of
+// its own (6 each); frozen false is metrics_flops_per_token.
+double metrics_flops_per_token_lora(const qwen3_config *c, int seq_len, bool frozen,
+                                    size_t adapter);
 // The best rate of `repeats` OpenBLAS sgemms of n x n by n x n, in GFLOP/s (0 if n or repeats
 // is below 1, or out of memory). With n = 1024 it is the MFU denominator the trainer measures;
 // bench_step reports it for any n.

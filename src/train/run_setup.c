@@ -230,6 +230,17 @@ int run_setup_check_fit(const run_setup *s, const run_memory *m, const char *wha
     return 0;
 }
 
+run_memory run_setup_memory_lora(const run_setup *s, double adapter_bytes, double optimizer_bytes,
+                                 double batch_bytes, int ranks_per_node) {
+    run_memory m = run_setup_memory(s, optimizer_bytes, batch_bytes, ranks_per_node);
+    m.model.params = qwen3_forward_only_weight_bytes(&s->model, &s->mem_opts) + (size_t)adapter_bytes;
+    m.model.grads = (size_t)adapter_bytes;
+    m.model.weights_bf16 = 0;
+    m.total = (double)m.model.params + m.model.grads + m.optimizer + m.model.activations + m.batch;
+    m.node = m.total * m.ranks_per_node;
+    return m;
+}
+
 run_memory run_setup_memory_forward_only(const run_setup *s, double batch_bytes) {
     const qwen3_memory_opts o = qwen3_forward_only_opts(&s->mem_opts);
     run_memory m = run_setup_memory(s, 0, batch_bytes, 1);

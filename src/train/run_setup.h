@@ -89,6 +89,10 @@ typedef struct run_memory {
 } run_memory;
 run_memory run_setup_memory(const run_setup *s, double optimizer_bytes, double batch_bytes,
                             int ranks_per_node);
+// The same for a LoRA run: the frozen base as held once (qwen3_init_forward_only's bytes), the
+// adapter (adapter_bytes) and its gradients; optimizer_bytes the adapter's moments.
+run_memory run_setup_memory_lora(const run_setup *s, double adapter_bytes, double optimizer_bytes,
+                                 double batch_bytes, int ranks_per_node);
 // The same for a forward-only model (eval): its weights as qwen3_init_forward_only holds them
 // (each once, bf16 where the bf16 kernels read it), the forward's buffers as it plans them
 // (qwen3_forward_only_opts), no gradients.

@@ -103,6 +103,9 @@ typedef struct strategy {
     const strategy_vt *vt;
     qwen3_parallel_plan plan; // the model's (after setup)
     grad_sync sync;           // replicate, ZeRO-1: buckets, and ZeRO-1's parameter gather
+    // replicate, ZeRO-1: unit u's first element in the trained buffer (qwen3_trained_units):
+    // the model's own, or a LoRA model's adapter.
+    size_t *unit_lo;
     bool overlap;             // replicate, ZeRO-1: reduce during this micro-batch's backward
     fsdp fsdp;                // FSDP: the shards, the gathers and reduce-scatters
     // FSDP: the plan's QWEN3_SPLIT_WHOLE tensors (the MoE expert biases), whole, back to back in

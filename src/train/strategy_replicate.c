@@ -1,7 +1,9 @@
 // Replicate (DDP) and ZeRO-1: every rank holds the whole model; gradients are reduced in
 // buckets (parallel/grad_sync.h) that start during the last micro-batch's backward, at the
 // model's unit events. ZeRO-1 steps AdamW over this rank's 1/N of the buffer and all-gathers
-// the updated weights.
+// the updated weights. What is reduced, stepped and saved is the model's trained parameters
+// (qwen3_trained): the model itself, or a LoRA model's adapter (its frozen base is neither
+// reduced nor saved).
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,25 +26,31 @@ static void describe(const trainer *t, char *buf, size_t size) {
 // Gradient sync (buckets at tensor boundaries), then AdamW over this rank's range.
 static int setup(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    qwen3_model *m = &t->model;
+    qwen3_model *m = &t->model, *tm = qwen3_trained(m);
     strategy *st = &t->strat;
     if (qwen3_parallelize(&st->plan, &m->cfg, m, err) != 0) return -1;
-    size_t *starts = malloc((size_t)st->plan.n_tensors * sizeof *starts);
-    if (!starts) return ct_fail(err, "out of memory for the parameter table");
-    for (int i = 0; i < st->plan.n_tensors; i++) starts[i] = st->plan.tensors[i].lo;
+    // Buckets end at tensor boundaries of the trained buffer.
+    size_t *starts = malloc(((size_t)tm->n_params + 1) * sizeof *starts);
+    st->unit_lo = malloc(((size_t)qwen3_n_units(&m->cfg) + 1) * sizeof *st->unit_lo);
+    if (!starts || !st->unit_lo) {
+        free(starts);
+        return ct_fail(err, "out of memory for the parameter table");
+    }
+    for (int i = 0; i < tm->n_params; i++) starts[i] = tm->params[i].offset;
+    qwen3_trained_units(m, st->unit_lo);
     size_t bucket = (size_t)(c->comm.bucket_cap_mb * 1024 * 1024 / sizeof(float));
-    int rc =
-        grad_sync_init(&st->sync, t->d, zero1(t) ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE, m->be,
-                       m->ops, m->param_mem, m->grad_mem, m->num_params, starts, st->plan.n_tensors,
-                       bucket, strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
+    int rc = grad_sync_init(&st->sync, t->d, zero1(t) ? GRAD_SYNC_SHARD : GRAD_SYNC_REPLICATE,
+                            m->be, m->ops, tm->param_mem, tm->grad_mem, tm->num_params, starts,
+                            tm->n_params, bucket,
+                            strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0, err);
     free(starts);
     if (rc != 0) return -1;
     size_t lo = st->sync.shard_lo, n = st->sync.shard_hi - lo;
-    if (adamw_init_shard(&t->opt, m->be, m->num_params, lo, n, err) != 0) return -1;
+    if (adamw_init_shard(&t->opt, m->be, tm->num_params, lo, n, err) != 0) return -1;
     // Buffers (the MoE expert bias) are not trained: no decay, and their gradient stays 0, so
-    // AdamW leaves them alone.
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i];
+    // AdamW leaves them alone. (A LoRA adapter's A and B are matrices: they decay.)
+    for (int i = 0; i < tm->n_params; i++) {
+        const qwen3_param *p = &tm->params[i];
         if (!trainer_param_decays(t, p) &&
             adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0)
             return -1;
@@ -58,9 +66,12 @@ static int setup(trainer *t, ct_error *err) {
 
 static void free_(trainer *t) {
     grad_sync_free(&t->strat.sync);
+    free(t->strat.unit_lo);
+    t->strat.unit_lo = NULL;
     qwen3_parallel_plan_free(&t->strat.plan);
 }
 
+// The model's weights (a LoRA model's base; trainer_setup.c then draws its adapter).
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     return qwen3_init_random(&t->model, seed, err);
 }
@@ -95,7 +106,7 @@ static void unit_ready(void *ctx, int unit, int event) {
     if (event != QWEN3_UNIT_BACKWARD_DONE || !t->strat.overlap) return;
     // An error here resurfaces in grad_sync_finish, which waits on the same requests.
     ct_error ignored;
-    grad_sync_ready(&t->strat.sync, t->strat.plan.unit_lo[unit], &ignored);
+    grad_sync_ready(&t->strat.sync, t->strat.unit_lo[unit], &ignored);
 }
 
 static int grads_final(trainer *t, ct_error *err) {
@@ -106,18 +117,21 @@ static int grads_final(trainer *t, ct_error *err) {
 // Each shard's sum of squares, added in rank order (the replicas hold the same sums).
 static int grad_sq(trainer *t, double *sq, ct_error *err) {
     const grad_sync *s = &t->strat.sync;
-    t->model.ops->sum_squares(sq, t->model.grad_mem + s->shard_lo, s->shard_hi - s->shard_lo);
+    t->model.ops->sum_squares(sq, qwen3_trained(&t->model)->grad_mem + s->shard_lo,
+                              s->shard_hi - s->shard_lo);
     return zero1(t) ? dist_sum(t->d, *sq, sq, "the gradient norm", err) : 0;
 }
 
 // When this rank updates every weight, the optimizer's pass refreshes the bf16 copy too.
-static bool updates_all(const trainer *t) {
-    return t->strat.sync.shard_lo == 0 && t->strat.sync.shard_hi == t->model.num_params;
+// (A LoRA adapter has no bf16 copy: its kernels round it as they read it.)
+static bool updates_all(trainer *t) {
+    return t->strat.sync.shard_lo == 0 &&
+           t->strat.sync.shard_hi == qwen3_trained(&t->model)->num_params;
 }
 
 static strategy_shard shard(trainer *t) {
-    qwen3_model *m = &t->model;
-    return (strategy_shard){m->param_mem, m->grad_mem, updates_all(t) ? m->param_bf16 : NULL};
+    qwen3_model *tm = qwen3_trained(&t->model);
+    return (strategy_shard){tm->param_mem, tm->grad_mem, updates_all(t) ? tm->param_bf16 : NULL};
 }
 
 static int after_update(trainer *t, ct_error *err) {
@@ -138,8 +152,8 @@ static void take_comm(trainer *t, double *exposed, double *hidden) {
 // Every rank holds the model: the weights and this rank's range of the moments, from a
 // checkpoint of any rank count.
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    return ckpt_load(dir, &t->model, moments[0], moments[1], t->opt.base, t->opt.n, &t->state, NULL,
-                     err);
+    return ckpt_load(dir, qwen3_trained(&t->model), moments[0], moments[1], t->opt.base, t->opt.n,
+                     &t->state, NULL, err);
 }
 
 #define REPLICA_STRATEGY(note, sharded)                                                            \

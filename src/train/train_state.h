@@ -14,4 +14,9 @@ typedef struct train_state {
     uint64_t config_hash;   // config_hash() of the run's effective config
     int32_t skipped_in_row; // non-finite steps skipped in a row at the time of the save
     double time_s;          // wall-clock seconds of training so far (metrics continue from it)
+    // LoRA runs (0 otherwise): the identity of the frozen base the adapter trains on (XXH64 of
+    // its weights as held, qwen3_lora_base_hash), which a resume must find again, and the
+    // forwards run so far (the dropout masks' counter, qwen3_lora.forwards).
+    uint64_t lora_base_hash;
+    uint64_t lora_forwards;
 } train_state;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/qwen3_lora.h"
 #include "train/trainer_internal.h"
 
 void trainer_log_notes(trainer *t, ckpt_notes *notes) {
@@ -91,7 +92,7 @@ int trainer_check_replicas(trainer *t, ct_error *err) {
     if (t->d->size == 1) return 0;
     // debug.fault weights: one weight of this rank moves by an ulp before the save of step
     // debug.fault_step, as memory corruption would move it.
-    qwen3_model *m = &t->model;
+    qwen3_model *m = qwen3_trained(&t->model);
     if (trainer_fault_at(t, "weights", t->state.step)) {
         uint32_t bits;
         m->be->read(m->be, &bits, m->param_mem, sizeof bits);
@@ -118,6 +119,7 @@ int trainer_check_replicas(trainer *t, ct_error *err) {
 // the folder into place. The shards are cut the same way in both modes, so the files do not
 // depend on whether the state was replicated.
 int trainer_save_checkpoint(trainer *t, ct_error *err) {
+    if (t->model.lora) t->state.lora_forwards = t->model.lora->forwards;
     return t->strat.vt->save_checkpoint(t, err);
 }
 
@@ -128,7 +130,7 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
 
-    size_t n = t->model.num_params;
+    size_t n = qwen3_trained(&t->model)->num_params;
     size_t lo = grad_sync_shard_start(n, r, P), hi = grad_sync_shard_start(n, r + 1, P);
     char tmp[4200];
     ckpt_shard_info mine = {0}, *all = calloc((size_t)P, sizeof *all);
@@ -148,8 +150,8 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
     }
     rc = 0;
     if (is_root(t)) {
-        rc = ckpt_commit(t->ckpt_root, t->save_tag, &t->model, all, P, &t->state, t->config_toml,
-                         err);
+        rc = ckpt_commit(t->ckpt_root, t->save_tag, qwen3_trained(&t->model), all, P, &t->state,
+                         t->config_toml, err);
         ckpt_notes notes = {0};
         if (rc == 0)
             rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);

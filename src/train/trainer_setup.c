@@ -20,6 +20,7 @@
 #include "train/peak.h"
 #include "train/metrics.h"
 #include "train/run_setup.h"
+#include "model/qwen3_lora.h"
 #include "train/trainer_internal.h"
 
 // The ranks' shape: ZeRO-1 over all of them or a replica on each, and the global batch split
@@ -57,6 +58,13 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "(data_parallel_replicate_degree), or checkpoint.enable = false",
                            t->tp, shard);
     }
+    if (c->lora.rank > 0 && fsdp_on)
+        return ct_fail(err,
+                       "lora.rank = %d under FSDP (data_parallel_shard_degree = %d, "
+                       "data_parallel_shard_mode = \"fsdp\"): LoRA under FSDP is not supported "
+                       "yet; use DDP (data_parallel_replicate_degree = %d) or ZeRO-1 "
+                       "(data_parallel_shard_mode = \"zero1\")",
+                       c->lora.rank, shard, P);
     t->strat.vt = t->tp > 1 ? &strategy_tp
                   : fsdp_on   ? &strategy_fsdp
                   : zero1     ? &strategy_zero1
@@ -135,6 +143,17 @@ static int check_plan(trainer *t, ct_error *err) {
         2.0 * (double)run_setup_plan(&t->setup).params / (vt->optimizer_sharded ? t->d->size : 1);
     double batch = 2.0 * t->accum * t->B * (double)t->T * sizeof(int32_t);
     run_memory mem = run_setup_memory(&t->setup, optim, batch, t->d->local_size);
+    if (c->lora.rank > 0) { // the frozen base as held once, the adapter, its grads and moments
+        lora_config lc;
+        lora_layout L;
+        if (config_lora(&lc, c, err) != 0 || lora_layout_init(&L, &t->setup.model, &lc, err) != 0)
+            return -1;
+        const double adapter = (double)L.num * sizeof(float);
+        lora_layout_free(&L);
+        mem = run_setup_memory_lora(&t->setup, adapter,
+                                    2.0 * adapter / (vt->optimizer_sharded ? t->d->size : 1),
+                                    batch, t->d->local_size);
+    }
     if (vt->estimate && vt->estimate(t, &mem, err) != 0) return -1;
     char bf16_copy[64] = "";
     if (mem.model.weights_bf16)
@@ -194,15 +213,10 @@ static bool checkpoint_with_sharded_model(const char *dir) {
     return access(state, F_OK) == 0 && access(model, F_OK) != 0;
 }
 
-// Weights: resume from the newest complete checkpoint, else initial_load_path, else the HF
-// folder (backend=hf), else a seeded random init. Every rank loads the same weights.
-static int setup_weights(trainer *t, ct_error *err) {
+// The initial weights: initial_load_path, else the HF folder (backend=hf), else a seeded random
+// init. Every rank loads the same weights.
+static int initial_weights(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    if (c->checkpoint.enable) {
-        int found = trainer_resume(t, err);
-        if (found != 0) return found < 0 ? -1 : 0;
-    }
-    t->state.config_hash = t->config_hash;
     const char *from = c->checkpoint.initial_load_path[0]    ? c->checkpoint.initial_load_path
                        : strcmp(c->model.backend, "hf") == 0 ? c->model.hf_path
                                                              : NULL;
@@ -232,6 +246,42 @@ static int setup_weights(trainer *t, ct_error *err) {
                 dtype_name(rep.source_dtype), rep.n_unexpected);
     hf_report_free(&rep);
     return dist_agree(t->d, rc, "loading the initial weights", err);
+}
+
+// Weights: resume from the newest complete checkpoint, else the initial weights. A LoRA run's
+// checkpoints hold the adapter only: its base is the initial weights every time, then the
+// adapter is PEFT's init from the seed, or the checkpoint's.
+static int setup_weights(trainer *t, ct_error *err) {
+    const ct_config *c = t->cfg;
+    uint64_t base = 0;
+    if (t->model.lora) {
+        if (initial_weights(t, err) != 0) return -1;
+        qwen3_lora_init_random(&t->model, (uint64_t)c->debug.seed);
+        base = qwen3_lora_base_hash(&t->model);
+    }
+    if (c->checkpoint.enable) {
+        int found = trainer_resume(t, err);
+        if (found > 0 && t->model.lora) {
+            if (t->state.lora_base_hash != base)
+                return ct_fail(err,
+                               "the checkpoint's LoRA adapter was trained on another base (its "
+                               "frozen weights' XXH64 %016llx, this run's %016llx): resume with "
+                               "the base it was trained on, or train into a new job.dump_folder",
+                               (unsigned long long)t->state.lora_base_hash,
+                               (unsigned long long)base);
+            t->model.lora->forwards = t->state.lora_forwards;
+        }
+        if (found != 0) return found < 0 ? -1 : 0;
+    }
+    t->state.config_hash = t->config_hash;
+    t->state.lora_base_hash = base;
+    if (t->model.lora) {
+        fprintf(t->log, "lora: the adapter starts as PEFT's (A kaiming-uniform from seed %lld, B "
+                        "zero)\n",
+                (long long)c->debug.seed);
+        return 0;
+    }
+    return initial_weights(t, err);
 }
 
 // The phases, and torchtitan's warnings where it clamps them.
@@ -383,7 +433,20 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (config_text(&t->config_toml, c, err) != 0) return -1;
 
     ct_backend *be = t->setup.be;
-    if (qwen3_init_on(&t->model, &mc, be, &t->setup.ops, err) != 0) return -1;
+    if (c->lora.rank > 0) { // the base frozen and held once, the adapter trained
+        lora_config lc;
+        if (config_lora(&lc, c, err) != 0 ||
+            qwen3_init_lora(&t->model, &mc, be, &t->setup.ops, mo, &lc, err) != 0)
+            return -1;
+        fprintf(t->log,
+                "lora: rank %d, alpha %g (scaling %g%s), dropout %g, %s: %zu adapter parameters "
+                "(%d tensors); the base is frozen%s\n",
+                lc.rank, (double)lc.alpha, (double)lora_scale(&lc), lc.use_rslora ? ", rsLoRA" : "",
+                (double)lc.dropout, c->lora.target_modules, t->model.lora->L.num,
+                t->model.lora->L.n, t->model.weights16 ? ", held in bf16 only" : "");
+    } else if (qwen3_init_on(&t->model, &mc, be, &t->setup.ops, err) != 0) {
+        return -1;
+    }
     fprintf(t->log, "backend: %s\n", be->name);
     t->model.mem_opts = *mo;
     t->model.mem_opts.sp = t->tp; // sequence parallelism: the shard's buffers are N / tp rows
@@ -425,7 +488,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_data_block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
     if (!t->inputs || !t->targets || (run_data_block_causal(c) && !t->positions))
         return ct_fail(err, "out of memory for the batch buffers");
-    t->flops_per_token = metrics_flops_per_token(&mc, t->T);
+    t->flops_per_token = metrics_flops_per_token_lora(
+        &mc, t->T, t->model.lora != NULL, t->model.lora ? t->model.lora->L.num : 0);
     char peak_source[4200];
     t->peak_gflops =
         peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(), peak_source, sizeof peak_source);

@@ -8,6 +8,7 @@ DIR/index.json     {"variants": [all names], "moe_variants": [the MoE ones]}
 DIR/train/         training references (tests/ref/train_ref.py)
 DIR/bf16/          bf16 mixed-precision training references, autocast and fp32
                    (tests/ref/bf16_ref.py)
+DIR/lora/          PEFT's LoRA on frozen bases: gradients and AdamW steps (tests/ref/lora_ref.py)
 DIR/topk_ties.json torch.topk's choices among tied router scores (tests/ref/topk_ties.py)
 DIR/sample.safetensors  HF generate's sampling distributions on fixed logits (tests/ref/gen_ref.py)
 DIR/<variant>/hf/  a Hugging Face folder: config.json + safetensors (single or sharded)
@@ -57,6 +58,7 @@ import train_ref  # noqa: E402
 import bf16_ref  # noqa: E402
 import topk_ties  # noqa: E402
 import gen_ref  # noqa: E402
+import lora_ref  # noqa: E402
 
 # Each variant: architecture, storage and batch. Together they cover head_dim != C/NH, GQA ratios
 # 1/2/3, tied and untied heads, attention bias on and off, F32 and BF16 weights, single files and
@@ -409,6 +411,7 @@ def main():
     bf16_ref.write_all(args.out, args.quiet)  # DIR/bf16/: autocast bf16 training
     topk_ties.write(args.out)  # DIR/topk_ties.json: torch.topk on tied router scores
     gen_ref.write_sampling(args.out)  # DIR/sample.safetensors: HF's sampling distributions
+    lora_ref.write_all(args.out, args.quiet)  # DIR/lora/: PEFT's LoRA, gradients and AdamW
     return 0
 
 

@@ -1,0 +1,259 @@
+// LoRA on a frozen Qwen3 model (qwen3_lora.h).
+#include "model/qwen3_lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "model/qwen3_internal.h"
+
+// The adapter as a model-shaped table (qwen3_trained) and its units.
+static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
+    qwen3_model *v = &lo->view;
+    const int L = m->cfg.num_hidden_layers;
+    memset(v, 0, sizeof *v);
+    v->cfg = m->cfg;
+    v->be = m->be;
+    v->ops = m->ops;
+    v->n_params = lo->L.n;
+    v->num_params = lo->L.num;
+    v->param_mem = lo->w;
+    v->grad_mem = lo->g;
+    qwen3_param *table = calloc((size_t)lo->L.n + 1, sizeof *table);
+    lo->unit_lo = calloc((size_t)L + 3, sizeof *lo->unit_lo);
+    if (!table || !lo->unit_lo) {
+        free(table);
+        return ct_fail(err, "lora: out of memory for the adapter's table");
+    }
+    for (int i = 0; i < lo->L.n; i++) {
+        const lora_tensor *t = &lo->L.t[i];
+        qwen3_param *p = &table[i];
+        if (strlen(t->name) >= sizeof p->name) {
+            free(table);
+            return ct_fail(err, "lora: tensor name %s is longer than %zu characters", t->name,
+                           sizeof p->name - 1);
+        }
+        memcpy(p->name, t->name, strlen(t->name) + 1); // checked to fit above
+        p->ndim = 2;
+        p->shape[0] = t->shape[0], p->shape[1] = t->shape[1];
+        p->offset = t->offset, p->numel = t->numel;
+    }
+    v->params = table;
+    lo->unit_lo[0] = 0; // the embedding: nothing
+    for (int l = 0; l < L; l++) lo->unit_lo[1 + l] = lo->L.layer_lo[l];
+    lo->unit_lo[L + 1] = lo->unit_lo[L + 2] = lo->L.num; // the head: nothing
+    return 0;
+}
+
+uint64_t qwen3_lora_base_hash(const qwen3_model *m) {
+    uint64_t h = 0x4c6f524142617365ull; // "LoRABase"
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        uint64_t t = 0;
+        if (qwen3_param_in_bf16(m, p))
+            m->ops->hash_xxh64(&t, m->param_bf16 + p->offset, p->numel * sizeof(uint16_t));
+        else
+            m->ops->hash_xxh64(&t, m->param_mem + p->offset, p->numel * sizeof(float));
+        h = ct_splitmix64_at(h ^ t, (uint64_t)i);
+    }
+    return h;
+}
+
+qwen3_model *qwen3_trained(qwen3_model *m) {
+    return m->lora ? &m->lora->view : m;
+}
+
+void qwen3_trained_units(const qwen3_model *m, size_t *lo) {
+    const int n = qwen3_n_units(&m->cfg);
+    if (m->lora) {
+        memcpy(lo, m->lora->unit_lo, ((size_t)n + 1) * sizeof *lo);
+        return;
+    }
+    size_t *hi = calloc((size_t)n, sizeof *hi);
+    if (!hi) { // a few words; the units then start at 0: every gradient waits for the end
+        memset(lo, 0, ((size_t)n + 1) * sizeof *lo);
+        return;
+    }
+    qwen3_units(&m->cfg, lo, hi);
+    lo[n] = m->num_params;
+    free(hi);
+}
+
+// The adapter's buffers and the per-layer table, on a model whose base is built.
+static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
+    const qwen3_config *c = &m->cfg;
+    if (m->n_sparse > 0 && (lc->targets & ((1u << LORA_GATE) | (1u << LORA_UP) | (1u << LORA_DOWN))))
+        return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model with "
+                            "sparse (MoE) layers: per-expert adapters inside the grouped expert "
+                            "kernels are not supported yet; target q_proj, k_proj, v_proj, "
+                            "o_proj");
+    if (!m->ops->lora_forward || !m->ops->lora_backward || !m->ops->lora_dropout)
+        return ct_fail(err, "lora: op table '%s' has no lora_forward/lora_backward/lora_dropout",
+                       m->ops->name ? m->ops->name : "?");
+    qwen3_lora *lo = calloc(1, sizeof *lo);
+    if (!lo) return ct_fail(err, "lora: out of memory");
+    m->lora = lo;
+    if (lora_layout_init(&lo->L, c, lc, err) != 0) return -1;
+    lo->scale = lora_scale(lc);
+    lo->mod = calloc((size_t)c->num_hidden_layers, sizeof *lo->mod);
+    if (!lo->mod) return ct_fail(err, "lora: out of memory");
+    const size_t bytes = lo->L.num * sizeof(float);
+    if (!(lo->w = m->be->alloc(m->be, bytes, "the LoRA adapter", err)) ||
+        !(lo->g = m->be->alloc(m->be, bytes, "the LoRA adapter's gradients", err)))
+        return ct_wrap(err, "lora: %zu adapter parameters", lo->L.num);
+    for (int i = 0; i < lo->L.n; i++) {
+        const lora_tensor *t = &lo->L.t[i];
+        qwen3_lora_module *md = &lo->mod[t->layer][t->module];
+        if (t->is_b)
+            md->b = t;
+        else
+            md->a = t;
+    }
+    return lora_view(m, lo, err);
+}
+
+void qwen3_lora_free(qwen3_model *m) {
+    qwen3_lora *lo = m->lora;
+    if (!lo) return;
+    if (m->be) {
+        m->be->free(m->be, lo->w);
+        m->be->free(m->be, lo->g);
+        m->be->free(m->be, lo->act);
+    }
+    free(lo->mod);
+    free((qwen3_param *)lo->view.params);
+    free(lo->unit_lo);
+    lora_layout_free(&lo->L);
+    free(lo);
+    m->lora = NULL;
+}
+
+void qwen3_lora_init_random(qwen3_model *m, uint64_t seed) {
+    qwen3_lora *lo = m->lora;
+    float *host = calloc(lo->L.num ? lo->L.num : 1, sizeof *host);
+    if (!host) return; // calloc of the adapter's size failed after its backend buffer did not
+    const uint64_t base = ct_splitmix64_at(seed ^ 0x4c6f5241ull /* "LoRA" */, 0);
+    for (int i = 0; i < lo->L.n; i++) {
+        const lora_tensor *t = &lo->L.t[i];
+        if (t->is_b) continue; // zero
+        // kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
+        // = 1 / sqrt(fan_in).
+        const double bound = 1.0 / sqrt((double)t->shape[1]);
+        const uint64_t stream = ct_splitmix64_at(base, (uint64_t)i);
+        for (size_t k = 0; k < t->numel; k++)
+            host[t->offset + k] = (float)(-bound + 2.0 * bound * ct_splitmix64_uniform_at(stream, k));
+    }
+    m->be->write(m->be, lo->w, host, lo->L.num * sizeof *host);
+    free(host);
+    lo->seed = ct_splitmix64_at(base, (uint64_t)lo->L.n);
+    lo->forwards = 0;
+}
+
+void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src) {
+    m->be->write(m->be, m->lora->w + offset, src, n * sizeof *src);
+}
+
+void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads) {
+    const qwen3_lora *lo = m->lora;
+    m->be->read(m->be, dst, (grads ? lo->g : lo->w) + offset, n * sizeof *dst);
+}
+
+void qwen3_lora_zero_grad(qwen3_model *m) {
+    if (m->lora) m->be->zero(m->be, m->lora->g, m->lora->L.num * sizeof(float));
+}
+
+int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err) {
+    qwen3_lora *lo = m->lora;
+    if (!lo) return 0;
+    m->be->free(m->be, lo->act);
+    lo->act = NULL;
+    const size_t N = (size_t)B * T;
+    const int r = lo->L.lc.rank;
+    int max_in = 1, max_out = 1, n_mod = 0;
+    for (int i = 0; i < lo->L.n; i++) {
+        const lora_tensor *t = &lo->L.t[i];
+        if (t->is_b) {
+            if (t->shape[0] > max_out) max_out = (int)t->shape[0];
+        } else {
+            if (t->shape[1] > max_in) max_in = (int)t->shape[1];
+            n_mod++;
+        }
+    }
+    carve cv = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            if (!(lo->act = m->be->alloc(m->be, cv.off * sizeof(float), "the LoRA activations", err)))
+                return ct_wrap(err, "qwen3_plan: LoRA");
+            cv = (carve){.base = lo->act};
+        }
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+            for (int md = 0; md < LORA_N_MODULES; md++)
+                if (lo->mod[l][md].a) lo->mod[l][md].u = carve_take(&cv, N * r);
+        lo->xd = carve_take(&cv, N * max_in);
+        lo->dx = carve_take(&cv, N * max_in);
+        lo->scratch = carve_take(&cv, ct_lora_scratch_floats((int)N, max_in, r, max_out));
+    }
+    (void)n_mod;
+    return 0;
+}
+
+// The dropout mask's seed for this forward's (layer, module).
+static uint64_t mask_seed(const qwen3_lora *lo, int l, lora_module md) {
+    return ct_splitmix64_at(lo->seed ^ (lo->forwards * 0x9E3779B97F4A7C15ull),
+                            (uint64_t)l * LORA_N_MODULES + (uint64_t)md);
+}
+
+// The branch's input: x, or (bf16) x16 widened, then through dropout, staged in lo->xd.
+static const float *branch_input(const qwen3_model *m, int l, lora_module md, const float *x,
+                                 const uint16_t *x16, size_t n) {
+    const qwen3_lora *lo = m->lora;
+    if (m->mem_opts.bf16 && x16) {
+        m->ops->bf16_to_f32(lo->xd, x16, n);
+        x = lo->xd;
+    }
+    if (lo->L.lc.dropout > 0.0f) {
+        m->ops->lora_dropout(lo->xd, x, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
+        x = lo->xd;
+    }
+    return x;
+}
+
+void qwen3_lora_forward(const qwen3_model *m, int l, lora_module md, float *y, uint16_t *y16,
+                        int ldy, const float *x, const uint16_t *x16, int N) {
+    if (!qwen3_lora_has(m, l, md)) return;
+    const qwen3_lora *lo = m->lora;
+    const qwen3_lora_module *mm = &lo->mod[l][md];
+    const int r = (int)mm->a->shape[0], in = (int)mm->a->shape[1], out = (int)mm->b->shape[0];
+    const float *xin = branch_input(m, l, md, x, x16, (size_t)N * in);
+    m->ops->lora_forward(y, y16, ldy, mm->u, lo->scratch, xin, lo->w + mm->a->offset,
+                         lo->w + mm->b->offset, lo->scale, m->mem_opts.bf16, N, in, r, out);
+}
+
+void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx, const float *dy,
+                         const uint16_t *dy16, int ldy, const float *x, const uint16_t *x16,
+                         int N) {
+    if (!qwen3_lora_has(m, l, md)) return;
+    const qwen3_lora *lo = m->lora;
+    const qwen3_lora_module *mm = &lo->mod[l][md];
+    const int r = (int)mm->a->shape[0], in = (int)mm->a->shape[1], out = (int)mm->b->shape[0];
+    const size_t n = (size_t)N * in;
+    const float *xin = branch_input(m, l, md, x, x16, n);
+    m->ops->lora_backward(lo->dx, lo->g + mm->a->offset, lo->g + mm->b->offset, lo->scratch, dy,
+                          dy16, ldy, mm->u, xin, lo->w + mm->a->offset, lo->w + mm->b->offset,
+                          lo->scale, m->mem_opts.bf16, N, in, r, out);
+    if (lo->L.lc.dropout > 0.0f) // dropout's backward: the same mask and scale on the gradient
+        m->ops->lora_dropout(lo->dx, lo->dx, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
+    m->ops->add(dx, dx, lo->dx, (int64_t)n);
+}
+
+int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                    const qwen3_memory_opts *opts, const lora_config *lc, ct_error *err) {
+    if (qwen3_init_frozen(m, cfg, be, ops, opts, err) != 0) return -1;
+    if (lora_attach(m, lc, err) != 0) {
+        qwen3_free(m);
+        return -1;
+    }
+    return 0;
+}

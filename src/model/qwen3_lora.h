@@ -1,0 +1,80 @@
+// PEFT's LoRA on a Qwen3 model whose base weights are frozen (model/lora.h has the configuration
+// and the adapter's layout). Every adapted projection computes y = W x + s * B (A dropout(x)),
+// as PEFT's lora.Linear.forward does (ops/lora.c has the arithmetic, fp32 and torch.autocast's
+// bf16); the backward computes the input gradient through W (never dW) and the adapter's
+// gradients. The base weights are held once, in the compute dtype (qwen3_init_forward_only's
+// layout: under bf16 the matrices live only in param_bf16), with no gradient buffer; the
+// adapter's weights and gradients are two fp32 buffers in lora_layout order on the model's
+// backend.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/lora.h"
+#include "model/qwen3.h"
+
+// One projection of one layer as the forward and backward use it.
+typedef struct qwen3_lora_module {
+    const lora_tensor *a, *b; // the adapter's A (r, in) and B (out, r); NULL: not adapted
+    float *u;                 // (N, r): A x of the last forward, saved for the backward
+} qwen3_lora_module;
+
+typedef struct qwen3_lora {
+    lora_layout L;
+    float scale;   // lora_scale
+    uint64_t seed; // the dropout masks' (qwen3_lora_init_random, or set by the caller)
+    // Forwards run so far: mask k of a forward is drawn from (seed, this count, layer, module),
+    // so a recomputation under activation checkpointing and the backward draw the same one. A
+    // checkpoint keeps it (with dropout, a resume then draws what the run would have).
+    uint64_t forwards;
+    float *w, *g;                            // (L.num) the adapter and its gradients
+    qwen3_lora_module (*mod)[LORA_N_MODULES]; // [layer][module]
+    // qwen3_plan's: one buffer holding each module's u, then the branch input staged (bf16
+    // widened, dropout applied), its gradient, and the kernels' scratch.
+    float *act;
+    float *xd, *dx, *scratch;
+    // The adapter as the trained parameters (qwen3_trained): a model-shaped table whose
+    // params are the adapter's tensors under PEFT's names, param_mem = w, grad_mem = g, cfg
+    // the base's, and nothing else set (no weights of its own, no ops to free). unit_lo: unit
+    // u's first element in the adapter (the embedding's and the head's units hold none).
+    qwen3_model view;
+    size_t *unit_lo;
+} qwen3_lora;
+
+// A model for LoRA training: the base as qwen3_init_forward_only holds it (no gradients, each
+// weight once in the dtype its kernel reads) but planned with `opts` as given (activation
+// checkpointing as asked, a backward allowed), and the adapter of `lc` (A and B zero: fill them
+// with qwen3_lora_init_random or qwen3_lora_write). Refused (one line): tensor parallelism (set
+// later by a strategy; the trainer refuses it), MLP targets on a model with sparse (MoE) layers
+// (per-expert adapters inside the grouped expert kernels are not written yet), a plugin op table
+// without the lora_* entries.
+int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
+                    const qwen3_memory_opts *opts, const lora_config *lc, ct_error *err);
+// PEFT's default init from the run's seed: every A kaiming-uniform with a = sqrt(5), i.e.
+// U(-1/sqrt(in), 1/sqrt(in)) (element i of tensor t is draw i of the splitmix64 sequence of
+// (seed, t's index in the layout), core/rng.h), every B zero; the dropout seed from `seed` too.
+void qwen3_lora_init_random(qwen3_model *m, uint64_t seed);
+// Host I/O of the adapter (floats [offset, offset + n) of the layout), weights or gradients.
+void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src);
+void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads);
+
+// The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16
+// where it holds a tensor in bf16 only), combined in table order.
+uint64_t qwen3_lora_base_hash(const qwen3_model *m);
+
+// Private to src/model (qwen3.c, qwen3_layout.c).
+int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err);
+void qwen3_lora_free(qwen3_model *m);
+void qwen3_lora_zero_grad(qwen3_model *m);
+// Layer l's projection md: y (N rows, ldy apart; or y16, a bf16-only output) += the branch of
+// input x (N, in) (bf16: its bf16 copy x16). Nothing when md is not adapted in layer l.
+void qwen3_lora_forward(const qwen3_model *m, int l, lora_module md, float *y, uint16_t *y16,
+                        int ldy, const float *x, const uint16_t *x16, int N);
+// Its backward from the output gradient dy (ldy apart; or dy16): the adapter's gradients
+// accumulate, and the branch's input gradient is added into dx (N, in).
+void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx, const float *dy,
+                         const uint16_t *dy16, int ldy, const float *x, const uint16_t *x16, int N);
+// Whether projection md of layer l is adapted.
+static inline bool qwen3_lora_has(const qwen3_model *m, int l, lora_module md) {
+    return m->lora && m->lora->mod[l][md].a;
+}
