@@ -99,7 +99,13 @@ typedef struct strategy_tp_state {
     qwen3_tp tp;
     ct_error err;
     bool failed;
+    // Payload bytes of the group's collectives since setup, each its whole buffer (an
+    // all-gather's or reduce-scatter's tp pieces, an all-reduce's one): TP_AG all-gathers (the
+    // sequence-parallel rows, the loss's row maxes), TP_RS reduce-scatters, TP_AR the loss's
+    // all-reduce, TP_AR_WHOLE the replicated tensors' gradients (bench/parallel.py).
+    double bytes[4];
 } strategy_tp_state;
+enum { TP_AG, TP_RS, TP_AR, TP_AR_WHOLE };
 
 // One run's strategy and its state.
 typedef struct strategy {

@@ -43,6 +43,7 @@ static void tp_gather(void *ctx, float *buf, size_t n) {
     for (int r = 0; r < g->size; r++) counts[r] = (int)n, displs[r] = r * (int)n;
     const ct_comm c = dist_comm(g);
     ct_request *req = NULL;
+    t->strat.tp.bytes[TP_AG] += (double)n * g->size * sizeof(float);
     int rc = t->model.be->comm_allgather(t->model.be, &c, buf, counts, displs, CT_COMM_F32, &req,
                                          &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel all-gather");
@@ -56,19 +57,24 @@ static void tp_reduce_scatter(void *ctx, float *buf, size_t n) {
     for (int r = 0; r < g->size; r++) counts[r] = (int)n;
     const ct_comm c = dist_comm(g);
     ct_request *req = NULL;
+    t->strat.tp.bytes[TP_RS] += (double)n * g->size * sizeof(float);
     int rc = t->model.be->comm_reduce_scatter(t->model.be, &c, buf, counts, CT_COMM_F32, &req,
                                               &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel reduce-scatter");
 }
 
-static void tp_allreduce(void *ctx, float *buf, size_t n) {
-    trainer *t = ctx;
+static void tp_allreduce_of(trainer *t, float *buf, size_t n, int kind) {
     if (!tp_start(t)) return;
     const ct_comm c = dist_comm(t->strat.tp.group);
     ct_request *req = NULL;
+    t->strat.tp.bytes[kind] += (double)n * sizeof(float);
     int rc = t->model.be->comm_allreduce(t->model.be, &c, buf, (int)n, CT_COMM_F32, &req,
                                          &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel all-reduce");
+}
+
+static void tp_allreduce(void *ctx, float *buf, size_t n) {
+    tp_allreduce_of(ctx, buf, n, TP_AR);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -523,7 +529,7 @@ static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
 
 static void sum_whole(trainer *t, float *g, size_t n, bool whole, void *ctx) {
     (void)ctx;
-    if (whole) tp_allreduce(t, g, n);
+    if (whole) tp_allreduce_of(t, g, n, TP_AR_WHOLE);
 }
 
 // After the data-parallel reduction: the replicated tensors' partial gradients summed over the
