@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps check check-fast check-asan fuzz fuzz-long demo bench bench-dp bench-moe bench-train bench-generate format clean
+.PHONY: all deps check check-fast check-asan fuzz fuzz-long demo bench bench-dp bench-parallel bench-moe bench-train bench-generate format clean
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -70,6 +70,10 @@ bench-train: all
 
 bench-dp: all
 	/usr/bin/python3 bench/dp.py --build $(BUILD)
+
+# Tensor parallelism against one process and FSDP (tokens/s, per-rank RSS, bytes per collective).
+bench-parallel: all
+	/usr/bin/python3 bench/parallel.py --build $(BUILD)
 
 # Generation at batch 1 on a dense flavor's geometry (GEOMETRY=0.6B, 1.7B or 4B): prefill MFU,
 # decode against the memory-bandwidth bound, fp32 and bf16, with llama.cpp (node-llama-cpp's

@@ -264,10 +264,9 @@ def ratio(a, b, digits=4):
     return None if a is None or b is None or b == 0 else round(a / b, digits)
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--rank-wrapper":
-        return rank_wrapper(sys.argv[2], sys.argv[4:])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_run_args(ap):
+    """The options this script shares with bench/parallel.py, parsed with ap's own: (the args,
+    the models asked for)."""
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per configuration")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the averages")
     ap.add_argument("--seq-len", type=int, default=None,
@@ -276,9 +275,6 @@ def main():
                     help="a small c1 (2 layers, dim 128, seq 64) for a fast smoke run")
     ap.add_argument("--models", default=",".join(MODELS),
                     help="comma-separated, of: " + ", ".join(MODELS))
-    ap.add_argument("--configs", default="",
-                    help="comma-separated run names (default: all), e.g. np1,fsdp_np2 or "
-                         "state_zero1_np4")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the mpirun command of each run, run nothing")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -292,6 +288,17 @@ def main():
     for m in models:
         if m not in MODELS:
             ap.error(f"--models: unknown model {m!r} (known: {', '.join(MODELS)})")
+    return args, models
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-wrapper":
+        return rank_wrapper(sys.argv[2], sys.argv[4:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="",
+                    help="comma-separated run names (default: all), e.g. np1,fsdp_np2 or "
+                         "state_zero1_np4")
+    args, models = parse_run_args(ap)
     selected = {c for c in args.configs.split(",") if c}
     known = {n for n, *_ in plan(MODELS, set())} | set(ALIASES)
     known |= {n for n, *_ in CONFIGS} | {n for n, *_ in SHARD_CONFIGS}

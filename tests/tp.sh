@@ -214,9 +214,6 @@ refused moe_ffn "tensor_parallel_degree = 2 does not divide the model's moe_inte
 refused zero1 "ZeRO-1 under tensor parallelism is not supported yet" 4 \
   --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
 fi
-refused ckpt_fsdp "checkpoints .* are not supported yet under TP with FSDP" 4 \
-  --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 \
-  --training.local_batch_size 1 --checkpoint.enable true
 refused async "enable_async_tensor_parallel" 2 \
   --parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel true
 finish

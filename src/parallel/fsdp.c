@@ -164,6 +164,7 @@ static void start_gather(fsdp *f, int u) {
                                 &x->gather_req, &f->err);
     }
     f->shard.comm_s += dist_clock() - x->gather_t0;
+    f->gather_bytes += (double)(x->hi - x->lo) * (f->params_bf16 ? 2 : 4);
     if (rc != 0) {
         fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the gather of FSDP unit %d",
                         f->shard.rank, u));
@@ -266,6 +267,7 @@ static void start_reduce(fsdp *f, int u) {
     }
     f->reducing = u;
     f->ring_step = 0;
+    f->reduce_bytes += (double)len * (f->grads_bf16 ? 2 : 4);
     ring_post(f);
 }
 
@@ -416,6 +418,7 @@ static void allreduce_replicas(fsdp *f) {
                  : be->comm_allreduce(be, &c, f->shard_grads, (int)f->n_shard, CT_COMM_F32, &req,
                                       &f->err);
     f->replica.comm_s += dist_clock() - t0;
+    f->replica_bytes += (double)f->n_shard * (f->o.bf16_reduce ? 2 : 4);
     if (rc != 0)
         return fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the replicas' all-reduce",
                                f->shard.rank));

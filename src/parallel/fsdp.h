@@ -89,6 +89,10 @@ typedef struct fsdp {
     // Seconds from each collective's start to its completion, summed since fsdp_take_comm: less
     // the seconds blocked in MPI, what ran behind compute.
     double busy_s;
+    // Payload bytes of the collectives started since fsdp_init (each counted as its whole
+    // buffer: a unit's gathered weights, a unit's gradients reduce-scattered, the shard's
+    // gradients all-reduced over the replicas), for the volume benchmarks (bench/parallel.py).
+    double gather_bytes, reduce_bytes, replica_bytes;
     // The first failure inside the hook (which cannot return it): every later collective is
     // skipped, and fsdp_finish returns it.
     int failed;

@@ -138,6 +138,7 @@ static int start_bucket(grad_sync *s, int i, ct_error *err) {
         rc = be->comm_reduce_scatter(be, &c, g, counts, CT_COMM_F32, &s->reqs[i], err);
     }
     s->d->comm_s += dist_clock() - t0;
+    s->bytes += (double)count * (s->bf16_grads ? 2 : 4);
     if (rc != 0)
         return ct_fail(err, "rank %d: MPI failed to start the reduction of gradient bucket %d",
                        s->d->rank, i);

@@ -50,6 +50,7 @@ typedef struct grad_sync {
     ct_request **reqs;    // one per bucket, NULL once completed
     int *counts, *displs; // (n_buckets, size): each rank's part of each bucket (shard mode)
     int next;             // the next bucket to start in this step
+    double bytes;         // payload bytes of the reductions started (whole buckets), since init
 } grad_sync;
 
 // tensor_start: the first element of each tensor, ascending (tensor boundaries for bucketing).

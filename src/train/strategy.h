@@ -80,10 +80,13 @@ extern const strategy_vt strategy_tp;
 // Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
 // FSDP composed with another cut (TP): every unit of the full buffer (which a load filled) into
-// the shard; and the fp32 weights assembled from the shard group's pieces into `full` (host,
-// the full buffer's layout; every rank of the shard group takes part).
+// the shard; a shard buffer (backend memory: the fp32 weights f->shard_params, or an AdamW
+// moment t->opt.m / t->opt.v) assembled from the shard group's pieces into `full` (host, the
+// full buffer's layout; every rank of the shard group takes part); and the reverse in host
+// memory: this rank's pieces of `full` into `shard` (a host view of its n_shard floats).
 void strategy_fsdp_take_all(trainer *t);
-int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err);
+int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err);
+void strategy_fsdp_pieces(const trainer *t, const float *full, float *shard);
 // FSDP's parts of the memory estimate for the model cfg (the run's, or a rank's under TP).
 int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_memory *mem,
                               ct_error *err);
@@ -96,7 +99,13 @@ typedef struct strategy_tp_state {
     qwen3_tp tp;
     ct_error err;
     bool failed;
+    // Payload bytes of the group's collectives since setup, each its whole buffer (an
+    // all-gather's or reduce-scatter's tp pieces, an all-reduce's one): TP_AG all-gathers (the
+    // sequence-parallel rows, the loss's row maxes), TP_RS reduce-scatters, TP_AR the loss's
+    // all-reduce, TP_AR_WHOLE the replicated tensors' gradients (bench/parallel.py).
+    double bytes[4];
 } strategy_tp_state;
+enum { TP_AG, TP_RS, TP_AR, TP_AR_WHOLE };
 
 // One run's strategy and its state.
 typedef struct strategy {

@@ -445,9 +445,10 @@ void strategy_fsdp_take_all(trainer *t) {
     fsdp_weights_changed(&t->strat.fsdp, false);
 }
 
-// Every unit's fp32 weights, from the shard group's pieces (padded to the largest piece: the
-// host all-gather takes one size), into full (the full buffer's layout, host memory).
-int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err) {
+// Every unit's values of the shard buffer `shard` (backend memory: the fp32 weights or an AdamW
+// moment), from the shard group's pieces (padded to the largest piece: the host all-gather
+// takes one size), into full (the full buffer's layout, host memory).
+int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err) {
     fsdp *f = &t->strat.fsdp;
     const int S = f->o.shard_degree;
     size_t most = 0;
@@ -459,7 +460,7 @@ int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err) {
         }
     float *mine = malloc((most ? most : 1) * sizeof *mine);
     float *all = malloc((most ? most : 1) * S * sizeof *all);
-    float *host = shard_view(t, f->shard_params, true, err);
+    float *host = shard_view(t, shard, true, err);
     int rc = mine && all && host ? 0 : ct_fail(err, "gathering the FSDP shards: out of memory");
     for (int u = 0; u < f->n_units && rc == 0; u++) {
         const fsdp_unit *x = &f->units[u];
@@ -472,8 +473,16 @@ int strategy_fsdp_gather_weights(trainer *t, float *full, ct_error *err) {
             memcpy(full + lo, all + (size_t)s * most, (hi - lo) * sizeof *full);
         }
     }
-    if (host) shard_release(t, host, f->shard_params, false);
+    if (host) shard_release(t, host, shard, false);
     free(mine);
     free(all);
     return rc;
+}
+
+void strategy_fsdp_pieces(const trainer *t, const float *full, float *shard) {
+    const fsdp *f = &t->strat.fsdp;
+    for (int u = 0; u < f->n_units; u++) {
+        const fsdp_unit *x = &f->units[u];
+        memcpy(shard + x->at, full + x->piece_lo, (x->piece_hi - x->piece_lo) * sizeof *shard);
+    }
 }

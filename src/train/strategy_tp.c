@@ -43,6 +43,7 @@ static void tp_gather(void *ctx, float *buf, size_t n) {
     for (int r = 0; r < g->size; r++) counts[r] = (int)n, displs[r] = r * (int)n;
     const ct_comm c = dist_comm(g);
     ct_request *req = NULL;
+    t->strat.tp.bytes[TP_AG] += (double)n * g->size * sizeof(float);
     int rc = t->model.be->comm_allgather(t->model.be, &c, buf, counts, displs, CT_COMM_F32, &req,
                                          &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel all-gather");
@@ -56,19 +57,24 @@ static void tp_reduce_scatter(void *ctx, float *buf, size_t n) {
     for (int r = 0; r < g->size; r++) counts[r] = (int)n;
     const ct_comm c = dist_comm(g);
     ct_request *req = NULL;
+    t->strat.tp.bytes[TP_RS] += (double)n * g->size * sizeof(float);
     int rc = t->model.be->comm_reduce_scatter(t->model.be, &c, buf, counts, CT_COMM_F32, &req,
                                               &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel reduce-scatter");
 }
 
-static void tp_allreduce(void *ctx, float *buf, size_t n) {
-    trainer *t = ctx;
+static void tp_allreduce_of(trainer *t, float *buf, size_t n, int kind) {
     if (!tp_start(t)) return;
     const ct_comm c = dist_comm(t->strat.tp.group);
     ct_request *req = NULL;
+    t->strat.tp.bytes[kind] += (double)n * sizeof(float);
     int rc = t->model.be->comm_allreduce(t->model.be, &c, buf, (int)n, CT_COMM_F32, &req,
                                          &t->strat.tp.err);
     tp_wait(t, rc, req, "a tensor-parallel all-reduce");
+}
+
+static void tp_allreduce(void *ctx, float *buf, size_t n) {
+    tp_allreduce_of(ctx, buf, n, TP_AR);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,20 +321,38 @@ static int tp_ranges(const qwen3_model *g, const qwen3_model *m, int r, int P, b
 }
 
 // This rank's slices of a checkpoint's model (and, with moments, of its AdamW moments: views
-// of the optimizer's, which spans the local model), from a checkpoint of any layout.
+// of the optimizer's), from a checkpoint of any layout. Without FSDP the optimizer spans the
+// local model, and the slices are read in place. Under FSDP (2D/3D) they are read whole into
+// the full buffer (the weights, then each unit's piece kept, as a load from an HF folder) and
+// into host buffers of the local model's size (the moments, whose pieces go to the views).
 static int load_slices(trainer *t, const char *dir, float *moments[2], train_state *st,
                        ct_error *err) {
     qwen3_model *m = &t->model, g;
-    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
-        return ct_fail(err, "the TP optimizer does not span the local model");
+    const bool sharded = fsdp_on(t);
+    const size_t spans = sharded ? t->strat.fsdp.n_shard : m->num_params;
+    if (moments && (t->opt.base != 0 || t->opt.n != spans))
+        return ct_fail(err, "the TP optimizer does not span the local model%s",
+                       sharded ? "'s FSDP shard" : "");
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     ckpt_range *x = NULL;
     int n = tp_ranges(&g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, &x, err);
-    float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL;
-    int rc = host ? ckpt_load_ranges(dir, &g, x, n, host, moments ? moments[0] : NULL,
-                                     moments ? moments[1] : NULL, st, NULL, err)
-                  : -1;
+    float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL, *local[2] = {NULL, NULL};
+    int rc = host ? 0 : -1;
+    if (rc == 0 && moments && sharded) {
+        local[0] = malloc(2 * m->num_params * sizeof *local[0]);
+        local[1] = local[0] + m->num_params;
+        if (!local[0]) rc = ct_fail(err, "out of memory for the TP checkpoint's moments");
+    }
+    float **into = sharded ? local : moments;
+    if (rc == 0)
+        rc = ckpt_load_ranges(dir, &g, x, n, host, moments ? into[0] : NULL,
+                              moments ? into[1] : NULL, st, NULL, err);
     if (host) qwen3_params_view_release(m, host, rc == 0);
+    if (rc == 0 && sharded) {
+        strategy_fsdp_take_all(t);
+        for (int k = 0; moments && k < 2; k++) strategy_fsdp_pieces(t, local[k], moments[k]);
+    }
+    free(local[0]);
     free(x);
     qwen3_free(&g);
     return rc;
@@ -343,23 +367,20 @@ static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_er
 }
 
 // Shard r of the first replica's TP group (every rank of it calls this, in step: the column
-// cuts are all-gathers): the model and moment values of its save ranges x, then the files.
+// cuts are all-gathers): the model and moment values of its save ranges x, from src (host, the
+// local layout: the weights and the two moments), then the files.
 static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const ckpt_range *x,
-                       int n, ckpt_shard_info info[2], ct_error *err) {
+                       int n, float *const src[3], ckpt_shard_info info[2], ct_error *err) {
     qwen3_model *m = &t->model;
     dist *grp = t->strat.tp.group;
     const int P = grp->size, r = grp->rank;
-    ct_backend *be = t->opt.be;
     size_t total = 0, most = 0;
     for (int i = 0; i < n; i++) total += x[i].hi - x[i].lo;
     for (int i = 0; i < m->n_params; i++)
         if (qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_COLUMNS && m->params[i].numel > most)
             most = m->params[i].numel;
     float *buf = malloc((3 * total + 1) * sizeof *buf), *all = malloc((most * P + 1) * sizeof *all);
-    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
-    if (src[0]) src[1] = be->view(be, t->opt.m, m->num_params * sizeof(float), true, err);
-    if (src[1]) src[2] = be->view(be, t->opt.v, m->num_params * sizeof(float), true, err);
-    int rc = !src[2] ? -1 : buf && all ? 0 : ct_fail(err, "out of memory for the TP checkpoint");
+    int rc = buf && all ? 0 : ct_fail(err, "out of memory for the TP checkpoint");
     rc = dist_agree(grp, rc, "the TP checkpoint's buffers", err);
     size_t pos = 0;
     for (int i = 0; i < m->n_params && rc == 0; i++) {
@@ -388,22 +409,58 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const 
     if (rc == 0)
         rc = ckpt_write_shard(tmp, g, r, P, x, n, buf, buf + total, buf + 2 * total, &info[0],
                               &info[1], err);
-    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
-    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
-    if (src[0]) qwen3_params_view_release(m, src[0], false);
     free(buf);
     free(all);
     return rc;
 }
 
-// The replicas of each slice agree bit for bit (over t->d); the first replica's TP group writes
-// its P shards; world rank 0 (its TP rank 0) lists them in state.json and commits.
+// This rank's local weights and moments in host memory, for a save (release: local_free):
+// views of the model and the optimizer, or under FSDP assembled from the shard group's pieces
+// (every rank of the group takes part).
+static int local_state(trainer *t, float *src[3], ct_error *err) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    const size_t bytes = m->num_params * sizeof(float);
+    src[0] = src[1] = src[2] = NULL;
+    if (!fsdp_on(t)) {
+        if ((src[0] = qwen3_params_view(m, true, err)) &&
+            (src[1] = be->view(be, t->opt.m, bytes, true, err)))
+            src[2] = be->view(be, t->opt.v, bytes, true, err);
+        return src[2] ? 0 : -1;
+    }
+    src[0] = malloc(3 * bytes + 1);
+    int rc = src[0] ? 0 : ct_fail(err, "out of memory for the TP checkpoint's local model");
+    rc = dist_agree(&t->strat.fsdp.shard, rc, "the TP checkpoint's local model", err);
+    if (rc != 0) return -1;
+    src[1] = src[0] + m->num_params, src[2] = src[1] + m->num_params;
+    float *dev[3] = {t->strat.fsdp.shard_params, t->opt.m, t->opt.v};
+    for (int k = 0; k < 3 && rc == 0; k++) rc = strategy_fsdp_gather(t, dev[k], src[k], err);
+    return rc;
+}
+
+static void local_free(trainer *t, float *src[3]) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    if (fsdp_on(t)) {
+        free(src[0]);
+        return;
+    }
+    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
+    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
+    if (src[0]) qwen3_params_view_release(m, src[0], false);
+}
+
+// The replicas of each slice agree bit for bit (over t->d; under FSDP, whose ranks hold
+// different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
+// shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
+// TP rank 0) lists them in state.json and commits. The files are those of TP without FSDP.
 static int save_checkpoint(trainer *t, ct_error *err) {
     dist *grp = t->strat.tp.group;
     const int P = grp->size;
     const int64_t step = t->state.step;
     grp->timeout_s = t->world->timeout_s = t->d->timeout_s;
-    int rc = trainer_check_replicas(t, err);
+    if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
+    int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g;
@@ -418,8 +475,13 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     for (int q = 0; rc == 0 && q < P; q++)
         if ((n_of[q] = tp_ranges(&g, &t->model, q, P, true, &of[q], err)) < 0) rc = -1;
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
+    // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0.
+    const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
+    float *src[3] = {NULL, NULL, NULL};
+    if (rc == 0 && first) rc = local_state(t, src, err);
     if (rc == 0 && t->d->rank == 0)
-        rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], mine, err);
+        rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], src, mine, err);
+    if (first) local_free(t, src);
     if (dist_agree(t->world, rc, "writing the model and optimizer shards", err) != 0 ||
         dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
         if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
@@ -467,7 +529,7 @@ static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
 
 static void sum_whole(trainer *t, float *g, size_t n, bool whole, void *ctx) {
     (void)ctx;
-    if (whole) tp_allreduce(t, g, n);
+    if (whole) tp_allreduce_of(t, g, n, TP_AR_WHOLE);
 }
 
 // After the data-parallel reduction: the replicated tensors' partial gradients summed over the
@@ -602,7 +664,7 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     int rc = local ? 0 : ct_fail(err, "the TP export: out of memory for the local model");
     if (fsdp_on(t)) {
         rc = dist_agree(t->d, rc, "the TP export's local model", err);
-        if (rc == 0) rc = strategy_fsdp_gather_weights(t, local, err);
+        if (rc == 0) rc = strategy_fsdp_gather(t, t->strat.fsdp.shard_params, local, err);
     }
     if (rc != 0 || t->d->rank != 0 || qwen3_init_layout(&g, &t->setup.model, err) != 0) {
         if (local && fsdp_on(t)) free(local);

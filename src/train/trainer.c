@@ -95,6 +95,7 @@ static int train_loop(trainer *t, const train_options *opt, ct_error *err) {
         const int64_t n = t->state.step - start_step - (t->state.step - start_step > 1);
         if (n > 0) ops_profile_print(t->log, (ct_now_s() - t_profile) / (double)n, (int)n);
     }
+    trainer_log_comm_volume(t, t->state.step - start_step);
     t->d->timeout_s = c->comm.checkpoint_timeout_seconds;
     if (c->checkpoint.last_save_in_hf && trainer_export_final(t, err) != 0) return -1;
     return 0;

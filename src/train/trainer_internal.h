@@ -90,6 +90,8 @@ int trainer_validate(trainer *t, ct_error *err);
 void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, double *t_log,
                          int64_t *steps_since_log, double comm_since_log[2], int64_t start_step,
                          int64_t skipped_total);
+// At the end of a multi-rank run: rank 0's bytes per step of each kind of collective.
+void trainer_log_comm_volume(trainer *t, int64_t steps);
 
 // trainer_checkpoint.c. Returns 1 when resumed, 0 when there is nothing to resume, -1 on error.
 int trainer_resume(trainer *t, ct_error *err);

@@ -103,3 +103,35 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
     *steps_since_log = 0;
     comm_since_log[0] = comm_since_log[1] = 0;
 }
+
+// At the end of a multi-rank run, rank 0's payload bytes per step of each collective kind (see
+// the counters in strategy.h, fsdp.h, grad_sync.h): what bench/parallel.py sets beside its
+// formula.
+void trainer_log_comm_volume(trainer *t, int64_t steps) {
+    if (t->world->size == 1 || steps <= 0 || !is_root(t)) return;
+    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_tp ? t->strat.tp.dp : vt;
+    const double n = (double)steps;
+    char buf[512] = "";
+    size_t at = 0;
+    if (vt == &strategy_tp) {
+        const double *b = t->strat.tp.bytes;
+        at += (size_t)snprintf(buf, sizeof buf,
+                               "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces "
+                               "%.0f, replicated gradients' all-reduces %.0f",
+                               b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
+    }
+    if (dp == &strategy_fsdp && at < sizeof buf) {
+        const fsdp *f = &t->strat.fsdp;
+        at += (size_t)snprintf(buf + at, sizeof buf - at,
+                               "; FSDP gathers %.0f, reduce-scatters %.0f, replica all-reduces "
+                               "%.0f",
+                               f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
+    } else if (t->d->size > 1 && at < sizeof buf) {
+        snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
+                 t->strat.sync.bytes / n);
+    }
+    fprintf(t->log,
+            "comm volume: bytes per step on rank 0 (each collective's whole buffer, over "
+            "%lld steps)%s\n",
+            (long long)steps, buf);
+}

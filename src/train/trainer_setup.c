@@ -39,25 +39,12 @@ static int setup_parallel(trainer *t, ct_error *err) {
     t->shard_degree = shard;
     const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
     const bool zero1 = !fsdp_on && shard > 1;
-    if (t->tp > 1) {
-        if (zero1)
-            return ct_fail(err,
-                           "parallelism.tensor_parallel_degree = %d with data_parallel_shard_mode "
-                           "= \"zero1\": ZeRO-1 under tensor parallelism is not supported yet; "
-                           "use \"fsdp\" (2D/3D with TP) or data_parallel_replicate_degree = %d",
-                           t->tp, P);
-        // TP checkpoints write and read each TP rank's whole local model; under FSDP a rank
-        // holds only its shard's pieces of it.
-        if (fsdp_on && (c->checkpoint.enable || (c->checkpoint.initial_load_path[0] &&
-                                                 !c->checkpoint.initial_load_in_hf)))
-            return ct_fail(err,
-                           "parallelism.tensor_parallel_degree = %d with FSDP "
-                           "(data_parallel_shard_degree = %d): checkpoints (checkpoint.enable, "
-                           "a checkpoint as initial_load_path) are not supported yet under TP "
-                           "with FSDP; use DDP over the data-parallel ranks "
-                           "(data_parallel_replicate_degree), or checkpoint.enable = false",
-                           t->tp, shard);
-    }
+    if (t->tp > 1 && zero1)
+        return ct_fail(err,
+                       "parallelism.tensor_parallel_degree = %d with data_parallel_shard_mode = "
+                       "\"zero1\": ZeRO-1 under tensor parallelism is not supported yet; use "
+                       "\"fsdp\" (2D/3D with TP) or data_parallel_replicate_degree = %d",
+                       t->tp, P);
     if (c->lora.rank > 0 && fsdp_on)
         return ct_fail(err,
                        "lora.rank = %d under FSDP (data_parallel_shard_degree = %d, "
