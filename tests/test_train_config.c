@@ -603,6 +603,12 @@ static const struct {
     {"comm.overlap", false},
     {"activation_checkpoint.mode", false}, // bit-identical (test_memory_opts)
     {"activation_checkpoint.selective_ac_option", false},
+    {"lora.rank", true},
+    {"lora.alpha", true},
+    {"lora.dropout", true},
+    {"lora.target_modules", true},
+    {"lora.use_rslora", true},
+    {"lora.adapter_path", false}, // a starting point, as checkpoint.initial_load_path
     {"override.imports", false}, // fp32 rounding only (architecture.md)
     {"override.allow_mismatch", false},
 };

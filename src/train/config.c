@@ -243,7 +243,7 @@ const config_key config_table[] = {
         "or \"all-linear\" (PEFT's default for Qwen3: q_proj, v_proj)"),
     KEY(lora, use_rslora, CONFIG_BOOL, "false", NULL, true,
         "rsLoRA: scaling alpha / sqrt(rank)"),
-    KEY(lora, adapter_path, CONFIG_STR, "", NULL, true,
+    KEY(lora, adapter_path, CONFIG_STR, "", NULL, false,
         "start from this PEFT adapter folder (adapter_config.json + adapter_model.safetensors)"),
 
     KEY(override, imports, CONFIG_LIST, "", NULL, false,
