@@ -155,7 +155,13 @@ def main():
                 with open(os.path.join(work, full, "stdout.log")) as f:
                     text = f.read()
                 if "error" not in res:
-                    res.pop("losses", None)
+                    losses = res.pop("losses")
+                    res["loss_last"] = losses[-1]
+                    base = runs.get("np1", {}).get("_losses")
+                    if base:  # the same global batch: the losses agree to rounding
+                        res["loss_max_rel_diff_vs_np1"] = max(
+                            abs(a - b) / abs(b) for a, b in zip(losses, base))
+                    res["_losses"] = losses
                     res["activations_planned_mib"] = activations_mib(text)
                     meas, want = measured_volume(text, name), formula(model, seq_len, name, r)
                     res["comm_bytes_per_step"] = {
@@ -165,6 +171,8 @@ def main():
                     for k, v in meas.items():  # any the formula does not name
                         res["comm_bytes_per_step"].setdefault(k, {"measured": v})
                 runs[name] = res
+            for res in runs.values():
+                res.pop("_losses", None)
             get = lambda n, k: runs.get(n, {}).get(k)  # noqa: E731
             out[m] = {
                 "model": dict(flavor="debugmodel", vocab=dp.VOCAB, seq_len=seq_len, **model,
