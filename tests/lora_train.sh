@@ -49,6 +49,11 @@ print(len(h), all(k.startswith("base_model.model.model.layers.") and ".lora_" in
 [ "$keys" = "28 True" ] && ok || bad "the checkpoint's model: $keys (expected the 28 adapter tensors)"
 grep -q '"base_xxh64"' "$tmp/a/checkpoint/step-4/state.json" && ok || bad "no base identity in state.json"
 
+# The checkpoint is not a model: export says so in one line.
+out=$("$ct" export --checkpoint "$tmp/a/checkpoint/step-4" --output "$tmp/a-hf" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ "$(grep -c "^ctitan: error: .* is a LoRA run's checkpoint" <<<"$out")" -eq 1 ] &&
+  ok || bad "export of a LoRA checkpoint: rc $rc: $out"
+
 # Resume from step 2: the same bits at step 4.
 mkdir -p "$tmp/b" && cp -r "$tmp/a/checkpoint" "$tmp/b/" && rm -rf "$tmp/b/checkpoint/step-4"
 run 1 "$tmp/b" --training.steps 4 --training.local_batch_size 2 --checkpoint.interval 2 \
