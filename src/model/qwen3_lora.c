@@ -213,7 +213,7 @@ static const float *branch_input(const qwen3_model *m, int l, lora_module md, co
         m->ops->bf16_to_f32(lo->xd, x16, n);
         x = lo->xd;
     }
-    if (lo->L.lc.dropout > 0.0f) {
+    if (lo->training && lo->L.lc.dropout > 0.0f) {
         m->ops->lora_dropout(lo->xd, x, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
         x = lo->xd;
     }
@@ -243,7 +243,7 @@ void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx,
     m->ops->lora_backward(lo->dx, lo->g + mm->a->offset, lo->g + mm->b->offset, lo->scratch, dy,
                           dy16, ldy, mm->u, xin, lo->w + mm->a->offset, lo->w + mm->b->offset,
                           lo->scale, m->mem_opts.bf16, N, in, r, out);
-    if (lo->L.lc.dropout > 0.0f) // dropout's backward: the same mask and scale on the gradient
+    if (lo->training && lo->L.lc.dropout > 0.0f) // dropout's backward: the same mask and scale
         m->ops->lora_dropout(lo->dx, lo->dx, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
     m->ops->add(dx, dx, lo->dx, (int64_t)n);
 }

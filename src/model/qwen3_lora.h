@@ -27,6 +27,9 @@ typedef struct qwen3_lora {
     // so a recomputation under activation checkpointing and the backward draw the same one. A
     // checkpoint keeps it (with dropout, a resume then draws what the run would have).
     uint64_t forwards;
+    // The last forward was a training one (qwen3_forward_train): dropout applies, as in PEFT's
+    // train mode; a plain qwen3_forward (validation, eval) runs without it, as model.eval().
+    bool training;
     float *w, *g;                            // (L.num) the adapter and its gradients
     qwen3_lora_module (*mod)[LORA_N_MODULES]; // [layer][module]
     // qwen3_plan's: one buffer holding each module's u, then the branch input staged (bf16
