@@ -94,6 +94,14 @@ run 2 "$tmp/zero1" --training.steps 3 --training.local_batch_size 1 --checkpoint
 # (ZeRO-1's gradient norm sums the two shards' squares in another order: measured 3e-16.)
 same "$tmp/zero1" "$tmp/g1" 0 1e-14 0 && ok || bad "ZeRO-1 np2 differs from np1"
 
+# With dropout too: the masks follow each sample's place in the run, not the rank or micro-batch.
+run 1 "$tmp/g1d" --training.steps 3 --training.local_batch_size 1 --training.global_batch_size 2 \
+  --checkpoint.interval 3 "${lora[@]}" --lora.dropout 0.2 && ok || bad "np1 dropout: $(tail -3 "$tmp/g1d.log")"
+run 2 "$tmp/ddpd" --training.steps 3 --training.local_batch_size 1 --checkpoint.interval 3 \
+  --parallelism.data_parallel_replicate_degree 2 "${lora[@]}" --lora.dropout 0.2 && ok ||
+  bad "DDP dropout: $(tail -3 "$tmp/ddpd.log")"
+same "$tmp/ddpd" "$tmp/g1d" 0 0 0 && ok || bad "DDP np2 with dropout differs from np1"
+
 # Refusals, one line each.
 refused() { # NAME PATTERN NP [options]
   local name=$1 pattern=$2 np=$3; shift 3

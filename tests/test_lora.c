@@ -463,7 +463,7 @@ static void check_dropout(const char *ref, const char *name) {
     const int64_t cnt = 200000;
     float *x = malloc(cnt * sizeof *x), *y = malloc(cnt * sizeof *y);
     for (int64_t i = 0; i < cnt; i++) x[i] = 1.0f;
-    ct_ops_cpu.lora_dropout(y, x, cnt, 0.3f, 1234);
+    ct_ops_cpu.lora_dropout(y, x, cnt, 0.3f, 1234, 0);
     int64_t kept = 0, bad = 0;
     for (int64_t i = 0; i < cnt; i++) {
         kept += y[i] != 0.0f;

@@ -764,6 +764,8 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     if (m->lora) { // PEFT's train mode (dropout on) for a training forward, eval mode else
         m->lora->training = head_backward;
         if (head_backward) m->lora->forwards++; // a new mask (recomputations keep this one)
+        m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
+                          (uint64_t)d.T;
     }
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
