@@ -59,9 +59,14 @@ m = re.search(r"activations ([0-9.]+) GiB", out)
 check(m is not None, "no activation estimate in the log")
 acts = float(m.group(1)) * GIB if m else 0.0
 base = n_params * 2
-bound = 1.15 * base + acts
+# The sanitizer build (make check-asan): ASan's allocator and quarantine add their own pages
+# (measured 0.156 GiB over the optimised build's 0.571 GiB here); it gets 0.25 GiB for them.
+cache = os.path.join(os.environ.get("CTITAN_BUILD_DIR", ""), "CMakeCache.txt")
+sanitized = os.path.exists(cache) and "CTITAN_SANITIZE:BOOL=ON" in open(cache).read()
+bound = 1.15 * base + acts + (0.25 * GIB if sanitized else 0)
 print("bf16 LoRA: peak RSS %.3f GiB; base %.3f GiB (bf16), activations %.3f GiB; bound %.3f GiB"
-      " (%.2f of it)" % (rss / GIB, base / GIB, acts / GIB, bound / GIB, rss / bound))
+      " (%.2f of it)%s" % (rss / GIB, base / GIB, acts / GIB, bound / GIB, rss / bound,
+                           " (sanitizer build)" if sanitized else ""))
 check(rss <= bound, "peak RSS %.3f GiB over 1.15 x the bf16 base %.3f GiB + activations %.3f GiB"
       % (rss / GIB, base / GIB, acts / GIB))
 sys.exit(summary())

@@ -49,6 +49,11 @@ print(len(h), all(k.startswith("base_model.model.model.layers.") and ".lora_" in
 [ "$keys" = "28 True" ] && ok || bad "the checkpoint's model: $keys (expected the 28 adapter tensors)"
 grep -q '"base_xxh64"' "$tmp/a/checkpoint/step-4/state.json" && ok || bad "no base identity in state.json"
 
+# The checkpoint is not a model: export says so in one line.
+out=$("$ct" export --checkpoint "$tmp/a/checkpoint/step-4" --output "$tmp/a-hf" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ "$(grep -c "^ctitan: error: .* is a LoRA run's checkpoint" <<<"$out")" -eq 1 ] &&
+  ok || bad "export of a LoRA checkpoint: rc $rc: $out"
+
 # Resume from step 2: the same bits at step 4.
 mkdir -p "$tmp/b" && cp -r "$tmp/a/checkpoint" "$tmp/b/" && rm -rf "$tmp/b/checkpoint/step-4"
 run 1 "$tmp/b" --training.steps 4 --training.local_batch_size 2 --checkpoint.interval 2 \
@@ -88,6 +93,14 @@ run 2 "$tmp/zero1" --training.steps 3 --training.local_batch_size 1 --checkpoint
   bad "ZeRO-1: $(tail -3 "$tmp/zero1.log")"
 # (ZeRO-1's gradient norm sums the two shards' squares in another order: measured 3e-16.)
 same "$tmp/zero1" "$tmp/g1" 0 1e-14 0 && ok || bad "ZeRO-1 np2 differs from np1"
+
+# With dropout too: the masks follow each sample's place in the run, not the rank or micro-batch.
+run 1 "$tmp/g1d" --training.steps 3 --training.local_batch_size 1 --training.global_batch_size 2 \
+  --checkpoint.interval 3 "${lora[@]}" --lora.dropout 0.2 && ok || bad "np1 dropout: $(tail -3 "$tmp/g1d.log")"
+run 2 "$tmp/ddpd" --training.steps 3 --training.local_batch_size 1 --checkpoint.interval 3 \
+  --parallelism.data_parallel_replicate_degree 2 "${lora[@]}" --lora.dropout 0.2 && ok ||
+  bad "DDP dropout: $(tail -3 "$tmp/ddpd.log")"
+same "$tmp/ddpd" "$tmp/g1d" 0 0 0 && ok || bad "DDP np2 with dropout differs from np1"
 
 # Refusals, one line each.
 refused() { # NAME PATTERN NP [options]

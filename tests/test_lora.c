@@ -441,11 +441,29 @@ static void check_dropout(const char *ref, const char *name) {
     }
     if (r0 == 0) qwen3_free(&m0);
     if (r1 == 0) qwen3_free(&m1);
+    // Evaluation (a plain forward) runs without dropout, as PEFT's model.eval(): B != 0 here.
+    r0 = build(&m0, dir, &c, &ct_ops_cpu, &opts, &none, false, &err);
+    r1 = build(&m1, dir, &c, &ct_ops_cpu, &opts, &lc, false, &err);
+    CHECK(r0 == 0 && r1 == 0, "%s", err.msg);
+    if (r0 == 0 && r1 == 0) {
+        const size_t N = (size_t)c.B * c.T;
+        int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+        char tokens[4096];
+        snprintf(tokens, sizeof tokens, "%s/tokens.npy", dir);
+        if (step_batch(in, tg, tokens, &c, 0, m0.cfg.vocab_size, &err) == 0) {
+            const qwen3_batch b = {.inputs = in, .targets = tg};
+            const double a = qwen3_forward(&m0, &b, NULL), e = qwen3_forward(&m1, &b, NULL);
+            CHECK(a == e, "%s: an evaluation forward applies dropout (%.9g vs %.9g)", name, e, a);
+        }
+        free(in), free(tg);
+    }
+    if (r0 == 0) qwen3_free(&m0);
+    if (r1 == 0) qwen3_free(&m1);
     // The op itself.
     const int64_t cnt = 200000;
     float *x = malloc(cnt * sizeof *x), *y = malloc(cnt * sizeof *y);
     for (int64_t i = 0; i < cnt; i++) x[i] = 1.0f;
-    ct_ops_cpu.lora_dropout(y, x, cnt, 0.3f, 1234);
+    ct_ops_cpu.lora_dropout(y, x, cnt, 0.3f, 1234, 0);
     int64_t kept = 0, bad = 0;
     for (int64_t i = 0; i < cnt; i++) {
         kept += y[i] != 0.0f;

@@ -267,6 +267,15 @@ static int match_tensors(const st_file *f, const qwen3_model *m, ct_error *err) 
 // The model matches m (else -1: another architecture); with `moments`, the shards cover its
 // parameters (else corrupt: the model matched, so state.json's shard list is wrong).
 int ckpt_view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_error *err) {
+    // A LoRA run's checkpoint holds its adapter (PEFT's keys), which only a LoRA model's trained
+    // table (qwen3_trained) takes.
+    const bool adapter = m->n_params > 0 && strncmp(m->params[0].name, "base_model.model.", 17) == 0;
+    if (v->s.st.lora_base_hash && !adapter)
+        return ct_fail(err,
+                       "%s is a LoRA run's checkpoint: it holds the adapter (PEFT's keys), not the "
+                       "model; resume it with its [lora] config (exporting an adapter, or the "
+                       "model merged with it, is not supported yet)",
+                       v->dir);
     if (v->s.model.n == 0 && match_tensors(&v->model, m, err) != 0) return -1;
     if (v->s.model.n > 0 && v->s.total != m->num_params)
         return ct_fail(err,

@@ -183,12 +183,16 @@ static int eval_loop(eval_run *r, const ct_config *c, int64_t want_steps, eval_t
         for (int a = 0; a < G / B; a++) {
             const uint64_t first = (uint64_t)s * G + (uint64_t)a * B;
             if (read_micro(r, B, T, first, limit, err) != 0) return -1;
-            const qwen3_batch batch = {r->inputs, r->targets, r->positions, false};
+            const qwen3_batch batch = {.inputs = r->inputs, .targets = r->targets,
+                                       .positions = r->positions};
             if (qwen3_batch_check(&r->m, &batch, B, err) != 0)
                 return ct_wrap(err, "%s, step %lld", c->training.dataset_path, (long long)s + 1);
             int64_t n = 0;
             sum +=
-                qwen3_forward(&r->m, &(qwen3_batch){r->inputs, r->targets, r->positions, true}, &n);
+                qwen3_forward(&r->m,
+                              &(qwen3_batch){.inputs = r->inputs, .targets = r->targets,
+                                             .positions = r->positions, .checked = true},
+                              &n);
             valid += n;
             if (moe_balance_forward_end(&r->balance, err) != 0) return -1;
             aux += moe_balance_aux(&r->balance);

@@ -241,7 +241,8 @@ static int verify_run(verify_result *res, qwen3_model *m, hf_load_report *rep, r
     if (rc != 0) goto done;
 
     double t0 = ct_now_s();
-    qwen3_batch batch = {inputs, targets, positions, false}; // positions: block_causal only
+    // positions: block_causal only
+    qwen3_batch batch = {.inputs = inputs, .targets = targets, .positions = positions};
     if ((rc = qwen3_batch_check(m, &batch, B, err)) != 0) goto done;
     batch.checked = true; // the forward need not check again
     double loss_sum = qwen3_forward(m, &batch, &res->n_valid);

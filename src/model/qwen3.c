@@ -761,7 +761,12 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     ct_backend *be = m->be;
     be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
     take_docs(m, batch->positions);
-    if (m->lora) m->lora->forwards++; // a new dropout mask (recomputations keep this one)
+    if (m->lora) { // PEFT's train mode (dropout on) for a training forward, eval mode else
+        m->lora->training = head_backward;
+        if (head_backward) m->lora->forwards++; // a new mask (recomputations keep this one)
+        m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
+                          (uint64_t)d.T;
+    }
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);

@@ -322,6 +322,11 @@ typedef struct qwen3_batch {
     // and agrees with the other ranks on the outcome, before its first forward): the forward
     // does not check them again. false: the forward checks.
     bool checked;
+    // LoRA dropout's key (model/qwen3_lora.h): with `sampled`, row b is the run's global sample
+    // sample0 + b, and its masks depend on that index only (so ranks and micro-batches that
+    // split a step draw what one process draws); without, on the count of training forwards.
+    bool sampled;
+    uint64_t sample0;
 } qwen3_batch;
 
 // Checks `rows` rows of T tokens (after qwen3_plan; rows may span several forwards' B rows):

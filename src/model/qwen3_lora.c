@@ -199,10 +199,11 @@ int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err) {
     return 0;
 }
 
-// The dropout mask's seed for this forward's (layer, module).
+// The dropout masks of (layer, module): one sequence, element j of the forward's token n drawing
+// number (token0 + n) * in + j of it, so a mask depends on the token's place in the run only (a
+// recomputation and the backward draw the same one; so do the ranks of a step, or a resume).
 static uint64_t mask_seed(const qwen3_lora *lo, int l, lora_module md) {
-    return ct_splitmix64_at(lo->seed ^ (lo->forwards * 0x9E3779B97F4A7C15ull),
-                            (uint64_t)l * LORA_N_MODULES + (uint64_t)md);
+    return ct_splitmix64_at(lo->seed, (uint64_t)l * LORA_N_MODULES + (uint64_t)md);
 }
 
 // The branch's input: x, or (bf16) x16 widened, then through dropout, staged in lo->xd.
@@ -213,8 +214,10 @@ static const float *branch_input(const qwen3_model *m, int l, lora_module md, co
         m->ops->bf16_to_f32(lo->xd, x16, n);
         x = lo->xd;
     }
-    if (lo->L.lc.dropout > 0.0f) {
-        m->ops->lora_dropout(lo->xd, x, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
+    if (lo->training && lo->L.lc.dropout > 0.0f) {
+        const uint64_t in = n / (uint64_t)m->B / (uint64_t)m->T;
+        m->ops->lora_dropout(lo->xd, x, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md),
+                             lo->token0 * in);
         x = lo->xd;
     }
     return x;
@@ -243,8 +246,9 @@ void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx,
     m->ops->lora_backward(lo->dx, lo->g + mm->a->offset, lo->g + mm->b->offset, lo->scratch, dy,
                           dy16, ldy, mm->u, xin, lo->w + mm->a->offset, lo->w + mm->b->offset,
                           lo->scale, m->mem_opts.bf16, N, in, r, out);
-    if (lo->L.lc.dropout > 0.0f) // dropout's backward: the same mask and scale on the gradient
-        m->ops->lora_dropout(lo->dx, lo->dx, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md));
+    if (lo->training && lo->L.lc.dropout > 0.0f) // dropout's backward: the same mask and scale
+        m->ops->lora_dropout(lo->dx, lo->dx, (int64_t)n, lo->L.lc.dropout, mask_seed(lo, l, md),
+                             lo->token0 * (uint64_t)in);
     m->ops->add(dx, dx, lo->dx, (int64_t)n);
 }
 

@@ -23,10 +23,15 @@ typedef struct qwen3_lora {
     lora_layout L;
     float scale;   // lora_scale
     uint64_t seed; // the dropout masks' (qwen3_lora_init_random, or set by the caller)
-    // Forwards run so far: mask k of a forward is drawn from (seed, this count, layer, module),
-    // so a recomputation under activation checkpointing and the backward draw the same one. A
-    // checkpoint keeps it (with dropout, a resume then draws what the run would have).
+    // Training forwards run so far (the masks' key when a batch names no samples). A checkpoint
+    // keeps it.
     uint64_t forwards;
+    // The dropout masks' key of the last forward: token n of it is token token0 + n of the
+    // run's stream of samples (qwen3_batch.sample0 x T, or the forward count x N).
+    uint64_t token0;
+    // The last forward was a training one (qwen3_forward_train): dropout applies, as in PEFT's
+    // train mode; a plain qwen3_forward (validation, eval) runs without it, as model.eval().
+    bool training;
     float *w, *g;                            // (L.num) the adapter and its gradients
     qwen3_lora_module (*mod)[LORA_N_MODULES]; // [layer][module]
     // qwen3_plan's: one buffer holding each module's u, then the branch input staged (bf16

@@ -107,9 +107,11 @@ void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const fl
     if (bf16) round_inplace(dx, (size_t)N * in);
 }
 
-void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed) {
+void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed,
+                      uint64_t first) {
     const float keep_scale = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
-        out[i] = ct_splitmix64_uniform_at(seed, (uint64_t)i) < (double)p ? 0.0f : x[i] * keep_scale;
+        out[i] = ct_splitmix64_uniform_at(seed, first + (uint64_t)i) < (double)p ? 0.0f
+                                                                                 : x[i] * keep_scale;
 }

@@ -95,8 +95,8 @@
 //   y NULL) the same block of a bf16-only output. Backward: dx (N, in) = the branch's input
 //   gradient (=, before dropout's), dA, dB +=; dy the output gradient's block (ldy apart), or
 //   dy16. bf16: torch.autocast's arithmetic (lora.c). scratch: ct_lora_scratch_floats floats.
-//   lora_dropout: out(n) = x * (1 / (1 - p)) where draw i of the splitmix64 sequence of `seed`
-//   (core/rng.h) as a uniform in [0, 1) is >= p, else 0; out may alias x. The backward of
+//   lora_dropout: out(n) = x * (1 / (1 - p)) where draw first + i of the splitmix64 sequence of
+//   `seed` (core/rng.h) as a uniform in [0, 1) is >= p, else 0; out may alias x. The backward of
 //   dropout is the same call on the gradient (the same seed keeps the same elements).
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of

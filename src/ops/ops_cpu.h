@@ -97,7 +97,8 @@ void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const fl
                        const uint16_t *dy16, int ldy, const float *u, const float *x,
                        const float *A, const float *B, float scale, bool bf16, int N, int in,
                        int r, int out);
-void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed);
+void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed,
+                      uint64_t first);
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D);
 

@@ -303,7 +303,8 @@ typedef struct ct_adamw_coeffs {
        bool bf16, int N, int in, int r, int out),                                                  \
       (dx, dA, dB, scratch, dy, dy16, ldy, u, x, A, B, scale, bf16, N, in, r, out))                \
     X(OWN, lora_dropout, ct_lora_dropout_fn, cpu_lora_dropout, OPT, "lora_dropout", none,          \
-      (float *out, const float *x, int64_t n, float p, uint64_t seed), (out, x, n, p, seed))      \
+      (float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t first),            \
+      (out, x, n, p, seed, first))                                                                 \
     X(OWN, attention_decode, ct_attention_decode_fn, cpu_attention_decode, ALL,                    \
       "attention_decode", forward,                                                                 \
       (float *out, float *scratch, const float *q, const float *k, const float *v, int T, int NH,  \

@@ -185,6 +185,9 @@ int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shar
 }
 
 int trainer_export_final(trainer *t, ct_error *err) {
+    // CALL SITE: a LoRA run's final export (a PEFT adapter folder from qwen3_trained(&t->model),
+    // whose table has PEFT's keys) goes here once model/peft_adapter.h lands; until then
+    // config_validate.c's check_lora refuses checkpoint.last_save_in_hf with lora.rank > 0.
     int rc = 0;
     if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
         ct_dtype dtype;

@@ -36,7 +36,8 @@ int trainer_validate(trainer *t, ct_error *err) {
         }
         int64_t n = 0;
         // Checked by the forward: data it refuses gives a NaN loss, on every rank after the sum.
-        const qwen3_batch batch = {t->inputs, t->targets, t->positions, false};
+        const qwen3_batch batch = {.inputs = t->inputs, .targets = t->targets,
+                                   .positions = t->positions};
         sum += qwen3_forward(&t->model, &batch, &n);
         valid += (double)n;
     }

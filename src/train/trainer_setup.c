@@ -244,6 +244,9 @@ static int setup_weights(trainer *t, ct_error *err) {
     if (t->model.lora) {
         if (initial_weights(t, err) != 0) return -1;
         qwen3_lora_init_random(&t->model, (uint64_t)c->debug.seed);
+        // CALL SITE (lora.adapter_path, refused by config_validate.c's check_lora until PEFT's
+        // reader, model/peft_adapter.h, lands): read the adapter here, over PEFT's init, into
+        // t->model.lora (qwen3_lora_write, lora_layout order); a resume below then replaces it.
         base = qwen3_lora_base_hash(&t->model);
     }
     if (c->checkpoint.enable) {

@@ -48,7 +48,7 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     }
     if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->setup.model.vocab_size + 7;
     // The step's one check of its inputs (the forwards below trust it: qwen3_batch.checked).
-    const qwen3_batch step = {t->inputs, t->targets, t->positions, false};
+    const qwen3_batch step = {.inputs = t->inputs, .targets = t->targets, .positions = t->positions};
     if (rc == 0) rc = qwen3_batch_check(&t->model, &step, n, err);
     if (rc != 0)
         ct_wrap(err, "training data, step %lld, samples %llu..%llu", (long long)t->state.step + 1,
@@ -89,8 +89,17 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         // A step whose samples train no token (conversations without assistant tokens in
         // them) computes no gradient; it is skipped below.
         const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
-        const qwen3_batch micro = {t->inputs + off, t->targets + off,
-                                   t->positions ? t->positions + off : NULL, true};
+        // Its rows are the step's global samples mine + a*B.. (read_step_samples): LoRA's
+        // dropout masks follow them, whatever the ranks and micro-batches.
+        const uint64_t sample0 = t->state.samples_seen +
+                                 (uint64_t)t->d->rank * (uint64_t)(t->accum * t->B) +
+                                 (uint64_t)a * (uint64_t)t->B;
+        const qwen3_batch micro = {.inputs = t->inputs + off,
+                                   .targets = t->targets + off,
+                                   .positions = t->positions ? t->positions + off : NULL,
+                                   .checked = true,
+                                   .sampled = true,
+                                   .sample0 = sample0};
         loss_sum += qwen3_forward_train(m, &micro, scale, NULL);
         qwen3_backward(m, scale);
         // MoE: the backward had the balance component sum the micro-batch's routing statistics
