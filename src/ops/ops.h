@@ -88,6 +88,14 @@
 //   table's kernel state (SIZE_MAX: it could not), as matmul_bf16_scratch_floats does; the
 //   scratch query, forward and backward take the table first. Not plugin override points: under a
 //   plugin's moe_experts (fp32 by the ABI) the model runs that instead, in fp32.
+// attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
+//   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
+//   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same
+//   positions (Tq == Tk), else every query sees every key. The forward writes out and lse; the
+//   backward takes the merged out and lse of all the queries' chunks, computes di = rowsum(dout
+//   * out) into its scratch di and adds this pair's share into dq, dk and dv. bf16: q, k, v and
+//   dout hold bf16 values, and the tiles round as attention_bf16's. The merge: out, lse (a chunk
+//   so far) and out_b, lse_b (the next) become their union's, in fp32.
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
