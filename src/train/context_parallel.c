@@ -73,7 +73,7 @@ static void hook_sendrecv(void *ctx, const float *send, float *recv, size_t n) {
 
 int cp_setup(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    const int cp = t->cp, P = t->d->size, r = t->d->rank;
+    const int cp = t->cp, P = t->d->size;
     if (t->tp > 1)
         return ct_fail(err,
                        "parallelism.context_parallel_degree = %d with tensor_parallel_degree = %d: "
@@ -99,7 +99,11 @@ int cp_setup(trainer *t, ct_error *err) {
                        "\"sdpa\": ring attention runs flash's tiles (attention_pair); use \"flash\" "
                        "or \"auto\"",
                        cp);
-    return dist_split(t->d, r / cp, r % cp, &t->cpx.group, err);
+    return 0;
+}
+
+int cp_split(trainer *t, ct_error *err) {
+    return dist_split(t->d, t->d->rank / t->cp, t->d->rank % t->cp, &t->cpx.group, err);
 }
 
 int cp_attach(trainer *t, ct_error *err) {

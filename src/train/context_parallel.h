@@ -26,6 +26,8 @@ int cp_dp_size(const trainer *t);
 // Before the strategy: the group, and the refusals (each one line): seq_len % (2 cp), TP,
 // block-causal attention, the sdpa kernel.
 int cp_setup(trainer *t, ct_error *err);
+// After cp_setup succeeded on every rank (a collective): the group.
+int cp_split(trainer *t, ct_error *err);
 // After qwen3_plan: the model's hook.
 int cp_attach(trainer *t, ct_error *err);
 void cp_free(trainer *t);

@@ -374,7 +374,10 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (!t->log) return ct_fail(err, "rank %d: cannot open /dev/null for its log", t->d->rank);
     t->d->timeout_s = c->comm.init_timeout_seconds;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
-    if (t->cp > 1 && cp_setup(t, err) != 0) return -1; // every rank alike: no agreement
+    // A CP refusal every rank meets alike, printed once: agreed over the world.
+    if (t->cp > 1 && dist_agree(t->world, cp_setup(t, err), "the context-parallel setup", err) != 0)
+        return -1;
+    if (t->cp > 1 && cp_split(t, err) != 0) return -1;
     if (tp_agree(t, setup_parallel(t, err), err) != 0) return -1;
     setup_threads(t);
     // First thing after the config: the plugins' parity check forks, which must precede any
