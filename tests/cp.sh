@@ -120,14 +120,6 @@ fails cp_hang "the ring attention's .* did not complete within 5 s" 2 \
   --debug.fault hang --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
 
 # --- refusals: one line each, naming the keys and numbers
-refused() { # NAME PATTERN NP [--key value ...]
-  local name=$1 pattern=$2 np=$3; shift 3
-  if run "$np" "$tmp/$name" "$@"; then bad "$name: the run was not refused"; return; fi
-  local n
-  n=$(grep -c "^ctitan: error" "$tmp/$name.log")
-  if [ "$n" = 1 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then ok; else
-    bad "$name: $n error line(s): $(grep '^ctitan: error' "$tmp/$name.log" | head -2)"; fi
-}
 refused seq_len "training.seq_len = 66 is not a multiple of 2 \* parallelism.context_parallel_degree = 4" \
   2 --parallelism.context_parallel_degree 2 --training.seq_len 66
 refused ranks "context_parallel_degree = 2 does not divide the 3 ranks" 3 \
