@@ -148,13 +148,16 @@ typedef struct qwen3_tp {
 typedef struct qwen3_cp {
     int rank, size;
     bool ring; // context_parallel_rotate_method "alltoall": pass along the ring; else "allgather"
-    // Over the group, blocks of n floats, each blocking; a failure is kept by the strategy (ctx)
-    // and reported after the step's backward (the later calls of the step then do nothing).
-    // gather: in place, every rank's block r lands at buf + r*n (this rank's is there already);
-    // sendrecv: send(n) to rank + 1, recv(n) from rank - 1; alltoall: block q of send goes to
-    // rank q, block q of recv comes from rank q.
+    // Over the group, blocks of n floats; a failure is kept by the strategy (ctx) and reported
+    // after the step's backward (the later calls of the step then do nothing). gather: in place,
+    // every rank's block r lands at buf + r*n (this rank's is there already); alltoall: block q of
+    // send goes to rank q, block q of recv comes from rank q; both blocking. sendrecv starts
+    // send(n) to rank + 1 and recv(n) from rank - 1 (tag: which of a step's messages, 0..3) and
+    // returns at once, so the ring's transfers run behind the pairs' compute; wait completes
+    // every one started (the buffers are in use until then).
     void (*gather)(void *ctx, float *buf, size_t n);
-    void (*sendrecv)(void *ctx, const float *send, float *recv, size_t n);
+    void (*sendrecv)(void *ctx, const float *send, float *recv, size_t n, int tag);
+    void (*wait)(void *ctx);
     void (*alltoall)(void *ctx, const float *send, float *recv, size_t n);
     void *ctx;
 } qwen3_cp;

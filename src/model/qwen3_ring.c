@@ -116,11 +116,13 @@ void qwen3_ring_forward(const qwen3_model *m, qwen3_layer_acts *a, bool bf16) {
         }
         return;
     }
-    float *cur = kv, *next = kv + blk; // step i holds rank (r - i)'s, receives (r - i - 1)'s
+    // Step i holds rank (r - i)'s keys and passes them on while it computes with them.
+    float *cur = kv, *next = kv + blk;
     own_kv(&g, a, cur);
     for (int i = 0; i < g.P; i++) {
-        if (i + 1 < g.P) cp->sendrecv(cp->ctx, cur, next, blk);
+        if (i + 1 < g.P) cp->sendrecv(cp->ctx, cur, next, blk, 0);
         step_forward(&g, a, cur, (g.r - i + g.P) % g.P, i);
+        if (i + 1 < g.P) cp->wait(cp->ctx);
         float *t = cur;
         cur = next, next = t;
     }
@@ -155,18 +157,20 @@ void qwen3_ring_backward(const qwen3_model *m, const qwen3_layer_acts *a, qwen3_
     }
     // Two slots of dK|dV|K|V travelling together, and this rank's share of the one at hand: the
     // share of rank src's gradient leaves rank src (r - i) first, so it is summed from src on.
+    // The keys go on at the start of a step (behind its compute), the gradient after it; the
+    // last step only returns the gradient to its owner (rank r + 1's is its own).
     float *cur = s->cp_kv, *next = cur + 2 * blk, *share = next + 2 * blk;
     own_kv(&g, a, cur + blk);
     for (int i = 0; i < g.P; i++) {
+        if (i + 1 < g.P) cp->sendrecv(cp->ctx, cur + blk, next + blk, blk, 1);
         be->zero(be, share, blk * sizeof(float));
         step_backward(&g, a, s, cur + blk, share, (g.r - i + g.P) % g.P);
         if (i == 0)
             be->copy(be, cur, share, blk * sizeof(float));
         else
             be->accumulate(be, cur, CT_COMM_F32, share, CT_COMM_F32, blk);
-        // The last step returns the gradient to its owner (rank r + 1's is its own); the keys
-        // need not travel.
-        cp->sendrecv(cp->ctx, cur, next, i + 1 < g.P ? 2 * blk : blk);
+        cp->sendrecv(cp->ctx, cur, next, blk, 2);
+        cp->wait(cp->ctx);
         float *t = cur;
         cur = next, next = t;
     }

@@ -57,18 +57,33 @@ static void hook_alltoall(void *ctx, const float *send, float *recv, size_t n) {
 
 enum { CP_TAG = 3200 };
 
-static void hook_sendrecv(void *ctx, const float *send, float *recv, size_t n) {
+static void hook_sendrecv(void *ctx, const float *send, float *recv, size_t n, int tag) {
     trainer *t = ctx;
+    context_parallel *x = &t->cpx;
     if (!cp_start(t)) return;
-    const dist *g = &t->cpx.group;
-    const ct_comm c = dist_comm(g);
+    if (x->n_req + 2 > (int)(sizeof x->req / sizeof *x->req)) {
+        x->failed = true;
+        ct_fail(&x->err, "the ring attention: more than %d transfers in flight",
+                (int)(sizeof x->req / sizeof *x->req));
+        return;
+    }
+    const ct_comm c = dist_comm(&x->group);
     ct_backend *be = t->model.be;
-    ct_request *req[2] = {NULL, NULL};
-    const int next = (g->rank + 1) % g->size, prev = (g->rank + g->size - 1) % g->size;
-    int rc = be->comm_recv(be, &c, recv, (int)n, CT_COMM_F32, prev, CP_TAG, &req[0], &t->cpx.err);
+    const int P = x->group.size, next = (x->group.rank + 1) % P, prev = (x->group.rank + P - 1) % P;
+    int rc = be->comm_recv(be, &c, recv, (int)n, CT_COMM_F32, prev, CP_TAG + tag,
+                           &x->req[x->n_req++], &x->err);
     if (rc == 0)
-        rc = be->comm_send(be, &c, send, (int)n, CT_COMM_F32, next, CP_TAG, &req[1], &t->cpx.err);
-    cp_wait(t, rc, req, 2, "the ring attention's pass along the ring");
+        rc = be->comm_send(be, &c, send, (int)n, CT_COMM_F32, next, CP_TAG + tag,
+                           &x->req[x->n_req++], &x->err);
+    if (rc != 0) x->failed = true;
+}
+
+static void hook_wait(void *ctx) {
+    trainer *t = ctx;
+    context_parallel *x = &t->cpx;
+    if (x->n_req > 0 && !x->failed)
+        cp_wait(t, 0, x->req, x->n_req, "the ring attention's pass along the ring");
+    x->n_req = 0;
 }
 
 int cp_setup(trainer *t, ct_error *err) {
@@ -123,6 +138,7 @@ int cp_attach(trainer *t, ct_error *err) {
                                         "alltoall") == 0,
                          .gather = hook_gather,
                          .sendrecv = hook_sendrecv,
+                         .wait = hook_wait,
                          .alltoall = hook_alltoall,
                          .ctx = t};
     m->cp = &x->hook;
@@ -147,6 +163,7 @@ void cp_shard(const trainer *t, int32_t *x, int n) {
 
 void cp_begin_step(trainer *t) {
     t->cpx.failed = false;
+    t->cpx.n_req = 0;
 }
 
 int cp_status(trainer *t, ct_error *err) {

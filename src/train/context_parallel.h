@@ -18,6 +18,8 @@ typedef struct context_parallel {
     qwen3_cp hook;
     ct_error err; // the first failure of a collective the hook ran (reported after the step)
     bool failed;
+    ct_request *req[8]; // the ring's transfers started and not yet waited for
+    int n_req;
 } context_parallel;
 
 // The data-parallel rank and degree: the ranks of a CP group read the same samples.
