@@ -121,7 +121,7 @@ for line in run(["train", "--help"])[1].splitlines():
 for key in ("profiling.enable_profiling", "metrics.enable_tensorboard", "training.enable_cpu_offload",
             "compile.enable", "checkpoint.enable_first_step_checkpoint"):
     every += ["--" + key, "false"]
-for key in ("context_parallel_degree", "pipeline_parallel_degree"):  # tp is in the table
+for key in ("pipeline_parallel_degree",):  # tp and cp are in the table
     every += ["--parallelism." + key, "1"]
 check(len(every) > 150, "the keys from train --help: %d words" % len(every))
 code, doc, err = check_kernels(example("rope_hf_avx2"), every)

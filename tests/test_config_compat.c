@@ -44,9 +44,9 @@ static void test_torchtitan_files(void) {
                       strcmp(c.training.dataset, "c4") == 0 && c.training.steps == 10 &&
                       isnan(c.lr_scheduler.decay_ratio) && !c.checkpoint.last_save_in_hf),
           "qwen3_0.6b.toml values");
-    // profiling x3, metrics x2, parallelism x1 (tensor_parallel_degree is a ctitan key now),
-    // checkpoint.async_mode, compile x2, float8 x3
-    CHECK(n.n_no_effect == 12 && strstr(n.no_effect, "quantize.linear.float8.filter_fqns") &&
+    // profiling x3, metrics x2, checkpoint.async_mode, compile x2, float8 x3
+    // (tensor_parallel_degree and context_parallel_degree are ctitan keys now)
+    CHECK(n.n_no_effect == 11 && strstr(n.no_effect, "quantize.linear.float8.filter_fqns") &&
               strstr(n.no_effect, "compile.enable"),
           "noted %d: %s", n.n_no_effect, n.no_effect);
 

@@ -593,6 +593,8 @@ static const struct {
     {"parallelism.data_parallel_shard_degree", false}, // any layout resumes any checkpoint
     {"parallelism.data_parallel_replicate_degree", false},
     {"parallelism.tensor_parallel_degree", false},
+    {"parallelism.context_parallel_degree", false}, // a CP checkpoint resumes at any degree
+    {"parallelism.context_parallel_rotate_method", false}, // bit-identical (tests/cp.sh)
     {"parallelism.data_parallel_shard_mode", false},
     {"parallelism.fsdp_reshard_after_forward", false}, // bit-identical (tests/fsdp.sh)
     {"parallelism.threads_per_rank", false},           // BLAS rounding only

@@ -17,7 +17,7 @@ rows() { grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null || echo 0; }
 
 # qwen3_0.6b.toml: the 0.6B flavor cut to debugmodel; hf_assets_path gives the tokenizer.
 for f in qwen3_0.6b qwen3_moe_debug; do
-  flavor=debugmodel inert=12 # qwen3_moe_debug also has async TP and two expert degrees
+  flavor=debugmodel inert=11 # qwen3_moe_debug also has async TP and two expert degrees
   [ $f = qwen3_moe_debug ] && flavor=debugmodel_moe inert=14
   "$ct" train --config "$tt/$f.toml" --model.flavor $flavor --model.hf_assets_path "$tokdir" \
     --training.dataset_path "$text" "${size[@]}" --job.dump_folder "$tmp/$f" >"$tmp/$f.log" 2>&1 \
@@ -47,7 +47,7 @@ hf=$CTITAN_REF_DIR/train/const_clip_tied_bias
 grep -q "^model: $hf/hf" "$tmp/tf.log" && ok || bad "not trained on the folder: $(grep '^model:' "$tmp/tf.log")"
 
 # Several problems in one file: all reported, one line each, before anything runs.
-printf '[training]\nstpes = 3\nseq_len = "x"\n[parallelism]\ncontext_parallel_degree = 2\n' >"$tmp/bad.toml"
+printf '[training]\nstpes = 3\nseq_len = "x"\n[parallelism]\npipeline_parallel_degree = 2\n' >"$tmp/bad.toml"
 out=$("$ct" train --config "$tmp/bad.toml" --training.dataset_path "$text" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && [ "$(grep -c '^ctitan: error:' <<<"$out")" -eq 3 ] && ok ||
   bad "three problems, three lines (rc $rc): $out"

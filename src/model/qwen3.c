@@ -129,7 +129,7 @@ typedef struct rope_rows {
 } rope_rows;
 
 static rope_rows rope_of(const qwen3_acts *s, qwen3_dims d) {
-    if (s->n_docs) return (rope_rows){s->pos_cos, s->pos_sin, 1, d.N};
+    if (s->n_docs || s->cp_rows >= 0) return (rope_rows){s->pos_cos, s->pos_sin, 1, d.N};
     return (rope_rows){s->rope_cos, s->rope_sin, d.B, d.T};
 }
 
@@ -165,6 +165,10 @@ static void attention_forward(const qwen3_model *m, qwen3_layer_acts *a, const q
                                  kv.v_all, p->pos + t + 1, d.NH, d.NKV, d.D);
         return;
     }
+    if (m->cp) {
+        qwen3_ring_forward(m, a, attention_in_bf16(m));
+        return;
+    }
     const ct_attention_bf16_forward_fn fwd =
         attention_in_bf16(m) ? op->attention_bf16_forward : op->attention_forward;
     if (!p->n_docs) {
@@ -185,6 +189,10 @@ static void attention_backward_docs(const qwen3_model *m, const qwen3_layer_acts
                                     qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
+    if (m->cp) {
+        qwen3_ring_backward(m, a, s, attention_in_bf16(m));
+        return;
+    }
     const ct_attention_bf16_backward_fn bwd =
         attention_in_bf16(m) ? op->attention_bf16_backward : op->attention_backward;
     if (!s->n_docs) {
@@ -767,6 +775,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
         m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
                           (uint64_t)d.T;
     }
+    if (m->cp) qwen3_cp_rope_rows(m);
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     unit_event(m, 0, QWEN3_UNIT_FORWARD);

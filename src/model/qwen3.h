@@ -75,6 +75,12 @@ typedef struct qwen3_memory_opts {
     // gradient, the norms' rstd) are planned for N / sp rows; the GEMMs' gathered inputs and
     // everything after them stay N.
     int sp;
+    // Context parallelism (qwen3_cp): the degree (0 or 1: none). The model is planned for its
+    // rank's T = seq_len / cp rows of each sequence (two chunks of T/2, headtail), its RoPE table
+    // for the whole sequence's T * cp positions and each token's own rows of it (by its global
+    // position), a layer's attention state as the ring's lse (B, 2, NH, T/2), and the ring's
+    // buffers (the peers' keys and values, their gradients, a chunk's partial output).
+    int cp;
     // bf16 mixed precision (training.mixed_precision_param = "bfloat16"): every linear layer
     // (q|k|v, o, gate|up, down, the router, lm_head) runs the table's matmul_bf16 kernels on a
     // bf16 copy of the weights (param_bf16, refreshed by qwen3_refresh_bf16) with fp32
@@ -124,6 +130,38 @@ typedef struct qwen3_tp {
     float *ce_max, *ce_sums;
 } qwen3_tp;
 
+// Context parallelism (torchtitan's context_parallel_degree, ring attention), as the model sees
+// it: this rank's place in a CP group of `size` ranks. Each sequence of T * size tokens is cut in
+// 2 * size chunks of T/2 (T: the planned rows), and this rank holds chunks `rank` and
+// 2 * size - 1 - rank ("headtail": every rank gets the same share of the causal work), as rows
+// [0, T/2) and [T/2, T) of each of its B rows; its RoPE rows are those of their global positions.
+// Everything but attention is per token, so only attention meets the other ranks: its queries
+// run against every rank's keys and values (the chunks in their past; the diagonal chunks
+// causal), each pair's output merged by its log-sum-exp in fp32 (attention_lse_merge), in the
+// same order for either rotate method: step i takes the keys of rank (rank - i) mod size, its
+// first chunk, then its second. The backward returns each rank's share of the keys' and values'
+// gradients to their owner, who adds them in the order rank, rank + 1, ... (mod size) for either
+// method. ring: the keys and values travel along the ring (send to rank + 1, receive from
+// rank - 1), one peer's at a time, and their gradients travel with them; else: one all-gather
+// of every rank's keys and values, and one all-to-all of the gradients. The strategy that owns
+// the group (train/context_parallel.c) provides the collectives; the model never sees MPI.
+typedef struct qwen3_cp {
+    int rank, size;
+    bool ring; // context_parallel_rotate_method "alltoall": pass along the ring; else "allgather"
+    // Over the group, blocks of n floats; a failure is kept by the strategy (ctx) and reported
+    // after the step's backward (the later calls of the step then do nothing). gather: in place,
+    // every rank's block r lands at buf + r*n (this rank's is there already); alltoall: block q of
+    // send goes to rank q, block q of recv comes from rank q; both blocking. sendrecv starts
+    // send(n) to rank + 1 and recv(n) from rank - 1 (tag: which of a step's messages, 0..3) and
+    // returns at once, so the ring's transfers run behind the pairs' compute; wait completes
+    // every one started (the buffers are in use until then).
+    void (*gather)(void *ctx, float *buf, size_t n);
+    void (*sendrecv)(void *ctx, const float *send, float *recv, size_t n, int tag);
+    void (*wait)(void *ctx);
+    void (*alltoall)(void *ctx, const float *send, float *recv, size_t n);
+    void *ctx;
+} qwen3_cp;
+
 typedef struct qwen3_model {
     qwen3_config cfg;
     ct_backend *be;    // where every buffer below lives (host code reaches them through it)
@@ -163,6 +201,9 @@ typedef struct qwen3_model {
     // Optional (NULL = one process): tensor parallelism (qwen3_tp above), set by its strategy
     // after qwen3_plan.
     const qwen3_tp *tp;
+    // Optional (NULL = none): context parallelism (qwen3_cp above, mem_opts.cp at qwen3_plan),
+    // set by its strategy after qwen3_plan.
+    const qwen3_cp *cp;
 
     // MoE: n_sparse sparse layers. Optional (NULL = none): the load-balancing component
     // (model/moe_balance.h, attached by moe_balance_init). The forward's routers write their

@@ -94,6 +94,13 @@ typedef struct qwen3_acts {
     // them with docs. pos_cos, pos_sin (N, D/2) then hold each token's rows of the RoPE tables.
     // The lists are host memory, N entries each (the most documents a batch can hold).
     float *pos_cos, *pos_sin;
+    // Context parallelism (mem_opts.cp): pos_cos, pos_sin hold each token's rows at its global
+    // position, filled for rank cp_rows (-1: not yet); the ring's buffers: cp_kv, cp_kv_floats of
+    // peers' keys and values and their gradients; cp_out (N, NH*D) and cp_lse (NH, N), a pair's
+    // output before the merge; cp_di (NH, N), the pair backward's scratch.
+    int cp_rows;
+    float *cp_kv, *cp_out, *cp_lse, *cp_di;
+    size_t cp_kv_floats;
     qwen3_doc *docs, *docs_next;
     int n_docs;
 } qwen3_acts;
@@ -140,6 +147,13 @@ void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const
 // backward computes input gradients only.
 int qwen3_init_frozen(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                       const qwen3_memory_opts *opts, ct_error *err);
+// Context parallelism (qwen3_ring.c, m->cp set): each token's RoPE rows at its global position
+// (pos_cos, pos_sin; once per rank); a layer's ring attention, forward (a->atty and the lse in
+// a->att from a->qr, a->kr, a->v) and backward (s->dq, s->dk, s->dv from s->datty), on the
+// table's attention_pair kernels (bf16: their bf16 rounding).
+void qwen3_cp_rope_rows(qwen3_model *m);
+void qwen3_ring_forward(const qwen3_model *m, qwen3_layer_acts *a, bool bf16);
+void qwen3_ring_backward(const qwen3_model *m, const qwen3_layer_acts *a, qwen3_acts *s, bool bf16);
 
 // Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
 // .bf16_experts.

@@ -197,7 +197,9 @@ static void layer_layout(qwen3_layer_acts *la, carve *cv, const qwen3_config *cf
     take(&la->k_rstd, cv, any, ACT_CHEAP, N * NKV);
     take_act(&la->qr, &la->qr16, bf16, cv, any, ACT_CHEAP, N * NH * D);
     take_act(&la->kr, &la->kr16, bf16, cv, any, ACT_CHEAP, N * NKV * D);
-    take(&la->att, cv, any, ACT_KEPT, ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
+    take(&la->att, cv, any, ACT_KEPT,
+         opts && opts->cp > 1 ? N * NH // the ring's lse
+                              : ops->attention_state_floats(B, T, (int)NH, (int)NKV, (int)D));
     take_act(&la->atty, &la->atty16, bf16, cv, any, ACT_KEPT, N * NH * D);
     // o_proj's output is kept as the residual stream it is added into: the same bytes, and no
     // add to redo. down_proj's (and the experts') is the next layer's resid.
@@ -307,9 +309,21 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         la->recompute = ac;
         la->sparse_index = sparse ? n_sparse++ : -1;
     }
-    a->rope_cos = carve_take(&cv, (size_t)T * D / 2);
-    a->rope_sin = carve_take(&cv, (size_t)T * D / 2);
-    if (opts && opts->block_causal) { // each token's RoPE rows, at its position in its document
+    const size_t cp = opts && opts->cp > 1 ? (size_t)opts->cp : 1;
+    a->rope_cos = carve_take(&cv, cp * T * D / 2); // context parallel: the whole sequence's
+    a->rope_sin = carve_take(&cv, cp * T * D / 2);
+    if (cp > 1) {
+        // The ring's buffers, the larger of the two methods': all-gather, every rank's K|V, then
+        // its share of every rank's dK|dV and the shares it receives (3 cp blocks of 2 KV);
+        // ring, two slots of dK|dV|K|V and this rank's share (10 KV).
+        const size_t KV = N * NKV * D;
+        a->cp_kv_floats = (6 * cp > 10 ? 6 * cp : 10) * KV;
+        a->cp_kv = carve_take(&cv, a->cp_kv_floats);
+        a->cp_out = carve_take(&cv, N * NH * D);
+        a->cp_lse = carve_take(&cv, N * NH);
+        a->cp_di = carve_take(&cv, N * NH);
+    }
+    if ((opts && opts->block_causal) || cp > 1) { // each token's RoPE rows, at its position
         a->pos_cos = carve_take(&cv, N * D / 2);
         a->pos_sin = carve_take(&cv, N * D / 2);
     }
@@ -640,6 +654,11 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        "qwen3_plan: batch %d x seq_len %d x %d experts per token x 2 x "
                        "moe_intermediate_size %d exceeds %d",
                        B, T, c->num_experts_per_tok, c->moe_intermediate_size, INT_MAX);
+    if (m->mem_opts.cp > 1 && (T % 2 != 0 || m->mem_opts.block_causal))
+        return ct_fail(err,
+                       "qwen3_plan: context parallelism needs an even number of rows per rank "
+                       "(two chunks), found %d, and no block-causal attention (%s)",
+                       T, m->mem_opts.block_causal ? "planned" : "none");
     ct_backend *be = m->be;
     if (m->mem_opts.bf16) {
         const int chunk = m->mem_opts.loss_chunk > 0 && m->mem_opts.loss_chunk < B * T
@@ -686,7 +705,9 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
     }
     m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
-    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, T, c, err) != 0) {
+    const int cp = m->mem_opts.cp > 1 ? m->mem_opts.cp : 1;
+    a->cp_rows = -1;
+    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, cp * T, c, err) != 0) {
         model_free_acts(m);
         return ct_wrap(err, "qwen3_plan");
     }

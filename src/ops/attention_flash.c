@@ -39,6 +39,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -213,35 +214,16 @@ static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D, int bf16) 
                                       : (float)(1.0 / sqrt((double)D))};
 }
 
-// Forward of query block qb of head h in batch b: its rows of out and lse.
+static void pair_fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
+                           const float *k, const float *v, int Tk, bool causal, int h, int qb);
+
+// Forward of query block qb of head h in batch b: its rows of out and lse (the causal pair of
+// the batch's sequence with itself).
 static void fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
                       const float *k, const float *v, int b, int h, int qb) {
-    float s[FLASH_ROWS * FLASH_ROWS], m[FLASH_ROWS], l[FLASH_ROWS];
-    const int T = f->T, D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
-    const int r0 = qb * f->nr, r1 = imin(r0 + f->nr, T), nr = r1 - r0;
-    const float *qr = q + ((size_t)b * T + r0) * ldq + (size_t)h * D;
-    const float *kh = k + (size_t)b * T * ldk + (size_t)(h / f->rep) * D;
-    const float *vh = v + (size_t)b * T * ldk + (size_t)(h / f->rep) * D;
-    float *orow = out + ((size_t)b * T + r0) * ldq + (size_t)h * D;
-    for (int c0 = 0; c0 < r1; c0 += f->nc) {
-        const int nc = imin(c0 + f->nc, r1) - c0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
-                    qr, ldq, kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
-        if (f->bf16) round_tile(s, ldt, nr, nc, f->scale);
-        softmax_tile(s, ldt, nr, nc, r0, c0, m, l, orow, ldq, D);
-        if (f->bf16) round_tile(s, ldt, nr, nc, 1.0f);
-        // The first tile overwrites the rows (out need not be initialised), later ones add.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, s, ldt,
-                    vh + (size_t)c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, orow, ldq);
-    }
-    float *lse = lse_all + ((size_t)b * f->NH + h) * T + r0;
-    for (int i = 0; i < nr; i++) {
-        float *o = orow + (size_t)i * ldq;
-        const float inv = 1.0f / l[i];
-#pragma omp simd
-        for (int d = 0; d < D; d++) o[d] *= inv;
-        lse[i] = m[i] + logf(l[i]);
-    }
+    const size_t row = (size_t)b * f->T;
+    pair_fwd_block(f, out + row * f->ldq, lse_all + row * f->NH, q + row * f->ldq,
+                   k + row * f->ldk, v + row * f->ldk, f->T, true, h, qb);
 }
 
 static void flash_forward(float *out, float *state, const float *q, const float *k, const float *v,
@@ -392,4 +374,163 @@ void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *s
                                        const float *q, const float *k, const float *v, int B, int T,
                                        int NH, int NKV, int D) {
     flash_backward(dq, dk, dv, scratch, dout, out, state, q, k, v, B, T, NH, NKV, D, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ring attention's pieces (context parallelism, model/qwen3.c): one chunk of Tq queries against
+// one chunk of Tk keys, with the tiles and the rounding above. `causal`: the chunks are the same
+// positions (Tq == Tk, the diagonal, masked inside its tiles); else every query sees every key
+// (a key chunk wholly in the queries' past). q, out (Tq, NH*D) and k, v (Tk, NKV*D) rows, as
+// the (B,T,...) buffers' rows; lse and di (NH, Tq). The model merges the chunks' outputs by their
+// lse (attention_lse_merge) and runs each pair's backward with the merged out and lse, which is
+// exactly the whole softmax's (its P = exp(S - lse)).
+
+// The row an unmasked tile's queries pass to the masking helpers: past every key.
+#define PAIR_UNMASKED (1 << 28)
+
+static flash_dims pair_dims(int Tq, int Tk, int NH, int NKV, int D, bool bf16) {
+    flash_dims f = flash_dims_of(1, Tq, NH, NKV, D, bf16);
+    f.nkb = (Tk + f.nc - 1) / f.nc;
+    return f;
+}
+
+// Keys [0, end) that query block r0..r1 attends to.
+// (pair_fwd_block is also the whole-sequence forward's block: fwd_block above.)
+static int pair_keys(bool causal, int r1, int Tk) {
+    return causal ? r1 : Tk;
+}
+
+static void pair_fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
+                           const float *k, const float *v, int Tk, bool causal, int h, int qb) {
+    float s[FLASH_ROWS * FLASH_ROWS], m[FLASH_ROWS], l[FLASH_ROWS];
+    const int D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
+    const int r0 = qb * f->nr, r1 = imin(r0 + f->nr, f->T), nr = r1 - r0;
+    const int end = pair_keys(causal, r1, Tk), rm = causal ? r0 : PAIR_UNMASKED;
+    const float *qr = q + (size_t)r0 * ldq + (size_t)h * D;
+    const float *kh = k + (size_t)(h / f->rep) * D, *vh = v + (size_t)(h / f->rep) * D;
+    float *orow = out + (size_t)r0 * ldq + (size_t)h * D;
+    for (int c0 = 0; c0 < end; c0 += f->nc) {
+        const int nc = imin(c0 + f->nc, end) - c0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
+                    qr, ldq, kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
+        if (f->bf16) round_tile(s, ldt, nr, nc, f->scale);
+        softmax_tile(s, ldt, nr, nc, rm, c0, m, l, orow, ldq, D);
+        if (f->bf16) round_tile(s, ldt, nr, nc, 1.0f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, s, ldt,
+                    vh + (size_t)c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, orow, ldq);
+    }
+    float *lse = lse_all + (size_t)h * f->T + r0;
+    for (int i = 0; i < nr; i++) {
+        float *o = orow + (size_t)i * ldq;
+        const float inv = 1.0f / l[i];
+#pragma omp simd
+        for (int d = 0; d < D; d++) o[d] *= inv;
+        lse[i] = m[i] + logf(l[i]);
+    }
+}
+
+void cpu_attention_pair_forward(float *out, float *lse, const float *q, const float *k,
+                                const float *v, int Tq, int Tk, int NH, int NKV, int D,
+                                bool causal, bool bf16) {
+    if (Tq <= 0 || Tk <= 0 || NH <= 0) return;
+    const flash_dims f = pair_dims(Tq, Tk, NH, NKV, D, bf16);
+    const int items = NH * f.nqb;
+#pragma omp parallel for schedule(dynamic, 1) if ((double)NH * Tq * Tk >= FLASH_PAR_MIN)
+    for (int it = 0; it < items; it++)
+        pair_fwd_block(&f, out, lse, q, k, v, Tk, causal, it % NH, f.nqb - 1 - it / NH);
+}
+
+typedef struct pair_bwd {
+    flash_bwd w;
+    int Tk;
+    bool causal;
+} pair_bwd;
+
+// bwd_tile's products for a pair (T is the queries'; keys from c0 up to the mask or Tk): dQ +=
+// dS K when want_dq, dK += dS^T Q and dV += P^T dO when want_dkv. Everything accumulates.
+static void pair_tile(const pair_bwd *p, int h, int qb, int kb, int want_dq, int want_dkv) {
+    float s[FLASH_ROWS * FLASH_ROWS], ds[FLASH_ROWS * FLASH_ROWS];
+    const flash_bwd *w = &p->w;
+    const flash_dims *f = &w->f;
+    const int T = f->T, D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
+    const int r0 = qb * f->nr, nr = imin(r0 + f->nr, T) - r0;
+    const int c0 = kb * f->nc, nc = imin(c0 + f->nc, pair_keys(p->causal, r0 + nr, p->Tk)) - c0;
+    if (nc <= 0) return;
+    const size_t qoff = (size_t)r0 * ldq + (size_t)h * D;
+    const size_t kvoff = (size_t)c0 * ldk + (size_t)(h / f->rep) * D;
+    const size_t roff = (size_t)h * T + r0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
+                w->q + qoff, ldq, w->k + kvoff, ldk, 0.0f, s, ldt);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, 1.0f, w->dout + qoff, ldq,
+                w->v + kvoff, ldk, 0.0f, ds, ldt);
+    if (f->bf16) round_tile(s, ldt, nr, nc, f->scale), round_tile(ds, ldt, nr, nc, 1.0f);
+    grad_tile(s, ds, ldt, nr, nc, p->causal ? r0 : PAIR_UNMASKED, c0, w->lse + roff, w->di + roff,
+              f->scale, f->bf16);
+    if (want_dq)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, ds, ldt,
+                    w->k + kvoff, ldk, 1.0f, w->dq + qoff, ldq);
+    if (want_dkv) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nr, 1.0f, ds, ldt, w->q + qoff,
+                    ldq, 1.0f, w->dk + kvoff, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nr, 1.0f, s, ldt,
+                    w->dout + qoff, ldq, 1.0f, w->dv + kvoff, ldk);
+    }
+}
+
+// The two passes of flash_backward (recomputing the tiles), so that every output element is
+// summed in one order whatever the threads: dK, dV rows of key block kb of group g over the
+// group's heads, then the query blocks; dQ rows of query block qb of head h over the key blocks.
+void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, const float *dout,
+                                 const float *out, const float *lse, const float *q,
+                                 const float *k, const float *v, int Tq, int Tk, int NH, int NKV,
+                                 int D, bool causal, bool bf16) {
+    if (Tq <= 0 || Tk <= 0 || NH <= 0) return;
+    const pair_bwd p = {{pair_dims(Tq, Tk, NH, NKV, D, bf16), dq, dk, dv, di, dout, lse, q, k, v},
+                        Tk, causal};
+    const flash_dims *f = &p.w.f;
+    const int par = (double)NH * Tq * Tk >= FLASH_PAR_MIN;
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)NH * Tq; r++) {
+            const int t = (int)(r % Tq), h = (int)(r / Tq);
+            const size_t off = (size_t)t * f->ldq + (size_t)h * D;
+            double dot = 0.0;
+            for (int d = 0; d < D; d++) dot += (double)dout[off + d] * out[off + d];
+            di[r] = (float)dot;
+        }
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int it = 0; it < NKV * f->nkb; it++) {
+            const int g = it % NKV, kb = it / NKV;
+            for (int h = g * f->rep; h < (g + 1) * f->rep; h++)
+                for (int qb = causal ? kb * f->nc / f->nr : 0; qb < f->nqb; qb++)
+                    pair_tile(&p, h, qb, kb, 0, 1);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < NH * f->nqb; it++) {
+            const int h = it % NH, qb = f->nqb - 1 - it / NH;
+            for (int kb = 0; kb < f->nkb; kb++) pair_tile(&p, h, qb, kb, 1, 0);
+        }
+    }
+}
+
+// Two chunks' attention of the same queries merged (torchtitan's ring merge, in fp32):
+// out -= sigmoid(lse_b - lse) (out - out_b), lse -= logsigmoid(lse - lse_b), per query and head.
+CPU_SIMD_CLONES
+void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const float *lse_b, int T,
+                             int NH, int D) {
+    const size_t ld = (size_t)NH * D;
+#pragma omp parallel for schedule(static) if ((double)T * NH * D >= 1 << 20)
+    for (int h = 0; h < NH; h++) {
+        for (int t = 0; t < T; t++) {
+            const float a = lse[(size_t)h * T + t], b = lse_b[(size_t)h * T + t];
+            const float w = 1.0f / (1.0f + expf(a - b)); // sigmoid(b - a)
+            float *o = out + (size_t)t * ld + (size_t)h * D;
+            const float *ob = out_b + (size_t)t * ld + (size_t)h * D;
+#pragma omp simd
+            for (int d = 0; d < D; d++) o[d] -= w * (o[d] - ob[d]);
+            // -logsigmoid(a - b) = log(1 + exp(b - a)), written stably
+            lse[(size_t)h * T + t] = a > b ? a + log1pf(expf(b - a)) : b + log1pf(expf(a - b));
+        }
+    }
 }

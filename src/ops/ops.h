@@ -98,6 +98,14 @@
 //   lora_dropout: out(n) = x * (1 / (1 - p)) where draw first + i of the splitmix64 sequence of
 //   `seed` (core/rng.h) as a uniform in [0, 1) is >= p, else 0; out may alias x. The backward of
 //   dropout is the same call on the gradient (the same seed keeps the same elements).
+// attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
+//   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
+//   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same
+//   positions (Tq == Tk), else every query sees every key. The forward writes out and lse; the
+//   backward takes the merged out and lse of all the queries' chunks, computes di = rowsum(dout
+//   * out) into its scratch di and adds this pair's share into dq, dk and dv. bf16: q, k, v and
+//   dout hold bf16 values, and the tiles round as attention_bf16's. The merge: out, lse (a chunk
+//   so far) and out_b, lse_b (the next) become their union's, in fp32.
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,

@@ -196,6 +196,17 @@ void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *s
                                        const float *q, const float *k, const float *v, int B, int T,
                                        int NH, int NKV, int D);
 
+// Ring attention's pieces (context parallelism; attention_flash.c, ops.h's contract).
+void cpu_attention_pair_forward(float *out, float *lse, const float *q, const float *k,
+                                const float *v, int Tq, int Tk, int NH, int NKV, int D,
+                                bool causal, bool bf16);
+void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, const float *dout,
+                                 const float *out, const float *lse, const float *q,
+                                 const float *k, const float *v, int Tq, int Tk, int NH, int NKV,
+                                 int D, bool causal, bool bf16);
+void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const float *lse_b, int T,
+                             int NH, int D);
+
 // The routing (moe_router.h), the reductions (reduce.c) and the optimizer's update
 // (adamw_update.c). host_out: a result the caller reads on the host.
 void cpu_loss_sum(double *host_out, const float *losses, const int32_t *targets, int ignore, int N);

@@ -305,6 +305,21 @@ typedef struct ct_adamw_coeffs {
     X(OWN, lora_dropout, ct_lora_dropout_fn, cpu_lora_dropout, OPT, "lora_dropout", none,          \
       (float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t first),            \
       (out, x, n, p, seed, first))                                                                 \
+    X(OWN, attention_pair_forward, ct_attention_pair_forward_fn, cpu_attention_pair_forward, OPT, \
+      "attention_pair", forward,                                                                   \
+      (float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,    \
+       int NH, int NKV, int D, bool causal, bool bf16),                                            \
+      (out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, bf16))                                       \
+    X(OWN, attention_pair_backward, ct_attention_pair_backward_fn, cpu_attention_pair_backward,   \
+      OPT, "attention_pair", backward,                                                             \
+      (float *dq, float *dk, float *dv, float *di, const float *dout, const float *out,           \
+       const float *lse, const float *q, const float *k, const float *v, int Tq, int Tk, int NH,   \
+       int NKV, int D, bool causal, bool bf16),                                                    \
+      (dq, dk, dv, di, dout, out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, bf16))                 \
+    X(OWN, attention_lse_merge, ct_attention_lse_merge_fn, cpu_attention_lse_merge, OPT,           \
+      "attention_lse_merge", none,                                                                 \
+      (float *out, float *lse, const float *out_b, const float *lse_b, int T, int NH, int D),      \
+      (out, lse, out_b, lse_b, T, NH, D))                                                          \
     X(OWN, attention_decode, ct_attention_decode_fn, cpu_attention_decode, ALL,                    \
       "attention_decode", forward,                                                                 \
       (float *out, float *scratch, const float *q, const float *k, const float *v, int T, int NH,  \
@@ -354,7 +369,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 62, "the op list has 62 entries");
+_Static_assert(CT_OP_COUNT == 65, "the op list has 65 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -202,6 +202,15 @@ const config_key config_table[] = {
         "ranks that split each layer (torchtitan's TP with sequence parallelism and loss "
         "parallel; tp innermost: ranks [k*tp, (k+1)*tp) form a group); dense models, with DDP "
         "(data_parallel_replicate_degree) over the remaining ranks"),
+    KEY(parallelism, context_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "ranks that split each sequence (torchtitan's CP: ring attention over headtail chunks; "
+        "inside data parallelism, outside tp: ranks [k*cp, (k+1)*cp) form a group; FSDP shards "
+        "over dp_shard x cp); seq_len must divide by 2 * cp"),
+    KEY(parallelism, context_parallel_rotate_method, CONFIG_STR, "allgather", "allgather|alltoall",
+        false,
+        "how the ring attention moves keys and values: allgather (all at once, then the "
+        "gradients back by one all-to-all) or alltoall (passed along the ring, one peer's at a "
+        "time, the gradients travelling with them); the same bits"),
     KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
         "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
         "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),

@@ -35,8 +35,6 @@ static const inert_key INERT[] = {
     {"training", "enable_cpu_offload", "false",
      "activation_checkpoint.mode and training.loss_chunk_tokens to save memory"},
     {"parallelism", "enable_async_tensor_parallel", "false", NULL},
-    {"parallelism", "context_parallel_degree", "1",
-     "flash attention (model.attn_backend) and activation checkpointing for long sequences"},
     {"parallelism", "pipeline_parallel_degree", "1",
      "data parallelism: parallelism.data_parallel_shard_degree"},
     {"parallelism", "pipeline_parallel_schedule", NULL, NULL},

@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "train/metrics.h"
 #include "train/run_data.h"
+#include "train/context_parallel.h"
 #include "train/run_setup.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
@@ -33,6 +34,8 @@ typedef struct trainer {
     dist *world;      // every rank (t->d but under TP)
     int tp;           // parallelism.tensor_parallel_degree
     dist tp_group, dp_group; // under TP: this rank's TP group (tp innermost) and its DP group
+    int cp;                  // parallelism.context_parallel_degree
+    context_parallel cpx;    // under CP (cp > 1): its group and the model's hook
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
@@ -47,7 +50,8 @@ typedef struct trainer {
     bool has_val;
     int B, T, accum;           // micro-batch, sequence length, micro-batches per step per rank
     int global_batch;          // sequences per step over all ranks: accum * B * ranks
-    int32_t *inputs, *targets; // (accum*B, T): this rank's samples of the step
+    // (accum*B, T): this rank's samples of the step; under CP, once sharded, (accum*B, T/cp)
+    int32_t *inputs, *targets;
     int32_t *positions;        // (accum*B, T) under model.attn_mask_type = "block_causal"
     train_state state;
     char ckpt_root[4096];

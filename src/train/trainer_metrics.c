@@ -22,7 +22,10 @@ int trainer_validate(trainer *t, ct_error *err) {
     if (c->validation.steps > 0 && (uint64_t)c->validation.steps < batches)
         batches = (uint64_t)c->validation.steps;
     double sum = 0, valid = 0;
-    for (uint64_t b = (uint64_t)t->d->rank; b < batches; b += (uint64_t)t->d->size) {
+    // Under CP a batch is its CP group's, each rank forwarding its chunks of it.
+    const uint64_t dp_rank = (uint64_t)(t->cp > 1 ? cp_dp_rank(t) : t->d->rank);
+    const uint64_t dp_size = (uint64_t)(t->cp > 1 ? cp_dp_size(t) : t->d->size);
+    for (uint64_t b = dp_rank; b < batches; b += dp_size) {
         for (int i = 0; i < t->B; i++) {
             uint64_t w = b * t->B + i;
             size_t off = (size_t)i * t->T;
@@ -33,6 +36,10 @@ int trainer_validate(trainer *t, ct_error *err) {
                 return -1;
             if (w >= total)
                 for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
+        }
+        if (t->cp > 1) {
+            cp_shard(t, t->inputs, t->B);
+            cp_shard(t, t->targets, t->B);
         }
         int64_t n = 0;
         // Checked by the forward: data it refuses gives a NaN loss, on every rank after the sum.

@@ -27,16 +27,19 @@
 // into per-rank micro-batches. The config's -1s are resolved against the rank count here.
 static int setup_parallel(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    int P = t->d->size, rep = c->parallelism.data_parallel_replicate_degree;
+    // Under CP the ranks of a CP group share their samples: the data-parallel degree is P / cp,
+    // and FSDP shards over dp_shard x cp (the CP ranks are FSDP ranks too).
+    int P = t->d->size / t->cp, rep = c->parallelism.data_parallel_replicate_degree;
     int shard = c->parallelism.data_parallel_shard_degree;
     if (shard == -1) shard = P % rep == 0 ? P / rep : -1;
     if (shard < 1 || (int64_t)shard * rep != P)
-        return ct_fail(
-            err,
-            "parallelism.data_parallel_shard_degree (%d) * data_parallel_replicate_degree "
-            "(%d) must equal the number of ranks, %d",
-            c->parallelism.data_parallel_shard_degree, rep, P);
-    t->shard_degree = shard;
+        return ct_fail(err,
+                       "parallelism.data_parallel_shard_degree (%d) * data_parallel_replicate_degree "
+                       "(%d)%s must equal the number of ranks%s, %d",
+                       c->parallelism.data_parallel_shard_degree, rep,
+                       t->cp > 1 ? " * context_parallel_degree" : "", t->cp > 1 ? " / it" : "", P);
+    t->shard_degree = shard * t->cp;
+    shard = t->shard_degree;
     const bool fsdp_on = strcmp(c->parallelism.data_parallel_shard_mode, "fsdp") == 0 && shard > 1;
     const bool zero1 = !fsdp_on && shard > 1;
     if (t->tp > 1 && zero1)
@@ -406,10 +409,15 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (t->tp > 1 && setup_tp_groups(t, err) != 0) return -1;
     t->B = c->training.local_batch_size;
     t->T = c->training.seq_len;
+    t->cp = c->parallelism.context_parallel_degree;
     t->log = is_root(t) ? log : fopen("/dev/null", "w");
     if (!t->log) return ct_fail(err, "rank %d: cannot open /dev/null for its log", t->d->rank);
     t->d->timeout_s = c->comm.init_timeout_seconds;
     snprintf(t->ckpt_root, sizeof t->ckpt_root, "%s/%s", c->job.dump_folder, c->checkpoint.folder);
+    // A CP refusal every rank meets alike, printed once: agreed over the world.
+    if (t->cp > 1 && dist_agree(t->world, cp_setup(t, err), "the context-parallel setup", err) != 0)
+        return -1;
+    if (t->cp > 1 && cp_split(t, err) != 0) return -1;
     if (tp_agree(t, setup_parallel(t, err), err) != 0) return -1;
     setup_threads(t);
     // First thing after the config: the plugins' parity check forks, which must precede any
@@ -418,6 +426,10 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
     qwen3_config mc = t->setup.model; // under TP: this rank's local model
     if (t->tp > 1 && tp_agree(t, tp_local_config(t, &mc, err), err) != 0) return -1;
+    if (t->cp > 1) { // the model holds its T / cp rows of each sequence
+        t->setup.T = t->T / t->cp;
+        t->setup.mem_opts.cp = t->cp;
+    }
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
@@ -440,7 +452,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     fprintf(t->log, "backend: %s\n", be->name);
     t->model.mem_opts = *mo;
     t->model.mem_opts.sp = t->tp; // sequence parallelism: the shard's buffers are N / tp rows
-    if (qwen3_plan(&t->model, t->B, t->T, err) != 0 || setup_moe(t, err) != 0) return -1;
+    if (qwen3_plan(&t->model, t->B, t->T / t->cp, err) != 0 || setup_moe(t, err) != 0) return -1;
     fprintf(t->log,
             "model: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
             "%s, %zu parameters\n",
@@ -465,6 +477,14 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
                 "backward\n",
                 c->activation_checkpoint.mode, n, mc.num_hidden_layers);
     }
+    if (t->cp > 1) {
+        if (cp_attach(t, err) != 0) return -1;
+        fprintf(t->log,
+                "context parallel: %d ranks per sequence, each 2 chunks of %d tokens (headtail), "
+                "ring attention by %s; data parallel over %d\n",
+                t->cp, t->T / (2 * t->cp), c->parallelism.context_parallel_rotate_method,
+                cp_dp_size(t));
+    }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
     t->strat.vt->weights_ready(t);
     if (dist_agree(t->d, setup_data(t, err), "opening the data", err) != 0) return -1;
@@ -486,7 +506,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     fprintf(t->log,
             "batch: %d sequences of %d tokens per step = %d rank(s) x %d micro-batch(es) x %d\n"
             "mfu: against a peak of %.1f GFLOP/s per rank (%s)\n",
-            t->global_batch, t->T, t->d->size, t->accum, t->B, t->peak_gflops, peak_source);
+            t->global_batch, t->T, t->cp > 1 ? cp_dp_size(t) : t->d->size, t->accum, t->B,
+            t->peak_gflops, peak_source);
     // The dump folder changes only now, when nothing can refuse the run any more.
     int rc = is_root(t) ? save_config(t, err) : 0;
     if (dist_agree(t->d, rc, "writing the run's config", err) != 0) return -1;
@@ -508,6 +529,7 @@ void trainer_free(trainer *t) {
     if (t->strat.vt) t->strat.vt->free(t);
     adamw_free(&t->opt);
     moe_balance_free(&t->moe);
+    if (t->cp > 1) cp_free(t);
     qwen3_free(&t->model);
     if (t->tp > 1) {
         t->d = t->world;

@@ -29,9 +29,13 @@ static bool fault_now(const trainer *t, const char *kind) {
 // rank r takes the r-th block of accum*B of them, in order. Checks the token ids and agrees
 // with the other ranks on the outcome; *valid gets the step's count of valid targets over all
 // ranks.
+// Under CP the data-parallel rank's block is its CP group's: each of its ranks reads the same
+// samples, counts their targets before sharding them (rank 0 of the group only, so that the sum
+// counts each token once), and keeps its own two chunks of each.
 static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
     int n = t->accum * t->B;
-    uint64_t g0 = t->state.samples_seen, mine = g0 + (uint64_t)t->d->rank * n;
+    const int dp_rank = t->cp > 1 ? cp_dp_rank(t) : t->d->rank;
+    uint64_t g0 = t->state.samples_seen, mine = g0 + (uint64_t)dp_rank * n;
     uint64_t last = g0 + t->global_batch - 1;
     if (loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, last) ||
         (g0 > 0 && loader_epoch(&t->train_loader, g0) != loader_epoch(&t->train_loader, g0 - 1)))
@@ -46,7 +50,13 @@ static int read_step_samples(trainer *t, int64_t *valid, ct_error *err) {
                            t->positions ? t->positions + off : NULL, mine + i, err);
         for (int j = 0; j < t->T; j++) local += tg[j] != QWEN3_IGNORE_INDEX;
     }
-    if (fault_now(t, "bad_token")) t->inputs[t->T / 2] = t->setup.model.vocab_size + 7;
+    if (t->cp > 1) {
+        if (t->cpx.group.rank != 0) local = 0;
+        if (t->positions) cp_shard(t, t->positions, n);
+        cp_shard(t, t->inputs, n);
+        cp_shard(t, t->targets, n);
+    }
+    if (fault_now(t, "bad_token")) t->inputs[t->T / t->cp / 2] = t->setup.model.vocab_size + 7;
     // The step's one check of its inputs (the forwards below trust it: qwen3_batch.checked).
     const qwen3_batch step = {.inputs = t->inputs, .targets = t->targets, .positions = t->positions};
     if (rc == 0) rc = qwen3_batch_check(&t->model, &step, n, err);
@@ -80,9 +90,10 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
     qwen3_model *m = &t->model;
     const strategy_vt *vt = t->strat.vt;
     vt->begin_step(t);
+    if (t->cp > 1) cp_begin_step(t);
     double loss_sum = 0, aux_sum = 0;
     for (int a = 0; a < t->accum; a++) {
-        size_t off = (size_t)a * t->B * t->T;
+        size_t off = (size_t)a * t->B * (t->T / t->cp); // the model's rows (under CP its shard)
         bool last = a == t->accum - 1;
         vt->begin_micro(t, last);
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
@@ -110,7 +121,7 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         aux_sum += moe_balance_aux(&t->moe);
     }
     double sq;
-    if (vt->grads_final(t, err) != 0 ||
+    if ((t->cp > 1 && cp_status(t, err) != 0) || vt->grads_final(t, err) != 0 ||
         dist_sum(t->d, loss_sum, &loss_sum, "the step's loss", err) != 0 ||
         vt->grad_sq(t, &sq, err) != 0)
         return -1;
@@ -136,6 +147,6 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
     t->state.opt_step = t->opt.step;
     double exposed;
     vt->take_comm(t, &exposed, &r->comm_hidden_s);
-    r->comm_s = t->d->comm_s + exposed;
+    r->comm_s = t->d->comm_s + exposed + (t->cp > 1 ? cp_take_comm(t) : 0.0);
     return 0;
 }

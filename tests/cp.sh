@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Context parallelism (issue 32): ring attention over headtail sequence shards, under real mpirun,
+# against one process on the same global batch: CP=2 (both rotate methods, the same bits), CP=4,
+# CP=2 x FSDP=2, dense and MoE (HF's aux loss, its routing statistics summed over the CP ranks,
+# with full activation checkpointing and 2 micro-batches), bf16 (with op-level checkpointing),
+# seq 1024 (flash's tiles crossed inside each chunk), the weights after the last step compared
+# through the final HF export; a CP=2 checkpoint resumed by one process and by CP=2 (bit for bit);
+# the guarded backend (bit for bit); a hung ring peer; the refusals, one line each.
+set -u
+source "$(dirname "$0")/mpi_test.bash"
+text_run_setup
+# Under the sanitizers (full, mpi_test.bash) one case of each kind: CP=2 both methods, the
+# guarded backend, the hang, the refusals.
+
+# run NP DUMP [--key value ...]: the 2-layer debugmodel, 4 steps of 2 sequences of 64 tokens,
+# 1 thread per rank, the final weights exported to DUMP/hf (FSDP's export streams the last
+# checkpoint, so checkpoints are on).
+run() {
+  local np=$1 dump=$2; shift 2
+  text_train "$np" "$dump" training.seq_len=64 training.local_batch_size=2 \
+    training.global_batch_size=2 checkpoint.enable=true checkpoint.interval=100 \
+    checkpoint.last_save_in_hf=true -- "$@"
+}
+export -f run
+cpn() { local n=$1 dump=$2; shift 2; run "$n" "$dump" --parallelism.context_parallel_degree "$n" "$@"; }
+ring=(--parallelism.context_parallel_rotate_method alltoall)
+# Measured on a 2-core x86-64 (Release), fp32 (cp2, cp4, cp2 x fsdp2, MoE, seq 1024, a CP=2
+# checkpoint resumed by one process): losses rel up to 5.9e-9, grad norms 1.8e-8, weights rel L2
+# 1.6e-8; bounds about 10 times that, within the issue's 1e-6 / 1e-5 / 1e-6.
+tol=(6e-8 2e-7 2e-7)
+
+# Validation (every 2 steps, 3 batches) runs the ring forward on its own batches.
+val=(--validation.enable true --validation.dataset_path "$text" --validation.freq 2
+     --validation.steps 3)
+check "np1" run 1 "$tmp/np1" "${val[@]}"
+check "cp2" cpn 2 "$tmp/cp2" "${val[@]}"
+check "cp2 = np1" same "$tmp/cp2" "$tmp/np1" "${tol[@]}"
+"$CTITAN_PYTHON" - "$tmp/cp2" "$tmp/np1" "${tol[0]}" <<'PY' && ok || bad "cp2's validation losses differ from np1's"
+import json, sys
+v = [[r["val_loss"] for r in map(json.loads, open(d + "/metrics.jsonl")) if "val_loss" in r]
+     for d in sys.argv[1:3]]
+worst = max(abs(a - b) / abs(b) for a, b in zip(*v)) if v[0] and len(v[0]) == len(v[1]) else 1
+print(f"cp2 vs np1 validation: {len(v[0])} losses, rel {worst:.2e}")
+sys.exit(0 if worst <= float(sys.argv[3]) else 1)
+PY
+grep -q "context parallel: 2 ranks per sequence, each 2 chunks of 16 tokens (headtail), ring attention by allgather" \
+  "$tmp/cp2.log" && ok || bad "cp2 log lacks the CP line: $(grep '^context' "$tmp/cp2.log")"
+# The logged loss is the global token-weighted mean (not scaled by cp): the same 4 decimals.
+[ "$(grep -o 'loss  *[0-9.]*' "$tmp/cp2.log")" = "$(grep -o 'loss  *[0-9.]*' "$tmp/np1.log")" ] && ok ||
+  bad "cp2's logged losses differ from np1's"
+check "cp2 alltoall" cpn 2 "$tmp/cp2_ring" "${ring[@]}"
+check "cp2 alltoall = allgather, bit for bit" same "$tmp/cp2_ring" "$tmp/cp2" 0 0 0
+rm -rf "$tmp/cp2_ring" # each run writes ~300 MB (checkpoint and export): freed when compared
+
+if full; then
+check "cp4 alltoall" cpn 4 "$tmp/cp4" "${ring[@]}"
+check "cp4 = np1" same "$tmp/cp4" "$tmp/np1" "${tol[@]}"
+rm -rf "$tmp/cp4"
+# FSDP over dp_shard x cp = 4 ranks; 2 data-parallel groups of one sequence each.
+check "cp2 x fsdp2" run 4 "$tmp/cp2fsdp2" --parallelism.context_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1
+check "cp2 x fsdp2 = np1" same "$tmp/cp2fsdp2" "$tmp/np1" "${tol[@]}"
+grep -q "sharded over 4 ranks" "$tmp/cp2fsdp2.log" && ok ||
+  bad "cp2 x fsdp2 is not FSDP over 4: $(grep '^parallel' "$tmp/cp2fsdp2.log")"
+rm -rf "$tmp/cp2fsdp2"
+
+# MoE (debugmodel_moe: 8 experts of width 128, top-2) with HF's aux loss in the loss, 2
+# micro-batches a step, full activation checkpointing on the CP run (the recomputed forward
+# runs the ring again).
+moe=(--model.flavor debugmodel_moe --model.load_balance hf --model.output_router_logits true
+     --model.router_aux_loss_coef 0.1 --training.global_batch_size 4)
+check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
+check "cp2 moe" cpn 2 "$tmp/cp2_moe" "${moe[@]}" --activation_checkpoint.mode full
+check "cp2 moe = np1" same "$tmp/cp2_moe" "$tmp/np1_moe" "${tol[@]}"
+rm -rf "$tmp/cp2_moe" "$tmp/np1_moe"
+
+# bf16 (the pair kernels round as flash's bf16 kernel), with op-level checkpointing, under ZeRO-1
+# over the CP ranks (FSDP's bf16 gathers would round the norms too, as one process does not).
+bf16=(--training.mixed_precision_param bfloat16)
+# Each chunk pair's output is normalised and rounded to bf16 where one process's flash normalises
+# the row once, so the two differ as bf16 roundings do: measured 7.1e-5, 1.2e-4, 3.3e-5.
+tol16=(7e-4 1.2e-3 3.3e-4)
+check "np1 bf16" run 1 "$tmp/np1_bf16" "${bf16[@]}"
+check "cp2 bf16 zero1" cpn 2 "$tmp/cp2_bf16" "${bf16[@]}" --activation_checkpoint.mode selective \
+  --activation_checkpoint.selective_ac_option op --parallelism.data_parallel_shard_mode zero1
+check "cp2 bf16 = np1 bf16" same "$tmp/cp2_bf16" "$tmp/np1_bf16" "${tol16[@]}"
+rm -rf "$tmp/cp2_bf16" "$tmp/np1_bf16"
+
+# seq 1024: chunks of 256 rows, so each pair runs several 64-row tiles each way.
+long=(--training.seq_len 1024 --training.local_batch_size 1 --training.global_batch_size 1
+      --training.steps 2)
+check "np1 1024" run 1 "$tmp/np1_long" "${long[@]}"
+check "cp2 1024 alltoall" cpn 2 "$tmp/cp2_long" "${long[@]}" "${ring[@]}"
+check "cp2 1024 = np1" same "$tmp/cp2_long" "$tmp/np1_long" "${tol[@]}"
+rm -rf "$tmp/cp2_long" "$tmp/np1_long"
+fi
+
+# --- checkpoints: CP does not change the weights' layout, so a CP=2 checkpoint resumes in one
+# process (to the tolerance) and at CP=2 (bit for bit).
+check "cp2 leg 1" cpn 2 "$tmp/res" --training.steps 2
+rm -rf "$tmp/res_cp2"; cp -r "$tmp/res" "$tmp/res_cp2"
+check "np1 leg 2" run 1 "$tmp/res"
+grep -q "resumed from .*step-2" "$tmp/res.log" && ok || bad "np1 did not resume the CP=2 checkpoint"
+check "cp2 -> np1 = cp2" same "$tmp/res" "$tmp/cp2" "${tol[@]}"
+if full; then
+check "cp2 leg 2" cpn 2 "$tmp/res_cp2"
+check "cp2 -> cp2 = cp2, bit for bit" same "$tmp/res_cp2" "$tmp/cp2" 0 0 0
+fi
+rm -rf "$tmp/res" "$tmp/res_cp2"
+
+# --- the guarded backend: the same CP run, bit for bit
+check "cp2 guarded" cpn 2 "$tmp/cp2_guard" --debug.guard_device_memory true "${ring[@]}"
+check "cp2 guarded = cp2" same "$tmp/cp2_guard" "$tmp/cp2" 0 0 0
+rm -rf "$tmp/cp2_guard" "$tmp/cp2" "$tmp/np1"
+
+# --- a hung ring peer: every rank ends, non-zero, within the comm timeout, the wait named.
+# (ZeRO-1, whose first collective of a step is in the backward, so the ring's wait is first.)
+fails cp_hang "the ring attention's .* did not complete within 5 s" 2 \
+  --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1 \
+  --debug.fault hang --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
+
+# --- refusals: one line each, naming the keys and numbers
+refused seq_len "training.seq_len = 66 is not a multiple of 2 \* parallelism.context_parallel_degree = 4" \
+  2 --parallelism.context_parallel_degree 2 --training.seq_len 66
+refused ranks "context_parallel_degree = 2 does not divide the 3 ranks" 3 \
+  --parallelism.context_parallel_degree 2
+refused tp "context_parallel_degree = 2 with tensor_parallel_degree = 2: .* not supported yet" 4 \
+  --parallelism.context_parallel_degree 2 --parallelism.tensor_parallel_degree 2
+refused block "context_parallel_degree = 2 with model.attn_mask_type = \"block_causal\"" 2 \
+  --parallelism.context_parallel_degree 2 --model.attn_mask_type block_causal
+refused sdpa "context_parallel_degree = 2 with model.attn_backend = \"sdpa\"" 2 \
+  --parallelism.context_parallel_degree 2 --model.attn_backend sdpa
+finish
