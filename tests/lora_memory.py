@@ -12,7 +12,6 @@ Full fine-tuning of the same model would hold fp32 masters, gradients, two AdamW
 bf16 copy: 18 bytes a parameter, 9x the bf16 base, which this bound refuses."""
 import os
 import re
-import subprocess
 import sys
 
 ROOT = os.environ["CTITAN_SOURCE_DIR"]
@@ -20,34 +19,16 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.dont_write_bytecode = True
 from checks import check, summary  # noqa: E402
+from memory_case import dense_folder, peak_rss, token_file  # noqa: E402
 
 BIN, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_TMP"]
 GIB = 1 << 30
 os.makedirs(TMP, exist_ok=True)
 
-g = dict(V=151936, C=1024, L=6, NH=8, NKV=4, D=128, F=2048, eps=1e-6, theta=1000000.0,
-         tied=True, bias=False, dtype="BF16")
-folder = os.path.join(TMP, "model")
-# Written by another process: a child forked from this one would start with its pages.
-subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = %r; import moe; "
-                "moe.write_model(%r, %r, 1234, 2)" % (sys.path[:2], folder, g)], check=True)
-tokens = os.path.join(TMP, "tokens.npy")
-subprocess.run([sys.executable, "-c", "import numpy as np; np.save(%r, np.random.default_rng(1)"
-                ".integers(0, 151643, 4000).astype(np.uint32))" % tokens], check=True)
-n_params = g["V"] * g["C"] + g["L"] * (
-    2 * g["C"] * g["NH"] * g["D"] + 2 * g["C"] * g["NKV"] * g["D"] + 3 * g["C"] * g["F"]
-    + 2 * g["C"] + 2 * g["D"]) + g["C"]
+folder, g, n_params = dense_folder(TMP, 6)
+tokens = token_file(TMP)
 
-
-def peak_rss(args):
-    """Runs ctitan with args; (exit code, its output, its peak RSS in bytes)."""
-    p = subprocess.Popen([BIN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = p.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(p.pid, 0)
-    return os.waitstatus_to_exitcode(status), out, usage.ru_maxrss * 1024
-
-
-rc, out, rss = peak_rss([
+rc, out, rss = peak_rss(BIN, [
     "train", "--model.backend", "hf", "--model.hf_path", folder, "--training.dataset_path",
     tokens, "--training.seq_len", "128", "--training.local_batch_size", "2",
     "--training.steps", "2", "--training.mixed_precision_param", "bfloat16",

@@ -22,34 +22,16 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.dont_write_bytecode = True
 from checks import check, summary  # noqa: E402
+from memory_case import dense_folder, peak_rss, token_file  # noqa: E402
 
 BIN, TMP = os.environ["CTITAN_BIN"], os.environ["CTITAN_TMP"]
 TOK = os.path.join(os.environ["CTITAN_ASSETS_DIR"], "qwen3-tokenizer")
 GIB = 1 << 30
 os.makedirs(TMP, exist_ok=True)
 
-g = dict(V=151936, C=1024, L=2, NH=8, NKV=4, D=128, F=2048, eps=1e-6, theta=1000000.0,
-         tied=True, bias=False, dtype="BF16")
-folder = os.path.join(TMP, "model")
-# Written by another process: a child forked from this one would start with its pages.
-subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = %r; import moe; "
-                "moe.write_model(%r, %r, 1234, 2)" % (sys.path[:2], folder, g)], check=True)
-tokens = os.path.join(TMP, "tokens.npy")
-subprocess.run([sys.executable, "-c", "import numpy as np; np.save(%r, np.random.default_rng(1)"
-                ".integers(0, 151643, 4000).astype(np.uint32))" % tokens], check=True)
-n_params = g["V"] * g["C"] + g["L"] * (
-    2 * g["C"] * g["NH"] * g["D"] + 2 * g["C"] * g["NKV"] * g["D"] + 3 * g["C"] * g["F"]
-    + 2 * g["C"] + 2 * g["D"]) + g["C"]
+folder, g, n_params = dense_folder(TMP, 2)
+tokens = token_file(TMP)
 CACHE = 256
-
-
-def peak_rss(args):
-    """Runs ctitan with args; (exit code, stderr, its peak RSS in bytes)."""
-    p = subprocess.Popen([BIN] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = p.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, err, usage.ru_maxrss * 1024
 
 
 common = ["--model.hf_path", folder, "--model.tokenizer_path", TOK]
@@ -57,7 +39,7 @@ for prec, size in [("bfloat16", 2), ("float32", 4)]:
     weights = n_params * size
     kv = 2 * g["L"] * CACHE * g["NKV"] * g["D"] * 4  # fp32 keys and values
     bound = 1.1 * weights + kv + 0.3 * GIB
-    rc, err, rss = peak_rss(["generate"] + common + [
+    rc, err, rss = peak_rss(BIN, ["generate"] + common + [
         "--prompt", "Hello, world", "--max_new_tokens", "8", "--cache_len", str(CACHE),
         "--training.mixed_precision_param", prec])
     check(rc == 0, "generate %s failed: %s" % (prec, err[-2000:]))
@@ -69,7 +51,7 @@ for prec, size in [("bfloat16", 2), ("float32", 4)]:
     T = 64
     acts = 3 * T * g["V"] * 4
     bound = 1.1 * weights + acts + 0.3 * GIB
-    rc, err, rss = peak_rss(["eval", "--model.backend", "hf"] + common + [
+    rc, err, rss = peak_rss(BIN, ["eval", "--model.backend", "hf"] + common + [
         "--training.dataset_path", tokens, "--training.seq_len", str(T),
         "--training.local_batch_size", "1", "--steps", "1",
         "--training.mixed_precision_param", prec])
