@@ -177,7 +177,12 @@ int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     if (d->rank == failed) shared = *err;
     if (dist_bcast(d, shared.msg, sizeof shared.msg, failed, what, err) != 0) return -1;
     shared.msg[sizeof shared.msg - 1] = '\0';
-    ct_fail(err, "rank %d: %s", failed, shared.msg);
+    // A failure an inner agreement (a group's) already named keeps its one "rank N: ".
+    int named = 0;
+    if (sscanf(shared.msg, "rank %*d: %n", &named) == 0 && named > 0)
+        ct_fail(err, "%s", shared.msg);
+    else
+        ct_fail(err, "rank %d: %s", failed, shared.msg);
     d->failure_agreed = true;
     return -1;
 }
