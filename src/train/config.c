@@ -202,6 +202,13 @@ const config_key config_table[] = {
         "ranks that split each layer (torchtitan's TP with sequence parallelism and loss "
         "parallel; tp innermost: ranks [k*tp, (k+1)*tp) form a group); dense models, with DDP "
         "(data_parallel_replicate_degree) over the remaining ranks"),
+    KEY(parallelism, expert_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "ranks that split each MoE layer's experts (EP: E/ep whole experts each, tokens sent to "
+        "their experts by all-to-all); carved out of the data-parallel ranks, with DDP for the "
+        "other parameters"),
+    KEY(parallelism, expert_tensor_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "TP inside each expert under EP: 1 (torchtitan's two choices are 1 and "
+        "tensor_parallel_degree; EP with TP is not supported yet)"),
     KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
         "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
         "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),

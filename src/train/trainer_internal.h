@@ -33,6 +33,10 @@ typedef struct trainer {
     dist *world;      // every rank (t->d but under TP)
     int tp;           // parallelism.tensor_parallel_degree
     dist tp_group, dp_group; // under TP: this rank's TP group (tp innermost) and its DP group
+    int ep;                  // parallelism.expert_parallel_degree
+    // Under EP: this rank's EP group (ep consecutive data-parallel ranks) and the ranks holding
+    // the same experts (one per EP group).
+    dist ep_group, erep_group;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
