@@ -47,10 +47,10 @@ static void ep_alltoall(void *ctx, const void *send, const int *scounts, const i
 
 static void describe(const trainer *t, char *buf, size_t size) {
     snprintf(buf, size,
-             "expert parallel over %d ranks (%d of %d experts each, tokens by all-to-all); "
-             "replicated non-expert parameters (DDP) over %d, experts over %d",
-             t->ep, t->model.cfg.local_experts, t->model.cfg.num_experts, t->d->size,
-             t->erep_group.size);
+             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts, "
+             "tokens sent by all-to-all); replicated non-expert parameters (DDP) over %d, each "
+             "expert over %d",
+             t->ep, t->ep, t->d->size, t->d->size / t->ep);
 }
 
 // Each layer's kept rows, weights, ids and the expert kernel's state, and the shared buffers.
