@@ -52,6 +52,16 @@ fails() {
     bad "$name: rc $rc after ${took}s: $(grep -v '^step\|^ *$' "$tmp/$name.log" | tail -5)"
   fi
 }
+# refused NAME PATTERN NP [--key value ...]: `run NP $tmp/NAME ...` is refused with exactly one
+# error line, matching PATTERN.
+refused() { # NAME PATTERN NP [--key value ...]
+  local name=$1 pattern=$2 np=$3; shift 3
+  if run "$np" "$tmp/$name" "$@"; then bad "$name: the run was not refused"; return; fi
+  local n
+  n=$(grep -c "^ctitan: error" "$tmp/$name.log")
+  if [ "$n" = 1 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then ok; else
+    bad "$name: $n error line(s): $(grep '^ctitan: error' "$tmp/$name.log" | head -2)"; fi
+}
 # sigusr1 DUMP FILE: SIGUSR1 to mpirun (which forwards it) while `run 2 DUMP` trains reaches every
 # rank: they agree on the step, save it (its folder holds FILE) and exit 138 (128 + SIGUSR1),
 # and so does mpirun; the next run resumes there.

@@ -191,14 +191,6 @@ check "tp2 moe bf16 = np1 bf16" same "$tmp/tp2_moe_bf16" "$tmp/np1_moe_bf16" "${
 fi
 
 # --- refusals: one line each, naming the key and both numbers
-refused() { # NAME PATTERN NP [--key value ...]
-  local name=$1 pattern=$2 np=$3; shift 3
-  if run "$np" "$tmp/$name" "$@"; then bad "$name: the run was not refused"; return; fi
-  local n
-  n=$(grep -c "^ctitan: error" "$tmp/$name.log")
-  if [ "$n" = 1 ] && grep -qE -- "$pattern" "$tmp/$name.log"; then ok; else
-    bad "$name: $n error line(s): $(grep '^ctitan: error' "$tmp/$name.log" | head -2)"; fi
-}
 refused heads "tensor_parallel_degree = 3 does not divide the model's num_attention_heads = 4" 3 \
   --parallelism.tensor_parallel_degree 3 --training.seq_len 30
 if full; then

@@ -389,9 +389,10 @@ static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
     return 0;
 }
 
-// Under TP, a refusal every rank meets alike, printed once (by rank 0): agreed over the world.
+// Under TP or EP, a refusal every rank meets alike, printed once (by rank 0): agreed over the
+// world.
 static int tp_agree(trainer *t, int rc, ct_error *err) {
-    return t->tp > 1 ? dist_agree(t->world, rc, "the tensor-parallel setup", err) : rc;
+    return t->tp > 1 || t->ep > 1 ? dist_agree(t->world, rc, "the parallel setup", err) : rc;
 }
 
 // This rank's local model under TP, and the sequence cut.
@@ -424,7 +425,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
     qwen3_config mc = t->setup.model; // under TP: this rank's local model
     if (t->tp > 1 && tp_agree(t, tp_local_config(t, &mc, err), err) != 0) return -1;
-    if (t->ep > 1 && setup_ep(t, &mc, err) != 0) return -1;
+    if (t->ep > 1 && tp_agree(t, setup_ep(t, &mc, err), err) != 0) return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
