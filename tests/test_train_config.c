@@ -593,6 +593,8 @@ static const struct {
     {"parallelism.data_parallel_shard_degree", false}, // any layout resumes any checkpoint
     {"parallelism.data_parallel_replicate_degree", false},
     {"parallelism.tensor_parallel_degree", false},
+    {"parallelism.expert_parallel_degree", false},
+    {"parallelism.expert_tensor_parallel_degree", false},
     {"parallelism.data_parallel_shard_mode", false},
     {"parallelism.fsdp_reshard_after_forward", false}, // bit-identical (tests/fsdp.sh)
     {"parallelism.threads_per_rank", false},           // BLAS rounding only
