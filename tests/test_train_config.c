@@ -595,6 +595,8 @@ static const struct {
     {"parallelism.tensor_parallel_degree", false},
     {"parallelism.context_parallel_degree", false}, // a CP checkpoint resumes at any degree
     {"parallelism.context_parallel_rotate_method", false}, // bit-identical (tests/cp.sh)
+    {"parallelism.expert_parallel_degree", false},
+    {"parallelism.expert_tensor_parallel_degree", false},
     {"parallelism.data_parallel_shard_mode", false},
     {"parallelism.fsdp_reshard_after_forward", false}, // bit-identical (tests/fsdp.sh)
     {"parallelism.threads_per_rank", false},           // BLAS rounding only

@@ -435,7 +435,9 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
         op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
                             d.N, d.E, d.K);
     float *y = m->tp ? p->part : out;
-    if (qwen3_bf16_experts(&m->mem_opts))
+    if (m->ep)
+        qwen3_ep_forward(m, w, a, y);
+    else if (qwen3_bf16_experts(&m->mem_opts))
         op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
                              a->route_w, bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
@@ -461,7 +463,9 @@ static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *
     const qwen3_dims d = model_dims(m);
     const float *dout = tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
-    if (qwen3_bf16_experts(&m->mem_opts)) {
+    if (m->ep) {
+        qwen3_ep_backward(m, w, g, a, s->dln, s->dweight, dout);
+    } else if (qwen3_bf16_experts(&m->mem_opts)) {
         op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, dout,
                               a->moe_state, a->ln2_16, a->expert, a->route_w,
                               bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);

@@ -161,6 +161,53 @@ typedef struct qwen3_cp {
     void (*alltoall)(void *ctx, const float *send, float *recv, size_t n);
     void *ctx;
 } qwen3_cp;
+// Expert parallelism, as the model sees it: this rank is `rank` of an EP group of `size` ranks,
+// each holding cfg.local_experts (El) whole experts of every sparse layer (rank r: experts
+// [r*El, (r+1)*El)). A sparse layer routes its own N tokens, sends each chosen (token, expert)
+// row to the expert's owner sorted by expert (an all-to-all of the counts, then of the rows and
+// their routing weights), runs the expert kernel on what arrived (one row per received pair,
+// K = 1, its weight applied there), returns each row's weighted output (an all-to-all back) and
+// sums every token's K rows in ascending expert order from 0.0f, as the one-process kernels do.
+// The rows of an expert are ordered by source rank, then token: the order one process gives the
+// same global batch, so the expert GEMMs see the same rows. The backward sends the output
+// gradient's rows the same way and returns the input gradient's rows and the weights' gradient.
+// The strategy (train/strategy_ep.c) provides the all-to-all and the buffers; the model never
+// sees MPI. qwen3_ep.c holds the model's side.
+typedef struct qwen3_ep {
+    int rank, size;
+    // In place over the group, as the backend's comm_alltoall with element size `bytes`: send +
+    // sdispls[q] (scounts[q] elements) to rank q, recv + rdispls[q] from q. A failure is kept by
+    // the strategy (ctx) and reported after the step's backward; the rest of the step's
+    // exchanges then do nothing.
+    void (*alltoall)(void *ctx, const void *send, const int *scounts, const int *sdispls,
+                     void *recv, const int *rcounts, const int *rdispls, int bytes);
+    void *ctx;
+    int rows_max; // rows this rank's experts can receive in one layer: size * N * min(K, El)
+    // Host: the plan of the layer being run (the strategy allocates them).
+    int32_t *h_expert;      // N*K: the routing, read back
+    int32_t *h_perm;        // N*K: sorted position -> slot (by expert, then token)
+    int32_t *h_tpos;        // N*K: token t's K sorted positions, ascending
+    int32_t *h_idx;         // max(N*K, rows_max): gather indices
+    int32_t *h_rperm;       // rows_max: expert-major row -> arrival row
+    int *h_rcounts;         // n_sparse x size x El: rows from rank s for local expert j
+    int *scounts, *sdispls, *rcounts, *rdispls; // size each: rows to / from each rank
+    int *ccounts, *cdispls;                     // size each: the counts' all-to-all (El each)
+    // Backend: the counts exchanged, the indices, the rows sent and received.
+    int32_t *counts_send, *counts_recv; // size*El each
+    int32_t *idx;                       // max(N*K, rows_max)
+    float *send;                        // N*K rows of C floats (or bf16 rows)
+    float *sendw;                       // N*K routing weights (and their gradients back)
+    float *recv;                        // rows_max rows of C floats
+    float *recvw;                       // rows_max
+    float *y;                           // rows_max rows of C floats: the experts' output
+    float *dw_rows;                     // rows_max: the routing weights' gradient
+    float *scratch;                     // the expert kernel's scratch for rows_max rows
+    // Per sparse layer, kept for the backward: the received rows (expert-major; bf16 under bf16
+    // experts), their routing weights, local expert ids and the expert kernel's state.
+    float **x_rows, **w_rows, **state;
+    int32_t **e_rows;
+    int *n_rows; // per sparse layer: the rows received
+} qwen3_ep;
 
 typedef struct qwen3_model {
     qwen3_config cfg;
@@ -204,6 +251,9 @@ typedef struct qwen3_model {
     // Optional (NULL = none): context parallelism (qwen3_cp above, mem_opts.cp at qwen3_plan),
     // set by its strategy after qwen3_plan.
     const qwen3_cp *cp;
+    // Optional (NULL = all experts here): expert parallelism (qwen3_ep above), set by its
+    // strategy after qwen3_plan.
+    const qwen3_ep *ep;
 
     // MoE: n_sparse sparse layers. Optional (NULL = none): the load-balancing component
     // (model/moe_balance.h, attached by moe_balance_init). The forward's routers write their

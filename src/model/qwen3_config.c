@@ -32,6 +32,10 @@ bool qwen3_layer_is_sparse(const qwen3_config *c, int layer) {
     return (layer + 1) % c->decoder_sparse_step == 0;
 }
 
+int qwen3_local_experts(const qwen3_config *c) {
+    return c->local_experts ? c->local_experts : c->num_experts;
+}
+
 int qwen3_num_sparse_layers(const qwen3_config *c) {
     int n = 0;
     for (int i = 0; i < c->num_hidden_layers; i++) n += qwen3_layer_is_sparse(c, i);

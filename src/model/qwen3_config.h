@@ -43,6 +43,10 @@ typedef struct qwen3_config {
     bool norm_topk_prob;         // renormalise the top-k probabilities to sum to 1
     bool output_router_logits;   // HF adds router_aux_loss_coef * aux to the loss
     double router_aux_loss_coef; // the load-balancing loss weight (HF default 0.001)
+    // Expert parallelism (not in config.json): this model holds only experts
+    // [expert_lo, expert_lo + local_experts) of every sparse layer (0: all num_experts), still
+    // named by their global ids. The router stays whole (num_experts outputs).
+    int expert_lo, local_experts;
 
     // The config.json this config was read from, as compact JSON text; "" when it was built
     // otherwise (a flavor). qwen3_config_save writes its every field back (bos_token_id,
@@ -65,6 +69,8 @@ qwen3_dims qwen3_dims_of(const qwen3_config *c, int B, int T);
 // HF's rule: layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
 // and (i + 1) % decoder_sparse_step == 0. Every other layer has the dense MLP.
 bool qwen3_layer_is_sparse(const qwen3_config *c, int layer);
+// The experts a sparse layer of this model holds: local_experts, or all of them.
+int qwen3_local_experts(const qwen3_config *c);
 // How many layers are sparse.
 int qwen3_num_sparse_layers(const qwen3_config *c);
 

@@ -78,16 +78,17 @@ static float *param_add(param_walk *pw, const char *name, int64_t rows, int64_t 
 static void param_walk_moe(param_walk *pw, qwen3_layer_weights *lw, const qwen3_config *c,
                            int layer) {
     const int C = c->hidden_size, Fm = c->moe_intermediate_size, E = c->num_experts;
+    const int lo = c->local_experts ? c->expert_lo : 0, hi = lo + qwen3_local_experts(c);
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
     char name[96];
     snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", layer);
     lw->router = param_add(pw, name, E, C);
-    for (int e = 0; e < E; e++)
+    for (int e = lo; e < hi; e++)
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e,
                      proj[k]);
             float *p = param_add(pw, name, k < 2 ? Fm : C, k < 2 ? C : Fm);
-            if (e == 0 && k == 0) lw->experts = p;
+            if (e == lo && k == 0) lw->experts = p;
         }
     snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", layer);
     lw->expert_bias = param_add_kind(pw, name, E, 0, true);

@@ -139,6 +139,10 @@ void cpu_moe_loop_forward(float *out, float *state, float *scratch, const float 
 void cpu_moe_loop_backward(float *dx, float *dweight, float *dw, float *scratch, const float *dout,
                            const float *state, const float *x, const int32_t *expert,
                            const float *weight, const float *w, int N, int C, int F, int E, int K);
+// Expert parallelism's row moves (moe_ep.c): dst row i = src row idx[i] (rows of row_bytes);
+// out[t] = the sum from 0.0f of rows tpos[t*K .. t*K+K) in that order.
+void cpu_moe_ep_gather(void *dst, const void *src, const int32_t *idx, int n, int row_bytes);
+void cpu_moe_ep_combine(float *out, const float *rows, const int32_t *tpos, int N, int C, int K);
 size_t cpu_moe_grouped_state_floats(int N, int C, int F, int E, int K);
 size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K);
 void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,

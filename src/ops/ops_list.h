@@ -192,6 +192,12 @@ typedef struct ct_adamw_coeffs {
       (double *load, double *prob_sum, const int32_t *expert, const float *probs, int N, int E,    \
        int K),                                                                                     \
       (load, prob_sum, expert, probs, N, E, K))                                                    \
+    X(OWN, moe_ep_gather, ct_moe_ep_gather_fn, cpu_moe_ep_gather, OPT, "moe_ep", none,             \
+      (void *dst, const void *src, const int32_t *idx, int n, int row_bytes),                      \
+      (dst, src, idx, n, row_bytes))                                                               \
+    X(OWN, moe_ep_combine, ct_moe_ep_combine_fn, cpu_moe_ep_combine, OPT, "moe_ep", none,          \
+      (float *out, const float *rows, const int32_t *tpos, int N, int C, int K),                   \
+      (out, rows, tpos, N, C, K))                                                                  \
     X(OWN, loss_sum, ct_loss_sum_fn, cpu_loss_sum, ALL, "loss_sum", none,                          \
       (double *host_out, const float *losses, const int32_t *targets, int ignore, int N),          \
       (host_out, losses, targets, ignore, N))                                                      \
@@ -369,7 +375,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 65, "the op list has 65 entries");
+_Static_assert(CT_OP_COUNT == 67, "the op list has 67 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

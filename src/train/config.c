@@ -211,6 +211,13 @@ const config_key config_table[] = {
         "how the ring attention moves keys and values: allgather (all at once, then the "
         "gradients back by one all-to-all) or alltoall (passed along the ring, one peer's at a "
         "time, the gradients travelling with them); the same bits"),
+    KEY(parallelism, expert_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "ranks that split each MoE layer's experts (EP: E/ep whole experts each, tokens sent to "
+        "their experts by all-to-all); carved out of the data-parallel ranks, with DDP for the "
+        "other parameters"),
+    KEY(parallelism, expert_tensor_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "TP inside each expert under EP: 1 (torchtitan's two choices are 1 and "
+        "tensor_parallel_degree; EP with TP is not supported yet)"),
     KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
         "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
         "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),

@@ -123,6 +123,8 @@ typedef struct ct_config_parallelism {
     int tensor_parallel_degree;         // ranks of a TP group (innermost), with SP and loss parallel
     int context_parallel_degree;        // ranks of a CP group (inside dp, outside tp): ring attention
     char context_parallel_rotate_method[CT_CONFIG_NAME_MAX]; // "allgather" | "alltoall"
+    int expert_parallel_degree;         // ranks splitting the experts (EP), out of the DP ranks
+    int expert_tensor_parallel_degree;  // TP inside an expert under EP: 1
     char data_parallel_shard_mode[CT_CONFIG_NAME_MAX];   // "fsdp" | "zero1"
     char fsdp_reshard_after_forward[CT_CONFIG_NAME_MAX]; // "default" | "always" | "never"
     int threads_per_rank; // OpenMP and BLAS threads; 0 = OMP_NUM_THREADS, else cores / ranks

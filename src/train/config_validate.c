@@ -183,6 +183,16 @@ static int check_training(const ct_config *c, bool needs_data, const vctx *vp) {
     NEED(c->parallelism.context_parallel_degree >= 1, "parallelism.context_parallel_degree", NULL,
          "parallelism.context_parallel_degree = %d; expected at least 1",
          c->parallelism.context_parallel_degree);
+    NEED(c->parallelism.expert_parallel_degree >= 1, "parallelism.expert_parallel_degree", NULL,
+         "parallelism.expert_parallel_degree = %d; expected at least 1",
+         c->parallelism.expert_parallel_degree);
+    NEED(c->parallelism.expert_tensor_parallel_degree == 1 ||
+             c->parallelism.expert_tensor_parallel_degree ==
+                 c->parallelism.tensor_parallel_degree,
+         "parallelism.expert_tensor_parallel_degree", NULL,
+         "parallelism.expert_tensor_parallel_degree = %d; expected 1 or "
+         "tensor_parallel_degree (%d)",
+         c->parallelism.expert_tensor_parallel_degree, c->parallelism.tensor_parallel_degree);
     NEED(c->parallelism.threads_per_rank >= 0, "parallelism.threads_per_rank", NULL,
          "parallelism.threads_per_rank = %d; expected 0 (automatic) or more",
          c->parallelism.threads_per_rank);

@@ -107,6 +107,21 @@ typedef struct strategy_tp_state {
 } strategy_tp_state;
 enum { TP_AG, TP_RS, TP_AR, TP_AR_WHOLE };
 
+// Expert parallelism with DDP for the rest (strategy_ep.c): the model's qwen3_ep hook, its
+// all-to-all's byte counts, and the first failure of an exchange (reported after the backward).
+typedef struct strategy_ep_state {
+    qwen3_ep ep;
+    int *sc, *sd, *rc, *rd;
+    ct_error err;
+    bool failed;
+} strategy_ep_state;
+extern const strategy_vt strategy_ep;
+// Under EP: the weights as one HF folder in dir (world rank 0 writes; the first replica's EP
+// group takes part).
+int strategy_ep_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+// A tensor EP splits (by name: an expert's projection).
+bool strategy_ep_is_expert(const char *name);
+
 // One run's strategy and its state.
 typedef struct strategy {
     const strategy_vt *vt;
@@ -121,6 +136,7 @@ typedef struct strategy {
     // plan order.
     float *whole;
     strategy_tp_state tp; // TP (strategy_tp)
+    strategy_ep_state ep; // EP (strategy_ep)
 } strategy;
 
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0

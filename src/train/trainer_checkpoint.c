@@ -189,6 +189,20 @@ int trainer_export_final(trainer *t, ct_error *err) {
     // whose table has PEFT's keys) goes here once model/peft_adapter.h lands; until then
     // config_validate.c's check_lora refuses checkpoint.last_save_in_hf with lora.rank > 0.
     int rc = 0;
+    if (t->ep > 1) { // streamed, each expert from its owner as it is written
+        ct_dtype dtype;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
+        rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
+        int copied = rc == 0 ? strategy_ep_export(t, dir, dtype, err) : -1;
+        if (copied < 0)
+            rc = -1;
+        else if (is_root(t))
+            fprintf(t->log, "export: %s (%s, the experts from their EP ranks%s)\n", dir,
+                    t->cfg->checkpoint.export_dtype,
+                    copied ? ", with tokenizer files" : ", no tokenizer files");
+        return dist_agree(t->world, rc, "the final export", err);
+    }
     if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
         ct_dtype dtype;
         char dir[4096];

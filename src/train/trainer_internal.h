@@ -36,6 +36,10 @@ typedef struct trainer {
     dist tp_group, dp_group; // under TP: this rank's TP group (tp innermost) and its DP group
     int cp;                  // parallelism.context_parallel_degree
     context_parallel cpx;    // under CP (cp > 1): its group and the model's hook
+    int ep;                  // parallelism.expert_parallel_degree
+    // Under EP: this rank's EP group (ep consecutive data-parallel ranks) and the ranks holding
+    // the same experts (one per EP group).
+    dist ep_group, erep_group;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into

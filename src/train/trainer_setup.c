@@ -55,7 +55,42 @@ static int setup_parallel(trainer *t, ct_error *err) {
                        "yet; use DDP (data_parallel_replicate_degree = %d) or ZeRO-1 "
                        "(data_parallel_shard_mode = \"zero1\")",
                        c->lora.rank, shard, P);
-    t->strat.vt = t->tp > 1 ? &strategy_tp
+    if (t->ep > 1) {
+        if (t->cp > 1)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with context_parallel_degree = "
+                           "%d: EP with CP is not supported yet; use one of them",
+                           t->ep, t->cp);
+        if (c->lora.rank > 0)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with lora.rank = %d: LoRA "
+                           "under EP is not supported yet (its experts are frozen, EP's strategy "
+                           "reduces their gradients); use DDP or ZeRO-1",
+                           t->ep, c->lora.rank);
+        if (t->tp > 1)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
+                           "%d: EP with TP is not supported yet; use one of them",
+                           t->ep, t->tp);
+        if (shard > 1)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with data_parallel_shard_degree "
+                           "= %d (%s): EP beside FSDP or ZeRO-1 is not supported yet; EP runs with "
+                           "DDP for the other parameters: set data_parallel_replicate_degree = %d",
+                           t->ep, shard, fsdp_on ? "FSDP" : "ZeRO-1", P);
+        if (P % t->ep != 0)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d does not divide the %d "
+                           "data-parallel ranks",
+                           t->ep, P);
+        if (strcmp(c->training.mixed_precision_reduce, "float32") != 0)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with "
+                           "training.mixed_precision_reduce = \"%s\": EP reduces in float32 only",
+                           t->ep, c->training.mixed_precision_reduce);
+    }
+    t->strat.vt = t->ep > 1   ? &strategy_ep
+                  : t->tp > 1 ? &strategy_tp
                   : fsdp_on   ? &strategy_fsdp
                   : zero1     ? &strategy_zero1
                               : &strategy_replicate;
@@ -387,9 +422,31 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
     return 0;
 }
 
-// Under TP, a refusal every rank meets alike, printed once (by rank 0): agreed over the world.
+// Expert parallelism: EP groups of ep consecutive data-parallel ranks (t->d's order: replicate,
+// shard, cp), and across them the ranks that hold the same experts. This rank's local model
+// holds experts [rank * E/ep, (rank + 1) * E/ep) of every sparse layer.
+static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
+    const int ep = t->ep, r = t->d->rank, E = mc->num_experts;
+    if (E == 0)
+        return ct_fail(err, "parallelism.expert_parallel_degree = %d: the model has no experts "
+                            "(a dense Qwen3)",
+                       ep);
+    if (E % ep != 0)
+        return ct_fail(err,
+                       "parallelism.expert_parallel_degree = %d does not divide num_experts = %d",
+                       ep, E);
+    if (dist_split(t->d, r / ep, r % ep, &t->ep_group, err) != 0 ||
+        dist_split(t->d, r % ep, r / ep, &t->erep_group, err) != 0)
+        return -1;
+    mc->local_experts = E / ep;
+    mc->expert_lo = t->ep_group.rank * mc->local_experts;
+    return 0;
+}
+
+// Under TP or EP, a refusal every rank meets alike, printed once (by rank 0): agreed over the
+// world.
 static int tp_agree(trainer *t, int rc, ct_error *err) {
-    return t->tp > 1 ? dist_agree(t->world, rc, "the tensor-parallel setup", err) : rc;
+    return t->tp > 1 || t->ep > 1 ? dist_agree(t->world, rc, "the parallel setup", err) : rc;
 }
 
 // This rank's local model under TP, and the sequence cut.
@@ -406,6 +463,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->cfg = c;
     t->world = t->d;
     t->tp = c->parallelism.tensor_parallel_degree;
+    t->ep = c->parallelism.expert_parallel_degree;
     if (t->tp > 1 && setup_tp_groups(t, err) != 0) return -1;
     t->B = c->training.local_batch_size;
     t->T = c->training.seq_len;
@@ -430,6 +488,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
         t->setup.T = t->T / t->cp;
         t->setup.mem_opts.cp = t->cp;
     }
+    if (t->ep > 1 && tp_agree(t, setup_ep(t, &mc, err), err) != 0) return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
@@ -535,6 +594,10 @@ void trainer_free(trainer *t) {
         t->d = t->world;
         dist_group_free(&t->dp_group);
         dist_group_free(&t->tp_group);
+    }
+    if (t->ep > 1) {
+        dist_group_free(&t->erep_group);
+        dist_group_free(&t->ep_group);
     }
     run_setup_close(&t->setup);
     if (t->log && !is_root(t)) fclose(t->log);

@@ -117,6 +117,12 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         // over the ranks, so its aux is the global micro-batch's (HF computes the aux per
         // forward, over the batch it sees): ranks and micro-batches combine as one process with
         // the same micro-batches would.
+        // An expert-parallel exchange that failed in this pass comes first: the balance sum
+        // after it then timed out for the same reason.
+        if (t->ep > 1 && t->strat.ep.failed) {
+            *err = t->strat.ep.err;
+            return -1;
+        }
         if (moe_balance_status(&t->moe, err) != 0) return -1;
         aux_sum += moe_balance_aux(&t->moe);
     }
