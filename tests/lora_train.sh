@@ -161,6 +161,48 @@ first=$(evloss step_losses <"$tmp/ev-lora.json")
   "$(evloss loss <"$tmp/ev-merged.json")" "$(evloss loss <"$tmp/ev-lora.json")" && ok ||
   bad "merged eval loss $(evloss loss <"$tmp/ev-merged.json"), base + adapter $(evloss loss <"$tmp/ev-lora.json")"
 
+# generate --lora.adapter_path: base + adapter in prefill and decode, greedy ids equal to the
+# merged model's, and not the base's. A model with the ref's layers and a 10000-token slice of
+# Qwen3's vocabulary (its embedding and head widened with seeded values), the real tokenizer.
+mkdir -p "$tmp/g/hf" && cp "$CTITAN_ASSETS_DIR"/qwen3-tokenizer/tokenizer.json \
+  "$CTITAN_ASSETS_DIR"/qwen3-tokenizer/tokenizer_config.json "$tmp/g/hf/"
+"$CTITAN_PYTHON" - "$ref/hf" "$tmp/g/hf" <<'PY'
+import array, json, random, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+b = open(src + "/model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+V, rnd, out = 10000, random.Random(5), {}
+for k, v in h.items():
+    d, shape = b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], list(v["shape"])
+    if k in ("model.embed_tokens.weight", "lm_head.weight"):
+        d += array.array("f", (rnd.gauss(0, 0.5) for _ in range((V - shape[0]) * shape[1]))).tobytes()
+        shape[0] = V
+    out[k] = (shape, d)
+hdr, off = {}, 0
+for k in sorted(out):
+    hdr[k] = {"dtype": "F32", "shape": out[k][0], "data_offsets": [off, off + len(out[k][1])]}
+    off += len(out[k][1])
+hb = json.dumps(hdr).encode(); hb += b" " * (-len(hb) % 8)
+with open(dst + "/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(hb)) + hb + b"".join(out[k][1] for k in sorted(out)))
+c = json.load(open(src + "/config.json")); c.update(vocab_size=V, eos_token_id=-1)
+json.dump(c, open(dst + "/config.json", "w"))
+PY
+# (lr 0.1, so that 3 steps move greedy decoding off the base's.)
+OMP_NUM_THREADS=1 "$ct" train "${base[@]/#0.01/0.1}" --model.hf_path "$tmp/g/hf" \
+  --job.dump_folder "$tmp/g/run" --training.steps 3 --training.local_batch_size 2 \
+  --checkpoint.interval 3 --checkpoint.last_save_in_hf true "${lora[@]}" >"$tmp/g/run.log" 2>&1 &&
+  "$ct" export --merge --model.hf_path "$tmp/g/hf" --lora.adapter_path "$tmp/g/run/hf" \
+    --output "$tmp/g/merged" >"$tmp/g/merged.log" 2>&1 && ok ||
+  bad "the generation model's run or merge: $(tail -n 3 "$tmp/g/run.log"; tail -n 3 "$tmp/g/merged.log")"
+gen=("$ct" generate --temperature 0 --json --max_new_tokens 8 --prompt "Hello, world")
+"${gen[@]}" --model.hf_path "$tmp/g/hf" --lora.adapter_path "$tmp/g/run/hf" >"$tmp/g/lora.json" \
+  2>"$tmp/g/lora.err" && "${gen[@]}" --model.hf_path "$tmp/g/merged" >"$tmp/g/merged.json" \
+  2>/dev/null && "${gen[@]}" --model.hf_path "$tmp/g/hf" >"$tmp/g/base.json" 2>/dev/null && ok ||
+  bad "generate: $(tail -3 "$tmp/g/lora.err")"
+cmp -s "$tmp/g/lora.json" "$tmp/g/merged.json" && ! cmp -s "$tmp/g/lora.json" "$tmp/g/base.json" &&
+  ok || bad "generate with the adapter $(cat "$tmp/g/lora.json"), merged $(cat "$tmp/g/merged.json"), base $(cat "$tmp/g/base.json")"
+
 # Another base under the same config (the same folder, one weight changed): refused.
 mkdir -p "$tmp/mybase" && cp -r "$ref/hf" "$tmp/mybase/hf"
 HF=$tmp/mybase/hf run 1 "$tmp/c" --training.steps 2 --training.local_batch_size 2 \
