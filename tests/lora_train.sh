@@ -2,8 +2,9 @@
 # LoRA through the trainer (issue 31): the first step's loss is the base model's (B = 0); the
 # checkpoints hold the adapter and its AdamW state, not the base; a resume is bit for bit; DDP
 # and ZeRO-1 over 2 ranks equal one process on the same global batch, bit for bit; refusals
-# (FSDP, an unknown module, a MoE model's MLP, adapter_path, a resume on another base) are one
-# line each.
+# (FSDP, an unknown module, a MoE model's MLP, a rank disagreeing with lora.adapter_path's, a
+# resume on another base) are one line each. A LoRA run exports a PEFT adapter folder (the
+# checkpoint's adapter bit for bit) that a run, eval and export --merge start from.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}" "${CTITAN_PYTHON:?}"
 source "$(dirname "$0")/mpi_test.bash" # ok, bad, finish, same, Open MPI's settings
@@ -49,10 +50,24 @@ print(len(h), all(k.startswith("base_model.model.model.layers.") and ".lora_" in
 [ "$keys" = "28 True" ] && ok || bad "the checkpoint's model: $keys (expected the 28 adapter tensors)"
 grep -q '"base_xxh64"' "$tmp/a/checkpoint/step-4/state.json" && ok || bad "no base identity in state.json"
 
-# The checkpoint is not a model: export says so in one line.
-out=$("$ct" export --checkpoint "$tmp/a/checkpoint/step-4" --output "$tmp/a-hf" 2>&1); rc=$?
-[ $rc -ne 0 ] && [ "$(grep -c "^ctitan: error: .* is a LoRA run's checkpoint" <<<"$out")" -eq 1 ] &&
-  ok || bad "export of a LoRA checkpoint: rc $rc: $out"
+# Its export is a PEFT adapter folder: the step-4 adapter, bit for bit, under PEFT's keys.
+"$ct" export --checkpoint "$tmp/a/checkpoint/step-4" --output "$tmp/a-peft" >"$tmp/a-peft.log" 2>&1 &&
+  grep -q '"peft_type": "LORA"' "$tmp/a-peft/adapter_config.json" && ok ||
+  bad "export of a LoRA checkpoint: $(tail -3 "$tmp/a-peft.log")"
+same_tensors() { # A B: the two safetensors files hold the same tensors, bit for bit
+  "$CTITAN_PYTHON" - "$1" "$2" <<'PY'
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items()}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+sys.exit(0 if a == b and len(a) > 0 else 1)
+PY
+}
+same_tensors "$tmp/a/checkpoint/step-4/model.safetensors" "$tmp/a-peft/adapter_model.safetensors" &&
+  ok || bad "the exported adapter differs from the checkpoint's"
 
 # Resume from step 2: the same bits at step 4.
 mkdir -p "$tmp/b" && cp -r "$tmp/a/checkpoint" "$tmp/b/" && rm -rf "$tmp/b/checkpoint/step-4"
@@ -112,9 +127,82 @@ refused() { # NAME PATTERN NP [options]
 }
 refused fsdp "LoRA under FSDP is not supported yet" 2 "${lora[@]}"
 refused module 'unknown module "qkv_proj"' 1 --lora.rank 4 --lora.target_modules q_proj,qkv_proj
-refused adapter "lora.adapter_path = .*not supported yet" 1 "${lora[@]}" --lora.adapter_path "$tmp"
+refused adapter-rank "lora.rank = 8, but .*adapter_config.json has r 4" 1 --lora.rank 8 \
+  --lora.adapter_path "$tmp/a-peft"
 moe=$CTITAN_REF_DIR/moe_e8k2_norm_aux_untied/hf
 HF=$moe refused moe "sparse \(MoE\) layers" 1 "${lora[@]}"
+# The final export (last_save_in_hf) writes the same folder; a run started from it
+# (lora.adapter_path alone: the [lora] keys are the file's) has, at its first step, the loss eval
+# gives base + adapter on that batch, bit for bit, and not the base's (B is trained, non-zero);
+# the merged model's eval loss is the adapter's within rounding.
+run 1 "$tmp/e" --training.steps 4 --training.local_batch_size 2 --checkpoint.interval 4 \
+  --checkpoint.last_save_in_hf true "${lora[@]}" && cmp -s "$tmp/e/hf/adapter_model.safetensors" \
+  "$tmp/a-peft/adapter_model.safetensors" && cmp -s "$tmp/e/hf/adapter_config.json" \
+  "$tmp/a-peft/adapter_config.json" && ok || bad "the final export: $(tail -3 "$tmp/e.log")"
+run 1 "$tmp/f" --training.steps 1 --training.local_batch_size 2 --checkpoint.enable false \
+  --lora.adapter_path "$tmp/e/hf" &&
+  grep -q "^lora: rank 4, alpha 8 (scaling 2), dropout 0, all-linear: 5504 adapter" "$tmp/f.log" &&
+  grep -q "^lora: the adapter starts as $tmp/e/hf's$" "$tmp/f.log" &&
+  ok || bad "a run from the adapter: $(tail -3 "$tmp/f.log")"
+ev=(--training.dataset_path "$ref/tokens.npy" --training.seq_len 12 --training.shuffle false
+    --training.local_batch_size 2 --json)
+evloss() { "$CTITAN_PYTHON" -c 'import json,sys; d=json.load(sys.stdin); print(repr(d[sys.argv[1]][0] if sys.argv[1] == "step_losses" else d["loss"]))' "$1"; }
+OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$ref/hf" "${ev[@]}" \
+  --lora.adapter_path "$tmp/e/hf" >"$tmp/ev-lora.json" 2>"$tmp/ev-lora.log" && ok ||
+  bad "eval with the adapter: $(tail -3 "$tmp/ev-lora.log")"
+first=$(evloss step_losses <"$tmp/ev-lora.json")
+[ "$first" = "$(loss1 "$tmp/f")" ] && [ "$first" != "$(loss1 "$tmp/full")" ] && ok ||
+  bad "eval's first step with the adapter $first, the run from it $(loss1 "$tmp/f"), the base $(loss1 "$tmp/full")"
+"$ct" export --merge --model.hf_path "$ref/hf" --lora.adapter_path "$tmp/e/hf" \
+  --output "$tmp/merged" >"$tmp/merged.log" 2>&1 &&
+  OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$tmp/merged" "${ev[@]}" \
+    >"$tmp/ev-merged.json" 2>>"$tmp/merged.log" && ok || bad "merged: $(tail -3 "$tmp/merged.log")"
+"$CTITAN_PYTHON" -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)' \
+  "$(evloss loss <"$tmp/ev-merged.json")" "$(evloss loss <"$tmp/ev-lora.json")" && ok ||
+  bad "merged eval loss $(evloss loss <"$tmp/ev-merged.json"), base + adapter $(evloss loss <"$tmp/ev-lora.json")"
+
+# generate --lora.adapter_path: base + adapter in prefill and decode, greedy ids equal to the
+# merged model's, and not the base's. A model with the ref's layers and a 10000-token slice of
+# Qwen3's vocabulary (its embedding and head widened with seeded values), the real tokenizer.
+mkdir -p "$tmp/g/hf" && cp "$CTITAN_ASSETS_DIR"/qwen3-tokenizer/tokenizer.json \
+  "$CTITAN_ASSETS_DIR"/qwen3-tokenizer/tokenizer_config.json "$tmp/g/hf/"
+"$CTITAN_PYTHON" - "$ref/hf" "$tmp/g/hf" <<'PY'
+import array, json, random, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+b = open(src + "/model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+V, rnd, out = 10000, random.Random(5), {}
+for k, v in h.items():
+    d, shape = b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], list(v["shape"])
+    if k in ("model.embed_tokens.weight", "lm_head.weight"):
+        d += array.array("f", (rnd.gauss(0, 0.5) for _ in range((V - shape[0]) * shape[1]))).tobytes()
+        shape[0] = V
+    out[k] = (shape, d)
+hdr, off = {}, 0
+for k in sorted(out):
+    hdr[k] = {"dtype": "F32", "shape": out[k][0], "data_offsets": [off, off + len(out[k][1])]}
+    off += len(out[k][1])
+hb = json.dumps(hdr).encode(); hb += b" " * (-len(hb) % 8)
+with open(dst + "/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(hb)) + hb + b"".join(out[k][1] for k in sorted(out)))
+c = json.load(open(src + "/config.json")); c.update(vocab_size=V, eos_token_id=-1)
+json.dump(c, open(dst + "/config.json", "w"))
+PY
+# (lr 0.1, so that 3 steps move greedy decoding off the base's.)
+OMP_NUM_THREADS=1 "$ct" train "${base[@]/#0.01/0.1}" --model.hf_path "$tmp/g/hf" \
+  --job.dump_folder "$tmp/g/run" --training.steps 3 --training.local_batch_size 2 \
+  --checkpoint.interval 3 --checkpoint.last_save_in_hf true "${lora[@]}" >"$tmp/g/run.log" 2>&1 &&
+  "$ct" export --merge --model.hf_path "$tmp/g/hf" --lora.adapter_path "$tmp/g/run/hf" \
+    --output "$tmp/g/merged" >"$tmp/g/merged.log" 2>&1 && ok ||
+  bad "the generation model's run or merge: $(tail -n 3 "$tmp/g/run.log"; tail -n 3 "$tmp/g/merged.log")"
+gen=("$ct" generate --temperature 0 --json --max_new_tokens 8 --prompt "Hello, world")
+"${gen[@]}" --model.hf_path "$tmp/g/hf" --lora.adapter_path "$tmp/g/run/hf" >"$tmp/g/lora.json" \
+  2>"$tmp/g/lora.err" && "${gen[@]}" --model.hf_path "$tmp/g/merged" >"$tmp/g/merged.json" \
+  2>/dev/null && "${gen[@]}" --model.hf_path "$tmp/g/hf" >"$tmp/g/base.json" 2>/dev/null && ok ||
+  bad "generate: $(tail -3 "$tmp/g/lora.err")"
+cmp -s "$tmp/g/lora.json" "$tmp/g/merged.json" && ! cmp -s "$tmp/g/lora.json" "$tmp/g/base.json" &&
+  ok || bad "generate with the adapter $(cat "$tmp/g/lora.json"), merged $(cat "$tmp/g/merged.json"), base $(cat "$tmp/g/base.json")"
+
 # Another base under the same config (the same folder, one weight changed): refused.
 mkdir -p "$tmp/mybase" && cp -r "$ref/hf" "$tmp/mybase/hf"
 HF=$tmp/mybase/hf run 1 "$tmp/c" --training.steps 2 --training.local_batch_size 2 \

@@ -273,8 +273,9 @@ int ckpt_view_match(const ckpt_view *v, const qwen3_model *m, bool moments, ct_e
     if (v->s.st.lora_base_hash && !adapter)
         return ct_fail(err,
                        "%s is a LoRA run's checkpoint: it holds the adapter (PEFT's keys), not the "
-                       "model; resume it with its [lora] config (exporting an adapter, or the "
-                       "model merged with it, is not supported yet)",
+                       "model; resume it with its [lora] config, or write it as a PEFT adapter "
+                       "folder with ctitan export --checkpoint (then train, eval or export "
+                       "--merge take --lora.adapter_path)",
                        v->dir);
     if (v->s.model.n == 0 && match_tensors(&v->model, m, err) != 0) return -1;
     if (v->s.model.n > 0 && v->s.total != m->num_params)

@@ -19,6 +19,8 @@
 #include "core/sysmem.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
+#include "model/peft_adapter.h"
+#include "model/qwen3_lora.h"
 #include "train/run_data.h"
 #include "train/run_setup.h"
 
@@ -97,11 +99,27 @@ static int eval_open(eval_run *r, const ct_config *c, FILE *out, ct_error *err) 
     snprintf(what, sizeof what, "eval with batch %d x seq_len %d", B, T);
     if (run_setup_check_fit(&r->setup, &mem, what, true, err) != 0) return -1;
     qwen3_model *m = &r->m;
-    if (qwen3_init_forward_only(m, &r->setup.model, r->setup.be, &r->setup.ops,
-                                &r->setup.mem_opts, err) != 0)
+    // [lora] (lora.adapter_path): base + adapter as train holds them, the branch run beside each
+    // frozen projection (W + s * B @ A is never formed); without an adapter folder, PEFT's init
+    // (B zero: the base's loss).
+    lora_config lc;
+    if (c->lora.rank > 0 ? config_lora(&lc, c, err) != 0 ||
+                               qwen3_init_lora(m, &r->setup.model, r->setup.be, &r->setup.ops,
+                                               &r->setup.mem_opts, &lc, err) != 0
+                         : qwen3_init_forward_only(m, &r->setup.model, r->setup.be,
+                                                   &r->setup.ops, &r->setup.mem_opts, err) != 0)
         return -1;
     if (qwen3_plan(m, B, T, err) != 0 || load_weights(r, c, out, err) != 0) return -1;
     qwen3_refresh_bf16(m);
+    if (m->lora) {
+        qwen3_lora_init_random(m, (uint64_t)c->debug.seed);
+        if (c->lora.adapter_path[0] && peft_adapter_apply(m, c->lora.adapter_path, err) != 0)
+            return ct_wrap(err, "lora.adapter_path");
+        fprintf(out, "lora: %s, rank %d, alpha %g (scaling %g%s), %s: %zu adapter parameters\n",
+                c->lora.adapter_path[0] ? c->lora.adapter_path : "PEFT's init (B zero)", lc.rank,
+                (double)lc.alpha, (double)lora_scale(&lc), lc.use_rslora ? ", rsLoRA" : "",
+                c->lora.target_modules, m->lora->L.num);
+    }
     // MoE: the balance component counts each forward's routing, for the aux loss train adds.
     if (moe_balance_init(&r->balance, m, 1, NULL, NULL, 0.0f, err) != 0) return -1;
     const char *path = c->training.dataset_path;

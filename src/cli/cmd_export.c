@@ -8,6 +8,7 @@
 #include "io/json.h"
 #include "model/hf_adapter.h"
 #include "model/lora_merge.h"
+#include "model/peft_adapter.h"
 #include "checkpoint/checkpoint.h"
 
 static const cli_option export_options[] = {
@@ -83,6 +84,49 @@ static int export_merged(const cli_args *args, const ct_config *c, ct_dtype dtyp
     return n_tok < 0 ? -1 : 0;
 }
 
+// A LoRA run's checkpoint holds the adapter (PEFT's keys) and no base: its export is the PEFT
+// adapter folder the run's final export writes, from the run's config.toml ([lora], the base's
+// name) and the checkpoint's config.json (the geometry).
+static int export_adapter(const char *dir, const char *out, const train_state *st,
+                          ct_error *err) {
+    char path[4200];
+    ct_config *c = malloc(sizeof *c);
+    if (!c) return ct_fail(err, "out of memory");
+    // The run's keys as it resolved them; its adapter_path (the folder it started from) is not
+    // read again.
+    char *argv[] = {"--lora.adapter_path="};
+    const config_use use = {.command = "export"};
+    snprintf(path, sizeof path, "%s/config.toml", dir);
+    peft_adapter a = {0};
+    st_file f;
+    bool opened = false;
+    qwen3_config cfg;
+    int rc = config_load_use(c, NULL, &use, path, 1, argv, err);
+    if (rc == 0 && c->lora.rank <= 0)
+        rc = ct_fail(err, "%s: lora.rank = %d, but state.json names a LoRA run's base", path,
+                     c->lora.rank);
+    if (rc == 0) rc = config_lora(&a.pc.lc, c, err);
+    if (rc == 0) config_lora_base_name(a.pc.base_model, sizeof a.pc.base_model, c);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (rc == 0) rc = qwen3_config_load(&cfg, path, err);
+    if (rc == 0) rc = lora_layout_init(&a.L, &cfg, &a.pc.lc, err);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (rc == 0) rc = st_open(&f, path, err), opened = rc == 0;
+    if (rc == 0 && !(a.buf = malloc(a.L.num * sizeof *a.buf + 1)))
+        rc = ct_fail(err, "%s: out of memory for %zu floats", path, a.L.num);
+    if (rc == 0) rc = peft_tensors_read(a.buf, &a.L, &f, path, err);
+    if (rc == 0) rc = peft_adapter_save(out, &a.pc, &a.L, a.buf, err);
+    if (rc == 0)
+        printf("exported step %lld of %s (a LoRA adapter, %zu parameters) to %s: %s and %s, base "
+               "%s\n",
+               (long long)st->step, dir, a.L.num, out, PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME,
+               a.pc.base_model);
+    if (opened) st_close(&f);
+    peft_adapter_free(&a);
+    free(c);
+    return rc;
+}
+
 static int export_run(const cli_args *args, const ct_config *c, ct_error *err) {
     const char *given = cli_str(args, "checkpoint"), *out = cli_str(args, "output");
     if (!out) return ct_fail(err, "export needs --output HFDIR");
@@ -115,6 +159,8 @@ static int export_run(const cli_args *args, const ct_config *c, ct_error *err) {
     train_state st;
     size_t n_params = 0;
     int n_tok;
+    if (ckpt_verify(dir, NULL, &st, err) != 0) return -1;
+    if (st.lora_base_hash) return export_adapter(dir, out, &st, err);
     if (!c->debug.guard_device_memory) {
         // Tensor by tensor from the checkpoint's files: the model is never in memory.
         n_tok = ckpt_export_hf_streaming_info(dir, out, dtype, shard, tok_dir, &st, &n_params, err);

@@ -25,7 +25,9 @@
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
+#include "model/peft_adapter.h"
 #include "model/qwen3.h"
+#include "model/qwen3_lora.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "checkpoint/checkpoint.h"
@@ -63,6 +65,7 @@ static const char *const generate_keys[] = {
     "model.hf_path",           "model.tokenizer_path",           "model.attn_backend",
     "model.moe_impl",          "training.mixed_precision_param", "override.imports",
     "override.allow_mismatch", "training.allow_overcommit",      "debug.guard_device_memory",
+    "lora.adapter_path",
 };
 static const char *const generate_required[] = {"model.hf_path"};
 
@@ -241,23 +244,39 @@ static int open_setup(gen_run *r, ct_error *err) {
 // gradients (a forward-only model).
 static int load_weights(gen_run *r, ct_error *err) {
     const char *ck = cli_str(r->args, "checkpoint");
-    if (qwen3_init_forward_only(&r->m, &r->setup.model, r->setup.be, &r->setup.ops,
-                                &r->setup.mem_opts, err) != 0)
+    // --lora.adapter_path: the base frozen as train holds it, the adapter's branch beside each
+    // adapted projection (its [lora] keys are adapter_config.json's, config_lora_adapter).
+    lora_config lc;
+    const ct_config *c = &r->cfg;
+    if (c->lora.rank > 0 ? config_lora(&lc, c, err) != 0 ||
+                               qwen3_init_lora(&r->m, &r->setup.model, r->setup.be, &r->setup.ops,
+                                               &r->setup.mem_opts, &lc, err) != 0
+                         : qwen3_init_forward_only(&r->m, &r->setup.model, r->setup.be,
+                                                   &r->setup.ops, &r->setup.mem_opts, err) != 0)
         return -1;
+    int rc = 0;
     if (ck) {
         train_state st;
         if (ckpt_load(r->model_dir, &r->m, NULL, NULL, 0, 0, &st, NULL, err) != 0)
             return ct_wrap(err, "--checkpoint %s", ck);
-        return 0;
+    } else {
+        st_set set;
+        hf_load_report rep = {0};
+        if (st_set_open(&set, r->model_dir, err) != 0)
+            return ct_wrap(err, "--model.hf_path %s", r->model_dir);
+        rc = hf_load_weights(&r->m, &rep, &set, r->model_dir, err);
+        st_set_close(&set);
+        hf_report_free(&rep);
+        if (rc != 0) return ct_wrap(err, "--model.hf_path %s", r->model_dir);
     }
-    st_set set;
-    hf_load_report rep = {0};
-    if (st_set_open(&set, r->model_dir, err) != 0)
-        return ct_wrap(err, "--model.hf_path %s", r->model_dir);
-    const int rc = hf_load_weights(&r->m, &rep, &set, r->model_dir, err);
-    st_set_close(&set);
-    hf_report_free(&rep);
-    return rc != 0 ? ct_wrap(err, "--model.hf_path %s", r->model_dir) : 0;
+    if (!r->m.lora) return 0;
+    qwen3_lora_init_random(&r->m, 0);
+    if (peft_adapter_apply(&r->m, c->lora.adapter_path, err) != 0)
+        return ct_wrap(err, "--lora.adapter_path");
+    fprintf(stderr, "lora: %s, rank %d, alpha %g (scaling %g%s), %s: %zu adapter parameters\n",
+            c->lora.adapter_path, lc.rank, (double)lc.alpha, (double)lora_scale(&lc),
+            lc.use_rslora ? ", rsLoRA" : "", c->lora.target_modules, r->m.lora->L.num);
+    return 0;
 }
 
 // The repaired text of r->raw[from, to) into r->shown; its length, or -1 when out of memory.

@@ -20,6 +20,7 @@
 
 #include "model/qwen3.h"
 #include "model/qwen3_internal.h"
+#include "model/qwen3_lora.h"
 #include "ops/moe_router.h"
 
 // The bf16 GEMM shapes of a forward over n rows; {0,...} entries are skipped.
@@ -165,9 +166,6 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
     const qwen3_config *c = &m->cfg;
     const ct_ops *op = m->ops;
     const qwen3_memory_opts *o = &m->mem_opts;
-    if (m->lora)
-        return ct_fail(err, "generation: a LoRA model's adapter is not applied by generation yet "
-                            "(merge it into the weights first)");
     if (max_len < 1 || max_len > c->max_position_embeddings)
         return ct_fail(err,
                        "generation: %d positions (prompt + new tokens) is outside [1, %d] "
@@ -177,6 +175,13 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
         return ct_fail(err, "generation: %d positions is too many for this model's rows", max_len);
     if (!op->attention_decode)
         return ct_fail(err, "generation: the op table has no attention_decode kernel");
+    // A LoRA model (qwen3_init_lora): each adapted projection adds its branch in prefill and
+    // decode alike (qwen3_layer_forward's), over buffers for the most rows a forward runs, in
+    // PEFT's eval mode (no dropout); W + s * B @ A is never formed.
+    if (m->lora) {
+        if (qwen3_lora_plan(m, 1, max_len, err) != 0) return ct_wrap(err, "generation");
+        m->lora->training = false;
+    }
     if (o->bf16 && (!op->matmul_bf16_forward || !op->matmul_bf16_scratch_floats))
         return ct_fail(err, "generation: bf16 needs the table's bf16 matmul");
     gen_sizes sz;
@@ -266,7 +271,8 @@ static void gen_forward(qwen3_gen *g, const int32_t *ids, int n, int rows, int p
                           .route_scratch = g->route_scratch,
                           .route_threads = g->route_threads,
                           .mm_scratch = g->mm_scratch,
-                          .count = false};
+                          .count = false,
+                          .lora = m->lora != NULL};
     qwen3_layer_acts a = gen_acts(g);
     for (int l = 0, sparse = 0; l < L; l++) {
         a.resid = g->resid[l & 1];

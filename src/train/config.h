@@ -247,6 +247,9 @@ int config_validate(const ct_config *c, ct_error *err);
 // [lora] as the model takes it (the target list parsed, the values checked); lora.rank > 0.
 struct lora_config;
 int config_lora(struct lora_config *lc, const ct_config *c, ct_error *err);
+// A LoRA run's base as its adapter_config.json names it (base_model_name_or_path): the
+// initial_load_path, else the HF folder (backend=hf), else the flavor's name.
+void config_lora_base_name(char *out, size_t cap, const ct_config *c);
 
 // The full effective config, every key, as TOML that config_load reads back to an equal struct.
 // Returns -1 if the stream reports a write error.

@@ -69,3 +69,7 @@ int config_compat_inert(const char *section, const char *key, const toml_value *
 // model.name, hf_assets_path, training/validation.dataset, last_save_model_only into ctitan's
 // own keys; contradictions and hub ids are errors.
 void config_compat_resolve(ct_config *c, const config_origins *o, config_errors *errs);
+
+// lora.adapter_path's adapter_config.json into the [lora] keys left at their defaults; a set key
+// that disagrees with the file is an error naming both values (config_lora.c).
+void config_lora_adapter(ct_config *c, const config_origins *o, config_errors *errs);

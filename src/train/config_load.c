@@ -366,6 +366,7 @@ int config_load_use(ct_config *c, config_notes *notes, const config_use *u,
     apply_argv(c, u, argc, argv, config_at, o, notes, errs);
     if (errs->n == 0) check_required(c, u, o, errs);
     if (errs->n == 0) config_compat_resolve(c, o, errs);
+    if (errs->n == 0) config_lora_adapter(c, o, errs);
     if (config_errors_report(errs, err) != 0) goto done;
     config_resolve(c);
     rc = config_check(c, o, u->needs_data, err);

@@ -310,15 +310,6 @@ static int check_lora(const ct_config *c, const vctx *vp) {
          "lora.rank = %d with parallelism.tensor_parallel_degree = %d: LoRA under tensor "
          "parallelism is not supported yet",
          l->rank, c->parallelism.tensor_parallel_degree);
-    NEED(!l->adapter_path[0], "lora.adapter_path", NULL,
-         "lora.adapter_path = \"%s\": starting from a PEFT adapter is not supported yet (its "
-         "reader lands with PEFT's files, model/peft_adapter.h)",
-         l->adapter_path);
-    NEED(!c->checkpoint.last_save_in_hf && !c->checkpoint.last_save_model_only,
-         "checkpoint.last_save_in_hf", "lora.rank",
-         "checkpoint.last_save_in_hf with lora.rank = %d: the final export of a LoRA run (a PEFT "
-         "adapter folder) is not supported yet",
-         l->rank);
     return 0;
 }
 

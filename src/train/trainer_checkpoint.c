@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/peft_adapter.h"
 #include "model/qwen3_lora.h"
 #include "train/trainer_internal.h"
 
@@ -184,10 +185,34 @@ int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shar
     return rc;
 }
 
+// A LoRA run's final export: the adapter as a PEFT folder (adapter_config.json and
+// adapter_model.safetensors) in dump_folder/hf, which PeftModel.from_pretrained loads onto the
+// base it names. Every rank holds the whole adapter; the root writes it.
+static int export_adapter(trainer *t, ct_error *err) {
+    int rc = 0;
+    if (is_root(t)) {
+        const lora_layout *L = &t->model.lora->L;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
+        peft_config pc = {.lc = L->lc};
+        config_lora_base_name(pc.base_model, sizeof pc.base_model, t->cfg);
+        float *buf = malloc(L->num * sizeof *buf + 1);
+        if (!buf) {
+            rc = ct_fail(err, "the final export: out of memory for %zu adapter floats", L->num);
+        } else {
+            qwen3_lora_read(&t->model, buf, 0, L->num, false);
+            rc = peft_adapter_save(dir, &pc, L, buf, err);
+            free(buf);
+        }
+        if (rc == 0)
+            fprintf(t->log, "export: %s (a PEFT LoRA adapter: %s and %s, %zu parameters, base %s)\n",
+                    dir, PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, L->num, pc.base_model);
+    }
+    return dist_agree(t->d, rc, "the final export", err);
+}
+
 int trainer_export_final(trainer *t, ct_error *err) {
-    // CALL SITE: a LoRA run's final export (a PEFT adapter folder from qwen3_trained(&t->model),
-    // whose table has PEFT's keys) goes here once model/peft_adapter.h lands; until then
-    // config_validate.c's check_lora refuses checkpoint.last_save_in_hf with lora.rank > 0.
+    if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
     if (t->ep > 1) { // streamed, each expert from its owner as it is written
         ct_dtype dtype;

@@ -20,6 +20,7 @@
 #include "train/peak.h"
 #include "train/metrics.h"
 #include "train/run_setup.h"
+#include "model/peft_adapter.h"
 #include "model/qwen3_lora.h"
 #include "train/trainer_internal.h"
 
@@ -282,9 +283,10 @@ static int setup_weights(trainer *t, ct_error *err) {
     if (t->model.lora) {
         if (initial_weights(t, err) != 0) return -1;
         qwen3_lora_init_random(&t->model, (uint64_t)c->debug.seed);
-        // CALL SITE (lora.adapter_path, refused by config_validate.c's check_lora until PEFT's
-        // reader, model/peft_adapter.h, lands): read the adapter here, over PEFT's init, into
-        // t->model.lora (qwen3_lora_write, lora_layout order); a resume below then replaces it.
+        if (c->lora.adapter_path[0] &&
+            dist_agree(t->d, peft_adapter_apply(&t->model, c->lora.adapter_path, err),
+                       "reading lora.adapter_path", err) != 0)
+            return -1;
         base = qwen3_lora_base_hash(&t->model);
     }
     if (c->checkpoint.enable) {
@@ -304,9 +306,13 @@ static int setup_weights(trainer *t, ct_error *err) {
     t->state.config_hash = t->config_hash;
     t->state.lora_base_hash = base;
     if (t->model.lora) {
-        fprintf(t->log, "lora: the adapter starts as PEFT's (A kaiming-uniform from seed %lld, B "
-                        "zero)\n",
-                (long long)c->debug.seed);
+        if (c->lora.adapter_path[0])
+            fprintf(t->log, "lora: the adapter starts as %s's\n", c->lora.adapter_path);
+        else
+            fprintf(t->log,
+                    "lora: the adapter starts as PEFT's (A kaiming-uniform from seed %lld, B "
+                    "zero)\n",
+                    (long long)c->debug.seed);
         return 0;
     }
     return initial_weights(t, err);
