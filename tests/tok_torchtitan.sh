@@ -17,8 +17,8 @@ rows() { grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null || echo 0; }
 
 # qwen3_0.6b.toml: the 0.6B flavor cut to debugmodel; hf_assets_path gives the tokenizer.
 for f in qwen3_0.6b qwen3_moe_debug; do
-  flavor=debugmodel inert=11 # qwen3_moe_debug also has async TP and two expert degrees
-  [ $f = qwen3_moe_debug ] && flavor=debugmodel_moe inert=14
+  flavor=debugmodel inert=11 # qwen3_moe_debug: 12 (its expert degrees are ctitan keys now)
+  [ $f = qwen3_moe_debug ] && flavor=debugmodel_moe inert=12
   "$ct" train --config "$tt/$f.toml" --model.flavor $flavor --model.hf_assets_path "$tokdir" \
     --training.dataset_path "$text" "${size[@]}" --job.dump_folder "$tmp/$f" >"$tmp/$f.log" 2>&1 \
     && ok || bad "$f: $(tail -3 "$tmp/$f.log")"
