@@ -86,10 +86,12 @@ check "tp2 x fsdp2 bf16" run 4 "$tmp/tp2fsdp2_bf16" --parallelism.tensor_paralle
 check "tp2 x fsdp2 bf16 = fsdp2 bf16" same "$tmp/tp2fsdp2_bf16" "$tmp/fsdp2_bf16" "${tol16[@]}"
 fi
 
-# --- compositions: each pair of options against one process with the same ones. Measured
-# (loss, grad norm, weights): ac full + sdpa 9.4e-9, 1.5e-8, 2.0e-8; ac op + chunked head
-# 1.3e-8, 2.9e-8, 3.7e-8; block_causal + accumulation 5.3e-9, 1.6e-8, 1.4e-8; chat 1.0e-8,
-# 4.6e-8, 2.2e-8; attention bias 1.1e-8, 2.2e-8, 1.6e-8. The guarded run: 0, 0, 0.
+# --- compositions: options against one process with the same ones (measured (loss, grad norm,
+# weights) when each pair ran alone: ac full + sdpa 9.4e-9, 1.5e-8, 2.0e-8; ac op + chunked
+# head 1.3e-8, 2.9e-8, 3.7e-8; block_causal + accumulation 5.3e-9, 1.6e-8, 1.4e-8; chat
+# 1.0e-8, 4.6e-8, 2.2e-8; attention bias 1.1e-8, 2.2e-8, 1.6e-8; two pairs to a run now: ac
+# full + sdpa + block_causal + accumulation 7.1e-9, 1.6e-8, 1.6e-8; chat + ac op + chunked head
+# 1.0e-8, 5.1e-8, 2.2e-8). The guarded run: 0, 0, 0.
 compose() { # NAME [--key value ...]: np1 and tp2, compared at the fp32 tolerances
   local name=$1; shift
   check "np1 $name" run 1 "$tmp/np1_$name" "$@"
@@ -97,11 +99,10 @@ compose() { # NAME [--key value ...]: np1 and tp2, compared at the fp32 toleranc
   check "tp2 $name = np1" same "$tmp/tp2_$name" "$tmp/np1_$name" "${tol[@]}"
 }
 if full; then
-compose ac_full_sdpa --activation_checkpoint.mode full --model.attn_backend sdpa
-compose ac_op_chunked --activation_checkpoint.mode selective \
-  --activation_checkpoint.selective_ac_option op --training.loss_chunk_tokens 24
-# block_causal on packed documents, and 2 micro-batches per step (global 4 = 2 x local 2)
-compose block_accum --model.attn_mask_type block_causal --training.global_batch_size 4
+# full AC on sdpa, with block_causal on packed documents and 2 micro-batches per step (global
+# 4 = 2 x local 2)
+compose ac_full_sdpa_block_accum --activation_checkpoint.mode full --model.attn_backend sdpa \
+  --model.attn_mask_type block_causal --training.global_batch_size 4
 # chat masks: conversations of real text, the assistant turns trained (training.train_on)
 "$CTITAN_PYTHON" - "$text" "$tmp/chat.jsonl" <<'PY'
 import json, sys
@@ -111,8 +112,11 @@ with open(sys.argv[2], "w", encoding="utf-8") as f:
         m = [{"role": "user", "content": lines[i]}, {"role": "assistant", "content": lines[i + 1]}]
         f.write(json.dumps({"messages": m}, ensure_ascii=False) + "\n")
 PY
-compose chat --training.dataset_path "$tmp/chat.jsonl" --training.train_on assistant
-grep -q "conversations rendered" "$tmp/tp2_chat.log" && ok || bad "tp2 chat: no conversations"
+# ... with op-level AC and the chunked loss head
+compose chat_ac_op_chunked --training.dataset_path "$tmp/chat.jsonl" --training.train_on assistant \
+  --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op \
+  --training.loss_chunk_tokens 24
+grep -q "conversations rendered" "$tmp/tp2_chat_ac_op_chunked.log" && ok || bad "tp2 chat: no conversations"
 # attention bias: np1's exported weights with q/k/v/o biases added (attention_bias: true), as an
 # HF folder (model.n_layers 0: the architecture is config.json's)
 "$CTITAN_PYTHON" "$(dirname "$0")/tp_add_bias.py" "$tmp/np1/hf" "$tmp/bias_hf" || bad "tp_add_bias.py"
