@@ -66,8 +66,3 @@ void peft_adapter_free(peft_adapter *a);
 int peft_adapter_save(const char *dir, const peft_config *pc, const lora_layout *L,
                       const float *buf, ct_error *err);
 
-// DIR's adapter into a LoRA model's (qwen3_init_lora; lora_layout order, over what it held). Its
-// r, lora_alpha, target_modules and use_rslora must be the model's (else one line naming both);
-// lora_dropout is the model's own choice.
-struct qwen3_model;
-int peft_adapter_apply(struct qwen3_model *m, const char *dir, ct_error *err);

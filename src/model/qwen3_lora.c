@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "model/peft_adapter.h"
 #include "model/qwen3_internal.h"
 
 // The adapter as a model-shaped table (qwen3_trained) and its units.
@@ -260,4 +261,27 @@ int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, con
         return -1;
     }
     return 0;
+}
+
+int peft_adapter_apply(qwen3_model *m, const char *dir, ct_error *err) {
+    if (!m->lora) return ct_fail(err, "%s: the model has no LoRA adapter to read it into", dir);
+    const lora_config *mc = &m->lora->L.lc;
+    peft_adapter a;
+    if (peft_adapter_load(&a, dir, &m->cfg, err) != 0) return -1;
+    const lora_config *f = &a.pc.lc;
+    int rc = 0;
+    if (f->rank != mc->rank || f->alpha != mc->alpha || f->targets != mc->targets ||
+        f->use_rslora != mc->use_rslora)
+        rc = ct_fail(err,
+                     "%s/%s: r %d, lora_alpha %g, targets 0x%x, use_rslora %d; the model's "
+                     "adapter has rank %d, alpha %g, targets 0x%x, use_rslora %d",
+                     dir, PEFT_CONFIG_NAME, f->rank, (double)f->alpha, f->targets,
+                     (int)f->use_rslora, mc->rank, (double)mc->alpha, mc->targets,
+                     (int)mc->use_rslora);
+    else if (a.L.num != m->lora->L.num)
+        rc = ct_fail(err, "%s: %zu adapter floats, the model's adapter has %zu", dir, a.L.num,
+                     m->lora->L.num);
+    if (rc == 0) qwen3_lora_write(m, 0, a.L.num, a.buf);
+    peft_adapter_free(&a);
+    return rc;
 }

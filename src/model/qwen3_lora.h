@@ -61,6 +61,11 @@ int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, con
 void qwen3_lora_init_random(qwen3_model *m, uint64_t seed);
 // Host I/O of the adapter (floats [offset, offset + n) of the layout), weights or gradients.
 void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src);
+// DIR's PEFT adapter folder (model/peft_adapter.h) into m's adapter (lora_layout order, over what
+// it held). Its r, lora_alpha, target_modules and use_rslora must be the model's (else one line
+// naming both); lora_dropout is the model's own choice. Here, not beside PEFT's parser, so that
+// the parser links without the model (its fuzz target).
+int peft_adapter_apply(qwen3_model *m, const char *dir, ct_error *err);
 void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads);
 
 // The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16
