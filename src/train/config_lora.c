@@ -71,7 +71,7 @@ void config_lora_adapter(ct_config *c, const config_origins *o, config_errors *e
     if (!set_at(o, "lora.dropout")) l->dropout = f->dropout;
     targets_text(theirs, sizeof theirs, f->targets);
     if (!(at = set_at(o, "lora.target_modules"))) {
-        snprintf(l->target_modules, sizeof l->target_modules, "%s", theirs);
+        targets_text(l->target_modules, sizeof l->target_modules, f->targets);
         return;
     }
     // The user's list, parsed as config_lora does (an unknown name is config_check's to report).
