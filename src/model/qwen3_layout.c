@@ -513,11 +513,14 @@ static int model_init(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, c
                        bytes / sizeof(float), bytes, grads ? bytes : 0);
     }
     // A forward-only model's weights are read whole by every forward (each decoded token):
-    // where they live, they are written whole at the load.
+    // where they live, they are written whole at the load. A trained model's weights and
+    // gradients are read and written whole every step (FSDP's, unit by unit). A frozen bf16
+    // base's param_mem holds only its vectors: left on 4 KiB pages.
     if (m->weights16)
         be->mark_streamed(be, m->param_bf16, bytes / 2);
-    else if (!grads)
+    else if (kind != MODEL_FROZEN)
         be->mark_streamed(be, m->param_mem, bytes);
+    if (grads) be->mark_streamed(be, m->grad_mem, bytes);
     param_walk pw = {.table = m->params, .base = m->param_mem};
     param_walk_model(&pw, &m->w, cfg);
     if (grads) { // else m->g stays all NULL

@@ -25,6 +25,9 @@ int adamw_init_shard(adamw *o, ct_backend *be, size_t total, size_t base, size_t
         adamw_free(o);
         return -1;
     }
+    // Read and written whole every step: on huge pages where the backend has them.
+    o->be->mark_streamed(o->be, o->m, (n ? n : 1) * sizeof(float));
+    o->be->mark_streamed(o->be, o->v, (n ? n : 1) * sizeof(float));
     o->total = total;
     o->base = base;
     o->n = n;
