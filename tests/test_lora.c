@@ -1,7 +1,9 @@
 // LoRA (issue 31) against the PyTorch reference of PEFT's arithmetic (tests/ref/lora_ref.py):
-// for each case (dense tied/untied, all-linear and subsets, rsLoRA, MoE with a dense layer and
-// frozen experts (attention adapted), fp32 and bf16 against torch.autocast), the first step's loss and every A and B gradient, then four AdamW steps on
-// the adapter. Then what the reference cannot compare: the base is frozen (no gradient buffer,
+// for each case (dense tied/untied, all-linear and subsets, rsLoRA, MoE with a dense layer: the
+// attention alone with frozen experts, all-linear (each expert's gate/up/down adapted under
+// PEFT's per-expert keys, the dense layer's MLP too) and a subset with rsLoRA; fp32 and bf16
+// against torch.autocast), the first step's loss and every A and B gradient, then four AdamW
+// steps on the adapter. Then what the reference cannot compare: the base is frozen (no gradient buffer,
 // held in bf16 only under bf16), the first step with B = 0 is the base model's loss bit for bit,
 // activation checkpointing (full and op) and block-causal documents give the same bits, and
 // dropout is deterministic, only on the branch, with the right keep rate and scale.
@@ -28,7 +30,12 @@
 #define OP_BF16_REL 3e-2    // rel L2; measured 0 (y, dB), 3.5e-3 (dx), 6.0e-3 (dA)
 #define F32_LOSS_ABS 1e-6   // measured 5.7e-7 (MoE; dense 3.0e-7; steps 2-4: 3.1e-7)
 #define F32_GRAD_ABS 1e-5   // measured 3.5e-7
-#define F32_ADAM_ABS 1e-6   // measured 3.3e-7 (MoE; dense 1.8e-7)
+#define F32_ADAM_ABS 1e-6   // measured 3.3e-7 (MoE, attention only; dense 1.8e-7)
+// With the experts adapted: measured 5.4e-7 (all-linear), 2.0e-6 (a subset, rsLoRA: expert 4's
+// down_proj lora_A, whose few routed tokens give it gradients small enough that Adam's
+// normalised step magnifies the fp32 summation order's 1e-7 differences). The gradients
+// themselves stay within F32_GRAD_ABS (measured 4.5e-7).
+#define F32_ADAM_EXPERTS_ABS 2e-5
 #define BF16_LOSS_REL 5e-3  // measured 2.6e-4 (steps 2-4: 1.3e-3)
 #define BF16_GRAD_REL 1e-1  // rel L2 per tensor; measured 3.1e-2
 #define BF16_UPDATE_REL 3e-1 // rel L2 of w4 - w0; measured 7.5e-2
@@ -227,6 +234,12 @@ static double update_rel_l2(const qwen3_model *m, const char *dir, const st_file
     return sqrt(num) / sqrt(den > 0 ? den : 1e-30);
 }
 
+static bool experts_adapted(const qwen3_model *m) {
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (qwen3_lora_experts(m, l)) return true;
+    return false;
+}
+
 static void run_case(const char *ref, const char *name) {
     char dir[2048], path[4096];
     ct_error err;
@@ -293,7 +306,8 @@ static void run_case(const char *ref, const char *name) {
     if (c.bf16)
         CHECK(ur < BF16_UPDATE_REL, "%s: the update of %d steps: rel L2 %.2e", name, c.steps, ur);
     else
-        CHECK(wa < F32_ADAM_ABS, "%s: weights after %d steps: %.2e", name, c.steps, wa);
+        CHECK(wa < (experts_adapted(&m) ? F32_ADAM_EXPERTS_ABS : F32_ADAM_ABS),
+              "%s: weights after %d steps: %.2e", name, c.steps, wa);
     CHECK(worst_loss < (c.bf16 ? BF16_LOSS_REL : F32_LOSS_ABS), "%s: later losses %.2e", name,
           worst_loss);
     adamw_free(&opt);
@@ -562,6 +576,54 @@ static void check_op(const char *ref) {
     st_close(&f);
 }
 
+// The MoE reference model's config (a dense layer, then a sparse one); false (reported) when it
+// does not load.
+static bool moe_config(qwen3_config *c, const char *ref) {
+    char path[4096];
+    ct_error err;
+    snprintf(path, sizeof path, "%s/lora/moe_mixed_all_f32/hf/config.json", ref);
+    if (qwen3_config_load(c, path, &err) == 0) return true;
+    CHECK(0, "%s", err.msg);
+    return false;
+}
+
+// Per-expert adapters: what the expert kernel cannot run yet is refused in one line (bf16
+// experts, dropout on the experts' branches, the "loop" kernel); the attention alone is not.
+static void check_expert_refusals(const char *ref) {
+    ct_error err;
+    qwen3_config cfg;
+    if (!moe_config(&cfg, ref)) return;
+    ct_ops loop;
+    ct_ops_with_moe_impl(&loop, &ct_ops_cpu, "loop");
+    const struct {
+        bool bf16;
+        float dropout;
+        const ct_ops *ops;
+        unsigned targets;
+        const char *needle; // NULL: accepted
+    } cases[] = {
+        {true, 0, &ct_ops_cpu, LORA_ALL_LINEAR, "bf16 experts"},
+        {false, 0.1f, &ct_ops_cpu, 1u << LORA_UP, "dropout on the experts"},
+        {false, 0, &loop, 1u << LORA_DOWN, "no LoRA variant"},
+        {true, 0.1f, &loop, 1u << LORA_Q, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const qwen3_memory_opts opts = {.bf16 = cases[i].bf16, .bf16_experts = cases[i].bf16};
+        const lora_config lc = {.rank = 2, .alpha = 4, .dropout = cases[i].dropout,
+                                .targets = cases[i].targets};
+        qwen3_model m;
+        err.msg[0] = '\0';
+        const int rc = qwen3_init_lora(&m, &cfg, NULL, cases[i].ops, &opts, &lc, &err);
+        if (rc == 0) qwen3_free(&m);
+        if (cases[i].needle)
+            CHECK(rc != 0 && strstr(err.msg, cases[i].needle) && strstr(err.msg, "sparse (MoE)") &&
+                      !strchr(err.msg, '\n'),
+                  "expert refusal %zu: rc %d: %s", i, rc, err.msg);
+        else
+            CHECK(rc == 0, "attention only on a MoE model: %s", err.msg);
+    }
+}
+
 int main(void) {
     const char *ref = check_env("CTITAN_REF_DIR");
     char path[4096];
@@ -584,6 +646,8 @@ int main(void) {
     check_zero_b(ref, "untied_all_bf16");
     check_zero_b(ref, "tied_bias_subset_rslora_bf16");
     check_dropout(ref, "untied_all_f32");
+    check_compose(ref, "moe_mixed_all_f32");
+    check_expert_refusals(ref);
     cJSON_Delete(idx);
     return check_summary();
 }
