@@ -19,6 +19,7 @@
 #include "model/qwen3_lora.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "train/metrics.h"
 
 // Tolerances, near 10x the worst measured over the cases (figures beside). fp32 is the issue's
 // contract (loss 1e-6, gradients 1e-5, weights after AdamW 1e-6). bf16 at the model level is
@@ -624,6 +625,41 @@ static void check_expert_refusals(const char *ref) {
     }
 }
 
+// MFU's FLOPs per token for LoRA (metrics.c): 4 per base parameter a token uses (the input
+// gradients, no dW) and 6 per adapter parameter it uses (an expert's adapter K/E of it), plus
+// attention's; full training's 6 per parameter.
+static void check_flops(const char *ref) {
+    ct_error err;
+    qwen3_config c;
+    if (!moe_config(&c, ref)) return;
+    const int T = 12, r = 4;
+    const lora_config lc = {.rank = r, .alpha = 8, .targets = LORA_ALL_LINEAR};
+    lora_layout L;
+    if (lora_layout_init(&L, &c, &lc, &err) != 0) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const double C = c.hidden_size, q = (double)c.num_attention_heads * c.head_dim,
+                 kv = (double)c.num_key_value_heads * c.head_dim;
+    const double attn = 12.0 * c.num_hidden_layers * q * T;
+    double a = 0; // by hand: the attention's four, then the MLP's three (a sparse layer's K)
+    for (int l = 0; l < c.num_hidden_layers; l++) {
+        a += r * ((C + q) + 2 * (C + kv) + (q + C));
+        a += qwen3_layer_is_sparse(&c, l)
+                 ? (double)c.num_experts_per_tok * 3 * r * (C + c.moe_intermediate_size)
+                 : 3.0 * r * (C + c.intermediate_size);
+    }
+    const double full = metrics_flops_per_token(&c, T), N = (full - attn) / 6;
+    const double lora = metrics_flops_per_token_lora(&c, T, true, lora_active_params(&L, &c));
+    CHECK(fabs(lora_active_params(&L, &c) - a) < 1e-9 * a && a < (double)L.num,
+          "active adapter parameters %.1f, by hand %.1f (of %zu)", lora_active_params(&L, &c), a,
+          L.num);
+    CHECK(fabs(lora - (4 * N + 6 * a + attn)) < 1e-9 * full,
+          "LoRA FLOPs per token %.1f, expected 4N + 6a + attention = %.1f", lora,
+          4 * N + 6 * a + attn);
+    lora_layout_free(&L);
+}
+
 int main(void) {
     const char *ref = check_env("CTITAN_REF_DIR");
     char path[4096];
@@ -648,6 +684,7 @@ int main(void) {
     check_dropout(ref, "untied_all_f32");
     check_compose(ref, "moe_mixed_all_f32");
     check_expert_refusals(ref);
+    check_flops(ref);
     cJSON_Delete(idx);
     return check_summary();
 }
