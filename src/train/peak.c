@@ -74,10 +74,12 @@ double peak_cache_lookup(const char *text, const char *key) {
 }
 
 // Best of several runs at two sizes: the first runs pay for thread start-up and page faults.
+// A bf16 GEMM that cannot run (0: oneDNN made no matmul, out of memory) falls back to sgemm's
+// peak rather than dividing by 0.
 static double measure(bool bf16) {
     double (*gemm)(int, int) = bf16 ? metrics_bf16_gflops : metrics_sgemm_gflops;
     double a = gemm(1024, 8), b = gemm(2048, 3);
-    return a > b ? a : b;
+    return a > 0 || b > 0 ? (a > b ? a : b) : bf16 ? measure(false) : 0;
 }
 
 double peak_gflops(double configured, int threads, bool bf16, char *source, size_t cap) {
