@@ -93,9 +93,7 @@ static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
                           : m->mem_opts.bf16 ? "bf16 experts (training.mixed_precision_param = "
                                                "\"bfloat16\") with per-expert adapters are not "
                                                "supported yet; train in float32"
-                          : lc->dropout > 0 ? "dropout on the experts' branches is not supported "
-                                              "yet; set lora.dropout = 0"
-                                            : NULL;
+                                             : NULL;
         if (why)
             return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model "
                                 "with sparse (MoE) layers: %s; or target only q_proj, k_proj, "
@@ -274,6 +272,16 @@ static const float *branch_input(const qwen3_model *m, int l, lora_module md, co
                              lo->token0 * in);
         x = lo->xd;
     }
+    return x;
+}
+
+const ct_moe_lora *qwen3_lora_experts(const qwen3_model *m, int l) {
+    qwen3_lora *lo = m->lora;
+    if (!lo || !lo->experts[l].w) return NULL;
+    ct_moe_lora *x = &lo->experts[l];
+    x->dropout = lo->training ? lo->L.lc.dropout : 0.0f;
+    for (int k = 0; k < 3; k++) x->seed[k] = mask_seed(lo, l, (lora_module)(LORA_GATE + k));
+    x->token0 = lo->token0;
     return x;
 }
 

@@ -59,7 +59,7 @@ typedef struct qwen3_lora {
 // expert kernel (moe_lora_*), and the dense layers' MLP. Refused (one line): tensor parallelism
 // (set later by a strategy; the trainer refuses it), a plugin op table without the lora_*
 // entries; with MLP targets on sparse layers: an expert kernel without a LoRA variant (the
-// "loop" reference, a plugin's), bf16 experts, dropout.
+// "loop" reference, a plugin's), bf16 experts.
 int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                     const qwen3_memory_opts *opts, const lora_config *lc, ct_error *err);
 // PEFT's default init from the run's seed: every A kaiming-uniform with a = sqrt(5), i.e.
@@ -91,10 +91,10 @@ void qwen3_lora_forward(const qwen3_model *m, int l, lora_module md, float *y, u
 // accumulate, and the branch's input gradient is added into dx (N, in).
 void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx, const float *dy,
                          const uint16_t *dy16, int ldy, const float *x, const uint16_t *x16, int N);
-// Layer l's per-expert adapter for the expert kernel, or NULL (none, or l is dense).
-static inline const ct_moe_lora *qwen3_lora_experts(const qwen3_model *m, int l) {
-    return m->lora && m->lora->experts[l].w ? &m->lora->experts[l] : NULL;
-}
+// Layer l's per-expert adapter for the expert kernel, its dropout set for the current forward
+// (the masks of qwen3_lora_forward's scheme, keyed by token and expert), or NULL (none, or l is
+// dense).
+const ct_moe_lora *qwen3_lora_experts(const qwen3_model *m, int l);
 // Whether projection md of layer l is adapted.
 static inline bool qwen3_lora_has(const qwen3_model *m, int l, lora_module md) {
     return m->lora && m->lora->mod[l][md].a;

@@ -255,7 +255,7 @@ typedef struct grouped_args {
     float *a, *b, *hb, *dgu, *dweight, *dw; // backward
     const float *gus;                       // backward: the forward's gu
     const ct_moe_lora *lora;                // PEFT's LoRA on the experts, or NULL
-    int C, F;
+    int C, F, E, K;
     size_t S;
 } grouped_args;
 
@@ -264,14 +264,19 @@ typedef struct grouped_args {
 typedef struct expert_lora {
     const float *A, *B;
     float *dA, *dB, *u, *scratch;
-    int in, out;
+    int in, out, e, m, r0;
 } expert_lora;
 
-// Floats a sorted row takes of the scratch, and an expert on its own (its weights' copies):
-// the backward's branch input gradient (n, max(C,F)), h and u scaled by the routing weight, and
-// lora_forward/backward's scratch (ct_lora_scratch_floats).
+// Floats a sorted row takes of the scratch, and an expert on its own (its weights' copies): the
+// branch's input gradient (n, W), its input dropped out or (backward) h scaled by the routing
+// weight (n, W), u scaled (n, r), and lora_forward/backward's scratch (ct_lora_scratch_floats);
+// W = max(C, F).
 static size_t lora_row_floats(int C, int F, int r) {
-    return (size_t)2 * C + 3 * (size_t)F + 2 * (size_t)r;
+    return (size_t)3 * C + 3 * (size_t)F + 2 * (size_t)r;
+}
+
+static size_t widest(const grouped_args *g) {
+    return (size_t)(g->C > g->F ? g->C : g->F);
 }
 
 size_t ct_moe_lora_scratch_floats(int N, int C, int F, int E, int K, int r) {
@@ -287,6 +292,7 @@ static bool expert_lora_at(expert_lora *o, const grouped_args *g, int e, int m, 
         if (lo->targets & (1u << k)) off += r * (C + F);
     o->in = m == 2 ? g->F : g->C;
     o->out = m == 2 ? g->C : g->F;
+    o->e = e, o->m = m, o->r0 = r0;
     o->A = lo->w + off, o->B = o->A + r * (size_t)o->in;
     o->dA = lo->g + off, o->dB = o->dA + r * (size_t)o->in;
     o->u = lo->u + (size_t)m * g->S * r + (size_t)r0 * r;
@@ -295,11 +301,23 @@ static bool expert_lora_at(expert_lora *o, const grouped_args *g, int e, int m, 
     return true;
 }
 
-// In an expert's scratch (n rows): the input gradient (n, max(C,F)), h and u scaled (n, F), (n, r),
-// then lora_forward/backward's own.
+// lora_forward/backward's scratch, after the expert's rows of the others (lora_row_floats).
 static float *kernel_scratch(const grouped_args *g, const expert_lora *a, int n) {
-    const size_t widest = (size_t)(g->C > g->F ? g->C : g->F);
-    return a->scratch + (size_t)n * (widest + (size_t)g->F + (size_t)g->lora->r);
+    return a->scratch + (size_t)n * (2 * widest(g) + (size_t)g->lora->r);
+}
+
+// dst (n, in) = the branch's input rows x through its dropout mask (may alias x); x itself when
+// there is no dropout.
+static const float *expert_dropout(const grouped_args *g, const expert_lora *a, int n, float *dst,
+                                   const float *x) {
+    const ct_moe_lora *lo = g->lora;
+    if (!(lo->dropout > 0.0f)) return x;
+    for (int i = 0; i < n; i++) {
+        const uint64_t t = lo->token0 + (uint64_t)(g->p.perm[a->r0 + i] / g->K);
+        cpu_lora_dropout(dst + (size_t)i * a->in, x + (size_t)i * a->in, a->in, lo->dropout,
+                         lo->seed[a->m], (t * (uint64_t)g->E + (uint64_t)a->e) * (uint64_t)a->in);
+    }
+    return dst;
 }
 
 // y (n rows, ldy apart) += the branch of module m of expert e on its input x (n, in).
@@ -307,19 +325,22 @@ static void expert_lora_forward(const grouped_args *g, int e, int m, int r0, int
                                 int ldy, const float *x) {
     expert_lora a;
     if (!expert_lora_at(&a, g, e, m, r0)) return;
-    cpu_lora_forward(y, NULL, ldy, a.u, kernel_scratch(g, &a, n), x, a.A, a.B, g->lora->scale, false, n, a.in, g->lora->r,
-                     a.out);
+    x = expert_dropout(g, &a, n, a.scratch, x); // the input gradient's rows: free here
+    cpu_lora_forward(y, NULL, ldy, a.u, kernel_scratch(g, &a, n), x, a.A, a.B, g->lora->scale,
+                     false, n, a.in, g->lora->r, a.out);
 }
 
 // The branch's backward for the output gradient dy (n rows, ldy apart) on input x (n, in) with
-// u as saved (x and u already scaled where the caller folds a per-row factor into them): dA, dB
-// +=; the input gradient into dst (n rows, ldd apart), +=.
+// u as saved (x dropped out, and x and u scaled where the caller folds a per-row factor into
+// them): dA, dB +=; the input gradient, through the dropout mask, into dst (n rows, ldd apart),
+// +=.
 static void expert_lora_backward(const grouped_args *g, const expert_lora *a, int n, float *dst,
                                  int ldd, const float *dy, int ldy, const float *u,
                                  const float *x) {
     float *dxs = a->scratch;
-    cpu_lora_backward(dxs, a->dA, a->dB, kernel_scratch(g, a, n), dy, NULL, ldy, u, x, a->A, a->B, g->lora->scale,
-                      false, n, a->in, g->lora->r, a->out);
+    cpu_lora_backward(dxs, a->dA, a->dB, kernel_scratch(g, a, n), dy, NULL, ldy, u, x, a->A,
+                      a->B, g->lora->scale, false, n, a->in, g->lora->r, a->out);
+    expert_dropout(g, a, n, dxs, dxs);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < a->in; c++) dst[(size_t)i * ldd + c] += dxs[(size_t)i * a->in + c];
 }
@@ -364,11 +385,15 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
         // = U . h below counts the branch too; its dA and dB take y's gradient weight * dout,
         // folded into the inputs: h and u scaled per row by the weight.
         const int r = g->lora->r;
-        float *hw = ad.scratch + (size_t)n * (C > F ? C : F), *uw = hw + (size_t)n * F;
+        float *hw = ad.scratch + (size_t)n * widest(g), *uw = hw + (size_t)n * widest(g);
+        for (int i = 0; i < n; i++) {
+            const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
+            for (int f = 0; f < F; f++) hw[(size_t)i * F + f] = swiglu_value(gi[f], ui[f]);
+        }
+        expert_dropout(g, &ad, n, hw, hw);
         for (int i = 0; i < n; i++) {
             const float wt = g->weight[g->p.perm[r0 + i]];
-            const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
-            for (int f = 0; f < F; f++) hw[(size_t)i * F + f] = wt * swiglu_value(gi[f], ui[f]);
+            for (int f = 0; f < F; f++) hw[(size_t)i * F + f] *= wt;
             for (int k = 0; k < r; k++) uw[(size_t)i * r + k] = wt * ad.u[(size_t)i * r + k];
         }
         expert_lora_backward(g, &ad, n, dgu, 2 * F, de, C, uw, hw);
@@ -398,7 +423,8 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
                 0.0f, de, C);
     for (int m = 0; m < 2; m++) // gate_proj's and up_proj's branches on the gathered x
         if (expert_lora_at(&ad, g, e, m, r0))
-            expert_lora_backward(g, &ad, n, de, C, dgu + (size_t)m * F, 2 * F, ad.u, xe);
+            expert_lora_backward(g, &ad, n, de, C, dgu + (size_t)m * F, 2 * F, ad.u,
+                                 expert_dropout(g, &ad, n, ad.scratch + (size_t)n * widest(g), xe));
 }
 
 void moe_run_experts(const moe_plan *pp, int E, int S, int64_t row_macs, int threads, bool blas,
@@ -448,7 +474,7 @@ static grouped_args grouped_args_of(const float *state, const float *x, const fl
                                     const float *w, const ct_moe_lora *lora, int N, int C, int F,
                                     int E, int K) {
     return (grouped_args){.p = moe_plan_at(state, N, E, K), .x = x, .weight = weight, .w = w,
-                          .lora = lora, .C = C, .F = F, .S = (size_t)N * K};
+                          .lora = lora, .C = C, .F = F, .E = E, .K = K, .S = (size_t)N * K};
 }
 
 static void grouped_forward(float *out, float *state, float *scratch, const float *x,

@@ -102,9 +102,9 @@
 //   the grouped kernel's state and scratch) on frozen experts with PEFT's LoRA on each expert's
 //   gate_proj, up_proj and down_proj (model/qwen3_lora.c): inside the kernel, on each expert's
 //   rows of the routing plan, gate|up += scale * B (A x) before SwiGLU and y += scale * B (A h)
-//   before the routing weight, as lora_forward adds them. The backward gives dx and dweight
-//   through base and branch, and adds the adapter's gradients into lora->g; never dW. NULL in a
-//   table whose experts are the "loop" kernel or a plugin's.
+//   before the routing weight, as lora_forward adds them (dropout: ct_moe_lora). The backward
+//   gives dx and dweight through base and branch, and adds the adapter's gradients into lora->g;
+//   never dW. NULL in a table whose experts are the "loop" kernel or a plugin's.
 // attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
 //   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
 //   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same
@@ -122,7 +122,10 @@
 // stride (and g + e * stride): for each of gate, up and down in that order that `targets` holds
 // (bit 0 gate, 1 up, 2 down), A (r, in) then B (out, r), as model/lora.h lays them out. u holds
 // the forward's A x of each routed row, (N*K, r) per module (gate, up, down), kept for the
-// backward; scratch holds ct_moe_lora_scratch_floats floats.
+// backward; scratch holds ct_moe_lora_scratch_floats floats. dropout > 0: PEFT's lora_dropout
+// on each branch's input rows, as lora_dropout draws it: element j of the input of module m
+// (0 gate, 1 up, 2 down) for token n of the call routed to expert e takes draw
+// ((token0 + n) * E + e) * in + j of seed[m]'s sequence; the backward applies the same masks.
 typedef struct ct_moe_lora {
     const float *w;
     float *g;
@@ -131,6 +134,9 @@ typedef struct ct_moe_lora {
     int r;
     float scale;
     float *u, *scratch;
+    float dropout;
+    uint64_t seed[3];
+    uint64_t token0;
 } ct_moe_lora;
 
 typedef struct ct_ops {
