@@ -2,23 +2,24 @@
 # LoRA through the trainer (issue 31): the first step's loss is the base model's (B = 0); the
 # checkpoints hold the adapter and its AdamW state, not the base; a resume is bit for bit; DDP
 # and ZeRO-1 over 2 ranks equal one process on the same global batch, bit for bit; refusals
-# (FSDP, an unknown module, a MoE model's MLP, a rank disagreeing with lora.adapter_path's, a
-# resume on another base) are one line each. A LoRA run exports a PEFT adapter folder (the
-# checkpoint's adapter bit for bit) that a run, eval and export --merge start from.
+# (FSDP, an unknown module, a MoE model's MLP under bf16, a rank disagreeing with
+# lora.adapter_path's, a resume on another base) are one line each. A LoRA run exports a PEFT
+# adapter folder (the checkpoint's adapter bit for bit) that a run, eval and export --merge start
+# from; a MoE model's holds every expert's adapter under PEFT's per-expert keys.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}" "${CTITAN_PYTHON:?}"
 source "$(dirname "$0")/mpi_test.bash" # ok, bad, finish, same, Open MPI's settings
 ct=$CTITAN_BIN
 tmp=$CTITAN_TMP; rm -rf "$tmp"; mkdir -p "$tmp"
 ref=$CTITAN_REF_DIR/lora/untied_all_f32
-base=(--model.backend hf --training.dataset_path "$ref/tokens.npy"
+base=(--model.backend hf
       --training.seq_len 12 --training.shuffle false --lr_scheduler.warmup_steps 1
       --optimizer.lr 0.01 --metrics.log_freq 1 --metrics.peak_gflops 100)
 lora=(--lora.rank 4 --lora.alpha 8 --lora.target_modules all-linear)
 run() { # NP DUMP [options]: a run of the model in $HF (default: the reference's) with the base
   # options, its output in DUMP.log
   local np=$1 dump=$2; shift 2
-  local model=(--model.hf_path "${HF:-$ref/hf}")
+  local model=(--model.hf_path "${HF:-$ref/hf}" --training.dataset_path "${DATA:-$ref/tokens.npy}")
   if [ "$np" -eq 1 ]; then
     OMP_NUM_THREADS=1 "$ct" train "${base[@]}" "${model[@]}" --job.dump_folder "$dump" "$@" \
       >"$dump.log" 2>&1
@@ -27,6 +28,7 @@ run() { # NP DUMP [options]: a run of the model in $HF (default: the reference's
       --job.dump_folder "$dump" --parallelism.threads_per_rank 1 "$@" >"$dump.log" 2>&1
   fi
 }
+evloss() { "$CTITAN_PYTHON" -c 'import json,sys; d=json.load(sys.stdin); print(repr(d[sys.argv[1]][0] if sys.argv[1] == "step_losses" else d["loss"]))' "$1"; }
 loss1() { "$CTITAN_PYTHON" -c 'import json,sys; print(repr(json.loads(open(sys.argv[1]).readline())["loss"]))' "$1/metrics.jsonl"; }
 
 # The first step: with B = 0 the loss is the full model's, bit for bit.
@@ -129,8 +131,36 @@ refused fsdp "LoRA under FSDP is not supported yet" 2 "${lora[@]}"
 refused module 'unknown module "qkv_proj"' 1 --lora.rank 4 --lora.target_modules q_proj,qkv_proj
 refused adapter-rank "lora.rank = 8, but .*adapter_config.json has r 4" 1 --lora.rank 8 \
   --lora.adapter_path "$tmp/a-peft"
-moe=$CTITAN_REF_DIR/moe_e8k2_norm_aux_untied/hf
-HF=$moe refused moe "sparse \(MoE\) layers" 1 "${lora[@]}"
+# A MoE model (test_lora.c has the arithmetic): all-linear adapts each expert under PEFT's
+# per-expert keys; a run from its export starts at eval's loss with the adapter, bit for bit; the
+# merged export's eval loss is the adapter's within rounding. bf16 experts are refused.
+moe=$CTITAN_REF_DIR/lora/moe_mixed_all_f32
+HF=$moe/hf DATA=$moe/tokens.npy run 1 "$tmp/moe" --training.steps 2 --training.local_batch_size 2 \
+  --checkpoint.interval 2 --checkpoint.last_save_in_hf true "${lora[@]}" &&
+  "$CTITAN_PYTHON" - "$tmp/moe/hf/adapter_model.safetensors" <<'PY' && ok || bad "MoE run: $(tail -3 "$tmp/moe.log")"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+sys.exit(0 if "base_model.model.model.layers.1.mlp.experts.5.down_proj.lora_B.weight" in h and
+         "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight" in h else 1)
+PY
+HF=$moe/hf DATA=$moe/tokens.npy run 1 "$tmp/moe-f" --training.steps 1 --training.local_batch_size 2 \
+  --checkpoint.enable false --lora.adapter_path "$tmp/moe/hf" && ok ||
+  bad "a MoE run from the adapter: $(tail -3 "$tmp/moe-f.log")"
+mev=(--training.dataset_path "$moe/tokens.npy" --training.seq_len 12 --training.shuffle false
+     --training.local_batch_size 2 --json)
+OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$moe/hf" "${mev[@]}" \
+  --lora.adapter_path "$tmp/moe/hf" >"$tmp/moe-ev.json" 2>"$tmp/moe-ev.log" &&
+  [ "$(evloss step_losses <"$tmp/moe-ev.json")" = "$(loss1 "$tmp/moe-f")" ] && ok ||
+  bad "MoE: eval with the adapter $(evloss step_losses <"$tmp/moe-ev.json"), the run from it $(loss1 "$tmp/moe-f")"
+"$ct" export --merge --model.hf_path "$moe/hf" --lora.adapter_path "$tmp/moe/hf" \
+  --output "$tmp/moe-merged" >"$tmp/moe-merged.log" 2>&1 &&
+  OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$tmp/moe-merged" "${mev[@]}" \
+    >"$tmp/moe-ev-merged.json" 2>>"$tmp/moe-merged.log" &&
+  "$CTITAN_PYTHON" -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)' \
+    "$(evloss loss <"$tmp/moe-ev-merged.json")" "$(evloss loss <"$tmp/moe-ev.json")" && ok ||
+  bad "MoE merged: $(tail -3 "$tmp/moe-merged.log")"
+HF=$moe/hf DATA=$moe/tokens.npy refused moe-bf16 "sparse \(MoE\) layers: bf16 experts" 1 \
+  "${lora[@]}" --training.mixed_precision_param bfloat16
 # The final export (last_save_in_hf) writes the same folder; a run started from it
 # (lora.adapter_path alone: the [lora] keys are the file's) has, at its first step, the loss eval
 # gives base + adapter on that batch, bit for bit, and not the base's (B is trained, non-zero);
@@ -146,7 +176,6 @@ run 1 "$tmp/f" --training.steps 1 --training.local_batch_size 2 --checkpoint.ena
   ok || bad "a run from the adapter: $(tail -3 "$tmp/f.log")"
 ev=(--training.dataset_path "$ref/tokens.npy" --training.seq_len 12 --training.shuffle false
     --training.local_batch_size 2 --json)
-evloss() { "$CTITAN_PYTHON" -c 'import json,sys; d=json.load(sys.stdin); print(repr(d[sys.argv[1]][0] if sys.argv[1] == "step_losses" else d["loss"]))' "$1"; }
 OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$ref/hf" "${ev[@]}" \
   --lora.adapter_path "$tmp/e/hf" >"$tmp/ev-lora.json" 2>"$tmp/ev-lora.log" && ok ||
   bad "eval with the adapter: $(tail -3 "$tmp/ev-lora.log")"
@@ -190,6 +219,7 @@ json.dump(c, open(dst + "/config.json", "w"))
 PY
 # (lr 0.1, so that 3 steps move greedy decoding off the base's.)
 OMP_NUM_THREADS=1 "$ct" train "${base[@]/#0.01/0.1}" --model.hf_path "$tmp/g/hf" \
+  --training.dataset_path "$ref/tokens.npy" \
   --job.dump_folder "$tmp/g/run" --training.steps 3 --training.local_batch_size 2 \
   --checkpoint.interval 3 --checkpoint.last_save_in_hf true "${lora[@]}" >"$tmp/g/run.log" 2>&1 &&
   "$ct" export --merge --model.hf_path "$tmp/g/hf" --lora.adapter_path "$tmp/g/run/hf" \

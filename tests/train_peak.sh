@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# MFU's peak is the same from run to run: measured once per machine, CPU model and thread count,
-# cached (CTITAN_CACHE_DIR here), reused, and the log says which peak and where it came from;
+# MFU's peak is the same from run to run: measured once per machine, CPU model, thread count and
+# GEMM dtype, cached (CTITAN_CACHE_DIR here), reused, and the log says which peak and where it
+# came from; a bf16 run's is a bf16 GEMM's, never the fp32 line (nor an fp32 run's the bf16 one);
 # metrics.peak_gflops wins; lines of other machines and garbage in the cache are left alone.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}"
@@ -23,13 +24,25 @@ run first
 grep -q "^mfu: against a peak of .*(sgemm measured now, cached in $CTITAN_CACHE_DIR/peak_gflops.tsv)" \
   "$tmp/first.log" && ok || bad "first run: $(grep '^mfu' "$tmp/first.log")"
 run second
-grep -q "^mfu: .*(measured once for this machine and [0-9]* thread(s), cached in $CTITAN_CACHE_DIR" \
+grep -q "^mfu: .*(fp32 GEMMs measured once for this machine and [0-9]* thread(s), cached in $CTITAN_CACHE_DIR" \
   "$tmp/second.log" && ok || bad "second run: $(grep '^mfu' "$tmp/second.log")"
 [ -n "$(peak first)" ] && [ "$(peak first)" = "$(peak second)" ] && ok ||
   bad "peaks differ: $(peak first) vs $(peak second)"
 [ "$(head -2 "$CTITAN_CACHE_DIR/peak_gflops.tsv")" = "$(cat "$tmp/seed.tsv")" ] && ok ||
   bad "the other lines of the cache were not kept: $(cat "$CTITAN_CACHE_DIR/peak_gflops.tsv")"
 [ "$(wc -l <"$CTITAN_CACHE_DIR/peak_gflops.tsv")" -eq 3 ] && ok || bad "one line added per machine"
+# bf16: not the fp32 line; its own, measured on the bf16 GEMM, then reused.
+grep -q "	fp32	" "$CTITAN_CACHE_DIR/peak_gflops.tsv" && ok || bad "no fp32 key in the cache"
+run bf16 --training.mixed_precision_param bfloat16
+grep -q "^mfu: against a peak of .*(bf16 GEMM measured now, cached in " "$tmp/bf16.log" && ok ||
+  bad "bf16 run: $(grep '^mfu' "$tmp/bf16.log")"
+run bf16b --training.mixed_precision_param bfloat16
+grep -q "^mfu: .*(bf16 GEMMs measured once for this machine" "$tmp/bf16b.log" &&
+  [ "$(peak bf16)" = "$(peak bf16b)" ] && ok || bad "bf16 rerun: $(grep '^mfu' "$tmp/bf16b.log")"
+[ "$(grep -c "	bf16	" "$CTITAN_CACHE_DIR/peak_gflops.tsv")" -eq 1 ] && ok ||
+  bad "one bf16 line: $(cat "$CTITAN_CACHE_DIR/peak_gflops.tsv")"
+run third
+[ "$(peak third)" = "$(peak first)" ] && ok || bad "fp32 after bf16: $(peak third) vs $(peak first)"
 run fixed --metrics.peak_gflops 123.5
 [ "$(peak fixed)" = "123.5" ] && grep -q "(metrics.peak_gflops)" "$tmp/fixed.log" && ok ||
   bad "configured peak: $(grep '^mfu' "$tmp/fixed.log")"

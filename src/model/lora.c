@@ -158,6 +158,15 @@ void lora_layout_free(lora_layout *L) {
     memset(L, 0, sizeof *L);
 }
 
+double lora_active_params(const lora_layout *L, const qwen3_config *cfg) {
+    double n = 0;
+    for (int i = 0; i < L->n; i++)
+        n += L->t[i].expert < 0 ? (double)L->t[i].numel
+                                : (double)L->t[i].numel * cfg->num_experts_per_tok /
+                                      cfg->num_experts;
+    return n;
+}
+
 const lora_tensor *lora_layout_find(const lora_layout *L, const char *name) {
     for (int i = 0; i < L->n; i++)
         if (strcmp(L->t[i].name, name) == 0) return &L->t[i];

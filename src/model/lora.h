@@ -74,6 +74,9 @@ typedef struct lora_layout {
 int lora_layout_init(lora_layout *L, const qwen3_config *cfg, const lora_config *lc,
                      ct_error *err);
 void lora_layout_free(lora_layout *L);
+// The adapter's parameters a token uses: each expert's count K/E of theirs (as metrics count a
+// sparse layer's K experts).
+double lora_active_params(const lora_layout *L, const qwen3_config *cfg);
 // The tensor named `name`, or NULL.
 const lora_tensor *lora_layout_find(const lora_layout *L, const char *name);
 // The tensor for (layer, module, expert, is_b), or NULL when that module is not adapted.

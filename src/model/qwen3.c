@@ -421,7 +421,7 @@ static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
 // sums them over the data-parallel ranks only); the experts are cut by width (Fm/tp each), so
 // the expert kernel's (N,C) output is a partial sum, in p->part, summed onto the sequence shards
 // as down_proj's.
-static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w,
+static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_pass *p, float *out) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = p->d;
@@ -435,7 +435,11 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
         op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
                             d.N, d.E, d.K);
     float *y = m->tp ? p->part : out;
-    if (m->ep)
+    const ct_moe_lora *lora = p->lora ? qwen3_lora_experts(m, l) : NULL;
+    if (lora) // PEFT's per-expert LoRA, inside the (fp32) expert kernel
+        op->moe_lora_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
+                             w->experts, lora, d.N, d.C, d.Fm, d.E, d.K);
+    else if (m->ep)
         qwen3_ep_forward(m, w, a, y);
     else if (qwen3_bf16_experts(&m->mem_opts))
         op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
@@ -457,13 +461,18 @@ static void moe_block_forward(const qwen3_model *m, const qwen3_layer_weights *w
 // from it linearly: the strategy sums the router's over the group, the reduce-scatter in
 // post_norm_backward the input's. The aux loss's gradient (aux_dprob) is the same on every rank
 // (the same global statistics), so only rank 0 adds it, as o_proj's bias.
-static void moe_block_backward(const qwen3_model *m, const qwen3_layer_weights *w,
+static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
     const float *dout = tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
-    if (m->ep) {
+    const ct_moe_lora *lora = qwen3_lora_experts(m, l);
+    if (lora) {
+        from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
+        op->moe_lora_backward(s->dln, s->dweight, s->moe_scratch, dout, a->moe_state, a->ln2,
+                              a->expert, a->route_w, w->experts, lora, d.N, d.C, d.Fm, d.E, d.K);
+    } else if (m->ep) {
         qwen3_ep_backward(m, w, g, a, s->dln, s->dweight, dout);
     } else if (qwen3_bf16_experts(&m->mem_opts)) {
         op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, dout,
@@ -508,7 +517,7 @@ void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const
     if (a->sparse_index < 0)
         mlp_block_forward(m, l, w, a, p, out, gemms);
     else if (gemms)
-        moe_block_forward(m, w, a, p, out);
+        moe_block_forward(m, l, w, a, p, out);
 }
 
 // Training's pass over the planned batch: k and v into the layer's own activations, the
@@ -879,7 +888,7 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         // input with the same bits, unused by now).
         if (a->recompute != QWEN3_AC_NONE) layer_forward(m, l, a->recompute);
         if (a->sparse_index >= 0)
-            moe_block_backward(m, &m->w.layers[l], &m->g.layers[l], a, s);
+            moe_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);
         else
             mlp_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);
         attention_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);

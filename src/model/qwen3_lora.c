@@ -85,11 +85,20 @@ void qwen3_trained_units(const qwen3_model *m, size_t *lo) {
 // The adapter's buffers and the per-layer table, on a model whose base is built.
 static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
     const qwen3_config *c = &m->cfg;
-    if (m->n_sparse > 0 && (lc->targets & ((1u << LORA_GATE) | (1u << LORA_UP) | (1u << LORA_DOWN))))
-        return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model with "
-                            "sparse (MoE) layers: per-expert adapters inside the grouped expert "
-                            "kernels are not supported yet; target q_proj, k_proj, v_proj, "
-                            "o_proj");
+    const unsigned mlp = (1u << LORA_GATE) | (1u << LORA_UP) | (1u << LORA_DOWN);
+    if (m->n_sparse > 0 && (lc->targets & mlp)) {
+        const char *why = !m->ops->moe_lora_forward || !m->ops->moe_lora_backward
+                              ? "the expert kernel has no LoRA variant (model.moe_impl = \"loop\" "
+                                "or a plugin's moe_experts; the default \"grouped\" has)"
+                          : m->mem_opts.bf16 ? "bf16 experts (training.mixed_precision_param = "
+                                               "\"bfloat16\") with per-expert adapters are not "
+                                               "supported yet; train in float32"
+                                             : NULL;
+        if (why)
+            return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model "
+                                "with sparse (MoE) layers: %s; or target only q_proj, k_proj, "
+                                "v_proj, o_proj", why);
+    }
     if (!m->ops->lora_forward || !m->ops->lora_backward || !m->ops->lora_dropout)
         return ct_fail(err, "lora: op table '%s' has no lora_forward/lora_backward/lora_dropout",
                        m->ops->name ? m->ops->name : "?");
@@ -104,8 +113,20 @@ static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
     if (!(lo->w = m->be->alloc(m->be, bytes, "the LoRA adapter", err)) ||
         !(lo->g = m->be->alloc(m->be, bytes, "the LoRA adapter's gradients", err)))
         return ct_wrap(err, "lora: %zu adapter parameters", lo->L.num);
+    lo->experts = calloc((size_t)c->num_hidden_layers, sizeof *lo->experts);
+    if (!lo->experts) return ct_fail(err, "lora: out of memory");
     for (int i = 0; i < lo->L.n; i++) {
         const lora_tensor *t = &lo->L.t[i];
+        if (t->expert >= 0) { // expert 0's first tensor places the layer's; A and B of each module
+            ct_moe_lora *x = &lo->experts[t->layer];
+            if (!x->w) {
+                x->w = lo->w + t->offset, x->g = lo->g + t->offset;
+                x->targets = (lc->targets & mlp) >> LORA_GATE;
+                x->r = lc->rank, x->scale = lo->scale;
+            }
+            if (t->expert == 0) x->stride += t->numel;
+            continue;
+        }
         qwen3_lora_module *md = &lo->mod[t->layer][t->module];
         if (t->is_b)
             md->b = t;
@@ -122,8 +143,10 @@ void qwen3_lora_free(qwen3_model *m) {
         m->be->free(m->be, lo->w);
         m->be->free(m->be, lo->g);
         m->be->free(m->be, lo->act);
+        m->be->free(m->be, lo->experts_act);
     }
     free(lo->mod);
+    free(lo->experts);
     free((qwen3_param *)lo->view.params);
     free(lo->unit_lo);
     lora_layout_free(&lo->L);
@@ -165,6 +188,34 @@ void qwen3_lora_zero_grad(qwen3_model *m) {
     if (m->lora) m->be->zero(m->be, m->lora->g, m->lora->L.num * sizeof(float));
 }
 
+// The adapted sparse layers' u (each module's A x of each routed row) and the expert kernels'
+// scratch, for N tokens.
+static int plan_experts(qwen3_model *m, int N, ct_error *err) {
+    qwen3_lora *lo = m->lora;
+    const qwen3_config *c = &m->cfg;
+    m->be->free(m->be, lo->experts_act);
+    lo->experts_act = NULL;
+    const size_t S = (size_t)N * c->num_experts_per_tok, r = (size_t)lo->L.lc.rank;
+    size_t n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (lo->experts[l].w) n += 3 * S * r;
+    if (n == 0) return 0;
+    const size_t scratch = ct_moe_lora_scratch_floats(N, c->hidden_size, c->moe_intermediate_size,
+                                                      c->num_experts, c->num_experts_per_tok,
+                                                      lo->L.lc.rank);
+    if (!(lo->experts_act = m->be->alloc(m->be, (n + scratch) * sizeof(float),
+                                         "the LoRA experts' activations", err)))
+        return ct_wrap(err, "qwen3_plan: LoRA on the experts");
+    float *at = lo->experts_act;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (!lo->experts[l].w) continue;
+        lo->experts[l].u = at;
+        at += 3 * S * r;
+    }
+    for (int l = 0; l < c->num_hidden_layers; l++) lo->experts[l].scratch = at;
+    return 0;
+}
+
 int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err) {
     qwen3_lora *lo = m->lora;
     if (!lo) return 0;
@@ -197,7 +248,7 @@ int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err) {
         lo->scratch = carve_take(&cv, ct_lora_scratch_floats((int)N, max_in, r, max_out));
     }
     (void)n_mod;
-    return 0;
+    return plan_experts(m, (int)N, err);
 }
 
 // The dropout masks of (layer, module): one sequence, element j of the forward's token n drawing
@@ -221,6 +272,16 @@ static const float *branch_input(const qwen3_model *m, int l, lora_module md, co
                              lo->token0 * in);
         x = lo->xd;
     }
+    return x;
+}
+
+const ct_moe_lora *qwen3_lora_experts(const qwen3_model *m, int l) {
+    qwen3_lora *lo = m->lora;
+    if (!lo || !lo->experts[l].w) return NULL;
+    ct_moe_lora *x = &lo->experts[l];
+    x->dropout = lo->training ? lo->L.lc.dropout : 0.0f;
+    for (int k = 0; k < 3; k++) x->seed[k] = mask_seed(lo, l, (lora_module)(LORA_GATE + k));
+    x->token0 = lo->token0;
     return x;
 }
 

@@ -12,6 +12,7 @@
 
 #include "model/lora.h"
 #include "model/qwen3.h"
+#include "ops/ops.h"
 
 // One projection of one layer as the forward and backward use it.
 typedef struct qwen3_lora_module {
@@ -44,15 +45,21 @@ typedef struct qwen3_lora {
     // u's first element in the adapter (the embedding's and the head's units hold none).
     qwen3_model view;
     size_t *unit_lo;
+    // Per layer: the sparse layer's per-expert adapter as the expert kernel takes it (w NULL: the
+    // layer is dense, or its experts are not adapted); u and scratch from qwen3_lora_plan.
+    ct_moe_lora *experts;
+    float *experts_act; // every adapted sparse layer's u, then the kernels' shared scratch
 } qwen3_lora;
 
 // A model for LoRA training: the base as qwen3_init_forward_only holds it (no gradients, each
 // weight once in the dtype its kernel reads) but planned with `opts` as given (activation
 // checkpointing as asked, a backward allowed), and the adapter of `lc` (A and B zero: fill them
-// with qwen3_lora_init_random or qwen3_lora_write). Refused (one line): tensor parallelism (set
-// later by a strategy; the trainer refuses it), MLP targets on a model with sparse (MoE) layers
-// (per-expert adapters inside the grouped expert kernels are not written yet), a plugin op table
-// without the lora_* entries.
+// with qwen3_lora_init_random or qwen3_lora_write). MLP targets on a model with sparse (MoE)
+// layers adapt every expert's projections (PEFT's per-expert modules), inside the grouped fp32
+// expert kernel (moe_lora_*), and the dense layers' MLP. Refused (one line): tensor parallelism
+// (set later by a strategy; the trainer refuses it), a plugin op table without the lora_*
+// entries; with MLP targets on sparse layers: an expert kernel without a LoRA variant (the
+// "loop" reference, a plugin's), bf16 experts.
 int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                     const qwen3_memory_opts *opts, const lora_config *lc, ct_error *err);
 // PEFT's default init from the run's seed: every A kaiming-uniform with a = sqrt(5), i.e.
@@ -84,6 +91,10 @@ void qwen3_lora_forward(const qwen3_model *m, int l, lora_module md, float *y, u
 // accumulate, and the branch's input gradient is added into dx (N, in).
 void qwen3_lora_backward(const qwen3_model *m, int l, lora_module md, float *dx, const float *dy,
                          const uint16_t *dy16, int ldy, const float *x, const uint16_t *x16, int N);
+// Layer l's per-expert adapter for the expert kernel, its dropout set for the current forward
+// (the masks of qwen3_lora_forward's scheme, keyed by token and expert), or NULL (none, or l is
+// dense).
+const ct_moe_lora *qwen3_lora_experts(const qwen3_model *m, int l);
 // Whether projection md of layer l is adapted.
 static inline bool qwen3_lora_has(const qwen3_model *m, int l, lora_module md) {
     return m->lora && m->lora->mod[l][md].a;

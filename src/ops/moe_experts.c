@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "ops/moe_plan.h"
+#include "ops/ops.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
 
@@ -253,8 +254,96 @@ typedef struct grouped_args {
     float *gu, *xy, *h;                     // forward
     float *a, *b, *hb, *dgu, *dweight, *dw; // backward
     const float *gus;                       // backward: the forward's gu
-    int C, F;
+    const ct_moe_lora *lora;                // PEFT's LoRA on the experts, or NULL
+    int C, F, E, K;
+    size_t S;
 } grouped_args;
+
+// ---- LoRA on the experts (ops.h's moe_lora_*) ------------------------------------------------
+// Expert e's gate (0), up (1) or down (2) as the adapter holds it, over e's sorted rows from r0.
+typedef struct expert_lora {
+    const float *A, *B;
+    float *dA, *dB, *u, *scratch;
+    int in, out, e, m, r0;
+} expert_lora;
+
+// Floats a sorted row takes of the scratch, and an expert on its own (its weights' copies): the
+// branch's input gradient (n, W), its input dropped out or (backward) h scaled by the routing
+// weight (n, W), u scaled (n, r), and lora_forward/backward's scratch (ct_lora_scratch_floats);
+// W = max(C, F).
+static size_t lora_row_floats(int C, int F, int r) {
+    return (size_t)3 * C + 3 * (size_t)F + 2 * (size_t)r;
+}
+
+static size_t widest(const grouped_args *g) {
+    return (size_t)(g->C > g->F ? g->C : g->F);
+}
+
+size_t ct_moe_lora_scratch_floats(int N, int C, int F, int E, int K, int r) {
+    return (size_t)N * K * lora_row_floats(C, F, r) + (size_t)E * 2 * r * ((size_t)C + F);
+}
+
+static bool expert_lora_at(expert_lora *o, const grouped_args *g, int e, int m, int r0) {
+    const ct_moe_lora *lo = g->lora;
+    if (!lo || !(lo->targets & (1u << m))) return false;
+    const size_t r = (size_t)lo->r, C = (size_t)g->C, F = (size_t)g->F;
+    size_t off = (size_t)e * lo->stride; // each module's A and B: r * (C + F) floats
+    for (int k = 0; k < m; k++)
+        if (lo->targets & (1u << k)) off += r * (C + F);
+    o->in = m == 2 ? g->F : g->C;
+    o->out = m == 2 ? g->C : g->F;
+    o->e = e, o->m = m, o->r0 = r0;
+    o->A = lo->w + off, o->B = o->A + r * (size_t)o->in;
+    o->dA = lo->g + off, o->dB = o->dA + r * (size_t)o->in;
+    o->u = lo->u + (size_t)m * g->S * r + (size_t)r0 * r;
+    o->scratch = lo->scratch + (size_t)r0 * lora_row_floats(g->C, g->F, lo->r) +
+                 (size_t)e * 2 * r * (C + F);
+    return true;
+}
+
+// lora_forward/backward's scratch, after the expert's rows of the others (lora_row_floats).
+static float *kernel_scratch(const grouped_args *g, const expert_lora *a, int n) {
+    return a->scratch + (size_t)n * (2 * widest(g) + (size_t)g->lora->r);
+}
+
+// dst (n, in) = the branch's input rows x through its dropout mask (may alias x); x itself when
+// there is no dropout.
+static const float *expert_dropout(const grouped_args *g, const expert_lora *a, int n, float *dst,
+                                   const float *x) {
+    const ct_moe_lora *lo = g->lora;
+    if (!(lo->dropout > 0.0f)) return x;
+    for (int i = 0; i < n; i++) {
+        const uint64_t t = lo->token0 + (uint64_t)(g->p.perm[a->r0 + i] / g->K);
+        cpu_lora_dropout(dst + (size_t)i * a->in, x + (size_t)i * a->in, a->in, lo->dropout,
+                         lo->seed[a->m], (t * (uint64_t)g->E + (uint64_t)a->e) * (uint64_t)a->in);
+    }
+    return dst;
+}
+
+// y (n rows, ldy apart) += the branch of module m of expert e on its input x (n, in).
+static void expert_lora_forward(const grouped_args *g, int e, int m, int r0, int n, float *y,
+                                int ldy, const float *x) {
+    expert_lora a;
+    if (!expert_lora_at(&a, g, e, m, r0)) return;
+    x = expert_dropout(g, &a, n, a.scratch, x); // the input gradient's rows: free here
+    cpu_lora_forward(y, NULL, ldy, a.u, kernel_scratch(g, &a, n), x, a.A, a.B, g->lora->scale,
+                     false, n, a.in, g->lora->r, a.out);
+}
+
+// The branch's backward for the output gradient dy (n rows, ldy apart) on input x (n, in) with
+// u as saved (x dropped out, and x and u scaled where the caller folds a per-row factor into
+// them): dA, dB +=; the input gradient, through the dropout mask, into dst (n rows, ldd apart),
+// +=.
+static void expert_lora_backward(const grouped_args *g, const expert_lora *a, int n, float *dst,
+                                 int ldd, const float *dy, int ldy, const float *u,
+                                 const float *x) {
+    float *dxs = a->scratch;
+    cpu_lora_backward(dxs, a->dA, a->dB, kernel_scratch(g, a, n), dy, NULL, ldy, u, x, a->A,
+                      a->B, g->lora->scale, false, n, a->in, g->lora->r, a->out);
+    expert_dropout(g, a, n, dxs, dxs);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < a->in; c++) dst[(size_t)i * ldd + c] += dxs[(size_t)i * a->in + c];
+}
 
 static void grouped_forward_expert(const void *ctx, int e, int par) {
     const grouped_args *g = ctx;
@@ -264,6 +353,8 @@ static void grouped_forward_expert(const void *ctx, int e, int par) {
     float *h = g->h + (size_t)r0 * F;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, 2 * F, C, 1.0f, xy, C, wgu, C, 0.0f, gu,
                 2 * F);
+    expert_lora_forward(g, e, 0, r0, n, gu, 2 * F, xy);
+    expert_lora_forward(g, e, 1, r0, n, gu + F, 2 * F, xy);
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * F >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
@@ -272,6 +363,7 @@ static void grouped_forward_expert(const void *ctx, int e, int par) {
     }
     // y overwrites the expert's gathered x, which the down GEMM no longer needs.
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, F, 1.0f, h, F, wd, F, 0.0f, xy, C);
+    expert_lora_forward(g, e, 2, r0, n, xy, C, h);
 }
 
 static void grouped_backward_expert(const void *ctx, int e, int par) {
@@ -287,6 +379,25 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     // U (n,F) = dout_e @ W_down into the gate half of dgu.
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, F, C, 1.0f, de, C, wd, F, 0.0f, dgu,
                 2 * F);
+    expert_lora ad;
+    if (expert_lora_at(&ad, g, e, 2, r0)) {
+        // down_proj's branch: U gets its input gradient for the unweighted dout, so that dweight
+        // = U . h below counts the branch too; its dA and dB take y's gradient weight * dout,
+        // folded into the inputs: h and u scaled per row by the weight.
+        const int r = g->lora->r;
+        float *hw = ad.scratch + (size_t)n * widest(g), *uw = hw + (size_t)n * widest(g);
+        for (int i = 0; i < n; i++) {
+            const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
+            for (int f = 0; f < F; f++) hw[(size_t)i * F + f] = swiglu_value(gi[f], ui[f]);
+        }
+        expert_dropout(g, &ad, n, hw, hw);
+        for (int i = 0; i < n; i++) {
+            const float wt = g->weight[g->p.perm[r0 + i]];
+            for (int f = 0; f < F; f++) hw[(size_t)i * F + f] *= wt;
+            for (int k = 0; k < r; k++) uw[(size_t)i * r + k] = wt * ad.u[(size_t)i * r + k];
+        }
+        expert_lora_backward(g, &ad, n, dgu, 2 * F, de, C, uw, hw);
+    }
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * (F + C) >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const int slot = g->p.perm[r0 + i];
@@ -310,6 +421,10 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     // dx_e (n,C) = dgu @ W_gate|up, into the dout rows (consumed by dW_down above).
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, 2 * F, 1.0f, dgu, 2 * F, wgu, C,
                 0.0f, de, C);
+    for (int m = 0; m < 2; m++) // gate_proj's and up_proj's branches on the gathered x
+        if (expert_lora_at(&ad, g, e, m, r0))
+            expert_lora_backward(g, &ad, n, de, C, dgu + (size_t)m * F, 2 * F, ad.u,
+                                 expert_dropout(g, &ad, n, ad.scratch + (size_t)n * widest(g), xe));
 }
 
 void moe_run_experts(const moe_plan *pp, int E, int S, int64_t row_macs, int threads, bool blas,
@@ -354,12 +469,19 @@ size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K) {
     return 2 * moe_align16(S * C) + moe_align16(S * F) + moe_align16(S * 2 * F);
 }
 
-void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,
-                             const int32_t *expert, const float *weight, const float *w, int N,
-                             int C, int F, int E, int K) {
+// What both directions set: the plan in the state, the inputs, the sizes.
+static grouped_args grouped_args_of(const float *state, const float *x, const float *weight,
+                                    const float *w, const ct_moe_lora *lora, int N, int C, int F,
+                                    int E, int K) {
+    return (grouped_args){.p = moe_plan_at(state, N, E, K), .x = x, .weight = weight, .w = w,
+                          .lora = lora, .C = C, .F = F, .E = E, .K = K, .S = (size_t)N * K};
+}
+
+static void grouped_forward(float *out, float *state, float *scratch, const float *x,
+                            const int32_t *expert, const float *weight, const float *w,
+                            const ct_moe_lora *lora, int N, int C, int F, int E, int K) {
     const size_t S = (size_t)N * K;
-    grouped_args g = {
-        .p = moe_plan_at(state, N, E, K), .x = x, .weight = weight, .w = w, .C = C, .F = F};
+    grouped_args g = grouped_args_of(state, x, weight, w, lora, N, C, F, E, K);
     moe_plan_build(g.p, expert, N, E, K);
     g.gu = state + moe_plan_floats(N, E, K);
     g.xy = scratch;
@@ -369,21 +491,25 @@ void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const flo
     moe_combine_rows(out, g.xy, weight, g.p, N, C, K);
 }
 
-void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
-                              const float *dout, const float *state, const float *x,
-                              const int32_t *expert, const float *weight, const float *w, int N,
-                              int C, int F, int E, int K) {
-    (void)expert; // the forward's plan has it
+void cpu_moe_grouped_forward(float *out, float *state, float *scratch, const float *x,
+                             const int32_t *expert, const float *weight, const float *w, int N,
+                             int C, int F, int E, int K) {
+    grouped_forward(out, state, scratch, x, expert, weight, w, NULL, N, C, F, E, K);
+}
+
+void cpu_moe_grouped_lora_forward(float *out, float *state, float *scratch, const float *x,
+                                  const int32_t *expert, const float *weight, const float *w,
+                                  const ct_moe_lora *lora, int N, int C, int F, int E, int K) {
+    grouped_forward(out, state, scratch, x, expert, weight, w, lora, N, C, F, E, K);
+}
+
+static void grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
+                             const float *dout, const float *state, const float *x,
+                             const float *weight, const float *w, const ct_moe_lora *lora, int N,
+                             int C, int F, int E, int K) {
     const size_t S = (size_t)N * K;
-    grouped_args g = {.p = moe_plan_at(state, N, E, K),
-                      .x = x,
-                      .weight = weight,
-                      .w = w,
-                      .dout = dout,
-                      .dweight = dweight,
-                      .dw = dw,
-                      .C = C,
-                      .F = F};
+    grouped_args g = grouped_args_of(state, x, weight, w, lora, N, C, F, E, K);
+    g.dout = dout, g.dweight = dweight, g.dw = dw;
     g.gus = state + moe_plan_floats(N, E, K);
     g.a = scratch;
     g.b = g.a + moe_align16(S * C);
@@ -393,4 +519,20 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
     gather_rows(g.b, x, g.p.perm, 0, (int)S, K, C);
     grouped_run(&g, grouped_backward_expert, E, (int)S);
     moe_combine_rows(dx, g.a, NULL, g.p, N, C, K);
+}
+
+void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scratch,
+                              const float *dout, const float *state, const float *x,
+                              const int32_t *expert, const float *weight, const float *w, int N,
+                              int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    grouped_backward(dx, dweight, dw, scratch, dout, state, x, weight, w, NULL, N, C, F, E, K);
+}
+
+void cpu_moe_grouped_lora_backward(float *dx, float *dweight, float *scratch, const float *dout,
+                                   const float *state, const float *x, const int32_t *expert,
+                                   const float *weight, const float *w, const ct_moe_lora *lora,
+                                   int N, int C, int F, int E, int K) {
+    (void)expert;
+    grouped_backward(dx, dweight, NULL, scratch, dout, state, x, weight, w, lora, N, C, F, E, K);
 }

@@ -98,6 +98,13 @@
 //   lora_dropout: out(n) = x * (1 / (1 - p)) where draw first + i of the splitmix64 sequence of
 //   `seed` (core/rng.h) as a uniform in [0, 1) is >= p, else 0; out may alias x. The backward of
 //   dropout is the same call on the gradient (the same seed keeps the same elements).
+// moe_lora_forward / moe_lora_backward (moe_experts.c): moe_experts' fp32 contract (plugin.h;
+//   the grouped kernel's state and scratch) on frozen experts with PEFT's LoRA on each expert's
+//   gate_proj, up_proj and down_proj (model/qwen3_lora.c): inside the kernel, on each expert's
+//   rows of the routing plan, gate|up += scale * B (A x) before SwiGLU and y += scale * B (A h)
+//   before the routing weight, as lora_forward adds them (dropout: ct_moe_lora). The backward
+//   gives dx and dweight through base and branch, and adds the adapter's gradients into lora->g;
+//   never dW. NULL in a table whose experts are the "loop" kernel or a plugin's.
 // attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
 //   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
 //   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same
@@ -111,6 +118,27 @@
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
 //   query head h reading kv head h / (NH/NKV), scale = 1/sqrt(D). scratch holds NH*T floats
 //   (the scores). Causality is the caller's: it passes only the positions up to the query's.
+// One sparse layer's per-expert adapter (moe_lora_*). Expert e's tensors start at w + e *
+// stride (and g + e * stride): for each of gate, up and down in that order that `targets` holds
+// (bit 0 gate, 1 up, 2 down), A (r, in) then B (out, r), as model/lora.h lays them out. u holds
+// the forward's A x of each routed row, (N*K, r) per module (gate, up, down), kept for the
+// backward; scratch holds ct_moe_lora_scratch_floats floats. dropout > 0: PEFT's lora_dropout
+// on each branch's input rows, as lora_dropout draws it: element j of the input of module m
+// (0 gate, 1 up, 2 down) for token n of the call routed to expert e takes draw
+// ((token0 + n) * E + e) * in + j of seed[m]'s sequence; the backward applies the same masks.
+typedef struct ct_moe_lora {
+    const float *w;
+    float *g;
+    size_t stride;
+    unsigned targets;
+    int r;
+    float scale;
+    float *u, *scratch;
+    float dropout;
+    uint64_t seed[3];
+    uint64_t token0;
+} ct_moe_lora;
+
 typedef struct ct_ops {
     const char *name;
     // The kernel state of the backend this table is bound to (bind_ops sets it; NULL in a table
@@ -136,6 +164,9 @@ extern const ct_ops ct_ops_cpu;
 // with that expert kernel and its bf16 variant (moe_bf16_*); returns -1 for an unknown name.
 // Floats of scratch lora_forward and lora_backward take for N rows of (in -> r -> out).
 size_t ct_lora_scratch_floats(int N, int in, int r, int out);
+
+// Floats of scratch moe_lora_forward and moe_lora_backward take (ct_moe_lora.scratch).
+size_t ct_moe_lora_scratch_floats(int N, int C, int F, int E, int K, int r);
 
 int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl);
 

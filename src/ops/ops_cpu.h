@@ -152,6 +152,16 @@ void cpu_moe_grouped_backward(float *dx, float *dweight, float *dw, float *scrat
                               const float *dout, const float *state, const float *x,
                               const int32_t *expert, const float *weight, const float *w, int N,
                               int C, int F, int E, int K);
+// The grouped kernel with PEFT's LoRA on each expert's projections (ops.h's moe_lora_*).
+void cpu_moe_grouped_lora_forward(float *out, float *state, float *scratch, const float *x,
+                                  const int32_t *expert, const float *weight, const float *w,
+                                  const struct ct_moe_lora *lora, int N, int C, int F, int E,
+                                  int K);
+void cpu_moe_grouped_lora_backward(float *dx, float *dweight, float *scratch, const float *dout,
+                                   const float *state, const float *x, const int32_t *expert,
+                                   const float *weight, const float *w,
+                                   const struct ct_moe_lora *lora, int N, int C, int F, int E,
+                                   int K);
 // The same two under bf16 mixed precision (moe_experts_bf16.c, oneDNN): x16 is the input in
 // bf16, w the bf16 copy of the experts' weights. The scratch size query creates the shape's oneDNN
 // matmuls (SIZE_MAX: oneDNN could not make them) in the kernel state of `ops`, the table the

@@ -35,6 +35,7 @@
 #include "ctitan/plugin.h"
 
 struct ct_ops;
+struct ct_moe_lora;
 
 // The types the optimizer's entry takes: elements [offset, offset + numel) of the parameter
 // shard, and the step's scalars, each a Python float in torch rounded to fp32 where it meets a
@@ -308,6 +309,18 @@ typedef struct ct_adamw_coeffs {
        int ldy, const float *u, const float *x, const float *A, const float *B, float scale,       \
        bool bf16, int N, int in, int r, int out),                                                  \
       (dx, dA, dB, scratch, dy, dy16, ldy, u, x, A, B, scale, bf16, N, in, r, out))                \
+    X(OWN, moe_lora_forward, ct_moe_lora_forward_fn, cpu_moe_grouped_lora_forward, OPT,            \
+      "moe_lora", forward,                                                                         \
+      (float *out, float *state, float *scratch, const float *x, const int32_t *expert,            \
+       const float *weight, const float *w, const struct ct_moe_lora *lora, int N, int C, int F,   \
+       int E, int K),                                                                              \
+      (out, state, scratch, x, expert, weight, w, lora, N, C, F, E, K))                            \
+    X(OWN, moe_lora_backward, ct_moe_lora_backward_fn, cpu_moe_grouped_lora_backward, OPT,         \
+      "moe_lora", backward,                                                                        \
+      (float *dx, float *dweight, float *scratch, const float *dout, const float *state,           \
+       const float *x, const int32_t *expert, const float *weight, const float *w,                 \
+       const struct ct_moe_lora *lora, int N, int C, int F, int E, int K),                         \
+      (dx, dweight, scratch, dout, state, x, expert, weight, w, lora, N, C, F, E, K))              \
     X(OWN, lora_dropout, ct_lora_dropout_fn, cpu_lora_dropout, OPT, "lora_dropout", none,          \
       (float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t first),            \
       (out, x, n, p, seed, first))                                                                 \
@@ -375,7 +388,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 67, "the op list has 67 entries");
+_Static_assert(CT_OP_COUNT == 69, "the op list has 69 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -140,7 +140,7 @@ double metrics_flops_per_token(const qwen3_config *c, int seq_len) {
 }
 
 double metrics_flops_per_token_lora(const qwen3_config *c, int seq_len, bool frozen,
-                                    size_t adapter) {
+                                    double adapter) {
     double C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     double q = (double)c->num_attention_heads * c->head_dim;
     double kv = (double)c->num_key_value_heads * c->head_dim;
@@ -153,7 +153,7 @@ double metrics_flops_per_token_lora(const qwen3_config *c, int seq_len, bool fro
                          : 3 * C * F);
     // A frozen base (LoRA) skips dW: 2N forward + 2N for the input gradients; the adapter's own
     // matmuls train (6 a parameter).
-    return (frozen ? 4 * n + 6.0 * (double)adapter : 6 * n) +
+    return (frozen ? 4 * n + 6.0 * adapter : 6 * n) +
            12.0 * c->num_hidden_layers * q * seq_len;
 }
 

@@ -48,10 +48,11 @@ void metrics_close(metrics_log *m);
 // parameters in matmuls (a tied embedding once, as lm_head; an untied input embedding not).
 // In a sparse layer N counts the parameters a token uses: the router and its K experts.
 double metrics_flops_per_token(const qwen3_config *c, int seq_len);
-// The same for a run whose base is frozen (LoRA: 4*N, no dW) training `adapter` parameters of
-// its own (6 each); frozen false is metrics_flops_per_token.
+// The same for a run whose base is frozen (LoRA: 4*N, no dW) training `adapter` parameters a
+// token uses (6 each; lora_active_params: an expert's adapter counts K/E); frozen false is
+// metrics_flops_per_token.
 double metrics_flops_per_token_lora(const qwen3_config *c, int seq_len, bool frozen,
-                                    size_t adapter);
+                                    double adapter);
 // The best rate of `repeats` OpenBLAS sgemms of n x n by n x n, in GFLOP/s (0 if n or repeats
 // is below 1, or out of memory). With n = 1024 it is the MFU denominator the trainer measures;
 // bench_step reports it for any n.

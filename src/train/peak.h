@@ -4,9 +4,12 @@
 #include <stddef.h>
 
 // `configured` (metrics.peak_gflops) when positive; else this machine's cached measurement for
-// `threads` threads, measured and cached now if there is none. `source` says which, and where
-// the cache is, for the log.
-double peak_gflops(double configured, int threads, char *source, size_t cap);
+// `threads` threads and the run's GEMM dtype (bf16: oneDNN's bf16 GEMM, else sgemm), measured
+// and cached now if there is none. `source` says which, and where the cache is, for the log.
+double peak_gflops(double configured, int threads, bool bf16, char *source, size_t cap);
+// The cache line's key: "host<TAB>cpu model<TAB>threads<TAB>fp32|bf16". Lines of the older
+// three-field key (fp32 peaks without a dtype) match no key and are measured again.
+void peak_cache_key(char *out, size_t cap, int threads, bool bf16);
 
 // The cache file: $CTITAN_CACHE_DIR/peak_gflops.tsv, else $XDG_CACHE_HOME/ctitan/, else
 // ~/.cache/ctitan/. -1 when none can be named.

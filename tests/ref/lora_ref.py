@@ -47,18 +47,23 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 SMALL = dict(V=96, C=40, F=72, L=2, NH=6, NKV=2, D=12, tied=False, bias=False)
 TIED = dict(V=80, C=32, F=64, L=2, NH=4, NKV=2, D=16, tied=True, bias=True)
 RUN = dict(B=2, T=12, accum=1, steps=4, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, wd=0.1, ignore=[])
+MOE = dict(V=96, C=32, F=48, L=2, NH=4, NKV=2, D=8, tied=False, bias=False, E=6, K=2, Fm=16,
+           norm=True, step=1, mlp_only=[0], aux=False, coef=0.001)
 CASES = [
     dict(SMALL, **RUN, name="untied_all_f32", r=4, alpha=8.0, rslora=False, targets=ALL,
          bf16=False),
     dict(TIED, **RUN, name="tied_bias_subset_rslora_f32", r=3, alpha=5.0, rslora=True,
          targets=["q_proj", "v_proj", "down_proj"], bf16=False),
-    # Qwen3-MoE with a dense first layer (mlp_only_layers [0]); the attention adapted, the
-    # experts frozen (MLP targets on sparse layers are refused: per-expert adapters are not
-    # written yet). No aux loss (output_router_logits false): test_lora.c runs no balance.
-    dict(V=96, C=32, F=48, L=2, NH=4, NKV=2, D=8, tied=False, bias=False, **RUN,
-         name="moe_mixed_attention_f32", r=4, alpha=4.0, rslora=False,
-         targets=["q_proj", "k_proj", "v_proj", "o_proj"], bf16=False, E=6, K=2, Fm=16,
-         norm=True, step=1, mlp_only=[0], aux=False, coef=0.001),
+    # Qwen3-MoE with a dense first layer (mlp_only_layers [0]): the attention adapted and the
+    # experts frozen; then all-linear (each expert's gate/up/down under PEFT's per-expert keys,
+    # layer 0's dense MLP under mlp.*), then a subset with rsLoRA. No aux loss
+    # (output_router_logits false): test_lora.c runs no balance.
+    dict(MOE, **RUN, name="moe_mixed_attention_f32", r=4, alpha=4.0, rslora=False,
+         targets=["q_proj", "k_proj", "v_proj", "o_proj"], bf16=False),
+    dict(MOE, **RUN, name="moe_mixed_all_f32", r=4, alpha=8.0, rslora=False, targets=ALL,
+         bf16=False),
+    dict(MOE, **RUN, name="moe_mixed_subset_rslora_f32", r=3, alpha=5.0, rslora=True,
+         targets=["q_proj", "up_proj", "down_proj"], bf16=False),
     dict(SMALL, **RUN, name="untied_all_bf16", r=4, alpha=8.0, rslora=False, targets=ALL,
          bf16=True),
     dict(TIED, **RUN, name="tied_bias_subset_rslora_bf16", r=3, alpha=5.0, rslora=True,
@@ -94,20 +99,32 @@ def mlp(x, params, p):
 
 
 def adapter_keys(cfg, targets):
-    """[(PEFT key, shape)] in ctitan's lora_layout order: layer by layer, modules in ALL's order,
-    A then B."""
-    C, Fi = cfg["hidden_size"], cfg["intermediate_size"]
+    """[(PEFT key, in, out)] in ctitan's lora_layout order: layer by layer, modules in ALL's
+    order, A then B; a sparse layer's MLP modules per expert (PEFT's key for the module
+    mlp.experts.{e}.gate_proj), expert by expert, after its attention's."""
+    C = cfg["hidden_size"]
     q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
-    dims = dict(q_proj=(q, C), k_proj=(kv, C), v_proj=(kv, C), o_proj=(C, q),
-                gate_proj=(Fi, C), up_proj=(Fi, C), down_proj=(C, Fi))
+    mlp = ("gate_proj", "up_proj", "down_proj")
+
+    def dims(mod, Fi):
+        return dict(q_proj=(q, C), k_proj=(kv, C), v_proj=(kv, C), o_proj=(C, q),
+                    gate_proj=(Fi, C), up_proj=(Fi, C), down_proj=(C, Fi))[mod]
+
     out = []
     for i in range(cfg["num_hidden_layers"]):
+        sparse = qwen3_ref.is_sparse(cfg, i)
         for mod in ALL:
-            if mod not in targets:
+            if mod not in targets or (sparse and mod in mlp):
                 continue
-            part = "self_attn" if mod in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            key = "base_model.model.model.layers.%d.%s.%s" % (i, part, mod)
-            out.append((key, dims[mod][1], dims[mod][0]))  # (key, in, out)
+            part = "self_attn" if mod not in mlp else "mlp"
+            o, n = dims(mod, cfg["intermediate_size"])
+            out.append(("base_model.model.model.layers.%d.%s.%s" % (i, part, mod), n, o))
+        for e in range(cfg["num_experts"] if sparse else 0):
+            for mod in mlp:
+                if mod in targets:
+                    o, n = dims(mod, cfg["moe_intermediate_size"])
+                    out.append(("base_model.model.model.layers.%d.mlp.experts.%d.%s"
+                                % (i, e, mod), n, o))
     return out
 
 
@@ -150,6 +167,9 @@ def write_case(d, c, gen):
         opt.zero_grad(set_to_none=True)
         loss, n_valid = step_loss(frozen, cfg, inp, tgt, c["bf16"])
         loss.backward()
+        for _, t in tensors:  # experts that saw no token in the step: zero gradients, as in
+            if t.grad is None:  # ctitan (torch's AdamW would skip them: no decay, no moments)
+                t.grad = torch.zeros_like(t)
         losses.append(float(loss))
         if s == 0:
             expected += [("grad." + k, t.grad.detach().clone()) for k, t in tensors]
