@@ -211,6 +211,42 @@ static int export_adapter(trainer *t, ct_error *err) {
     return dist_agree(t->d, rc, "the final export", err);
 }
 
+// hf_save_folder_from's reads (within one tensor) on the group's rank 0.
+static int export_read(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
+    strategy_export *x = ctx;
+    const qwen3_param *gp = qwen3_param_at(x->g, lo);
+    int i = (int)(gp - x->g->params);
+    if (i != x->cur) {
+        if (dist_bcast(x->grp, &i, sizeof i, 0, "the export's next tensor", err) != 0 ||
+            x->fetch(x->ctx, i, err) != 0)
+            return -1;
+        x->cur = i;
+    }
+    memcpy(dst, *x->full + (lo - gp->offset), n * sizeof *dst);
+    return 0;
+}
+
+int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir, ct_dtype dtype,
+                           const char *what, ct_error *err) {
+    int rc = 0;
+    x->cur = -1;
+    if (x->grp->rank == 0) {
+        rc = ckpt_export_hf_from(x->g, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path,
+                                 export_read, x, err);
+        int done = -1; // the peers stop (after a failure too)
+        ct_error ignored;
+        if (dist_bcast(x->grp, &done, sizeof done, 0, what, &ignored) != 0 && rc >= 0)
+            rc = -1, *err = ignored;
+        return rc;
+    }
+    for (int i; rc == 0;) {
+        rc = dist_bcast(x->grp, &i, sizeof i, 0, "the export's next tensor", err);
+        if (rc == 0 && i < 0) break;
+        if (rc == 0) rc = x->fetch(x->ctx, i, err);
+    }
+    return rc;
+}
+
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
@@ -228,17 +264,19 @@ int trainer_export_final(trainer *t, ct_error *err) {
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
-    if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
+    if (t->tp > 1 || t->pp > 1) { // streamed, each tensor assembled from its ranks as written
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        int copied = rc == 0 ? strategy_tp_export(t, dir, dtype, err) : -1;
+        int copied = rc != 0      ? -1
+                     : t->tp > 1 ? strategy_tp_export(t, dir, dtype, err)
+                                 : strategy_pp_export(t, dir, dtype, err);
         if (copied < 0)
             rc = -1;
         else if (is_root(t))
-            fprintf(t->log, "export: %s (%s, assembled from the TP slices%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype,
+            fprintf(t->log, "export: %s (%s, assembled from the %s%s)\n", dir,
+                    t->cfg->checkpoint.export_dtype, t->tp > 1 ? "TP slices" : "pipeline stages",
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
