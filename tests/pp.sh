@@ -3,14 +3,16 @@
 # (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), a MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
-# the final HF export (assembled from the stages); each schedule's order (the ranks' event
+# the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
+# PP=4 and PP=2 (bit for bit), and one process's at PP=2; each schedule's order (the ranks' event
 # traces) against its table; the guarded backend bit for bit; a hung stage; the refusals, one
 # line each.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
 # Under the sanitizers (make check's second pass) one case of each kind: PP=2 1F1B against one
-# process with its trace, a hung stage, two refusals (full, mpi_test.bash).
+# process with its trace, a PP=2 checkpoint resumed by one process, a hung stage, two refusals
+# (full, mpi_test.bash).
 
 # run NP DUMP [--key value ...]: a narrow untied debugmodel (hidden 64), 4 steps of 4 sequences
 # of 32 tokens, 1 thread per rank, the final weights exported to DUMP/hf.
@@ -82,10 +84,32 @@ trace il 1 "F 1 0" "F 1 1" "F 3 0" "B 3 0" "F 3 1" "B 3 1" "F 1 2" "B 1 0" "F 1 
 check "pp4 1F1B" pp 4 "$tmp/pp4" "${six[@]}"
 check "pp4 = np1" agree "$tmp/pp4" "$tmp/np1_6" "${tol[@]}"
 grep -q "stage 0 (embedding, layers 0..0)" "$tmp/pp4.log" && ok || bad "pp4 split: $(grep '^pipeline' "$tmp/pp4.log")"
-check "pp2 uneven by names" pp 2 "$tmp/uneven" "${six[@]}" --parallelism.module_fqns_per_model_part \
-  "tok_embeddings,layers.0,layers.1,layers.2,layers.3;layers.4,layers.5,norm,output"
-check "pp2 uneven = np1" agree "$tmp/uneven" "$tmp/np1_6" "${tol[@]}"
-rm -rf "$tmp/np1_6/hf"
+names=(--parallelism.module_fqns_per_model_part
+  "tok_embeddings,layers.0,layers.1,layers.2,layers.3;layers.4,layers.5,norm,output")
+check "pp2 uneven by names" pp 2 "$tmp/uneven" "${six[@]}" "${names[@]}"
+check "pp2 uneven = np1" same "$tmp/uneven" "$tmp/np1_6" "${tol[@]}"
+# checkpoints in the one-process layout (one shard per pipeline rank, by tensor name): a PP=2
+# checkpoint of step 2 (the uneven split) resumed by one process, at PP=4, and at PP=2 on the
+# same split (bit for bit), and one process's checkpoint resumed at PP=2
+save=(--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 1)
+check "pp2 2 steps, saved" pp 2 "$tmp/leg" "${six[@]}" "${names[@]}" "${save[@]}" --training.steps 2
+ls "$tmp/leg/checkpoint/step-2/model-00001-of-00002.safetensors" >/dev/null &&
+  [ ! -e "$tmp/leg/checkpoint/step-2/model.safetensors" ] && ok ||
+  bad "pp2's checkpoint is not one model shard per pipeline rank"
+rm -rf "$tmp/leg/hf"
+for to in to1 to4 to2; do cp -r "$tmp/leg" "$tmp/$to"; done
+check "pp2 -> np1" run 1 "$tmp/to1" "${six[@]}" "${save[@]}"
+grep -q "resumed from .*step-2 " "$tmp/to1.log" && ok || bad "pp2 -> np1 did not resume"
+check "pp2 -> np1 = np1" agree "$tmp/to1" "$tmp/np1_6" "${tol[@]}"
+check "pp2 -> pp4" pp 4 "$tmp/to4" "${six[@]}" "${save[@]}"
+check "pp2 -> pp4 = np1" agree "$tmp/to4" "$tmp/np1_6" "${tol[@]}"
+check "pp2 -> pp2" pp 2 "$tmp/to2" "${six[@]}" "${names[@]}" "${save[@]}"
+check "pp2 -> pp2 = pp2" agree "$tmp/to2" "$tmp/uneven" 0 0 0
+check "np1 2 steps, saved" run 1 "$tmp/np1_leg" "${six[@]}" "${save[@]}" --training.steps 2
+check "np1 -> pp2" pp 2 "$tmp/np1_leg" "${six[@]}" "${save[@]}"
+grep -q "resumed from .*step-2 " "$tmp/np1_leg.log" && ok || bad "np1 -> pp2 did not resume"
+check "np1 -> pp2 = np1" agree "$tmp/np1_leg" "$tmp/np1_6" "${tol[@]}"
+rm -rf "$tmp/np1_6/hf" "$tmp/uneven/hf" "$tmp"/*/checkpoint
 # MoE with the aux-loss-free bias: each stage moves its own layers' biases from the counts summed
 # over its data-parallel ranks
 moe=(--model.flavor debugmodel_moe --model.load_balance aux_free --model.load_balance_coeff 0.01)
@@ -97,7 +121,14 @@ rm -rf "$tmp/np1_moe/hf"
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0
 fi
-rm -rf "$tmp/np1/hf" "$tmp/pp2/hf"
+if ! full; then # one checkpoint case: a PP=2 checkpoint of step 2 resumed by one process
+check "pp2 2 steps, saved" pp 2 "$tmp/leg" --checkpoint.enable true --checkpoint.interval 2 \
+  --training.steps 2
+rm -rf "$tmp/leg/hf"
+check "pp2 -> np1" run 1 "$tmp/leg" --checkpoint.enable true --checkpoint.interval 2
+check "pp2 -> np1 = np1" agree "$tmp/leg" "$tmp/np1" "${tol[@]}"
+fi
+rm -rf "$tmp/np1/hf" "$tmp/pp2/hf" "$tmp"/*/checkpoint
 
 # --- a hung stage: every rank ends, non-zero, within the comm timeout, the wait named
 fails pp_hang "pipeline: .* did not complete within 5 s|pipeline: .*5 s" 2 \

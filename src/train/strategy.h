@@ -141,6 +141,9 @@ typedef struct strategy_pp_state {
     double bytes;     // payload sent to other stages since setup
 } strategy_pp_state;
 extern const strategy_vt strategy_pp;
+// Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
+// in t->strat.pp).
+int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
 // One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
 // (the last stage's, summed over the pp group) and the MoE aux sum; gradients scaled by `scale`
 // (1 / the step's valid targets).
@@ -148,6 +151,33 @@ int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, 
 // Under PP: the weights as one HF folder in dir (world rank 0 writes; the first data-parallel
 // index's stages take part).
 int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+
+// Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
+// layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those
+// keep(name) accepts (NULL: all), ascending; and a checkpoint's values for the trainer's model
+// by name: a strategy's load_checkpoint (the moments, which must span the local model, and the
+// run state too) and load_sharded (the weights only).
+int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
+                         ckpt_range **out, ct_error *err);
+int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err);
+int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err);
+
+// A checkpoint of P shards in the global layout (TP's, EP's, PP's), around the strategy's own
+// writes (trainer_checkpoint.c). begin: the buffers and the temporary folder (0, or -1 with err
+// set; the caller still calls end). end, on every rank, with its rc: agreed over `agree`; this
+// rank's infos (mine) gathered over grp (NULL: this rank writes no shard and gathers nothing);
+// world rank 0 commits (of[q], n_of[q]: shard q's ranges; note: after the shard count) or
+// abandons the folder; everything freed; the outcome agreed over `agree`.
+typedef struct trainer_shards {
+    int P;
+    char tmp[4200];
+    ckpt_shard_info mine[2], *all;
+    ckpt_range **of;
+    int *n_of;
+} trainer_shards;
+int trainer_shards_begin(trainer *t, trainer_shards *s, int P, ct_error *err);
+int trainer_shards_end(trainer *t, trainer_shards *s, int rc, dist *agree, dist *grp,
+                       const qwen3_model *g, const char *note, ct_error *err);
 
 // A final HF export streamed over grp (trainer_checkpoint.c): grp's rank 0 writes g's folder
 // (the global layout; hf_save_folder_from's tensor order) and, for each tensor i it reaches, names

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/checkpoint.h"
 #include "model/moe_balance.h"
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
@@ -76,6 +77,24 @@ static void free_(trainer *t) {
     dp()->free(t);
 }
 
+int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err) {
+    const strategy_pp_state *p = &t->strat.pp;
+    const int P = t->pp;
+    mc->n_parts = p->v;
+    int n = 0;
+    for (int k = 0; k < p->v; k++) {
+        const pp_stage *s = &p->stage[k * P + r];
+        mc->part_lo[k] = s->lo;
+        mc->part_n[k] = s->hi - s->lo;
+        n += s->hi - s->lo;
+    }
+    if (n == 0) return ct_fail(err, "PP: rank %d holds no layer", r);
+    mc->num_hidden_layers = n;
+    mc->no_embed = r != 0;
+    mc->no_head = r != P - 1;
+    return 0;
+}
+
 // The one-process init's values: each tensor drawn from its global table's stream.
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     qwen3_model *m = &t->model, g;
@@ -126,8 +145,11 @@ static int after_update(trainer *t, ct_error *err) {
 static void after_eval(trainer *t) {
     dp()->after_eval(t);
 }
+// The stage's own waits (its sends and receives) count as exposed communication.
 static void take_comm(trainer *t, double *exposed, double *hidden) {
     dp()->take_comm(t, exposed, hidden);
+    *exposed += t->strat.pp.group->comm_s;
+    t->strat.pp.group->comm_s = 0;
 }
 static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
                    ct_error *err) {
@@ -136,18 +158,64 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 static void weights_ready(trainer *t) {
     dp()->weights_ready(t);
 }
-// Checkpoints under PP are refused at setup (trainer_setup.c): these are never reached.
-static int load_sharded(trainer *t, const char *dir, ct_error *err) {
-    (void)dir;
-    return ct_fail(err, "PP: loading a checkpoint's model shards is not supported (rank %d)",
-                   t->d->rank);
+// --- checkpoints: the one-process layout's ranges. Each pp rank holds its tensors whole, at
+// their global ranges (its local buffer is exactly those ranges back to back, in order), and the
+// first data-parallel index's pp ranks write one shard each, so any PP degree (or one process)
+// resumes it.
+
+// pp rank q's shard: its weights and moments at its tensors' global ranges.
+static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, ckpt_shard_info info[2],
+                       ct_error *err) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    const dist *grp = t->strat.pp.group;
+    ckpt_range *x = NULL;
+    const int n = trainer_named_ranges(g, m, NULL, &x, err);
+    if (n < 0) return -1;
+    const size_t bytes = m->num_params * sizeof(float);
+    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
+    if (src[0]) src[1] = be->view(be, t->opt.m, bytes, true, err);
+    if (src[1]) src[2] = be->view(be, t->opt.v, bytes, true, err);
+    int rc = src[2] ? ckpt_write_shard(tmp, g, grp->rank, grp->size, x, n, src[0], src[1], src[2],
+                                       &info[0], &info[1], err)
+                    : -1;
+    if (src[2]) be->view_release(be, src[2], t->opt.v, bytes, false);
+    if (src[1]) be->view_release(be, src[1], t->opt.m, bytes, false);
+    if (src[0]) qwen3_params_view_release(m, src[0], false);
+    free(x);
+    return rc;
 }
-static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    (void)moments;
-    return load_sharded(t, dir, err);
-}
+
 static int save_checkpoint(trainer *t, ct_error *err) {
-    return ct_fail(err, "PP: checkpoints are not supported (rank %d)", t->d->rank);
+    strategy_pp_state *p = &t->strat.pp;
+    dist *grp = p->group, *w = t->world;
+    const int P = grp->size;
+    const int64_t step = t->state.step;
+    grp->timeout_s = w->timeout_s = t->d->timeout_s;
+    int rc = trainer_check_replicas(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(w, rc, "starting the checkpoint", err) != 0) return -1;
+    qwen3_model g, layout;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    trainer_shards sh;
+    rc = trainer_shards_begin(t, &sh, P, err);
+    // World rank 0 lists every shard's ranges: pp rank q's local layout, made here.
+    for (int q = 0; rc == 0 && is_root(t) && q < P; q++) {
+        qwen3_config lc = t->setup.model;
+        if (strategy_pp_local_config(t, q, &lc, err) != 0 ||
+            qwen3_init_layout(&layout, &lc, err) != 0) {
+            rc = -1;
+            break;
+        }
+        if ((sh.n_of[q] = trainer_named_ranges(&g, &layout, NULL, &sh.of[q], err)) < 0) rc = -1;
+        qwen3_free(&layout);
+    }
+    rc = dist_agree(w, rc, "the PP checkpoint's ranges", err);
+    const bool writes = t->d->rank == 0; // the first data-parallel index's stages
+    if (rc == 0 && writes) rc = write_shard(t, &g, sh.tmp, sh.mine, err);
+    rc = trainer_shards_end(t, &sh, rc, w, writes ? grp : NULL, &g, ", one per pipeline rank", err);
+    qwen3_free(&g);
+    return rc;
 }
 
 // --- the schedule's runner
@@ -315,7 +383,7 @@ const strategy_vt strategy_pp = {
     .setup = setup,
     .free = free_,
     .init_random = init_random,
-    .load_sharded = load_sharded,
+    .load_sharded = trainer_load_model_by_name,
     .load_hf = load_hf,
     .weights_ready = weights_ready,
     .begin_step = begin_step,
@@ -327,7 +395,7 @@ const strategy_vt strategy_pp = {
     .after_update = after_update,
     .after_eval = after_eval,
     .take_comm = take_comm,
-    .load_checkpoint = load_checkpoint,
+    .load_checkpoint = trainer_load_by_name,
     .save_checkpoint = save_checkpoint,
     .model_in_shards = false,
 };

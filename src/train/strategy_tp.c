@@ -465,37 +465,21 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
-    char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
-    memset(mine, 0, sizeof mine);
-    ckpt_range **of = calloc((size_t)P, sizeof *of);
-    int *n_of = calloc((size_t)P, sizeof *n_of);
-    rc = all && of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-                           : ct_fail(err, "out of memory");
+    trainer_shards sh;
+    rc = trainer_shards_begin(t, &sh, P, err);
     for (int q = 0; rc == 0 && q < P; q++)
-        if ((n_of[q] = tp_ranges(&g, &t->model, q, P, true, &of[q], err)) < 0) rc = -1;
+        if ((sh.n_of[q] = tp_ranges(&g, &t->model, q, P, true, &sh.of[q], err)) < 0) rc = -1;
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
     // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0.
     const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = local_state(t, src, err);
     if (rc == 0 && t->d->rank == 0)
-        rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], src, mine, err);
+        rc = write_shard(t, &g, sh.tmp, sh.of[grp->rank], sh.n_of[grp->rank], src, sh.mine, err);
     if (first) local_free(t, src);
-    if (dist_agree(t->world, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        rc = -1;
-    } else if (is_root(t)) {
-        rc = trainer_commit_shards(t, &g, all, P, (const ckpt_range *const *)of, n_of,
-                                   ", one per TP rank", err);
-    }
-    for (int q = 0; of && q < P; q++) free(of[q]);
-    free(of);
-    free(n_of);
-    free(all);
+    rc = trainer_shards_end(t, &sh, rc, t->world, grp, &g, ", one per TP rank", err);
     qwen3_free(&g);
-    return dist_agree(t->world, rc, "committing the checkpoint", err);
+    return rc;
 }
 
 static void begin_step(trainer *t) {

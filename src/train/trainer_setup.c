@@ -34,7 +34,6 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1             ? (fsdp_on ? "FSDP (data_parallel_shard_degree > 1)"
                                                           : "ZeRO-1 (data_parallel_shard_degree > 1)")
-                       : c->checkpoint.enable  ? "checkpoint.enable = true"
                        : c->validation.enable  ? "validation.enable = true"
                                                : NULL;
     if (with)
@@ -514,8 +513,7 @@ static int setup_pp_groups(trainer *t, ct_error *err) {
     return 0;
 }
 
-// This rank's stages under PP: the split, and the local model's parts (its stages' layers,
-// the embedding on stage 0, the head on the last).
+// This rank's stages under PP: the split, its stages' local layers, and the local model.
 static int pp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
     const ct_config_parallelism *c = &t->cfg->parallelism;
     strategy_pp_state *p = &t->strat.pp;
@@ -538,27 +536,18 @@ static int pp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
                  c->pipeline_parallel_last_stage_less_layers, c->module_fqns_per_model_part,
                  err) != 0)
         return -1;
-    const int P = t->pp, r = p->group->rank;
-    p->v = p->S / P;
+    p->v = p->S / t->pp;
     p->m = t->accum;
     if (p->v > PP_MAX_LOCAL || p->v > QWEN3_MAX_PARTS)
         return ct_fail(err, "parallelism.pipeline_parallel_degree = %d: %d stages per rank; at "
                             "most %d",
-                       P, p->v, PP_MAX_LOCAL);
-    mc->n_parts = p->v;
-    int n = 0;
+                       t->pp, p->v, PP_MAX_LOCAL);
     for (int k = 0; k < p->v; k++) {
-        const pp_stage *s = &p->stage[k * P + r];
-        mc->part_lo[k] = s->lo;
-        mc->part_n[k] = s->hi - s->lo;
-        p->l0[k] = n;
-        n += s->hi - s->lo;
-        p->l1[k] = n;
+        const pp_stage *s = &p->stage[k * t->pp + p->group->rank];
+        p->l0[k] = k ? p->l1[k - 1] : 0;
+        p->l1[k] = p->l0[k] + s->hi - s->lo;
     }
-    mc->num_hidden_layers = n;
-    mc->no_embed = r != 0;
-    mc->no_head = r != P - 1;
-    return 0;
+    return strategy_pp_local_config(t, p->group->rank, mc, err);
 }
 
 // This rank's local model under TP, and the sequence cut.
