@@ -72,13 +72,13 @@ static void test_inert_keys(void) {
     config_notes n;
     ct_error err;
     const char *p = write_file("tp.toml", "[training]\ndataset_path = 'd'\n"
-                                          "[parallelism]\npipeline_parallel_degree = 2\n");
+                                          "[metrics]\nenable_wandb = true\n");
     CHECK(load(&c, &n, p, &err, NULL) != 0 && strstr(err.msg, "tp.toml:4:") &&
-              strstr(err.msg, "parallelism.pipeline_parallel_degree = 2 is a torchtitan setting") &&
-              strstr(err.msg, "only 1, which has no effect") &&
-              strstr(err.msg, "nearest in ctitan: data parallelism"),
+              strstr(err.msg, "metrics.enable_wandb = true is a torchtitan setting") &&
+              strstr(err.msg, "only false, which has no effect") &&
+              strstr(err.msg, "nearest in ctitan: metrics.jsonl"),
           "non-neutral inert key: %s", err.msg);
-    CHECK(load(&c, &n, p, &err, "--parallelism.pipeline_parallel_degree", "1", NULL) != 0,
+    CHECK(load(&c, &n, p, &err, "--metrics.enable_wandb", "false", NULL) != 0,
           "the file's line is still an error when the command line repeats it neutrally");
     CHECK(load(&c, &n, NULL, &err, "--training.dataset_path", "d", "--compile.enable", "false",
                "--checkpoint.async_mode", "disabled", "--profiling.save_traces_folder", "x",

@@ -597,6 +597,13 @@ static const struct {
     {"parallelism.context_parallel_rotate_method", false}, // bit-identical (tests/cp.sh)
     {"parallelism.expert_parallel_degree", false},
     {"parallelism.expert_tensor_parallel_degree", false},
+    {"parallelism.pipeline_parallel_degree", false}, // the same gradients (tests/pp.sh)
+    {"parallelism.pipeline_parallel_schedule", false},
+    {"parallelism.pipeline_parallel_microbatch_size", false},
+    {"parallelism.pipeline_parallel_layers_per_stage", false},
+    {"parallelism.pipeline_parallel_first_stage_less_layers", false},
+    {"parallelism.pipeline_parallel_last_stage_less_layers", false},
+    {"parallelism.module_fqns_per_model_part", false},
     {"parallelism.data_parallel_shard_mode", false},
     {"parallelism.fsdp_reshard_after_forward", false}, // bit-identical (tests/fsdp.sh)
     {"parallelism.threads_per_rank", false},           // BLAS rounding only

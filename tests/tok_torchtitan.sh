@@ -47,7 +47,7 @@ hf=$CTITAN_REF_DIR/train/const_clip_tied_bias
 grep -q "^model: $hf/hf" "$tmp/tf.log" && ok || bad "not trained on the folder: $(grep '^model:' "$tmp/tf.log")"
 
 # Several problems in one file: all reported, one line each, before anything runs.
-printf '[training]\nstpes = 3\nseq_len = "x"\n[parallelism]\npipeline_parallel_degree = 2\n' >"$tmp/bad.toml"
+printf '[training]\nstpes = 3\nseq_len = "x"\n[parallelism]\nenable_async_tensor_parallel = true\n' >"$tmp/bad.toml"
 out=$("$ct" train --config "$tmp/bad.toml" --training.dataset_path "$text" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && [ "$(grep -c '^ctitan: error:' <<<"$out")" -eq 3 ] && ok ||
   bad "three problems, three lines (rc $rc): $out"

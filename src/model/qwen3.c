@@ -766,8 +766,18 @@ static void tp_targets(qwen3_model *m, const int32_t *targets) {
     m->be->write(m->be, tp->targets, tp->host_targets, (size_t)d.N * sizeof(int32_t));
 }
 
-static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backward,
-                      float loss_scale, int64_t *n_valid) {
+// Whether a pass over local layers [l0, l1) starts at the embedding / ends at the head.
+static bool has_embed(const qwen3_model *m, int l0) {
+    return l0 == 0 && !m->cfg.no_embed;
+}
+static bool has_head(const qwen3_model *m, int l1) {
+    return l1 == m->cfg.num_hidden_layers && !m->cfg.no_head;
+}
+
+// The forward of local layers [l0, l1): from the embedding, or from `in` (a pipeline stage's
+// input rows); to the loss, or to the stage's output (qwen3_stage_output).
+static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, const float *in,
+                      bool head_backward, float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
@@ -776,7 +786,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     s->aux_active = false;
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    const int L = m->cfg.num_hidden_layers;
+    const int L = l1;
     if (!batch->checked && qwen3_batch_check(m, batch, d.B, NULL) != 0) return NAN;
     const int32_t *targets = batch->targets;
     ct_backend *be = m->be;
@@ -791,16 +801,24 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
     if (m->cp) qwen3_cp_rope_rows(m);
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
-    unit_event(m, 0, QWEN3_UNIT_FORWARD);
-    if (m->tp)
-        tp_embed(m, batch->inputs);
-    else
-        qwen3_embed(m, s->layers[0].resid, s->inputs, d.N); // (N,C)
-    unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
-    for (int l = 0; l < L; l++) {
+    if (!has_embed(m, l0)) {
+        be->copy(be, s->layers[l0].resid, in, (size_t)d.N * d.C * sizeof(float));
+    } else {
+        unit_event(m, 0, QWEN3_UNIT_FORWARD);
+        if (m->tp)
+            tp_embed(m, batch->inputs);
+        else
+            qwen3_embed(m, s->layers[0].resid, s->inputs, d.N); // (N,C)
+        unit_event(m, 0, QWEN3_UNIT_FORWARD_DONE);
+    }
+    for (int l = l0; l < l1; l++) {
         unit_event(m, 1 + l, QWEN3_UNIT_FORWARD);
         layer_forward(m, l, QWEN3_AC_NONE);
         unit_event(m, 1 + l, QWEN3_UNIT_FORWARD_DONE);
+    }
+    if (!has_head(m, l1)) { // a pipeline stage: its output goes on; its backward takes dout
+        s->have_targets = true;
+        return 0.0;
     }
     unit_event(m, L + 1, QWEN3_UNIT_FORWARD);
     const int Ns = sp_rows(m, d.N);
@@ -833,14 +851,14 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, bool head_backwa
 }
 
 double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid) {
-    return forward(m, batch, false, 0.0f, n_valid);
+    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, false, 0.0f, n_valid);
 }
 
 double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
                            int64_t *n_valid) {
     const bool trains = m->grad_mem || m->lora;
     assert(trains && "qwen3_forward_train on a model built without gradients");
-    return forward(m, batch, trains, loss_scale, n_valid);
+    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, trains, loss_scale, n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
@@ -852,7 +870,9 @@ void qwen3_zero_grad(qwen3_model *m) {
     qwen3_lora_zero_grad(m);
 }
 
-void qwen3_backward(qwen3_model *m, float loss_scale) {
+// The backward of local layers [l0, l1) after their forward: from the loss, or from dout (the
+// gradient of a pipeline stage's output); to the embedding, or to s->dresid (the stage input's).
+static void backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale) {
     qwen3_acts *s = m->acts;
     assert((m->grad_mem || m->lora) && "qwen3_backward on a model built without gradients");
     if (!m->grad_mem && !m->lora) return;
@@ -862,25 +882,29 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     // The head: done by qwen3_forward_train (chunked), or from the logits kept (whole; in place,
     // m->logits holds gradients from here on), or by recomputing each chunk's logits.
     const int rows = head_rows(m), L = m->cfg.num_hidden_layers;
+    const bool head = has_head(m, l1);
     // MoE: the balance component reduces the forward's routing statistics (over the ranks: a
     // collective, here, before the first unit's) and gives the aux loss's gradient, if any.
     const float *aux_dprob = m->balance ? moe_balance_backward_begin(m->balance) : NULL;
     s->aux_active = aux_dprob != NULL;
     if (aux_dprob) m->be->write(m->be, s->aux_dprob, aux_dprob, (size_t)d.E * sizeof *s->aux_dprob);
-    unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
-    if (!s->head_done) {
+    if (!head) m->be->copy(m->be, s->dresid, dout, (size_t)d.N * d.C * sizeof(float));
+    if (head) unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
+    if (head && !s->head_done) {
         for (int r0 = 0; r0 < d.N; r0 += rows)
             head_rows_pass(m, r0, r0 + rows < d.N ? r0 + rows : d.N, rows < d.N, false, true,
                            loss_scale);
     }
     const int Ns = sp_rows(m, d.N);
-    tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C); // the head's partial input gradient
-    op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
-                         s->lnf_rstd, Ns, d.C);
-    // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises a
-    // suffix of the buffer (a tied head is the embedding, final only at the very end).
-    unit_event(m, L + 1, QWEN3_UNIT_BACKWARD_DONE);
-    for (int l = L - 1; l >= 0; l--) {
+    if (head) {
+        tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C); // the head's partial input gradient
+        op->rmsnorm_backward(s->dresid, m->g.final_norm, s->dln, s->resid_out, m->w.final_norm,
+                             s->lnf_rstd, Ns, d.C);
+        // Parameters are laid out embed, layers, final norm, lm_head: each point below finalises
+        // a suffix of the buffer (a tied head is the embedding, final only at the very end).
+        unit_event(m, L + 1, QWEN3_UNIT_BACKWARD_DONE);
+    }
+    for (int l = l1 - 1; l >= l0; l--) {
         const qwen3_layer_acts *a = &s->layers[l];
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD);
         // A checkpointed layer's saved activations (all, or the elementwise ops' outputs) were
@@ -894,8 +918,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
         attention_block_backward(m, l, &m->w.layers[l], &m->g.layers[l], a, s);
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
-    unit_event(m, 0, QWEN3_UNIT_BACKWARD);
-    if (!m->g.embed) { // a frozen base (LoRA): no embedding gradient
+    if (!has_embed(m, l0)) { // a pipeline stage: s->dresid is its input's gradient
+    } else if (unit_event(m, 0, QWEN3_UNIT_BACKWARD), !m->g.embed) { // a frozen base (LoRA): no embedding gradient
     } else if (m->tp) { // this rank's vocabulary rows take the gradient of their tokens' full rows
         tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
         tp_zero_foreign_rows(m, s->dln, d.N, d.C);
@@ -903,8 +927,30 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
     } else {
         op->embedding_backward(m->g.embed, s->dresid, s->inputs, d.N, d.C);
     }
-    unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
+    if (has_embed(m, l0)) unit_event(m, 0, QWEN3_UNIT_BACKWARD_DONE);
     s->have_targets = false; // the logits buffer now holds gradients
     s->head_done = false;
     s->aux_active = false;
+}
+
+void qwen3_backward(qwen3_model *m, float loss_scale) {
+    backward(m, 0, m->cfg.num_hidden_layers, NULL, loss_scale);
+}
+
+double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
+                           const float *in) {
+    return forward(m, batch, l0, l1, in, false, 0.0f, NULL);
+}
+
+void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale) {
+    backward(m, l0, l1, dout, loss_scale);
+}
+
+float *qwen3_stage_output(const qwen3_model *m, int l1) {
+    const qwen3_acts *s = m->acts;
+    return l1 < m->cfg.num_hidden_layers ? s->layers[l1].resid : s->resid_out;
+}
+
+float *qwen3_stage_dinput(const qwen3_model *m) {
+    return ((const qwen3_acts *)m->acts)->dresid;
 }

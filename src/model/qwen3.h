@@ -449,6 +449,21 @@ void qwen3_refresh_bf16(qwen3_model *m);
 // (no gradients): that asserts.
 void qwen3_backward(qwen3_model *m, float loss_scale);
 
+// Pipeline parallelism (model/qwen3.c): a pass over one stage, local layers [l0, l1), of a model
+// that holds a rank's stages (cfg.n_parts). The forward starts at the embedding (l0 == 0 and the
+// model has it) or from `in`, the previous stage's output (N, C rows on the backend), and ends at
+// the loss (l1 == num_hidden_layers and the model has the head: the loss sum over the batch's
+// targets is returned; the head's backward is never fused into it) or at the stage's output
+// (qwen3_stage_output(m, l1), valid until the next forward; 0 is returned). The backward, right
+// after that stage's forward, starts from loss_scale at the head or from dout (the gradient of
+// the stage's output) and ends at the embedding or at the gradient of the stage's input
+// (qwen3_stage_dinput, valid until the next pass). Gradients accumulate as qwen3_backward's.
+double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
+                           const float *in);
+void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale);
+float *qwen3_stage_output(const qwen3_model *m, int l1);
+float *qwen3_stage_dinput(const qwen3_model *m);
+
 // ---------------------------------------------------------------------------------------------
 // Generation (qwen3_generate.c): a KV cache and the training forward's layers over it, on the
 // model's backend and op table. qwen3_gen_plan allocates everything once (the cache for max_len

@@ -25,7 +25,16 @@ qwen3_dims qwen3_dims_of(const qwen3_config *c, int B, int T) {
                         .Fm = moe ? c->moe_intermediate_size : 0};
 }
 
+int qwen3_layer_id(const qwen3_config *c, int l) {
+    for (int i = 0; i < c->n_parts; i++) {
+        if (l < c->part_n[i]) return c->part_lo[i] + l;
+        l -= c->part_n[i];
+    }
+    return l;
+}
+
 bool qwen3_layer_is_sparse(const qwen3_config *c, int layer) {
+    layer = qwen3_layer_id(c, layer);
     if (c->num_experts <= 0 || c->decoder_sparse_step <= 0) return false;
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == layer) return false;

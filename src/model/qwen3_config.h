@@ -9,6 +9,8 @@
 
 // The most layers config.json's mlp_only_layers may list (the largest Qwen3-MoE has 94 layers).
 #define QWEN3_MAX_MLP_ONLY 256
+// The most pipeline stages one model (one rank) holds.
+#define QWEN3_MAX_PARTS 16
 // Qwen3's vocabulary (the embedding's rows; the tokenizer has 151669 ids) and the token ids
 // its config.json files name: <|endoftext|> and <|im_end|>.
 #define QWEN3_VOCAB_SIZE 151936
@@ -47,6 +49,15 @@ typedef struct qwen3_config {
     // [expert_lo, expert_lo + local_experts) of every sparse layer (0: all num_experts), still
     // named by their global ids. The router stays whole (num_experts outputs).
     int expert_lo, local_experts;
+    // Pipeline parallelism (not in config.json): this model is a rank's stages. Its
+    // num_hidden_layers local layers are the global model's layers part_lo[0] ..
+    // part_lo[0] + part_n[0] - 1, then part_lo[1] .. (one part per stage it holds), still named
+    // by their global indices (qwen3_layer_id); n_parts 0: the whole model. no_embed: no
+    // embedding (the first layer's input comes from the previous stage); no_head: no final norm
+    // and lm_head (the last layer's output goes to the next stage).
+    int n_parts;
+    int part_lo[QWEN3_MAX_PARTS], part_n[QWEN3_MAX_PARTS];
+    bool no_embed, no_head;
 
     // The config.json this config was read from, as compact JSON text; "" when it was built
     // otherwise (a flavor). qwen3_config_save writes its every field back (bos_token_id,
@@ -66,9 +77,11 @@ typedef struct qwen3_dims {
 
 qwen3_dims qwen3_dims_of(const qwen3_config *c, int B, int T);
 
-// HF's rule: layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
+// HF's rule (i: a local layer, qwen3_layer_id gives its global index): layer i has a sparse MoE block iff i is not in mlp_only_layers, num_experts > 0
 // and (i + 1) % decoder_sparse_step == 0. Every other layer has the dense MLP.
 bool qwen3_layer_is_sparse(const qwen3_config *c, int layer);
+// Local layer l's index in the global model (the same l but in a pipeline stage's model).
+int qwen3_layer_id(const qwen3_config *c, int l);
 // The experts a sparse layer of this model holds: local_experts, or all of them.
 int qwen3_local_experts(const qwen3_config *c);
 // How many layers are sparse.

@@ -107,12 +107,13 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
 
     const int L = c->num_hidden_layers;
     if (pw->unit_lo) pw->unit_lo[0] = pw->off;
-    w->embed = param_add(pw, "model.embed_tokens.weight", c->vocab_size, C);
+    w->embed = c->no_embed ? NULL : param_add(pw, "model.embed_tokens.weight", c->vocab_size, C);
     for (int i = 0; i < L; i++) {
+        const int id = qwen3_layer_id(c, i); // the global index, in the names
         qwen3_layer_weights *lw = w == &dummy ? &dl : &w->layers[i];
         if (pw->unit_lo) pw->unit_lo[1 + i] = pw->off;
 #define P(suffix, rows, cols)                                                                      \
-    (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), param_add(pw, name, rows, cols))
+    (snprintf(name, sizeof name, "model.layers.%d.%s", id, suffix), param_add(pw, name, rows, cols))
         lw->input_norm = P("input_layernorm.weight", C, 0);
         // Back to back, with nothing between: the fused (QD + 2*KVD, C) matrix and its bias.
         lw->wqkv = P("self_attn.q_proj.weight", QD, C);
@@ -126,7 +127,7 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
         lw->k_norm = P("self_attn.k_norm.weight", D, 0);
         lw->post_norm = P("post_attention_layernorm.weight", C, 0);
         if (qwen3_layer_is_sparse(c, i)) {
-            param_walk_moe(pw, lw, c, i);
+            param_walk_moe(pw, lw, c, id);
             continue;
         }
         lw->router = lw->experts = lw->expert_bias = NULL;
@@ -136,6 +137,10 @@ static void param_walk_model(param_walk *pw, qwen3_weights *w, const qwen3_confi
 #undef P
     }
     if (pw->unit_lo) pw->unit_lo[L + 1] = pw->off;
+    if (c->no_head) {
+        w->final_norm = w->lm_head = NULL;
+        return;
+    }
     w->final_norm = param_add(pw, "model.norm.weight", C, 0);
     w->lm_head =
         c->tie_word_embeddings ? w->embed : param_add(pw, "lm_head.weight", c->vocab_size, C);

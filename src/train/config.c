@@ -218,6 +218,25 @@ const config_key config_table[] = {
     KEY(parallelism, expert_tensor_parallel_degree, CONFIG_INT, "1", NULL, false,
         "TP inside each expert under EP: 1 (torchtitan's two choices are 1 and "
         "tensor_parallel_degree; EP with TP is not supported yet)"),
+    KEY(parallelism, pipeline_parallel_degree, CONFIG_INT, "1", NULL, false,
+        "pipeline stages (PP, outermost: ranks [k*world/pp, (k+1)*world/pp) hold stage k's "
+        "layers); with DDP (data_parallel_replicate_degree) inside each stage"),
+    KEY(parallelism, pipeline_parallel_schedule, CONFIG_STR, "1F1B", NULL, false,
+        "the pipeline's schedule, case-insensitive: 1F1B, GPipe (one stage per rank) or "
+        "Interleaved1F1B (stages r, r+pp, ... on rank r); the same gradients"),
+    KEY(parallelism, pipeline_parallel_microbatch_size, CONFIG_INT, "1", NULL, false,
+        "sequences per pipeline micro-batch: training.local_batch_size / it micro-batches, "
+        "which must divide"),
+    KEY(parallelism, pipeline_parallel_layers_per_stage, CONFIG_INT, "0", NULL, false,
+        "decoder layers per stage, the embedding and the head counting as one each (0: as "
+        "many stages as the schedule places, the layers spread evenly)"),
+    KEY(parallelism, pipeline_parallel_first_stage_less_layers, CONFIG_INT, "1", NULL, false,
+        "layers the first stage holds fewer of (the embedding's share)"),
+    KEY(parallelism, pipeline_parallel_last_stage_less_layers, CONFIG_INT, "1", NULL, false,
+        "layers the last stage holds fewer of (the norm and head's share)"),
+    KEY(parallelism, module_fqns_per_model_part, CONFIG_LIST, "", NULL, false,
+        "the stages' modules by torchtitan's names, a list per stage (tok_embeddings, "
+        "layers.N, norm, output), each stage's contiguous; empty: the default split"),
     KEY(parallelism, data_parallel_shard_mode, CONFIG_STR, "fsdp", "fsdp|zero1", false,
         "what data_parallel_shard_degree shards: fsdp (everything, unit by unit, torchtitan's "
         "meaning) or zero1 (the optimizer state only; every rank keeps the whole model)"),
@@ -376,22 +395,39 @@ static int type_fail(const config_key *k, const char *where, const char *expecte
 int config_key_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
                    ct_error *err);
 
-// A TOML array of strings for a CONFIG_LIST key: stored comma-joined.
+// Appends v's strings to joined (comma-joined) at *len.
+static int list_join(char *joined, size_t cap, size_t *len, const config_key *k,
+                     const toml_value *v, const char *where, ct_error *err) {
+    for (int i = 0; i < v->n_items; i++) {
+        const toml_value *item = &v->items[i];
+        if (item->type != TOML_STRING) return type_fail(k, where, "an array of strings", item, err);
+        if (strpbrk(item->str, ",;"))
+            return ct_fail(err, "%s: %s.%s: item %d (\"%.80s\") contains a comma or semicolon",
+                           where, k->section, k->key, i, item->str);
+        int n = snprintf(joined + *len, cap - *len, "%s%s", i ? "," : "", item->str);
+        if (n < 0 || (size_t)n >= cap - *len)
+            return ct_fail(err, "%s: %s.%s: the list is too long", where, k->section, k->key);
+        *len += (size_t)n;
+    }
+    return 0;
+}
+
+// A TOML array of strings for a CONFIG_LIST key: stored comma-joined. torchtitan's
+// module_fqns_per_model_part is an array of such arrays (one per stage): stored with ';' between
+// them.
 static int list_set(ct_config *c, const config_key *k, const toml_value *v, const char *where,
                     ct_error *err) {
     char joined[8192] = "";
     size_t len = 0;
-    for (int i = 0; i < v->n_items; i++) {
-        const toml_value *item = &v->items[i];
-        if (item->type != TOML_STRING) return type_fail(k, where, "an array of strings", item, err);
-        if (strchr(item->str, ','))
-            return ct_fail(err, "%s: %s.%s: item %d (\"%.80s\") contains a comma", where,
-                           k->section, k->key, i, item->str);
-        int n = snprintf(joined + len, sizeof joined - len, "%s%s", i ? "," : "", item->str);
-        if (n < 0 || (size_t)n >= sizeof joined - len)
-            return ct_fail(err, "%s: %s.%s: the list is too long", where, k->section, k->key);
-        len += (size_t)n;
+    const bool nested = strcmp(k->key, "module_fqns_per_model_part") == 0;
+    for (int i = 0; nested && i < v->n_items; i++) {
+        if (v->items[i].type != TOML_ARRAY)
+            return type_fail(k, where, "an array of arrays of strings", &v->items[i], err);
+        if (i) joined[len++] = ';';
+        joined[len] = 0;
+        if (list_join(joined, sizeof joined - 1, &len, k, &v->items[i], where, err) != 0) return -1;
     }
+    if (!nested && list_join(joined, sizeof joined, &len, k, v, where, err) != 0) return -1;
     toml_value str = {.type = TOML_STRING, .str = joined};
     return config_key_set(c, k, &str, where, err);
 }

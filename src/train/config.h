@@ -125,6 +125,13 @@ typedef struct ct_config_parallelism {
     char context_parallel_rotate_method[CT_CONFIG_NAME_MAX]; // "allgather" | "alltoall"
     int expert_parallel_degree;         // ranks splitting the experts (EP), out of the DP ranks
     int expert_tensor_parallel_degree;  // TP inside an expert under EP: 1
+    int pipeline_parallel_degree;       // pipeline stages' ranks (outermost)
+    char pipeline_parallel_schedule[CT_CONFIG_NAME_MAX]; // 1F1B | GPipe | Interleaved1F1B
+    int pipeline_parallel_microbatch_size;               // sequences per micro-batch
+    int pipeline_parallel_layers_per_stage;              // 0: the stages' count decides
+    int pipeline_parallel_first_stage_less_layers;       // the embedding's share (1)
+    int pipeline_parallel_last_stage_less_layers;        // the head's share (1)
+    char module_fqns_per_model_part[1024]; // stages' modules: ';' between stages, ',' inside
     char data_parallel_shard_mode[CT_CONFIG_NAME_MAX];   // "fsdp" | "zero1"
     char fsdp_reshard_after_forward[CT_CONFIG_NAME_MAX]; // "default" | "always" | "never"
     int threads_per_rank; // OpenMP and BLAS threads; 0 = OMP_NUM_THREADS, else cores / ranks

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/lora.h"
+#include "train/pipeline_schedule.h"
 #include "train/config_internal.h"
 
 typedef struct vctx {
@@ -193,6 +194,30 @@ static int check_training(const ct_config *c, bool needs_data, const vctx *vp) {
          "parallelism.expert_tensor_parallel_degree = %d; expected 1 or "
          "tensor_parallel_degree (%d)",
          c->parallelism.expert_tensor_parallel_degree, c->parallelism.tensor_parallel_degree);
+    const ct_config_parallelism *pl = &c->parallelism;
+    NEED(pl->pipeline_parallel_degree >= 1, "parallelism.pipeline_parallel_degree", NULL,
+         "parallelism.pipeline_parallel_degree = %d; expected at least 1",
+         pl->pipeline_parallel_degree);
+    pp_schedule_kind kind;
+    ct_error why;
+    NEED(pp_schedule_parse(pl->pipeline_parallel_schedule, &kind, &why) == 0,
+         "parallelism.pipeline_parallel_schedule", NULL, "%s", why.msg);
+    NEED(pl->pipeline_parallel_microbatch_size >= 1, "parallelism.pipeline_parallel_microbatch_size",
+         NULL, "parallelism.pipeline_parallel_microbatch_size = %d; expected at least 1",
+         pl->pipeline_parallel_microbatch_size);
+    NEED(pl->pipeline_parallel_layers_per_stage >= 0,
+         "parallelism.pipeline_parallel_layers_per_stage", NULL,
+         "parallelism.pipeline_parallel_layers_per_stage = %d; expected 0 (the stages' count "
+         "decides) or more",
+         pl->pipeline_parallel_layers_per_stage);
+    NEED(pl->pipeline_parallel_first_stage_less_layers >= 0 &&
+             pl->pipeline_parallel_last_stage_less_layers >= 0,
+         "parallelism.pipeline_parallel_first_stage_less_layers",
+         "parallelism.pipeline_parallel_last_stage_less_layers",
+         "parallelism.pipeline_parallel_first_stage_less_layers = %d, last_stage_less_layers = "
+         "%d; expected 0 or more",
+         pl->pipeline_parallel_first_stage_less_layers,
+         pl->pipeline_parallel_last_stage_less_layers);
     NEED(c->parallelism.threads_per_rank >= 0, "parallelism.threads_per_rank", NULL,
          "parallelism.threads_per_rank = %d; expected 0 (automatic) or more",
          c->parallelism.threads_per_rank);

@@ -14,6 +14,7 @@
 #include "model/qwen3_parallelize.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
+#include "train/pipeline_schedule.h"
 #include "train/run_setup.h"
 #include "train/train_state.h"
 
@@ -122,6 +123,78 @@ int strategy_ep_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 // A tensor EP splits (by name: an expert's projection).
 bool strategy_ep_is_expert(const char *name);
 
+// Pipeline parallelism (strategy_pp.c): this rank's stages of the split (pipeline_schedule.h),
+// its schedule's actions, and per (local stage k, micro-batch i) at [k * m + i] the stage input
+// received, the output's gradient received, and the output and input gradient sent (N x C
+// floats each on the backend) with their requests in flight. DDP (strategy_replicate) runs over
+// the stage's data-parallel ranks (t->d).
+typedef struct strategy_pp_state {
+    dist *group; // the pp ranks of this data-parallel index (stage s on group rank s % pp)
+    pp_schedule_kind kind;
+    int S, v, m;                // stages, stages on this rank, micro-batches per step
+    pp_stage stage[64];         // every stage (global layer ranges)
+    int l0[PP_MAX_LOCAL], l1[PP_MAX_LOCAL]; // local stage k's local layers
+    pp_action *actions;
+    int n_actions;
+    float **in, **dout, **out, **din;
+    ct_request **req; // 4 * v * m: in, dout, out, din
+    double bytes;     // payload sent to other stages since setup
+} strategy_pp_state;
+extern const strategy_vt strategy_pp;
+// Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
+// in t->strat.pp).
+int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
+// One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
+// (the last stage's, summed over the pp group) and the MoE aux sum; gradients scaled by `scale`
+// (1 / the step's valid targets).
+int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err);
+// Under PP: the weights as one HF folder in dir (world rank 0 writes; the first data-parallel
+// index's stages take part).
+int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+
+// Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
+// layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those
+// keep(name) accepts (NULL: all), ascending; and a checkpoint's values for the trainer's model
+// by name: a strategy's load_checkpoint (the moments, which must span the local model, and the
+// run state too) and load_sharded (the weights only).
+int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
+                         ckpt_range **out, ct_error *err);
+int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err);
+int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err);
+
+// A checkpoint of P shards in the global layout (TP's, EP's, PP's), around the strategy's own
+// writes (trainer_checkpoint.c). begin: the buffers and the temporary folder (0, or -1 with err
+// set; the caller still calls end). end, on every rank, with its rc: agreed over `agree`; this
+// rank's infos (mine) gathered over grp (NULL: this rank writes no shard and gathers nothing);
+// world rank 0 commits (of[q], n_of[q]: shard q's ranges; note: after the shard count) or
+// abandons the folder; everything freed; the outcome agreed over `agree`.
+typedef struct trainer_shards {
+    int P;
+    char tmp[4200];
+    ckpt_shard_info mine[2], *all;
+    ckpt_range **of;
+    int *n_of;
+} trainer_shards;
+int trainer_shards_begin(trainer *t, trainer_shards *s, int P, ct_error *err);
+int trainer_shards_end(trainer *t, trainer_shards *s, int rc, dist *agree, dist *grp,
+                       const qwen3_model *g, const char *note, ct_error *err);
+
+// A final HF export streamed over grp (trainer_checkpoint.c): grp's rank 0 writes g's folder
+// (the global layout; hf_save_folder_from's tensor order) and, for each tensor i it reaches, names
+// it to the group, whose ranks all run fetch(ctx, i) (a collective of theirs) that leaves the
+// whole tensor in *full on rank 0. Every rank of grp calls it; 0 or -1 (rank 0: the tokenizer
+// files copied, as ckpt_export_hf_from).
+typedef struct strategy_export {
+    dist *grp;
+    const qwen3_model *g;
+    float **full;
+    int (*fetch)(void *ctx, int i, ct_error *err);
+    void *ctx;
+    int cur; // the tensor in *full, or -1
+} strategy_export;
+int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir, ct_dtype dtype,
+                           const char *what, ct_error *err);
+
 // One run's strategy and its state.
 typedef struct strategy {
     const strategy_vt *vt;
@@ -137,6 +210,7 @@ typedef struct strategy {
     float *whole;
     strategy_tp_state tp; // TP (strategy_tp)
     strategy_ep_state ep; // EP (strategy_ep)
+    strategy_pp_state pp; // PP (strategy_pp)
 } strategy;
 
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0

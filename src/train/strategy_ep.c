@@ -243,46 +243,7 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 
 static int ep_ranges(const qwen3_model *g, const qwen3_model *m, bool save, int r, ckpt_range **out,
                      ct_error *err) {
-    ckpt_range *x = malloc(((size_t)m->n_params + 1) * sizeof *x);
-    if (!x) return ct_fail(err, "out of memory for the EP checkpoint's ranges");
-    int k = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i], *gp = global_of(g, p, err);
-        if (!gp) {
-            free(x);
-            return -1;
-        }
-        if (save && r != 0 && !strategy_ep_is_expert(p->name)) continue;
-        x[k++] = (ckpt_range){gp->offset, gp->offset + gp->numel};
-    }
-    *out = x;
-    return k;
-}
-
-static int load_ranges(trainer *t, const char *dir, float *moments[2], train_state *st,
-                       ct_error *err) {
-    qwen3_model *m = &t->model, g;
-    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
-        return ct_fail(err, "the EP optimizer does not span the local model");
-    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
-    ckpt_range *x = NULL;
-    int n = ep_ranges(&g, m, false, 0, &x, err);
-    float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL;
-    int rc = host ? ckpt_load_ranges(dir, &g, x, n, host, moments ? moments[0] : NULL,
-                                     moments ? moments[1] : NULL, st, NULL, err)
-                  : -1;
-    if (host) qwen3_params_view_release(m, host, rc == 0);
-    free(x);
-    qwen3_free(&g);
-    return rc;
-}
-
-static int load_sharded(trainer *t, const char *dir, ct_error *err) {
-    return load_ranges(t, dir, NULL, NULL, err);
-}
-
-static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    return load_ranges(t, dir, moments, &t->state, err);
+    return trainer_named_ranges(g, m, save && r != 0 ? strategy_ep_is_expert : NULL, out, err);
 }
 
 // The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit.
@@ -348,13 +309,8 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g, layout;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
-    char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
-    memset(mine, 0, sizeof mine);
-    ckpt_range **of = calloc((size_t)P, sizeof *of);
-    int *n_of = calloc((size_t)P, sizeof *n_of);
-    rc = all && of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-                           : ct_fail(err, "out of memory");
+    trainer_shards sh;
+    rc = trainer_shards_begin(t, &sh, P, err);
     // Rank 0 lists every shard's ranges: EP rank q's local layout, made here.
     for (int q = 0; rc == 0 && is_root(t) && q < P; q++) {
         qwen3_config lc = t->model.cfg;
@@ -363,25 +319,15 @@ static int save_checkpoint(trainer *t, ct_error *err) {
             rc = -1;
             break;
         }
-        if ((n_of[q] = ep_ranges(&g, &layout, true, q, &of[q], err)) < 0) rc = -1;
+        if ((sh.n_of[q] = ep_ranges(&g, &layout, true, q, &sh.of[q], err)) < 0) rc = -1;
         qwen3_free(&layout);
     }
     rc = dist_agree(t->d, rc, "the EP checkpoint's ranges", err);
-    if (rc == 0 && t->erep_group.rank == 0) rc = write_shard(t, &g, tmp, grp->rank, P, mine, err);
-    if (dist_agree(t->d, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        rc = -1;
-    } else if (is_root(t)) {
-        rc = trainer_commit_shards(t, &g, all, P, (const ckpt_range *const *)of, n_of,
-                                   ", one per EP rank", err);
-    }
-    for (int q = 0; of && q < P; q++) free(of[q]);
-    free(of);
-    free(n_of);
-    free(all);
+    if (rc == 0 && t->erep_group.rank == 0)
+        rc = write_shard(t, &g, sh.tmp, grp->rank, P, sh.mine, err);
+    rc = trainer_shards_end(t, &sh, rc, t->d, grp, &g, ", one per EP rank", err);
     qwen3_free(&g);
-    return dist_agree(t->d, rc, "committing the checkpoint", err);
+    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,7 +437,7 @@ const strategy_vt strategy_ep = {.describe = describe,
                                  .setup = setup,
                                  .free = free_,
                                  .init_random = init_random,
-                                 .load_sharded = load_sharded,
+                                 .load_sharded = trainer_load_model_by_name,
                                  .load_hf = load_hf,
                                  .weights_ready = weights_ready,
                                  .begin_step = begin_step,
@@ -503,7 +449,7 @@ const strategy_vt strategy_ep = {.describe = describe,
                                  .after_update = after_update,
                                  .after_eval = after_eval,
                                  .take_comm = take_comm,
-                                 .load_checkpoint = load_checkpoint,
+                                 .load_checkpoint = trainer_load_by_name,
                                  .save_checkpoint = save_checkpoint,
                                  .model_in_shards = false};
 

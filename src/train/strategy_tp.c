@@ -465,37 +465,21 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
-    char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
-    memset(mine, 0, sizeof mine);
-    ckpt_range **of = calloc((size_t)P, sizeof *of);
-    int *n_of = calloc((size_t)P, sizeof *n_of);
-    rc = all && of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-                           : ct_fail(err, "out of memory");
+    trainer_shards sh;
+    rc = trainer_shards_begin(t, &sh, P, err);
     for (int q = 0; rc == 0 && q < P; q++)
-        if ((n_of[q] = tp_ranges(&g, &t->model, q, P, true, &of[q], err)) < 0) rc = -1;
+        if ((sh.n_of[q] = tp_ranges(&g, &t->model, q, P, true, &sh.of[q], err)) < 0) rc = -1;
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
     // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0.
     const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = local_state(t, src, err);
     if (rc == 0 && t->d->rank == 0)
-        rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], src, mine, err);
+        rc = write_shard(t, &g, sh.tmp, sh.of[grp->rank], sh.n_of[grp->rank], src, sh.mine, err);
     if (first) local_free(t, src);
-    if (dist_agree(t->world, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        rc = -1;
-    } else if (is_root(t)) {
-        rc = trainer_commit_shards(t, &g, all, P, (const ckpt_range *const *)of, n_of,
-                                   ", one per TP rank", err);
-    }
-    for (int q = 0; of && q < P; q++) free(of[q]);
-    free(of);
-    free(n_of);
-    free(all);
+    rc = trainer_shards_end(t, &sh, rc, t->world, grp, &g, ", one per TP rank", err);
     qwen3_free(&g);
-    return dist_agree(t->world, rc, "committing the checkpoint", err);
+    return rc;
 }
 
 static void begin_step(trainer *t) {
@@ -606,7 +590,6 @@ const strategy_vt strategy_tp = {
 typedef struct tp_export {
     trainer *t;
     const qwen3_model *g; // the global layout
-    int cur;              // the tensor in full, or -1
     float *all, *full;    // the group's slices of it, and it assembled
     const float *local;   // this rank's weights (a host view)
 } tp_export;
@@ -638,20 +621,8 @@ static int gather_tensor(tp_export *x, int i, ct_error *err) {
     return 0;
 }
 
-// hf_save_folder_from's reads (within one tensor) on TP rank 0.
-static int read_full(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
-    tp_export *x = ctx;
-    const qwen3_param *gp = qwen3_param_at(x->g, lo);
-    int i = (int)(gp - x->g->params);
-    if (i != x->cur) {
-        if (dist_bcast(x->t->strat.tp.group, &i, sizeof i, 0, "the TP export's next tensor", err) !=
-                0 ||
-            gather_tensor(x, i, err) != 0)
-            return -1;
-        x->cur = i;
-    }
-    memcpy(dst, x->full + (lo - gp->offset), n * sizeof *dst);
-    return 0;
+static int fetch_tensor(void *ctx, int i, ct_error *err) {
+    return gather_tensor(ctx, i, err);
 }
 
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
@@ -674,23 +645,11 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     grp->timeout_s = t->d->timeout_s;
     size_t most = 0;
     for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
-    tp_export x = {t, &g, -1, malloc(most * sizeof(float)), malloc(most * sizeof(float)), local};
+    tp_export x = {t, &g, malloc(most * sizeof(float)), malloc(most * sizeof(float)), local};
     rc = x.all && x.full ? 0 : ct_fail(err, "the TP export: out of memory");
     rc = dist_agree(grp, rc, "the TP export's buffers", err);
-    if (rc == 0 && grp->rank == 0) {
-        rc = ckpt_export_hf_from(&g, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path,
-                                 read_full, &x, err);
-        int done = -1; // the peers stop (after a failure too)
-        ct_error ignored;
-        if (dist_bcast(grp, &done, sizeof done, 0, "the TP export's end", &ignored) != 0 && rc >= 0)
-            rc = -1, *err = ignored;
-    } else if (rc == 0) {
-        for (int i; rc == 0;) {
-            rc = dist_bcast(grp, &i, sizeof i, 0, "the TP export's next tensor", err);
-            if (rc == 0 && i < 0) break;
-            if (rc == 0) rc = gather_tensor(&x, i, err);
-        }
-    }
+    strategy_export sx = {.grp = grp, .g = &g, .full = &x.full, .fetch = fetch_tensor, .ctx = &x};
+    if (rc == 0) rc = strategy_export_stream(&sx, t, dir, dtype, "the TP export's end", err);
     if (fsdp_on(t)) free(local);
     else qwen3_params_view_release(m, local, false);
     free(x.all);

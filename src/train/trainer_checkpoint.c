@@ -211,6 +211,111 @@ static int export_adapter(trainer *t, ct_error *err) {
     return dist_agree(t->d, rc, "the final export", err);
 }
 
+int trainer_shards_begin(trainer *t, trainer_shards *s, int P, ct_error *err) {
+    memset(s, 0, sizeof *s);
+    s->P = P;
+    s->all = calloc(2 * (size_t)P, sizeof *s->all);
+    s->of = calloc((size_t)P, sizeof *s->of);
+    s->n_of = calloc((size_t)P, sizeof *s->n_of);
+    return s->all && s->of && s->n_of
+               ? ckpt_tmp_path(s->tmp, sizeof s->tmp, t->ckpt_root, t->state.step, t->save_tag, err)
+               : ct_fail(err, "out of memory");
+}
+
+int trainer_shards_end(trainer *t, trainer_shards *s, int rc, dist *agree, dist *grp,
+                       const qwen3_model *g, const char *note, ct_error *err) {
+    if (dist_agree(agree, rc, "writing the model and optimizer shards", err) != 0 ||
+        (grp && dist_allgather(grp, s->mine, s->all, sizeof s->mine, "the shards' checksums",
+                               err) != 0)) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, t->state.step, t->save_tag);
+        rc = -1;
+    } else if (is_root(t)) {
+        rc = trainer_commit_shards(t, g, s->all, s->P, (const ckpt_range *const *)s->of, s->n_of,
+                                   note, err);
+    }
+    for (int q = 0; s->of && q < s->P; q++) free(s->of[q]);
+    free(s->of);
+    free(s->n_of);
+    free(s->all);
+    return dist_agree(agree, rc, "committing the checkpoint", err);
+}
+
+int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
+                         ckpt_range **out, ct_error *err) {
+    ckpt_range *x = malloc(((size_t)m->n_params + 1) * sizeof *x);
+    if (!x) return ct_fail(err, "out of memory for the checkpoint's ranges");
+    int k = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *gp = qwen3_find_param(g, m->params[i].name);
+        if (!gp) {
+            free(x);
+            return ct_fail(err, "tensor %s is not in the global layout", m->params[i].name);
+        }
+        if (keep && !keep(m->params[i].name)) continue;
+        x[k++] = (ckpt_range){gp->offset, gp->offset + gp->numel};
+    }
+    *out = x;
+    return k;
+}
+
+int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    qwen3_model *m = &t->model, g;
+    train_state *st = moments ? &t->state : NULL;
+    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
+        return ct_fail(err, "the optimizer does not span the local model");
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    ckpt_range *x = NULL;
+    int n = trainer_named_ranges(&g, m, NULL, &x, err);
+    float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL;
+    int rc = host ? ckpt_load_ranges(dir, &g, x, n, host, moments ? moments[0] : NULL,
+                                     moments ? moments[1] : NULL, st, NULL, err)
+                  : -1;
+    if (host) qwen3_params_view_release(m, host, rc == 0);
+    free(x);
+    qwen3_free(&g);
+    return rc;
+}
+
+int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err) {
+    return trainer_load_by_name(t, dir, NULL, err);
+}
+
+// hf_save_folder_from's reads (within one tensor) on the group's rank 0.
+static int export_read(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {
+    strategy_export *x = ctx;
+    const qwen3_param *gp = qwen3_param_at(x->g, lo);
+    int i = (int)(gp - x->g->params);
+    if (i != x->cur) {
+        if (dist_bcast(x->grp, &i, sizeof i, 0, "the export's next tensor", err) != 0 ||
+            x->fetch(x->ctx, i, err) != 0)
+            return -1;
+        x->cur = i;
+    }
+    memcpy(dst, *x->full + (lo - gp->offset), n * sizeof *dst);
+    return 0;
+}
+
+int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir, ct_dtype dtype,
+                           const char *what, ct_error *err) {
+    int rc = 0;
+    x->cur = -1;
+    if (x->grp->rank == 0) {
+        rc = ckpt_export_hf_from(x->g, dir, dtype, 5000000000ull, t->cfg->model.tokenizer_path,
+                                 export_read, x, err);
+        int done = -1; // the peers stop (after a failure too)
+        ct_error ignored;
+        if (dist_bcast(x->grp, &done, sizeof done, 0, what, &ignored) != 0 && rc >= 0)
+            rc = -1, *err = ignored;
+        return rc;
+    }
+    for (int i; rc == 0;) {
+        rc = dist_bcast(x->grp, &i, sizeof i, 0, "the export's next tensor", err);
+        if (rc == 0 && i < 0) break;
+        if (rc == 0) rc = x->fetch(x->ctx, i, err);
+    }
+    return rc;
+}
+
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
@@ -228,17 +333,19 @@ int trainer_export_final(trainer *t, ct_error *err) {
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
-    if (t->tp > 1) { // streamed, each tensor assembled from the TP slices as it is written
+    if (t->tp > 1 || t->pp > 1) { // streamed, each tensor assembled from its ranks as written
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        int copied = rc == 0 ? strategy_tp_export(t, dir, dtype, err) : -1;
+        int copied = rc != 0      ? -1
+                     : t->tp > 1 ? strategy_tp_export(t, dir, dtype, err)
+                                 : strategy_pp_export(t, dir, dtype, err);
         if (copied < 0)
             rc = -1;
         else if (is_root(t))
-            fprintf(t->log, "export: %s (%s, assembled from the TP slices%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype,
+            fprintf(t->log, "export: %s (%s, assembled from the %s%s)\n", dir,
+                    t->cfg->checkpoint.export_dtype, t->tp > 1 ? "TP slices" : "pipeline stages",
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }

@@ -40,6 +40,10 @@ typedef struct trainer {
     // Under EP: this rank's EP group (ep consecutive data-parallel ranks) and the ranks holding
     // the same experts (one per EP group).
     dist ep_group, erep_group;
+    // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel index (one
+    // per stage group, outermost) and t->d is dp_group, this stage's data-parallel ranks.
+    int pp;
+    dist pp_group;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into
@@ -67,6 +71,9 @@ typedef struct trainer {
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
     bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
 } trainer;
+
+// Micro-batch a (from 0) of this rank's samples of the step, as the model takes it.
+qwen3_batch trainer_micro_batch(const trainer *t, int a);
 
 static inline bool is_root(const trainer *t) {
     return (t->world ? t->world : t->d)->rank == 0;

@@ -128,6 +128,10 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
                                "%.0f, replicated gradients' all-reduces %.0f",
                                b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
     }
+    if (vt == &strategy_pp)
+        at += (size_t)snprintf(buf, sizeof buf,
+                               "; pipeline activations and their gradients sent %.0f",
+                               t->strat.pp.bytes / n);
     if (dp == &strategy_fsdp && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,

@@ -24,6 +24,32 @@
 #include "model/qwen3_lora.h"
 #include "train/trainer_internal.h"
 
+// Under PP (t->d: a stage's data-parallel ranks), what does not compose with it yet, and the
+// micro-batches: one line each.
+static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err) {
+    const ct_config *c = t->cfg;
+    const int pp = t->pp, mbs = c->parallelism.pipeline_parallel_microbatch_size;
+    const char *with = t->cp > 1               ? "context_parallel_degree > 1"
+                       : t->ep > 1             ? "expert_parallel_degree > 1"
+                       : c->lora.rank > 0      ? "lora.rank > 0"
+                       : shard > 1             ? (fsdp_on ? "FSDP (data_parallel_shard_degree > 1)"
+                                                          : "ZeRO-1 (data_parallel_shard_degree > 1)")
+                       : c->validation.enable  ? "validation.enable = true"
+                                               : NULL;
+    if (with)
+        return ct_fail(err,
+                       "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
+                       "runs with DDP inside each stage (data_parallel_replicate_degree = %d)",
+                       pp, with, P);
+    if (t->B % mbs != 0)
+        return ct_fail(err,
+                       "parallelism.pipeline_parallel_microbatch_size = %d does not divide "
+                       "training.local_batch_size = %d (micro-batches = local_batch_size / "
+                       "microbatch_size)",
+                       mbs, t->B);
+    return 0;
+}
+
 // The ranks' shape: ZeRO-1 over all of them or a replica on each, and the global batch split
 // into per-rank micro-batches. The config's -1s are resolved against the rank count here.
 static int setup_parallel(trainer *t, ct_error *err) {
@@ -90,7 +116,9 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "training.mixed_precision_reduce = \"%s\": EP reduces in float32 only",
                            t->ep, c->training.mixed_precision_reduce);
     }
-    t->strat.vt = t->ep > 1   ? &strategy_ep
+    if (t->pp > 1 && pp_refusals(t, shard, fsdp_on, P, err) != 0) return -1;
+    t->strat.vt = t->pp > 1   ? &strategy_pp
+                  : t->ep > 1 ? &strategy_ep
                   : t->tp > 1 ? &strategy_tp
                   : fsdp_on   ? &strategy_fsdp
                   : zero1     ? &strategy_zero1
@@ -114,6 +142,11 @@ static int setup_parallel(trainer *t, ct_error *err) {
                        (long long)global, t->B, P, (long long)per_pass);
     t->global_batch = (int)global;
     t->accum = (int)(global / per_pass);
+    if (t->pp > 1) { // the pipeline's micro-batches: every accumulation step's local batch cut
+        const int mbs = c->parallelism.pipeline_parallel_microbatch_size;
+        t->accum *= t->B / mbs;
+        t->B = mbs;
+    }
     // The hash sees the global batch, not how ranks and accumulation split it, so a run saved
     // with N ranks resumes with M.
     ct_config eff = *c;
@@ -449,10 +482,72 @@ static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
     return 0;
 }
 
-// Under TP or EP, a refusal every rank meets alike, printed once (by rank 0): agreed over the
-// world.
+// Under TP, EP or PP, a refusal every rank meets alike, printed once (by rank 0): agreed over
+// the world.
 static int tp_agree(trainer *t, int rc, ct_error *err) {
-    return t->tp > 1 || t->ep > 1 ? dist_agree(t->world, rc, "the parallel setup", err) : rc;
+    return t->tp > 1 || t->ep > 1 || t->pp > 1 ? dist_agree(t->world, rc, "the parallel setup", err)
+                                               : rc;
+}
+
+// Pipeline parallelism: pp outermost, as torchtitan's mesh: ranks [s * W/pp, (s + 1) * W/pp)
+// form stage group s's data-parallel ranks (t->d), and the ranks of one data-parallel index
+// across the stage groups the pp group.
+static int setup_pp_groups(trainer *t, ct_error *err) {
+    const int pp = t->pp, W = t->world->size, r = t->world->rank;
+    int rc = 0;
+    if (W % pp != 0)
+        rc = ct_fail(err, "parallelism.pipeline_parallel_degree = %d does not divide the %d ranks",
+                     pp, W);
+    else if (t->tp > 1)
+        rc = ct_fail(err,
+                     "parallelism.pipeline_parallel_degree = %d with tensor_parallel_degree = %d: "
+                     "PP with TP is not supported yet; use one of them",
+                     pp, t->tp);
+    if (tp_agree(t, rc, err) != 0) return -1;
+    const int per = W / pp;
+    if (dist_split(t->world, r % per, r / per, &t->pp_group, err) != 0 ||
+        dist_split(t->world, r / per, r % per, &t->dp_group, err) != 0)
+        return -1;
+    t->d = &t->dp_group;
+    t->strat.pp.group = &t->pp_group;
+    return 0;
+}
+
+// This rank's stages under PP: the split, its stages' local layers, and the local model.
+static int pp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
+    const ct_config_parallelism *c = &t->cfg->parallelism;
+    strategy_pp_state *p = &t->strat.pp;
+    if (mc->tie_word_embeddings)
+        return ct_fail(err,
+                       "parallelism.pipeline_parallel_degree = %d with tied embeddings "
+                       "(model.tie_embeddings): refused, as torchtitan does; untie them",
+                       t->pp);
+    if (mc->num_experts > 0 && strcmp(t->cfg->model.load_balance, "hf") == 0 &&
+        mc->output_router_logits)
+        return ct_fail(err,
+                       "parallelism.pipeline_parallel_degree = %d with model.load_balance = \"hf\" "
+                       "and output_router_logits: HF's aux loss spans every stage's layers, not "
+                       "supported yet; use load_balance = \"aux_free\" or \"none\"",
+                       t->pp);
+    if (pp_schedule_parse(c->pipeline_parallel_schedule, &p->kind, err) != 0 ||
+        pp_split(p->stage, (int)(sizeof p->stage / sizeof p->stage[0]), &p->S,
+                 mc->num_hidden_layers, t->pp, p->kind, c->pipeline_parallel_layers_per_stage,
+                 c->pipeline_parallel_first_stage_less_layers,
+                 c->pipeline_parallel_last_stage_less_layers, c->module_fqns_per_model_part,
+                 err) != 0)
+        return -1;
+    p->v = p->S / t->pp;
+    p->m = t->accum;
+    if (p->v > PP_MAX_LOCAL || p->v > QWEN3_MAX_PARTS)
+        return ct_fail(err, "parallelism.pipeline_parallel_degree = %d: %d stages per rank; at "
+                            "most %d",
+                       t->pp, p->v, PP_MAX_LOCAL);
+    for (int k = 0; k < p->v; k++) {
+        const pp_stage *s = &p->stage[k * t->pp + p->group->rank];
+        p->l0[k] = k ? p->l1[k - 1] : 0;
+        p->l1[k] = p->l0[k] + s->hi - s->lo;
+    }
+    return strategy_pp_local_config(t, p->group->rank, mc, err);
 }
 
 // This rank's local model under TP, and the sequence cut.
@@ -470,6 +565,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->world = t->d;
     t->tp = c->parallelism.tensor_parallel_degree;
     t->ep = c->parallelism.expert_parallel_degree;
+    t->pp = c->parallelism.pipeline_parallel_degree;
+    if (t->pp > 1 && setup_pp_groups(t, err) != 0) return -1;
     if (t->tp > 1 && setup_tp_groups(t, err) != 0) return -1;
     t->B = c->training.local_batch_size;
     t->T = c->training.seq_len;
@@ -490,6 +587,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_setup_open(&t->setup, c, &so, err) != 0) return -1;
     qwen3_config mc = t->setup.model; // under TP: this rank's local model
     if (t->tp > 1 && tp_agree(t, tp_local_config(t, &mc, err), err) != 0) return -1;
+    if (t->pp > 1 && tp_agree(t, pp_local_config(t, &mc, err), err) != 0) return -1;
     if (t->cp > 1) { // the model holds its T / cp rows of each sequence
         t->setup.T = t->T / t->cp;
         t->setup.mem_opts.cp = t->cp;
@@ -601,6 +699,11 @@ void trainer_free(trainer *t) {
         t->d = t->world;
         dist_group_free(&t->dp_group);
         dist_group_free(&t->tp_group);
+    }
+    if (t->pp > 1) {
+        t->d = t->world;
+        dist_group_free(&t->dp_group);
+        dist_group_free(&t->pp_group);
     }
     if (t->ep > 1) {
         dist_group_free(&t->erep_group);

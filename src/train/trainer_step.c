@@ -77,6 +77,21 @@ static void moe_before_optimizer(trainer *t, bool skipped) {
     moe_balance_end_step(&t->moe, t->aux_free && !skipped, (float)t->cfg->model.load_balance_coeff);
 }
 
+qwen3_batch trainer_micro_batch(const trainer *t, int a) {
+    size_t off = (size_t)a * t->B * (t->T / t->cp); // the model's rows (under CP its shard)
+    // Its rows are the step's global samples mine + a*B.. (read_step_samples): LoRA's dropout
+    // masks follow them, whatever the ranks and micro-batches.
+    const uint64_t sample0 = t->state.samples_seen +
+                             (uint64_t)t->d->rank * (uint64_t)(t->accum * t->B) +
+                             (uint64_t)a * (uint64_t)t->B;
+    return (qwen3_batch){.inputs = t->inputs + off,
+                         .targets = t->targets + off,
+                         .positions = t->positions ? t->positions + off : NULL,
+                         .checked = true,
+                         .sampled = true,
+                         .sample0 = sample0};
+}
+
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
 // divided by the step's count of valid targets, so ranks and accumulation give the global
 // token-weighted mean; summing the ranks' gradients gives its gradient.
@@ -92,25 +107,18 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
     vt->begin_step(t);
     if (t->cp > 1) cp_begin_step(t);
     double loss_sum = 0, aux_sum = 0;
-    for (int a = 0; a < t->accum; a++) {
-        size_t off = (size_t)a * t->B * (t->T / t->cp); // the model's rows (under CP its shard)
+    // Pipeline parallelism: the schedule runs the step's micro-batches over the stages.
+    if (t->pp > 1 && strategy_pp_run(t, fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f,
+                                     &loss_sum, &aux_sum, err) != 0)
+        return -1;
+    for (int a = 0; t->pp <= 1 && a < t->accum; a++) {
         bool last = a == t->accum - 1;
         vt->begin_micro(t, last);
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
         // A step whose samples train no token (conversations without assistant tokens in
         // them) computes no gradient; it is skipped below.
         const float scale = last && fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f;
-        // Its rows are the step's global samples mine + a*B.. (read_step_samples): LoRA's
-        // dropout masks follow them, whatever the ranks and micro-batches.
-        const uint64_t sample0 = t->state.samples_seen +
-                                 (uint64_t)t->d->rank * (uint64_t)(t->accum * t->B) +
-                                 (uint64_t)a * (uint64_t)t->B;
-        const qwen3_batch micro = {.inputs = t->inputs + off,
-                                   .targets = t->targets + off,
-                                   .positions = t->positions ? t->positions + off : NULL,
-                                   .checked = true,
-                                   .sampled = true,
-                                   .sample0 = sample0};
+        const qwen3_batch micro = trainer_micro_batch(t, a);
         loss_sum += qwen3_forward_train(m, &micro, scale, NULL);
         qwen3_backward(m, scale);
         // MoE: the backward had the balance component sum the micro-batch's routing statistics

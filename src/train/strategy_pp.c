@@ -1,0 +1,401 @@
+// Pipeline parallelism (torchtitan's pipeline_parallel_*): each rank holds its stages' layers
+// only (a model of cfg.n_parts parts, named by global layer), runs its schedule's actions
+// (pipeline_schedule.c) and passes each micro-batch's activations forward and their gradients
+// back by point-to-point backend calls, every receive of the step posted at its start and every
+// send non-blocking. The model keeps one micro-batch's activations: a backward whose forward is
+// not the last one run recomputes it from the stage input kept (bit-identical, as activation
+// checkpointing). The last stage's loss is the summed cross-entropy over the step's global
+// valid-target count, so the gradients are one process's. DDP (strategy_replicate) runs over
+// the stage's data-parallel ranks; the gradient norm sums over the stages.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/checkpoint.h"
+#include "model/moe_balance.h"
+#include "train/strategy.h"
+#include "train/trainer_internal.h"
+
+#define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
+
+static const strategy_vt *dp(void) {
+    return &strategy_replicate;
+}
+
+static void describe(const trainer *t, char *buf, size_t size) {
+    char inner[200];
+    dp()->describe(t, inner, sizeof inner);
+    snprintf(buf, size, "pipeline parallel over %d stage groups (schedule %s), %s over each "
+                        "stage's %d rank(s)",
+             t->pp, t->cfg->parallelism.pipeline_parallel_schedule, inner, t->d->size);
+}
+
+static size_t rows_floats(const trainer *t) {
+    return (size_t)t->B * t->T * t->model.cfg.hidden_size;
+}
+
+static int setup(trainer *t, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    if (dp()->setup(t, err) != 0) return -1;
+    p->n_actions = 2 * p->m * p->v;
+    p->actions = calloc((size_t)p->n_actions, sizeof *p->actions);
+    const int n = p->v * p->m;
+    p->in = calloc(4 * (size_t)n, sizeof *p->in);
+    p->req = calloc(4 * (size_t)n, sizeof *p->req);
+    if (!p->actions || !p->in || !p->req) return ct_fail(err, "PP: out of memory");
+    p->dout = p->in + n, p->out = p->in + 2 * n, p->din = p->in + 3 * n;
+    if (pp_schedule_actions(p->kind, p->group->size, p->group->rank, p->S, p->m, p->actions,
+                            err) != 0)
+        return -1;
+    ct_backend *be = t->model.be;
+    for (int i = 0; i < 4 * n; i++)
+        if (!(p->in[i] = be->alloc(be, rows_floats(t) * sizeof(float), "a stage's activations",
+                                   err)))
+            return -1;
+    fprintf(t->log, "pipeline: %d stages, %d per rank, %d micro-batches of %d per step; rank 0 "
+                    "holds",
+            p->S, p->v, p->m, t->B);
+    for (int k = 0; k < p->v; k++) {
+        const pp_stage *s = &p->stage[k * p->group->size + p->group->rank];
+        fprintf(t->log, "%s stage %d (%slayers %d..%d%s)", k ? "," : "",
+                k * p->group->size + p->group->rank, s->embed ? "embedding, " : "", s->lo,
+                s->hi - 1, s->head ? ", norm and head" : "");
+    }
+    fprintf(t->log, "\n");
+    return 0;
+}
+
+static void free_(trainer *t) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    for (int i = 0; p->in && i < 4 * p->v * p->m; i++)
+        if (p->in[i]) be->free(be, p->in[i]);
+    free(p->in);
+    free(p->req);
+    free(p->actions);
+    p->in = NULL, p->req = NULL, p->actions = NULL;
+    dp()->free(t);
+}
+
+int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err) {
+    const strategy_pp_state *p = &t->strat.pp;
+    const int P = t->pp;
+    mc->n_parts = p->v;
+    int n = 0;
+    for (int k = 0; k < p->v; k++) {
+        const pp_stage *s = &p->stage[k * P + r];
+        mc->part_lo[k] = s->lo;
+        mc->part_n[k] = s->hi - s->lo;
+        n += s->hi - s->lo;
+    }
+    if (n == 0) return ct_fail(err, "PP: rank %d holds no layer", r);
+    mc->num_hidden_layers = n;
+    mc->no_embed = r != 0;
+    mc->no_head = r != P - 1;
+    return 0;
+}
+
+// The one-process init's values: each tensor drawn from its global table's stream.
+static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    qwen3_model *m = &t->model, g;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    size_t most = 0;
+    for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
+    float *x = malloc(most * sizeof *x + 1);
+    int rc = x ? 0 : ct_fail(err, "random init: out of memory");
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const qwen3_param *p = &m->params[i], *gp = qwen3_find_param(&g, p->name);
+        if (!gp) {
+            rc = ct_fail(err, "PP init: %s is not in the model", p->name);
+            break;
+        }
+        qwen3_init_tensor(&g, gp, x, seed);
+        rc = qwen3_params_write(m, p->name, 0, p->numel, x, err);
+    }
+    free(x);
+    qwen3_free(&g);
+    return rc;
+}
+
+// The summed gradient's squares: the stage's (over its data-parallel ranks), summed over the
+// stages in rank order.
+static int grad_sq(trainer *t, double *sq, ct_error *err) {
+    if (dp()->grad_sq(t, sq, err) != 0) return -1;
+    return dist_sum(t->strat.pp.group, *sq, sq, "the gradient norm over the stages", err);
+}
+
+static void begin_step(trainer *t) {
+    dp()->begin_step(t);
+}
+static void begin_micro(trainer *t, bool last) {
+    dp()->begin_micro(t, last);
+}
+static void unit_ready(void *ctx, int unit, int event) {
+    dp()->unit_ready(ctx, unit, event);
+}
+static int grads_final(trainer *t, ct_error *err) {
+    return dp()->grads_final(t, err);
+}
+static strategy_shard shard(trainer *t) {
+    return dp()->shard(t);
+}
+static int after_update(trainer *t, ct_error *err) {
+    return dp()->after_update(t, err);
+}
+static void after_eval(trainer *t) {
+    dp()->after_eval(t);
+}
+// The stage's own waits (its sends and receives) count as exposed communication.
+static void take_comm(trainer *t, double *exposed, double *hidden) {
+    dp()->take_comm(t, exposed, hidden);
+    *exposed += t->strat.pp.group->comm_s;
+    t->strat.pp.group->comm_s = 0;
+}
+static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
+                   ct_error *err) {
+    return dp()->load_hf(t, rep, set, from, err);
+}
+static void weights_ready(trainer *t) {
+    dp()->weights_ready(t);
+}
+// --- checkpoints: the one-process layout's ranges. Each pp rank holds its tensors whole, at
+// their global ranges (its local buffer is exactly those ranges back to back, in order), and the
+// first data-parallel index's pp ranks write one shard each, so any PP degree (or one process)
+// resumes it.
+
+// pp rank q's shard: its weights and moments at its tensors' global ranges.
+static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, ckpt_shard_info info[2],
+                       ct_error *err) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    const dist *grp = t->strat.pp.group;
+    ckpt_range *x = NULL;
+    const int n = trainer_named_ranges(g, m, NULL, &x, err);
+    if (n < 0) return -1;
+    const size_t bytes = m->num_params * sizeof(float);
+    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
+    if (src[0]) src[1] = be->view(be, t->opt.m, bytes, true, err);
+    if (src[1]) src[2] = be->view(be, t->opt.v, bytes, true, err);
+    int rc = src[2] ? ckpt_write_shard(tmp, g, grp->rank, grp->size, x, n, src[0], src[1], src[2],
+                                       &info[0], &info[1], err)
+                    : -1;
+    if (src[2]) be->view_release(be, src[2], t->opt.v, bytes, false);
+    if (src[1]) be->view_release(be, src[1], t->opt.m, bytes, false);
+    if (src[0]) qwen3_params_view_release(m, src[0], false);
+    free(x);
+    return rc;
+}
+
+static int save_checkpoint(trainer *t, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    dist *grp = p->group, *w = t->world;
+    const int P = grp->size;
+    const int64_t step = t->state.step;
+    grp->timeout_s = w->timeout_s = t->d->timeout_s;
+    int rc = trainer_check_replicas(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(w, rc, "starting the checkpoint", err) != 0) return -1;
+    qwen3_model g, layout;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    trainer_shards sh;
+    rc = trainer_shards_begin(t, &sh, P, err);
+    // World rank 0 lists every shard's ranges: pp rank q's local layout, made here.
+    for (int q = 0; rc == 0 && is_root(t) && q < P; q++) {
+        qwen3_config lc = t->setup.model;
+        if (strategy_pp_local_config(t, q, &lc, err) != 0 ||
+            qwen3_init_layout(&layout, &lc, err) != 0) {
+            rc = -1;
+            break;
+        }
+        if ((sh.n_of[q] = trainer_named_ranges(&g, &layout, NULL, &sh.of[q], err)) < 0) rc = -1;
+        qwen3_free(&layout);
+    }
+    rc = dist_agree(w, rc, "the PP checkpoint's ranges", err);
+    const bool writes = t->d->rank == 0; // the first data-parallel index's stages
+    if (rc == 0 && writes) rc = write_shard(t, &g, sh.tmp, sh.mine, err);
+    rc = trainer_shards_end(t, &sh, rc, w, writes ? grp : NULL, &g, ", one per pipeline rank", err);
+    qwen3_free(&g);
+    return rc;
+}
+
+// --- the schedule's runner
+
+// Where a message for stage g's micro-batch i lands: its input (forward) or its output's
+// gradient (backward).
+static int tag_of(const strategy_pp_state *p, int g, int i, bool grad) {
+    return PP_TAG + 2 * (g * p->m + i) + grad;
+}
+
+static int wait_one(trainer *t, ct_request **req, const char *what, int g, int i, ct_error *err) {
+    char name[160];
+    snprintf(name, sizeof name, "pipeline: %s of stage %d, micro-batch %d", what, g, i);
+    return dist_wait_requests(t->strat.pp.group, t->model.be, req, 1, name, err);
+}
+
+// Every receive of the step, posted before its first action.
+static int post_receives(trainer *t, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    const ct_comm c = dist_comm(p->group);
+    const int P = p->group->size, n = (int)rows_floats(t);
+    for (int k = 0; k < p->v; k++) {
+        const int g = k * P + p->group->rank;
+        for (int i = 0; i < p->m; i++) {
+            const int at = k * p->m + i, V = p->v * p->m;
+            if (g > 0 && be->comm_recv(be, &c, p->in[at], n, CT_COMM_F32, (g - 1) % P,
+                                       tag_of(p, g, i, false), &p->req[at], err) != 0)
+                return -1;
+            if (g < p->S - 1 && be->comm_recv(be, &c, p->dout[at], n, CT_COMM_F32, (g + 1) % P,
+                                              tag_of(p, g, i, true), &p->req[V + at], err) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+// A copy of src (the stage's output or input gradient) into buf, sent to stage g's rank.
+static int send_rows(trainer *t, float *buf, const float *src, int g, int tag, ct_request **req,
+                     ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    const ct_comm c = dist_comm(p->group);
+    const size_t n = rows_floats(t);
+    be->copy(be, buf, src, n * sizeof(float));
+    p->bytes += (double)n * sizeof(float);
+    return be->comm_send(be, &c, buf, (int)n, CT_COMM_F32, g % p->group->size, tag, req, err);
+}
+
+// The schedule's order, one line per action ("F stage mb" / "B stage mb"), for the tests: the
+// first step's, into $CTITAN_PP_TRACE.<world rank>.
+static FILE *trace_open(const trainer *t) {
+    const char *prefix = getenv("CTITAN_PP_TRACE");
+    if (!prefix || !*prefix || t->state.step != 0) return NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s.%d", prefix, t->world->rank);
+    return fopen(path, "w");
+}
+
+int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    qwen3_model *m = &t->model;
+    const int P = p->group->size, V = p->v * p->m;
+    p->group->timeout_s = t->d->timeout_s;
+    if (post_receives(t, err) != 0) return -1;
+    FILE *trace = trace_open(t);
+    int last_k = -1, last_i = -1, rc = 0; // the forward whose activations the model holds
+    double loss = 0;
+    for (int a = 0; a < p->n_actions && rc == 0; a++) {
+        const pp_action *x = &p->actions[a];
+        const int k = x->stage / P, i = x->mb, at = k * p->m + i, g = x->stage;
+        const qwen3_batch mb = trainer_micro_batch(t, i);
+        if (trace) fprintf(trace, "%c %d %d\n", x->backward ? 'B' : 'F', g, i);
+        if (!x->backward) {
+            if (g > 0 && (rc = wait_one(t, &p->req[at], "the input", g, i, err)) != 0) break;
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
+            if (g == p->S - 1) loss += l;
+            else
+                rc = send_rows(t, p->out[at], qwen3_stage_output(m, p->l1[k]), g + 1,
+                               tag_of(p, g + 1, i, false), &p->req[2 * V + at], err);
+            last_k = k, last_i = i;
+            continue;
+        }
+        // Buckets start in the backward that makes the stage's gradients final: its last.
+        begin_micro(t, i == p->m - 1);
+        if (last_k != k || last_i != i) qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
+        if (g < p->S - 1 && (rc = wait_one(t, &p->req[V + at], "the output's gradient", g, i, err)))
+            break;
+        qwen3_stage_backward(m, p->l0[k], p->l1[k], p->dout[at], scale);
+        last_k = last_i = -1;
+        if ((rc = moe_balance_status(&t->moe, err)) != 0) break;
+        *aux_sum += moe_balance_aux(&t->moe);
+        if (g > 0)
+            rc = send_rows(t, p->din[at], qwen3_stage_dinput(m), g - 1, tag_of(p, g - 1, i, true),
+                           &p->req[3 * V + at], err);
+    }
+    if (trace) fclose(trace);
+    if (rc == 0)
+        rc = dist_wait_requests(p->group, m->be, p->req + 2 * V, 2 * V, "pipeline: the sends", err);
+    if (rc != 0) return -1;
+    // The loss: the last stage's, on every stage's line.
+    if (dist_sum(p->group, loss, loss_sum, "the step's loss over the stages", err) != 0 ||
+        dist_sum(p->group, *aux_sum, aux_sum, "the MoE aux over the stages", err) != 0)
+        return -1;
+    return 0;
+}
+
+// --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0.
+
+typedef struct pp_export {
+    trainer *t;
+    const qwen3_model *g;
+    float *buf, *local; // one tensor; this rank's weights (host)
+} pp_export;
+
+// The pp rank holding global tensor `name`.
+static int owner_of(const trainer *t, const char *name) {
+    const strategy_pp_state *p = &t->strat.pp;
+    int l;
+    if (sscanf(name, "model.layers.%d.", &l) == 1) {
+        for (int s = 0; s < p->S; s++)
+            if (l >= p->stage[s].lo && l < p->stage[s].hi) return s % p->group->size;
+    }
+    return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
+}
+
+// Tensor i of the global table into x->buf on every pp rank, from its owner.
+static int fetch_tensor(void *ctx, int i, ct_error *err) {
+    pp_export *x = ctx;
+    const qwen3_param *gp = &x->g->params[i];
+    const int owner = owner_of(x->t, gp->name);
+    dist *grp = x->t->strat.pp.group;
+    if (owner == grp->rank) {
+        const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
+        if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
+        memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
+    }
+    return dist_bcast(grp, x->buf, (int)(gp->numel * sizeof(float)), owner,
+                      "the PP export's tensor", err);
+}
+
+int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
+    if (t->d->rank != 0) return 0; // the replicas hold the same weights
+    qwen3_model *m = &t->model, g;
+    dist *grp = t->strat.pp.group;
+    grp->timeout_s = t->d->timeout_s;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    size_t most = 0;
+    for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
+    pp_export x = {t, &g, malloc(most * sizeof(float) + 1), qwen3_params_view(m, true, err)};
+    int rc = x.buf && x.local ? 0 : ct_fail(err, "the PP export: out of memory");
+    rc = dist_agree(grp, rc, "the PP export's buffers", err);
+    strategy_export sx = {.grp = grp, .g = &g, .full = &x.buf, .fetch = fetch_tensor, .ctx = &x};
+    if (rc == 0) rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
+    if (x.local) qwen3_params_view_release(m, x.local, false);
+    free(x.buf);
+    qwen3_free(&g);
+    return rc;
+}
+
+const strategy_vt strategy_pp = {
+    .describe = describe,
+    .memory_note = "",
+    .optimizer_sharded = false,
+    .setup = setup,
+    .free = free_,
+    .init_random = init_random,
+    .load_sharded = trainer_load_model_by_name,
+    .load_hf = load_hf,
+    .weights_ready = weights_ready,
+    .begin_step = begin_step,
+    .begin_micro = begin_micro,
+    .unit_ready = unit_ready,
+    .grads_final = grads_final,
+    .grad_sq = grad_sq,
+    .shard = shard,
+    .after_update = after_update,
+    .after_eval = after_eval,
+    .take_comm = take_comm,
+    .load_checkpoint = trainer_load_by_name,
+    .save_checkpoint = save_checkpoint,
+    .model_in_shards = false,
+};
