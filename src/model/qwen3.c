@@ -687,6 +687,8 @@ int qwen3_batch_check(const qwen3_model *m, const qwen3_batch *batch, int64_t ro
     if (!s->docs_next) // mem_opts.block_causal was off at qwen3_plan
         return ct_fail(err, "positions need a model planned with block-causal attention "
                             "(mem_opts.block_causal)");
+    if (m->cp) // a rank holds two chunks of each row: their rule, and no documents to list
+        return qwen3_cp_check_positions(m, batch->positions, rows, err);
     if (check_positions(m, batch->positions, rows, err) != 0) return -1;
     // Each document's attention call needs its own piece of the state and, one at a time, the
     // scratch: within what the kernel asked for at (B, T) (always so for the built-in kernels,
@@ -791,14 +793,16 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
     const int32_t *targets = batch->targets;
     ct_backend *be = m->be;
     be->write(be, s->inputs, batch->inputs, (size_t)d.N * sizeof(int32_t));
-    take_docs(m, batch->positions);
+    if (m->cp)
+        qwen3_cp_positions(m, batch->positions);
+    else
+        take_docs(m, batch->positions);
     if (m->lora) { // PEFT's train mode (dropout on) for a training forward, eval mode else
         m->lora->training = head_backward;
         if (head_backward) m->lora->forwards++; // a new mask (recomputations keep this one)
         m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
                           (uint64_t)d.T;
     }
-    if (m->cp) qwen3_cp_rope_rows(m);
 
     if (m->balance) moe_balance_forward_begin(m->balance, d.N);
     if (!has_embed(m, l0)) {

@@ -98,9 +98,14 @@ typedef struct qwen3_acts {
     // position, filled for rank cp_rows (-1: not yet); the ring's buffers: cp_kv, cp_kv_floats of
     // peers' keys and values and their gradients; cp_out (N, NH*D) and cp_lse (NH, N), a pair's
     // output before the merge; cp_di (NH, N), the pair backward's scratch.
+    // Block-causal under CP: cp_doc (backend, N) each token's document start as a global index
+    // of its sequence (its global index minus its position), from the host's cp_doc_host (N),
+    // when cp_docs (the last forward had positions).
     int cp_rows;
     float *cp_kv, *cp_out, *cp_lse, *cp_di;
     size_t cp_kv_floats;
+    int32_t *cp_doc, *cp_doc_host;
+    bool cp_docs;
     qwen3_doc *docs, *docs_next;
     int n_docs;
 } qwen3_acts;
@@ -147,11 +152,17 @@ void qwen3_layer_forward(const qwen3_model *m, int l, qwen3_layer_acts *a, const
 // backward computes input gradients only.
 int qwen3_init_frozen(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                       const qwen3_memory_opts *opts, ct_error *err);
-// Context parallelism (qwen3_ring.c, m->cp set): each token's RoPE rows at its global position
-// (pos_cos, pos_sin; once per rank); a layer's ring attention, forward (a->atty and the lse in
-// a->att from a->qr, a->kr, a->v) and backward (s->dq, s->dk, s->dv from s->datty), on the
-// table's attention_pair kernels (bf16: their bf16 rounding).
-void qwen3_cp_rope_rows(qwen3_model *m);
+// Context parallelism (qwen3_ring.c, m->cp set): each token's RoPE rows (pos_cos, pos_sin) at
+// its position: its global index (positions NULL; once per rank) or, block-causal, its offset in
+// its document, whose start each token's cp_doc then holds; a layer's ring attention, forward
+// (a->atty and the lse in a->att from a->qr, a->kr, a->v) and backward (s->dq, s->dk, s->dv
+// from s->datty), on the table's attention_pair kernels (bf16: their bf16 rounding).
+// qwen3_cp_check_positions: the rule of qwen3_batch's positions as one rank sees its two chunks
+// of each row (each chunk goes on by one or restarts at 0, and no document starts before the
+// sequence: position <= global index).
+void qwen3_cp_positions(qwen3_model *m, const int32_t *positions);
+int qwen3_cp_check_positions(const qwen3_model *m, const int32_t *positions, int64_t rows,
+                             ct_error *err);
 void qwen3_ring_forward(const qwen3_model *m, qwen3_layer_acts *a, bool bf16);
 void qwen3_ring_backward(const qwen3_model *m, const qwen3_layer_acts *a, qwen3_acts *s, bool bf16);
 

@@ -328,6 +328,7 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
         a->cp_out = carve_take(&cv, N * NH * D);
         a->cp_lse = carve_take(&cv, N * NH);
         a->cp_di = carve_take(&cv, N * NH);
+        if (opts->block_causal) a->cp_doc = (int32_t *)carve_take(&cv, N); // N int32
     }
     if ((opts && opts->block_causal) || cp > 1) { // each token's RoPE rows, at its position
         a->pos_cos = carve_take(&cv, N * D / 2);
@@ -419,7 +420,9 @@ void qwen3_units(const qwen3_config *cfg, size_t *lo, size_t *hi) {
 // The saved token ids (inputs and targets) and, block-causal, the two host lists of documents.
 static size_t model_token_bytes(int B, int T, const qwen3_memory_opts *opts) {
     const size_t N = (size_t)B * T;
-    return 2 * N * sizeof(int32_t) + (opts && opts->block_causal ? 2 * N * sizeof(qwen3_doc) : 0);
+    const bool docs = opts && opts->block_causal, cp = opts && opts->cp > 1;
+    return 2 * N * sizeof(int32_t) + (docs ? 2 * N * sizeof(qwen3_doc) : 0) +
+           (docs && cp ? N * sizeof(int32_t) : 0);
 }
 
 qwen3_memory qwen3_memory_plan_ops(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
@@ -635,6 +638,7 @@ static void model_free_acts(qwen3_model *m) {
         be->free(be, a->targets);
         free(a->docs);
         free(a->docs_next);
+        free(a->cp_doc_host);
         free(a);
     }
     if (be) be->free(be, m->act_mem);
@@ -663,11 +667,11 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                        "qwen3_plan: batch %d x seq_len %d x %d experts per token x 2 x "
                        "moe_intermediate_size %d exceeds %d",
                        B, T, c->num_experts_per_tok, c->moe_intermediate_size, INT_MAX);
-    if (m->mem_opts.cp > 1 && (T % 2 != 0 || m->mem_opts.block_causal))
+    if (m->mem_opts.cp > 1 && T % 2 != 0)
         return ct_fail(err,
                        "qwen3_plan: context parallelism needs an even number of rows per rank "
-                       "(two chunks), found %d, and no block-causal attention (%s)",
-                       T, m->mem_opts.block_causal ? "planned" : "none");
+                       "(two chunks), found %d",
+                       T);
     ct_backend *be = m->be;
     if (m->mem_opts.bf16) {
         const int chunk = m->mem_opts.loss_chunk > 0 && m->mem_opts.loss_chunk < B * T
@@ -705,7 +709,8 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
         !(a->targets = be->alloc(be, tokens, "the target tokens", err)) ||
         (m->mem_opts.block_causal &&
          (!(a->docs = calloc((size_t)B * T, sizeof *a->docs)) ||
-          !(a->docs_next = calloc((size_t)B * T, sizeof *a->docs_next)))) ||
+          !(a->docs_next = calloc((size_t)B * T, sizeof *a->docs_next)) ||
+          (m->mem_opts.cp > 1 && !(a->cp_doc_host = calloc((size_t)B * T, sizeof(int32_t)))))) ||
         !(m->act_mem = be->alloc(be, floats * sizeof(float), "the activations", err))) {
         model_free_acts(m);
         return ct_fail(err,

@@ -5,6 +5,11 @@
 // A query chunk attends to a key chunk in its past whole, to its own causally, and skips one in
 // its future. The order of every sum (the merges, dQ over the pairs, each owner's dK and dV over
 // the ranks) is the same whichever rotate method moved the keys, so both give the same bits.
+// Block-causal (the forward had positions): each query also sees only the keys from its
+// document's start on (cp_doc: its global index minus its position), so a document that
+// crosses chunks, and ranks, is found by its boundaries as one process finds it; a pair whose
+// keys its queries' documents all start after contributes nothing (lse -inf, skipped by the
+// merge).
 #include <string.h>
 
 #include "model/qwen3.h"
@@ -15,19 +20,68 @@ static int chunk_of(int rank, int P, int h) {
     return h == 0 ? rank : 2 * P - 1 - rank;
 }
 
-void qwen3_cp_rope_rows(qwen3_model *m) {
+// n tokens' RoPE rows from token `at` (of the N) on: the table's rows from `from` on.
+static void rope_rows(qwen3_model *m, size_t at, size_t from, size_t n) {
+    qwen3_acts *s = m->acts;
+    const size_t half = (size_t)m->cfg.head_dim / 2, bytes = n * half * sizeof(float);
+    m->be->copy(m->be, s->pos_cos + at * half, s->rope_cos + from * half, bytes);
+    m->be->copy(m->be, s->pos_sin + at * half, s->rope_sin + from * half, bytes);
+}
+
+void qwen3_cp_positions(qwen3_model *m, const int32_t *positions) {
     qwen3_acts *s = m->acts;
     const qwen3_cp *cp = m->cp;
-    if (s->cp_rows == cp->rank) return;
-    const size_t half = (size_t)m->cfg.head_dim / 2, c = (size_t)m->T / 2;
+    const int c = m->T / 2;
+    if (!positions) {
+        if (s->cp_rows == cp->rank && !s->cp_docs) return;
+        for (int b = 0; b < m->B; b++)
+            for (int h = 0; h < 2; h++)
+                rope_rows(m, (size_t)b * m->T + h * c, (size_t)chunk_of(cp->rank, cp->size, h) * c,
+                          c);
+        s->cp_rows = cp->rank;
+        s->cp_docs = false;
+        return;
+    }
+    // Each run of consecutive positions is one copy; a token's document starts `position`
+    // tokens before its global index.
     for (int b = 0; b < m->B; b++)
         for (int h = 0; h < 2; h++) {
-            const size_t at = ((size_t)b * m->T + h * c) * half;
-            const size_t from = (size_t)chunk_of(cp->rank, cp->size, h) * c * half;
-            m->be->copy(m->be, s->pos_cos + at, s->rope_cos + from, c * half * sizeof(float));
-            m->be->copy(m->be, s->pos_sin + at, s->rope_sin + from, c * half * sizeof(float));
+            const size_t at = (size_t)b * m->T + (size_t)h * c;
+            const int32_t *p = positions + at;
+            const int g0 = chunk_of(cp->rank, cp->size, h) * c;
+            for (int t0 = 0, t1; t0 < c; t0 = t1) {
+                for (t1 = t0 + 1; t1 < c && p[t1] == p[t1 - 1] + 1;) t1++;
+                rope_rows(m, at + t0, (size_t)p[t0], (size_t)(t1 - t0));
+            }
+            for (int t = 0; t < c; t++) s->cp_doc_host[at + t] = g0 + t - p[t];
         }
+    m->be->write(m->be, s->cp_doc, s->cp_doc_host, (size_t)m->B * m->T * sizeof(int32_t));
     s->cp_rows = cp->rank;
+    s->cp_docs = true;
+}
+
+int qwen3_cp_check_positions(const qwen3_model *m, const int32_t *positions, int64_t rows,
+                             ct_error *err) {
+    const qwen3_cp *cp = m->cp;
+    const int c = m->T / 2;
+    for (int64_t b = 0; b < rows; b++)
+        for (int h = 0; h < 2; h++) {
+            const int32_t *p = positions + (size_t)b * m->T + (size_t)h * c;
+            const int g0 = chunk_of(cp->rank, cp->size, h) * c;
+            for (int t = 0; t < c; t++) {
+                if (p[t] < 0 || p[t] > g0 + t)
+                    return ct_fail(err,
+                                   "positions[%lld, %d] (global token %d of the sequence, context "
+                                   "parallel rank %d) is %d, expected 0..%d",
+                                   (long long)b, h * c + t, g0 + t, cp->rank, p[t], g0 + t);
+                if (t > 0 && p[t] != 0 && p[t] != p[t - 1] + 1)
+                    return ct_fail(err,
+                                   "positions[%lld, %d] (global token %d of the sequence) is %d, "
+                                   "expected %d (the document goes on) or 0 (a new one starts)",
+                                   (long long)b, h * c + t, g0 + t, p[t], p[t - 1] + 1);
+            }
+        }
+    return 0;
 }
 
 typedef struct ring {
@@ -35,14 +89,16 @@ typedef struct ring {
     qwen3_dims d;
     int P, r, c;
     size_t QD, KVD, KV; // a row's query and key widths, the rank's keys' floats (N * KVD)
+    const int32_t *doc; // block-causal: each token's document start (cp_doc), else NULL
     bool bf16;
 } ring;
 
 static ring ring_of(const qwen3_model *m, bool bf16) {
     const qwen3_dims d = qwen3_dims_of(&m->cfg, m->B, m->T);
+    const qwen3_acts *s = m->acts;
     const size_t KVD = (size_t)d.NKV * d.D;
     return (ring){m, d, m->cp->size, m->cp->rank, d.T / 2, (size_t)d.NH * d.D, KVD,
-                  (size_t)d.N * KVD, bf16};
+                  (size_t)d.N * KVD, s->cp_docs ? s->cp_doc : NULL, bf16};
 }
 
 // Where this rank's half h of row b starts: in rows, and in an (NH, c) block of the lse layout.
@@ -51,6 +107,11 @@ static size_t row_at(const ring *g, int b, int h) {
 }
 static size_t lse_at(const ring *g, int b, int h) {
     return ((size_t)b * 2 + h) * g->d.NH * g->c;
+}
+
+// The document starts of this rank's half h of row b (NULL: no mask).
+static const int32_t *docs_at(const ring *g, int b, int h) {
+    return g->doc ? g->doc + row_at(g, b, h) : NULL;
 }
 
 // The pairs of step i (keys of rank src, in kv: K then V, (N, KVD) each): in order of row, query
@@ -71,7 +132,8 @@ static void step_forward(const ring *g, qwen3_layer_acts *a, const float *kv, in
                 float *out = first ? a->atty + q : s->cp_out + q;
                 float *lse = first ? a->att + l : s->cp_lse + l;
                 op->attention_pair_forward(out, lse, a->qr + q, kv + k, kv + g->KV + k, g->c, g->c,
-                                           d.NH, d.NKV, d.D, kc == qc, g->bf16);
+                                           d.NH, d.NKV, d.D, kc == qc, docs_at(g, b, qh),
+                                           kc * g->c, g->bf16);
                 if (!first)
                     op->attention_lse_merge(a->atty + q, a->att + l, out, lse, g->c, d.NH, d.D);
             }
@@ -91,7 +153,8 @@ static void step_backward(const ring *g, const qwen3_layer_acts *a, qwen3_acts *
                 op->attention_pair_backward(s->dq + q, dkv + k, dkv + g->KV + k, s->cp_di,
                                             s->datty + q, a->atty + q, a->att + lse_at(g, b, qh),
                                             a->qr + q, kv + k, kv + g->KV + k, g->c, g->c, d.NH,
-                                            d.NKV, d.D, kc == qc, g->bf16);
+                                            d.NKV, d.D, kc == qc, docs_at(g, b, qh), kc * g->c,
+                                            g->bf16);
             }
 }
 

@@ -111,25 +111,39 @@ static inline float row_sum(const float *x, int n) {
     return sum;
 }
 
+// The keys [j0, j1) of a tile (nc keys from c0) that query t sees: up to itself (valid_keys),
+// and, with a document mask (lo: the pair's first key the row sees, NULL: key 0), from lo.
+typedef struct key_span {
+    int j0, j1;
+} key_span;
+
+static inline key_span tile_keys(int t, int c0, int nc, const int32_t *lo, int i) {
+    const int j1 = valid_keys(t, c0, nc);
+    int j0 = lo ? lo[i] - c0 : 0;
+    j0 = j0 < 0 ? 0 : j0 > j1 ? j1 : j0;
+    return (key_span){j0, j1};
+}
+
 // Online softmax over a score tile s (nr queries from r0, nc keys from c0, leading dimension
-// ldt): s becomes p = exp(s - m_new), 0 where masked; the running max m and sum l advance, and
-// the output rows o (leading dimension ldo) are rescaled for the new max unless this is the
-// first tile (whose P V product overwrites them).
+// ldt; lo as tile_keys'): s becomes p = exp(s - m_new), 0 where masked; the running max m and sum
+// l advance, and the output rows o (leading dimension ldo) are rescaled for the new max unless
+// this is the block's first tile (whose P V product overwrites them). A row that has seen no key
+// yet keeps m = -inf and l = 0.
 CPU_SIMD_CLONES
-static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, float *m, float *l,
-                         float *o, int ldo, int D) {
-    const int first = c0 == 0;
+static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, const int32_t *lo,
+                         int first, float *m, float *l, float *o, int ldo, int D) {
     for (int i = 0; i < nr; i++) {
         float *si = s + (size_t)i * ldt;
-        const int nv = valid_keys(r0 + i, c0, nc);
-        const float mx = row_max(si, nv, first ? -INFINITY : m[i]);
+        const key_span k = tile_keys(r0 + i, c0, nc, lo, i);
+        const float mx = row_max(si + k.j0, k.j1 - k.j0, first ? -INFINITY : m[i]);
+        for (int j = 0; j < k.j0; j++) si[j] = 0.0f;
 #pragma omp simd
-        for (int j = 0; j < nv; j++) si[j] = vexp(si[j] - mx);
-        const float sum = row_sum(si, nv);
-        for (int j = nv; j < nc; j++) si[j] = 0.0f;
+        for (int j = k.j0; j < k.j1; j++) si[j] = vexp(si[j] - mx);
+        const float sum = row_sum(si + k.j0, k.j1 - k.j0);
+        for (int j = k.j1; j < nc; j++) si[j] = 0.0f;
         if (first) {
             l[i] = sum;
-        } else if (nv > 0) {
+        } else if (k.j1 > k.j0) {
             const float alpha = expf(m[i] - mx);
             float *oi = o + (size_t)i * ldo;
             l[i] = l[i] * alpha + sum;
@@ -159,32 +173,33 @@ static void round_tile(float *s, int ldt, int nr, int nc, float scale) {
     }
 }
 
-// Backward row work on a tile (layout as above): the scores s become P = exp(s - lse) and dP
-// in ds becomes dS = scale P (dP - Di); both 0 where masked, so the products read whole tiles.
-// bf16: dS and the P that dV reads rounded as the header says.
+// Backward row work on a tile (layout and lo as above): the scores s become P = exp(s - lse)
+// and dP in ds becomes dS = scale P (dP - Di); both 0 where masked, so the products read whole
+// tiles. bf16: dS and the P that dV reads rounded as the header says.
 CPU_SIMD_CLONES
 static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int c0,
-                      const float *lse, const float *di, float scale, int bf16) {
+                      const int32_t *lo, const float *lse, const float *di, float scale, int bf16) {
     for (int i = 0; i < nr; i++) {
         float *si = s + (size_t)i * ldt, *dsi = ds + (size_t)i * ldt;
-        const int nv = valid_keys(r0 + i, c0, nc);
+        const key_span k = tile_keys(r0 + i, c0, nc, lo, i);
         const float li = lse[i], dii = di[i];
+        for (int j = 0; j < k.j0; j++) si[j] = dsi[j] = 0.0f;
         if (bf16) {
 #pragma omp simd
-            for (int j = 0; j < nv; j++) {
+            for (int j = k.j0; j < k.j1; j++) {
                 const float p = vexp(si[j] - li);
                 si[j] = to_bf16_value(p);
                 dsi[j] = to_bf16_value(to_bf16_value(p * (dsi[j] - dii)) * scale);
             }
         } else {
 #pragma omp simd
-            for (int j = 0; j < nv; j++) {
+            for (int j = k.j0; j < k.j1; j++) {
                 const float p = vexp(si[j] - li);
                 si[j] = p;
                 dsi[j] = scale * (p * (dsi[j] - dii));
             }
         }
-        for (int j = nv; j < nc; j++) si[j] = dsi[j] = 0.0f;
+        for (int j = k.j1; j < nc; j++) si[j] = dsi[j] = 0.0f;
     }
 }
 
@@ -214,8 +229,17 @@ static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D, int bf16) 
                                       : (float)(1.0 / sqrt((double)D))};
 }
 
+// A pair's document mask (block-causal attention under context parallelism): query i sees only
+// the keys at or after its document's start, doc[i], in the coordinates where the pair's key 0
+// is at k0 (so its first key in the pair is doc[i] - k0). NULL: no mask.
+typedef struct pair_docs {
+    const int32_t *doc;
+    int k0;
+} pair_docs;
+
 static void pair_fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
-                           const float *k, const float *v, int Tk, bool causal, int h, int qb);
+                           const float *k, const float *v, int Tk, bool causal,
+                           const pair_docs *docs, int h, int qb);
 
 // Forward of query block qb of head h in batch b: its rows of out and lse (the causal pair of
 // the batch's sequence with itself).
@@ -223,7 +247,7 @@ static void fwd_block(const flash_dims *f, float *out, float *lse_all, const flo
                       const float *k, const float *v, int b, int h, int qb) {
     const size_t row = (size_t)b * f->T;
     pair_fwd_block(f, out + row * f->ldq, lse_all + row * f->NH, q + row * f->ldq,
-                   k + row * f->ldk, v + row * f->ldk, f->T, true, h, qb);
+                   k + row * f->ldk, v + row * f->ldk, f->T, true, NULL, h, qb);
 }
 
 static void flash_forward(float *out, float *state, const float *q, const float *k, const float *v,
@@ -270,7 +294,7 @@ static void bwd_tile(const flash_bwd *w, int b, int h, int qb, int kb, int want_
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, 1.0f, w->dout + qoff, ldq,
                 w->v + kvoff, ldk, 0.0f, ds, ldt);
     if (f->bf16) round_tile(s, ldt, nr, nc, f->scale), round_tile(ds, ldt, nr, nc, 1.0f);
-    grad_tile(s, ds, ldt, nr, nc, r0, c0, w->lse + roff, w->di + roff, f->scale, f->bf16);
+    grad_tile(s, ds, ldt, nr, nc, r0, c0, NULL, w->lse + roff, w->di + roff, f->scale, f->bf16);
     if (want_dq)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, ds, ldt,
                     w->k + kvoff, ldk, kb == 0 ? 0.0f : 1.0f, w->dq + qoff, ldq);
@@ -380,7 +404,9 @@ void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *s
 // Ring attention's pieces (context parallelism, model/qwen3.c): one chunk of Tq queries against
 // one chunk of Tk keys, with the tiles and the rounding above. `causal`: the chunks are the same
 // positions (Tq == Tk, the diagonal, masked inside its tiles); else every query sees every key
-// (a key chunk wholly in the queries' past). q, out (Tq, NH*D) and k, v (Tk, NKV*D) rows, as
+// (a key chunk wholly in the queries' past). q_doc (block-causal): each query's document start
+// in the coordinates where key 0 is at k0, so it sees keys from q_doc[i] - k0 on; a row that sees
+// none gets out 0 and lse -inf. q, out (Tq, NH*D) and k, v (Tk, NKV*D) rows, as
 // the (B,T,...) buffers' rows; lse and di (NH, Tq). The model merges the chunks' outputs by their
 // lse (attention_lse_merge) and runs each pair's backward with the merged out and lse, which is
 // exactly the whole softmax's (its P = exp(S - lse)).
@@ -400,28 +426,53 @@ static int pair_keys(bool causal, int r1, int Tk) {
     return causal ? r1 : Tk;
 }
 
+// Query rows r0..r0+nr's first keys under the mask (lo, in the pair's key coordinates) and the
+// start of the first key tile any of them sees (0 without a mask, then lo is NULL).
+static int block_docs(const pair_docs *docs, int r0, int nr, int nc, int32_t *lo,
+                      const int32_t **lop) {
+    *lop = NULL;
+    if (!docs) return 0;
+    int start = INT32_MAX;
+    for (int i = 0; i < nr; i++) {
+        lo[i] = docs->doc[r0 + i] - docs->k0;
+        start = lo[i] < start ? lo[i] : start;
+    }
+    *lop = lo;
+    return start < 0 ? 0 : start / nc * nc;
+}
+
 static void pair_fwd_block(const flash_dims *f, float *out, float *lse_all, const float *q,
-                           const float *k, const float *v, int Tk, bool causal, int h, int qb) {
+                           const float *k, const float *v, int Tk, bool causal,
+                           const pair_docs *docs, int h, int qb) {
     float s[FLASH_ROWS * FLASH_ROWS], m[FLASH_ROWS], l[FLASH_ROWS];
+    int32_t lo[FLASH_ROWS];
+    const int32_t *lop;
     const int D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
     const int r0 = qb * f->nr, r1 = imin(r0 + f->nr, f->T), nr = r1 - r0;
     const int end = pair_keys(causal, r1, Tk), rm = causal ? r0 : PAIR_UNMASKED;
+    const int start = block_docs(docs, r0, nr, f->nc, lo, &lop);
     const float *qr = q + (size_t)r0 * ldq + (size_t)h * D;
     const float *kh = k + (size_t)(h / f->rep) * D, *vh = v + (size_t)(h / f->rep) * D;
     float *orow = out + (size_t)r0 * ldq + (size_t)h * D;
-    for (int c0 = 0; c0 < end; c0 += f->nc) {
+    for (int i = 0; i < nr; i++) l[i] = 0.0f, m[i] = -INFINITY; // rows no tile reaches
+    for (int c0 = start; c0 < end; c0 += f->nc) {
         const int nc = imin(c0 + f->nc, end) - c0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, f->bf16 ? 1.0f : f->scale,
                     qr, ldq, kh + (size_t)c0 * ldk, ldk, 0.0f, s, ldt);
         if (f->bf16) round_tile(s, ldt, nr, nc, f->scale);
-        softmax_tile(s, ldt, nr, nc, rm, c0, m, l, orow, ldq, D);
+        softmax_tile(s, ldt, nr, nc, rm, c0, lop, c0 == start, m, l, orow, ldq, D);
         if (f->bf16) round_tile(s, ldt, nr, nc, 1.0f);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, s, ldt,
-                    vh + (size_t)c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, orow, ldq);
+                    vh + (size_t)c0 * ldk, ldk, c0 == start ? 0.0f : 1.0f, orow, ldq);
     }
     float *lse = lse_all + (size_t)h * f->T + r0;
     for (int i = 0; i < nr; i++) {
         float *o = orow + (size_t)i * ldq;
+        if (l[i] == 0.0f) { // the mask hides every key of the pair from this row
+            memset(o, 0, (size_t)D * sizeof *o);
+            lse[i] = -INFINITY;
+            continue;
+        }
         const float inv = 1.0f / l[i];
 #pragma omp simd
         for (int d = 0; d < D; d++) o[d] *= inv;
@@ -431,31 +482,37 @@ static void pair_fwd_block(const flash_dims *f, float *out, float *lse_all, cons
 
 void cpu_attention_pair_forward(float *out, float *lse, const float *q, const float *k,
                                 const float *v, int Tq, int Tk, int NH, int NKV, int D,
-                                bool causal, bool bf16) {
+                                bool causal, const int32_t *q_doc, int k0, bool bf16) {
     if (Tq <= 0 || Tk <= 0 || NH <= 0) return;
     const flash_dims f = pair_dims(Tq, Tk, NH, NKV, D, bf16);
+    const pair_docs docs = {q_doc, k0};
     const int items = NH * f.nqb;
 #pragma omp parallel for schedule(dynamic, 1) if ((double)NH * Tq * Tk >= FLASH_PAR_MIN)
     for (int it = 0; it < items; it++)
-        pair_fwd_block(&f, out, lse, q, k, v, Tk, causal, it % NH, f.nqb - 1 - it / NH);
+        pair_fwd_block(&f, out, lse, q, k, v, Tk, causal, q_doc ? &docs : NULL, it % NH,
+                       f.nqb - 1 - it / NH);
 }
 
 typedef struct pair_bwd {
     flash_bwd w;
     int Tk;
     bool causal;
+    const pair_docs *docs;
 } pair_bwd;
 
 // bwd_tile's products for a pair (T is the queries'; keys from c0 up to the mask or Tk): dQ +=
-// dS K when want_dq, dK += dS^T Q and dV += P^T dO when want_dkv. Everything accumulates.
+// dS K when want_dq, dK += dS^T Q and dV += P^T dO when want_dkv. Everything accumulates. A
+// tile the document mask hides from every row is skipped.
 static void pair_tile(const pair_bwd *p, int h, int qb, int kb, int want_dq, int want_dkv) {
     float s[FLASH_ROWS * FLASH_ROWS], ds[FLASH_ROWS * FLASH_ROWS];
+    int32_t lo[FLASH_ROWS];
+    const int32_t *lop;
     const flash_bwd *w = &p->w;
     const flash_dims *f = &w->f;
     const int T = f->T, D = f->D, ldq = f->ldq, ldk = f->ldk, ldt = f->nc;
     const int r0 = qb * f->nr, nr = imin(r0 + f->nr, T) - r0;
     const int c0 = kb * f->nc, nc = imin(c0 + f->nc, pair_keys(p->causal, r0 + nr, p->Tk)) - c0;
-    if (nc <= 0) return;
+    if (nc <= 0 || block_docs(p->docs, r0, nr, f->nc, lo, &lop) > c0) return;
     const size_t qoff = (size_t)r0 * ldq + (size_t)h * D;
     const size_t kvoff = (size_t)c0 * ldk + (size_t)(h / f->rep) * D;
     const size_t roff = (size_t)h * T + r0;
@@ -464,8 +521,8 @@ static void pair_tile(const pair_bwd *p, int h, int qb, int kb, int want_dq, int
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, D, 1.0f, w->dout + qoff, ldq,
                 w->v + kvoff, ldk, 0.0f, ds, ldt);
     if (f->bf16) round_tile(s, ldt, nr, nc, f->scale), round_tile(ds, ldt, nr, nc, 1.0f);
-    grad_tile(s, ds, ldt, nr, nc, p->causal ? r0 : PAIR_UNMASKED, c0, w->lse + roff, w->di + roff,
-              f->scale, f->bf16);
+    grad_tile(s, ds, ldt, nr, nc, p->causal ? r0 : PAIR_UNMASKED, c0, lop, w->lse + roff,
+              w->di + roff, f->scale, f->bf16);
     if (want_dq)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, D, nc, 1.0f, ds, ldt,
                     w->k + kvoff, ldk, 1.0f, w->dq + qoff, ldq);
@@ -483,10 +540,13 @@ static void pair_tile(const pair_bwd *p, int h, int qb, int kb, int want_dq, int
 void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, const float *dout,
                                  const float *out, const float *lse, const float *q,
                                  const float *k, const float *v, int Tq, int Tk, int NH, int NKV,
-                                 int D, bool causal, bool bf16) {
+                                 int D, bool causal, const int32_t *q_doc, int k0, bool bf16) {
     if (Tq <= 0 || Tk <= 0 || NH <= 0) return;
+    const pair_docs docs = {q_doc, k0};
     const pair_bwd p = {{pair_dims(Tq, Tk, NH, NKV, D, bf16), dq, dk, dv, di, dout, lse, q, k, v},
-                        Tk, causal};
+                        Tk,
+                        causal,
+                        q_doc ? &docs : NULL};
     const flash_dims *f = &p.w.f;
     const int par = (double)NH * Tq * Tk >= FLASH_PAR_MIN;
 #pragma omp parallel if (par)
@@ -516,6 +576,7 @@ void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, con
 
 // Two chunks' attention of the same queries merged (torchtitan's ring merge, in fp32):
 // out -= sigmoid(lse_b - lse) (out - out_b), lse -= logsigmoid(lse - lse_b), per query and head.
+// A row with lse = -inf (no key seen yet, out 0) takes out_b and lse_b exactly.
 CPU_SIMD_CLONES
 void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const float *lse_b, int T,
                              int NH, int D) {
@@ -524,6 +585,7 @@ void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const f
     for (int h = 0; h < NH; h++) {
         for (int t = 0; t < T; t++) {
             const float a = lse[(size_t)h * T + t], b = lse_b[(size_t)h * T + t];
+            if (b == -INFINITY) continue; // a chunk the document mask hid wholly: nothing new
             const float w = 1.0f / (1.0f + expf(a - b)); // sigmoid(b - a)
             float *o = out + (size_t)t * ld + (size_t)h * D;
             const float *ob = out_b + (size_t)t * ld + (size_t)h * D;

@@ -108,7 +108,10 @@
 // attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
 //   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
 //   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same
-//   positions (Tq == Tk), else every query sees every key. The forward writes out and lse; the
+//   positions (Tq == Tk), else every query sees every key. q_doc (NULL: none; block-causal):
+//   query i sees only keys j >= q_doc[i] - k0 (its document's start, in coordinates where key 0
+//   is at k0); a query that sees no key gets out 0 and lse -inf, which the merge passes over.
+//   The forward writes out and lse; the
 //   backward takes the merged out and lse of all the queries' chunks, computes di = rowsum(dout
 //   * out) into its scratch di and adds this pair's share into dq, dk and dv. bf16: q, k, v and
 //   dout hold bf16 values, and the tiles round as attention_bf16's. The merge: out, lse (a chunk

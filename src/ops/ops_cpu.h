@@ -213,11 +213,11 @@ void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *s
 // Ring attention's pieces (context parallelism; attention_flash.c, ops.h's contract).
 void cpu_attention_pair_forward(float *out, float *lse, const float *q, const float *k,
                                 const float *v, int Tq, int Tk, int NH, int NKV, int D,
-                                bool causal, bool bf16);
+                                bool causal, const int32_t *q_doc, int k0, bool bf16);
 void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, const float *dout,
                                  const float *out, const float *lse, const float *q,
                                  const float *k, const float *v, int Tq, int Tk, int NH, int NKV,
-                                 int D, bool causal, bool bf16);
+                                 int D, bool causal, const int32_t *q_doc, int k0, bool bf16);
 void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const float *lse_b, int T,
                              int NH, int D);
 

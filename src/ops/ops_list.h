@@ -327,14 +327,14 @@ typedef struct ct_adamw_coeffs {
     X(OWN, attention_pair_forward, ct_attention_pair_forward_fn, cpu_attention_pair_forward, OPT, \
       "attention_pair", forward,                                                                   \
       (float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,    \
-       int NH, int NKV, int D, bool causal, bool bf16),                                            \
-      (out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, bf16))                                       \
+       int NH, int NKV, int D, bool causal, const int32_t *q_doc, int k0, bool bf16),              \
+      (out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, q_doc, k0, bf16))                            \
     X(OWN, attention_pair_backward, ct_attention_pair_backward_fn, cpu_attention_pair_backward,   \
       OPT, "attention_pair", backward,                                                             \
       (float *dq, float *dk, float *dv, float *di, const float *dout, const float *out,           \
        const float *lse, const float *q, const float *k, const float *v, int Tq, int Tk, int NH,   \
-       int NKV, int D, bool causal, bool bf16),                                                    \
-      (dq, dk, dv, di, dout, out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, bf16))                 \
+       int NKV, int D, bool causal, const int32_t *q_doc, int k0, bool bf16),                      \
+      (dq, dk, dv, di, dout, out, lse, q, k, v, Tq, Tk, NH, NKV, D, causal, q_doc, k0, bf16))      \
     X(OWN, attention_lse_merge, ct_attention_lse_merge_fn, cpu_attention_lse_merge, OPT,           \
       "attention_lse_merge", none,                                                                 \
       (float *out, float *lse, const float *out_b, const float *lse_b, int T, int NH, int D),      \

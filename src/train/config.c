@@ -116,7 +116,8 @@ const config_key config_table[] = {
     KEY(training, loss_chunk_tokens, CONFIG_INT, "-1", NULL, false,
         "compute the loss head (logits, cross-entropy and their gradient) in chunks of this many "
         "tokens, so the (tokens x vocab) logits are never held at once; 0: whole; -1: auto "
-        "(chunks of at most 256 MiB of logits, 64 MiB with activation checkpointing)"),
+        "(chunks of at most 256 MiB of logits, 64 MiB with activation checkpointing; under context "
+        "parallelism 1/context_parallel_degree of that per rank)"),
     KEY(training, mixed_precision_param, CONFIG_STR, "float32", "float32|bfloat16", true,
         "the dtype the linear layers compute in: float32 (exact parity, ctitan's default) or "
         "bfloat16 (bf16 GEMMs with fp32 accumulation through oneDNN; weights, gradients and the "

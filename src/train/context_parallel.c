@@ -88,26 +88,29 @@ static void hook_wait(void *ctx) {
 
 int cp_setup(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
-    const int cp = t->cp, P = t->d->size;
-    if (t->tp > 1)
+    const int cp = t->cp, P = t->d->size, tp = t->tp > 1 ? t->tp : 1;
+    if (P % cp != 0 && tp > 1)
         return ct_fail(err,
-                       "parallelism.context_parallel_degree = %d with tensor_parallel_degree = %d: "
-                       "context parallelism beside tensor parallelism is not supported yet",
-                       cp, t->tp);
+                       "parallelism.context_parallel_degree = %d does not divide the %d ranks / "
+                       "tensor_parallel_degree = %d",
+                       cp, P * tp, tp);
     if (P % cp != 0)
         return ct_fail(err, "parallelism.context_parallel_degree = %d does not divide the %d ranks",
                        cp, P);
-    if (t->T % (2 * cp) != 0)
+    if (t->T % (2 * cp * tp) != 0) {
+        if (tp > 1)
+            return ct_fail(err,
+                           "training.seq_len = %d is not a multiple of 2 * "
+                           "parallelism.context_parallel_degree * tensor_parallel_degree = %d "
+                           "(each rank holds two chunks of the sequence, each cut over the TP "
+                           "ranks)",
+                           t->T, 2 * cp * tp);
         return ct_fail(err,
                        "training.seq_len = %d is not a multiple of 2 * "
                        "parallelism.context_parallel_degree = %d (each rank holds two chunks of "
                        "the sequence)",
                        t->T, 2 * cp);
-    if (strcmp(c->model.attn_mask_type, "block_causal") == 0)
-        return ct_fail(err,
-                       "parallelism.context_parallel_degree = %d with model.attn_mask_type = "
-                       "\"block_causal\": block-causal ring attention is not supported yet",
-                       cp);
+    }
     if (strcmp(c->model.attn_backend, "sdpa") == 0)
         return ct_fail(err,
                        "parallelism.context_parallel_degree = %d with model.attn_backend = "

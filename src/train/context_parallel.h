@@ -14,7 +14,7 @@
 typedef struct trainer trainer;
 
 typedef struct context_parallel {
-    dist group; // this rank's CP group: ranks [k*cp, (k+1)*cp) (inside dp, tp 1)
+    dist group; // this rank's CP group: ranks [k*cp, (k+1)*cp) of t->d (under TP, its TP column)
     qwen3_cp hook;
     ct_error err; // the first failure of a collective the hook ran (reported after the step)
     bool failed;
@@ -25,8 +25,9 @@ typedef struct context_parallel {
 // The data-parallel rank and degree: the ranks of a CP group read the same samples.
 int cp_dp_rank(const trainer *t);
 int cp_dp_size(const trainer *t);
-// Before the strategy: the group, and the refusals (each one line): seq_len % (2 cp), TP,
-// block-causal attention, the sdpa kernel.
+// Before the strategy: the group, and the refusals (each one line): seq_len % (2 cp tp), the
+// sdpa kernel. Under TP the group is of the data-parallel ranks t->d (the mesh's dp, cp, tp
+// order: one TP rank's column), so a CP group's ranks hold the same TP slice.
 int cp_setup(trainer *t, ct_error *err);
 // After cp_setup succeeded on every rank (a collective): the group.
 int cp_split(trainer *t, ct_error *err);

@@ -108,8 +108,9 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     if (qwen3_tp_config(&local, &t->setup.model, t->tp, err) != 0) return -1;
     qwen3_memory_opts o = t->setup.mem_opts;
     o.sp = t->tp;
-    const double N = (double)t->B * t->T;
-    mem->model = qwen3_memory_plan_ops(&local, &t->setup.ops, t->B, t->T, &o);
+    const int T = t->T / t->cp; // under CP the model's rows of each sequence
+    const double N = (double)t->B * T;
+    mem->model = qwen3_memory_plan_ops(&local, &t->setup.ops, t->B, T, &o);
     mem->model.activations += (size_t)(2 * N * sizeof(int32_t) + (t->tp + 2) * N * sizeof(float));
     mem->optimizer = 2.0 * (double)mem->model.params;
     mem->total = (double)mem->model.params + mem->model.weights_bf16 + mem->model.grads +

@@ -38,6 +38,7 @@ int trainer_validate(trainer *t, ct_error *err) {
                 for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
         }
         if (t->cp > 1) {
+            if (t->positions) cp_shard(t, t->positions, t->B);
             cp_shard(t, t->inputs, t->B);
             cp_shard(t, t->targets, t->B);
         }

@@ -591,6 +591,10 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (t->cp > 1) { // the model holds its T / cp rows of each sequence
         t->setup.T = t->T / t->cp;
         t->setup.mem_opts.cp = t->cp;
+        // The loss head's automatic chunk (sized for the whole sequence's logits) splits as
+        // every other activation does: 1/cp of one process's.
+        if (c->training.loss_chunk_tokens < 0 && t->setup.mem_opts.loss_chunk > 0)
+            t->setup.mem_opts.loss_chunk = (t->setup.mem_opts.loss_chunk + t->cp - 1) / t->cp;
     }
     if (t->ep > 1 && tp_agree(t, setup_ep(t, &mc, err), err) != 0) return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
