@@ -466,12 +466,12 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     qwen3_model g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
     char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
+    ckpt_shard_info mine[2];
     memset(mine, 0, sizeof mine);
     ckpt_range **of = calloc((size_t)P, sizeof *of);
     int *n_of = calloc((size_t)P, sizeof *n_of);
-    rc = all && of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-                           : ct_fail(err, "out of memory");
+    rc = of && n_of ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
+                    : ct_fail(err, "out of memory");
     for (int q = 0; rc == 0 && q < P; q++)
         if ((n_of[q] = tp_ranges(&g, &t->model, q, P, true, &of[q], err)) < 0) rc = -1;
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
@@ -482,20 +482,13 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (rc == 0 && t->d->rank == 0)
         rc = write_shard(t, &g, tmp, of[grp->rank], n_of[grp->rank], src, mine, err);
     if (first) local_free(t, src);
-    if (dist_agree(t->world, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(grp, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        rc = -1;
-    } else if (is_root(t)) {
-        rc = trainer_commit_shards(t, &g, all, P, (const ckpt_range *const *)of, n_of,
-                                   ", one per TP rank", err);
-    }
+    rc = trainer_finish_shards(t, t->world, grp, rc, mine, P, &g, (const ckpt_range *const *)of,
+                               n_of, ", one per TP rank", err);
     for (int q = 0; of && q < P; q++) free(of[q]);
     free(of);
     free(n_of);
-    free(all);
     qwen3_free(&g);
-    return dist_agree(t->world, rc, "committing the checkpoint", err);
+    return rc;
 }
 
 static void begin_step(trainer *t) {

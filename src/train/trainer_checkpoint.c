@@ -185,6 +185,23 @@ int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shar
     return rc;
 }
 
+int trainer_finish_shards(trainer *t, dist *over, dist *grp, int rc,
+                          const ckpt_shard_info mine[2], int S, const qwen3_model *layout,
+                          const ckpt_range *const *ranges, const int *n_ranges, const char *note,
+                          ct_error *err) {
+    ckpt_shard_info *all = calloc(2 * (size_t)grp->size, sizeof *all);
+    if (!all && rc == 0) rc = ct_fail(err, "out of memory for the shards' checksums");
+    if (dist_agree(over, rc, "writing the model and optimizer shards", err) != 0 ||
+        dist_allgather(grp, mine, all, 2 * sizeof *mine, "the shards' checksums", err) != 0) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, t->state.step, t->save_tag);
+        free(all);
+        return -1;
+    }
+    rc = is_root(t) ? trainer_commit_shards(t, layout, all, S, ranges, n_ranges, note, err) : 0;
+    free(all);
+    return dist_agree(over, rc, "committing the checkpoint", err);
+}
+
 // A LoRA run's final export: the adapter as a PEFT folder (adapter_config.json and
 // adapter_model.safetensors) in dump_folder/hf, which PeftModel.from_pretrained loads onto the
 // base it names. Every rank holds the whole adapter; the root writes it.
@@ -214,7 +231,7 @@ static int export_adapter(trainer *t, ct_error *err) {
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
-    if (t->ep > 1) { // streamed, each expert from its owner as it is written
+    if (t->ep > 1 && !t->strat.vt->model_in_shards) { // streamed, each expert from its owner
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
