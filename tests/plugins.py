@@ -110,7 +110,8 @@ check(code == 1 and doc and not doc["check"]["passed"], "wrong kernel passed: %s
 check("rope_hf" in line and "max abs" in line and "tolerance" in line, "refusal: %s" % line)
 
 # check-kernels takes every train key and reads no data (no training.dataset_path): every key of
-# the table at its default and torchtitan's inert keys, the plugin named last.
+# the table at its default (the parallel degrees among them) and torchtitan's inert keys, the
+# plugin named last.
 every = []
 for line in run(["train", "--help"])[1].splitlines():
     m = re.match(r"\s+--(\S+?)=\S+\s.*\(default: (.*)\)$", line)
@@ -121,8 +122,6 @@ for line in run(["train", "--help"])[1].splitlines():
 for key in ("profiling.enable_profiling", "metrics.enable_tensorboard", "training.enable_cpu_offload",
             "compile.enable", "checkpoint.enable_first_step_checkpoint"):
     every += ["--" + key, "false"]
-for key in ("pipeline_parallel_degree",):  # tp and cp are in the table
-    every += ["--parallelism." + key, "1"]
 check(len(every) > 150, "the keys from train --help: %d words" % len(every))
 code, doc, err = check_kernels(example("rope_hf_avx2"), every)
 check(code == 0 and doc and doc["check"]["passed"], "check-kernels with every key: %s" % err[-2000:])

@@ -23,7 +23,7 @@ int fsdp_reshard_parse(fsdp_reshard *out, const char *name, ct_error *err) {
 
 void fsdp_piece(const fsdp *f, int u, int s, size_t *lo, size_t *hi) {
     const fsdp_unit *x = &f->units[u];
-    const int S = f->o.shard_degree;
+    const int S = x->g->size;
     *lo = x->lo + grad_sync_shard_start(x->hi - x->lo, s, S);
     *hi = x->lo + grad_sync_shard_start(x->hi - x->lo, s + 1, S);
 }
@@ -53,8 +53,13 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     if (o->bf16_params && !params_bf16)
         return ct_fail(err, "FSDP: bf16 gathers need the model's bf16 weight copy");
     // torchtitan's mesh: the replica index is the outer one, the shard rank the inner one.
+    const int ep = o->expert_degree > 1 ? o->expert_degree : 1;
+    if (S % ep != 0)
+        return ct_fail(err, "FSDP: expert_degree %d does not divide the %d shard ranks", ep, S);
     if (dist_split(world, world->rank / S, world->rank % S, &f->shard, err) != 0 ||
-        dist_split(world, world->rank % S, world->rank / S, &f->replica, err) != 0) {
+        dist_split(world, world->rank % S, world->rank / S, &f->replica, err) != 0 ||
+        (ep > 1 && dist_split(&f->shard, f->shard.rank % ep, f->shard.rank / ep, &f->eshard,
+                              err) != 0)) {
         fsdp_free(f);
         return -1;
     }
@@ -64,9 +69,10 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
         return ct_fail(err, "out of memory for %d FSDP units", n_units);
     }
     f->n_units = n_units;
-    const int s = f->shard.rank;
     for (int u = 0; u < n_units; u++) {
         fsdp_unit *x = &f->units[u];
+        x->g = ep > 1 && o->expert_units && o->expert_units[u] ? &f->eshard : &f->shard;
+        const int S = x->g->size, s = x->g->rank;
         x->lo = lo[u];
         x->hi = hi[u];
         if (hi[u] - lo[u] > INT_MAX) {
@@ -93,7 +99,7 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     const size_t ns = f->n_shard ? f->n_shard : 1;
     int most = 1; // the largest piece, which the reduce-scatter receives into
     for (int u = 0; u < n_units; u++)
-        for (int r = 0; r < S; r++)
+        for (int r = 0; r < f->units[u].g->size; r++)
             most = f->units[u].counts[r] > most ? f->units[u].counts[r] : most;
     if (!(f->ring_recv = alloc_zeroed(f, (size_t)most * sizeof(float),
                                       "the reduce-scatter's receive buffer", err)) ||
@@ -126,6 +132,7 @@ void fsdp_free(fsdp *f) {
         free(f->units[u].displs);
     }
     free(f->units);
+    dist_group_free(&f->eshard);
     dist_group_free(&f->shard);
     dist_group_free(&f->replica);
     memset(f, 0, sizeof *f);
@@ -150,7 +157,7 @@ static void start_gather(fsdp *f, int u) {
     const size_t piece = x->piece_hi - x->piece_lo;
     x->gather_t0 = dist_clock();
     ct_backend *be = f->be;
-    const ct_comm c = dist_comm(&f->shard);
+    const ct_comm c = dist_comm(x->g);
     int rc;
     be->populate(be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
     if (f->params_bf16) {
@@ -163,11 +170,11 @@ static void start_gather(fsdp *f, int u) {
         rc = be->comm_allgather(be, &c, f->params + x->lo, x->counts, x->displs, CT_COMM_F32,
                                 &x->gather_req, &f->err);
     }
-    f->shard.comm_s += dist_clock() - x->gather_t0;
-    f->gather_bytes += (double)(x->hi - x->lo) * (f->params_bf16 ? 2 : 4);
+    x->g->comm_s += dist_clock() - x->gather_t0;
+    if (x->g->size > 1) f->gather_bytes += (double)(x->hi - x->lo) * (f->params_bf16 ? 2 : 4);
     if (rc != 0) {
         fail(f, ct_fail(&f->err, "rank %d: MPI failed to start the gather of FSDP unit %d",
-                        f->shard.rank, u));
+                        x->g->rank, u));
         return;
     }
     x->gathering = true;
@@ -189,7 +196,7 @@ static void ensure_gathered(fsdp *f, int u) {
     start_gather(f, u);
     char what[64];
     snprintf(what, sizeof what, "the gather of FSDP unit %d", u);
-    if (dist_wait_requests(&f->shard, f->be, &x->gather_req, 1, what, &f->err) != 0)
+    if (dist_wait_requests(x->g, f->be, &x->gather_req, 1, what, &f->err) != 0)
         return fail(f, -1);
     f->busy_s += dist_clock() - x->gather_t0;
     gather_done(f, u);
@@ -221,12 +228,12 @@ static size_t block_at(const fsdp_unit *x, int b) {
 // Posts step f->ring_step's send and receive.
 static void ring_post(fsdp *f) {
     const fsdp_unit *x = &f->units[f->reducing];
-    const int S = f->o.shard_degree, s = f->shard.rank, k = f->ring_step;
+    const int S = x->g->size, s = x->g->rank, k = f->ring_step;
     const int send = ((s - k - 1) % S + S) % S, recv = ((s - k - 2) % S + S) % S;
     const int right = (s + 1) % S, left = (s + S - 1) % S, tag = 7;
     double t0 = dist_clock();
     ct_backend *be = f->be;
-    const ct_comm c = dist_comm(&f->shard);
+    const ct_comm c = dist_comm(x->g);
     const bool b16 = f->grads_bf16 != NULL;
     const ct_comm_type type = b16 ? CT_COMM_BF16 : CT_COMM_F32;
     const void *out = b16 ? (const void *)(f->grads_bf16 + block_at(x, send))
@@ -236,18 +243,18 @@ static void ring_post(fsdp *f) {
         be->comm_send(be, &c, out, x->counts[send], type, right, tag, &f->ring_req[0], &f->err);
     if (rc == 0)
         rc = be->comm_recv(be, &c, in, x->counts[recv], type, left, tag, &f->ring_req[1], &f->err);
-    f->shard.comm_s += dist_clock() - t0;
+    x->g->comm_s += dist_clock() - t0;
     if (rc != 0)
         fail(f, ct_fail(&f->err,
                         "rank %d: MPI failed to post step %d of FSDP unit %d's reduce-scatter",
-                        f->shard.rank, k, f->reducing));
+                        s, k, f->reducing));
 }
 
 // The received block of step f->ring_step added into this rank's (a bf16 sum rounds each
 // addition to bf16, as a bf16 reduction does).
 static void ring_add(fsdp *f) {
     const fsdp_unit *x = &f->units[f->reducing];
-    const int S = f->o.shard_degree, s = f->shard.rank, k = f->ring_step;
+    const int S = x->g->size, s = x->g->rank, k = f->ring_step;
     const int b = ((s - k - 2) % S + S) % S, n = x->counts[b];
     if (f->grads_bf16)
         f->be->accumulate(f->be, f->grads_bf16 + block_at(x, b), CT_COMM_BF16, f->ring_recv16,
@@ -256,6 +263,8 @@ static void ring_add(fsdp *f) {
         f->be->accumulate(f->be, f->grads + block_at(x, b), CT_COMM_F32, f->ring_recv, CT_COMM_F32,
                           (size_t)n);
 }
+
+static void reduce_done(fsdp *f);
 
 static void start_reduce(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
@@ -267,6 +276,7 @@ static void start_reduce(fsdp *f, int u) {
     }
     f->reducing = u;
     f->ring_step = 0;
+    if (x->g->size == 1) return reduce_done(f); // experts held by one shard rank: nothing to sum
     f->reduce_bytes += (double)len * (f->grads_bf16 ? 2 : 4);
     ring_post(f);
 }
@@ -290,19 +300,19 @@ static void reduce_done(fsdp *f) {
 
 // Moves the ring on: as far as it can without waiting, or (`wait`) to its end.
 static void advance_reduce(fsdp *f, bool wait) {
-    const int S = f->o.shard_degree;
     while (f->reducing >= 0 && !f->failed) {
+        dist *g = f->units[f->reducing].g;
         if (wait) {
             char what[80];
             snprintf(what, sizeof what, "step %d of the reduce-scatter of FSDP unit %d",
                      f->ring_step, f->reducing);
-            if (dist_wait_requests(&f->shard, f->be, f->ring_req, 2, what, &f->err) != 0)
+            if (dist_wait_requests(g, f->be, f->ring_req, 2, what, &f->err) != 0)
                 return fail(f, -1);
-        } else if (!dist_test_requests(&f->shard, f->be, f->ring_req, 2)) {
+        } else if (!dist_test_requests(g, f->be, f->ring_req, 2)) {
             return;
         }
         ring_add(f);
-        if (++f->ring_step == S - 1)
+        if (++f->ring_step == g->size - 1)
             reduce_done(f);
         else
             ring_post(f);
@@ -316,13 +326,13 @@ static void wait_reduce(fsdp *f) {
 // One round of progress on what is in flight (Open MPI moves non-blocking collectives only
 // inside MPI calls): a gather that completed is finished, a reduce-scatter too.
 static void progress(fsdp *f) {
-    f->shard.timeout_s = f->replica.timeout_s = f->world->timeout_s;
+    f->shard.timeout_s = f->replica.timeout_s = f->eshard.timeout_s = f->world->timeout_s;
     if (f->failed) return;
     advance_reduce(f, false);
     for (int u = 0; u < f->n_units; u++) {
         fsdp_unit *x = &f->units[u];
         const double t = dist_clock();
-        if (x->gathering && dist_test_requests(&f->shard, f->be, &x->gather_req, 1)) {
+        if (x->gathering && dist_test_requests(x->g, f->be, &x->gather_req, 1)) {
             f->busy_s += t - x->gather_t0;
             gather_done(f, u);
         }
@@ -444,9 +454,9 @@ int fsdp_finish(fsdp *f, ct_error *err) {
 }
 
 void fsdp_take_comm(fsdp *f, double *exposed, double *hidden) {
-    *exposed = f->shard.comm_s + f->replica.comm_s;
+    *exposed = f->shard.comm_s + f->eshard.comm_s + f->replica.comm_s;
     *hidden = f->busy_s > *exposed ? f->busy_s - *exposed : 0;
-    f->shard.comm_s = f->replica.comm_s = f->busy_s = 0;
+    f->shard.comm_s = f->eshard.comm_s = f->replica.comm_s = f->busy_s = 0;
 }
 
 // --- the memory estimate: the hooks' events replayed on sizes alone

@@ -23,6 +23,11 @@
 // gradient is reduced only after the embedding's own backward.
 // HSDP: with R > 1 replica groups, fsdp_finish all-reduces the shard gradient across the R
 // ranks holding the same shard.
+// Expert parallelism beside FSDP (torchtitan's dp2ep, its "efsdp" mesh): with expert_degree
+// ep > 1 the shard group's consecutive runs of ep ranks are EP groups, and the units marked
+// expert (a layer's own experts, which differ between the ranks of an EP group) are cut over the
+// S/ep ranks holding the same experts (shard rank s with s % ep alike) instead of all S. The
+// replica all-reduce covers both kinds.
 // Every collective is the backend's (backend.h's comm_* entries, on the buffers themselves: the
 // guarded backend holds exactly those open while one is in flight) and runs on the group's
 // communicator in the same order on every rank, with the group's deadline
@@ -49,7 +54,8 @@ typedef struct fsdp_unit {
     size_t lo, hi;             // its elements of the full buffers
     size_t piece_lo, piece_hi; // this rank's piece of it
     size_t at;                 // where the piece sits in the shard buffers
-    int *counts, *displs;      // (S) every shard rank's piece, from lo (MPI's ints)
+    dist *g;                   // the group it is cut over: shard, or (an expert unit) eshard
+    int *counts, *displs;      // (g's size) every group rank's piece, from lo (MPI's ints)
     bool gathered;             // the full buffers hold its weights
     bool gathering;            // a gather is in flight: gather_req, started at gather_t0
     ct_request *gather_req;
@@ -61,11 +67,14 @@ typedef struct fsdp_opts {
     fsdp_reshard reshard;
     bool bf16_params; // gather bf16 weights (MixedPrecisionPolicy param_dtype = bfloat16)
     bool bf16_reduce; // reduce bf16 gradients (reduce_dtype = bfloat16)
+    int expert_degree;         // ep (0 or 1: none): the EP groups inside the shard group
+    const bool *expert_units;  // (n_units, NULL: none) the units cut over eshard
 } fsdp_opts;
 
 typedef struct fsdp {
     dist *world;         // its deadline (the trainer's, per phase) is the groups' too
     dist shard, replica; // the shard group (S ranks) and the replica group (R ranks)
+    dist eshard;         // expert_degree > 1: the S/ep shard ranks holding the same experts
     fsdp_opts o;
     ct_backend *be;
     const ct_ops *ops;
@@ -107,7 +116,8 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
               const size_t *hi, int n_units, bool tied, ct_error *err);
 void fsdp_free(fsdp *f);
 
-// Shard rank s's piece of unit u, of S ranks: [*lo, *hi) (for checkpoints: every rank's ranges).
+// Group rank s's piece of unit u, of its group's ranks: [*lo, *hi) (for checkpoints: every
+// rank's ranges).
 void fsdp_piece(const fsdp *f, int u, int s, size_t *lo, size_t *hi);
 
 // The four moments of unit u (the model's unit_hook calls them through the trainer): before its

@@ -108,15 +108,21 @@ typedef struct strategy_tp_state {
 } strategy_tp_state;
 enum { TP_AG, TP_RS, TP_AR, TP_AR_WHOLE };
 
-// Expert parallelism with DDP for the rest (strategy_ep.c): the model's qwen3_ep hook, its
+// Expert parallelism with DDP or FSDP for the rest (strategy_ep.c): the model's qwen3_ep hook, its
 // all-to-all's byte counts, and the first failure of an exchange (reported after the backward).
 typedef struct strategy_ep_state {
     qwen3_ep ep;
     int *sc, *sd, *rc, *rd;
+    double bytes; // payload bytes this rank's all-to-alls sent to other ranks since setup
     ct_error err;
     bool failed;
 } strategy_ep_state;
 extern const strategy_vt strategy_ep;
+// EP beside FSDP (torchtitan's dp2ep; strategy_ep.c): strategy_fsdp's table with the dispatch,
+// the experts cut over the shard ranks holding the same ones (parallel/fsdp.h's eshard).
+const strategy_vt *strategy_ep_fsdp(void);
+// Under EP, the one-process random init of the local tensors starting in [lo, hi).
+int strategy_ep_init_range(trainer *t, uint64_t seed, size_t lo, size_t hi, ct_error *err);
 // Under EP: the weights as one HF folder in dir (world rank 0 writes; the first replica's EP
 // group takes part).
 int strategy_ep_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
@@ -171,7 +177,7 @@ int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err);
 typedef struct trainer_shards {
     int P;
     char tmp[4200];
-    ckpt_shard_info mine[2], *all;
+    ckpt_shard_info mine[2];
     ckpt_range **of;
     int *n_of;
 } trainer_shards;
@@ -205,6 +211,9 @@ typedef struct strategy {
     size_t *unit_lo;
     bool overlap;             // replicate, ZeRO-1: reduce during this micro-batch's backward
     fsdp fsdp;                // FSDP: the shards, the gathers and reduce-scatters
+    // FSDP: model unit u is FSDP units [fsdp_first[u], fsdp_first[u + 1]) (under EP a sparse
+    // layer is three: before its experts, its experts, after them; otherwise one each).
+    int *fsdp_first;
     // FSDP: the plan's QWEN3_SPLIT_WHOLE tensors (the MoE expert biases), whole, back to back in
     // plan order.
     float *whole;
@@ -225,3 +234,12 @@ int trainer_check_replicas(trainer *t, ct_error *err);
 int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shard_info *pairs,
                           int S, const ckpt_range *const *ranges, const int *n_ranges,
                           const char *note, ct_error *err);
+// The end of a save whose shards each rank of grp writes one of (rc: this rank's write): agreed
+// over `over` (every rank of the run), grp's checksums gathered (the first S are the shards;
+// grp NULL: this rank writes none and gathers nothing), committed by rank 0
+// (trainer_commit_shards) or abandoned, and the commit agreed over `over`. trainer_shards_end
+// is this over a trainer_shards, which it then frees.
+int trainer_finish_shards(trainer *t, dist *over, dist *grp, int rc,
+                          const ckpt_shard_info mine[2], int S, const qwen3_model *layout,
+                          const ckpt_range *const *ranges, const int *n_ranges, const char *note,
+                          ct_error *err);

@@ -35,6 +35,7 @@ static void ep_alltoall(void *ctx, const void *send, const int *scounts, const i
     for (int q = 0; q < g->size; q++) {
         s->sc[q] = scounts[q] * bytes, s->sd[q] = sdispls[q] * bytes;
         s->rc[q] = rcounts[q] * bytes, s->rd[q] = rdispls[q] * bytes;
+        if (q != g->rank) s->bytes += s->sc[q];
     }
     const ct_comm c = dist_comm(g);
     ct_request *req = NULL;
@@ -120,6 +121,27 @@ static int alloc_buffers(trainer *t, ct_error *err) {
     return 0;
 }
 
+// The dispatch: the model's qwen3_ep hook over the EP group, and its buffers.
+static int dispatch_setup(trainer *t, ct_error *err) {
+    qwen3_model *m = &t->model;
+    if (!m->ops->moe_ep_gather || !m->ops->moe_ep_combine)
+        return ct_fail(err, "op table '%s' has no expert-parallel row moves (moe_ep_*)",
+                       m->ops->name ? m->ops->name : "?");
+    qwen3_ep *ep = &t->strat.ep.ep;
+    *ep = (qwen3_ep){
+        .rank = t->ep_group.rank, .size = t->ep_group.size, .alltoall = ep_alltoall, .ctx = t};
+    if (alloc_buffers(t, err) != 0) return -1;
+    m->ep = ep;
+    const double N = (double)t->B * t->T, C = m->cfg.hidden_size;
+    const double k = m->cfg.num_experts_per_tok, G = t->ep;
+    fprintf(t->log,
+            "comm: expert parallel over %d ranks, %d experts each; per sparse layer and "
+            "micro-batch up to %.2f MiB sent per all-to-all (k*N*C*4*(ep-1)/ep, balanced), 4 "
+            "all-to-alls of rows\n",
+            t->ep, m->cfg.local_experts, k * N * C * 4 * (G - 1) / G / (1024.0 * 1024.0));
+    return 0;
+}
+
 static int setup(trainer *t, ct_error *err) {
     qwen3_model *m = &t->model;
     strategy *st = &t->strat;
@@ -131,25 +153,13 @@ static int setup(trainer *t, ct_error *err) {
             adamw_exclude_decay(&t->opt, p->offset, p->numel, err) != 0)
             return -1;
     }
-    if (!m->ops->moe_ep_gather || !m->ops->moe_ep_combine)
-        return ct_fail(err, "op table '%s' has no expert-parallel row moves (moe_ep_*)",
-                       m->ops->name ? m->ops->name : "?");
-    qwen3_ep *ep = &st->ep.ep;
-    *ep = (qwen3_ep){
-        .rank = t->ep_group.rank, .size = t->ep_group.size, .alltoall = ep_alltoall, .ctx = t};
-    if (alloc_buffers(t, err) != 0) return -1;
-    m->ep = ep;
-    const double N = (double)t->B * t->T, C = m->cfg.hidden_size;
-    const double k = m->cfg.num_experts_per_tok, G = t->ep;
-    fprintf(t->log,
-            "comm: expert parallel over %d ranks, %d experts each; per sparse layer and "
-            "micro-batch up to %.2f MiB sent per all-to-all (k*N*C*4*(ep-1)/ep, balanced), 4 "
-            "all-to-alls of rows; gradients all-reduced after the backward, in float32\n",
-            t->ep, m->cfg.local_experts, k * N * C * 4 * (G - 1) / G / (1024.0 * 1024.0));
+    if (dispatch_setup(t, err) != 0) return -1;
+    fprintf(t->log, "comm: gradients all-reduced after the backward, in float32 (DDP; each "
+                    "expert's over the ranks holding it)\n");
     return 0;
 }
 
-static void free_(trainer *t) {
+static void dispatch_free(trainer *t) {
     qwen3_ep *ep = &t->strat.ep.ep;
     ct_backend *be = t->model.be;
     if (be) {
@@ -170,6 +180,10 @@ static void free_(trainer *t) {
     free(t->strat.ep.sc);
     memset(ep, 0, sizeof *ep);
     t->model.ep = NULL;
+}
+
+static void free_(trainer *t) {
+    dispatch_free(t);
     qwen3_parallel_plan_free(&t->strat.plan);
 }
 
@@ -181,8 +195,9 @@ static const qwen3_param *global_of(const qwen3_model *g, const qwen3_param *p, 
     return gp;
 }
 
-// The one-process init's values: each tensor drawn from its stream in the global table.
-static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+// The one-process init's values for the local tensors starting in [lo, hi): each drawn from its
+// stream in the global table.
+int strategy_ep_init_range(trainer *t, uint64_t seed, size_t lo, size_t hi, ct_error *err) {
     qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     size_t most = 0;
@@ -196,12 +211,17 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
             rc = -1;
             break;
         }
+        if (p->offset < lo || p->offset >= hi) continue;
         qwen3_init_tensor(&g, gp, x, seed);
         rc = qwen3_params_write(m, p->name, 0, p->numel, x, err);
     }
     free(x);
     qwen3_free(&g);
     return rc;
+}
+
+static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    return strategy_ep_init_range(t, seed, 0, t->model.num_params, err);
 }
 
 // An HF folder: this rank's tensors only (its experts among the others').
@@ -452,6 +472,61 @@ const strategy_vt strategy_ep = {.describe = describe,
                                  .load_checkpoint = trainer_load_by_name,
                                  .save_checkpoint = save_checkpoint,
                                  .model_in_shards = false};
+
+// ---------------------------------------------------------------------------------------------
+// EP beside FSDP (torchtitan's dp2ep): the EP groups are consecutive ranks of the shard group;
+// strategy_fsdp keeps the weights (a sparse layer's experts cut over the shard ranks holding
+// the same ones, everything else over all of them, its checkpoints in the one-process layout),
+// this file the dispatch.
+
+static void fsdp_describe(const trainer *t, char *buf, size_t size) {
+    snprintf(buf, size,
+             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts, "
+             "tokens sent by all-to-all) inside FSDP over %d ranks%s: the experts sharded over "
+             "the %d holding the same ones, the rest over all %d",
+             t->ep, t->ep, t->shard_degree,
+             t->d->size / t->shard_degree > 1 ? ", in each of the replica groups (HSDP)" : "",
+             t->shard_degree / t->ep, t->shard_degree);
+}
+
+static int fsdp_setup(trainer *t, ct_error *err) {
+    if (strategy_fsdp.setup(t, err) != 0) return -1;
+    return dispatch_setup(t, err);
+}
+
+static void fsdp_free_(trainer *t) {
+    dispatch_free(t);
+    strategy_fsdp.free(t);
+}
+
+static void with_fsdp_begin_step(trainer *t) {
+    t->strat.ep.failed = false;
+    strategy_fsdp.begin_step(t);
+}
+
+static int fsdp_grads_final(trainer *t, ct_error *err) {
+    if (t->strat.ep.failed) {
+        *err = t->strat.ep.err;
+        return -1;
+    }
+    return strategy_fsdp.grads_final(t, err);
+}
+
+// strategy_fsdp's table (its functions are not visible here) with the entries above: filled at
+// the first call.
+const strategy_vt *strategy_ep_fsdp(void) {
+    static strategy_vt vt;
+    if (!vt.setup) {
+        vt = strategy_fsdp;
+        vt.describe = fsdp_describe;
+        vt.memory_note = " (FSDP shard, EP: this rank's experts)";
+        vt.setup = fsdp_setup;
+        vt.free = fsdp_free_;
+        vt.begin_step = with_fsdp_begin_step;
+        vt.grads_final = fsdp_grads_final;
+    }
+    return &vt;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The final HF export, streamed: world rank 0 writes the one-process folder; for an expert held

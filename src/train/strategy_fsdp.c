@@ -97,33 +97,66 @@ static void move_whole(trainer *t, int unit, whole_dir dir) {
     }
 }
 
-// The model's unit hook, to the four moments of parallel/fsdp.h.
+// The model's unit hook, to the four moments of parallel/fsdp.h, for each of the model unit's
+// FSDP units: in order in the forward, in reverse in the backward (each prefetches the next one
+// it meets).
 static void unit_ready(void *ctx, int unit, int event) {
     trainer *t = ctx;
     fsdp *f = &t->strat.fsdp;
+    const int a = t->strat.fsdp_first[unit], b = t->strat.fsdp_first[unit + 1];
     switch (event) {
     case QWEN3_UNIT_FORWARD:
-        fsdp_forward(f, unit);
+        for (int u = a; u < b; u++) fsdp_forward(f, u);
         move_whole(t, unit, WHOLE_PUT);
         break;
     case QWEN3_UNIT_FORWARD_DONE:
-        fsdp_forward_done(f, unit);
+        for (int u = a; u < b; u++) fsdp_forward_done(f, u);
         break;
     case QWEN3_UNIT_BACKWARD:
-        fsdp_backward(f, unit);
+        for (int u = b - 1; u >= a; u--) fsdp_backward(f, u);
         move_whole(t, unit, WHOLE_PUT);
         break;
     case QWEN3_UNIT_BACKWARD_DONE:
-        fsdp_backward_done(f, unit);
+        for (int u = b - 1; u >= a; u--) fsdp_backward_done(f, u);
         break;
     }
 }
 
-// A unit whose weights the full buffer holds (after an init or a load) goes to the shard; its
-// whole tensors are kept first.
-static void take_unit(trainer *t, int u) {
-    move_whole(t, u, WHOLE_TAKE);
-    fsdp_take(&t->strat.fsdp, u);
+// A model unit whose weights the full buffer holds (after an init or a load) goes to the shard;
+// its whole tensors are kept first.
+static void take_unit(trainer *t, int unit) {
+    move_whole(t, unit, WHOLE_TAKE);
+    for (int u = t->strat.fsdp_first[unit]; u < t->strat.fsdp_first[unit + 1]; u++)
+        fsdp_take(&t->strat.fsdp, u);
+}
+
+// The FSDP units: the plan's, and under EP each sparse layer cut where its experts begin and
+// end (the experts are cut over the ranks holding the same ones, the rest over all shard
+// ranks). Fills st->fsdp_first and the units' ranges and kinds (n at most 3 per model unit).
+static int fsdp_units(trainer *t, size_t *lo, size_t *hi, bool *expert, int *n, ct_error *err) {
+    const qwen3_model *m = &t->model;
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    if (!(t->strat.fsdp_first = malloc(((size_t)p->n_units + 1) * sizeof(int))))
+        return ct_fail(err, "out of memory for the FSDP units");
+    int k = 0, i = 0;
+    for (int u = 0; u < p->n_units; u++) {
+        t->strat.fsdp_first[u] = k;
+        lo[k] = p->unit_lo[u], expert[k] = false;
+        for (; t->ep > 1 && i < m->n_params && m->params[i].offset < p->unit_hi[u]; i++) {
+            const qwen3_param *x = &m->params[i];
+            const bool e = strategy_ep_is_expert(x->name);
+            if (e == expert[k] || x->offset == lo[k]) {
+                expert[k] = e;
+                continue;
+            }
+            hi[k] = x->offset, k++;
+            lo[k] = x->offset, expert[k] = e;
+        }
+        hi[k++] = p->unit_hi[u];
+    }
+    t->strat.fsdp_first[p->n_units] = k;
+    *n = k;
+    return 0;
 }
 
 // AdamW's no-decay tensors, in shard coordinates: each tensor's part inside each piece.
@@ -151,10 +184,21 @@ static int setup(trainer *t, ct_error *err) {
     strategy *st = &t->strat;
     if (qwen3_parallelize(&st->plan, &m->cfg, m, err) != 0) return -1;
     const qwen3_parallel_plan *p = &st->plan;
-    const fsdp_opts o = fsdp_options(t);
-    if (fsdp_init(&st->fsdp, t->d, &o, m->be, m->ops, m->param_mem, m->grad_mem, m->param_bf16,
-                  m->num_params, p->unit_lo, p->unit_hi, p->n_units, p->tied, err) != 0)
-        return -1;
+    fsdp_opts o = fsdp_options(t);
+    const size_t most = 3 * (size_t)p->n_units;
+    size_t *lo = malloc(most * sizeof *lo), *hi = malloc(most * sizeof *hi);
+    bool *expert = malloc(most * sizeof *expert);
+    int n = 0;
+    int rc = lo && hi && expert ? fsdp_units(t, lo, hi, expert, &n, err)
+                                : ct_fail(err, "out of memory for the FSDP units");
+    o.expert_degree = t->ep;
+    o.expert_units = expert;
+    if (rc == 0)
+        rc = fsdp_init(&st->fsdp, t->d, &o, m->be, m->ops, m->param_mem, m->grad_mem,
+                       m->param_bf16, m->num_params, lo, hi, n, p->tied, err);
+    free(lo), free(hi), free(expert);
+    st->fsdp.o.expert_units = NULL;
+    if (rc != 0) return -1;
     // The weights the model read so far (none: qwen3_init's zeros) go: only units in use stay.
     fsdp_reshard_all(&st->fsdp);
     m->be->discard(m->be, m->grad_mem, m->num_params * sizeof(float));
@@ -177,10 +221,11 @@ static int setup(trainer *t, ct_error *err) {
     if (o.replicate_degree > 1)
         snprintf(hsdp, sizeof hsdp, " in each of %d replica groups (HSDP)", o.replicate_degree);
     fprintf(t->log,
-            "comm: FSDP over %d ranks%s: %d units (embedding, %d layers, head), the largest "
+            "comm: FSDP over %d ranks%s: %d units (embedding, %d layers%s, head), the largest "
             "%.1f MiB of fp32 weights; gathers in %s, gradients reduce-scattered in %s, "
             "reshard_after_forward %s\n",
             o.shard_degree, hsdp, t->strat.fsdp.n_units, m->cfg.num_hidden_layers,
+            t->ep > 1 ? ", each sparse layer's experts a unit of their own" : "",
             largest * 4.0 / (1 << 20), o.bf16_params ? "bfloat16" : "float32",
             t->cfg->training.mixed_precision_reduce, reshard[o.reshard]);
     return 0;
@@ -188,10 +233,14 @@ static int setup(trainer *t, ct_error *err) {
 
 // Random init, unit by unit: each unit is filled whole (the same values as without FSDP), its
 // piece kept, the rest handed back, so no rank ever holds more than one unit.
+// Under EP each tensor is drawn from its stream in the one-process table (strategy_ep.c).
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
-    for (int u = 0; u < t->strat.fsdp.n_units; u++) {
-        const fsdp_unit *x = &t->strat.fsdp.units[u];
-        if (qwen3_init_random_range(&t->model, seed, x->lo, x->hi, err) != 0) return -1;
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    for (int u = 0; u < p->n_units; u++) {
+        const size_t lo = p->unit_lo[u], hi = p->unit_hi[u];
+        if ((t->ep > 1 ? strategy_ep_init_range(t, seed, lo, hi, err)
+                       : qwen3_init_random_range(&t->model, seed, lo, hi, err)) != 0)
+            return -1;
         take_unit(t, u);
     }
     fsdp_weights_changed(&t->strat.fsdp, false);
@@ -209,7 +258,9 @@ static void add_whole(void *ctx, const float *delta) {
     for (int i = 0; i < p->n_tensors; i++) {
         const qwen3_plan_tensor *x = &p->tensors[i];
         if (x->split != QWEN3_SPLIT_WHOLE) continue;
-        const fsdp_unit *u = &f->units[x->unit];
+        int k = t->strat.fsdp_first[x->unit];
+        while (f->units[k].hi <= x->lo) k++; // the FSDP unit holding it
+        const fsdp_unit *u = &f->units[k];
         for (size_t off = x->lo; off < x->hi; off++)
             copy[off - x->lo] += delta[copy - t->strat.whole + (off - x->lo)];
         // The tensor's part inside this rank's piece goes to the shard (backend memory).
@@ -222,26 +273,48 @@ static void add_whole(void *ctx, const float *delta) {
     }
 }
 
-// Shard rank s's pieces, the non-empty ones in order (at most the plan's units): the ranges
-// its checkpoint shard holds, in the shard buffer's order. Returns their count.
-static int shard_ranges(const trainer *t, int s, ckpt_range *out) {
+// The layout checkpoints use: the model's, or under EP the one-process model's (g, made here;
+// the experts by id). Returns it; qwen3_free(g) after, when it is g.
+static const qwen3_model *ckpt_layout(const trainer *t, qwen3_model *g, ct_error *err) {
+    if (t->ep <= 1) return &t->model;
+    return qwen3_init_layout(g, &t->setup.model, err) == 0 ? g : NULL;
+}
+static void ckpt_layout_free(const trainer *t, qwen3_model *g) {
+    if (t->ep > 1) qwen3_free(g);
+}
+
+// Local offset off, where [off, off + n) lies inside one FSDP unit (contiguous in both
+// layouts), at its place in layout.
+static size_t at_layout(const trainer *t, const qwen3_model *layout, size_t off) {
+    if (layout == &t->model) return off;
+    const qwen3_param *p = qwen3_param_at(&t->model, off);
+    return qwen3_find_param(layout, p->name)->offset + (off - p->offset);
+}
+
+// This rank's pieces, the non-empty ones in order (at most the FSDP units), in layout's
+// coordinates: the ranges its checkpoint shard holds, in the shard buffer's order. Returns their
+// count.
+static int shard_ranges(const trainer *t, const qwen3_model *layout, ckpt_range *out) {
     int n = 0;
     for (int u = 0; u < t->strat.fsdp.n_units; u++) {
-        size_t lo, hi;
-        fsdp_piece(&t->strat.fsdp, u, s, &lo, &hi);
-        if (lo < hi) out[n++] = (ckpt_range){lo, hi};
+        const fsdp_unit *x = &t->strat.fsdp.units[u];
+        if (x->piece_lo == x->piece_hi) continue;
+        const size_t lo = at_layout(t, layout, x->piece_lo);
+        out[n++] = (ckpt_range){lo, lo + (x->piece_hi - x->piece_lo)};
     }
     return n;
 }
 
-// The whole tensors as ranges (at most the plan's tensors), in plan order: the copy each rank
-// keeps. Returns their count.
-static int whole_ranges(const trainer *t, ckpt_range *out) {
+// The whole tensors as ranges (at most the plan's tensors), in plan order and in layout's
+// coordinates: the copy each rank keeps. Returns their count.
+static int whole_ranges(const trainer *t, const qwen3_model *layout, ckpt_range *out) {
     const qwen3_parallel_plan *p = &t->strat.plan;
     int n = 0;
     for (int i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].split == QWEN3_SPLIT_WHOLE)
-            out[n++] = (ckpt_range){p->tensors[i].lo, p->tensors[i].hi};
+        if (p->tensors[i].split == QWEN3_SPLIT_WHOLE) {
+            const size_t lo = at_layout(t, layout, p->tensors[i].lo);
+            out[n++] = (ckpt_range){lo, lo + (p->tensors[i].hi - p->tensors[i].lo)};
+        }
     return n;
 }
 
@@ -260,19 +333,22 @@ static void shard_release(trainer *t, float *host, float *dev, bool write_back) 
 // count; moments (NULL: not read) get the pieces' AdamW state.
 static int load_pieces(trainer *t, const char *dir, float *moments[2], train_state *st,
                        ct_error *err) {
-    const qwen3_model *m = &t->model;
+    qwen3_model g;
+    const qwen3_model *m = ckpt_layout(t, &g, err);
+    if (!m) return -1;
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
-    if (!r) return ct_fail(err, "out of memory");
-    int n = shard_ranges(t, t->strat.fsdp.shard.rank, r);
-    float *dev = t->strat.fsdp.shard_params, *host = shard_view(t, dev, false, err);
-    int rc = host ? ckpt_load_ranges(dir, m, r, n, host, moments ? moments[0] : NULL,
-                                     moments ? moments[1] : NULL, st, NULL, err)
-                  : -1;
+    float *dev = t->strat.fsdp.shard_params, *host = r ? shard_view(t, dev, false, err) : NULL;
+    int rc = !r      ? ct_fail(err, "out of memory")
+             : !host ? -1
+                     : ckpt_load_ranges(dir, m, r, shard_ranges(t, m, r), host,
+                                        moments ? moments[0] : NULL, moments ? moments[1] : NULL,
+                                        st, NULL, err);
     if (host) shard_release(t, host, dev, rc == 0);
     if (rc == 0 && t->strat.whole)
-        rc = ckpt_load_ranges(dir, m, r, whole_ranges(t, r), t->strat.whole, NULL, NULL, NULL, NULL,
-                              err);
+        rc = ckpt_load_ranges(dir, m, r, whole_ranges(t, m, r), t->strat.whole, NULL, NULL, NULL,
+                              NULL, err);
     free(r);
+    ckpt_layout_free(t, &g);
     if (rc == 0) fsdp_weights_changed(&t->strat.fsdp, false);
     return rc;
 }
@@ -284,14 +360,13 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
     float *dev = t->strat.fsdp.shard_params, *host = shard_view(t, dev, false, err);
-    int rc = host ? hf_load_weights_ranges(m, rep, set, from, r,
-                                           shard_ranges(t, t->strat.fsdp.shard.rank, r), host, err)
+    int rc = host ? hf_load_weights_ranges(m, rep, set, from, r, shard_ranges(t, m, r), host, err)
                   : -1;
     if (host) shard_release(t, host, dev, rc == 0);
     if (rc == 0 && t->strat.whole) {
         hf_load_report ignored = {0};
-        rc = hf_load_weights_ranges(m, &ignored, set, from, r, whole_ranges(t, r), t->strat.whole,
-                                    err);
+        rc = hf_load_weights_ranges(m, &ignored, set, from, r, whole_ranges(t, m, r),
+                                    t->strat.whole, err);
         hf_report_free(&ignored);
     }
     free(r);
@@ -309,25 +384,36 @@ static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_er
 
 // FSDP: the shard ranks of the first replica group each write their pieces of the model and of
 // the optimizer state (the other groups hold the same ones); rank 0 then lists them all in
-// state.json. No rank holds more than its shard.
+// state.json, gathered from the shard group. No rank holds more than its shard. Under EP the
+// pieces are in the one-process layout, the experts by id, so that any layout resumes.
 static int save_checkpoint(trainer *t, ct_error *err) {
     const fsdp *f = &t->strat.fsdp;
-    const int S = f->o.shard_degree, P = t->d->size, n_units = f->n_units;
+    const int S = f->o.shard_degree, n_units = f->n_units;
     const int64_t step = t->state.step;
     int rc = is_root(t) ? ckpt_begin(t->ckpt_root, step, t->save_tag, err) : 0;
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
+    qwen3_model g;
+    const qwen3_model *layout = ckpt_layout(t, &g, err);
     char tmp[4200];
-    ckpt_shard_info mine[2], *all = calloc(2 * (size_t)P, sizeof *all);
+    ckpt_shard_info mine[2];
     memset(mine, 0, sizeof mine);
-    ckpt_range *ranges = calloc((size_t)S * n_units, sizeof *ranges);
+    // Each rank's count, then its ranges (n_units at most).
+    const size_t row = (size_t)n_units + 1;
+    ckpt_range *own = calloc(row, sizeof *own), *ranges = calloc((size_t)S * row, sizeof *ranges);
     const ckpt_range **of = calloc((size_t)S, sizeof *of);
     int *n_ranges = calloc((size_t)S, sizeof *n_ranges);
-    rc = all && ranges && of && n_ranges
-             ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err)
-             : ct_fail(err, "out of memory");
+    rc = !layout                                      ? -1
+         : own && ranges && of && n_ranges ? ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root,
+                                                                    step, t->save_tag, err)
+                                                      : ct_fail(err, "out of memory");
+    if (rc == 0) own[0].lo = (uint64_t)shard_ranges(t, layout, own + 1);
+    rc = dist_agree(t->d, rc, "the checkpoint's ranges", err);
+    if (rc == 0)
+        rc = dist_allgather(&t->strat.fsdp.shard, own, ranges, (int)(row * sizeof *own),
+                            "the shards' ranges", err);
     for (int s = 0; rc == 0 && s < S; s++) {
-        of[s] = ranges + (size_t)s * n_units;
-        n_ranges[s] = shard_ranges(t, s, ranges + (size_t)s * n_units);
+        of[s] = ranges + (size_t)s * row + 1;
+        n_ranges[s] = (int)ranges[(size_t)s * row].lo;
     }
     if (rc == 0 && t->d->rank < S) {
         // The files are written from host views of the shard and its moments.
@@ -335,24 +421,17 @@ static int save_checkpoint(trainer *t, ct_error *err) {
         for (int i = 0; rc == 0 && i < 3; i++)
             if (!(host[i] = shard_view(t, dev[i], true, err))) rc = -1;
         if (rc == 0)
-            rc = ckpt_write_shard(tmp, &t->model, f->shard.rank, S, of[f->shard.rank],
+            rc = ckpt_write_shard(tmp, layout, f->shard.rank, S, of[f->shard.rank],
                                   n_ranges[f->shard.rank], host[0], host[1], host[2], &mine[0],
                                   &mine[1], err);
         for (int i = 0; i < 3; i++)
             if (host[i]) shard_release(t, host[i], dev[i], false);
     }
-    if (dist_agree(t->d, rc, "writing the model and optimizer shards", err) != 0 ||
-        dist_allgather(t->d, mine, all, sizeof mine, "the shards' checksums", err) != 0) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, step, t->save_tag);
-        free(all), free(ranges), free(of), free(n_ranges);
-        return -1;
-    }
-    if (is_root(t)) rc = trainer_commit_shards(t, &t->model, all, S, of, n_ranges, "", err);
-    free(all);
-    free(ranges);
-    free(of);
-    free(n_ranges);
-    return dist_agree(t->d, rc, "committing the checkpoint", err);
+    rc = trainer_finish_shards(t, t->d, t->d, rc, mine, S, layout, of, n_ranges,
+                               t->ep > 1 ? ", the experts by id" : "", err);
+    if (layout) ckpt_layout_free(t, &g);
+    free(own), free(ranges), free(of), free(n_ranges);
+    return rc;
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
@@ -363,6 +442,8 @@ static void describe(const trainer *t, char *buf, size_t size) {
 
 static void free_(trainer *t) {
     fsdp_free(&t->strat.fsdp);
+    free(t->strat.fsdp_first);
+    t->strat.fsdp_first = NULL;
     free(t->strat.whole);
     qwen3_parallel_plan_free(&t->strat.plan);
 }
@@ -441,7 +522,7 @@ const strategy_vt strategy_fsdp = {.describe = describe,
 // loads write the whole local model into the full buffer first.
 
 void strategy_fsdp_take_all(trainer *t) {
-    for (int u = 0; u < t->strat.fsdp.n_units; u++) take_unit(t, u);
+    for (int u = 0; u < t->strat.plan.n_units; u++) take_unit(t, u);
     fsdp_weights_changed(&t->strat.fsdp, false);
 }
 

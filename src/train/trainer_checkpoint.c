@@ -185,6 +185,24 @@ int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shar
     return rc;
 }
 
+int trainer_finish_shards(trainer *t, dist *over, dist *grp, int rc,
+                          const ckpt_shard_info mine[2], int S, const qwen3_model *layout,
+                          const ckpt_range *const *ranges, const int *n_ranges, const char *note,
+                          ct_error *err) {
+    ckpt_shard_info *all = grp ? calloc(2 * (size_t)grp->size, sizeof *all) : NULL;
+    if (grp && !all && rc == 0) rc = ct_fail(err, "out of memory for the shards' checksums");
+    if (dist_agree(over, rc, "writing the model and optimizer shards", err) != 0 ||
+        (grp && dist_allgather(grp, mine, all, 2 * sizeof *mine, "the shards' checksums", err) !=
+                    0)) {
+        if (is_root(t)) ckpt_abandon(t->ckpt_root, t->state.step, t->save_tag);
+        free(all);
+        return -1;
+    }
+    rc = is_root(t) ? trainer_commit_shards(t, layout, all, S, ranges, n_ranges, note, err) : 0;
+    free(all);
+    return dist_agree(over, rc, "committing the checkpoint", err);
+}
+
 // A LoRA run's final export: the adapter as a PEFT folder (adapter_config.json and
 // adapter_model.safetensors) in dump_folder/hf, which PeftModel.from_pretrained loads onto the
 // base it names. Every rank holds the whole adapter; the root writes it.
@@ -214,30 +232,21 @@ static int export_adapter(trainer *t, ct_error *err) {
 int trainer_shards_begin(trainer *t, trainer_shards *s, int P, ct_error *err) {
     memset(s, 0, sizeof *s);
     s->P = P;
-    s->all = calloc(2 * (size_t)P, sizeof *s->all);
     s->of = calloc((size_t)P, sizeof *s->of);
     s->n_of = calloc((size_t)P, sizeof *s->n_of);
-    return s->all && s->of && s->n_of
+    return s->of && s->n_of
                ? ckpt_tmp_path(s->tmp, sizeof s->tmp, t->ckpt_root, t->state.step, t->save_tag, err)
                : ct_fail(err, "out of memory");
 }
 
 int trainer_shards_end(trainer *t, trainer_shards *s, int rc, dist *agree, dist *grp,
                        const qwen3_model *g, const char *note, ct_error *err) {
-    if (dist_agree(agree, rc, "writing the model and optimizer shards", err) != 0 ||
-        (grp && dist_allgather(grp, s->mine, s->all, sizeof s->mine, "the shards' checksums",
-                               err) != 0)) {
-        if (is_root(t)) ckpt_abandon(t->ckpt_root, t->state.step, t->save_tag);
-        rc = -1;
-    } else if (is_root(t)) {
-        rc = trainer_commit_shards(t, g, s->all, s->P, (const ckpt_range *const *)s->of, s->n_of,
-                                   note, err);
-    }
+    rc = trainer_finish_shards(t, agree, grp, rc, s->mine, s->P, g,
+                               (const ckpt_range *const *)s->of, s->n_of, note, err);
     for (int q = 0; s->of && q < s->P; q++) free(s->of[q]);
     free(s->of);
     free(s->n_of);
-    free(s->all);
-    return dist_agree(agree, rc, "committing the checkpoint", err);
+    return rc;
 }
 
 int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
@@ -319,7 +328,7 @@ int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
-    if (t->ep > 1) { // streamed, each expert from its owner as it is written
+    if (t->ep > 1 && !t->strat.vt->model_in_shards) { // streamed, each expert from its owner
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);

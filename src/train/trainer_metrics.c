@@ -129,17 +129,21 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
                                "%.0f, replicated gradients' all-reduces %.0f",
                                b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
     }
-    if (vt == &strategy_pp)
-        at += (size_t)snprintf(buf, sizeof buf,
+    if (vt == &strategy_pp && at < sizeof buf)
+        at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; pipeline activations and their gradients sent %.0f",
                                t->strat.pp.bytes / n);
-    if (dp == &strategy_fsdp && at < sizeof buf) {
+    if (t->ep > 1 && at < sizeof buf)
+        at += (size_t)snprintf(buf + at, sizeof buf - at,
+                               "; EP all-to-alls (sent to other ranks) %.0f",
+                               t->strat.ep.bytes / n);
+    if ((dp == &strategy_fsdp || dp == strategy_ep_fsdp()) && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; FSDP gathers %.0f, reduce-scatters %.0f, replica all-reduces "
                                "%.0f",
                                f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
-    } else if (t->d->size > 1 && at < sizeof buf) {
+    } else if (t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
         snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
                  t->strat.sync.bytes / n);
     }

@@ -99,12 +99,19 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
                            "%d: EP with TP is not supported yet; use one of them",
                            t->ep, t->tp);
-        if (shard > 1)
+        // torchtitan's dp2ep: the EP groups are carved out of dp_shard x cp (FSDP); with no
+        // shard ranks, out of the replicas (DDP for the rest).
+        if (zero1)
             return ct_fail(err,
-                           "parallelism.expert_parallel_degree = %d with data_parallel_shard_degree "
-                           "= %d (%s): EP beside FSDP or ZeRO-1 is not supported yet; EP runs with "
-                           "DDP for the other parameters: set data_parallel_replicate_degree = %d",
-                           t->ep, shard, fsdp_on ? "FSDP" : "ZeRO-1", P);
+                           "parallelism.expert_parallel_degree = %d with data_parallel_shard_mode "
+                           "= \"zero1\": EP beside ZeRO-1 is not supported; use \"fsdp\" or "
+                           "data_parallel_replicate_degree = %d",
+                           t->ep, P);
+        if (fsdp_on && shard % t->ep != 0)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d does not divide "
+                           "data_parallel_shard_degree = %d (EP is carved out of the FSDP ranks)",
+                           t->ep, shard);
         if (P % t->ep != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide the %d "
@@ -117,12 +124,13 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            t->ep, c->training.mixed_precision_reduce);
     }
     if (t->pp > 1 && pp_refusals(t, shard, fsdp_on, P, err) != 0) return -1;
-    t->strat.vt = t->pp > 1   ? &strategy_pp
-                  : t->ep > 1 ? &strategy_ep
-                  : t->tp > 1 ? &strategy_tp
-                  : fsdp_on   ? &strategy_fsdp
-                  : zero1     ? &strategy_zero1
-                              : &strategy_replicate;
+    t->strat.vt = t->pp > 1              ? &strategy_pp
+                  : t->ep > 1 && fsdp_on ? strategy_ep_fsdp()
+                  : t->ep > 1            ? &strategy_ep
+                  : t->tp > 1            ? &strategy_tp
+                  : fsdp_on              ? &strategy_fsdp
+                  : zero1                ? &strategy_zero1
+                                         : &strategy_replicate;
     if (t->strat.vt->model_in_shards && c->checkpoint.last_save_in_hf && !c->checkpoint.enable)
         return ct_fail(err,
                        "checkpoint.last_save_in_hf under FSDP exports the last checkpoint, tensor "
