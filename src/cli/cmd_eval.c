@@ -17,6 +17,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/sysmem.h"
+#include "io/json.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
 #include "model/peft_adapter.h"
@@ -235,13 +236,15 @@ static int eval_loop(eval_run *r, const ct_config *c, int64_t want_steps, eval_t
 
 static void print_json(const eval_run *r, const eval_totals *tot, double loss) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "loss", loss);
+    // The losses exactly (train's metrics.jsonl writes %.17g too: the two compare bit for bit).
+    cJSON_AddItemToObject(o, "loss", json_exact_number(loss));
     cJSON_AddNumberToObject(o, "perplexity", exp(loss));
     cJSON_AddNumberToObject(o, "tokens", tot->valid);
     cJSON_AddNumberToObject(o, "windows", (double)tot->windows);
     cJSON_AddNumberToObject(o, "steps", (double)tot->steps);
-    cJSON_AddItemToObject(o, "step_losses",
-                          cJSON_CreateDoubleArray(tot->step_loss, (int)tot->steps));
+    cJSON *steps = cJSON_AddArrayToObject(o, "step_losses");
+    for (int64_t s = 0; steps && s < tot->steps; s++)
+        cJSON_AddItemToArray(steps, json_exact_number(tot->step_loss[s]));
     if (r->m.n_sparse) cJSON_AddNumberToObject(o, "aux", tot->aux_sum / (double)tot->steps);
     cJSON_AddStringToObject(o, "mixed_precision_param",
                             r->setup.mem_opts.bf16 ? "bfloat16" : "float32");

@@ -21,6 +21,7 @@
 #include "core/sysmem.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "io/json.h"
 #include "model/hf_adapter.h"
 #include "model/moe_balance.h"
 #include "text/tokenizer.h"
@@ -375,7 +376,7 @@ int cmd_verify(int argc, char **argv) {
     override_report_calls(&setup.overrides, out);
     if (cli_flag(&args, "json")) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "loss", res.loss);
+        cJSON_AddItemToObject(o, "loss", json_exact_number(res.loss)); // eval's, bit for bit
         cJSON_AddStringToObject(o, "attn_backend", setup.attn_backend);
         cJSON_AddStringToObject(o, "mixed_precision_param",
                                 setup.mem_opts.bf16 ? "bfloat16" : "float32");
@@ -383,7 +384,7 @@ int cmd_verify(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "ce", res.ce);
             cJSON_AddNumberToObject(o, "aux", res.aux);
         }
-        cJSON_AddNumberToObject(o, "grad_norm", res.grad_norm);
+        cJSON_AddItemToObject(o, "grad_norm", json_exact_number(res.grad_norm));
         cJSON_AddItemToObject(o, "grad_norm_by_parameter", res.grad_norms);
         res.grad_norms = NULL;
         cJSON_AddNumberToObject(o, "logits_sum", res.logits.sum);

@@ -158,6 +158,13 @@ int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bo
     return 0;
 }
 
+cJSON *json_exact_number(double x) {
+    if (!isfinite(x)) return cJSON_CreateNull();
+    char text[32];
+    snprintf(text, sizeof text, "%.17g", x);
+    return cJSON_CreateRaw(text);
+}
+
 bool json_is_uint(const cJSON *item, uint64_t *out) {
     if (!cJSON_IsNumber(item)) return false;
     double d = item->valuedouble;

@@ -27,6 +27,10 @@ int json_get_bool(bool *out, const cJSON *obj, const char *key, bool required, c
 // Copies a string value into out[cap].
 int json_get_string(char *out, size_t cap, const cJSON *obj, const char *key, bool required,
                     const char *file, ct_error *err);
+// A number cJSON prints so that it reads back as the same double (%.17g): cJSON's own printing
+// takes 15 digits whenever they read back within an epsilon, which loses the last bits a
+// bit-for-bit comparison needs. Non-finite values become null. NULL when out of memory.
+cJSON *json_exact_number(double x);
 // A JSON number that is an exact non-negative integer below 2^53 (for offsets and shapes).
 bool json_is_uint(const cJSON *item, uint64_t *out);
 // "a string", "an array", ... for messages ("nothing" for NULL).
