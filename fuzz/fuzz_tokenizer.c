@@ -9,6 +9,8 @@
 //         with the real Qwen3 chat template or fails with a message, and its assistant mask
 //         marks tokens of the ids only; pre-tokenized ids and mask are checked, then copied.
 //   odd:  a tokenizer.json. Loading must succeed or fail with a message; a loaded one encodes.
+// $CTITAN_FUZZ_TOKENIZER_MODE (text, jsonl or json) pins every input to one mode, whatever its
+// first byte, so a campaign counts each mode's executions on its own.
 // The real tokenizer is read once from $CTITAN_TOKENIZER_DIR, else from the assets folder that
 // scripts/fetch-assets fills.
 #include <stdint.h>
@@ -35,6 +37,7 @@ static tok_encoder *enc;
 static nfc_scratch nfc;
 static tok_ids ids;
 static chat_template *qwen_chat;
+static int pinned = -1; // the first byte every input is read with, or -1: its own
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -42,6 +45,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *dir = getenv("CTITAN_TOKENIZER_DIR");
     ct_error err;
     if (!dir) dir = CTITAN_ASSETS_DIR "/qwen3-tokenizer";
+    const char *mode = getenv("CTITAN_FUZZ_TOKENIZER_MODE");
+    if (mode && *mode) {
+        pinned = !strcmp(mode, "text")    ? 0
+                 : !strcmp(mode, "jsonl") ? 2
+                 : !strcmp(mode, "json")  ? 1
+                                          : -2;
+        if (pinned == -2) {
+            fprintf(stderr,
+                    "fuzz_tokenizer: CTITAN_FUZZ_TOKENIZER_MODE is '%s' (expected text, "
+                    "jsonl or json)\n",
+                    mode);
+            exit(1);
+        }
+    }
     if (tok_load(&qwen, dir, &err) != 0 || tok_encoder_new(&enc, qwen, &err) != 0 ||
         chat_template_load(&qwen_chat, dir, &err) != 0) {
         fprintf(stderr,
@@ -174,9 +191,10 @@ static void fuzz_jsonl(const char *data, size_t size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    if (data[0] & 1)
+    const int kind = pinned >= 0 ? pinned : data[0];
+    if (kind & 1)
         fuzz_json((const char *)data + 1, size - 1);
-    else if (data[0] & 2)
+    else if (kind & 2)
         fuzz_jsonl((const char *)data + 1, size - 1);
     else
         fuzz_text((const char *)data + 1, size - 1);
