@@ -362,7 +362,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->dh = carve_take(&cv, N * F);
     a->swiglu_scratch = carve_take(
         &cv, ops->swiglu_rows_scratch_floats ? ops->swiglu_rows_scratch_floats(n, (int)F) : 0);
-    a->att_scratch = carve_take(&cv, ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
+    // Under CP the ring's pair kernels replace the attention op and need none of its scratch.
+    a->att_scratch = carve_take(
+        &cv, opts && opts->cp > 1 ? 0 : ops->attention_scratch_floats(B, T, nh, nkv, (int)D));
     size_t moe_floats = 0;
     if (moe && qwen3_bf16_experts(opts))
         moe_floats = ops->moe_bf16_scratch_floats(ops, n, c, fm, e, k);

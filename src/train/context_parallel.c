@@ -87,7 +87,6 @@ static void hook_wait(void *ctx) {
 }
 
 int cp_setup(trainer *t, ct_error *err) {
-    const ct_config *c = t->cfg;
     const int cp = t->cp, P = t->d->size, tp = t->tp > 1 ? t->tp : 1;
     if (P % cp != 0 && tp > 1)
         return ct_fail(err,
@@ -111,12 +110,6 @@ int cp_setup(trainer *t, ct_error *err) {
                        "the sequence)",
                        t->T, 2 * cp);
     }
-    if (strcmp(c->model.attn_backend, "sdpa") == 0)
-        return ct_fail(err,
-                       "parallelism.context_parallel_degree = %d with model.attn_backend = "
-                       "\"sdpa\": ring attention runs flash's tiles (attention_pair); use \"flash\" "
-                       "or \"auto\"",
-                       cp);
     return 0;
 }
 

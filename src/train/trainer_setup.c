@@ -656,9 +656,14 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
         if (cp_attach(t, err) != 0) return -1;
         fprintf(t->log,
                 "context parallel: %d ranks per sequence, each 2 chunks of %d tokens (headtail), "
-                "ring attention by %s; data parallel over %d\n",
+                "ring attention by %s; data parallel over %d%s\n",
                 t->cp, t->T / (2 * t->cp), c->parallelism.context_parallel_rotate_method,
-                cp_dp_size(t));
+                cp_dp_size(t),
+                strcmp(t->setup.attn_backend, "sdpa") == 0
+                    ? "; with model.attn_backend sdpa too, the chunk pairs run the ring's "
+                      "online-softmax kernels (attention_pair), which return the lse the merge "
+                      "needs"
+                    : "");
     }
     if (setup_optimizer(t, err) != 0 || setup_weights(t, err) != 0) return -1;
     t->strat.vt->weights_ready(t);
