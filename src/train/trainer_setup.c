@@ -83,11 +83,6 @@ static int setup_parallel(trainer *t, ct_error *err) {
                        "(data_parallel_shard_mode = \"zero1\")",
                        c->lora.rank, shard, P);
     if (t->ep > 1) {
-        if (t->cp > 1)
-            return ct_fail(err,
-                           "parallelism.expert_parallel_degree = %d with context_parallel_degree = "
-                           "%d: EP with CP is not supported yet; use one of them",
-                           t->ep, t->cp);
         if (c->lora.rank > 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d with lora.rank = %d: LoRA "
@@ -110,13 +105,13 @@ static int setup_parallel(trainer *t, ct_error *err) {
         if (fsdp_on && shard % t->ep != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide "
-                           "data_parallel_shard_degree = %d (EP is carved out of the FSDP ranks)",
-                           t->ep, shard);
-        if (P % t->ep != 0)
+                           "data_parallel_shard_degree%s = %d (EP is carved out of the FSDP ranks)",
+                           t->ep, t->cp > 1 ? " * context_parallel_degree" : "", shard);
+        if (t->d->size % t->ep != 0) // the CP ranks hold tokens of their own, as the replicas do
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide the %d "
                            "data-parallel ranks",
-                           t->ep, P);
+                           t->ep, t->d->size);
         if (strcmp(c->training.mixed_precision_reduce, "float32") != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d with "
