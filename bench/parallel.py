@@ -39,6 +39,25 @@ all-gather's or reduce-scatter's buffer and 2 (P-1)/P of an all-reduce's.
 
   bench/parallel.py                       # both models, 8 steps
   bench/parallel.py --quick --models c1   # a small c1, a smoke run
+
+--mode cp | ep | pp runs issue 32's, 33's or 34's figures instead (MODES below: each run's
+model, ranks, threads, seq_len, batch and keys; MODEL_SPECS the geometries, printed in the
+JSON). Memory and byte runs go first and once; a speed pair runs --rounds times alternating
+(A B A B ...) and reports each round's B/A tokens/s and their median, beside the 1-minute load
+average after every run. Per run: dp.py's figures, the memory estimate's planned activations
+and total, the comm volume line's bytes per step by the log's words, and rank 0's bytes sent a
+step (EP's and the pipeline's as counted, FSDP's whole buffers times (S-1)/S). PP runs also
+give each rank's idle share of the schedule (strategy_pp.c's $CTITAN_PP_IDLE files: the waits
+on the pipeline's receives, sends and the loss sum, over the schedule's time, steps after the
+first) beside (p-1)/(m+p-1).
+  cp  one process against CP=4 at seq 16384 (peak RSS, planned activations); 1 rank x 2
+      threads against CP=2 x 1 thread at seq 8192 (tokens/s, exposed comm), alltoall ring
+  ep  one process, EP=4 beside FSDP=4 and FSDP=4 on an expert-dominated MoE (RSS, bytes);
+      bench/train.py's moe config at FSDP=2 against EP=2 (tokens/s)
+  pp  the bubble at PP=2 (1F1B, GPipe) and PP=4 with 8 micro-batches on balanced stages;
+      one process, PP=2 and FSDP=2 on a weight-dominated model (RSS, bytes)
+  bench/parallel.py --mode pp --quick     # the smoke run of a mode (under a minute)
+  bench/parallel.py --mode pp --runs bal_pp2_1f1b,bal_pp4_1f1b   # a part
 """
 import argparse
 import json
@@ -157,7 +176,9 @@ QUICK_SPECS = {  # --quick: the same keys, tiny
     "pp_bal": dict(MODEL_SPECS["pp_bal"], dim=128, ffn_dim=256),
     "pp_state": dict(dp.STATE, n_layers=4, dim=128, ffn_dim=256),
 }
-CP2, CP4 = ({"parallelism.context_parallel_degree": str(n)} for n in (2, 4))
+# the ring's alltoall rotation: each step's keys travel while the pairs compute
+CP2, CP4 = ({"parallelism.context_parallel_degree": str(n),
+             "parallelism.context_parallel_rotate_method": "alltoall"} for n in (2, 4))
 
 
 def ep(n):
@@ -188,9 +209,9 @@ MODES = {
     ],
     "pp": [
         ("bal_np1", "pp_bal", 1, 2, 256, 1, 8, 2, {}, None),
-        ("bal_pp2_1f1b", "pp_bal", 2, 1, 256, 8, 8, 3, pp(2), None),
-        ("bal_pp2_gpipe", "pp_bal", 2, 1, 256, 8, 8, 3, pp(2, "GPipe"), None),
-        ("bal_pp4_1f1b", "pp_bal", 4, 1, 256, 8, 8, 3, pp(4), None),
+        ("bal_pp2_1f1b", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2), None),
+        ("bal_pp2_gpipe", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2, "GPipe"), None),
+        ("bal_pp4_1f1b", "pp_bal", 4, 1, 256, 8, 8, 8, pp(4), None),
         ("state_np1", "pp_state", 1, 2, 32, 1, 4, 2, {}, None),
         ("state_pp2", "pp_state", 2, 1, 32, 4, 4, 2, pp(2), None),
         ("state_fsdp2", "pp_state", 2, 1, 32, 1, 4, 2, dp.FSDP, None),
@@ -312,9 +333,10 @@ def summary(mode, runs, pairs):
         for n in ("bal_pp2_1f1b", "bal_pp2_gpipe", "bal_pp4_1f1b"):
             pl = get(n, "pipeline")
             if pl:
-                out[f"{n}_idle_minus_theory"] = [
-                    None if x is None else round(x - pl["idle_theory"], 4)
-                    for x in pl["idle_fraction_per_rank"]]
+                got = [x for x in pl["idle_fraction_per_rank"] if x is not None]
+                out[f"{n}_idle_minus_theory"] = [round(x - pl["idle_theory"], 4) for x in got]
+                out[f"{n}_idle_mean_over_ranks"] = (round(sum(got) / len(got), 4) if got
+                                                    else None)
     for pair, rounds in pairs.items():
         a, b = rounds[0][0][0], rounds[0][1][0]
         ratios = [dp.ratio(rb.get("tps_total"), ra.get("tps_total"), 3)
@@ -330,6 +352,8 @@ def summary(mode, runs, pairs):
 
 def run_mode(args):
     runs_spec = MODES[args.mode]
+    if args.runs:
+        runs_spec = [r for r in runs_spec if r[0] in args.runs.split(",")]
     specs = QUICK_SPECS if args.quick else MODEL_SPECS
     if args.dry_run:
         for run in runs_spec:
@@ -372,7 +396,7 @@ def run_mode(args):
         "mode": args.mode, "cores": os.cpu_count(), "quick": args.quick,
         "models": {m: dict(specs[m], vocab_size=specs[m].get("vocab_size", dp.VOCAB))
                    for m in dict.fromkeys(r[1] for r in runs_spec)},
-        "rounds": args.rounds, "loadavg_1min": {"before": loads[0], "max": max(loads),
+        "rounds": args.rounds, "runs_asked": args.runs or "all", "loadavg_1min": {"before": loads[0], "max": max(loads),
                                                 "median": sorted(loads)[len(loads) // 2]},
         "targets": TARGETS[args.mode], "summary": summary(args.mode, runs, pairs), "runs": runs,
     }
@@ -391,6 +415,7 @@ def main():
                     help="tp: the runs above; cp, ep, pp: MODES' (see the docstring)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="cp, ep: times each speed pair runs, alternating (A B A B ...)")
+    ap.add_argument("--runs", default="", help="cp, ep, pp: a comma-separated subset of MODES'")
     args, models = dp.parse_run_args(ap)
     if args.mode != "tp":
         return run_mode(args)
