@@ -172,7 +172,7 @@ QUICK_SPECS = {  # --quick: the same keys, tiny
     "cp_act": dict(MODEL_SPECS["cp_act"], n_layers=1),
     "ep_experts": dict(MODEL_SPECS["ep_experts"], n_layers=2, num_experts=8, dim=128,
                        moe_intermediate_size=128),
-    "moe": MODEL_SPECS["moe"],
+    "moe": dict(MODEL_SPECS["moe"], vocab_size=SMALL_VOCAB),
     "pp_bal": dict(MODEL_SPECS["pp_bal"], dim=128, ffn_dim=256),
     "pp_state": dict(dp.STATE, n_layers=4, dim=128, ffn_dim=256),
 }
