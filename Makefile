@@ -71,9 +71,11 @@ bench-train: all
 bench-dp: all
 	/usr/bin/python3 bench/dp.py --build $(BUILD)
 
-# Tensor parallelism against one process and FSDP (tokens/s, per-rank RSS, bytes per collective).
+# Tensor parallelism against one process and FSDP (tokens/s, per-rank RSS, bytes per collective);
+# MODE=cp, ep or pp: context, expert or pipeline parallelism's figures (issues 32-34).
+MODE ?= tp
 bench-parallel: all
-	/usr/bin/python3 bench/parallel.py --build $(BUILD)
+	/usr/bin/python3 bench/parallel.py --build $(BUILD) --mode $(MODE)
 
 # Generation at batch 1 on a dense flavor's geometry (GEOMETRY=0.6B, 1.7B or 4B): prefill MFU,
 # decode against the memory-bandwidth bound, fp32 and bf16, with llama.cpp (node-llama-cpp's

@@ -159,17 +159,20 @@ def plan(models, selected):
     return runs
 
 
-def run_config(name, ranks, threads, extra, args, model, seq_len, tokens, work):
+def run_config(name, ranks, threads, extra, args, model, seq_len, tokens, work, env_extra=None):
+    """One `mpirun ... ctitan train` run. The batch keys in extra, and model's "flavor", replace
+    the defaults (bench/parallel.py's modes); env_extra is added to the ranks' environment."""
     dump = os.path.join(work, name)
-    micro = min(MICRO_BATCH, GLOBAL_BATCH // ranks)
-    assert GLOBAL_BATCH % (micro * ranks) == 0
+    gbatch = int(extra.get("training.global_batch_size", GLOBAL_BATCH))
+    micro = int(extra.get("training.local_batch_size", min(MICRO_BATCH, gbatch // ranks)))
+    assert "training.local_batch_size" in extra or gbatch % (micro * ranks) == 0
     keys = {
-        "model.flavor": "debugmodel",
-        **{f"model.{k}": str(v) for k, v in model.items()},
+        "model.flavor": model.get("flavor", "debugmodel"),
+        **{f"model.{k}": str(v) for k, v in model.items() if k != "flavor"},
         "training.dataset_path": tokens,
         "training.seq_len": str(seq_len),
         "training.local_batch_size": str(micro),
-        "training.global_batch_size": str(GLOBAL_BATCH),
+        "training.global_batch_size": str(gbatch),
         "training.steps": str(args.steps),
         "lr_scheduler.warmup_steps": "2",
         "metrics.log_freq": "1",
@@ -192,6 +195,7 @@ def run_config(name, ranks, threads, extra, args, model, seq_len, tokens, work):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl="self,vader")
     env.pop("OMP_NUM_THREADS", None)  # threads_per_rank decides
+    env.update(env_extra or {})
     log(f"{name}: -np {ranks}, {threads} thread(s) per rank ...")
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -218,7 +222,7 @@ def run_config(name, ranks, threads, extra, args, model, seq_len, tokens, work):
     steps = [r for r in rows if r["step"] > args.warmup]
     if not steps:
         return failed(f"no steps after the first {args.warmup} in metrics.jsonl")
-    tokens_per_step = GLOBAL_BATCH * seq_len
+    tokens_per_step = gbatch * seq_len
     step_s = [tokens_per_step / r["tps_total"] for r in steps]
     step_mean = mean(step_s)
     comm = mean([r["comm_s"] for r in steps])
@@ -236,7 +240,7 @@ def run_config(name, ranks, threads, extra, args, model, seq_len, tokens, work):
         "ranks": ranks,
         "threads_per_rank": threads,
         "micro_batch": micro,
-        "grad_accum": GLOBAL_BATCH // (micro * ranks),
+        "grad_accum": max(1, gbatch // (micro * ranks)),
         "options": extra,
         "tps_total": round(tokens_per_step / step_mean, 1),
         "tps_per_worker": round(tokens_per_step / step_mean / ranks, 1),

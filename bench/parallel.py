@@ -39,6 +39,25 @@ all-gather's or reduce-scatter's buffer and 2 (P-1)/P of an all-reduce's.
 
   bench/parallel.py                       # both models, 8 steps
   bench/parallel.py --quick --models c1   # a small c1, a smoke run
+
+--mode cp | ep | pp runs issue 32's, 33's or 34's figures instead (MODES below: each run's
+model, ranks, threads, seq_len, batch and keys; MODEL_SPECS the geometries, printed in the
+JSON). Memory and byte runs go first and once; a speed pair runs --rounds times alternating
+(A B A B ...) and reports each round's B/A tokens/s and their median, beside the 1-minute load
+average after every run. Per run: dp.py's figures, the memory estimate's planned activations
+and total, the comm volume line's bytes per step by the log's words, and rank 0's bytes sent a
+step (EP's and the pipeline's as counted, FSDP's whole buffers times (S-1)/S). PP runs also
+give each rank's idle share of the schedule (strategy_pp.c's $CTITAN_PP_IDLE files: the waits
+on the pipeline's receives, sends and the loss sum, over the schedule's time, steps after the
+first) beside (p-1)/(m+p-1).
+  cp  one process against CP=4 at seq 16384 (peak RSS, planned activations); 1 rank x 2
+      threads against CP=2 x 1 thread at seq 8192 (tokens/s, exposed comm), alltoall ring
+  ep  one process, EP=4 beside FSDP=4 and FSDP=4 on an expert-dominated MoE (RSS, bytes);
+      bench/train.py's moe config at FSDP=2 against EP=2 (tokens/s)
+  pp  the bubble at PP=2 (1F1B, GPipe) and PP=4 with 8 micro-batches on balanced stages;
+      one process, PP=2 and FSDP=2 on a weight-dominated model (RSS, bytes)
+  bench/parallel.py --mode pp --quick     # the smoke run of a mode (under a minute)
+  bench/parallel.py --mode pp --runs bal_pp2_1f1b,bal_pp4_1f1b   # a part
 """
 import argparse
 import json
@@ -122,11 +141,284 @@ def activations_mib(text):
     return float(m.group(1)) if m else None
 
 
+# ---- CP, EP and PP (issues 32-34): --mode cp | ep | pp ------------------------------------------
+# Each mode's runs share one invocation. The memory and byte runs run once (they do not depend on
+# the load); a speed pair (A, B) runs --rounds times alternating, A B A B ..., and the summary is
+# the median of the rounds' B/A tokens/s ratios, beside the load average over those runs.
+
+SMALL_VOCAB = 2048  # so the head does not dominate the activation-, expert- and stage-bound models
+
+MODEL_SPECS = {
+    # activations dominate: 2 layers of hidden 128 (2/1 heads of 64), 0.7M parameters, against
+    # hundreds of MiB of activations at seq 16384
+    "cp_act": dict(n_layers=2, dim=128, n_heads=2, n_kv_heads=1, head_dim=64, ffn_dim=512,
+                   vocab_size=SMALL_VOCAB),
+    # experts dominate: 6 sparse layers of 64 experts (top-2, width 512) at hidden 256: 151M of
+    # the 152M parameters are experts
+    "ep_experts": dict(flavor="debugmodel_moe", n_layers=6, dim=256, n_heads=4, n_kv_heads=2,
+                       head_dim=64, num_experts=64, num_experts_per_tok=2,
+                       moe_intermediate_size=512, vocab_size=SMALL_VOCAB),
+    # bench/train.py's moe config: the debugmodel_moe flavor as it is (hidden 128, 4 layers,
+    # 8 experts top-2 of width 128, untied, the real vocabulary, HF's aux loss)
+    "moe": dict(flavor="debugmodel_moe"),
+    # balanced stages for the bubble: 6 layers of hidden 256, a small untied head
+    "pp_bal": dict(n_layers=6, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=1024,
+                   vocab_size=SMALL_VOCAB, tie_embeddings="false"),
+    # weights dominate: bench/dp.py's state model cut to 16 layers (369M parameters, 5.5 GiB of
+    # fp32 weights, gradients and AdamW moments in one process; ~20 MB of activations at seq 32)
+    "pp_state": dict(dp.STATE, n_layers=16),
+}
+QUICK_SPECS = {  # --quick: the same keys, tiny
+    "cp_act": dict(MODEL_SPECS["cp_act"], n_layers=1),
+    "ep_experts": dict(MODEL_SPECS["ep_experts"], n_layers=2, num_experts=8, dim=128,
+                       moe_intermediate_size=128),
+    "moe": dict(MODEL_SPECS["moe"], vocab_size=SMALL_VOCAB),
+    "pp_bal": dict(MODEL_SPECS["pp_bal"], dim=128, ffn_dim=256),
+    "pp_state": dict(dp.STATE, n_layers=4, dim=128, ffn_dim=256),
+}
+# the ring's alltoall rotation: each step's keys travel while the pairs compute
+CP2, CP4 = ({"parallelism.context_parallel_degree": str(n),
+             "parallelism.context_parallel_rotate_method": "alltoall"} for n in (2, 4))
+
+
+def ep(n):
+    return {"parallelism.expert_parallel_degree": str(n)}
+
+
+def pp(n, schedule="1F1B"):
+    return {"parallelism.pipeline_parallel_degree": str(n),
+            "parallelism.pipeline_parallel_schedule": schedule,
+            "parallelism.pipeline_parallel_microbatch_size": "1"}
+
+
+# mode -> runs: (name, model, ranks, threads per rank, seq_len, local batch, global batch, steps,
+# extra keys, speed pair or None). seq_len is the full run's; --quick divides it by 64.
+MODES = {
+    "cp": [
+        ("mem_np1", "cp_act", 1, 2, 16384, 1, 1, 1, {}, None),
+        ("mem_cp4", "cp_act", 4, 1, 16384, 1, 1, 1, CP4, None),
+        ("speed_np1", "cp_act", 1, 2, 8192, 1, 1, 3, {}, "speed"),
+        ("speed_cp2", "cp_act", 2, 1, 8192, 1, 1, 3, CP2, "speed"),
+    ],
+    "ep": [
+        ("np1", "ep_experts", 1, 2, 64, 1, 4, 2, {}, None),
+        ("ep4", "ep_experts", 4, 1, 64, 1, 4, 2, ep(4), None),
+        ("fsdp4", "ep_experts", 4, 1, 64, 1, 4, 2, dp.FSDP, None),
+        ("moe_fsdp2", "moe", 2, 1, 256, 2, 4, 4, dp.FSDP, "speed"),
+        ("moe_ep2", "moe", 2, 1, 256, 2, 4, 4, ep(2), "speed"),
+    ],
+    "pp": [
+        ("bal_np1", "pp_bal", 1, 2, 256, 1, 8, 2, {}, None),
+        ("bal_pp2_1f1b", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2), None),
+        ("bal_pp2_gpipe", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2, "GPipe"), None),
+        ("bal_pp4_1f1b", "pp_bal", 4, 1, 256, 8, 8, 8, pp(4), None),
+        ("state_np1", "pp_state", 1, 2, 32, 1, 4, 2, {}, None),
+        ("state_pp2", "pp_state", 2, 1, 32, 4, 4, 2, pp(2), None),
+        ("state_fsdp2", "pp_state", 2, 1, 32, 1, 4, 2, dp.FSDP, None),
+    ],
+}
+TARGETS = {
+    "cp": {"mem_cp4 rss_max_over_mem_np1": "<= 0.4",
+           "mem_cp4 activations_over_mem_np1": "<= 0.3",
+           "speed_cp2 tps_over_speed_np1 (median of rounds)": ">= 0.85"},
+    "ep": {"ep4 rss_max_over_np1": "<= 0.3",
+           "ep4 bytes_sent_per_rank_over_fsdp4": "<= 0.5",
+           "moe_ep2 tps_over_moe_fsdp2 (median of rounds)": ">= 1.0"},
+    "pp": {"bal_pp2/pp4 idle fraction per rank": "theory (p-1)/(m+p-1) +- 0.05",
+           "state_pp2 rss_max_over_state_np1": "<= 0.55"},
+}
+
+
+def volume(text):
+    """The "comm volume" line's bytes per step on rank 0, by the log's own words."""
+    line = next((ln for ln in text.splitlines() if ln.startswith("comm volume:")), "")
+    out = {}
+    for part in line.split(";")[1:]:
+        for piece in part.split(","):
+            m = re.match(r"\s*(.*\D)\s+(\d+)\s*$", piece)
+            if m:
+                out[m.group(1).strip()] = int(m.group(2))
+    return out
+
+
+def sent_per_rank(vol, ranks):
+    """What rank 0 sends a step: the EP all-to-alls' and pipeline's bytes are what it sent; the
+    FSDP collectives' whole buffers times (S-1)/S over a ring of S = ranks (an upper bound for
+    EP's expert units, sharded over fewer ranks)."""
+    ring = (ranks - 1) / ranks
+    return round(sum(v if ("sent" in k) else v * ring for k, v in vol.items()))
+
+
+def estimate(text):
+    m = re.search(r"^memory estimate per rank: .*total ([0-9.]+) GiB", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def idle(dump, ranks, warmup):
+    """strategy_pp.c's $CTITAN_PP_IDLE files: per rank, the waited share of the schedule's time
+    over the steps after warmup."""
+    out = []
+    for r in range(ranks):
+        try:
+            with open(os.path.join(dump, f"idle.{r}")) as f:
+                rows = [ln.split() for ln in f if ln.strip()]
+        except OSError:
+            out.append(None)
+            continue
+        rows = [(float(a), float(b)) for s, a, b in rows if int(s) > warmup]
+        out.append(round(sum(b for _, b in rows) / sum(a for a, _ in rows), 4) if rows else None)
+    return out
+
+
+def one_run(run, args, specs, tokens, work, tag=""):
+    name, model, ranks, threads, seq, local, gbatch, steps, extra, _ = run
+    if args.quick:
+        seq = max(32, seq // 64)
+    keys = dict(extra, **{"training.local_batch_size": str(local),
+                          "training.global_batch_size": str(gbatch)})
+    sub = argparse.Namespace(**vars(args))
+    sub.steps, sub.warmup = steps, min(1, steps - 1)
+    full = name + tag
+    env = {"CTITAN_PP_IDLE": os.path.join(work, full, "idle")}
+    vocab = int(specs[model].get("vocab_size", dp.VOCAB))
+    res = dp.run_config(full, ranks, threads, keys, sub, specs[model], seq, tokens[vocab], work,
+                        env)
+    if res is None or "error" in res:
+        return res
+    with open(os.path.join(work, full, "stdout.log")) as f:
+        text = f.read()
+    res.pop("losses")
+    res.update(seq_len=seq, model=model, activations_planned_mib=activations_mib(text),
+               estimate_total_gib=estimate(text), comm_bytes_per_step_rank0=volume(text),
+               bytes_sent_per_step_rank0=sent_per_rank(volume(text), ranks),
+               loadavg_1min_after=round(os.getloadavg()[0], 2))
+    if "parallelism.pipeline_parallel_degree" in extra:
+        m = gbatch // local * (local // int(extra["parallelism.pipeline_parallel_microbatch_size"]))
+        p = int(extra["parallelism.pipeline_parallel_degree"])
+        res["pipeline"] = {"stages": p, "micro_batches": m,
+                           "schedule": extra["parallelism.pipeline_parallel_schedule"],
+                           "idle_fraction_per_rank": idle(os.path.join(work, full), ranks,
+                                                          sub.warmup),
+                           "idle_theory": round((p - 1) / (m + p - 1), 4)}
+    return res
+
+
+def summary(mode, runs, pairs):
+    get = lambda n, k: runs.get(n, {}).get(k)  # noqa: E731
+    out = {}
+    if mode == "cp":
+        out["mem_cp4_rss_max_over_mem_np1"] = dp.ratio(get("mem_cp4", "rss_max_gib"),
+                                                       get("mem_np1", "rss_max_gib"), 3)
+        out["mem_cp4_activations_over_mem_np1"] = dp.ratio(
+            get("mem_cp4", "activations_planned_mib"), get("mem_np1", "activations_planned_mib"), 3)
+        out["mem_cp4_estimate_over_mem_np1"] = dp.ratio(get("mem_cp4", "estimate_total_gib"),
+                                                        get("mem_np1", "estimate_total_gib"), 3)
+    if mode == "ep":
+        for n in ("ep4", "fsdp4"):
+            out[f"{n}_rss_max_over_np1"] = dp.ratio(get(n, "rss_max_gib"), get("np1", "rss_max_gib"), 3)
+        out["ep4_bytes_sent_per_rank_over_fsdp4"] = dp.ratio(
+            get("ep4", "bytes_sent_per_step_rank0"), get("fsdp4", "bytes_sent_per_step_rank0"), 4)
+        out["ep4_whole_buffers_over_fsdp4"] = dp.ratio(
+            sum((get("ep4", "comm_bytes_per_step_rank0") or {}).values()),
+            sum((get("fsdp4", "comm_bytes_per_step_rank0") or {}).values()), 4)
+    if mode == "pp":
+        out["state_pp2_rss_max_over_state_np1"] = dp.ratio(get("state_pp2", "rss_max_gib"),
+                                                           get("state_np1", "rss_max_gib"), 3)
+        out["state_pp2_bytes_sent_per_rank_over_fsdp2"] = dp.ratio(
+            get("state_pp2", "bytes_sent_per_step_rank0"),
+            get("state_fsdp2", "bytes_sent_per_step_rank0"), 6)
+        for k in ("rss_max_gib", "activations_planned_mib"):
+            out[f"bal_pp2_gpipe_over_1f1b_{k}"] = dp.ratio(get("bal_pp2_gpipe", k),
+                                                           get("bal_pp2_1f1b", k), 3)
+        for n in ("bal_pp2_1f1b", "bal_pp2_gpipe", "bal_pp4_1f1b"):
+            pl = get(n, "pipeline")
+            if pl:
+                got = [x for x in pl["idle_fraction_per_rank"] if x is not None]
+                out[f"{n}_idle_minus_theory"] = [round(x - pl["idle_theory"], 4) for x in got]
+                out[f"{n}_idle_mean_over_ranks"] = (round(sum(got) / len(got), 4) if got
+                                                    else None)
+    for pair, rounds in pairs.items():
+        a, b = rounds[0][0][0], rounds[0][1][0]
+        ratios = [dp.ratio(rb.get("tps_total"), ra.get("tps_total"), 3)
+                  for (_, ra), (_, rb) in rounds]
+        ok = sorted(x for x in ratios if x is not None)
+        out[f"{b}_tps_over_{a}"] = {
+            "rounds": ratios, "median": ok[len(ok) // 2] if ok else None,
+            f"{b}_comm_s_per_step": [rb.get("comm_s_per_step") for _, (_, rb) in rounds],
+            f"{b}_comm_hidden_s_per_step": [rb.get("comm_hidden_s_per_step")
+                                            for _, (_, rb) in rounds]}
+    return out
+
+
+def run_mode(args):
+    runs_spec = MODES[args.mode]
+    if args.runs:
+        runs_spec = [r for r in runs_spec if r[0] in args.runs.split(",")]
+    specs = QUICK_SPECS if args.quick else MODEL_SPECS
+    if args.dry_run:
+        for run in runs_spec:
+            one_run(run, args, specs, {dp.VOCAB: "TOKENS.npy", SMALL_VOCAB: "TOKENS.npy"},
+                    args.work or "WORK")
+        return
+    if shutil.which("mpirun") is None:
+        raise SystemExit("[parallel] mpirun not found: install OpenMPI (make deps)")
+    import numpy as np
+    loads = [round(os.getloadavg()[0], 2)]
+    tmp = None if args.work else tempfile.TemporaryDirectory(prefix="ctitan-parallel-")
+    work = args.work or tmp.name
+    os.makedirs(work, exist_ok=True)
+    runs, pairs = {}, {}
+    try:
+        tokens = {}
+        for v in (dp.VOCAB, SMALL_VOCAB):
+            tokens[v] = os.path.join(work, f"tokens{v}.npy")
+            np.save(tokens[v], np.random.default_rng(0).integers(0, v, 2_000_000).astype(np.int32))
+        for run in runs_spec:  # memory and bytes first: they do not depend on the load
+            if run[9] is None:
+                runs[run[0]] = one_run(run, args, specs, tokens, work)
+                loads.append(runs[run[0]].get("loadavg_1min_after"))
+        for pair in dict.fromkeys(r[9] for r in runs_spec if r[9]):
+            members = [r for r in runs_spec if r[9] == pair]
+            pairs[pair] = []
+            for i in range(args.rounds):
+                done = []
+                for run in members:
+                    res = one_run(run, args, specs, tokens, work, f"_r{i + 1}")
+                    runs[f"{run[0]}_r{i + 1}"] = res
+                    loads.append(res.get("loadavg_1min_after"))
+                    done.append((run[0], res))
+                pairs[pair].append(done)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    loads = [x for x in loads if x is not None]
+    result = {
+        "mode": args.mode, "cores": os.cpu_count(), "quick": args.quick,
+        "models": {m: dict(specs[m], vocab_size=specs[m].get("vocab_size", dp.VOCAB))
+                   for m in dict.fromkeys(r[1] for r in runs_spec)},
+        "rounds": args.rounds, "runs_asked": args.runs or "all", "loadavg_1min": {"before": loads[0], "max": max(loads),
+                                                "median": sorted(loads)[len(loads) // 2]},
+        "targets": TARGETS[args.mode], "summary": summary(args.mode, runs, pairs), "runs": runs,
+    }
+    print(json.dumps(result, indent=2))
+    failed = [n for n, r in runs.items() if "error" in r]
+    if failed:
+        log(f"failed: {', '.join(failed)}")
+        sys.exit(1)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-wrapper":
         return dp.rank_wrapper(sys.argv[2], sys.argv[4:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", default="tp", choices=["tp"] + list(MODES),
+                    help="tp: the runs above; cp, ep, pp: MODES' (see the docstring)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="cp, ep: times each speed pair runs, alternating (A B A B ...)")
+    ap.add_argument("--runs", default="", help="cp, ep, pp: a comma-separated subset of MODES'")
     args, models = dp.parse_run_args(ap)
+    if args.mode != "tp":
+        return run_mode(args)
     spec = {"c1": (dp.QUICK if args.quick else dp.FULL, args.seq_len),
             "state": (dp.STATE, dp.STATE_SEQ_LEN)}
     if args.dry_run:

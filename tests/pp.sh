@@ -47,13 +47,18 @@ trace() {
 }
 
 check "np1 (batch 4)" run 1 "$tmp/np1"
-CTITAN_PP_TRACE=$tmp/pp2.trace check "pp2 1F1B" pp 2 "$tmp/pp2"
+CTITAN_PP_TRACE=$tmp/pp2.trace CTITAN_PP_IDLE=$tmp/pp2.idle check "pp2 1F1B" pp 2 "$tmp/pp2"
 check "pp2 1F1B = np1" same "$tmp/pp2" "$tmp/np1" "${tol[@]}"
 grep -q "^pipeline: 2 stages, 1 per rank, 4 micro-batches of 1 per step; rank 0 holds stage 0 (embedding, layers 0..0)" \
   "$tmp/pp2.log" && ok || bad "pp2 log: $(grep '^pipeline' "$tmp/pp2.log")"
 # Schedule1F1B: stage s warms up with min(m, S - s) forwards, then one backward and one forward.
 trace pp2 0 "F 0 0" "F 0 1" "B 0 0" "F 0 2" "B 0 1" "F 0 3" "B 0 2" "B 0 3"
 trace pp2 1 "F 1 0" "B 1 0" "F 1 1" "B 1 1" "F 1 2" "B 1 2" "F 1 3" "B 1 3"
+# bench/parallel.py's bubble: each rank's "step schedule_s waited_s" a step, 0 <= waited <= schedule
+for r in 0 1; do
+  awk 'NF != 3 || $3 < 0 || $3 > $2 {e = 1} END {exit e || NR == 0}' "$tmp/pp2.idle.$r" && ok ||
+    bad "pp2 rank $r idle: $(tr '\n' ' ' <"$tmp/pp2.idle.$r" 2>/dev/null)"
+done
 if full; then
 # GPipe: every forward, then every backward; in bf16
 check "np1 bf16" run 1 "$tmp/np1_bf16" --training.mixed_precision_param bfloat16

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "checkpoint/checkpoint.h"
+#include "core/clock.h"
 #include "model/moe_balance.h"
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
@@ -275,11 +276,27 @@ static FILE *trace_open(const trainer *t) {
     return fopen(path, "w");
 }
 
+// For bench/parallel.py's bubble figure: each step's schedule time (from the first action to
+// the loss summed over the stages) and the part of it this rank waited on the pipeline's
+// receives, sends and that sum, appended as "step run_s wait_s" to $CTITAN_PP_IDLE.<world rank>.
+static void idle_note(const trainer *t, double t0, double wait0) {
+    const char *prefix = getenv("CTITAN_PP_IDLE");
+    if (!prefix || !*prefix) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s.%d", prefix, t->world->rank);
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "%lld %.6f %.6f\n", (long long)t->state.step + 1, ct_now_s() - t0,
+            t->strat.pp.group->comm_s - wait0);
+    fclose(f);
+}
+
 int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
     qwen3_model *m = &t->model;
     const int P = p->group->size, V = p->v * p->m;
     p->group->timeout_s = t->d->timeout_s;
+    const double t0 = ct_now_s(), wait0 = p->group->comm_s;
     if (post_receives(t, err) != 0) return -1;
     FILE *trace = trace_open(t);
     int last_k = -1, last_i = -1, rc = 0; // the forward whose activations the model holds
@@ -320,6 +337,7 @@ int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, 
     if (dist_sum(p->group, loss, loss_sum, "the step's loss over the stages", err) != 0 ||
         dist_sum(p->group, *aux_sum, aux_sum, "the MoE aux over the stages", err) != 0)
         return -1;
+    idle_note(t, t0, wait0);
     return 0;
 }
 
