@@ -1,6 +1,7 @@
 // FSDP and HSDP as a strategy (parallel/fsdp.h): the units and the whole tensors from the
 // model's parallelize plan, the optimizer over the shard, the memory estimate, the weights'
-// first values, and the unit hook.
+// first values, and the unit hook. A LoRA model's frozen base is sharded here too (fsdp.h's
+// frozen mode: no gradients, no optimizer; strategy_lora_fsdp.c trains the adapter).
 #include <stdlib.h>
 #include <string.h>
 

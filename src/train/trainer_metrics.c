@@ -137,13 +137,17 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; EP all-to-alls (sent to other ranks) %.0f",
                                t->strat.ep.bytes / n);
-    if ((dp == &strategy_fsdp || dp == strategy_ep_fsdp()) && at < sizeof buf) {
+    // LoRA under FSDP: FSDP's gathers of the base and ZeRO-1's reductions of the adapter.
+    const bool lora_fsdp = vt == strategy_lora_fsdp();
+    const bool sharded = dp == &strategy_fsdp || dp == strategy_ep_fsdp() || lora_fsdp;
+    if (sharded && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; FSDP gathers %.0f, reduce-scatters %.0f, replica all-reduces "
                                "%.0f",
                                f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
-    } else if (t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
+    }
+    if ((!sharded || lora_fsdp) && t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
         snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
                  t->strat.sync.bytes / n);
     }
