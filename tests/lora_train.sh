@@ -118,13 +118,18 @@ run 2 "$tmp/fsdp" --training.steps 3 --training.local_batch_size 1 --checkpoint.
   "${lora[@]}" && grep -q "gathers in float32, the frozen base: no gradients" "$tmp/fsdp.log" &&
   ok || bad "LoRA under FSDP: $(tail -3 "$tmp/fsdp.log")"
 same "$tmp/fsdp" "$tmp/g1" 0 1e-14 0 && ok || bad "LoRA under FSDP np2 differs from np1"
-# bf16: the base held in bf16 only, its shard too (its norms whole on every rank); with dropout.
-bf=(--training.mixed_precision_param bfloat16 --lora.dropout 0.2)
+# bf16: the base held in bf16 only, its shard too (its norms whole on every rank); with dropout
+# and a validation of one batch (the rank without a batch still runs the forward's gathers).
+bf=(--training.mixed_precision_param bfloat16 --lora.dropout 0.2 --validation.enable true
+    --validation.dataset_path "$ref/tokens.npy" --validation.freq 1 --validation.steps 1)
 run 1 "$tmp/g1b" --training.steps 3 --training.local_batch_size 1 --training.global_batch_size 2 \
   --checkpoint.interval 3 "${lora[@]}" "${bf[@]}" && ok || bad "np1 bf16: $(tail -3 "$tmp/g1b.log")"
 run 2 "$tmp/fsdpb" --training.steps 3 --training.local_batch_size 1 --checkpoint.interval 3 \
   "${lora[@]}" "${bf[@]}" && ok || bad "LoRA under FSDP, bf16: $(tail -3 "$tmp/fsdpb.log")"
 same "$tmp/fsdpb" "$tmp/g1b" 0 1e-14 0 && ok || bad "LoRA under FSDP np2 bf16 differs from np1"
+[ "$(grep val_loss "$tmp/fsdpb/metrics.jsonl")" = "$(grep val_loss "$tmp/g1b/metrics.jsonl")" ] &&
+  [ "$(grep -c val_loss "$tmp/g1b/metrics.jsonl")" = 3 ] && ok ||
+  bad "LoRA under FSDP: the validation losses differ from one process's"
 # FSDP over 4 and HSDP 2 x 2 (a global batch of 4): the adapter's gradients are summed in another
 # order than one process's accumulation (measured 2e-8 in the loss, 9e-8 in the weights).
 if full; then

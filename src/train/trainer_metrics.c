@@ -25,9 +25,13 @@ int trainer_validate(trainer *t, ct_error *err) {
     // Under CP a batch is its CP group's, each rank forwarding its chunks of it.
     const uint64_t dp_rank = (uint64_t)(t->cp > 1 ? cp_dp_rank(t) : t->d->rank);
     const uint64_t dp_size = (uint64_t)(t->cp > 1 ? cp_dp_size(t) : t->d->size);
-    for (uint64_t b = dp_rank; b < batches; b += dp_size) {
+    // Under FSDP every forward gathers each unit over the shard group: every rank runs as many,
+    // the last ones on batches whose targets are all ignored.
+    const uint64_t rounds =
+        t->strat.fsdp.n_units ? (batches + dp_size - 1) / dp_size * dp_size : batches;
+    for (uint64_t b = dp_rank; b < rounds; b += dp_size) {
         for (int i = 0; i < t->B; i++) {
-            uint64_t w = b * t->B + i;
+            uint64_t w = b < batches ? b * t->B + i : total;
             size_t off = (size_t)i * t->T;
             int32_t *targets = t->targets + off;
             if (loader_sample(&t->val_loader, t->inputs + off, targets,
