@@ -178,6 +178,8 @@ refused() { # NAME PATTERN NP [options]
 refused module 'unknown module "qkv_proj"' 1 --lora.rank 4 --lora.target_modules q_proj,qkv_proj
 refused adapter-rank "lora.rank = 8, but .*adapter_config.json has r 4" 1 --lora.rank 8 \
   --lora.adapter_path "$tmp/a-peft"
+refused cp "LoRA under context parallelism is not supported yet" 2 "${lora[@]}" \
+  --parallelism.context_parallel_degree 2
 # A MoE model (test_lora.c has the arithmetic): all-linear adapts each expert under PEFT's
 # per-expert keys; a run from its export starts at eval's loss with the adapter, bit for bit; the
 # merged export's eval loss is the adapter's within rounding. bf16 experts are refused.
