@@ -110,8 +110,9 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     const bool grad = !o->frozen, reduce16 = grad && o->bf16_reduce;
     if ((grad && !(f->ring_recv = alloc_zeroed(f, (size_t)most * sizeof(float),
                                                "the reduce-scatter's receive buffer", err))) ||
-        (reduce16 && !(f->ring_recv16 = alloc_zeroed(f, (size_t)most * sizeof(uint16_t),
-                                                     "the reduce-scatter's receive buffer", err))) ||
+        (reduce16 &&
+         !(f->ring_recv16 = alloc_zeroed(f, (size_t)most * sizeof(uint16_t),
+                                         "the reduce-scatter's receive buffer", err))) ||
         (!bf16_only(f) &&
          !(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err))) ||
         (grad &&

@@ -83,11 +83,12 @@ static int estimate_frozen(const trainer *t, run_memory *mem, ct_error *err) {
     const fsdp_opts o = fsdp_options(t);
     const double gathered = fsdp_peak_gathered_bytes(p.unit_lo, p.unit_hi, p.n_units, &o, p.tied);
     qwen3_parallel_plan_free(&p);
-    const double base = (double)qwen3_forward_only_weight_bytes(&t->setup.model, &t->setup.mem_opts);
+    const double base =
+        (double)qwen3_forward_only_weight_bytes(&t->setup.model, &t->setup.mem_opts);
     const double adapter = (double)mem->model.grads, shard = base / t->shard_degree;
     mem->model.params = (size_t)(shard + adapter);
-    mem->total = shard + 2 * adapter + mem->optimizer + gathered + mem->model.activations +
-                 mem->batch;
+    mem->total =
+        shard + 2 * adapter + mem->optimizer + gathered + mem->model.activations + mem->batch;
     mem->node = mem->total * mem->ranks_per_node;
     fprintf(t->log,
             "memory, FSDP: the frozen base's shard (1/%d) %.3f GiB; units gathered at most "
@@ -252,8 +253,8 @@ static int setup(trainer *t, ct_error *err) {
     if (o.replicate_degree > 1)
         snprintf(hsdp, sizeof hsdp, " in each of %d replica groups (HSDP)", o.replicate_degree);
     char grads[96];
-    snprintf(grads, sizeof grads, o.frozen ? "the frozen base: no gradients"
-                                           : "gradients reduce-scattered in %s",
+    snprintf(grads, sizeof grads,
+             o.frozen ? "the frozen base: no gradients" : "gradients reduce-scattered in %s",
              t->cfg->training.mixed_precision_reduce);
     fprintf(t->log,
             "comm: FSDP over %d ranks%s: %d units (embedding, %d layers%s, head), the largest "
@@ -302,8 +303,7 @@ typedef struct hf_source {
 } hf_source;
 
 // The first unit's report is the load's; the checks run over every tensor each time.
-static int fill_hf(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf,
-                   ct_error *err) {
+static int fill_hf(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf, ct_error *err) {
     const hf_source *s = ctx;
     const ckpt_range r = {lo, hi};
     hf_load_report again = {0}, *rep = lo == 0 ? s->rep : &again;
