@@ -8,15 +8,20 @@
 static const size_t lo[] = {0, 100, 110, 120}, hi_untied[] = {100, 110, 120, 170},
                     hi_tied[] = {100, 110, 120, 125};
 
-static void expect(const char *what, const size_t *hi, fsdp_reshard reshard, bool bf16, bool tied,
-                   double want) {
+static void expect_of(const char *what, const size_t *hi, fsdp_reshard reshard, bool bf16,
+                      bool tied, bool frozen, double want) {
     fsdp_opts o = {.shard_degree = 2,
                    .replicate_degree = 1,
                    .reshard = reshard,
                    .bf16_params = bf16,
-                   .bf16_reduce = bf16};
+                   .bf16_reduce = bf16,
+                   .frozen = frozen};
     double got = fsdp_peak_gathered_bytes(lo, hi, 4, &o, tied);
     CHECK(got == want, "%s: peak %.0f bytes, expected %.0f", what, got, want);
+}
+static void expect(const char *what, const size_t *hi, fsdp_reshard reshard, bool bf16, bool tied,
+                   double want) {
+    expect_of(what, hi, reshard, bf16, tied, false, want);
 }
 
 int main(void) {
@@ -34,5 +39,11 @@ int main(void) {
     // layer, its prefetched neighbour and the embedding (480), their gradients (440) and the
     // head's in the ring (20).
     expect("tied default", hi_tied, FSDP_RESHARD_DEFAULT, false, true, 940);
+    // A frozen model (LoRA's base): weights only. Untied, the embedding with its prefetched
+    // first layer (110 elements), fp32 or, held in bf16 only, 2 bytes each; tied, the second
+    // layer's forward or backward beside the embedding and a neighbour (120).
+    expect_of("frozen untied", hi_untied, FSDP_RESHARD_DEFAULT, false, false, true, 440);
+    expect_of("frozen untied bf16", hi_untied, FSDP_RESHARD_DEFAULT, true, false, true, 220);
+    expect_of("frozen tied", hi_tied, FSDP_RESHARD_DEFAULT, false, true, true, 480);
     return check_summary();
 }

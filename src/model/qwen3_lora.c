@@ -49,9 +49,13 @@ static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
 }
 
 uint64_t qwen3_lora_base_hash(const qwen3_model *m) {
-    uint64_t h = 0x4c6f524142617365ull; // "LoRABase"
+    return qwen3_lora_base_hash_range(m, QWEN3_LORA_HASH0, 0, m->num_params);
+}
+
+uint64_t qwen3_lora_base_hash_range(const qwen3_model *m, uint64_t h, size_t lo, size_t hi) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
+        if (p->offset < lo || p->offset >= hi) continue;
         uint64_t t = 0;
         if (qwen3_param_in_bf16(m, p))
             m->ops->hash_xxh64(&t, m->param_bf16 + p->offset, p->numel * sizeof(uint16_t));

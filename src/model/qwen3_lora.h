@@ -78,6 +78,11 @@ void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, 
 // The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16
 // where it holds a tensor in bf16 only), combined in table order.
 uint64_t qwen3_lora_base_hash(const qwen3_model *m);
+// The same a part at a time: h (QWEN3_LORA_HASH0 first) extended by the tensors that start in
+// [lo, hi), as the model holds them now (FSDP hashes each unit while it is whole); parts in
+// order give qwen3_lora_base_hash.
+#define QWEN3_LORA_HASH0 0x4c6f524142617365ull // "LoRABase"
+uint64_t qwen3_lora_base_hash_range(const qwen3_model *m, uint64_t h, size_t lo, size_t hi);
 
 // Private to src/model (qwen3.c, qwen3_layout.c).
 int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err);

@@ -28,6 +28,11 @@ void fsdp_piece(const fsdp *f, int u, int s, size_t *lo, size_t *hi) {
     *hi = x->lo + grad_sync_shard_start(x->hi - x->lo, s + 1, S);
 }
 
+// A frozen model held in bf16 only: param_bf16 is its shard and its gathers; param_mem stays.
+static bool bf16_only(const fsdp *f) {
+    return f->o.frozen && f->params_bf16;
+}
+
 static void *alloc_zeroed(fsdp *f, size_t bytes, const char *what, ct_error *err) {
     return f->be->alloc(f->be, bytes, what, err);
 }
@@ -52,6 +57,7 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
                        world->size);
     if (o->bf16_params && !params_bf16)
         return ct_fail(err, "FSDP: bf16 gathers need the model's bf16 weight copy");
+    if (!o->frozen && !grads) return ct_fail(err, "FSDP: a trained model needs its gradients");
     // torchtitan's mesh: the replica index is the outer one, the shard rank the inner one.
     const int ep = o->expert_degree > 1 ? o->expert_degree : 1;
     if (S % ep != 0)
@@ -101,17 +107,20 @@ int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct
     for (int u = 0; u < n_units; u++)
         for (int r = 0; r < f->units[u].g->size; r++)
             most = f->units[u].counts[r] > most ? f->units[u].counts[r] : most;
-    if (!(f->ring_recv = alloc_zeroed(f, (size_t)most * sizeof(float),
-                                      "the reduce-scatter's receive buffer", err)) ||
-        (o->bf16_reduce &&
+    const bool grad = !o->frozen, reduce16 = grad && o->bf16_reduce;
+    if ((grad && !(f->ring_recv = alloc_zeroed(f, (size_t)most * sizeof(float),
+                                               "the reduce-scatter's receive buffer", err))) ||
+        (reduce16 &&
          !(f->ring_recv16 = alloc_zeroed(f, (size_t)most * sizeof(uint16_t),
                                          "the reduce-scatter's receive buffer", err))) ||
-        !(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err)) ||
-        !(f->shard_grads = alloc_zeroed(f, ns * sizeof(float), "the FSDP gradient shard", err)) ||
+        (!bf16_only(f) &&
+         !(f->shard_params = alloc_zeroed(f, ns * sizeof(float), "the FSDP weight shard", err))) ||
+        (grad &&
+         !(f->shard_grads = alloc_zeroed(f, ns * sizeof(float), "the FSDP gradient shard", err))) ||
         (o->bf16_params &&
          !(f->shard_bf16 = alloc_zeroed(f, ns * sizeof(uint16_t), "the FSDP bf16 shard", err))) ||
-        (o->bf16_reduce && !(f->grads_bf16 = alloc_zeroed(f, n * sizeof(uint16_t),
-                                                          "the bf16 gradient staging", err)))) {
+        (reduce16 && !(f->grads_bf16 = alloc_zeroed(f, n * sizeof(uint16_t),
+                                                    "the bf16 gradient staging", err)))) {
         fsdp_free(f);
         return -1;
     }
@@ -145,6 +154,7 @@ static void fail(fsdp *f, int rc) {
 }
 
 static void populate_grads(fsdp *f, int u) {
+    if (!f->grads) return;
     f->be->populate(f->be, f->grads + f->units[u].lo,
                     (f->units[u].hi - f->units[u].lo) * sizeof(float));
 }
@@ -159,7 +169,7 @@ static void start_gather(fsdp *f, int u) {
     ct_backend *be = f->be;
     const ct_comm c = dist_comm(x->g);
     int rc;
-    be->populate(be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
+    if (!bf16_only(f)) be->populate(be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
     if (f->params_bf16) {
         be->populate(be, f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
         be->copy(be, f->params_bf16 + x->piece_lo, f->shard_bf16 + x->at, piece * sizeof(uint16_t));
@@ -186,7 +196,7 @@ static void gather_done(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
     x->gathering = false;
     x->gathered = true;
-    if (f->params_bf16)
+    if (f->params_bf16 && !bf16_only(f))
         f->ops->bf16_to_f32(f->params + x->lo, f->params_bf16 + x->lo, x->hi - x->lo);
 }
 
@@ -206,7 +216,7 @@ static void reshard(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
     if (!x->gathered) return;
     x->gathered = false;
-    f->be->discard(f->be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
+    if (!bf16_only(f)) f->be->discard(f->be, f->params + x->lo, (x->hi - x->lo) * sizeof(float));
     if (f->params_bf16)
         f->be->discard(f->be, f->params_bf16 + x->lo, (x->hi - x->lo) * sizeof(uint16_t));
 }
@@ -387,15 +397,19 @@ void fsdp_backward_done(fsdp *f, int u) {
     if (f->tied && u == f->n_units - 1 && f->o.reshard == FSDP_RESHARD_ALWAYS) reshard(f, 0);
     // One reduce-scatter in flight at a time: the previous one finishes first.
     wait_reduce(f);
-    if (!f->failed) start_reduce(f, u);
+    if (!f->failed && f->grads) start_reduce(f, u);
 }
 
 // --- outside the step
 
 void fsdp_take(fsdp *f, int u) {
     fsdp_unit *x = &f->units[u];
-    f->be->copy(f->be, f->shard_params + x->at, f->params + x->piece_lo,
-                (x->piece_hi - x->piece_lo) * sizeof(float));
+    const size_t piece = x->piece_hi - x->piece_lo;
+    if (bf16_only(f))
+        f->be->copy(f->be, f->shard_bf16 + x->at, f->params_bf16 + x->piece_lo,
+                    piece * sizeof(uint16_t));
+    else
+        f->be->copy(f->be, f->shard_params + x->at, f->params + x->piece_lo, piece * sizeof(float));
     x->gathered = true; // what the full buffer holds goes
     reshard(f, u);
 }
@@ -405,13 +419,13 @@ void fsdp_reshard_all(fsdp *f) {
 }
 
 void fsdp_weights_changed(fsdp *f, bool bf16_done) {
-    if (f->shard_bf16 && !bf16_done)
+    if (f->shard_bf16 && f->shard_params && !bf16_done)
         f->ops->f32_to_bf16(f->shard_bf16, f->shard_params, f->n_shard);
     fsdp_reshard_all(f);
 }
 
 void fsdp_begin_step(fsdp *f) {
-    f->be->zero(f->be, f->shard_grads, f->n_shard * sizeof(float));
+    if (f->shard_grads) f->be->zero(f->be, f->shard_grads, f->n_shard * sizeof(float));
 }
 
 // HSDP: the R replicas of this shard add their sums (in rank order for a given layout). Nothing
@@ -445,7 +459,7 @@ static void allreduce_replicas(fsdp *f) {
 int fsdp_finish(fsdp *f, ct_error *err) {
     progress(f);
     wait_reduce(f);
-    if (!f->failed && f->replica.size > 1 && f->n_shard) allreduce_replicas(f);
+    if (!f->failed && f->replica.size > 1 && f->n_shard && f->shard_grads) allreduce_replicas(f);
     if (f->failed) {
         *err = f->err;
         return -1;
@@ -489,9 +503,11 @@ double fsdp_peak_gathered_bytes(const size_t *lo, const size_t *hi, int n_units,
         free(r.grads);
         return 0;
     }
-    // A gathered unit: its weights (fp32, plus the bf16 gather it is widened from). A reducing
-    // one: its fp32 gradients, or their bf16 staging.
-    r.weight_bytes = sizeof(float) + (o->bf16_params ? sizeof(uint16_t) : 0);
+    // A gathered unit: its weights (fp32, plus the bf16 gather it is widened from; a frozen bf16
+    // model's bf16 alone). A reducing one: its fp32 gradients, or their bf16 staging.
+    r.weight_bytes = o->frozen && o->bf16_params
+                         ? sizeof(uint16_t)
+                         : sizeof(float) + (o->bf16_params ? sizeof(uint16_t) : 0);
     r.reduce_bytes = o->bf16_reduce ? sizeof(uint16_t) : sizeof(float);
     const int head = n_units - 1;
     for (int u = 0; u < n_units; u++) { // forward: the unit, its prefetch, the tied embedding
@@ -505,14 +521,14 @@ double fsdp_peak_gathered_bytes(const size_t *lo, const size_t *hi, int n_units,
         }
     }
     for (int u = head; u >= 0; u--) { // backward: the unit, its prefetch, its gradients
-        r.gathered[u] = r.grads[u] = true;
+        r.gathered[u] = true, r.grads[u] = !o->frozen;
         if (u > 0) r.gathered[u - 1] = true;
-        if (tied && u == head) r.gathered[0] = r.grads[0] = true;
+        if (tied && u == head) r.gathered[0] = true, r.grads[0] = !o->frozen;
         replay_note(&r, n_units);
         r.gathered[u] = false;
         if (tied && u == head && o->reshard == FSDP_RESHARD_ALWAYS) r.gathered[0] = false;
         r.grads[u] = false; // handed to the reduce-scatter, the previous one being done
-        r.reducing = u;
+        r.reducing = o->frozen ? -1 : u;
         replay_note(&r, n_units);
     }
     free(r.gathered);

@@ -28,6 +28,11 @@
 // expert (a layer's own experts, which differ between the ranks of an EP group) are cut over the
 // S/ep ranks holding the same experts (shard rank s with s % ep alike) instead of all S. The
 // replica all-reduce covers both kinds.
+// A frozen model (LoRA's base) is sharded and gathered the same way but has no gradients:
+// nothing is reduced and there is no gradient shard. Held in bf16 only (its matrices in
+// param_bf16 alone, qwen3_init_frozen), its shard and its gathers are param_bf16's, never
+// widened, and param_mem (the fp32 tensors: norms, biases, a few KiB a layer) stays whole on
+// every rank.
 // Every collective is the backend's (backend.h's comm_* entries, on the buffers themselves: the
 // guarded backend holds exactly those open while one is in flight) and runs on the group's
 // communicator in the same order on every rank, with the group's deadline
@@ -69,6 +74,7 @@ typedef struct fsdp_opts {
     bool bf16_reduce; // reduce bf16 gradients (reduce_dtype = bfloat16)
     int expert_degree;         // ep (0 or 1: none): the EP groups inside the shard group
     const bool *expert_units;  // (n_units, NULL: none) the units cut over eshard
+    bool frozen;               // no gradients (grads NULL); with bf16_params, held in bf16 only
 } fsdp_opts;
 
 typedef struct fsdp {
@@ -108,9 +114,10 @@ typedef struct fsdp {
     ct_error err;
 } fsdp;
 
-// units: n_units ranges [lo[u], hi[u]) tiling [0, n) in order. params, grads (and params_bf16
-// when o->bf16_params) are full-size buffers of n elements on be, ops its bound table. The
-// shard buffers are allocated zeroed, on be.
+// units: n_units ranges [lo[u], hi[u]) tiling [0, n) in order. params, grads (NULL when
+// o->frozen; and params_bf16 when o->bf16_params) are full-size buffers of n elements on be, ops
+// its bound table. The shard buffers are allocated zeroed, on be (a frozen bf16 model's shard is
+// shard_bf16 alone).
 int fsdp_init(fsdp *f, dist *world, const fsdp_opts *o, ct_backend *be, const ct_ops *ops,
               float *params, float *grads, uint16_t *params_bf16, size_t n, const size_t *lo,
               const size_t *hi, int n_units, bool tied, ct_error *err);
@@ -127,8 +134,8 @@ void fsdp_forward_done(fsdp *f, int u);
 void fsdp_backward(fsdp *f, int u);
 void fsdp_backward_done(fsdp *f, int u);
 
-// Copies this rank's piece of unit u from the full buffer (where a load or init put the unit)
-// into the shard, then frees the unit.
+// Copies this rank's piece of unit u from the full buffer (where a load or init put the unit;
+// a frozen bf16 model's bf16 one) into the shard, then frees the unit.
 void fsdp_take(fsdp *f, int u);
 // Frees every gathered unit (after a validation forward, which leaves the head gathered).
 void fsdp_reshard_all(fsdp *f);

@@ -96,6 +96,14 @@ int cp_setup(trainer *t, ct_error *err) {
     if (P % cp != 0)
         return ct_fail(err, "parallelism.context_parallel_degree = %d does not divide the %d ranks",
                        cp, P);
+    // LoRA's dropout masks follow each token's place in its sequence, which CP's chunks do not
+    // keep (measured: 3e-3 in the loss with dropout 0.2), and without dropout CP=2 was 1e-6 off
+    // one process in the adapter after 3 steps, not yet understood.
+    if (t->cfg->lora.rank > 0)
+        return ct_fail(err,
+                       "lora.rank = %d with parallelism.context_parallel_degree = %d: LoRA under "
+                       "context parallelism is not supported yet; train without CP",
+                       t->cfg->lora.rank, cp);
     if (t->T % (2 * cp * tp) != 0) {
         if (tp > 1)
             return ct_fail(err,

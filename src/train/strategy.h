@@ -75,6 +75,16 @@ typedef struct strategy_vt {
 } strategy_vt;
 
 extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
+// LoRA under FSDP/HSDP (strategy_lora_fsdp.c): the frozen base sharded as strategy_fsdp shards a
+// model (gathered for the forward and the backward's input gradients, no gradient), the adapter
+// replicated under ZeRO-1 (strategy_zero1: its gradients all-reduced, its moments sharded over
+// every rank, its checkpoints the replicated layout).
+const strategy_vt *strategy_lora_fsdp(void);
+// Replicate's and ZeRO-1's part after the plan (for strategy_lora_fsdp): the trained
+// parameters' gradient sync (ZeRO-1 when the table's optimizer_sharded), AdamW over this rank's
+// range, the unit hook (the table's unit_ready); and its release.
+int strategy_replicate_setup_sync(trainer *t, ct_error *err);
+void strategy_replicate_free_sync(trainer *t);
 // Tensor parallelism with sequence parallelism (strategy_tp.c) over the trainer's TP group,
 // with replicate (DDP) over the data-parallel ranks (the trainer's t->d).
 extern const strategy_vt strategy_tp;
@@ -217,6 +227,10 @@ typedef struct strategy {
     // FSDP: the plan's QWEN3_SPLIT_WHOLE tensors (the MoE expert biases), whole, back to back in
     // plan order.
     float *whole;
+    // FSDP of a frozen LoRA base: its identity (qwen3_lora_base_hash), hashed unit by unit at
+    // the load, while each was whole.
+    uint64_t lora_base_hash;
+    bool lora_base_hashed;
     strategy_tp_state tp; // TP (strategy_tp)
     strategy_ep_state ep; // EP (strategy_ep)
     strategy_pp_state pp; // PP (strategy_pp)

@@ -1,10 +1,12 @@
 // FSDP and HSDP as a strategy (parallel/fsdp.h): the units and the whole tensors from the
 // model's parallelize plan, the optimizer over the shard, the memory estimate, the weights'
-// first values, and the unit hook.
+// first values, and the unit hook. A LoRA model's frozen base is sharded here too (fsdp.h's
+// frozen mode: no gradients, no optimizer; strategy_lora_fsdp.c trains the adapter).
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/hf_adapter.h"
+#include "model/qwen3_lora.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/adamw.h"
 #include "train/strategy.h"
@@ -17,6 +19,7 @@ static fsdp_opts fsdp_options(const trainer *t) {
         .replicate_degree = t->d->size / t->shard_degree,
         .bf16_params = t->setup.mem_opts.bf16,
         .bf16_reduce = strcmp(c->training.mixed_precision_reduce, "bfloat16") == 0,
+        .frozen = c->lora.rank > 0, // LoRA's base (strategy_lora_fsdp.c)
     };
     fsdp_reshard_parse(&o.reshard, c->parallelism.fsdp_reshard_after_forward, NULL);
     return o;
@@ -71,7 +74,31 @@ int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_mem
     return 0;
 }
 
+// A frozen base (LoRA): its 1/S as held once (bf16 matrices under bf16; the fp32 tensors whole
+// when it is held in bf16 only, a small overcount otherwise) and the units gathered at the worst
+// moment, beside run_setup_memory_lora's adapter, its gradients and moments.
+static int estimate_frozen(const trainer *t, run_memory *mem, ct_error *err) {
+    qwen3_parallel_plan p;
+    if (qwen3_parallelize(&p, &t->setup.model, NULL, err) != 0) return -1;
+    const fsdp_opts o = fsdp_options(t);
+    const double gathered = fsdp_peak_gathered_bytes(p.unit_lo, p.unit_hi, p.n_units, &o, p.tied);
+    qwen3_parallel_plan_free(&p);
+    const double base =
+        (double)qwen3_forward_only_weight_bytes(&t->setup.model, &t->setup.mem_opts);
+    const double adapter = (double)mem->model.grads, shard = base / t->shard_degree;
+    mem->model.params = (size_t)(shard + adapter);
+    mem->total =
+        shard + 2 * adapter + mem->optimizer + gathered + mem->model.activations + mem->batch;
+    mem->node = mem->total * mem->ranks_per_node;
+    fprintf(t->log,
+            "memory, FSDP: the frozen base's shard (1/%d) %.3f GiB; units gathered at most "
+            "%.3f GiB; no gradients for it\n",
+            t->shard_degree, shard / GIB, gathered / GIB);
+    return 0;
+}
+
 static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    if (t->cfg->lora.rank > 0) return estimate_frozen(t, mem, err);
     return strategy_fsdp_estimate_of(t, &t->setup.model, mem, err);
 }
 
@@ -201,15 +228,20 @@ static int setup(trainer *t, ct_error *err) {
     if (rc != 0) return -1;
     // The weights the model read so far (none: qwen3_init's zeros) go: only units in use stay.
     fsdp_reshard_all(&st->fsdp);
-    m->be->discard(m->be, m->grad_mem, m->num_params * sizeof(float));
+    if (m->grad_mem) m->be->discard(m->be, m->grad_mem, m->num_params * sizeof(float));
     m->unit_hook = unit_ready;
     m->unit_hook_ctx = t;
-    if (p->n_whole && !(st->whole = calloc(p->n_whole, sizeof *st->whole)))
-        return ct_fail(err, "out of memory for the expert biases");
-    t->moe.add_bias = add_whole;
-    t->moe.add_bias_ctx = t;
-    if (adamw_init_shard(&t->opt, m->be, st->fsdp.n_shard, 0, st->fsdp.n_shard, err) != 0 ||
-        exclude_decay(t, err) != 0)
+    // A base held in bf16 only keeps its fp32 tensors, the expert biases too, whole in param_mem:
+    // moe_balance adds to them there.
+    if (!m->weights16) {
+        if (p->n_whole && !(st->whole = calloc(p->n_whole, sizeof *st->whole)))
+            return ct_fail(err, "out of memory for the expert biases");
+        t->moe.add_bias = add_whole;
+        t->moe.add_bias_ctx = t;
+    }
+    if (!o.frozen && // a LoRA base's adapter has its optimizer in strategy_lora_fsdp
+        (adamw_init_shard(&t->opt, m->be, st->fsdp.n_shard, 0, st->fsdp.n_shard, err) != 0 ||
+         exclude_decay(t, err) != 0))
         return -1;
     size_t largest = 0;
     for (int u = 0; u < t->strat.fsdp.n_units; u++) {
@@ -220,21 +252,96 @@ static int setup(trainer *t, ct_error *err) {
     char hsdp[64] = "";
     if (o.replicate_degree > 1)
         snprintf(hsdp, sizeof hsdp, " in each of %d replica groups (HSDP)", o.replicate_degree);
+    char grads[96];
+    snprintf(grads, sizeof grads,
+             o.frozen ? "the frozen base: no gradients" : "gradients reduce-scattered in %s",
+             t->cfg->training.mixed_precision_reduce);
     fprintf(t->log,
             "comm: FSDP over %d ranks%s: %d units (embedding, %d layers%s, head), the largest "
-            "%.1f MiB of fp32 weights; gathers in %s, gradients reduce-scattered in %s, "
-            "reshard_after_forward %s\n",
+            "%.1f MiB of fp32 weights; gathers in %s, %s, reshard_after_forward %s\n",
             o.shard_degree, hsdp, t->strat.fsdp.n_units, m->cfg.num_hidden_layers,
             t->ep > 1 ? ", each sparse layer's experts a unit of their own" : "",
-            largest * 4.0 / (1 << 20), o.bf16_params ? "bfloat16" : "float32",
-            t->cfg->training.mixed_precision_reduce, reshard[o.reshard]);
+            largest * 4.0 / (1 << 20), o.bf16_params ? "bfloat16" : "float32", grads,
+            reshard[o.reshard]);
     return 0;
 }
+
+// A frozen base (LoRA's) is filled unit by unit: fill puts [lo, hi) into the model as it holds
+// it (buf: room for the largest unit's floats), so its values, bf16-held tensors rounded as one
+// process rounds them, are the one-process model's; the unit is hashed (the base's identity,
+// qwen3_lora_base_hash, while it is whole), then its piece kept.
+typedef int (*frozen_fill)(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf,
+                           ct_error *err);
 
 // Random init, unit by unit: each unit is filled whole (the same values as without FSDP), its
 // piece kept, the rest handed back, so no rank ever holds more than one unit.
 // Under EP each tensor is drawn from its stream in the one-process table (strategy_ep.c).
+// The floats in buf, [lo, hi) of the layout, into the model tensor by tensor.
+static int write_units(trainer *t, size_t lo, size_t hi, const float *buf, ct_error *err) {
+    qwen3_model *m = &t->model;
+    for (int i = 0; i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (p->offset >= lo && p->offset < hi &&
+            qwen3_params_write(m, p->name, 0, p->numel, buf + (p->offset - lo), err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int fill_checkpoint(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf,
+                           ct_error *err) {
+    const ckpt_range r = {lo, hi};
+    return ckpt_load_ranges(ctx, &t->model, &r, 1, buf, NULL, NULL, NULL, NULL, err) != 0
+               ? -1
+               : write_units(t, lo, hi, buf, err);
+}
+
+typedef struct hf_source {
+    hf_load_report *rep;
+    const st_set *set;
+    const char *from;
+} hf_source;
+
+// The first unit's report is the load's; the checks run over every tensor each time.
+static int fill_hf(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf, ct_error *err) {
+    const hf_source *s = ctx;
+    const ckpt_range r = {lo, hi};
+    hf_load_report again = {0}, *rep = lo == 0 ? s->rep : &again;
+    int rc = hf_load_weights_ranges(&t->model, rep, s->set, s->from, &r, 1, buf, err);
+    hf_report_free(&again);
+    return rc != 0 ? -1 : write_units(t, lo, hi, buf, err);
+}
+
+static int frozen_units(trainer *t, frozen_fill fill, const void *ctx, ct_error *err) {
+    const qwen3_parallel_plan *p = &t->strat.plan;
+    size_t most = 1;
+    for (int u = 0; u < p->n_units; u++)
+        most = p->unit_hi[u] - p->unit_lo[u] > most ? p->unit_hi[u] - p->unit_lo[u] : most;
+    float *buf = malloc(most * sizeof *buf);
+    if (!buf) return ct_fail(err, "out of memory for one FSDP unit (%zu floats)", most);
+    uint64_t h = QWEN3_LORA_HASH0;
+    int rc = 0;
+    for (int u = 0; u < p->n_units && rc == 0; u++) {
+        const size_t lo = p->unit_lo[u], hi = p->unit_hi[u];
+        rc = fill(t, ctx, lo, hi, buf, err);
+        if (rc == 0) h = qwen3_lora_base_hash_range(&t->model, h, lo, hi);
+        take_unit(t, u);
+    }
+    free(buf);
+    t->strat.lora_base_hash = h;
+    t->strat.lora_base_hashed = true;
+    fsdp_weights_changed(&t->strat.fsdp, false);
+    return rc;
+}
+
+static int fill_random(trainer *t, const void *ctx, size_t lo, size_t hi, float *buf,
+                       ct_error *err) {
+    (void)buf;
+    return qwen3_init_random_range(&t->model, *(const uint64_t *)ctx, lo, hi, err);
+}
+
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    if (t->model.lora) return frozen_units(t, fill_random, &seed, err);
     const qwen3_parallel_plan *p = &t->strat.plan;
     for (int u = 0; u < p->n_units; u++) {
         const size_t lo = p->unit_lo[u], hi = p->unit_hi[u];
@@ -356,6 +463,8 @@ static int load_pieces(trainer *t, const char *dir, float *moments[2], train_sta
 // The same from a Hugging Face folder (initial_load_path): only this rank's ranges are read.
 static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
                    ct_error *err) {
+    const hf_source src = {rep, set, from};
+    if (t->model.lora) return frozen_units(t, fill_hf, &src, err);
     const qwen3_model *m = &t->model;
     ckpt_range *r = malloc(((size_t)t->strat.fsdp.n_units + t->strat.plan.n_tensors) * sizeof *r);
     if (!r) return ct_fail(err, "out of memory");
@@ -375,6 +484,7 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 }
 
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
+    if (t->model.lora) return frozen_units(t, fill_checkpoint, dir, err);
     return load_pieces(t, dir, NULL, NULL, err);
 }
 

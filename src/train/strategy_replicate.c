@@ -12,8 +12,9 @@
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
 
+// ZeRO-1's table, or LoRA under FSDP's (its adapter under ZeRO-1).
 static bool zero1(const trainer *t) {
-    return t->strat.vt == &strategy_zero1;
+    return t->strat.vt->optimizer_sharded;
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
@@ -23,12 +24,15 @@ static void describe(const trainer *t, char *buf, size_t size) {
                              : "replicated model and optimizer state (DDP)");
 }
 
-// Gradient sync (buckets at tensor boundaries), then AdamW over this rank's range.
 static int setup(trainer *t, ct_error *err) {
+    if (qwen3_parallelize(&t->strat.plan, &t->model.cfg, &t->model, err) != 0) return -1;
+    return strategy_replicate_setup_sync(t, err);
+}
+
+int strategy_replicate_setup_sync(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     qwen3_model *m = &t->model, *tm = qwen3_trained(m);
     strategy *st = &t->strat;
-    if (qwen3_parallelize(&st->plan, &m->cfg, m, err) != 0) return -1;
     // Buckets end at tensor boundaries of the trained buffer.
     size_t *starts = malloc(((size_t)tm->n_params + 1) * sizeof *starts);
     st->unit_lo = malloc(((size_t)qwen3_n_units(&m->cfg) + 1) * sizeof *st->unit_lo);
@@ -65,10 +69,14 @@ static int setup(trainer *t, ct_error *err) {
 }
 
 static void free_(trainer *t) {
+    strategy_replicate_free_sync(t);
+    qwen3_parallel_plan_free(&t->strat.plan);
+}
+
+void strategy_replicate_free_sync(trainer *t) {
     grad_sync_free(&t->strat.sync);
     free(t->strat.unit_lo);
     t->strat.unit_lo = NULL;
-    qwen3_parallel_plan_free(&t->strat.plan);
 }
 
 // The model's weights (a LoRA model's base; trainer_setup.c then draws its adapter).

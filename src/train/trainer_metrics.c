@@ -25,9 +25,13 @@ int trainer_validate(trainer *t, ct_error *err) {
     // Under CP a batch is its CP group's, each rank forwarding its chunks of it.
     const uint64_t dp_rank = (uint64_t)(t->cp > 1 ? cp_dp_rank(t) : t->d->rank);
     const uint64_t dp_size = (uint64_t)(t->cp > 1 ? cp_dp_size(t) : t->d->size);
-    for (uint64_t b = dp_rank; b < batches; b += dp_size) {
+    // Under FSDP every forward gathers each unit over the shard group: every rank runs as many,
+    // the last ones on batches whose targets are all ignored.
+    const uint64_t rounds =
+        t->strat.fsdp.n_units ? (batches + dp_size - 1) / dp_size * dp_size : batches;
+    for (uint64_t b = dp_rank; b < rounds; b += dp_size) {
         for (int i = 0; i < t->B; i++) {
-            uint64_t w = b * t->B + i;
+            uint64_t w = b < batches ? b * t->B + i : total;
             size_t off = (size_t)i * t->T;
             int32_t *targets = t->targets + off;
             if (loader_sample(&t->val_loader, t->inputs + off, targets,
@@ -137,13 +141,17 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; EP all-to-alls (sent to other ranks) %.0f",
                                t->strat.ep.bytes / n);
-    if ((dp == &strategy_fsdp || dp == strategy_ep_fsdp()) && at < sizeof buf) {
+    // LoRA under FSDP: FSDP's gathers of the base and ZeRO-1's reductions of the adapter.
+    const bool lora_fsdp = vt == strategy_lora_fsdp();
+    const bool sharded = dp == &strategy_fsdp || dp == strategy_ep_fsdp() || lora_fsdp;
+    if (sharded && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; FSDP gathers %.0f, reduce-scatters %.0f, replica all-reduces "
                                "%.0f",
                                f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
-    } else if (t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
+    }
+    if ((!sharded || lora_fsdp) && t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
         snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
                  t->strat.sync.bytes / n);
     }

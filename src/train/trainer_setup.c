@@ -75,13 +75,6 @@ static int setup_parallel(trainer *t, ct_error *err) {
                        "\"zero1\": ZeRO-1 under tensor parallelism is not supported yet; use "
                        "\"fsdp\" (2D/3D with TP) or data_parallel_replicate_degree = %d",
                        t->tp, P);
-    if (c->lora.rank > 0 && fsdp_on)
-        return ct_fail(err,
-                       "lora.rank = %d under FSDP (data_parallel_shard_degree = %d, "
-                       "data_parallel_shard_mode = \"fsdp\"): LoRA under FSDP is not supported "
-                       "yet; use DDP (data_parallel_replicate_degree = %d) or ZeRO-1 "
-                       "(data_parallel_shard_mode = \"zero1\")",
-                       c->lora.rank, shard, P);
     if (t->ep > 1) {
         if (c->lora.rank > 0)
             return ct_fail(err,
@@ -123,6 +116,7 @@ static int setup_parallel(trainer *t, ct_error *err) {
                   : t->ep > 1 && fsdp_on ? strategy_ep_fsdp()
                   : t->ep > 1            ? &strategy_ep
                   : t->tp > 1            ? &strategy_tp
+                  : fsdp_on && c->lora.rank > 0 ? strategy_lora_fsdp()
                   : fsdp_on              ? &strategy_fsdp
                   : zero1                ? &strategy_zero1
                                          : &strategy_replicate;
@@ -323,7 +317,8 @@ static int setup_weights(trainer *t, ct_error *err) {
             dist_agree(t->d, peft_adapter_apply(&t->model, c->lora.adapter_path, err),
                        "reading lora.adapter_path", err) != 0)
             return -1;
-        base = qwen3_lora_base_hash(&t->model);
+        base = t->strat.lora_base_hashed ? t->strat.lora_base_hash
+                                         : qwen3_lora_base_hash(&t->model);
     }
     if (c->checkpoint.enable) {
         int found = trainer_resume(t, err);
