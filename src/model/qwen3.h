@@ -81,6 +81,9 @@ typedef struct qwen3_memory_opts {
     // position), a layer's attention state as the ring's lse (B, 2, NH, T/2), and the ring's
     // buffers (the peers' keys and values, their gradients, a chunk's partial output).
     int cp;
+    // Under CP, the ring passes keys along (context_parallel_rotate_method "alltoall"): the
+    // ring's buffers are that method's (10 K|V-sized blocks), else all-gather's (6 cp).
+    bool cp_ring;
     // bf16 mixed precision (training.mixed_precision_param = "bfloat16"): every linear layer
     // (q|k|v, o, gate|up, down, the router, lm_head) runs the table's matmul_bf16 kernels on a
     // bf16 copy of the weights (param_bf16, refreshed by qwen3_refresh_bf16) with fp32

@@ -319,11 +319,11 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->rope_cos = carve_take(&cv, cp * T * D / 2); // context parallel: the whole sequence's
     a->rope_sin = carve_take(&cv, cp * T * D / 2);
     if (cp > 1) {
-        // The ring's buffers, the larger of the two methods': all-gather, every rank's K|V, then
-        // its share of every rank's dK|dV and the shares it receives (3 cp blocks of 2 KV);
-        // ring, two slots of dK|dV|K|V and this rank's share (10 KV).
+        // The ring's buffers, its rotate method's: all-gather, every rank's K|V, then its share
+        // of every rank's dK|dV and the shares it receives (3 cp blocks of 2 KV); ring, two
+        // slots of dK|dV|K|V and this rank's share (10 KV).
         const size_t KV = N * NKV * D;
-        a->cp_kv_floats = (6 * cp > 10 ? 6 * cp : 10) * KV;
+        a->cp_kv_floats = (opts->cp_ring ? 10 : 6 * cp) * KV;
         a->cp_kv = carve_take(&cv, a->cp_kv_floats);
         a->cp_out = carve_take(&cv, N * NH * D);
         a->cp_lse = carve_take(&cv, N * NH);

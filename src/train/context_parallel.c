@@ -131,15 +131,17 @@ int cp_attach(trainer *t, ct_error *err) {
         !m->ops->attention_lse_merge)
         return ct_fail(err, "op table '%s' has no ring attention (attention_pair_*)",
                        m->ops->name ? m->ops->name : "?");
-    if (m->mem_opts.cp != t->cp)
+    const bool ring = strcmp(t->cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0;
+    if (m->mem_opts.cp != t->cp || m->mem_opts.cp_ring != ring)
         return ct_fail(err,
-                       "context parallelism: the model was planned for %d CP ranks, not %d",
-                       m->mem_opts.cp, t->cp);
+                       "context parallelism: the model was planned for %d CP ranks (%s), not %d "
+                       "(%s)",
+                       m->mem_opts.cp, m->mem_opts.cp_ring ? "alltoall" : "allgather", t->cp,
+                       ring ? "alltoall" : "allgather");
     context_parallel *x = &t->cpx;
     x->hook = (qwen3_cp){.rank = x->group.rank,
                          .size = x->group.size,
-                         .ring = strcmp(t->cfg->parallelism.context_parallel_rotate_method,
-                                        "alltoall") == 0,
+                         .ring = ring,
                          .gather = hook_gather,
                          .sendrecv = hook_sendrecv,
                          .wait = hook_wait,

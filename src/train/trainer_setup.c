@@ -589,6 +589,8 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (t->cp > 1) { // the model holds its T / cp rows of each sequence
         t->setup.T = t->T / t->cp;
         t->setup.mem_opts.cp = t->cp;
+        t->setup.mem_opts.cp_ring =
+            strcmp(c->parallelism.context_parallel_rotate_method, "alltoall") == 0;
         // The loss head's automatic chunk (sized for the whole sequence's logits) splits as
         // every other activation does: 1/cp of one process's.
         if (c->training.loss_chunk_tokens < 0 && t->setup.mem_opts.loss_chunk > 0)
