@@ -438,8 +438,8 @@ static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_wei
                           m->cfg.norm_topk_prob, p->route_scratch, p->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
     if (p->count && m->balance)
-        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
-                            Nr, d.E, d.K);
+        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs, Nr,
+                            d.E, d.K);
     float *y = m->tp ? p->part : out;
     const ct_moe_lora *lora = p->lora ? qwen3_lora_experts(m, l) : NULL;
     if (lora) // PEFT's per-expert LoRA, inside the (fp32) expert kernel
@@ -494,8 +494,8 @@ static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
                          a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     }
     const bool aux = s->aux_active && (!m->tp || m->tp->rank == 0 || Nr < d.N);
-    op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs,
-                           a->expert, a->route_w, Nr, d.E, d.K, m->cfg.norm_topk_prob);
+    op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs, a->expert,
+                           a->route_w, Nr, d.E, d.K, m->cfg.norm_topk_prob);
     linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, NULL, a->ln2 + own,
                     a->ln2_16 ? a->ln2_16 + own : NULL, w->router, Nr, d.C, d.E);
     op->add(s->dln, s->dln, s->dtmp, (int64_t)Nr * d.C);

@@ -392,10 +392,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->ce_scratch =
         qwen3_head_bf16(ops, opts) ? carve_take(&cv, (size_t)omp_get_max_threads() * V) : NULL;
     // Live during every linear layer, the loss head's among them: not in the region above.
-    const size_t mm = opts && opts->bf16
-                          ? bf16_scratch_floats(cfg, ops, B, T, chunk, qwen3_head_bf16(ops, opts),
-                                                opts->sp)
-                          : 0;
+    const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk,
+                                                               qwen3_head_bf16(ops, opts), opts->sp)
+                                         : 0;
     a->mm_scratch = mm ? carve_take(&cv, mm == SIZE_MAX ? 0 : mm) : NULL;
     return cv.off;
 }
@@ -682,8 +681,7 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                               : B * T;
         if (!m->ops->matmul_bf16_forward || !m->ops->matmul_bf16_scratch_floats ||
             bf16_scratch_floats(c, m->ops, B, T, chunk, qwen3_head_bf16(m->ops, &m->mem_opts),
-                                m->mem_opts.sp) ==
-                SIZE_MAX)
+                                m->mem_opts.sp) == SIZE_MAX)
             return ct_fail(err,
                            "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
                            "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",

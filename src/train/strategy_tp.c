@@ -11,12 +11,13 @@
 // balance component sums over t->d (the DP group) only, since every rank of a TP group routes
 // the same gathered rows. The norm counts every sharded tensor's shards once and each
 // replicated tensor once, so clipping equals one process's.
-// With expert parallelism (expert_tensor_parallel_degree 1, torchtitan's default), the data-parallel
-// strategy is strategy_ep (DDP for the rest): its EP groups are ep consecutive ranks of the world,
-// TP groups whole, so the experts are not cut by TP (QWEN3_TP_EXPERT: an EP rank holds its
-// experts whole, their gradients summed over the expert replicas only) and each rank's sparse
-// layers route and dispatch its own sequence shard (qwen3_ep.shard). Checkpoints are the first EP
-// group's shards, one per rank: TP's ranges of the rest on the first TP group, the experts by id.
+// With expert parallelism (expert_tensor_parallel_degree 1, torchtitan's default), the
+// data-parallel strategy is strategy_ep (DDP for the rest): its EP groups are ep consecutive ranks
+// of the world, TP groups whole, so the experts are not cut by TP (QWEN3_TP_EXPERT: an EP rank
+// holds its experts whole, their gradients summed over the expert replicas only) and each rank's
+// sparse layers route and dispatch its own sequence shard (qwen3_ep.shard). Checkpoints are the
+// first EP group's shards, one per rank: TP's ranges of the rest on the first TP group, the experts
+// by id.
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,10 +111,11 @@ static bool fsdp_on(const trainer *t) {
 static void describe(const trainer *t, char *buf, size_t size) {
     char dp[256];
     dp_of(t)->describe(t, dp, sizeof dp);
+    char over[32] = ""; // under EP the data-parallel part names its own rank counts
+    if (t->ep <= 1) snprintf(over, sizeof over, " over %d", t->d->size);
     snprintf(buf, size,
-             "tensor parallel over %d ranks with sequence parallelism and loss parallel; %s over "
-             "%d",
-             t->tp, dp, t->d->size);
+             "tensor parallel over %d ranks with sequence parallelism and loss parallel; %s%s",
+             t->tp, dp, over);
 }
 
 // The memory estimate under TP: this rank's local model (its 1/tp of every cut tensor, the
@@ -196,8 +198,8 @@ static void free_(trainer *t) {
 }
 
 // Rank r's slice of the global tensor `full` (gshape) as the local tensor p holds it, into out.
-static void take_slice(float *out, const float *full, const int64_t gshape[2],
-                       const qwen3_param *p, qwen3_tp_cut cut, int r) {
+static void take_slice(float *out, const float *full, const int64_t gshape[2], const qwen3_param *p,
+                       qwen3_tp_cut cut, int r) {
     switch (cut) {
     case QWEN3_TP_WHOLE:
     case QWEN3_TP_EXPERT:
@@ -264,11 +266,11 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
         const qwen3_tp_cut cut = cut_of(t, p->name);
         const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
         const int64_t grows = st->shape[0], gcols = st->ndim == 2 ? st->shape[1] : 1;
-        const bool fits = st->ndim == p->ndim &&
-                          (cut == QWEN3_TP_WHOLE || cut == QWEN3_TP_EXPERT
-                                                     ? grows == rows && gcols == cols
-                           : cut == QWEN3_TP_ROWS    ? grows == rows * t->tp && gcols == cols
-                                                     : grows == rows && gcols == cols * t->tp);
+        const bool fits =
+            st->ndim == p->ndim &&
+            (cut == QWEN3_TP_WHOLE || cut == QWEN3_TP_EXPERT ? grows == rows && gcols == cols
+             : cut == QWEN3_TP_ROWS ? grows == rows * t->tp && gcols == cols
+                                    : grows == rows && gcols == cols * t->tp);
         if (!fits) {
             rc = ct_fail(err, "%s: tensor \"%s\" does not have the shape this model's tensor "
                               "parallel slice comes from",
@@ -368,8 +370,8 @@ static int load_slices(trainer *t, const char *dir, float *moments[2], train_sta
                        sharded ? "'s FSDP shard" : "");
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     ckpt_range *x = NULL;
-    int n = tp_ranges(t, &g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, true, &x,
-                      err);
+    int n =
+        tp_ranges(t, &g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, true, &x, err);
     float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL, *local[2] = {NULL, NULL};
     int rc = host ? 0 : -1;
     if (rc == 0 && moments && sharded) {
@@ -444,8 +446,8 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int sh
         pos += (hi - lo) * C;
     }
     if (rc == 0)
-        rc = ckpt_write_shard(tmp, g, shard, S, x, n, buf, buf + total, buf + 2 * total,
-                              &info[0], &info[1], err);
+        rc = ckpt_write_shard(tmp, g, shard, S, x, n, buf, buf + total, buf + 2 * total, &info[0],
+                              &info[1], err);
     free(buf);
     free(all);
     return rc;
@@ -502,7 +504,9 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const int64_t step = t->state.step;
     grp->timeout_s = writers->timeout_s = t->world->timeout_s = t->d->timeout_s;
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
-    int rc = fsdp_on(t) ? 0 : ep ? strategy_ep_check_replicas(t, err) : trainer_check_replicas(t, err);
+    int rc = fsdp_on(t) ? 0
+             : ep       ? strategy_ep_check_replicas(t, err)
+                        : trainer_check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g, layout;
@@ -517,8 +521,8 @@ static int save_checkpoint(trainer *t, ct_error *err) {
             rc = -1;
             break;
         }
-        sh.n_of[q] = tp_ranges(t, &g, ep ? &layout : &t->model, q % P, P, true, q < P, &sh.of[q],
-                               err);
+        sh.n_of[q] =
+            tp_ranges(t, &g, ep ? &layout : &t->model, q % P, P, true, q < P, &sh.of[q], err);
         if (ep) qwen3_free(&layout);
         if (sh.n_of[q] < 0) rc = -1;
     }
@@ -531,9 +535,9 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (rc == 0 && first) rc = local_state(t, src, err);
     const int q = writers->rank;
     ckpt_range *x = NULL;
-    const int n = rc == 0 && write ? tp_ranges(t, &g, &t->model, grp->rank, P, true, !ep || q < P,
-                                               &x, err)
-                                   : 0;
+    const int n = rc == 0 && write
+                      ? tp_ranges(t, &g, &t->model, grp->rank, P, true, !ep || q < P, &x, err)
+                      : 0;
     if (n < 0) rc = -1;
     if (rc == 0 && write)
         rc = write_shard(t, &g, sh.tmp, q, S, !ep || q < P, x, n, src, sh.mine, err);
