@@ -8,13 +8,16 @@
 # model, top-1 without renormalisation, whose router bias sends every token to one expert (EP
 # rank 1 gets no row). The weights after 4 steps are compared through the final HF export.
 # Checkpoints hold the experts by id: EP=2 resumes on one process, EP=4 at EP=2, EP=2 x FSDP=2
-# at FSDP=2 alone. Then a hung peer in an all-to-all and the refusals, one line each. Each run
-# tests several properties at once: 14 training launches (there were 22), 7 refusals.
+# at FSDP=2 alone. EP=2 x TP=2 (np 4, expert_tensor_parallel_degree 1): every-layer sparse with
+# HF's aux loss (its checkpoint resumed on one process), bf16, and the mixed model with the
+# aux-free bias. Then a hung peer in an all-to-all and the refusals, one line each. Each run
+# tests several properties at once: 19 training launches, 8 refusals.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
-# Under the sanitizers (make check's second pass) one case of each kind: EP=2 x FSDP=2 against
-# one process with its checkpoint resumed there, a hung peer, two refusals (full, mpi_test.bash).
+# Under the sanitizers (make check's second pass) one case of each kind: EP=2 x FSDP=2 and EP=2 x
+# TP=2 against one process with their checkpoints resumed there, a hung peer, two refusals (full,
+# mpi_test.bash).
 
 # run NP DUMP [--key value ...]: the 2-layer debugmodel_moe, 4 steps of one sequence of 32 tokens
 # per rank (global batch = NP), 1 thread per rank, the final weights exported to DUMP/hf (under
@@ -41,7 +44,15 @@ np1() {
   local n=$1 dump=$2; shift 2
   run 1 "$dump" --training.local_batch_size "$n" --training.global_batch_size "$n" "$@"
 }
-export -f ep epddp np1
+# eptp DUMP [...]: EP=2 x TP=2 on 4 ranks with DDP over the 2 replicas (global batch 2, as np1 2).
+# etp 1: the EP group is the TP group, and each TP rank routes its own 16 of a sequence's 32
+# tokens at every MoE block.
+eptp() {
+  local dump=$1; shift
+  run 4 "$dump" --training.global_batch_size 2 --parallelism.expert_parallel_degree 2 \
+    --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2 "$@"
+}
+export -f ep epddp np1 eptp
 # agree A B BOUNDS...: `same`, then A's 160 MB export goes.
 agree() { same "$@" && rm -rf "$1/hf"; }
 # resumed FROM DUMP NP [...]: FROM's step-2 checkpoint (its step-4 dropped) resumed by `run NP`
@@ -74,6 +85,18 @@ grep -q "expert parallel over 2 ranks (each holds 1/2 of every sparse layer.s ex
 check "ep2 fsdp2 -> np1" resumed "$tmp/ep2" "$tmp/ep2_np1" 1 --training.local_batch_size 2 \
   --training.global_batch_size 2 "${hf[@]}"
 check "ep2 fsdp2 -> np1 = np1" agree "$tmp/ep2_np1" "$tmp/np1" "${tol[@]}"
+# --- EP=2 x TP=2 (the non-expert tensors TP's, the experts whole on their EP rank), HF's aux loss
+# from the global statistics (every rank adds its gradient on its own rows), its step-2 checkpoint
+# (one shard per rank of the first EP group: TP's slices and the experts by id) resumed on one
+# process. Measured: 4.7e-9, 6.4e-9, 1.2e-9; resumed 7.0e-9, 3.6e-9, 1.2e-9.
+check "ep2 tp2" eptp "$tmp/eptp" "${hf[@]}" "${save[@]}"
+check "ep2 tp2 = np1" agree "$tmp/eptp" "$tmp/np1" "${tol[@]}"
+grep -q "tensor parallel over 2 ranks .*; expert parallel over 2 ranks" "$tmp/eptp.log" &&
+  grep -q "2 model and optimizer shards, one per rank of the first EP group" "$tmp/eptp.log" &&
+  ok || bad "ep2 tp2 log lacks the EP x TP lines: $(grep '^parallel\|^checkpoint' "$tmp/eptp.log")"
+check "ep2 tp2 -> np1" resumed "$tmp/eptp" "$tmp/eptp_np1" 1 --training.local_batch_size 2 \
+  --training.global_batch_size 2 "${hf[@]}"
+check "ep2 tp2 -> np1 = np1" agree "$tmp/eptp_np1" "$tmp/np1" "${tol[@]}"
 if full; then
 # EP with DDP for the rest (dp_shard 1), on the guarded backend (every buffer access checked)
 check "ep2 ddp guarded" epddp 2 "$tmp/ep2_ddp" "${hf[@]}" --debug.guard_device_memory true
@@ -87,7 +110,21 @@ bf16=(--training.mixed_precision_param bfloat16)
 check "np1 bf16" np1 2 "$tmp/np1_bf16" "${hf[@]}" "${bf16[@]}"
 check "ep2 ddp bf16" epddp 2 "$tmp/ep2_bf16" "${hf[@]}" "${bf16[@]}"
 check "ep2 ddp bf16 = np1 bf16" agree "$tmp/ep2_bf16" "$tmp/np1_bf16" "${tol[@]}"
+# EP=2 x TP=2 in bf16: TP's partial sums in bf16 GEMMs, as TP's own bf16 (tp.sh: 3.1e-5, 3.9e-5,
+# 1.9e-5). Measured 1.6e-5, 1.2e-5, 7.9e-7.
+check "ep2 tp2 bf16" eptp "$tmp/eptp_bf16" "${hf[@]}" "${bf16[@]}"
+check "ep2 tp2 bf16 = np1 bf16" agree "$tmp/eptp_bf16" "$tmp/np1_bf16" 2e-4 2e-4 1e-5
 rm -rf "$tmp/np1_bf16"
+# EP=2 x TP=2 on a mixed model (tests/ep_craft.py: layer 0 dense, its MLP TP-cut; top-3 of 8, no
+# renormalisation) with the aux-free bias, its counts summed over all 4 ranks. Measured 8.5e-9,
+# 5.6e-9, 1.3e-9.
+"$CTITAN_PYTHON" "$(dirname "$0")/ep_craft.py" "$tmp/np1/hf" "$tmp/mixed_hf" mixed ||
+  bad "ep_craft.py mixed"
+mixed=(--model.backend hf --model.hf_path "$tmp/mixed_hf" --model.n_layers 0 "${free[@]}")
+check "np1 mixed aux-free" np1 2 "$tmp/np1_mixed" "${mixed[@]}"
+check "ep2 tp2 mixed aux-free" eptp "$tmp/eptp_mixed" "${mixed[@]}"
+check "ep2 tp2 mixed aux-free = np1" agree "$tmp/eptp_mixed" "$tmp/np1_mixed" 1e-7 1e-7 2e-8
+rm -rf "$tmp/np1_mixed" "$tmp/mixed_hf"
 # a crafted HF folder from np1's export (tests/ep_craft.py): layer 0 dense, layer 1 sparse, top-1
 # without renormalisation, its bias sending every token to expert 3 (EP rank 1 of 2 receives no
 # row at all), beside FSDP, with full activation checkpointing (each sparse layer's dispatch
@@ -143,7 +180,10 @@ refused shard "expert_parallel_degree = 2 does not divide data_parallel_shard_de
   --parallelism.expert_parallel_degree 2
 refused ranks "expert_parallel_degree = 2 does not divide the 3 data-parallel ranks" 3 \
   --parallelism.expert_parallel_degree 2 --parallelism.data_parallel_replicate_degree 3
-refused tp "expert_parallel_degree = 2 with tensor_parallel_degree = 2: EP with TP is not supported" \
-  4 --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2
+refused etp_tp "expert_tensor_parallel_degree = 2: experts cut by TP under EP are not supported yet" \
+  4 --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --parallelism.expert_tensor_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2
+refused tp_fsdp "EP x TP beside FSDP is not supported yet" 4 \
+  --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2
 fi
 finish

@@ -313,12 +313,14 @@ static void attention_block_backward(const qwen3_model *m, int l, const qwen3_la
 }
 
 // The gradient of a block's input ln2 = post_attention_layernorm(resid2) in s->dln, added into
-// s->dresid (which then holds the gradient of resid2).
+// s->dresid (which then holds the gradient of resid2). Under TP, dln holds the full rows' partial
+// gradients, summed onto the shards, unless `own` (a sparse layer under EP with TP: its shard's).
 static void post_norm_backward(const qwen3_model *m, const qwen3_layer_weights *w,
-                               qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
+                               qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s,
+                               bool own) {
     const qwen3_dims d = model_dims(m);
     const int Ns = sp_rows(m, d.N);
-    tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C);
+    if (!own) tp_reduce_scatter(m, s->dln, (size_t)Ns * d.C);
     m->ops->rmsnorm_backward_add(m->ops, s->dresid, g->post_norm, s->dtmp, s->dln, a->resid2,
                                  w->post_norm, a->ln2_rstd, Ns, d.C);
 }
@@ -402,7 +404,7 @@ static void mlp_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
         qwen3_lora_backward(m, l, LORA_UP, s->dln, dgate_up + d.F, NULL, 2 * d.F, a->ln2,
                             a->ln2_16, d.N);
     }
-    post_norm_backward(m, w, g, a, s);
+    post_norm_backward(m, w, g, a, s, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -420,20 +422,24 @@ static const uint16_t *bf16_copy(const qwen3_model *m, const float *w) {
 // of the group routes all N rows alike and counts the same statistics (the balance component
 // sums them over the data-parallel ranks only); the experts are cut by width (Fm/tp each), so
 // the expert kernel's (N,C) output is a partial sum, in p->part, summed onto the sequence shards
-// as down_proj's.
+// as down_proj's. Under EP with TP (etp 1, qwen3_ep.shard) the router and the dispatch see only
+// this rank's Nr = N/tp rows of ln2 (the first Nr rows of probs, expert and route_w), and the
+// combined output is the shard's, whole: the statistics are then summed over the TP ranks too.
 static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                               qwen3_layer_acts *a, const qwen3_pass *p, float *out) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = p->d;
-    qwen3_linear(m, p->mm_scratch, a->probs, NULL, a->ln2, a->ln2_16, w->router, NULL, d.N, d.C,
-                 d.E); // logits (N,E)
-    to_bf16(m, NULL, a->probs, (size_t)d.N * d.E);
-    op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, d.N, d.E, d.K,
+    const int Nr = qwen3_moe_rows(m, d.N);
+    const size_t own = Nr < d.N ? sp_offset(m, d.N, d.C) : 0;
+    qwen3_linear(m, p->mm_scratch, a->probs, NULL, a->ln2 + own, a->ln2_16 ? a->ln2_16 + own : NULL,
+                 w->router, NULL, Nr, d.C, d.E); // logits (Nr,E)
+    to_bf16(m, NULL, a->probs, (size_t)Nr * d.E);
+    op->moe_route_forward(a->expert, a->route_w, a->probs, w->expert_bias, Nr, d.E, d.K,
                           m->cfg.norm_topk_prob, p->route_scratch, p->route_threads);
     const size_t row = (size_t)a->sparse_index * d.E;
     if (p->count && m->balance)
-        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs,
-                            d.N, d.E, d.K);
+        op->moe_route_stats(m->balance->load + row, m->balance->prob + row, a->expert, a->probs, Nr,
+                            d.E, d.K);
     float *y = m->tp ? p->part : out;
     const ct_moe_lora *lora = p->lora ? qwen3_lora_experts(m, l) : NULL;
     if (lora) // PEFT's per-expert LoRA, inside the (fp32) expert kernel
@@ -448,7 +454,7 @@ static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_wei
         op->moe_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                         w->experts, d.N, d.C, d.Fm, d.E, d.K);
     const int Ns = sp_rows(m, d.N);
-    tp_reduce_scatter(m, y, (size_t)Ns * d.C);
+    if (Nr == d.N) tp_reduce_scatter(m, y, (size_t)Ns * d.C);
     op->add(out, a->resid2, y, (int64_t)Ns * d.C);
 }
 
@@ -460,12 +466,16 @@ static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_wei
 // the sum over the group, and so are the router's logit, weight and input gradients that follow
 // from it linearly: the strategy sums the router's over the group, the reduce-scatter in
 // post_norm_backward the input's. The aux loss's gradient (aux_dprob) is the same on every rank
-// (the same global statistics), so only rank 0 adds it, as o_proj's bias.
+// (the same global statistics), so only rank 0 adds it, as o_proj's bias. Under EP with TP
+// (qwen3_ep.shard) every rank has its own rows: the shard's output gradient as is, every rank's
+// aux gradient on its rows, and dln the shard's (no reduce-scatter).
 static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_weights *w,
                                qwen3_layer_weights *g, const qwen3_layer_acts *a, qwen3_acts *s) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = model_dims(m);
-    const float *dout = tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
+    const int Nr = qwen3_moe_rows(m, d.N);
+    const size_t own = Nr < d.N ? sp_offset(m, d.N, d.C) : 0;
+    const float *dout = Nr < d.N ? s->dresid : tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
     const ct_moe_lora *lora = qwen3_lora_experts(m, l);
     if (lora) {
@@ -483,13 +493,13 @@ static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
         op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, dout, a->moe_state,
                          a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     }
-    const bool aux = s->aux_active && (!m->tp || m->tp->rank == 0);
-    op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs,
-                           a->expert, a->route_w, d.N, d.E, d.K, m->cfg.norm_topk_prob);
-    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, NULL, a->ln2, a->ln2_16, w->router,
-                    d.N, d.C, d.E);
-    op->add(s->dln, s->dln, s->dtmp, (int64_t)d.N * d.C);
-    post_norm_backward(m, w, g, a, s);
+    const bool aux = s->aux_active && (!m->tp || m->tp->rank == 0 || Nr < d.N);
+    op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs, a->expert,
+                           a->route_w, Nr, d.E, d.K, m->cfg.norm_topk_prob);
+    linear_backward(m, s->dtmp, g->router, NULL, s->dlogits, NULL, a->ln2 + own,
+                    a->ln2_16 ? a->ln2_16 + own : NULL, w->router, Nr, d.C, d.E);
+    op->add(s->dln, s->dln, s->dtmp, (int64_t)Nr * d.C);
+    post_norm_backward(m, w, g, a, s, Nr < d.N);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -804,7 +814,7 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
                           (uint64_t)d.T;
     }
 
-    if (m->balance) moe_balance_forward_begin(m->balance, d.N);
+    if (m->balance) moe_balance_forward_begin(m->balance, qwen3_moe_rows(m, d.N));
     if (!has_embed(m, l0)) {
         be->copy(be, s->layers[l0].resid, in, (size_t)d.N * d.C * sizeof(float));
     } else {

@@ -178,6 +178,10 @@ typedef struct qwen3_cp {
 // sees MPI. qwen3_ep.c holds the model's side.
 typedef struct qwen3_ep {
     int rank, size;
+    // EP with TP and expert_tensor_parallel_degree 1 (m->tp set too): the group spans the TP
+    // ranks, and a sparse layer routes and sends only this rank's sequence shard (N/tp rows of
+    // ln2); its output lands on the shard as is, with no reduce-scatter.
+    bool shard;
     // In place over the group, as the backend's comm_alltoall with element size `bytes`: send +
     // sdispls[q] (scounts[q] elements) to rank q, recv + rdispls[q] from q. A failure is kept by
     // the strategy (ctx) and reported after the step's backward; the rest of the step's

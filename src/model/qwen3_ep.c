@@ -9,12 +9,13 @@
 typedef struct ep_plan {
     int N, K, E, El, G, C, Fm, S, R;
     int rowbytes; // a dispatched input row: C floats, or C bf16 values
+    size_t own;   // the first routed row's element in ln2 (its sequence shard's, under shard)
 } ep_plan;
 
 static ep_plan plan_of(const qwen3_model *m, const qwen3_layer_acts *a) {
     const qwen3_ep *ep = m->ep;
     const qwen3_config *c = &m->cfg;
-    ep_plan p = {.N = m->B * m->T,
+    ep_plan p = {.N = qwen3_moe_rows(m, m->B * m->T),
                  .K = c->num_experts_per_tok,
                  .E = c->num_experts,
                  .El = qwen3_local_experts(c),
@@ -23,6 +24,7 @@ static ep_plan plan_of(const qwen3_model *m, const qwen3_layer_acts *a) {
                  .Fm = c->moe_intermediate_size};
     p.S = p.N * p.K;
     p.rowbytes = qwen3_bf16_experts(&m->mem_opts) ? 2 * p.C : 4 * p.C;
+    p.own = ep->shard ? (size_t)m->tp->rank * p.N * p.C : 0;
     (void)a;
     return p;
 }
@@ -113,8 +115,9 @@ void qwen3_ep_forward(const qwen3_model *m, const qwen3_layer_weights *w, const 
     // The rows and their routing weights, sorted by expert, to the owners.
     for (int i = 0; i < p.S; i++) ep->h_idx[i] = ep->h_perm[i] / p.K;
     put_idx(m, ep->h_idx, p.S);
-    op->moe_ep_gather(ep->send, bf16 ? (const void *)a->ln2_16 : (const void *)a->ln2, ep->idx, p.S,
-                      p.rowbytes);
+    op->moe_ep_gather(ep->send,
+                      bf16 ? (const void *)(a->ln2_16 + p.own) : (const void *)(a->ln2 + p.own),
+                      ep->idx, p.S, p.rowbytes);
     put_idx(m, ep->h_perm, p.S);
     op->moe_ep_gather(ep->sendw, a->route_w, ep->idx, p.S, 4);
     ep->alltoall(ep->ctx, ep->send, ep->scounts, ep->sdispls, ep->recv, ep->rcounts, ep->rdispls,

@@ -166,17 +166,24 @@ int qwen3_cp_check_positions(const qwen3_model *m, const int32_t *positions, int
 void qwen3_ring_forward(const qwen3_model *m, qwen3_layer_acts *a, bool bf16);
 void qwen3_ring_backward(const qwen3_model *m, const qwen3_layer_acts *a, qwen3_acts *s, bool bf16);
 
-// Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
-// .bf16_experts.
 // Expert parallelism (qwen3_ep.c, m->ep set): a sparse layer's experts on its routing (a->expert,
 // a->route_w) into y (N,C); the backward's input gradient dx (N,C, overwritten), the routing
-// weights' gradient dweight (N,K) and the local experts' weight gradients (+=) from dout.
+// weights' gradient dweight (N,K) and the local experts' weight gradients (+=) from dout. Under
+// m->ep->shard, N is this rank's qwen3_moe_rows (its sequence shard of ln2).
 void qwen3_ep_forward(const qwen3_model *m, const qwen3_layer_weights *w,
                       const qwen3_layer_acts *a, float *y);
 void qwen3_ep_backward(const qwen3_model *m, const qwen3_layer_weights *w,
                        qwen3_layer_weights *g, const qwen3_layer_acts *a, float *dx,
                        float *dweight, const float *dout);
 
+// The token rows a sparse layer routes: the N rows, or this rank's sequence shard under EP with
+// TP (qwen3_ep.shard).
+static inline int qwen3_moe_rows(const qwen3_model *m, int N) {
+    return m->ep && m->ep->shard ? N / m->tp->size : N;
+}
+
+// Whether a MoE model's experts run the table's bf16 kernels (moe_bf16_*): mem_opts.bf16 and
+// .bf16_experts.
 static inline bool qwen3_bf16_experts(const qwen3_memory_opts *opts) {
     return opts && opts->bf16 && opts->bf16_experts;
 }

@@ -234,9 +234,10 @@ static unsigned recomputed_classes(qwen3_layer_ac ac) {
 }
 
 // Under bf16 mixed precision: the scratch of the largest of the model's linear layers (every
-// shape's oneDNN primitives are created here, once), or SIZE_MAX when one cannot be made.
+// shape's oneDNN primitives are created here, once), or SIZE_MAX when one cannot be made. Under
+// sequence parallelism over sp ranks the router may run on a shard too (EP with TP).
 static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, int B, int T,
-                                  int chunk, bool head_bf16) {
+                                  int chunk, bool head_bf16, int sp) {
     const qwen3_dims d = qwen3_dims_of(cfg, B, T);
     const int QD = d.NH * d.D, QKV = (d.NH + 2 * d.NKV) * d.D;
     bool dense = false;
@@ -247,6 +248,7 @@ static size_t bf16_scratch_floats(const qwen3_config *cfg, const ct_ops *ops, in
                              {dense ? d.N : 0, d.C, 2 * d.F, 0},
                              {dense ? d.N : 0, d.F, d.C, 0},
                              {d.E ? d.N : 0, d.C, d.E, 0},
+                             {d.E && sp > 1 ? d.N / sp : 0, d.C, d.E, 0},
                              {chunk, d.C, d.V, head_bf16},
                              {d.N % chunk, d.C, d.V, head_bf16}};
     size_t most = 0;
@@ -392,9 +394,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     a->ce_scratch =
         qwen3_head_bf16(ops, opts) ? carve_take(&cv, (size_t)omp_get_max_threads() * V) : NULL;
     // Live during every linear layer, the loss head's among them: not in the region above.
-    const size_t mm = opts && opts->bf16
-                          ? bf16_scratch_floats(cfg, ops, B, T, chunk, qwen3_head_bf16(ops, opts))
-                          : 0;
+    const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk,
+                                                               qwen3_head_bf16(ops, opts), opts->sp)
+                                         : 0;
     a->mm_scratch = mm ? carve_take(&cv, mm == SIZE_MAX ? 0 : mm) : NULL;
     return cv.off;
 }
@@ -680,8 +682,8 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                               ? m->mem_opts.loss_chunk
                               : B * T;
         if (!m->ops->matmul_bf16_forward || !m->ops->matmul_bf16_scratch_floats ||
-            bf16_scratch_floats(c, m->ops, B, T, chunk, qwen3_head_bf16(m->ops, &m->mem_opts)) ==
-                SIZE_MAX)
+            bf16_scratch_floats(c, m->ops, B, T, chunk, qwen3_head_bf16(m->ops, &m->mem_opts),
+                                m->mem_opts.sp) == SIZE_MAX)
             return ct_fail(err,
                            "qwen3_plan: oneDNN could not create the bf16 matmuls for batch %d "
                            "x seq_len %d (training.mixed_precision_param = \"bfloat16\")",

@@ -52,29 +52,30 @@ qwen3_tp_cut qwen3_tp_cut_of(const char *name) {
     return QWEN3_TP_WHOLE;
 }
 
-int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err) {
+int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, int etp,
+                    ct_error *err) {
     const qwen3_config *g = global;
     const struct {
         const char *what;
-        int n;
-    } cut[] = {{"num_attention_heads", g->num_attention_heads},
-               {"num_key_value_heads", g->num_key_value_heads},
-               {"intermediate_size", g->intermediate_size},
-               {"vocab_size", g->vocab_size},
+        int n, by;
+    } cut[] = {{"num_attention_heads", g->num_attention_heads, tp},
+               {"num_key_value_heads", g->num_key_value_heads, tp},
+               {"intermediate_size", g->intermediate_size, tp},
+               {"vocab_size", g->vocab_size, tp},
                // MoE without EP: every expert's gate/up rows and down columns are cut, as the
                // dense MLP's (the router stays whole).
-               {"moe_intermediate_size", g->num_experts > 0 ? g->moe_intermediate_size : 0}};
+               {"moe_intermediate_size", g->num_experts > 0 ? g->moe_intermediate_size : 0, etp}};
     for (size_t i = 0; i < sizeof cut / sizeof *cut; i++)
-        if (cut[i].n % tp != 0)
+        if (cut[i].n % cut[i].by != 0)
             return ct_fail(err,
                            "parallelism.tensor_parallel_degree = %d does not divide the model's "
                            "%s = %d",
-                           tp, cut[i].what, cut[i].n);
+                           cut[i].by, cut[i].what, cut[i].n);
     *local = *g;
     local->num_attention_heads /= tp;
     local->num_key_value_heads /= tp;
     local->intermediate_size /= tp;
     local->vocab_size /= tp;
-    local->moe_intermediate_size /= tp;
+    local->moe_intermediate_size /= etp;
     return 0;
 }

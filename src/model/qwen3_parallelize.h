@@ -54,10 +54,20 @@ void qwen3_parallel_plan_free(qwen3_parallel_plan *p);
 // same names. Everything else (the norms, q_norm/k_norm, o_proj's bias, the router mlp.gate)
 // is whole on every rank, its gradient summed over the group; the expert bias is a buffer,
 // whole, updated alike on every rank from the same statistics.
-typedef enum qwen3_tp_cut { QWEN3_TP_WHOLE, QWEN3_TP_ROWS, QWEN3_TP_COLUMNS } qwen3_tp_cut;
+// Under expert parallelism with expert_tensor_parallel_degree 1, the experts are none of these
+// (QWEN3_TP_EXPERT, which the strategy assigns): an EP rank's experts whole, neither cut nor
+// replicated over the TP group.
+typedef enum qwen3_tp_cut {
+    QWEN3_TP_WHOLE,
+    QWEN3_TP_ROWS,
+    QWEN3_TP_COLUMNS,
+    QWEN3_TP_EXPERT
+} qwen3_tp_cut;
 qwen3_tp_cut qwen3_tp_cut_of(const char *name);
 
-// The model rank r of tp holds: num_attention_heads, num_key_value_heads, intermediate_size,
-// vocab_size and (MoE) moe_intermediate_size divided by tp (head_dim, num_experts and the rest
-// unchanged). Refuses, in one line naming both numbers, a count tp does not divide.
-int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, ct_error *err);
+// The model rank r of tp holds: num_attention_heads, num_key_value_heads, intermediate_size and
+// vocab_size divided by tp, and (MoE) moe_intermediate_size by etp (expert_tensor_parallel_degree:
+// tp without EP, 1 when EP keeps the experts whole); head_dim, num_experts and the rest unchanged.
+// Refuses, in one line naming both numbers, a count it does not divide.
+int qwen3_tp_config(qwen3_config *local, const qwen3_config *global, int tp, int etp,
+                    ct_error *err);

@@ -136,8 +136,15 @@ int strategy_ep_init_range(trainer *t, uint64_t seed, size_t lo, size_t hi, ct_e
 // Under EP: the weights as one HF folder in dir (world rank 0 writes; the first replica's EP
 // group takes part).
 int strategy_ep_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+// Under EP, every rank of the EP group: the global tensor gp (an expert) from the rank holding it
+// (its weights `local`, a host view of the model) into full.
+int strategy_ep_fetch_expert(trainer *t, const qwen3_param *gp, const float *local, float *full,
+                             ct_error *err);
 // A tensor EP splits (by name: an expert's projection).
 bool strategy_ep_is_expert(const char *name);
+// The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit
+// (else an error naming the replica): checked before a save.
+int strategy_ep_check_replicas(trainer *t, ct_error *err);
 
 // Pipeline parallelism (strategy_pp.c): this rank's stages of the split (pipeline_schedule.h),
 // its schedule's actions, and per (local stage k, micro-batch i) at [k * m + i] the stage input

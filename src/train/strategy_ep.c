@@ -51,7 +51,7 @@ static void describe(const trainer *t, char *buf, size_t size) {
              "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts, "
              "tokens sent by all-to-all); replicated non-expert parameters (DDP) over %d, each "
              "expert over %d",
-             t->ep, t->ep, t->d->size, t->d->size / t->ep);
+             t->ep, t->ep, t->d->size, t->d->size * t->tp / t->ep);
 }
 
 // Each layer's kept rows, weights, ids and the expert kernel's state, and the shared buffers.
@@ -61,7 +61,7 @@ static int alloc_buffers(trainer *t, ct_error *err) {
     ct_backend *be = m->be;
     const qwen3_config *c = &m->cfg;
     const int G = t->ep_group.size, El = c->local_experts, K = c->num_experts_per_tok;
-    const int N = t->B * t->T, C = c->hidden_size, Fm = c->moe_intermediate_size;
+    const int N = t->B * t->T / t->tp, C = c->hidden_size, Fm = c->moe_intermediate_size;
     const int S = N * K, L = m->n_sparse;
     const int64_t rows = (int64_t)G * N * (K < El ? K : El);
     if (rows * C > INT32_MAX / 4)
@@ -128,11 +128,15 @@ static int dispatch_setup(trainer *t, ct_error *err) {
         return ct_fail(err, "op table '%s' has no expert-parallel row moves (moe_ep_*)",
                        m->ops->name ? m->ops->name : "?");
     qwen3_ep *ep = &t->strat.ep.ep;
-    *ep = (qwen3_ep){
-        .rank = t->ep_group.rank, .size = t->ep_group.size, .alltoall = ep_alltoall, .ctx = t};
+    // Under TP (etp 1) the group spans the TP ranks, each sending its own sequence shard.
+    *ep = (qwen3_ep){.rank = t->ep_group.rank,
+                     .size = t->ep_group.size,
+                     .shard = t->tp > 1,
+                     .alltoall = ep_alltoall,
+                     .ctx = t};
     if (alloc_buffers(t, err) != 0) return -1;
     m->ep = ep;
-    const double N = (double)t->B * t->T, C = m->cfg.hidden_size;
+    const double N = (double)t->B * t->T / t->tp, C = m->cfg.hidden_size;
     const double k = m->cfg.num_experts_per_tok, G = t->ep;
     fprintf(t->log,
             "comm: expert parallel over %d ranks, %d experts each; per sparse layer and "
@@ -267,7 +271,7 @@ static int ep_ranges(const qwen3_model *g, const qwen3_model *m, bool save, int 
 }
 
 // The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit.
-static int check_replicas(trainer *t, ct_error *err) {
+int strategy_ep_check_replicas(trainer *t, ct_error *err) {
     dist *e = &t->erep_group;
     if (e->size == 1) return 0;
     uint64_t mine = qwen3_params_hash(&t->model);
@@ -324,7 +328,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const int P = grp->size;
     const int64_t step = t->state.step;
     grp->timeout_s = t->erep_group.timeout_s = t->d->timeout_s;
-    int rc = check_replicas(t, err);
+    int rc = strategy_ep_check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->d, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g, layout;
@@ -541,21 +545,25 @@ typedef struct ep_export {
     const float *local; // this rank's weights (a host view)
 } ep_export;
 
-// Every rank of the group: global tensor i from its owner into x->full.
-static int fetch_tensor(ep_export *x, int i, ct_error *err) {
-    const qwen3_param *gp = &x->g->params[i];
-    const qwen3_model *m = &x->t->model;
+int strategy_ep_fetch_expert(trainer *t, const qwen3_param *gp, const float *local, float *full,
+                             ct_error *err) {
+    const qwen3_model *m = &t->model;
     int layer, e;
     if (sscanf(gp->name, "model.layers.%d.mlp.experts.%d.", &layer, &e) != 2)
         return ct_fail(err, "the EP export: %s is not an expert", gp->name);
     const int owner = e / m->cfg.local_experts;
-    if (owner == x->t->ep_group.rank) {
+    if (owner == t->ep_group.rank) {
         const qwen3_param *p = qwen3_find_param(m, gp->name);
         if (!p) return ct_fail(err, "the EP export: this rank lacks %s", gp->name);
-        memcpy(x->full, x->local + p->offset, p->numel * sizeof *x->full);
+        memcpy(full, local + p->offset, p->numel * sizeof *full);
     }
-    return dist_bcast(&x->t->ep_group, x->full, (int)(gp->numel * sizeof(float)), owner,
+    return dist_bcast(&t->ep_group, full, (int)(gp->numel * sizeof(float)), owner,
                       "the EP export's expert", err);
+}
+
+// Every rank of the group: global tensor i from its owner into x->full.
+static int fetch_tensor(ep_export *x, int i, ct_error *err) {
+    return strategy_ep_fetch_expert(x->t, &x->g->params[i], x->local, x->full, err);
 }
 
 static int read_full(float *dst, uint64_t lo, uint64_t n, void *ctx, ct_error *err) {

@@ -11,6 +11,13 @@
 // balance component sums over t->d (the DP group) only, since every rank of a TP group routes
 // the same gathered rows. The norm counts every sharded tensor's shards once and each
 // replicated tensor once, so clipping equals one process's.
+// With expert parallelism (expert_tensor_parallel_degree 1, torchtitan's default), the
+// data-parallel strategy is strategy_ep (DDP for the rest): its EP groups are ep consecutive ranks
+// of the world, TP groups whole, so the experts are not cut by TP (QWEN3_TP_EXPERT: an EP rank
+// holds its experts whole, their gradients summed over the expert replicas only) and each rank's
+// sparse layers route and dispatch its own sequence shard (qwen3_ep.shard). Checkpoints are the
+// first EP group's shards, one per rank: TP's ranges of the rest on the first TP group, the experts
+// by id.
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,10 +86,22 @@ static void tp_allreduce(void *ctx, float *buf, size_t n) {
 
 // ---------------------------------------------------------------------------------------------
 
-// The data-parallel strategy under TP (ZeRO-1 is refused in trainer_setup.c): known from the
-// config alone, before setup (the memory estimate).
+// The data-parallel strategy under TP (ZeRO-1, and FSDP with EP, are refused in
+// trainer_setup.c): known from the config alone, before setup (the memory estimate).
 static const strategy_vt *dp_of(const trainer *t) {
-    return t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+    return t->ep > 1 ? &strategy_ep : t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+}
+
+// How this rank holds tensor `name`: the plan's cut, or under EP an expert whole.
+static qwen3_tp_cut cut_of(const trainer *t, const char *name) {
+    return t->ep > 1 && strategy_ep_is_expert(name) ? QWEN3_TP_EXPERT : qwen3_tp_cut_of(name);
+}
+
+// The global layout's tensor named as local tensor p (under EP the local model has fewer).
+static const qwen3_param *global_of(const qwen3_model *g, const qwen3_param *p, ct_error *err) {
+    const qwen3_param *gp = qwen3_find_param(g, p->name);
+    if (!gp) ct_fail(err, "tensor parallelism: tensor %s is not in the global layout", p->name);
+    return gp;
 }
 
 static bool fsdp_on(const trainer *t) {
@@ -92,10 +111,11 @@ static bool fsdp_on(const trainer *t) {
 static void describe(const trainer *t, char *buf, size_t size) {
     char dp[256];
     dp_of(t)->describe(t, dp, sizeof dp);
+    char over[32] = ""; // under EP the data-parallel part names its own rank counts
+    if (t->ep <= 1) snprintf(over, sizeof over, " over %d", t->d->size);
     snprintf(buf, size,
-             "tensor parallel over %d ranks with sequence parallelism and loss parallel; %s over "
-             "%d",
-             t->tp, dp, t->d->size);
+             "tensor parallel over %d ranks with sequence parallelism and loss parallel; %s%s",
+             t->tp, dp, over);
 }
 
 // The memory estimate under TP: this rank's local model (its 1/tp of every cut tensor, the
@@ -105,7 +125,8 @@ static void describe(const trainer *t, char *buf, size_t size) {
 // FSDP's shares of that local model.
 static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     qwen3_config local;
-    if (qwen3_tp_config(&local, &t->setup.model, t->tp, err) != 0) return -1;
+    if (qwen3_tp_config(&local, &t->setup.model, t->tp, t->etp, err) != 0) return -1;
+    if (t->ep > 1) local.local_experts = local.num_experts / t->ep;
     qwen3_memory_opts o = t->setup.mem_opts;
     o.sp = t->tp;
     const int T = t->T / t->cp; // under CP the model's rows of each sequence
@@ -177,10 +198,11 @@ static void free_(trainer *t) {
 }
 
 // Rank r's slice of the global tensor `full` (gshape) as the local tensor p holds it, into out.
-static void take_slice(float *out, const float *full, const int64_t gshape[2],
-                       const qwen3_param *p, int r) {
-    switch (qwen3_tp_cut_of(p->name)) {
+static void take_slice(float *out, const float *full, const int64_t gshape[2], const qwen3_param *p,
+                       qwen3_tp_cut cut, int r) {
+    switch (cut) {
     case QWEN3_TP_WHOLE:
+    case QWEN3_TP_EXPERT:
         memcpy(out, full, p->numel * sizeof *out);
         break;
     case QWEN3_TP_ROWS: // rows [r*rows, (r+1)*rows): contiguous
@@ -204,9 +226,13 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     float *full = malloc(most * sizeof *full), *mine = malloc(most * sizeof *mine);
     int rc = full && mine ? 0 : ct_fail(err, "random init: out of memory");
     for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i];
-        qwen3_init_tensor(&g, &g.params[i], full, seed);
-        take_slice(mine, full, g.params[i].shape, p, t->strat.tp.group->rank);
+        const qwen3_param *p = &m->params[i], *gp = global_of(&g, p, err);
+        if (!gp) {
+            rc = -1;
+            break;
+        }
+        qwen3_init_tensor(&g, gp, full, seed);
+        take_slice(mine, full, gp->shape, p, cut_of(t, p->name), t->strat.tp.group->rank);
         rc = qwen3_params_write(m, p->name, 0, p->numel, mine, err);
     }
     free(full);
@@ -237,13 +263,14 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
             rc = ct_fail(err, "%s: tensor \"%s\" is missing", from, p->name);
             break;
         }
-        const qwen3_tp_cut cut = qwen3_tp_cut_of(p->name);
+        const qwen3_tp_cut cut = cut_of(t, p->name);
         const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
         const int64_t grows = st->shape[0], gcols = st->ndim == 2 ? st->shape[1] : 1;
-        const bool fits = st->ndim == p->ndim &&
-                          (cut == QWEN3_TP_WHOLE     ? grows == rows && gcols == cols
-                           : cut == QWEN3_TP_ROWS    ? grows == rows * t->tp && gcols == cols
-                                                     : grows == rows && gcols == cols * t->tp);
+        const bool fits =
+            st->ndim == p->ndim &&
+            (cut == QWEN3_TP_WHOLE || cut == QWEN3_TP_EXPERT ? grows == rows && gcols == cols
+             : cut == QWEN3_TP_ROWS ? grows == rows * t->tp && gcols == cols
+                                    : grows == rows && gcols == cols * t->tp);
         if (!fits) {
             rc = ct_fail(err, "%s: tensor \"%s\" does not have the shape this model's tensor "
                               "parallel slice comes from",
@@ -274,29 +301,36 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 // of each row-cut tensor (one range), rows [R r / P, R (r + 1) / P) of each column-cut one
 // (assembled from the group's column slices, one tensor at a time) and, on rank 0, the whole
 // tensors; the moments follow the weights. A load asks for exactly its slices: a row cut is one
-// range, a column cut one range per row; the ranges, in order, are its local layout.
+// range, a column cut one range per row; the ranges, in order, are its local layout. Under EP
+// every rank of the first EP group writes one shard (its experts, and on the first TP group its
+// slices of the rest).
 
 // The ranges of the global layout g that TP rank r of P writes (save) or holds (its slices, in
-// the order of its local model m). *out malloc'd; returns their count, or -1.
-static int tp_ranges(const qwen3_model *g, const qwen3_model *m, int r, int P, bool save,
-                     ckpt_range **out, ct_error *err) {
+// the order of its local model m); `rest`: the tensors besides EP's experts too (else only those).
+// *out malloc'd; returns their count, or -1.
+static int tp_ranges(const trainer *t, const qwen3_model *g, const qwen3_model *m, int r, int P,
+                     bool save, bool rest, ckpt_range **out, ct_error *err) {
     size_t n = 0;
     for (int i = 0; i < m->n_params; i++)
-        n += !save && qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_COLUMNS
+        n += !save && cut_of(t, m->params[i].name) == QWEN3_TP_COLUMNS
                  ? (size_t)m->params[i].shape[0]
                  : 1;
     ckpt_range *x = malloc(n * sizeof *x);
     if (!x) return ct_fail(err, "out of memory for the TP checkpoint's ranges");
     int k = 0;
     for (int i = 0; i < m->n_params; i++) {
-        const qwen3_param *p = &m->params[i], *gp = &g->params[i];
-        const size_t o = gp->offset;
-        if (strcmp(p->name, gp->name) != 0) {
+        const qwen3_param *p = &m->params[i], *gp = global_of(g, p, err);
+        if (!gp) {
             free(x);
-            return ct_fail(err, "the TP model's tensor %d is %s, the global layout's %s", i,
-                           p->name, gp->name);
+            return -1;
         }
-        switch (qwen3_tp_cut_of(p->name)) {
+        const size_t o = gp->offset;
+        const qwen3_tp_cut cut = cut_of(t, p->name);
+        if (!rest && cut != QWEN3_TP_EXPERT) continue;
+        switch (cut) {
+        case QWEN3_TP_EXPERT:
+            x[k++] = (ckpt_range){o, o + gp->numel};
+            break;
         case QWEN3_TP_WHOLE:
             if (!save || r == 0) x[k++] = (ckpt_range){o, o + gp->numel};
             break;
@@ -336,7 +370,8 @@ static int load_slices(trainer *t, const char *dir, float *moments[2], train_sta
                        sharded ? "'s FSDP shard" : "");
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     ckpt_range *x = NULL;
-    int n = tp_ranges(&g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, &x, err);
+    int n =
+        tp_ranges(t, &g, m, t->strat.tp.group->rank, t->strat.tp.group->size, false, true, &x, err);
     float *host = n >= 0 ? qwen3_params_view(m, false, err) : NULL, *local[2] = {NULL, NULL};
     int rc = host ? 0 : -1;
     if (rc == 0 && moments && sharded) {
@@ -370,24 +405,27 @@ static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_er
 // Shard r of the first replica's TP group (every rank of it calls this, in step: the column
 // cuts are all-gathers): the model and moment values of its save ranges x, from src (host, the
 // local layout: the weights and the two moments), then the files.
-static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const ckpt_range *x,
-                       int n, float *const src[3], ckpt_shard_info info[2], ct_error *err) {
+// Shard `shard` of S: `rest` says whether it holds the tensors besides EP's experts (the whole
+// TP group then takes part alike).
+static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int shard, int S,
+                       bool rest, const ckpt_range *x, int n, float *const src[3],
+                       ckpt_shard_info info[2], ct_error *err) {
     qwen3_model *m = &t->model;
     dist *grp = t->strat.tp.group;
     const int P = grp->size, r = grp->rank;
     size_t total = 0, most = 0;
     for (int i = 0; i < n; i++) total += x[i].hi - x[i].lo;
     for (int i = 0; i < m->n_params; i++)
-        if (qwen3_tp_cut_of(m->params[i].name) == QWEN3_TP_COLUMNS && m->params[i].numel > most)
+        if (cut_of(t, m->params[i].name) == QWEN3_TP_COLUMNS && m->params[i].numel > most)
             most = m->params[i].numel;
     float *buf = malloc((3 * total + 1) * sizeof *buf), *all = malloc((most * P + 1) * sizeof *all);
     int rc = buf && all ? 0 : ct_fail(err, "out of memory for the TP checkpoint");
     rc = dist_agree(grp, rc, "the TP checkpoint's buffers", err);
     size_t pos = 0;
     for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i], *gp = &g->params[i];
-        const qwen3_tp_cut cut = qwen3_tp_cut_of(p->name);
-        if (cut == QWEN3_TP_WHOLE && r != 0) continue;
+        const qwen3_param *p = &m->params[i], *gp = qwen3_find_param(g, p->name);
+        const qwen3_tp_cut cut = cut_of(t, p->name);
+        if ((cut == QWEN3_TP_WHOLE && r != 0) || (!rest && cut != QWEN3_TP_EXPERT)) continue;
         if (cut != QWEN3_TP_COLUMNS) {
             for (int k = 0; k < 3; k++)
                 memcpy(buf + k * total + pos, src[k] + p->offset, p->numel * sizeof *buf);
@@ -408,7 +446,7 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const 
         pos += (hi - lo) * C;
     }
     if (rc == 0)
-        rc = ckpt_write_shard(tmp, g, r, P, x, n, buf, buf + total, buf + 2 * total, &info[0],
+        rc = ckpt_write_shard(tmp, g, shard, S, x, n, buf, buf + total, buf + 2 * total, &info[0],
                               &info[1], err);
     free(buf);
     free(all);
@@ -455,30 +493,58 @@ static void local_free(trainer *t, float *src[3]) {
 // different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
 // shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
 // TP rank 0) lists them in state.json and commits. The files are those of TP without FSDP.
+// Under EP the writers are the first EP group (world ranks [0, ep): shard q is world rank q, TP
+// rank q % tp, holding EP rank q's experts; ranks below tp also write the rest), compared with
+// their expert replicas.
 static int save_checkpoint(trainer *t, ct_error *err) {
     dist *grp = t->strat.tp.group;
-    const int P = grp->size;
+    const bool ep = t->ep > 1;
+    const int P = grp->size, S = ep ? t->ep : P;
+    dist *writers = ep ? &t->ep_group : grp;
     const int64_t step = t->state.step;
-    grp->timeout_s = t->world->timeout_s = t->d->timeout_s;
+    grp->timeout_s = writers->timeout_s = t->world->timeout_s = t->d->timeout_s;
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
-    int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err);
+    int rc = fsdp_on(t) ? 0
+             : ep       ? strategy_ep_check_replicas(t, err)
+                        : trainer_check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
-    qwen3_model g;
+    qwen3_model g, layout;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
     trainer_shards sh;
-    rc = trainer_shards_begin(t, &sh, P, err);
-    for (int q = 0; rc == 0 && q < P; q++)
-        if ((sh.n_of[q] = tp_ranges(&g, &t->model, q, P, true, &sh.of[q], err)) < 0) rc = -1;
+    rc = trainer_shards_begin(t, &sh, S, err);
+    // Rank 0 lists every shard's ranges (under EP from EP rank q's local layout, made here).
+    for (int q = 0; rc == 0 && is_root(t) && q < S; q++) {
+        qwen3_config lc = t->model.cfg;
+        lc.expert_lo = q * lc.local_experts;
+        if (ep && qwen3_init_layout(&layout, &lc, err) != 0) {
+            rc = -1;
+            break;
+        }
+        sh.n_of[q] =
+            tp_ranges(t, &g, ep ? &layout : &t->model, q % P, P, true, q < P, &sh.of[q], err);
+        if (ep) qwen3_free(&layout);
+        if (sh.n_of[q] < 0) rc = -1;
+    }
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
-    // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0.
-    const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
+    // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0;
+    // under EP the first EP group.
+    const bool write = ep ? t->erep_group.rank == 0 : t->d->rank == 0;
+    const bool first = ep ? write : t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = local_state(t, src, err);
-    if (rc == 0 && t->d->rank == 0)
-        rc = write_shard(t, &g, sh.tmp, sh.of[grp->rank], sh.n_of[grp->rank], src, sh.mine, err);
+    const int q = writers->rank;
+    ckpt_range *x = NULL;
+    const int n = rc == 0 && write
+                      ? tp_ranges(t, &g, &t->model, grp->rank, P, true, !ep || q < P, &x, err)
+                      : 0;
+    if (n < 0) rc = -1;
+    if (rc == 0 && write)
+        rc = write_shard(t, &g, sh.tmp, q, S, !ep || q < P, x, n, src, sh.mine, err);
+    free(x);
     if (first) local_free(t, src);
-    rc = trainer_shards_end(t, &sh, rc, t->world, grp, &g, ", one per TP rank", err);
+    rc = trainer_shards_end(t, &sh, rc, t->world, writers, &g,
+                            ep ? ", one per rank of the first EP group" : ", one per TP rank", err);
     qwen3_free(&g);
     return rc;
 }
@@ -489,17 +555,17 @@ static void begin_step(trainer *t) {
 }
 
 // Each tensor's elements among the gradients this rank's optimizer steps (the whole local
-// model, or under FSDP its shard's pieces): fn(ctx, grads, count, replicated).
-typedef void (*grad_range_fn)(trainer *t, float *g, size_t n, bool whole, void *ctx);
+// model, or under FSDP its shard's pieces): fn(ctx, grads, count, its cut).
+typedef void (*grad_range_fn)(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx);
 
 static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
     qwen3_model *m = &t->model;
     const fsdp *f = &t->strat.fsdp;
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
-        const bool whole = qwen3_tp_cut_of(p->name) == QWEN3_TP_WHOLE;
+        const qwen3_tp_cut cut = cut_of(t, p->name);
         if (!fsdp_on(t)) {
-            fn(t, m->grad_mem + p->offset, p->numel, whole, ctx);
+            fn(t, m->grad_mem + p->offset, p->numel, cut, ctx);
             continue;
         }
         for (int u = 0; u < f->n_units; u++) {
@@ -507,14 +573,14 @@ static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
             const size_t lo = p->offset > x->piece_lo ? p->offset : x->piece_lo;
             const size_t hi =
                 p->offset + p->numel < x->piece_hi ? p->offset + p->numel : x->piece_hi;
-            if (lo < hi) fn(t, f->shard_grads + x->at + (lo - x->piece_lo), hi - lo, whole, ctx);
+            if (lo < hi) fn(t, f->shard_grads + x->at + (lo - x->piece_lo), hi - lo, cut, ctx);
         }
     }
 }
 
-static void sum_whole(trainer *t, float *g, size_t n, bool whole, void *ctx) {
+static void sum_whole(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx) {
     (void)ctx;
-    if (whole) tp_allreduce_of(t, g, n, TP_AR_WHOLE);
+    if (cut == QWEN3_TP_WHOLE) tp_allreduce_of(t, g, n, TP_AR_WHOLE);
 }
 
 // After the data-parallel reduction: the replicated tensors' partial gradients summed over the
@@ -531,19 +597,22 @@ static int grads_final(trainer *t, ct_error *err) {
     return 0;
 }
 
-static void add_squares(trainer *t, float *g, size_t n, bool whole, void *ctx) {
+static void add_squares(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx) {
     double *sq = ctx, x;
     t->model.ops->sum_squares(&x, g, n);
-    sq[whole] += x;
+    sq[cut == QWEN3_TP_WHOLE ? 1 : cut == QWEN3_TP_EXPERT ? 2 : 0] += x;
 }
 
-// Sharded tensors: this rank's squares summed over the group; replicated ones once; under
-// FSDP, then summed over the shard group (each rank its pieces).
+// Sharded tensors: this rank's squares summed over the group; replicated ones once; EP's
+// experts summed over the EP group; under FSDP, then summed over the shard group (each rank its
+// pieces).
 static int grad_sq(trainer *t, double *sq, ct_error *err) {
-    double part[2] = {0, 0}; // sharded, whole
+    double part[3] = {0, 0, 0}; // sharded, whole, experts
     each_grad_range(t, add_squares, part);
     if (dist_sum(t->strat.tp.group, part[0], &part[0], "the gradient norm", err) != 0) return -1;
-    *sq = part[0] + part[1];
+    if (t->ep > 1 && dist_sum(&t->ep_group, part[2], &part[2], "the gradient norm", err) != 0)
+        return -1;
+    *sq = part[0] + part[1] + part[2];
     if (fsdp_on(t)) return dist_sum(&t->strat.fsdp.shard, *sq, sq, "the gradient norm", err);
     return 0;
 }
@@ -595,16 +664,24 @@ typedef struct tp_export {
     const float *local;   // this rank's weights (a host view)
 } tp_export;
 
-// Every rank of the group: tensor i's slices gathered and assembled into x->full.
+// Every rank of the group: global tensor i's slices gathered and assembled into x->full. Under EP
+// (the group: the first EP group) an expert comes whole from its owner, and the rest from the
+// first TP group's slices while the other ranks wait.
 static int gather_tensor(tp_export *x, int i, ct_error *err) {
-    const qwen3_model *m = &x->t->model;
-    const qwen3_param *p = &m->params[i], *gp = &x->g->params[i];
-    dist *grp = x->t->strat.tp.group;
+    trainer *t = x->t;
+    const qwen3_model *m = &t->model;
+    const qwen3_param *gp = &x->g->params[i], *p = qwen3_find_param(m, gp->name);
+    dist *grp = t->strat.tp.group;
     const int P = grp->size;
+    const qwen3_tp_cut cut = cut_of(t, gp->name);
+    if (cut == QWEN3_TP_EXPERT) return strategy_ep_fetch_expert(t, gp, x->local, x->full, err);
+    if (t->ep > 1 && t->ep_group.rank >= P) return 0;
+    if (!p) return ct_fail(err, "the TP export: this rank lacks %s", gp->name);
     if (dist_allgather(grp, x->local + p->offset, x->all, (int)(p->numel * sizeof(float)),
                        "the TP export", err) != 0)
         return -1;
-    switch (qwen3_tp_cut_of(p->name)) {
+    switch (cut) {
+    case QWEN3_TP_EXPERT:
     case QWEN3_TP_WHOLE:
         memcpy(x->full, x->all, p->numel * sizeof *x->full);
         break;
@@ -628,7 +705,8 @@ static int fetch_tensor(void *ctx, int i, ct_error *err) {
 
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     qwen3_model *m = &t->model, g;
-    dist *grp = t->strat.tp.group;
+    dist *grp = t->ep > 1 ? &t->ep_group : t->strat.tp.group;
+    const bool first = t->ep > 1 ? t->erep_group.rank == 0 : t->d->rank == 0;
     // The local model: the weights themselves, or under FSDP assembled from the shard group's
     // pieces, a collective over t->d, before the other replicas leave (they hold the same).
     float *local = fsdp_on(t) ? malloc(m->num_params * sizeof *local + 1)
@@ -638,12 +716,12 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
         rc = dist_agree(t->d, rc, "the TP export's local model", err);
         if (rc == 0) rc = strategy_fsdp_gather(t, t->strat.fsdp.shard_params, local, err);
     }
-    if (rc != 0 || t->d->rank != 0 || qwen3_init_layout(&g, &t->setup.model, err) != 0) {
+    if (rc != 0 || !first || qwen3_init_layout(&g, &t->setup.model, err) != 0) {
         if (local && fsdp_on(t)) free(local);
         else if (local) qwen3_params_view_release(m, local, false);
-        return rc != 0 || t->d->rank != 0 ? rc : -1;
+        return rc != 0 || !first ? rc : -1;
     }
-    grp->timeout_s = t->d->timeout_s;
+    grp->timeout_s = t->strat.tp.group->timeout_s = t->d->timeout_s;
     size_t most = 0;
     for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
     tp_export x = {t, &g, malloc(most * sizeof(float)), malloc(most * sizeof(float)), local};

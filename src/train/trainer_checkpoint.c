@@ -328,7 +328,7 @@ int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
-    if (t->ep > 1 && !t->strat.vt->model_in_shards) { // streamed, each expert from its owner
+    if (t->ep > 1 && t->tp == 1 && !t->strat.vt->model_in_shards) { // each expert from its owner
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);

@@ -37,8 +37,12 @@ typedef struct trainer {
     int cp;                  // parallelism.context_parallel_degree
     context_parallel cpx;    // under CP (cp > 1): its group and the model's hook
     int ep;                  // parallelism.expert_parallel_degree
-    // Under EP: this rank's EP group (ep consecutive data-parallel ranks) and the ranks holding
-    // the same experts (one per EP group).
+    // The TP degree of each expert's projections: tp without EP, 1 under EP (its
+    // expert_tensor_parallel_degree; etp = tp with EP is refused for now).
+    int etp;
+    // Under EP: this rank's EP group (ep consecutive data-parallel ranks; under TP, ep consecutive
+    // ranks of the world, TP groups whole) and the ranks holding the same experts (one per EP
+    // group).
     dist ep_group, erep_group;
     // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel index (one
     // per stage group, outermost) and t->d is dp_group, this stage's data-parallel ranks.

@@ -151,7 +151,7 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
                                "%.0f",
                                f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
     }
-    if ((!sharded || lora_fsdp) && t->d->size > 1 && at < sizeof buf && vt != &strategy_ep) {
+    if ((!sharded || lora_fsdp) && t->d->size > 1 && at < sizeof buf && dp != &strategy_ep) {
         snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
                  t->strat.sync.bytes / n);
     }

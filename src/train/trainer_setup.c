@@ -82,11 +82,25 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "under EP is not supported yet (its experts are frozen, EP's strategy "
                            "reduces their gradients); use DDP or ZeRO-1",
                            t->ep, c->lora.rank);
-        if (t->tp > 1)
+        // With TP and expert_tensor_parallel_degree 1, torchtitan's default: the EP groups are
+        // carved out of dp_shard x tp, TP groups whole (ep a multiple of tp).
+        if (t->tp > 1 && c->parallelism.expert_tensor_parallel_degree != 1)
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with "
+                           "expert_tensor_parallel_degree = %d: experts cut by TP under EP are "
+                           "not supported yet; use expert_tensor_parallel_degree = 1",
+                           t->ep, c->parallelism.expert_tensor_parallel_degree);
+        if (t->tp > 1 && fsdp_on)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
-                           "%d: EP with TP is not supported yet; use one of them",
-                           t->ep, t->tp);
+                           "%d and FSDP (data_parallel_shard_degree = %d): EP x TP beside FSDP is "
+                           "not supported yet; use data_parallel_replicate_degree = %d",
+                           t->ep, t->tp, shard, P);
+        if (t->tp > 1 && (t->ep % t->tp != 0 || (P * t->tp) % t->ep != 0))
+            return ct_fail(err,
+                           "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
+                           "%d: expected a multiple of tp that divides the %d ranks",
+                           t->ep, t->tp, P * t->tp);
         // torchtitan's dp2ep: the EP groups are carved out of dp_shard x cp (FSDP); with no
         // shard ranks, out of the replicas (DDP for the rest).
         if (zero1)
@@ -100,7 +114,8 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "parallelism.expert_parallel_degree = %d does not divide "
                            "data_parallel_shard_degree%s = %d (EP is carved out of the FSDP ranks)",
                            t->ep, t->cp > 1 ? " * context_parallel_degree" : "", shard);
-        if (t->d->size % t->ep != 0) // the CP ranks hold tokens of their own, as the replicas do
+        // The CP ranks hold tokens of their own, as the replicas do.
+        if (t->tp == 1 && t->d->size % t->ep != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide the %d "
                            "data-parallel ranks",
@@ -113,9 +128,9 @@ static int setup_parallel(trainer *t, ct_error *err) {
     }
     if (t->pp > 1 && pp_refusals(t, shard, fsdp_on, P, err) != 0) return -1;
     t->strat.vt = t->pp > 1              ? &strategy_pp
+                  : t->tp > 1            ? &strategy_tp
                   : t->ep > 1 && fsdp_on ? strategy_ep_fsdp()
                   : t->ep > 1            ? &strategy_ep
-                  : t->tp > 1            ? &strategy_tp
                   : fsdp_on && c->lora.rank > 0 ? strategy_lora_fsdp()
                   : fsdp_on              ? &strategy_fsdp
                   : zero1                ? &strategy_zero1
@@ -404,7 +419,9 @@ static int setup_moe(trainer *t, ct_error *err) {
     t->aux_free = strcmp(lb, "aux_free") == 0;
     // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
     const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
-    if (moe_balance_init(&t->moe, m, t->d->size, moe_sum_ranks, t->d, aux_scale, err) != 0)
+    // Under EP with TP every rank routes its own sequence shard: the statistics span the world.
+    dist *over = t->ep > 1 && t->tp > 1 ? t->world : t->d;
+    if (moe_balance_init(&t->moe, m, over->size, moe_sum_ranks, over, aux_scale, err) != 0)
         return -1;
     fprintf(t->log,
             "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
@@ -460,10 +477,12 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
 }
 
 // Expert parallelism: EP groups of ep consecutive data-parallel ranks (t->d's order: replicate,
-// shard, cp), and across them the ranks that hold the same experts. This rank's local model
-// holds experts [rank * E/ep, (rank + 1) * E/ep) of every sparse layer.
+// shard, cp; under TP, of the world's ranks, TP innermost), and across them the ranks that hold
+// the same experts. This rank's local model holds experts [rank * E/ep, (rank + 1) * E/ep) of
+// every sparse layer.
 static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
-    const int ep = t->ep, r = t->d->rank, E = mc->num_experts;
+    dist *from = t->tp > 1 ? t->world : t->d;
+    const int ep = t->ep, r = from->rank, E = mc->num_experts;
     if (E == 0)
         return ct_fail(err, "parallelism.expert_parallel_degree = %d: the model has no experts "
                             "(a dense Qwen3)",
@@ -472,8 +491,8 @@ static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
         return ct_fail(err,
                        "parallelism.expert_parallel_degree = %d does not divide num_experts = %d",
                        ep, E);
-    if (dist_split(t->d, r / ep, r % ep, &t->ep_group, err) != 0 ||
-        dist_split(t->d, r % ep, r / ep, &t->erep_group, err) != 0)
+    if (dist_split(from, r / ep, r % ep, &t->ep_group, err) != 0 ||
+        dist_split(from, r % ep, r / ep, &t->erep_group, err) != 0)
         return -1;
     mc->local_experts = E / ep;
     mc->expert_lo = t->ep_group.rank * mc->local_experts;
@@ -555,7 +574,7 @@ static int tp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
                        "parallelism.tensor_parallel_degree = %d does not divide training.seq_len "
                        "= %d (sequence parallelism cuts each batch's tokens over the TP ranks)",
                        t->tp, t->T);
-    return qwen3_tp_config(mc, &t->setup.model, t->tp, err);
+    return qwen3_tp_config(mc, &t->setup.model, t->tp, t->etp, err);
 }
 
 int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
@@ -563,6 +582,7 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     t->world = t->d;
     t->tp = c->parallelism.tensor_parallel_degree;
     t->ep = c->parallelism.expert_parallel_degree;
+    t->etp = t->ep > 1 ? c->parallelism.expert_tensor_parallel_degree : t->tp;
     t->pp = c->parallelism.pipeline_parallel_degree;
     if (t->pp > 1 && setup_pp_groups(t, err) != 0) return -1;
     if (t->tp > 1 && setup_tp_groups(t, err) != 0) return -1;
