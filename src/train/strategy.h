@@ -88,6 +88,11 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 void strategy_fsdp_take_all(trainer *t);
 int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err);
 void strategy_fsdp_pieces(const trainer *t, const float *full, float *shard);
+// This rank's local model's weights and two moments in host memory, src[0..2] (a save; release
+// with strategy_local_state_free): views of the model and the optimizer, or (sharded: FSDP
+// beside TP or PP) assembled from the shard group's pieces (every rank of the group takes part).
+int strategy_local_state(trainer *t, bool sharded, float *src[3], ct_error *err);
+void strategy_local_state_free(trainer *t, bool sharded, float *src[3]);
 // FSDP's parts of the memory estimate for the model cfg (the run's, or a rank's under TP).
 int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_memory *mem,
                               ct_error *err);
@@ -132,9 +137,10 @@ bool strategy_ep_is_expert(const char *name);
 // Pipeline parallelism (strategy_pp.c): this rank's stages of the split (pipeline_schedule.h),
 // its schedule's actions, and per (local stage k, micro-batch i) at [k * m + i] the stage input
 // received, the output's gradient received, and the output and input gradient sent (N x C
-// floats each on the backend) with their requests in flight. DDP (strategy_replicate) runs over
-// the stage's data-parallel ranks (t->d).
+// floats each on the backend) with their requests in flight. DDP (strategy_replicate) or
+// FSDP/HSDP (strategy_fsdp, on the local model) runs over the stage's data-parallel ranks (t->d).
 typedef struct strategy_pp_state {
+    const strategy_vt *dp; // inside each stage: replicate, or FSDP/HSDP
     dist *group; // the pp ranks of this data-parallel index (stage s on group rank s % pp)
     pp_schedule_kind kind;
     int S, v, m;                // stages, stages on this rank, micro-batches per step
@@ -166,6 +172,11 @@ int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
                          ckpt_range **out, ct_error *err);
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err);
+// The same into the model's full buffer and host moments (NULL: not read) that span the local
+// model whatever the optimizer holds (a composition with FSDP then takes its pieces); st: the run
+// state, or NULL.
+int trainer_load_local_by_name(trainer *t, const char *dir, float *moments[2], train_state *st,
+                               ct_error *err);
 int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err);
 
 // A checkpoint of P shards in the global layout (TP's, EP's, PP's), around the strategy's own

@@ -415,42 +415,6 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, const 
     return rc;
 }
 
-// This rank's local weights and moments in host memory, for a save (release: local_free):
-// views of the model and the optimizer, or under FSDP assembled from the shard group's pieces
-// (every rank of the group takes part).
-static int local_state(trainer *t, float *src[3], ct_error *err) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
-    const size_t bytes = m->num_params * sizeof(float);
-    src[0] = src[1] = src[2] = NULL;
-    if (!fsdp_on(t)) {
-        if ((src[0] = qwen3_params_view(m, true, err)) &&
-            (src[1] = be->view(be, t->opt.m, bytes, true, err)))
-            src[2] = be->view(be, t->opt.v, bytes, true, err);
-        return src[2] ? 0 : -1;
-    }
-    src[0] = malloc(3 * bytes + 1);
-    int rc = src[0] ? 0 : ct_fail(err, "out of memory for the TP checkpoint's local model");
-    rc = dist_agree(&t->strat.fsdp.shard, rc, "the TP checkpoint's local model", err);
-    if (rc != 0) return -1;
-    src[1] = src[0] + m->num_params, src[2] = src[1] + m->num_params;
-    float *dev[3] = {t->strat.fsdp.shard_params, t->opt.m, t->opt.v};
-    for (int k = 0; k < 3 && rc == 0; k++) rc = strategy_fsdp_gather(t, dev[k], src[k], err);
-    return rc;
-}
-
-static void local_free(trainer *t, float *src[3]) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
-    if (fsdp_on(t)) {
-        free(src[0]);
-        return;
-    }
-    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
-    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
-    if (src[0]) qwen3_params_view_release(m, src[0], false);
-}
-
 // The replicas of each slice agree bit for bit (over t->d; under FSDP, whose ranks hold
 // different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
 // shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
@@ -474,10 +438,10 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0.
     const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
     float *src[3] = {NULL, NULL, NULL};
-    if (rc == 0 && first) rc = local_state(t, src, err);
+    if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
     if (rc == 0 && t->d->rank == 0)
         rc = write_shard(t, &g, sh.tmp, sh.of[grp->rank], sh.n_of[grp->rank], src, sh.mine, err);
-    if (first) local_free(t, src);
+    if (first) strategy_local_state_free(t, fsdp_on(t), src);
     rc = trainer_shards_end(t, &sh, rc, t->world, grp, &g, ", one per TP rank", err);
     qwen3_free(&g);
     return rc;

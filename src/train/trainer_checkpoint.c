@@ -268,10 +268,14 @@ int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep
 }
 
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    qwen3_model *m = &t->model, g;
-    train_state *st = moments ? &t->state : NULL;
-    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
+    if (moments && (t->opt.base != 0 || t->opt.n != t->model.num_params))
         return ct_fail(err, "the optimizer does not span the local model");
+    return trainer_load_local_by_name(t, dir, moments, moments ? &t->state : NULL, err);
+}
+
+int trainer_load_local_by_name(trainer *t, const char *dir, float *moments[2], train_state *st,
+                               ct_error *err) {
+    qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     ckpt_range *x = NULL;
     int n = trainer_named_ranges(&g, m, NULL, &x, err);

@@ -118,7 +118,9 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
 // formula.
 void trainer_log_comm_volume(trainer *t, int64_t steps) {
     if (t->world->size == 1 || steps <= 0 || !is_root(t)) return;
-    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_tp ? t->strat.tp.dp : vt;
+    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_tp   ? t->strat.tp.dp
+                                               : vt == &strategy_pp ? t->strat.pp.dp
+                                                                    : vt;
     const double n = (double)steps;
     char buf[512] = "";
     size_t at = 0;

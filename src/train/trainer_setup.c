@@ -32,14 +32,13 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
     const char *with = t->cp > 1               ? "context_parallel_degree > 1"
                        : t->ep > 1             ? "expert_parallel_degree > 1"
                        : c->lora.rank > 0      ? "lora.rank > 0"
-                       : shard > 1             ? (fsdp_on ? "FSDP (data_parallel_shard_degree > 1)"
-                                                          : "ZeRO-1 (data_parallel_shard_degree > 1)")
+                       : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                        : c->validation.enable  ? "validation.enable = true"
                                                : NULL;
     if (with)
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
-                       "runs with DDP inside each stage (data_parallel_replicate_degree = %d)",
+                       "runs with DDP or FSDP inside each stage (%d data-parallel ranks)",
                        pp, with, P);
     if (t->B % mbs != 0)
         return ct_fail(err,
