@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
-# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), PP=2 x FSDP=2 (np 4: Interleaved1F1B,
-# MoE in bf16; its checkpoint resumed in one process, under FSDP alone and at PP x FSDP with
-# reshard "always", bit for bit), a MoE model (the aux-loss-free bias),
+# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
+# checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
+# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), a MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -145,14 +145,20 @@ check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
 check "pp2 moe" pp 2 "$tmp/pp2_moe" "${moe[@]}"
 check "pp2 moe = np1" agree "$tmp/pp2_moe" "$tmp/np1_moe" "${tol[@]}"
 rm -rf "$tmp/np1_moe/hf"
-# PP=2 x FSDP=2 on the MoE model in bf16 (bf16 gathers), against one process in bf16. FSDP's
-# bf16 gathers round the norms and the expert biases too (FSDP2's cast), so the bound is
-# fsdp.sh's kind: measured 1.9e-5, 6.5e-4, 1.2e-5 (the fp32 cases above are within tol).
+# PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
+# rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In
+# bf16 against one process in bf16: TP's difference (its partial sums reduced in fp32 and rounded
+# once), measured 9.0e-6, 3.7e-6, 9.2e-8.
+kv=(--model.n_kv_heads 2)
 bf=(--training.mixed_precision_param bfloat16)
-check "np1 moe bf16" run 1 "$tmp/np1_mb" "${moe[@]}" "${bf[@]}"
-check "pp2 x fsdp2 moe bf16" pp 4 "$tmp/ppf_mb" "${moe[@]}" "${bf[@]}" "${fsdp2[@]}"
-check "pp2 x fsdp2 moe bf16 = np1" agree "$tmp/ppf_mb" "$tmp/np1_mb" 2e-4 7e-3 1.2e-4
-rm -rf "$tmp/np1_mb/hf"
+check "np1 kv2 bf16" run 1 "$tmp/np1_kvb" "${kv[@]}" "${bf[@]}"
+check "pp2 x tp2 bf16" pp 4 "$tmp/pptp" "${kv[@]}" "${bf[@]}" \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2
+check "pp2 x tp2 bf16 = np1" agree "$tmp/pptp" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
+sent() { sed -n 's/.*pipeline activations and their gradients sent \([0-9]*\).*/\1/p' "$1.log"; }
+[ "$(sent "$tmp/pptp")" = 16384 ] && [ "$(sent "$tmp/pp2")" = 32768 ] && ok ||
+  bad "stage bytes per step: pp2 x tp2 $(sent "$tmp/pptp"), pp2 $(sent "$tmp/pp2"); expected 16384, 32768"
+rm -rf "$tmp/np1_kvb/hf"
 # guarded backend: the same PP run, bit for bit
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0
@@ -186,6 +192,9 @@ refused tied "pipeline_parallel_degree = 2 with tied embeddings" 2 \
   --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
 refused zero1 "pipeline_parallel_degree = 2 with ZeRO-1 \(data_parallel_shard_mode = \"zero1\"\): not supported yet" \
   4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
+refused pptp_ckpt "pipeline_parallel_degree = 2 with tensor_parallel_degree > 1 and checkpoint.enable = true \(PP x TP checkpoints\): not supported yet" \
+  4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --model.n_kv_heads 2 --checkpoint.enable true
 refused fqns "module_fqns_per_model_part: \"layers.1\" in stage 0" 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.module_fqns_per_model_part \
   "tok_embeddings,layers.1;layers.0,norm,output"

@@ -80,6 +80,11 @@ extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
 extern const strategy_vt strategy_tp;
 // Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+// Every rank of the TP group: global tensor gp (g's, the one-process layout) assembled into full
+// (its numel floats) from the group's slices of it in `local` (each rank's local weights, host),
+// through all (tp times the local tensor's floats).
+int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
+                       float *full, ct_error *err);
 // FSDP composed with another cut (TP): every unit of the full buffer (which a load filled) into
 // the shard; a shard buffer (backend memory: the fp32 weights f->shard_params, or an AdamW
 // moment t->opt.m / t->opt.v) assembled from the shard group's pieces into `full` (host, the

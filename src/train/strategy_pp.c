@@ -23,14 +23,20 @@
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-// The data-parallel strategy inside each stage, known from the config alone (ZeRO-1 is refused
-// in trainer_setup.c).
+// The strategy inside each stage, known from the config alone (ZeRO-1 is refused in
+// trainer_setup.c): TP (itself over replicate or FSDP), FSDP or replicate.
 static const strategy_vt *dp_of(const trainer *t) {
-    return t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+    return t->tp > 1 ? &strategy_tp : t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
 }
 
+// FSDP directly inside the stage (its loads are ours to hand over).
 static bool fsdp_on(const trainer *t) {
     return dp_of(t) == &strategy_fsdp;
+}
+
+// FSDP inside the stage, directly or under TP: no rank holds its local model.
+static bool sharded(const trainer *t) {
+    return t->shard_degree > 1;
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
@@ -41,8 +47,10 @@ static void describe(const trainer *t, char *buf, size_t size) {
              t->pp, t->cfg->parallelism.pipeline_parallel_schedule, inner, t->d->size);
 }
 
+// A stage boundary's rows: under TP (sequence parallelism) this rank's sequence shard, sent to
+// the same TP rank of the next stage (the pp group).
 static size_t rows_floats(const trainer *t) {
-    return (size_t)t->B * t->T * t->model.cfg.hidden_size;
+    return (size_t)t->B * t->T / t->tp * t->model.cfg.hidden_size;
 }
 
 static int setup(trainer *t, ct_error *err) {
@@ -106,8 +114,10 @@ int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error
     return 0;
 }
 
-// The one-process init's values: each tensor drawn from its global table's stream.
+// The one-process init's values: each tensor drawn from its global table's stream (under TP,
+// TP's init: its slices of them).
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    if (t->tp > 1) return strategy_tp.init_random(t, seed, err);
     qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     size_t most = 0;
@@ -129,8 +139,10 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     return rc;
 }
 
-// Under FSDP: the stage's local model as FSDP's memory estimate sees it.
+// Under FSDP: the stage's local model as FSDP's memory estimate sees it. Under TP, TP's of the
+// whole model (an over-estimate by up to the pp degree).
 static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    if (t->tp > 1) return strategy_tp.estimate(t, mem, err); // the whole model's TP shares
     if (!fsdp_on(t)) return 0;
     qwen3_config lc = t->setup.model;
     if (strategy_pp_local_config(t, t->strat.pp.group->rank, &lc, err) != 0) return -1;
@@ -149,7 +161,7 @@ static void begin_step(trainer *t) {
 }
 // `last`: the stage's last micro-batch (each local stage has its own). FSDP reduces only then.
 static void begin_micro(trainer *t, bool last) {
-    if (fsdp_on(t)) t->strat.fsdp.no_sync = !last;
+    if (sharded(t)) t->strat.fsdp.no_sync = !last;
     t->strat.pp.dp->begin_micro(t, last);
 }
 static void unit_ready(void *ctx, int unit, int event) {
@@ -205,6 +217,9 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const int P = grp->size;
     const int64_t step = t->state.step;
     grp->timeout_s = w->timeout_s = t->d->timeout_s;
+    if (t->tp > 1)
+        return ct_fail(err, "checkpoint: a save under pipeline and tensor parallelism together is "
+                            "not supported yet");
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
     int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err); // FSDP's ranks hold pieces
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
@@ -241,6 +256,10 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 // A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
 // spanning the local model, then this rank's pieces of them.
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    if (t->tp > 1)
+        return ct_fail(err, "%s: a checkpoint under pipeline and tensor parallelism together is "
+                            "not supported yet",
+                       dir);
     if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
     const size_t n = t->model.num_params;
     float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
@@ -365,12 +384,15 @@ int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, 
     return 0;
 }
 
-// --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0.
+// --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0. Under
+// TP, those of TP rank 0 do; for each tensor the stage holding it assembles it over its TP group
+// (strategy_tp_gather), whose other ranks follow their rank 0's tensor indices.
 
 typedef struct pp_export {
     trainer *t;
     const qwen3_model *g;
     float *buf, *local; // one tensor; this rank's weights (host)
+    float *all;         // under TP: the group's slices of one tensor
 } pp_export;
 
 // The pp rank holding global tensor `name`.
@@ -384,50 +406,84 @@ static int owner_of(const trainer *t, const char *name) {
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
 }
 
+// Global tensor i into x->buf on this rank when its stage holds it (under TP: every rank of the
+// stage's TP group, after TP rank 0 named it to them).
+static int take_tensor(pp_export *x, int i, ct_error *err) {
+    const qwen3_param *gp = &x->g->params[i];
+    if (owner_of(x->t, gp->name) != x->t->strat.pp.group->rank) return 0;
+    if (x->t->tp > 1) return strategy_tp_gather(x->t, x->local, gp, x->all, x->buf, err);
+    const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
+    if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
+    memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
+    return 0;
+}
+
+// Under TP: tensor i (-1: the end) named to the TP group by its rank 0.
+static int name_to_tp(trainer *t, int *i, ct_error *err) {
+    return t->tp > 1 ? dist_bcast(t->strat.tp.group, i, sizeof *i, 0, "the PP x TP export's next "
+                                                                     "tensor", err)
+                     : 0;
+}
+
 // Tensor i of the global table into x->buf on every pp rank, from its owner.
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
     pp_export *x = ctx;
     const qwen3_param *gp = &x->g->params[i];
-    const int owner = owner_of(x->t, gp->name);
-    dist *grp = x->t->strat.pp.group;
-    if (owner == grp->rank) {
-        const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
-        if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
-        memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
+    if (name_to_tp(x->t, &i, err) != 0 || take_tensor(x, i, err) != 0) return -1;
+    return dist_bcast(x->t->strat.pp.group, x->buf, (int)(gp->numel * sizeof(float)),
+                      owner_of(x->t, gp->name), "the PP export's tensor", err);
+}
+
+// Under TP, a rank other than TP rank 0: the tensors its rank 0 names, to the end.
+static int follow(pp_export *x, ct_error *err) {
+    for (int i = 0;;) {
+        if (name_to_tp(x->t, &i, err) != 0) return -1;
+        if (i < 0) return 0;
+        if (take_tensor(x, i, err) != 0) return -1;
     }
-    return dist_bcast(grp, x->buf, (int)(gp->numel * sizeof(float)), owner,
-                      "the PP export's tensor", err);
 }
 
 int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     // The local model: a view, or under FSDP assembled by the stage's first shard group, a
     // collective over it, before the other data-parallel ranks leave (they hold the same).
-    const bool sharded = fsdp_on(t);
+    const bool sh = sharded(t);
     float *src[3] = {NULL, NULL, NULL};
     int rc = 0;
-    if (!sharded || t->d->rank < t->strat.fsdp.o.shard_degree) {
-        if (sharded) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
-        rc = strategy_local_state(t, sharded, src, err);
+    if (!sh || t->d->rank < t->strat.fsdp.o.shard_degree) {
+        if (sh) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
+        rc = strategy_local_state(t, sh, src, err);
     }
     if (t->d->rank != 0) {
-        strategy_local_state_free(t, sharded, src);
+        strategy_local_state_free(t, sh, src);
         return rc;
     }
     qwen3_model g = {0};
     dist *grp = t->strat.pp.group;
     grp->timeout_s = t->d->timeout_s;
+    if (t->tp > 1) t->strat.tp.group->timeout_s = t->d->timeout_s;
     const bool have_g = rc == 0 && qwen3_init_layout(&g, &t->setup.model, err) == 0;
     if (!have_g) rc = -1;
     size_t most = 0;
     for (int i = 0; rc == 0 && i < g.n_params; i++)
         most = g.params[i].numel > most ? g.params[i].numel : most;
-    pp_export x = {t, &g, rc == 0 ? malloc(most * sizeof(float) + 1) : NULL, src[0]};
-    if (rc == 0 && !x.buf) rc = ct_fail(err, "the PP export: out of memory");
+    pp_export x = {t, &g, rc == 0 ? malloc(most * sizeof(float) + 1) : NULL, src[0],
+                   rc == 0 && t->tp > 1 ? malloc(most * sizeof(float) + 1) : NULL};
+    if (rc == 0 && (!x.buf || (t->tp > 1 && !x.all)))
+        rc = ct_fail(err, "the PP export: out of memory");
     rc = dist_agree(grp, rc, "the PP export's buffers", err);
+    if (t->tp > 1) rc = dist_agree(t->strat.tp.group, rc, "the PP export's buffers", err);
     strategy_export sx = {.grp = grp, .g = &g, .full = &x.buf, .fetch = fetch_tensor, .ctx = &x};
-    if (rc == 0) rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
-    strategy_local_state_free(t, sharded, src);
+    if (rc == 0 && t->tp > 1 && t->strat.tp.group->rank != 0) {
+        rc = follow(&x, err);
+    } else if (rc == 0) {
+        rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
+        int end = -1; // the TP ranks that follow stop (after a failure too)
+        ct_error ignored;
+        if (name_to_tp(t, &end, &ignored) != 0 && rc >= 0) rc = -1, *err = ignored;
+    }
+    strategy_local_state_free(t, sh, src);
     free(x.buf);
+    free(x.all);
     if (have_g) qwen3_free(&g);
     return rc;
 }

@@ -195,7 +195,8 @@ static void take_slice(float *out, const float *full, const int64_t gshape[2],
 }
 
 // The one-process init's values: each global tensor drawn from its own stream (its index in
-// the global table, which orders tensors as the local one), this rank's slice kept.
+// the global table; found by name: under PP the local model holds some of them), this rank's
+// slice kept.
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
@@ -204,9 +205,13 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     float *full = malloc(most * sizeof *full), *mine = malloc(most * sizeof *mine);
     int rc = full && mine ? 0 : ct_fail(err, "random init: out of memory");
     for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i];
-        qwen3_init_tensor(&g, &g.params[i], full, seed);
-        take_slice(mine, full, g.params[i].shape, p, t->strat.tp.group->rank);
+        const qwen3_param *p = &m->params[i], *gp = qwen3_find_param(&g, p->name);
+        if (!gp) {
+            rc = ct_fail(err, "TP init: %s is not in the model", p->name);
+            break;
+        }
+        qwen3_init_tensor(&g, gp, full, seed);
+        take_slice(mine, full, gp->shape, p, t->strat.tp.group->rank);
         rc = qwen3_params_write(m, p->name, 0, p->numel, mine, err);
     }
     free(full);
@@ -559,35 +564,35 @@ typedef struct tp_export {
     const float *local;   // this rank's weights (a host view)
 } tp_export;
 
-// Every rank of the group: tensor i's slices gathered and assembled into x->full.
-static int gather_tensor(tp_export *x, int i, ct_error *err) {
-    const qwen3_model *m = &x->t->model;
-    const qwen3_param *p = &m->params[i], *gp = &x->g->params[i];
-    dist *grp = x->t->strat.tp.group;
+int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
+                       float *full, ct_error *err) {
+    const qwen3_param *p = qwen3_find_param(&t->model, gp->name);
+    if (!p) return ct_fail(err, "TP export: %s is not in this rank's model", gp->name);
+    dist *grp = t->strat.tp.group;
     const int P = grp->size;
-    if (dist_allgather(grp, x->local + p->offset, x->all, (int)(p->numel * sizeof(float)),
+    if (dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
                        "the TP export", err) != 0)
         return -1;
     switch (qwen3_tp_cut_of(p->name)) {
     case QWEN3_TP_WHOLE:
-        memcpy(x->full, x->all, p->numel * sizeof *x->full);
+        memcpy(full, all, p->numel * sizeof *full);
         break;
     case QWEN3_TP_ROWS:
-        memcpy(x->full, x->all, p->numel * P * sizeof *x->full);
+        memcpy(full, all, p->numel * P * sizeof *full);
         break;
     case QWEN3_TP_COLUMNS:
         for (int r = 0; r < P; r++)
             for (int64_t row = 0; row < p->shape[0]; row++)
-                memcpy(x->full + row * gp->shape[1] + r * p->shape[1],
-                       x->all + r * p->numel + row * p->shape[1],
-                       (size_t)p->shape[1] * sizeof *x->full);
+                memcpy(full + row * gp->shape[1] + r * p->shape[1],
+                       all + r * p->numel + row * p->shape[1], (size_t)p->shape[1] * sizeof *full);
         break;
     }
     return 0;
 }
 
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
-    return gather_tensor(ctx, i, err);
+    tp_export *x = ctx;
+    return strategy_tp_gather(x->t, x->local, &x->g->params[i], x->all, x->full, err);
 }
 
 int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {

@@ -352,13 +352,13 @@ int trainer_export_final(trainer *t, ct_error *err) {
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
         int copied = rc != 0      ? -1
-                     : t->tp > 1 ? strategy_tp_export(t, dir, dtype, err)
-                                 : strategy_pp_export(t, dir, dtype, err);
+                     : t->pp > 1 ? strategy_pp_export(t, dir, dtype, err)
+                                 : strategy_tp_export(t, dir, dtype, err);
         if (copied < 0)
             rc = -1;
         else if (is_root(t))
             fprintf(t->log, "export: %s (%s, assembled from the %s%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype, t->tp > 1 ? "TP slices" : "pipeline stages",
+                    t->cfg->checkpoint.export_dtype, t->pp > 1 ? "pipeline stages" : "TP slices",
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }

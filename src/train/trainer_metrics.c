@@ -118,13 +118,13 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
 // formula.
 void trainer_log_comm_volume(trainer *t, int64_t steps) {
     if (t->world->size == 1 || steps <= 0 || !is_root(t)) return;
-    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_tp   ? t->strat.tp.dp
-                                               : vt == &strategy_pp ? t->strat.pp.dp
-                                                                    : vt;
+    // The data-parallel strategy, inside PP and TP.
+    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_pp ? t->strat.pp.dp : vt;
+    if (dp == &strategy_tp) dp = t->strat.tp.dp;
     const double n = (double)steps;
     char buf[512] = "";
     size_t at = 0;
-    if (vt == &strategy_tp) {
+    if (t->tp > 1) {
         const double *b = t->strat.tp.bytes;
         at += (size_t)snprintf(buf, sizeof buf,
                                "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces "
