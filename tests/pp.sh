@@ -2,7 +2,8 @@
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
 # (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
-# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), a MoE model (the aux-loss-free bias),
+# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE), a
+# MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -158,7 +159,15 @@ check "pp2 x tp2 bf16 = np1" agree "$tmp/pptp" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
 sent() { sed -n 's/.*pipeline activations and their gradients sent \([0-9]*\).*/\1/p' "$1.log"; }
 [ "$(sent "$tmp/pptp")" = 16384 ] && [ "$(sent "$tmp/pp2")" = 32768 ] && ok ||
   bad "stage bytes per step: pp2 x tp2 $(sent "$tmp/pptp"), pp2 $(sent "$tmp/pp2"); expected 16384, 32768"
-rm -rf "$tmp/np1_kvb/hf"
+# 3D, PP=2 x FSDP=2 x TP=2 (np 8, oversubscribed): the MoE model on 3 layers (stage 0 the
+# embedding and layers 0-1, stage 1 layer 2 and the head), fp32, within tol (measured 3.0e-9,
+# 7.7e-9, 8.6e-10)
+three=(--model.n_layers 3)
+check "np1 moe kv2 3 layers" run 1 "$tmp/np1_3d" "${moe[@]}" "${kv[@]}" "${three[@]}"
+check "pp2 x fsdp2 x tp2 moe" pp 8 "$tmp/pp3d" "${moe[@]}" "${kv[@]}" "${three[@]}" "${fsdp2[@]}" \
+  --parallelism.tensor_parallel_degree 2
+check "pp2 x fsdp2 x tp2 moe = np1" agree "$tmp/pp3d" "$tmp/np1_3d" "${tol[@]}"
+rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf"
 # guarded backend: the same PP run, bit for bit
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0
