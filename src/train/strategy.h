@@ -53,6 +53,10 @@ typedef struct strategy_vt {
     void (*begin_step)(trainer *t);
     void (*begin_micro)(trainer *t, bool last);
     void (*unit_ready)(void *ctx, int unit, int event);
+    // The step's micro-batches (NULL: the step's own loop, a forward and backward each): the
+    // loss and MoE aux sums over this rank's, gradients scaled by `scale` (1 / the step's valid
+    // targets, NaN under debug.fault nan). Pipeline parallelism runs its schedule here.
+    int (*run_micro)(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err);
     // After the last backward: the reductions are done (the gradients are final).
     int (*grads_final)(trainer *t, ct_error *err);
     // The summed gradient's sum of squares over every rank's shard.
@@ -63,6 +67,9 @@ typedef struct strategy_vt {
     int (*after_update)(trainer *t, ct_error *err);
     // After a forward without backward (validation): what a unit kept for its backward goes.
     void (*after_eval)(trainer *t);
+    // The "comm volume" line's clauses for the strategy's own payload bytes (NULL: none), per
+    // step over n steps, into buf ("; what N" each); returns snprintf's count.
+    int (*comm_bytes)(const trainer *t, double n, char *buf, size_t size);
     // Communication seconds of the step beyond dist's own count: exposed and hidden.
     void (*take_comm)(trainer *t, double *exposed, double *hidden);
     // Checkpoints: a resume loads this rank's weights, its range of the moments (views of
@@ -72,14 +79,16 @@ typedef struct strategy_vt {
     int (*load_checkpoint)(trainer *t, const char *dir, float *moments[2], ct_error *err);
     int (*save_checkpoint)(trainer *t, ct_error *err);
     bool model_in_shards;
+    // The final HF export streamed from the ranks holding the model's pieces (NULL: one rank's
+    // model or the saved checkpoint), and what the log line says it is assembled from.
+    int (*export_hf)(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+    const char *export_from;
 } strategy_vt;
 
 extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
 // Tensor parallelism with sequence parallelism (strategy_tp.c) over the trainer's TP group,
 // with replicate (DDP) over the data-parallel ranks (the trainer's t->d).
 extern const strategy_vt strategy_tp;
-// Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
-int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
 // Every rank of the TP group: global tensor gp (g's, the one-process layout) assembled into full
 // (its numel floats) from the group's slices of it in `local` (each rank's local weights, host),
 // through all (tp times the local tensor's floats).
@@ -161,13 +170,6 @@ extern const strategy_vt strategy_pp;
 // Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
 // in t->strat.pp).
 int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
-// One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
-// (the last stage's, summed over the pp group) and the MoE aux sum; gradients scaled by `scale`
-// (1 / the step's valid targets).
-int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err);
-// Under PP: the weights as one HF folder in dir (world rank 0 writes; the first data-parallel
-// index's stages take part).
-int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
 
 // Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
 // layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those

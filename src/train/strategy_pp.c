@@ -336,7 +336,9 @@ static FILE *trace_open(const trainer *t) {
     return fopen(path, "w");
 }
 
-int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
+// One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
+// (the last stage's, summed over the pp group) and the MoE aux sum.
+static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
     qwen3_model *m = &t->model;
     const int P = p->group->size, V = p->v * p->m;
@@ -443,7 +445,9 @@ static int follow(pp_export *x, ct_error *err) {
     }
 }
 
-int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
+// The weights as one HF folder in dir (world rank 0 writes; the first data-parallel index's
+// stages take part).
+static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     // The local model: a view, or under FSDP assembled by the stage's first shard group, a
     // collective over it, before the other data-parallel ranks leave (they hold the same).
     const bool sh = sharded(t);
@@ -488,6 +492,15 @@ int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     return rc;
 }
 
+// The inner strategy's bytes (TP's), then the activations and their gradients sent.
+static int comm_bytes(const trainer *t, double n, char *buf, size_t size) {
+    const strategy_vt *in = t->strat.pp.dp;
+    const int at = in->comm_bytes ? in->comm_bytes(t, n, buf, size) : 0;
+    if (at < 0 || (size_t)at >= size) return at;
+    return at + snprintf(buf + at, size - at, "; pipeline activations and their gradients sent %.0f",
+                         t->strat.pp.bytes / n);
+}
+
 const strategy_vt strategy_pp = {
     .describe = describe,
     .memory_note = "",
@@ -511,4 +524,8 @@ const strategy_vt strategy_pp = {
     .load_checkpoint = load_checkpoint,
     .save_checkpoint = save_checkpoint,
     .model_in_shards = false,
+    .run_micro = run_micro,
+    .comm_bytes = comm_bytes,
+    .export_hf = export_hf,
+    .export_from = "pipeline stages",
 };

@@ -540,15 +540,6 @@ static void take_comm(trainer *t, double *exposed, double *hidden) {
     t->strat.tp.dp->take_comm(t, exposed, hidden);
 }
 
-const strategy_vt strategy_tp = {
-    .describe = describe, .memory_note = " (TP shares)", .optimizer_sharded = false,
-    .estimate = estimate, .setup = setup,
-    .free = free_, .init_random = init_random, .load_sharded = load_sharded, .load_hf = load_hf,
-    .weights_ready = weights_ready, .begin_step = begin_step, .begin_micro = begin_micro,
-    .unit_ready = unit_ready, .grads_final = grads_final, .grad_sq = grad_sq, .shard = shard,
-    .after_update = after_update, .after_eval = after_eval, .take_comm = take_comm,
-    .load_checkpoint = load_checkpoint, .save_checkpoint = save_checkpoint,
-    .model_in_shards = false};
 
 // ---------------------------------------------------------------------------------------------
 // The final HF export (checkpoint.last_save_in_hf), streamed tensor by tensor: world rank 0
@@ -595,7 +586,8 @@ static int fetch_tensor(void *ctx, int i, ct_error *err) {
     return strategy_tp_gather(x->t, x->local, &x->g->params[i], x->all, x->full, err);
 }
 
-int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
+// The weights as one HF folder in dir (world rank 0 writes; every rank takes part).
+static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     qwen3_model *m = &t->model, g;
     dist *grp = t->strat.tp.group;
     // The local model: the weights themselves, or under FSDP assembled from the shard group's
@@ -627,3 +619,23 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     qwen3_free(&g);
     return rc;
 }
+
+// The group's payload bytes (strategy_tp_state.bytes).
+static int comm_bytes(const trainer *t, double n, char *buf, size_t size) {
+    const double *b = t->strat.tp.bytes;
+    return snprintf(buf, size,
+                    "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces %.0f, "
+                    "replicated gradients' all-reduces %.0f",
+                    b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
+}
+
+const strategy_vt strategy_tp = {
+    .describe = describe, .memory_note = " (TP shares)", .optimizer_sharded = false,
+    .estimate = estimate, .setup = setup,
+    .free = free_, .init_random = init_random, .load_sharded = load_sharded, .load_hf = load_hf,
+    .weights_ready = weights_ready, .begin_step = begin_step, .begin_micro = begin_micro,
+    .unit_ready = unit_ready, .grads_final = grads_final, .grad_sq = grad_sq, .shard = shard,
+    .after_update = after_update, .after_eval = after_eval, .take_comm = take_comm,
+    .load_checkpoint = load_checkpoint, .save_checkpoint = save_checkpoint,
+    .model_in_shards = false, .comm_bytes = comm_bytes, .export_hf = export_hf,
+    .export_from = "TP slices"};

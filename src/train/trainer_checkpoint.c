@@ -346,19 +346,18 @@ int trainer_export_final(trainer *t, ct_error *err) {
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
-    if (t->tp > 1 || t->pp > 1) { // streamed, each tensor assembled from its ranks as written
+    const strategy_vt *vt = t->strat.vt;
+    if (vt->export_hf) { // streamed, each tensor assembled from its ranks as written (TP, PP)
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        int copied = rc != 0      ? -1
-                     : t->pp > 1 ? strategy_pp_export(t, dir, dtype, err)
-                                 : strategy_tp_export(t, dir, dtype, err);
+        int copied = rc != 0 ? -1 : vt->export_hf(t, dir, dtype, err);
         if (copied < 0)
             rc = -1;
         else if (is_root(t))
             fprintf(t->log, "export: %s (%s, assembled from the %s%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype, t->pp > 1 ? "pipeline stages" : "TP slices",
+                    t->cfg->checkpoint.export_dtype, vt->export_from,
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }

@@ -118,28 +118,17 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
 // formula.
 void trainer_log_comm_volume(trainer *t, int64_t steps) {
     if (t->world->size == 1 || steps <= 0 || !is_root(t)) return;
-    // The data-parallel strategy, inside PP and TP.
-    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_pp ? t->strat.pp.dp : vt;
-    if (dp == &strategy_tp) dp = t->strat.tp.dp;
+    const strategy_vt *vt = t->strat.vt;
     const double n = (double)steps;
     char buf[512] = "";
     size_t at = 0;
-    if (t->tp > 1) {
-        const double *b = t->strat.tp.bytes;
-        at += (size_t)snprintf(buf, sizeof buf,
-                               "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces "
-                               "%.0f, replicated gradients' all-reduces %.0f",
-                               b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
-    }
-    if (vt == &strategy_pp && at < sizeof buf)
-        at += (size_t)snprintf(buf + at, sizeof buf - at,
-                               "; pipeline activations and their gradients sent %.0f",
-                               t->strat.pp.bytes / n);
+    if (vt->comm_bytes) at += (size_t)vt->comm_bytes(t, n, buf, sizeof buf); // TP's, PP's
     if (t->ep > 1 && at < sizeof buf)
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; EP all-to-alls (sent to other ranks) %.0f",
                                t->strat.ep.bytes / n);
-    if ((dp == &strategy_fsdp || dp == strategy_ep_fsdp()) && at < sizeof buf) {
+    // FSDP in use, alone or inside another strategy (set up: it has units).
+    if (t->strat.fsdp.n_units > 0 && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; FSDP gathers %.0f, reduce-scatters %.0f, replica all-reduces "
