@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
-# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), a MoE model (the aux-loss-free bias),
+# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
+# checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
+# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE), a
+# MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -11,7 +14,8 @@ set -u
 source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
 # Under the sanitizers (make check's second pass) one case of each kind: PP=2 1F1B against one
-# process with its trace, a PP=2 checkpoint resumed by one process, a hung stage, two refusals
+# process with its trace, a PP=2 checkpoint resumed by one process, PP=2 x FSDP=2 against one
+# process, a hung stage, two refusals
 # (full, mpi_test.bash).
 
 # run NP DUMP [--key value ...]: a narrow untied debugmodel (hidden 64), 4 steps of 4 sequences
@@ -114,6 +118,31 @@ check "np1 2 steps, saved" run 1 "$tmp/np1_leg" "${six[@]}" "${save[@]}" --train
 check "np1 -> pp2" pp 2 "$tmp/np1_leg" "${six[@]}" "${save[@]}"
 grep -q "resumed from .*step-2 " "$tmp/np1_leg.log" && ok || bad "np1 -> pp2 did not resume"
 check "np1 -> pp2 = np1" agree "$tmp/np1_leg" "$tmp/np1_6" "${tol[@]}"
+# PP=2 x FSDP=2 (np 4: each stage's local model sharded over its 2 ranks, local batch 2 in 2
+# micro-batches): Interleaved1F1B over the 6 layers, two local stages per rank, each
+# reduce-scattering after its own last micro-batch; steps 2 and 4 saved. Its step-2 checkpoint
+# resumed by one process, by FSDP alone (np 2), and at PP x FSDP with reshard_after_forward
+# "always" (the default under PP is "never"), which gives the same bits.
+fsdp2=(--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2
+  --training.local_batch_size 2)
+keep=(--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 2)
+il=(--parallelism.pipeline_parallel_schedule Interleaved1F1B)
+check "pp2 x fsdp2 Interleaved1F1B" pp 4 "$tmp/ppf" "${six[@]}" "${fsdp2[@]}" "${keep[@]}" "${il[@]}"
+grep -q "FSDP over 2 ranks: .*reshard_after_forward never" "$tmp/ppf.log" && ok ||
+  bad "pp2 x fsdp2: $(grep '^comm: FSDP' "$tmp/ppf.log")"
+check "pp2 x fsdp2 = np1" same "$tmp/ppf" "$tmp/np1_6" "${tol[@]}"
+for to in f1 f2 fa; do
+  cp -r "$tmp/ppf" "$tmp/$to" && rm -rf "$tmp/$to/checkpoint/step-4" "$tmp/$to/hf"
+done
+check "pp2 x fsdp2 -> np1" run 1 "$tmp/f1" "${six[@]}" "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/f1.log" && ok || bad "pp2 x fsdp2 -> np1 did not resume"
+check "pp2 x fsdp2 -> np1 = np1" agree "$tmp/f1" "$tmp/np1_6" "${tol[@]}"
+check "pp2 x fsdp2 -> fsdp2" run 2 "$tmp/f2" "${six[@]}" "${keep[@]}" --training.local_batch_size 2
+check "pp2 x fsdp2 -> fsdp2 = np1" agree "$tmp/f2" "$tmp/np1_6" "${tol[@]}"
+check "pp2 x fsdp2 -> itself, always" pp 4 "$tmp/fa" "${six[@]}" "${fsdp2[@]}" "${keep[@]}" \
+  "${il[@]}" --parallelism.fsdp_reshard_after_forward always
+check "pp2 x fsdp2 always = default" agree "$tmp/fa" "$tmp/ppf" 0 0 0
+rm -rf "$tmp/ppf/hf"
 rm -rf "$tmp/np1_6/hf" "$tmp/uneven/hf" "$tmp"/*/checkpoint
 # MoE with the aux-loss-free bias: each stage moves its own layers' biases from the counts summed
 # over its data-parallel ranks
@@ -122,6 +151,28 @@ check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
 check "pp2 moe" pp 2 "$tmp/pp2_moe" "${moe[@]}"
 check "pp2 moe = np1" agree "$tmp/pp2_moe" "$tmp/np1_moe" "${tol[@]}"
 rm -rf "$tmp/np1_moe/hf"
+# PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
+# rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In
+# bf16 against one process in bf16: TP's difference (its partial sums reduced in fp32 and rounded
+# once), measured 9.0e-6, 3.7e-6, 9.2e-8.
+kv=(--model.n_kv_heads 2)
+bf=(--training.mixed_precision_param bfloat16)
+check "np1 kv2 bf16" run 1 "$tmp/np1_kvb" "${kv[@]}" "${bf[@]}"
+check "pp2 x tp2 bf16" pp 4 "$tmp/pptp" "${kv[@]}" "${bf[@]}" \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2
+check "pp2 x tp2 bf16 = np1" agree "$tmp/pptp" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
+sent() { sed -n 's/.*pipeline activations and their gradients sent \([0-9]*\).*/\1/p' "$1.log"; }
+[ "$(sent "$tmp/pptp")" = 16384 ] && [ "$(sent "$tmp/pp2")" = 32768 ] && ok ||
+  bad "stage bytes per step: pp2 x tp2 $(sent "$tmp/pptp"), pp2 $(sent "$tmp/pp2"); expected 16384, 32768"
+# 3D, PP=2 x FSDP=2 x TP=2 (np 8, oversubscribed): the MoE model on 3 layers (stage 0 the
+# embedding and layers 0-1, stage 1 layer 2 and the head), fp32, within tol (measured 3.0e-9,
+# 7.7e-9, 8.6e-10)
+three=(--model.n_layers 3)
+check "np1 moe kv2 3 layers" run 1 "$tmp/np1_3d" "${moe[@]}" "${kv[@]}" "${three[@]}"
+check "pp2 x fsdp2 x tp2 moe" pp 8 "$tmp/pp3d" "${moe[@]}" "${kv[@]}" "${three[@]}" "${fsdp2[@]}" \
+  --parallelism.tensor_parallel_degree 2
+check "pp2 x fsdp2 x tp2 moe = np1" agree "$tmp/pp3d" "$tmp/np1_3d" "${tol[@]}"
+rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf"
 # guarded backend: the same PP run, bit for bit
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0
@@ -132,6 +183,9 @@ check "pp2 2 steps, saved" pp 2 "$tmp/leg" --checkpoint.enable true --checkpoint
 rm -rf "$tmp/leg/hf"
 check "pp2 -> np1" run 1 "$tmp/leg" --checkpoint.enable true --checkpoint.interval 2
 check "pp2 -> np1 = np1" agree "$tmp/leg" "$tmp/np1" "${tol[@]}"
+check "pp2 x fsdp2" pp 4 "$tmp/ppf" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
+check "pp2 x fsdp2 = np1" agree "$tmp/ppf" "$tmp/np1" "${tol[@]}"
 fi
 rm -rf "$tmp/np1/hf" "$tmp/pp2/hf" "$tmp"/*/checkpoint
 
@@ -150,8 +204,11 @@ refused zbv "pipeline_parallel_schedule = \"ZBVZeroBubble\": torchtitan's ZBVZer
   2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble
 refused tied "pipeline_parallel_degree = 2 with tied embeddings" 2 \
   --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
-refused fsdp "pipeline_parallel_degree = 2 with FSDP \(data_parallel_shard_degree > 1\): not supported yet" \
-  4 --parallelism.pipeline_parallel_degree 2
+refused zero1 "pipeline_parallel_degree = 2 with ZeRO-1 \(data_parallel_shard_mode = \"zero1\"\): not supported yet" \
+  4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
+refused pptp_ckpt "pipeline_parallel_degree = 2 with tensor_parallel_degree > 1 and checkpoint.enable = true \(PP x TP checkpoints\): not supported yet" \
+  4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --model.n_kv_heads 2 --checkpoint.enable true
 refused fqns "module_fqns_per_model_part: \"layers.1\" in stage 0" 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.module_fqns_per_model_part \
   "tok_embeddings,layers.1;layers.0,norm,output"

@@ -816,7 +816,8 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
 
     if (m->balance) moe_balance_forward_begin(m->balance, qwen3_moe_rows(m, d.N));
     if (!has_embed(m, l0)) {
-        be->copy(be, s->layers[l0].resid, in, (size_t)d.N * d.C * sizeof(float));
+        // Under sequence parallelism the residual stream, so a stage's input, is this rank's rows.
+        be->copy(be, s->layers[l0].resid, in, (size_t)sp_rows(m, d.N) * d.C * sizeof(float));
     } else {
         unit_event(m, 0, QWEN3_UNIT_FORWARD);
         if (m->tp)
@@ -902,7 +903,7 @@ static void backward(qwen3_model *m, int l0, int l1, const float *dout, float lo
     const float *aux_dprob = m->balance ? moe_balance_backward_begin(m->balance) : NULL;
     s->aux_active = aux_dprob != NULL;
     if (aux_dprob) m->be->write(m->be, s->aux_dprob, aux_dprob, (size_t)d.E * sizeof *s->aux_dprob);
-    if (!head) m->be->copy(m->be, s->dresid, dout, (size_t)d.N * d.C * sizeof(float));
+    if (!head) m->be->copy(m->be, s->dresid, dout, (size_t)sp_rows(m, d.N) * d.C * sizeof(float));
     if (head) unit_event(m, L + 1, QWEN3_UNIT_BACKWARD);
     if (head && !s->head_done) {
         for (int r0 = 0; r0 < d.N; r0 += rows)

@@ -465,6 +465,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale);
 // after that stage's forward, starts from loss_scale at the head or from dout (the gradient of
 // the stage's output) and ends at the embedding or at the gradient of the stage's input
 // (qwen3_stage_dinput, valid until the next pass). Gradients accumulate as qwen3_backward's.
+// Under TP with sequence parallelism (m->tp) the input, output and their gradients are this
+// rank's N / tp rows (its sequence shard), as the residual stream is.
 double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
                            const float *in);
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale);

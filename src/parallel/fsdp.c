@@ -393,6 +393,7 @@ void fsdp_backward(fsdp *f, int u) {
 
 void fsdp_backward_done(fsdp *f, int u) {
     progress(f);
+    if (f->no_sync) return; // the stage's last micro-batch reduces the sum
     reshard(f, u);
     if (f->tied && u == f->n_units - 1 && f->o.reshard == FSDP_RESHARD_ALWAYS) reshard(f, 0);
     // One reduce-scatter in flight at a time: the previous one finishes first.
@@ -425,6 +426,7 @@ void fsdp_weights_changed(fsdp *f, bool bf16_done) {
 }
 
 void fsdp_begin_step(fsdp *f) {
+    f->no_sync = false;
     if (f->shard_grads) f->be->zero(f->be, f->shard_grads, f->n_shard * sizeof(float));
 }
 

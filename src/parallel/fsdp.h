@@ -108,6 +108,11 @@ typedef struct fsdp {
     // buffer: a unit's gathered weights, a unit's gradients reduce-scattered, the shard's
     // gradients all-reduced over the replicas), for the volume benchmarks (bench/parallel.py).
     double gather_bytes, reduce_bytes, replica_bytes;
+    // Pipeline parallelism: a micro-batch before the stage's last. Its units' gradients
+    // accumulate whole in the full buffer and the units stay gathered after the backward; the
+    // last micro-batch's backward reduce-scatters the sum (FSDP2 under PyTorch's pipelining:
+    // set_requires_gradient_sync and set_reshard_after_backward only for the last).
+    bool no_sync;
     // The first failure inside the hook (which cannot return it): every later collective is
     // skipped, and fsdp_finish returns it.
     int failed;

@@ -53,6 +53,10 @@ typedef struct strategy_vt {
     void (*begin_step)(trainer *t);
     void (*begin_micro)(trainer *t, bool last);
     void (*unit_ready)(void *ctx, int unit, int event);
+    // The step's micro-batches (NULL: the step's own loop, a forward and backward each): the
+    // loss and MoE aux sums over this rank's, gradients scaled by `scale` (1 / the step's valid
+    // targets, NaN under debug.fault nan). Pipeline parallelism runs its schedule here.
+    int (*run_micro)(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err);
     // After the last backward: the reductions are done (the gradients are final).
     int (*grads_final)(trainer *t, ct_error *err);
     // The summed gradient's sum of squares over every rank's shard.
@@ -63,6 +67,9 @@ typedef struct strategy_vt {
     int (*after_update)(trainer *t, ct_error *err);
     // After a forward without backward (validation): what a unit kept for its backward goes.
     void (*after_eval)(trainer *t);
+    // The "comm volume" line's clauses for the strategy's own payload bytes (NULL: none), per
+    // step over n steps, into buf ("; what N" each); returns snprintf's count.
+    int (*comm_bytes)(const trainer *t, double n, char *buf, size_t size);
     // Communication seconds of the step beyond dist's own count: exposed and hidden.
     void (*take_comm)(trainer *t, double *exposed, double *hidden);
     // Checkpoints: a resume loads this rank's weights, its range of the moments (views of
@@ -72,6 +79,10 @@ typedef struct strategy_vt {
     int (*load_checkpoint)(trainer *t, const char *dir, float *moments[2], ct_error *err);
     int (*save_checkpoint)(trainer *t, ct_error *err);
     bool model_in_shards;
+    // The final HF export streamed from the ranks holding the model's pieces (NULL: one rank's
+    // model or the saved checkpoint), and what the log line says it is assembled from.
+    int (*export_hf)(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+    const char *export_from;
 } strategy_vt;
 
 extern const strategy_vt strategy_replicate, strategy_zero1, strategy_fsdp;
@@ -88,8 +99,11 @@ void strategy_replicate_free_sync(trainer *t);
 // Tensor parallelism with sequence parallelism (strategy_tp.c) over the trainer's TP group,
 // with replicate (DDP) over the data-parallel ranks (the trainer's t->d).
 extern const strategy_vt strategy_tp;
-// Under TP: the weights as one HF folder in dir (world rank 0 writes; every rank takes part).
-int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
+// Every rank of the TP group: global tensor gp (g's, the one-process layout) assembled into full
+// (its numel floats) from the group's slices of it in `local` (each rank's local weights, host),
+// through all (tp times the local tensor's floats).
+int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
+                       float *full, ct_error *err);
 // FSDP composed with another cut (TP): every unit of the full buffer (which a load filled) into
 // the shard; a shard buffer (backend memory: the fp32 weights f->shard_params, or an AdamW
 // moment t->opt.m / t->opt.v) assembled from the shard group's pieces into `full` (host, the
@@ -98,6 +112,11 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 void strategy_fsdp_take_all(trainer *t);
 int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err);
 void strategy_fsdp_pieces(const trainer *t, const float *full, float *shard);
+// This rank's local model's weights and two moments in host memory, src[0..2] (a save; release
+// with strategy_local_state_free): views of the model and the optimizer, or (sharded: FSDP
+// beside TP or PP) assembled from the shard group's pieces (every rank of the group takes part).
+int strategy_local_state(trainer *t, bool sharded, float *src[3], ct_error *err);
+void strategy_local_state_free(trainer *t, bool sharded, float *src[3]);
 // FSDP's parts of the memory estimate for the model cfg (the run's, or a rank's under TP).
 int strategy_fsdp_estimate_of(const trainer *t, const qwen3_config *cfg, run_memory *mem,
                               ct_error *err);
@@ -149,9 +168,10 @@ int strategy_ep_check_replicas(trainer *t, ct_error *err);
 // Pipeline parallelism (strategy_pp.c): this rank's stages of the split (pipeline_schedule.h),
 // its schedule's actions, and per (local stage k, micro-batch i) at [k * m + i] the stage input
 // received, the output's gradient received, and the output and input gradient sent (N x C
-// floats each on the backend) with their requests in flight. DDP (strategy_replicate) runs over
-// the stage's data-parallel ranks (t->d).
+// floats each on the backend) with their requests in flight. DDP (strategy_replicate) or
+// FSDP/HSDP (strategy_fsdp, on the local model) runs over the stage's data-parallel ranks (t->d).
 typedef struct strategy_pp_state {
+    const strategy_vt *dp; // inside each stage: replicate, or FSDP/HSDP
     dist *group; // the pp ranks of this data-parallel index (stage s on group rank s % pp)
     pp_schedule_kind kind;
     int S, v, m;                // stages, stages on this rank, micro-batches per step
@@ -167,13 +187,6 @@ extern const strategy_vt strategy_pp;
 // Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
 // in t->strat.pp).
 int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
-// One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
-// (the last stage's, summed over the pp group) and the MoE aux sum; gradients scaled by `scale`
-// (1 / the step's valid targets).
-int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err);
-// Under PP: the weights as one HF folder in dir (world rank 0 writes; the first data-parallel
-// index's stages take part).
-int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err);
 
 // Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
 // layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those
@@ -183,6 +196,11 @@ int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
                          ckpt_range **out, ct_error *err);
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err);
+// The same into the model's full buffer and host moments (NULL: not read) that span the local
+// model whatever the optimizer holds (a composition with FSDP then takes its pieces); st: the run
+// state, or NULL.
+int trainer_load_local_by_name(trainer *t, const char *dir, float *moments[2], train_state *st,
+                               ct_error *err);
 int trainer_load_model_by_name(trainer *t, const char *dir, ct_error *err);
 
 // A checkpoint of P shards in the global layout (TP's, EP's, PP's), around the strategy's own

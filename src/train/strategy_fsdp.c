@@ -22,6 +22,9 @@ static fsdp_opts fsdp_options(const trainer *t) {
         .frozen = c->lora.rank > 0, // LoRA's base (strategy_lora_fsdp.c)
     };
     fsdp_reshard_parse(&o.reshard, c->parallelism.fsdp_reshard_after_forward, NULL);
+    // torchtitan: "default" is never under pipeline parallelism (the stage's backward of a
+    // micro-batch comes after others' forwards).
+    if (t->pp > 1 && o.reshard == FSDP_RESHARD_DEFAULT) o.reshard = FSDP_RESHARD_NEVER;
     return o;
 }
 
@@ -676,4 +679,37 @@ void strategy_fsdp_pieces(const trainer *t, const float *full, float *shard) {
         const fsdp_unit *x = &f->units[u];
         memcpy(shard + x->at, full + x->piece_lo, (x->piece_hi - x->piece_lo) * sizeof *shard);
     }
+}
+
+int strategy_local_state(trainer *t, bool sharded, float *src[3], ct_error *err) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    const size_t bytes = m->num_params * sizeof(float);
+    src[0] = src[1] = src[2] = NULL;
+    if (!sharded) {
+        if ((src[0] = qwen3_params_view(m, true, err)) &&
+            (src[1] = be->view(be, t->opt.m, bytes, true, err)))
+            src[2] = be->view(be, t->opt.v, bytes, true, err);
+        return src[2] ? 0 : -1;
+    }
+    src[0] = malloc(3 * bytes + 1);
+    int rc = src[0] ? 0 : ct_fail(err, "out of memory for the checkpoint's local model");
+    rc = dist_agree(&t->strat.fsdp.shard, rc, "the checkpoint's local model", err);
+    if (rc != 0) return -1;
+    src[1] = src[0] + m->num_params, src[2] = src[1] + m->num_params;
+    float *dev[3] = {t->strat.fsdp.shard_params, t->opt.m, t->opt.v};
+    for (int k = 0; k < 3 && rc == 0; k++) rc = strategy_fsdp_gather(t, dev[k], src[k], err);
+    return rc;
+}
+
+void strategy_local_state_free(trainer *t, bool sharded, float *src[3]) {
+    qwen3_model *m = &t->model;
+    ct_backend *be = t->opt.be;
+    if (sharded) {
+        free(src[0]);
+        return;
+    }
+    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
+    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
+    if (src[0]) qwen3_params_view_release(m, src[0], false);
 }

@@ -6,7 +6,12 @@
 // not the last one run recomputes it from the stage input kept (bit-identical, as activation
 // checkpointing). The last stage's loss is the summed cross-entropy over the step's global
 // valid-target count, so the gradients are one process's. DDP (strategy_replicate) runs over
-// the stage's data-parallel ranks; the gradient norm sums over the stages.
+// the stage's data-parallel ranks, or FSDP/HSDP (each stage's local model sharded over its
+// dp_shard ranks, as torchtitan's mesh: pp outermost). Under FSDP a stage's gradients accumulate
+// whole over its micro-batches and are reduce-scattered in the backward of its last one (FSDP2
+// under PyTorch's pipelining: set_requires_gradient_sync and set_reshard_after_backward only
+// then), and "default" keeps the units gathered after the forward (torchtitan: no resharding
+// after forward under PP). The gradient norm sums over the stages.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,25 +24,39 @@
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-static const strategy_vt *dp(void) {
-    return &strategy_replicate;
+// The strategy inside each stage, known from the config alone (ZeRO-1 is refused in
+// trainer_setup.c): TP (itself over replicate or FSDP), FSDP or replicate.
+static const strategy_vt *dp_of(const trainer *t) {
+    return t->tp > 1 ? &strategy_tp : t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+}
+
+// FSDP directly inside the stage (its loads are ours to hand over).
+static bool fsdp_on(const trainer *t) {
+    return dp_of(t) == &strategy_fsdp;
+}
+
+// FSDP inside the stage, directly or under TP: no rank holds its local model.
+static bool sharded(const trainer *t) {
+    return t->shard_degree > 1;
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
     char inner[200];
-    dp()->describe(t, inner, sizeof inner);
+    dp_of(t)->describe(t, inner, sizeof inner);
     snprintf(buf, size, "pipeline parallel over %d stage groups (schedule %s), %s over each "
                         "stage's %d rank(s)",
              t->pp, t->cfg->parallelism.pipeline_parallel_schedule, inner, t->d->size);
 }
 
+// A stage boundary's rows: under TP (sequence parallelism) this rank's sequence shard, sent to
+// the same TP rank of the next stage (the pp group).
 static size_t rows_floats(const trainer *t) {
-    return (size_t)t->B * t->T * t->model.cfg.hidden_size;
+    return (size_t)t->B * t->T / t->tp * t->model.cfg.hidden_size;
 }
 
 static int setup(trainer *t, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
-    if (dp()->setup(t, err) != 0) return -1;
+    if ((p->dp = dp_of(t))->setup(t, err) != 0) return -1;
     p->n_actions = 2 * p->m * p->v;
     p->actions = calloc((size_t)p->n_actions, sizeof *p->actions);
     const int n = p->v * p->m;
@@ -75,7 +94,7 @@ static void free_(trainer *t) {
     free(p->req);
     free(p->actions);
     p->in = NULL, p->req = NULL, p->actions = NULL;
-    dp()->free(t);
+    if (p->dp) p->dp->free(t);
 }
 
 int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err) {
@@ -96,8 +115,10 @@ int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error
     return 0;
 }
 
-// The one-process init's values: each tensor drawn from its global table's stream.
+// The one-process init's values: each tensor drawn from its global table's stream (under TP,
+// TP's init: its slices of them).
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
+    if (t->tp > 1) return strategy_tp.init_random(t, seed, err);
     qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     size_t most = 0;
@@ -115,74 +136,78 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     }
     free(x);
     qwen3_free(&g);
+    if (rc == 0 && fsdp_on(t)) strategy_fsdp_take_all(t);
     return rc;
+}
+
+// Under FSDP: the stage's local model as FSDP's memory estimate sees it. Under TP, TP's of the
+// whole model (an over-estimate by up to the pp degree).
+static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    if (t->tp > 1) return strategy_tp.estimate(t, mem, err); // the whole model's TP shares
+    if (!fsdp_on(t)) return 0;
+    qwen3_config lc = t->setup.model;
+    if (strategy_pp_local_config(t, t->strat.pp.group->rank, &lc, err) != 0) return -1;
+    return strategy_fsdp_estimate_of(t, &lc, mem, err);
 }
 
 // The summed gradient's squares: the stage's (over its data-parallel ranks), summed over the
 // stages in rank order.
 static int grad_sq(trainer *t, double *sq, ct_error *err) {
-    if (dp()->grad_sq(t, sq, err) != 0) return -1;
+    if (t->strat.pp.dp->grad_sq(t, sq, err) != 0) return -1;
     return dist_sum(t->strat.pp.group, *sq, sq, "the gradient norm over the stages", err);
 }
 
 static void begin_step(trainer *t) {
-    dp()->begin_step(t);
+    t->strat.pp.dp->begin_step(t);
 }
+// `last`: the stage's last micro-batch (each local stage has its own). FSDP reduces only then.
 static void begin_micro(trainer *t, bool last) {
-    dp()->begin_micro(t, last);
+    if (sharded(t)) t->strat.fsdp.no_sync = !last;
+    t->strat.pp.dp->begin_micro(t, last);
 }
 static void unit_ready(void *ctx, int unit, int event) {
-    dp()->unit_ready(ctx, unit, event);
+    ((trainer *)ctx)->strat.pp.dp->unit_ready(ctx, unit, event);
 }
 static int grads_final(trainer *t, ct_error *err) {
-    return dp()->grads_final(t, err);
+    return t->strat.pp.dp->grads_final(t, err);
 }
 static strategy_shard shard(trainer *t) {
-    return dp()->shard(t);
+    return t->strat.pp.dp->shard(t);
 }
 static int after_update(trainer *t, ct_error *err) {
-    return dp()->after_update(t, err);
+    return t->strat.pp.dp->after_update(t, err);
 }
 static void after_eval(trainer *t) {
-    dp()->after_eval(t);
+    t->strat.pp.dp->after_eval(t);
 }
 // The stage's own waits (its sends and receives) count as exposed communication.
 static void take_comm(trainer *t, double *exposed, double *hidden) {
-    dp()->take_comm(t, exposed, hidden);
+    t->strat.pp.dp->take_comm(t, exposed, hidden);
     *exposed += t->strat.pp.group->comm_s;
     t->strat.pp.group->comm_s = 0;
 }
 static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const char *from,
                    ct_error *err) {
-    return dp()->load_hf(t, rep, set, from, err);
+    return t->strat.pp.dp->load_hf(t, rep, set, from, err);
 }
 static void weights_ready(trainer *t) {
-    dp()->weights_ready(t);
+    t->strat.pp.dp->weights_ready(t);
 }
 // --- checkpoints: the one-process layout's ranges. Each pp rank holds its tensors whole, at
 // their global ranges (its local buffer is exactly those ranges back to back, in order), and the
 // first data-parallel index's pp ranks write one shard each, so any PP degree (or one process)
 // resumes it.
 
-// pp rank q's shard: its weights and moments at its tensors' global ranges.
-static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, ckpt_shard_info info[2],
-                       ct_error *err) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
+// pp rank q's shard: its weights and moments (src: host, the local layout) at its tensors'
+// global ranges.
+static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, float *const src[3],
+                       ckpt_shard_info info[2], ct_error *err) {
     const dist *grp = t->strat.pp.group;
     ckpt_range *x = NULL;
-    const int n = trainer_named_ranges(g, m, NULL, &x, err);
+    const int n = trainer_named_ranges(g, &t->model, NULL, &x, err);
     if (n < 0) return -1;
-    const size_t bytes = m->num_params * sizeof(float);
-    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
-    if (src[0]) src[1] = be->view(be, t->opt.m, bytes, true, err);
-    if (src[1]) src[2] = be->view(be, t->opt.v, bytes, true, err);
-    int rc = src[2] ? ckpt_write_shard(tmp, g, grp->rank, grp->size, x, n, src[0], src[1], src[2],
-                                       &info[0], &info[1], err)
-                    : -1;
-    if (src[2]) be->view_release(be, src[2], t->opt.v, bytes, false);
-    if (src[1]) be->view_release(be, src[1], t->opt.m, bytes, false);
-    if (src[0]) qwen3_params_view_release(m, src[0], false);
+    int rc = ckpt_write_shard(tmp, g, grp->rank, grp->size, x, n, src[0], src[1], src[2], &info[0],
+                              &info[1], err);
     free(x);
     return rc;
 }
@@ -193,7 +218,11 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const int P = grp->size;
     const int64_t step = t->state.step;
     grp->timeout_s = w->timeout_s = t->d->timeout_s;
-    int rc = trainer_check_replicas(t, err);
+    if (t->tp > 1)
+        return ct_fail(err, "checkpoint: a save under pipeline and tensor parallelism together is "
+                            "not supported yet");
+    if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
+    int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err); // FSDP's ranks hold pieces
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(w, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g, layout;
@@ -212,11 +241,43 @@ static int save_checkpoint(trainer *t, ct_error *err) {
         qwen3_free(&layout);
     }
     rc = dist_agree(w, rc, "the PP checkpoint's ranges", err);
-    const bool writes = t->d->rank == 0; // the first data-parallel index's stages
-    if (rc == 0 && writes) rc = write_shard(t, &g, sh.tmp, sh.mine, err);
+    // The first data-parallel index's stages write; under FSDP their local models assembled by
+    // their first shard groups.
+    const bool writes = t->d->rank == 0;
+    const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
+    float *src[3] = {NULL, NULL, NULL};
+    if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
+    if (rc == 0 && writes) rc = write_shard(t, &g, sh.tmp, src, sh.mine, err);
+    if (first) strategy_local_state_free(t, fsdp_on(t), src);
     rc = trainer_shards_end(t, &sh, rc, w, writes ? grp : NULL, &g, ", one per pipeline rank", err);
     qwen3_free(&g);
     return rc;
+}
+
+// A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
+// spanning the local model, then this rank's pieces of them.
+static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    if (t->tp > 1)
+        return ct_fail(err, "%s: a checkpoint under pipeline and tensor parallelism together is "
+                            "not supported yet",
+                       dir);
+    if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
+    const size_t n = t->model.num_params;
+    float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
+    if (moments && !local[0]) return ct_fail(err, "out of memory for the PP checkpoint's moments");
+    if (local[0]) local[1] = local[0] + n;
+    int rc = trainer_load_local_by_name(t, dir, moments ? local : NULL,
+                                        moments ? &t->state : NULL, err);
+    if (rc == 0) {
+        strategy_fsdp_take_all(t);
+        for (int k = 0; moments && k < 2; k++) strategy_fsdp_pieces(t, local[k], moments[k]);
+    }
+    free(local[0]);
+    return rc;
+}
+
+static int load_sharded(trainer *t, const char *dir, ct_error *err) {
+    return load_checkpoint(t, dir, NULL, err);
 }
 
 // --- the schedule's runner
@@ -291,7 +352,9 @@ static void idle_note(const trainer *t, double t0, double wait0) {
     fclose(f);
 }
 
-int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
+// One step's micro-batches through the schedule: the loss sum over every stage's micro-batches
+// (the last stage's, summed over the pp group) and the MoE aux sum.
+static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
     qwen3_model *m = &t->model;
     const int P = p->group->size, V = p->v * p->m;
@@ -341,12 +404,15 @@ int strategy_pp_run(trainer *t, float scale, double *loss_sum, double *aux_sum, 
     return 0;
 }
 
-// --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0.
+// --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0. Under
+// TP, those of TP rank 0 do; for each tensor the stage holding it assembles it over its TP group
+// (strategy_tp_gather), whose other ranks follow their rank 0's tensor indices.
 
 typedef struct pp_export {
     trainer *t;
     const qwen3_model *g;
     float *buf, *local; // one tensor; this rank's weights (host)
+    float *all;         // under TP: the group's slices of one tensor
 } pp_export;
 
 // The pp rank holding global tensor `name`.
@@ -360,48 +426,108 @@ static int owner_of(const trainer *t, const char *name) {
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
 }
 
+// Global tensor i into x->buf on this rank when its stage holds it (under TP: every rank of the
+// stage's TP group, after TP rank 0 named it to them).
+static int take_tensor(pp_export *x, int i, ct_error *err) {
+    const qwen3_param *gp = &x->g->params[i];
+    if (owner_of(x->t, gp->name) != x->t->strat.pp.group->rank) return 0;
+    if (x->t->tp > 1) return strategy_tp_gather(x->t, x->local, gp, x->all, x->buf, err);
+    const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
+    if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
+    memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
+    return 0;
+}
+
+// Under TP: tensor i (-1: the end) named to the TP group by its rank 0.
+static int name_to_tp(trainer *t, int *i, ct_error *err) {
+    return t->tp > 1 ? dist_bcast(t->strat.tp.group, i, sizeof *i, 0, "the PP x TP export's next "
+                                                                     "tensor", err)
+                     : 0;
+}
+
 // Tensor i of the global table into x->buf on every pp rank, from its owner.
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
     pp_export *x = ctx;
     const qwen3_param *gp = &x->g->params[i];
-    const int owner = owner_of(x->t, gp->name);
-    dist *grp = x->t->strat.pp.group;
-    if (owner == grp->rank) {
-        const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
-        if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
-        memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
-    }
-    return dist_bcast(grp, x->buf, (int)(gp->numel * sizeof(float)), owner,
-                      "the PP export's tensor", err);
+    if (name_to_tp(x->t, &i, err) != 0 || take_tensor(x, i, err) != 0) return -1;
+    return dist_bcast(x->t->strat.pp.group, x->buf, (int)(gp->numel * sizeof(float)),
+                      owner_of(x->t, gp->name), "the PP export's tensor", err);
 }
 
-int strategy_pp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
-    if (t->d->rank != 0) return 0; // the replicas hold the same weights
-    qwen3_model *m = &t->model, g;
+// Under TP, a rank other than TP rank 0: the tensors its rank 0 names, to the end.
+static int follow(pp_export *x, ct_error *err) {
+    for (int i = 0;;) {
+        if (name_to_tp(x->t, &i, err) != 0) return -1;
+        if (i < 0) return 0;
+        if (take_tensor(x, i, err) != 0) return -1;
+    }
+}
+
+// The weights as one HF folder in dir (world rank 0 writes; the first data-parallel index's
+// stages take part).
+static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
+    // The local model: a view, or under FSDP assembled by the stage's first shard group, a
+    // collective over it, before the other data-parallel ranks leave (they hold the same).
+    const bool sh = sharded(t);
+    float *src[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    if (!sh || t->d->rank < t->strat.fsdp.o.shard_degree) {
+        if (sh) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
+        rc = strategy_local_state(t, sh, src, err);
+    }
+    if (t->d->rank != 0) {
+        strategy_local_state_free(t, sh, src);
+        return rc;
+    }
+    qwen3_model g = {0};
     dist *grp = t->strat.pp.group;
     grp->timeout_s = t->d->timeout_s;
-    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    if (t->tp > 1) t->strat.tp.group->timeout_s = t->d->timeout_s;
+    const bool have_g = rc == 0 && qwen3_init_layout(&g, &t->setup.model, err) == 0;
+    if (!have_g) rc = -1;
     size_t most = 0;
-    for (int i = 0; i < g.n_params; i++) most = g.params[i].numel > most ? g.params[i].numel : most;
-    pp_export x = {t, &g, malloc(most * sizeof(float) + 1), qwen3_params_view(m, true, err)};
-    int rc = x.buf && x.local ? 0 : ct_fail(err, "the PP export: out of memory");
+    for (int i = 0; rc == 0 && i < g.n_params; i++)
+        most = g.params[i].numel > most ? g.params[i].numel : most;
+    pp_export x = {t, &g, rc == 0 ? malloc(most * sizeof(float) + 1) : NULL, src[0],
+                   rc == 0 && t->tp > 1 ? malloc(most * sizeof(float) + 1) : NULL};
+    if (rc == 0 && (!x.buf || (t->tp > 1 && !x.all)))
+        rc = ct_fail(err, "the PP export: out of memory");
     rc = dist_agree(grp, rc, "the PP export's buffers", err);
+    if (t->tp > 1) rc = dist_agree(t->strat.tp.group, rc, "the PP export's buffers", err);
     strategy_export sx = {.grp = grp, .g = &g, .full = &x.buf, .fetch = fetch_tensor, .ctx = &x};
-    if (rc == 0) rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
-    if (x.local) qwen3_params_view_release(m, x.local, false);
+    if (rc == 0 && t->tp > 1 && t->strat.tp.group->rank != 0) {
+        rc = follow(&x, err);
+    } else if (rc == 0) {
+        rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
+        int end = -1; // the TP ranks that follow stop (after a failure too)
+        ct_error ignored;
+        if (name_to_tp(t, &end, &ignored) != 0 && rc >= 0) rc = -1, *err = ignored;
+    }
+    strategy_local_state_free(t, sh, src);
     free(x.buf);
-    qwen3_free(&g);
+    free(x.all);
+    if (have_g) qwen3_free(&g);
     return rc;
+}
+
+// The inner strategy's bytes (TP's), then the activations and their gradients sent.
+static int comm_bytes(const trainer *t, double n, char *buf, size_t size) {
+    const strategy_vt *in = t->strat.pp.dp;
+    const int at = in->comm_bytes ? in->comm_bytes(t, n, buf, size) : 0;
+    if (at < 0 || (size_t)at >= size) return at;
+    return at + snprintf(buf + at, size - at, "; pipeline activations and their gradients sent %.0f",
+                         t->strat.pp.bytes / n);
 }
 
 const strategy_vt strategy_pp = {
     .describe = describe,
     .memory_note = "",
     .optimizer_sharded = false,
+    .estimate = estimate,
     .setup = setup,
     .free = free_,
     .init_random = init_random,
-    .load_sharded = trainer_load_model_by_name,
+    .load_sharded = load_sharded,
     .load_hf = load_hf,
     .weights_ready = weights_ready,
     .begin_step = begin_step,
@@ -413,7 +539,11 @@ const strategy_vt strategy_pp = {
     .after_update = after_update,
     .after_eval = after_eval,
     .take_comm = take_comm,
-    .load_checkpoint = trainer_load_by_name,
+    .load_checkpoint = load_checkpoint,
     .save_checkpoint = save_checkpoint,
     .model_in_shards = false,
+    .run_micro = run_micro,
+    .comm_bytes = comm_bytes,
+    .export_hf = export_hf,
+    .export_from = "pipeline stages",
 };

@@ -217,7 +217,8 @@ static void take_slice(float *out, const float *full, const int64_t gshape[2], c
 }
 
 // The one-process init's values: each global tensor drawn from its own stream (its index in
-// the global table, which orders tensors as the local one), this rank's slice kept.
+// the global table; found by name: under PP the local model holds some of them), this rank's
+// slice kept.
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
@@ -453,42 +454,6 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int sh
     return rc;
 }
 
-// This rank's local weights and moments in host memory, for a save (release: local_free):
-// views of the model and the optimizer, or under FSDP assembled from the shard group's pieces
-// (every rank of the group takes part).
-static int local_state(trainer *t, float *src[3], ct_error *err) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
-    const size_t bytes = m->num_params * sizeof(float);
-    src[0] = src[1] = src[2] = NULL;
-    if (!fsdp_on(t)) {
-        if ((src[0] = qwen3_params_view(m, true, err)) &&
-            (src[1] = be->view(be, t->opt.m, bytes, true, err)))
-            src[2] = be->view(be, t->opt.v, bytes, true, err);
-        return src[2] ? 0 : -1;
-    }
-    src[0] = malloc(3 * bytes + 1);
-    int rc = src[0] ? 0 : ct_fail(err, "out of memory for the TP checkpoint's local model");
-    rc = dist_agree(&t->strat.fsdp.shard, rc, "the TP checkpoint's local model", err);
-    if (rc != 0) return -1;
-    src[1] = src[0] + m->num_params, src[2] = src[1] + m->num_params;
-    float *dev[3] = {t->strat.fsdp.shard_params, t->opt.m, t->opt.v};
-    for (int k = 0; k < 3 && rc == 0; k++) rc = strategy_fsdp_gather(t, dev[k], src[k], err);
-    return rc;
-}
-
-static void local_free(trainer *t, float *src[3]) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
-    if (fsdp_on(t)) {
-        free(src[0]);
-        return;
-    }
-    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
-    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
-    if (src[0]) qwen3_params_view_release(m, src[0], false);
-}
-
 // The replicas of each slice agree bit for bit (over t->d; under FSDP, whose ranks hold
 // different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
 // shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
@@ -532,7 +497,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const bool write = ep ? t->erep_group.rank == 0 : t->d->rank == 0;
     const bool first = ep ? write : t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
     float *src[3] = {NULL, NULL, NULL};
-    if (rc == 0 && first) rc = local_state(t, src, err);
+    if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
     const int q = writers->rank;
     ckpt_range *x = NULL;
     const int n = rc == 0 && write
@@ -542,7 +507,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (rc == 0 && write)
         rc = write_shard(t, &g, sh.tmp, q, S, !ep || q < P, x, n, src, sh.mine, err);
     free(x);
-    if (first) local_free(t, src);
+    if (first) strategy_local_state_free(t, fsdp_on(t), src);
     rc = trainer_shards_end(t, &sh, rc, t->world, writers, &g,
                             ep ? ", one per rank of the first EP group" : ", one per TP rank", err);
     qwen3_free(&g);
@@ -640,15 +605,6 @@ static void take_comm(trainer *t, double *exposed, double *hidden) {
     t->strat.tp.dp->take_comm(t, exposed, hidden);
 }
 
-const strategy_vt strategy_tp = {
-    .describe = describe, .memory_note = " (TP shares)", .optimizer_sharded = false,
-    .estimate = estimate, .setup = setup,
-    .free = free_, .init_random = init_random, .load_sharded = load_sharded, .load_hf = load_hf,
-    .weights_ready = weights_ready, .begin_step = begin_step, .begin_micro = begin_micro,
-    .unit_ready = unit_ready, .grads_final = grads_final, .grad_sq = grad_sq, .shard = shard,
-    .after_update = after_update, .after_eval = after_eval, .take_comm = take_comm,
-    .load_checkpoint = load_checkpoint, .save_checkpoint = save_checkpoint,
-    .model_in_shards = false};
 
 // ---------------------------------------------------------------------------------------------
 // The final HF export (checkpoint.last_save_in_hf), streamed tensor by tensor: world rank 0
@@ -664,46 +620,46 @@ typedef struct tp_export {
     const float *local;   // this rank's weights (a host view)
 } tp_export;
 
-// Every rank of the group: global tensor i's slices gathered and assembled into x->full. Under EP
-// (the group: the first EP group) an expert comes whole from its owner, and the rest from the
-// first TP group's slices while the other ranks wait.
-static int gather_tensor(tp_export *x, int i, ct_error *err) {
-    trainer *t = x->t;
-    const qwen3_model *m = &t->model;
-    const qwen3_param *gp = &x->g->params[i], *p = qwen3_find_param(m, gp->name);
+// Every rank of the TP group: global tensor gp's slices gathered and assembled into full (all:
+// the group's slices). Under EP (the exporting group: the first EP group) an expert comes whole
+// from its owner, and the rest from the first TP group's slices while the other ranks wait.
+int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
+                       float *full, ct_error *err) {
+    const qwen3_param *p = qwen3_find_param(&t->model, gp->name);
     dist *grp = t->strat.tp.group;
     const int P = grp->size;
     const qwen3_tp_cut cut = cut_of(t, gp->name);
-    if (cut == QWEN3_TP_EXPERT) return strategy_ep_fetch_expert(t, gp, x->local, x->full, err);
+    if (cut == QWEN3_TP_EXPERT) return strategy_ep_fetch_expert(t, gp, local, full, err);
     if (t->ep > 1 && t->ep_group.rank >= P) return 0;
-    if (!p) return ct_fail(err, "the TP export: this rank lacks %s", gp->name);
-    if (dist_allgather(grp, x->local + p->offset, x->all, (int)(p->numel * sizeof(float)),
+    if (!p) return ct_fail(err, "TP export: %s is not in this rank's model", gp->name);
+    if (dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
                        "the TP export", err) != 0)
         return -1;
     switch (cut) {
     case QWEN3_TP_EXPERT:
     case QWEN3_TP_WHOLE:
-        memcpy(x->full, x->all, p->numel * sizeof *x->full);
+        memcpy(full, all, p->numel * sizeof *full);
         break;
     case QWEN3_TP_ROWS:
-        memcpy(x->full, x->all, p->numel * P * sizeof *x->full);
+        memcpy(full, all, p->numel * P * sizeof *full);
         break;
     case QWEN3_TP_COLUMNS:
         for (int r = 0; r < P; r++)
             for (int64_t row = 0; row < p->shape[0]; row++)
-                memcpy(x->full + row * gp->shape[1] + r * p->shape[1],
-                       x->all + r * p->numel + row * p->shape[1],
-                       (size_t)p->shape[1] * sizeof *x->full);
+                memcpy(full + row * gp->shape[1] + r * p->shape[1],
+                       all + r * p->numel + row * p->shape[1], (size_t)p->shape[1] * sizeof *full);
         break;
     }
     return 0;
 }
 
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
-    return gather_tensor(ctx, i, err);
+    tp_export *x = ctx;
+    return strategy_tp_gather(x->t, x->local, &x->g->params[i], x->all, x->full, err);
 }
 
-int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
+// The weights as one HF folder in dir (world rank 0 writes; every rank takes part).
+static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     qwen3_model *m = &t->model, g;
     dist *grp = t->ep > 1 ? &t->ep_group : t->strat.tp.group;
     const bool first = t->ep > 1 ? t->erep_group.rank == 0 : t->d->rank == 0;
@@ -736,3 +692,23 @@ int strategy_tp_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
     qwen3_free(&g);
     return rc;
 }
+
+// The group's payload bytes (strategy_tp_state.bytes).
+static int comm_bytes(const trainer *t, double n, char *buf, size_t size) {
+    const double *b = t->strat.tp.bytes;
+    return snprintf(buf, size,
+                    "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces %.0f, "
+                    "replicated gradients' all-reduces %.0f",
+                    b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
+}
+
+const strategy_vt strategy_tp = {
+    .describe = describe, .memory_note = " (TP shares)", .optimizer_sharded = false,
+    .estimate = estimate, .setup = setup,
+    .free = free_, .init_random = init_random, .load_sharded = load_sharded, .load_hf = load_hf,
+    .weights_ready = weights_ready, .begin_step = begin_step, .begin_micro = begin_micro,
+    .unit_ready = unit_ready, .grads_final = grads_final, .grad_sq = grad_sq, .shard = shard,
+    .after_update = after_update, .after_eval = after_eval, .take_comm = take_comm,
+    .load_checkpoint = load_checkpoint, .save_checkpoint = save_checkpoint,
+    .model_in_shards = false, .comm_bytes = comm_bytes, .export_hf = export_hf,
+    .export_from = "TP slices"};

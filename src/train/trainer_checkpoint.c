@@ -268,10 +268,14 @@ int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep
 }
 
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    qwen3_model *m = &t->model, g;
-    train_state *st = moments ? &t->state : NULL;
-    if (moments && (t->opt.base != 0 || t->opt.n != m->num_params))
+    if (moments && (t->opt.base != 0 || t->opt.n != t->model.num_params))
         return ct_fail(err, "the optimizer does not span the local model");
+    return trainer_load_local_by_name(t, dir, moments, moments ? &t->state : NULL, err);
+}
+
+int trainer_load_local_by_name(trainer *t, const char *dir, float *moments[2], train_state *st,
+                               ct_error *err) {
+    qwen3_model *m = &t->model, g;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     ckpt_range *x = NULL;
     int n = trainer_named_ranges(&g, m, NULL, &x, err);
@@ -342,19 +346,18 @@ int trainer_export_final(trainer *t, ct_error *err) {
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }
-    if (t->tp > 1 || t->pp > 1) { // streamed, each tensor assembled from its ranks as written
+    const strategy_vt *vt = t->strat.vt;
+    if (vt->export_hf) { // streamed, each tensor assembled from its ranks as written (TP, PP)
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        int copied = rc != 0      ? -1
-                     : t->tp > 1 ? strategy_tp_export(t, dir, dtype, err)
-                                 : strategy_pp_export(t, dir, dtype, err);
+        int copied = rc != 0 ? -1 : vt->export_hf(t, dir, dtype, err);
         if (copied < 0)
             rc = -1;
         else if (is_root(t))
             fprintf(t->log, "export: %s (%s, assembled from the %s%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype, t->tp > 1 ? "TP slices" : "pipeline stages",
+                    t->cfg->checkpoint.export_dtype, vt->export_from,
                     copied ? ", with tokenizer files" : ", no tokenizer files");
         return dist_agree(t->world, rc, "the final export", err);
     }

@@ -44,10 +44,11 @@ typedef struct trainer {
     // ranks of the world, TP groups whole) and the ranks holding the same experts (one per EP
     // group).
     dist ep_group, erep_group;
-    // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel index (one
-    // per stage group, outermost) and t->d is dp_group, this stage's data-parallel ranks.
+    // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel (and TP)
+    // index (one per stage group, outermost) and this stage's ranks, which t->d is (under TP its
+    // dp_group, split from them).
     int pp;
-    dist pp_group;
+    dist pp_group, stage_group;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into

@@ -122,28 +122,18 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
 // formula.
 void trainer_log_comm_volume(trainer *t, int64_t steps) {
     if (t->world->size == 1 || steps <= 0 || !is_root(t)) return;
-    const strategy_vt *vt = t->strat.vt, *dp = vt == &strategy_tp ? t->strat.tp.dp : vt;
+    const strategy_vt *vt = t->strat.vt;
     const double n = (double)steps;
     char buf[512] = "";
     size_t at = 0;
-    if (vt == &strategy_tp) {
-        const double *b = t->strat.tp.bytes;
-        at += (size_t)snprintf(buf, sizeof buf,
-                               "; TP all-gathers %.0f, reduce-scatters %.0f, loss all-reduces "
-                               "%.0f, replicated gradients' all-reduces %.0f",
-                               b[TP_AG] / n, b[TP_RS] / n, b[TP_AR] / n, b[TP_AR_WHOLE] / n);
-    }
-    if (vt == &strategy_pp && at < sizeof buf)
-        at += (size_t)snprintf(buf + at, sizeof buf - at,
-                               "; pipeline activations and their gradients sent %.0f",
-                               t->strat.pp.bytes / n);
+    if (vt->comm_bytes) at += (size_t)vt->comm_bytes(t, n, buf, sizeof buf); // TP's, PP's
     if (t->ep > 1 && at < sizeof buf)
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; EP all-to-alls (sent to other ranks) %.0f",
                                t->strat.ep.bytes / n);
-    // LoRA under FSDP: FSDP's gathers of the base and ZeRO-1's reductions of the adapter.
-    const bool lora_fsdp = vt == strategy_lora_fsdp();
-    const bool sharded = dp == &strategy_fsdp || dp == strategy_ep_fsdp() || lora_fsdp;
+    // FSDP in use, alone or inside another strategy (set up: it has units); under LoRA, the
+    // frozen base's gathers.
+    const bool sharded = t->strat.fsdp.n_units > 0;
     if (sharded && at < sizeof buf) {
         const fsdp *f = &t->strat.fsdp;
         at += (size_t)snprintf(buf + at, sizeof buf - at,
@@ -151,7 +141,10 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
                                "%.0f",
                                f->gather_bytes / n, f->reduce_bytes / n, f->replica_bytes / n);
     }
-    if ((!sharded || lora_fsdp) && t->d->size > 1 && at < sizeof buf && dp != &strategy_ep) {
+    // DDP's and ZeRO-1's reductions (under LoRA x FSDP the adapter's); EP counts its own.
+    const strategy_vt *dp = vt == &strategy_tp ? t->strat.tp.dp : vt;
+    if ((!sharded || vt == strategy_lora_fsdp()) && t->d->size > 1 && at < sizeof buf &&
+        dp != &strategy_ep) {
         snprintf(buf + at, sizeof buf - at, "; data-parallel gradient reductions %.0f",
                  t->strat.sync.bytes / n);
     }

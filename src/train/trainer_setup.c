@@ -32,14 +32,16 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
     const char *with = t->cp > 1               ? "context_parallel_degree > 1"
                        : t->ep > 1             ? "expert_parallel_degree > 1"
                        : c->lora.rank > 0      ? "lora.rank > 0"
-                       : shard > 1             ? (fsdp_on ? "FSDP (data_parallel_shard_degree > 1)"
-                                                          : "ZeRO-1 (data_parallel_shard_degree > 1)")
+                       : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                        : c->validation.enable  ? "validation.enable = true"
+                       : t->tp > 1 && c->checkpoint.enable
+                           ? "tensor_parallel_degree > 1 and checkpoint.enable = true (PP x TP "
+                             "checkpoints)"
                                                : NULL;
     if (with)
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
-                       "runs with DDP inside each stage (data_parallel_replicate_degree = %d)",
+                       "runs with DDP, FSDP or TP inside each stage (%d data-parallel ranks)",
                        pp, with, P);
     if (t->B % mbs != 0)
         return ct_fail(err,
@@ -465,12 +467,13 @@ static int save_config(trainer *t, ct_error *err) {
 // torchtitan's mesh) and the data-parallel groups across them; t->d becomes this rank's DP
 // group, so data, loss and gradient sums run over the data-parallel ranks only.
 static int setup_tp_groups(trainer *t, ct_error *err) {
-    const int tp = t->tp, P = t->world->size, r = t->world->rank;
+    dist *in = t->pp > 1 ? &t->stage_group : t->world; // under PP: the stage's ranks
+    const int tp = t->tp, P = in->size, r = in->rank;
     if (P % tp != 0)
-        return ct_fail(err, "parallelism.tensor_parallel_degree = %d does not divide the %d ranks",
-                       tp, P);
-    if (dist_split(t->world, r / tp, r % tp, &t->tp_group, err) != 0 ||
-        dist_split(t->world, r % tp, r / tp, &t->dp_group, err) != 0)
+        return ct_fail(err, "parallelism.tensor_parallel_degree = %d does not divide the %d ranks%s",
+                       tp, P, t->pp > 1 ? " of a pipeline stage" : "");
+    if (dist_split(in, r / tp, r % tp, &t->tp_group, err) != 0 ||
+        dist_split(in, r % tp, r / tp, &t->dp_group, err) != 0)
         return -1;
     t->d = &t->dp_group;
     return 0;
@@ -515,17 +518,12 @@ static int setup_pp_groups(trainer *t, ct_error *err) {
     if (W % pp != 0)
         rc = ct_fail(err, "parallelism.pipeline_parallel_degree = %d does not divide the %d ranks",
                      pp, W);
-    else if (t->tp > 1)
-        rc = ct_fail(err,
-                     "parallelism.pipeline_parallel_degree = %d with tensor_parallel_degree = %d: "
-                     "PP with TP is not supported yet; use one of them",
-                     pp, t->tp);
     if (tp_agree(t, rc, err) != 0) return -1;
     const int per = W / pp;
     if (dist_split(t->world, r % per, r / per, &t->pp_group, err) != 0 ||
-        dist_split(t->world, r / per, r % per, &t->dp_group, err) != 0)
+        dist_split(t->world, r / per, r % per, &t->stage_group, err) != 0)
         return -1;
-    t->d = &t->dp_group;
+    t->d = &t->stage_group; // under TP, split further (setup_tp_groups)
     t->strat.pp.group = &t->pp_group;
     return 0;
 }
@@ -731,7 +729,7 @@ void trainer_free(trainer *t) {
     }
     if (t->pp > 1) {
         t->d = t->world;
-        dist_group_free(&t->dp_group);
+        dist_group_free(&t->stage_group);
         dist_group_free(&t->pp_group);
     }
     if (t->ep > 1) {

@@ -107,11 +107,11 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
     vt->begin_step(t);
     if (t->cp > 1) cp_begin_step(t);
     double loss_sum = 0, aux_sum = 0;
-    // Pipeline parallelism: the schedule runs the step's micro-batches over the stages.
-    if (t->pp > 1 && strategy_pp_run(t, fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f,
-                                     &loss_sum, &aux_sum, err) != 0)
+    // A strategy may run the step's micro-batches itself (pipeline parallelism's schedule).
+    if (vt->run_micro && vt->run_micro(t, fault_now(t, "nan") ? NAN : valid ? 1.0f / (float)valid : 0.0f,
+                                       &loss_sum, &aux_sum, err) != 0)
         return -1;
-    for (int a = 0; t->pp <= 1 && a < t->accum; a++) {
+    for (int a = 0; !vt->run_micro && a < t->accum; a++) {
         bool last = a == t->accum - 1;
         vt->begin_micro(t, last);
         // debug.fault nan: this rank's gradients go NaN, as after an overflow in its backward.
