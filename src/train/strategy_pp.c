@@ -140,14 +140,31 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     return rc;
 }
 
-// Under FSDP: the stage's local model as FSDP's memory estimate sees it. Under TP, TP's of the
+// The pipeline rank that needs the most: each rank's stages planned at the micro-batch size,
+// with the schedule's stage buffers (4 v m of B x T x C floats: inputs, output gradients,
+// outputs and input gradients) and AdamW over the stages, so every rank checks the fit against
+// the same figure; under FSDP, FSDP's estimate of that rank's local model. Under TP, TP's of the
 // whole model (an over-estimate by up to the pp degree).
 static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     if (t->tp > 1) return strategy_tp.estimate(t, mem, err); // the whole model's TP shares
-    if (!fsdp_on(t)) return 0;
-    qwen3_config lc = t->setup.model;
-    if (strategy_pp_local_config(t, t->strat.pp.group->rank, &lc, err) != 0) return -1;
-    return strategy_fsdp_estimate_of(t, &lc, mem, err);
+    const strategy_pp_state *p = &t->strat.pp;
+    qwen3_config most = t->setup.model;
+    run_memory best = *mem;
+    for (int r = 0; r < t->pp; r++) {
+        qwen3_config lc = t->setup.model;
+        if (strategy_pp_local_config(t, r, &lc, err) != 0) return -1;
+        run_memory m = *mem;
+        m.model = qwen3_memory_plan_ops(&lc, &t->setup.ops, t->B, t->T, &t->setup.mem_opts);
+        m.model.activations +=
+            4 * (size_t)p->v * p->m * ((size_t)t->B * t->T * lc.hidden_size) * sizeof(float);
+        m.optimizer = 2.0 * (double)m.model.params;
+        m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
+                  m.model.activations + m.batch;
+        m.node = m.total * m.ranks_per_node;
+        if (r == 0 || m.total > best.total) best = m, most = lc;
+    }
+    *mem = best;
+    return fsdp_on(t) ? strategy_fsdp_estimate_of(t, &most, mem, err) : 0;
 }
 
 // The summed gradient's squares: the stage's (over its data-parallel ranks), summed over the
