@@ -134,12 +134,20 @@ int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *
     return finish(d, rc, &req, t0, what, err);
 }
 
-int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_error *err) {
+int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, ct_error *err) {
     if (!d->mpi) return 0;
-    MPI_Request req;
-    double t0 = ct_now_s();
-    int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, d->comm, &req);
-    return finish(d, rc, &req, t0, what, err);
+    // In pieces of at most 1 GiB: MPI counts are ints (a tensor of an exported model may pass
+    // 2 GiB).
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < bytes; at += piece) {
+        MPI_Request req;
+        double t0 = ct_now_s();
+        const int n = (int)(bytes - at < piece ? bytes - at : piece);
+        if (finish(d, MPI_Ibcast((char *)buf + at, n, MPI_BYTE, root, d->comm, &req), &req, t0,
+                   what, err) != 0)
+            return -1;
+    }
+    return 0;
 }
 
 int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err) {

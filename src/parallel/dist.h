@@ -59,7 +59,7 @@ int dist_wait_requests(dist *d, ct_backend *be, ct_request **reqs, int n, const 
 // each rank for its own slot).
 int dist_allgather(dist *d, const void *mine, void *all, int bytes, const char *what,
                    ct_error *err);
-int dist_bcast(dist *d, void *buf, int bytes, int root, const char *what, ct_error *err);
+int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, ct_error *err);
 // The sum of one double per rank, added in rank order: the same bits on every rank, and the
 // same bits for the same inputs in every run.
 int dist_sum(dist *d, double mine, double *sum, const char *what, ct_error *err);

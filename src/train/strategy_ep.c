@@ -475,7 +475,9 @@ const strategy_vt strategy_ep = {.describe = describe,
                                  .take_comm = take_comm,
                                  .load_checkpoint = trainer_load_by_name,
                                  .save_checkpoint = save_checkpoint,
-                                 .model_in_shards = false};
+                                 .model_in_shards = false,
+                                 .export_hf = strategy_ep_export,
+                                 .export_from = "experts' EP ranks and the rest"};
 
 // ---------------------------------------------------------------------------------------------
 // EP beside FSDP (torchtitan's dp2ep): the EP groups are consecutive ranks of the shard group;
@@ -557,7 +559,7 @@ int strategy_ep_fetch_expert(trainer *t, const qwen3_param *gp, const float *loc
         if (!p) return ct_fail(err, "the EP export: this rank lacks %s", gp->name);
         memcpy(full, local + p->offset, p->numel * sizeof *full);
     }
-    return dist_bcast(&t->ep_group, full, (int)(gp->numel * sizeof(float)), owner,
+    return dist_bcast(&t->ep_group, full, gp->numel * sizeof(float), owner,
                       "the EP export's expert", err);
 }
 

@@ -467,7 +467,7 @@ static int fetch_tensor(void *ctx, int i, ct_error *err) {
     pp_export *x = ctx;
     const qwen3_param *gp = &x->g->params[i];
     if (name_to_tp(x->t, &i, err) != 0 || take_tensor(x, i, err) != 0) return -1;
-    return dist_bcast(x->t->strat.pp.group, x->buf, (int)(gp->numel * sizeof(float)),
+    return dist_bcast(x->t->strat.pp.group, x->buf, gp->numel * sizeof(float),
                       owner_of(x->t, gp->name), "the PP export's tensor", err);
 }
 

@@ -332,22 +332,8 @@ int strategy_export_stream(strategy_export *x, const trainer *t, const char *dir
 int trainer_export_final(trainer *t, ct_error *err) {
     if (t->model.lora) return export_adapter(t, err);
     int rc = 0;
-    if (t->ep > 1 && t->tp == 1 && !t->strat.vt->model_in_shards) { // each expert from its owner
-        ct_dtype dtype;
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
-        rc = ckpt_parse_dtype(&dtype, t->cfg->checkpoint.export_dtype, err);
-        int copied = rc == 0 ? strategy_ep_export(t, dir, dtype, err) : -1;
-        if (copied < 0)
-            rc = -1;
-        else if (is_root(t))
-            fprintf(t->log, "export: %s (%s, the experts from their EP ranks%s)\n", dir,
-                    t->cfg->checkpoint.export_dtype,
-                    copied ? ", with tokenizer files" : ", no tokenizer files");
-        return dist_agree(t->world, rc, "the final export", err);
-    }
     const strategy_vt *vt = t->strat.vt;
-    if (vt->export_hf) { // streamed, each tensor assembled from its ranks as written (TP, PP)
+    if (vt->export_hf) { // streamed, each tensor assembled from its ranks as written (TP, PP, EP)
         ct_dtype dtype;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
