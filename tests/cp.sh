@@ -54,6 +54,11 @@ grep -q "context parallel: 2 ranks per sequence, each 2 chunks of 16 tokens (hea
 # Both rotate methods give the same bits, and so does the guarded backend: one run checks both.
 check "cp2 alltoall guarded" cpn 2 "$tmp/cp2_ring" "${ring[@]}" --debug.guard_device_memory true
 check "cp2 alltoall guarded = allgather, bit for bit" same "$tmp/cp2_ring" "$tmp/cp2" 0 0 0
+# The ring's bytes a step: (6 cp - 4) K|V blocks a layer for alltoall (keys forward, keys and
+# their gradients back, the last gradient home), K|V = 64 tokens x 2 kv heads x 64 x 4 bytes, on
+# 2 layers: 8 x 32768 x 2.
+grep -q "CP ring attention (sent to the other CP ranks) 524288;" "$tmp/cp2_ring.log" && ok ||
+  bad "cp2 alltoall's ring bytes: $(grep '^comm volume' "$tmp/cp2_ring.log")"
 rm -rf "$tmp/cp2_ring" "$tmp/cp2" # each run writes ~300 MB (checkpoint and export): freed when compared
 
 if full; then

@@ -42,6 +42,7 @@ static void blocks(trainer *t, const float *send, float *recv, size_t n, bool al
                                             CT_COMM_F32, &req, &t->cpx.err)
                         : be->comm_allgather(be, &c, recv, counts, displs, CT_COMM_F32, &req,
                                              &t->cpx.err);
+    if (rc == 0) t->cpx.bytes += (double)n * sizeof(float) * (g->size - 1); // a block to each
     cp_wait(t, rc, &req, 1,
             all_to_all ? "the ring attention's all-to-all of key and value gradients"
                        : "the ring attention's all-gather of keys and values");
@@ -76,6 +77,7 @@ static void hook_sendrecv(void *ctx, const float *send, float *recv, size_t n, i
         rc = be->comm_send(be, &c, send, (int)n, CT_COMM_F32, next, CP_TAG + tag,
                            &x->req[x->n_req++], &x->err);
     if (rc != 0) x->failed = true;
+    else x->bytes += (double)n * sizeof(float);
 }
 
 static void hook_wait(void *ctx) {

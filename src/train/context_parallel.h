@@ -20,6 +20,7 @@ typedef struct context_parallel {
     bool failed;
     ct_request *req[8]; // the ring's transfers started and not yet waited for
     int n_req;
+    double bytes; // payload this rank sent to the other ranks of its group since setup
 } context_parallel;
 
 // The data-parallel rank and degree: the ranks of a CP group read the same samples.

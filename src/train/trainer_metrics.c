@@ -127,6 +127,10 @@ void trainer_log_comm_volume(trainer *t, int64_t steps) {
     char buf[512] = "";
     size_t at = 0;
     if (vt->comm_bytes) at += (size_t)vt->comm_bytes(t, n, buf, sizeof buf); // TP's, PP's
+    if (t->cp > 1 && at < sizeof buf)
+        at += (size_t)snprintf(buf + at, sizeof buf - at,
+                               "; CP ring attention (sent to the other CP ranks) %.0f",
+                               t->cpx.bytes / n);
     if (t->ep > 1 && at < sizeof buf)
         at += (size_t)snprintf(buf + at, sizeof buf - at,
                                "; EP all-to-alls (sent to other ranks) %.0f",
