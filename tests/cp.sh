@@ -148,14 +148,14 @@ rm -rf "$tmp/cp2_long" "$tmp/np1_long"
 # EP beside CP (issue 33: EP is carved out of dp_shard x cp; a CP rank's tokens are its own at
 # the MoE block, as a replica's are), with HF's aux loss over the global routing statistics.
 # fp32: EP=4 x CP=2 (the EP group spans both CP pairs) against one process, measured 2.4e-9,
-# 3.4e-9, 7.8e-10 (the causal bounds). bf16: EP=2 x CP=2 against CP=2 alone, whose FSDP rounds
+# 3.4e-9, 7.8e-10; bounds about 10 times that. bf16: EP=2 x CP=2 against CP=2 alone, whose FSDP rounds
 # the same gathers: measured loss 0, grad norm 1.2e-10, weights 1.5e-9.
 moe=(--model.flavor debugmodel_moe --model.load_balance hf --model.output_router_logits true
      --model.router_aux_loss_coef 0.1)
 check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
 check "ep4 x cp2 moe" run 4 "$tmp/ep4cp2" "${moe[@]}" --parallelism.context_parallel_degree 2 \
   --parallelism.expert_parallel_degree 4 --training.local_batch_size 1
-check "ep4 x cp2 = np1" same "$tmp/ep4cp2" "$tmp/np1_moe" "${tol[@]}"
+check "ep4 x cp2 = np1" same "$tmp/ep4cp2" "$tmp/np1_moe" 3e-8 4e-8 1e-8
 rm -rf "$tmp/ep4cp2" "$tmp/np1_moe"
 check "cp2 moe bf16" cpn 2 "$tmp/cp2_moe16" "${moe[@]}" --training.mixed_precision_param bfloat16
 check "ep2 x cp2 moe bf16" cpn 2 "$tmp/ep2cp2_16" "${moe[@]}" \
