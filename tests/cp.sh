@@ -148,7 +148,8 @@ rm -rf "$tmp/cp2_long" "$tmp/np1_long"
 # EP beside CP (issue 33: EP is carved out of dp_shard x cp; a CP rank's tokens are its own at
 # the MoE block, as a replica's are), with HF's aux loss over the global routing statistics.
 # fp32: EP=4 x CP=2 (the EP group spans both CP pairs) against one process, measured 2.4e-9,
-# 3.4e-9, 7.8e-10; bounds about 10 times that. bf16: EP=2 x CP=2 against CP=2 alone, whose FSDP rounds
+# 3.4e-9, 7.8e-10; bounds about 10 times that (break-tested: the routing statistics left
+# unsummed under CP gave 4.4e-5, 2.3e-3, 1.2e-5). bf16: EP=2 x CP=2 against CP=2 alone, whose FSDP rounds
 # the same gathers: measured loss 0, grad norm 1.2e-10, weights 1.5e-9.
 moe=(--model.flavor debugmodel_moe --model.load_balance hf --model.output_router_logits true
      --model.router_aux_loss_coef 0.1)
