@@ -13,6 +13,15 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 
+// How long a wait polls with sched_yield before it sleeps between polls, and the sleep.
+static double wait_spin_s = 1.0;
+static long wait_pause_ns = 1000000;
+
+void ct_mpi_wait_oversubscribed(bool on) {
+    wait_spin_s = on ? 1e-4 : 1.0;
+    wait_pause_ns = on ? 50000 : 1000000;
+}
+
 int ct_mpi_wait(MPI_Request *reqs, int n, double timeout_s, int rank, const char *what,
                 ct_error *err) {
     const double t0 = ct_now_s(), deadline = t0 + timeout_s;
@@ -29,11 +38,13 @@ int ct_mpi_wait(MPI_Request *reqs, int n, double timeout_s, int rank, const char
                            rank, what, timeout_s);
         // Open MPI moves data only inside MPI calls, so poll as MPI_Wait does, giving the core
         // to ranks that share it; after a second (a partner still computing or saving), poll
-        // every millisecond instead of burning the core.
-        if (t - t0 < 1.0) {
+        // every millisecond instead of burning the core. Oversubscribed, the yields themselves
+        // took the cores from the ranks being waited for: sleep after 0.1 ms, polling every
+        // 50 us.
+        if (t - t0 < wait_spin_s) {
             sched_yield();
         } else {
-            struct timespec pause = {0, 1000000};
+            struct timespec pause = {0, wait_pause_ns};
             nanosleep(&pause, NULL);
         }
     }

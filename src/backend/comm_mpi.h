@@ -22,6 +22,9 @@ struct ct_request {
 // an MPI failure is an error naming `what` and this rank.
 int ct_mpi_wait(MPI_Request *reqs, int n, double timeout_s, int rank, const char *what,
                 ct_error *err);
+// More threads than cores on this node (ranks x threads per rank): waits sleep after 0.1 ms of
+// polling, every 50 us, instead of yielding for a second (process-wide).
+void ct_mpi_wait_oversubscribed(bool on);
 
 // The collectives of backend.h on MPI. bf16_sum: where the bf16 sum's MPI_Op is kept (made on
 // first use; the backend object owns it).

@@ -49,6 +49,10 @@ int dist_init(dist *d, ct_error *err) {
     return 0;
 }
 
+void dist_wait_oversubscribed(bool on) {
+    ct_mpi_wait_oversubscribed(on);
+}
+
 void dist_finalize(dist *d) {
     free(d->gathered);
     d->gathered = NULL;

@@ -34,6 +34,9 @@ bool dist_launched(void);
 // MPI_Init when launched (an error names the launcher's environment), else a world of one.
 int dist_init(dist *d, ct_error *err);
 void dist_finalize(dist *d);
+// More threads than cores on this node: waits sleep after 0.1 ms instead of yielding for a
+// second, so that waiting ranks leave the cores to the ranks they wait for.
+void dist_wait_oversubscribed(bool on);
 // A group of d's ranks: those passing the same color, ranked by key (MPI_Comm_split), with d's
 // deadline. HSDP's shard and replica groups. Free it with dist_group_free, before finalizing d.
 int dist_split(const dist *d, int color, int key, dist *group, ct_error *err);

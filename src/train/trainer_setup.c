@@ -195,13 +195,17 @@ static void setup_threads(trainer *t) {
     }
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool over = t->d->size > 1 && cores > 0 && (long)t->d->local_size * n > cores;
+    dist_wait_oversubscribed(over);
     // The ctitan binary sets OMP_WAIT_POLICY=passive unless the user chose (src/cli/main.c).
     const char *wait = getenv("OMP_WAIT_POLICY");
     char mode[400];
     t->strat.vt->describe(t, mode, sizeof mode);
     fprintf(t->log,
-            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s\n",
-            t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)");
+            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s%s\n",
+            t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)",
+            over ? "; more threads than cores on this node: comm waits sleep after 0.1 ms" : "");
 }
 
 // Pre-run validation: everything that can be refused is refused before any work. The memory
