@@ -3,9 +3,9 @@
 # checkpoints hold the adapter and its AdamW state, not the base; a resume is bit for bit; DDP,
 # ZeRO-1 and FSDP (the base sharded, the adapter under ZeRO-1) over 2 ranks equal one process on
 # the same global batch, bit for bit, dense and MoE, fp32 and bf16; FSDP and HSDP over 4 within
-# 1e-6; an FSDP run resumes bit for bit under FSDP and in one process; refusals (an unknown
-# module, a MoE model's MLP under bf16, a rank disagreeing with
-# lora.adapter_path's, a resume on another base) are one line each. A LoRA run exports a PEFT
+# 1e-6; an FSDP run resumes bit for bit under FSDP and in one process; a MoE model's bf16 experts
+# with adapters under FSDP equal one process and resume bit for bit; refusals (an unknown module,
+# a rank disagreeing with lora.adapter_path's, a resume on another base) are one line each. A LoRA run exports a PEFT
 # adapter folder (the checkpoint's adapter bit for bit) that a run, eval and export --merge start
 # from; a MoE model's holds every expert's adapter under PEFT's per-expert keys.
 set -u
@@ -182,7 +182,7 @@ refused cp "LoRA under context parallelism is not supported yet" 2 "${lora[@]}" 
   --parallelism.context_parallel_degree 2
 # A MoE model (test_lora.c has the arithmetic): all-linear adapts each expert under PEFT's
 # per-expert keys; a run from its export starts at eval's loss with the adapter, bit for bit; the
-# merged export's eval loss is the adapter's within rounding. bf16 experts are refused.
+# merged export's eval loss is the adapter's within rounding.
 HF=$moe/hf DATA=$moe/tokens.npy run 1 "$tmp/moe" --training.steps 2 --training.local_batch_size 2 \
   --checkpoint.interval 2 --checkpoint.last_save_in_hf true "${lora[@]}" &&
   "$CTITAN_PYTHON" - "$tmp/moe/hf/adapter_model.safetensors" <<'PY' && ok || bad "MoE run: $(tail -3 "$tmp/moe.log")"
@@ -207,8 +207,24 @@ OMP_NUM_THREADS=1 "$ct" eval --model.backend hf --model.hf_path "$moe/hf" "${mev
   "$CTITAN_PYTHON" -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)' \
     "$(evloss loss <"$tmp/moe-ev-merged.json")" "$(evloss loss <"$tmp/moe-ev.json")" && ok ||
   bad "MoE merged: $(tail -3 "$tmp/moe-merged.log")"
-HF=$moe/hf DATA=$moe/tokens.npy refused moe-bf16 "sparse \(MoE\) layers: bf16 experts" 1 \
-  "${lora[@]}" --training.mixed_precision_param bfloat16
+# bf16 experts, every expert adapted (test_lora.c has the arithmetic against autocast), with
+# dropout: FSDP over 2 ranks equals one process on the same global batch, and a resume from step 2
+# on the guarded backend (--debug.guard_device_memory: the new kernels touch backend memory only
+# inside backend calls) gives the straight run's adapter and AdamW state at step 4, bit for bit.
+bm=(--training.mixed_precision_param bfloat16 --lora.dropout 0.2)
+mrun 1 "$tmp/mb" --training.global_batch_size 2 "${bm[@]}" && grep -q "MoE experts" "$tmp/mb.log" &&
+  ok || bad "MoE bf16: $(tail -3 "$tmp/mb.log")"
+if full; then # (the sanitizer pass runs the fp32 MoE model under FSDP above)
+  mrun 2 "$tmp/mbf" "${bm[@]}" && ok || bad "MoE bf16 under FSDP: $(tail -3 "$tmp/mbf.log")"
+  same "$tmp/mbf" "$tmp/mb" 0 1e-14 0 && ok || bad "MoE bf16: LoRA under FSDP np2 differs from np1"
+fi
+mkdir -p "$tmp/mb2" && cp -r "$tmp/mb/checkpoint" "$tmp/mb2/" && rm -rf "$tmp/mb2/checkpoint/step-4"
+mrun 1 "$tmp/mb2" --training.global_batch_size 2 "${bm[@]}" --debug.guard_device_memory true &&
+  grep -q "resumed from .*step-2 " "$tmp/mb2.log" &&
+  cmp -s "$tmp/mb/checkpoint/step-4/model.safetensors" "$tmp/mb2/checkpoint/step-4/model.safetensors" &&
+  cmp -s "$tmp/mb/checkpoint/step-4/optimizer-00000-of-00001.safetensors" \
+    "$tmp/mb2/checkpoint/step-4/optimizer-00000-of-00001.safetensors" && ok ||
+  bad "MoE bf16: the resumed adapter or its AdamW state at step 4 differ: $(tail -3 "$tmp/mb2.log")"
 # The final export (last_save_in_hf) writes the same folder; a run started from it
 # (lora.adapter_path alone: the [lora] keys are the file's) has, at its first step, the loss eval
 # gives base + adapter on that batch, bit for bit, and not the base's (B is trained, non-zero);

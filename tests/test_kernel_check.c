@@ -401,6 +401,12 @@ static void test_apply_slots(void) {
         const bool sw = op == OVERRIDE_SWIGLU;
         CHECK(!o.swiglu_rows_bf16_forward == sw && !o.swiglu_rows_bf16_backward == sw,
               "%s: the bf16 SwiGLU %s", name, sw ? "dropped" : "kept");
+        // LoRA's per-expert adapters run inside the built-in expert kernels, fp32 and bf16: a
+        // plugin's moe_experts drops both (a LoRA run with expert targets is then refused).
+        const bool mx = op == OVERRIDE_MOE_EXPERTS;
+        CHECK(!o.moe_lora_forward == mx && !o.moe_lora_backward == mx &&
+                  !o.moe_bf16_lora_forward == mx && !o.moe_bf16_lora_backward == mx,
+              "%s: the experts' LoRA kernels %s", name, mx ? "dropped" : "kept");
     }
 }
 

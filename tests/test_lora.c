@@ -19,6 +19,8 @@
 #include "io/safetensors.h"
 #include "model/hf_adapter.h"
 #include "model/qwen3_lora.h"
+#include "ops/bf16_round.h"
+#include "ops/cpu_kernels.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
@@ -39,9 +41,22 @@
 // normalised step magnifies the fp32 summation order's 1e-7 differences). The gradients
 // themselves stay within F32_GRAD_ABS (measured 4.5e-7).
 #define F32_ADAM_EXPERTS_ABS 2e-5
-#define BF16_LOSS_REL 5e-3  // measured 2.6e-4 (steps 2-4: 1.3e-3)
-#define BF16_GRAD_REL 1e-1  // rel L2 per tensor; measured 3.1e-2
-#define BF16_UPDATE_REL 3e-1 // rel L2 of w4 - w0; measured 7.5e-2
+// With every bf16 expert adapted (moe_mixed_all_rslora_bf16) the model-level spread is the
+// widest: the reference's MoE block under autocast runs on its bf16 residual stream with bf16
+// routing weights and a bf16 index_add, where ctitan's combine is fp32 (HF's on fp32 hidden
+// states). Its arithmetic is pinned by the op check (MOE_OP_*) instead.
+#define BF16_LOSS_REL 5e-3       // measured 7.5e-4 (dense), 1.9e-4 (MoE, experts adapted)
+#define BF16_LATER_LOSS_REL 1e-2 // steps 2-4; measured 2.7e-3 (dense), 3.5e-3 (MoE)
+#define BF16_GRAD_REL 1e-1       // rel L2 per tensor; measured 2.9e-2 (dense), 4.9e-2 (MoE)
+#define BF16_UPDATE_REL 3e-1     // rel L2 of w4 - w0; measured 8.5e-2 (dense), 1.8e-1 (MoE)
+// The bf16 experts' LoRA op against torch.autocast on HF's expert loop (rel L2). out is exact;
+// the gradients carry the bf16 expert kernel's own rounding choices (moe_experts_bf16.c: dh =
+// bf16(weight * (bf16(dout) @ W_down)) where torch rounds weight * dout first, fp32 dx): about
+// torch's own bf16 spread from float64 on this case (dx 7.6e-3, A/B up to 1.8e-2).
+#define MOE_OP_OUT_REL 1e-3     // measured 0 (a bound of a few single-ulp flips)
+#define MOE_OP_DX_REL 7e-2      // measured 7.3e-3
+#define MOE_OP_DWEIGHT_REL 5e-2 // measured 4.5e-3
+#define MOE_OP_DLORA_REL 2e-1   // worst A or B; measured 1.8e-2
 
 typedef struct lora_case {
     cJSON *root;
@@ -254,7 +269,7 @@ static void run_case(const char *ref, const char *name) {
     if (rc != 0) goto out;
     // bf16: the flash kernel's bf16 attention, whose products round as autocast's matmuls do
     // (the sdpa kernel runs fp32 products on bf16 inputs).
-    qwen3_memory_opts opts = {.bf16 = c.bf16};
+    qwen3_memory_opts opts = {.bf16 = c.bf16, .bf16_experts = c.bf16};
     ct_ops flash;
     ct_ops_with_attention(&flash, &ct_ops_cpu, "flash");
     qwen3_model m;
@@ -264,6 +279,10 @@ static void run_case(const char *ref, const char *name) {
     CHECK(m.grad_mem == NULL && m.weights16 == c.bf16,
           "%s: the base holds no gradients (%p) and, under bf16, bf16 weights only (%d)", name,
           (void *)m.grad_mem, m.weights16);
+    int fp32_matrices = 0; // under bf16 every matrix, the experts' too, is held in bf16 alone
+    for (int i = 0; c.bf16 && i < m.n_params; i++)
+        fp32_matrices += m.params[i].ndim == 2 && !qwen3_param_in_bf16(&m, &m.params[i]);
+    CHECK(fp32_matrices == 0, "%s: %d matrices of the bf16 base held in fp32", name, fp32_matrices);
     st_file exp = {0};
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     rc = st_open(&exp, path, &err);
@@ -311,7 +330,7 @@ static void run_case(const char *ref, const char *name) {
     else
         CHECK(wa < (experts_adapted(&m) ? F32_ADAM_EXPERTS_ABS : F32_ADAM_ABS),
               "%s: weights after %d steps: %.2e", name, c.steps, wa);
-    CHECK(worst_loss < (c.bf16 ? BF16_LOSS_REL : F32_LOSS_ABS), "%s: later losses %.2e", name,
+    CHECK(worst_loss < (c.bf16 ? BF16_LATER_LOSS_REL : F32_LOSS_ABS), "%s: later losses %.2e", name,
           worst_loss);
     adamw_free(&opt);
     st_close(&exp);
@@ -351,15 +370,16 @@ static void check_compose(const char *ref, const char *name) {
     int32_t *pos = malloc(N * sizeof *pos);
     for (size_t i = 0; i < N; i++) pos[i] = (int32_t)(i % (size_t)c.T < 5 ? i % c.T : i % c.T - 5);
     for (int k = 0; k < 2; k++) {
-        const qwen3_memory_opts plain = {.bf16 = c.bf16, .block_causal = true};
+        const qwen3_memory_opts plain = {
+            .bf16 = c.bf16, .bf16_experts = c.bf16, .block_causal = true};
         double l0, l;
         size_t n;
         float *g0 = grads_with(dir, &c, tables[k], &plain, &c.lc, NULL, &l0, &n);
         float *d0 = grads_with(dir, &c, tables[k], &plain, &c.lc, pos, &l, &n);
         const qwen3_memory_opts variants[3] = {
-            {.bf16 = c.bf16, .block_causal = true, .ac_every = 1},
-            {.bf16 = c.bf16, .block_causal = true, .ac_op = true},
-            {.bf16 = c.bf16, .block_causal = true, .ac_every = 2},
+            {.bf16 = c.bf16, .bf16_experts = c.bf16, .block_causal = true, .ac_every = 1},
+            {.bf16 = c.bf16, .bf16_experts = c.bf16, .block_causal = true, .ac_op = true},
+            {.bf16 = c.bf16, .bf16_experts = c.bf16, .block_causal = true, .ac_every = 2},
         };
         for (int v = 0; g0 && d0 && v < 3; v++) {
             for (int docs = 0; docs < 2; docs++) {
@@ -388,7 +408,7 @@ static void check_zero_b(const char *ref, const char *name) {
     if (!open_case(&c, dir, sizeof dir, ref, name)) return;
     qwen3_model m, base;
     hf_load_report rep;
-    const qwen3_memory_opts opts = {.bf16 = c.bf16};
+    const qwen3_memory_opts opts = {.bf16 = c.bf16, .bf16_experts = c.bf16};
     snprintf(path, sizeof path, "%s/hf", dir);
     ct_ops flash;
     ct_ops_with_attention(&flash, &ct_ops_cpu, "flash");
@@ -432,7 +452,8 @@ static void check_dropout(const char *ref, const char *name) {
     if (!open_case(&c, dir, sizeof dir, ref, name)) return;
     lora_config lc = c.lc;
     lc.dropout = 0.3f;
-    const qwen3_memory_opts opts = {.bf16 = c.bf16}, ac = {.bf16 = c.bf16, .ac_every = 1};
+    const qwen3_memory_opts opts = {.bf16 = c.bf16, .bf16_experts = c.bf16},
+                            ac = {.bf16 = c.bf16, .bf16_experts = c.bf16, .ac_every = 1};
     double l0, l1, l2, lnd;
     size_t n;
     float *g1 = grads_with(dir, &c, &ct_ops_cpu, &opts, &lc, NULL, &l1, &n);
@@ -496,23 +517,31 @@ static void check_dropout(const char *ref, const char *name) {
 
 // The op alone against torch (lora_ref.py's write_op): y into a block of wider rows (ldy), then
 // the gradients of x, A and B, fp32 and bf16.
-static void check_op(const char *ref) {
+// REF/lora/NAME.json's integer keys (each 1 to 4096) into v, in order, and its "scale"; false
+// (reported) when it does not load.
+static bool op_meta(const char *ref, const char *name, const char *const *keys, int n, int64_t *v,
+                    double *scale) {
     char path[4096];
     ct_error err;
     cJSON *meta = NULL;
-    snprintf(path, sizeof path, "%s/lora/op.json", ref);
-    int64_t N, in, out, r;
-    double scale;
-    if (json_parse_file(&meta, path, &err) || json_get_int(&N, meta, "N", true, 1, 4096, path, &err) ||
-        json_get_int(&in, meta, "fan_in", true, 1, 4096, path, &err) ||
-        json_get_int(&out, meta, "fan_out", true, 1, 4096, path, &err) ||
-        json_get_int(&r, meta, "rank", true, 1, 64, path, &err) ||
-        json_get_double(&scale, meta, "scale", true, path, &err)) {
-        CHECK(0, "%s", err.msg);
-        cJSON_Delete(meta);
-        return;
-    }
+    snprintf(path, sizeof path, "%s/lora/%s.json", ref, name);
+    bool ok = json_parse_file(&meta, path, &err) == 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = json_get_int(&v[i], meta, keys[i], true, 1, 4096, path, &err) == 0;
+    if (ok) ok = json_get_double(scale, meta, "scale", true, path, &err) == 0;
+    CHECK(ok, "%s", err.msg);
     cJSON_Delete(meta);
+    return ok;
+}
+
+static void check_op(const char *ref) {
+    char path[4096];
+    ct_error err;
+    static const char *const keys[] = {"N", "fan_in", "fan_out", "rank"};
+    int64_t v[4];
+    double scale;
+    if (!op_meta(ref, "op", keys, 4, v, &scale)) return;
+    const int64_t N = v[0], in = v[1], out = v[2], r = v[3];
     st_file f = {0};
     snprintf(path, sizeof path, "%s/lora/op.safetensors", ref);
     CHECK(st_open(&f, path, &err) == 0, "%s", err.msg);
@@ -577,6 +606,102 @@ static void check_op(const char *ref) {
         free(y), free(dy), free(u), free(dx), free(dA), free(dB), free(sc);
     }
     st_close(&f);
+}
+
+// The bf16 experts' LoRA path alone (moe_bf16_lora_*) against torch.autocast on HF's expert loop
+// with PEFT's per-expert lora.Linear (lora_ref.py's write_moe_op): out, dx, the routing weights'
+// and every A and B gradient, through the default sgemm emulation of the bf16 GEMMs and through
+// oneDNN's (CTITAN_BF16_MOE_GEMM=onednn, its concurrent schedule). The state, the scratch and the
+// adapter's u and scratch stay within their sizes.
+static void check_moe_op(const char *ref) {
+    char path[4096];
+    ct_error err;
+    static const char *const keys[] = {"N", "C", "F", "E", "K", "rank"};
+    int64_t v[6];
+    double scale;
+    if (!op_meta(ref, "moe_op", keys, 6, v, &scale)) return;
+    const int64_t N = v[0], C = v[1], F = v[2], E = v[3], K = v[4], r = v[5];
+    st_file f = {0};
+    snprintf(path, sizeof path, "%s/lora/moe_op.safetensors", ref);
+    CHECK(st_open(&f, path, &err) == 0, "%s", err.msg);
+    enum { X, EXPERT, WEIGHT, W, LORA, DOUT, OUT, DX, DWEIGHT, DLORA, NT };
+    static const char *const names[NT] = {"x",    "expert", "weight", "w",       "lora",
+                                          "dout", "out",    "dx",     "dweight", "dlora"};
+    float *t[NT];
+    size_t n[NT];
+    for (int k = 0; k < NT; k++) {
+        const st_tensor *e = st_file_find(&f, names[k]);
+        n[k] = e ? e->numel : 1;
+        t[k] = calloc(n[k], sizeof(float));
+        CHECK(e && st_tensor_to_f32(t[k], e, &err) == 0, "%s: %s", path, names[k]);
+    }
+    st_close(&f);
+    const size_t S = (size_t)(N * K), stride = (size_t)(3 * r * (C + F));
+    CHECK(n[LORA] == (size_t)E * stride && n[DLORA] == n[LORA], "moe_op: %zu adapter floats",
+          n[LORA]);
+    uint16_t *x16 = malloc(n[X] * 2), *w16 = malloc(n[W] * 2);
+    for (size_t i = 0; i < n[X]; i++) x16[i] = bf16_round(t[X][i]);
+    for (size_t i = 0; i < n[W]; i++) w16[i] = bf16_round(t[W][i]);
+    int32_t *expert = malloc(S * sizeof *expert);
+    for (size_t i = 0; i < S; i++) expert[i] = (int32_t)t[EXPERT][i];
+    const size_t nu = 3 * S * (size_t)r,
+                 nls = ct_moe_lora_scratch_floats((int)N, (int)C, (int)F, (int)E, (int)K, (int)r);
+    for (int onednn = 0; onednn < 2; onednn++) {
+        if (onednn)
+            setenv("CTITAN_BF16_MOE_GEMM", "onednn", 1);
+        else
+            unsetenv("CTITAN_BF16_MOE_GEMM");
+        cpu_kernels ks = {0};
+        ct_ops o = ct_ops_cpu;
+        o.kernel_state = &ks;
+        const size_t ns = o.moe_bf16_state_floats((int)N, (int)C, (int)F, (int)E, (int)K);
+        const size_t nsc = o.moe_bf16_scratch_floats(&o, (int)N, (int)C, (int)F, (int)E, (int)K);
+        float *state = check_guarded(ns), *scratch = check_guarded(nsc);
+        float *u = check_guarded(nu), *lscratch = check_guarded(nls);
+        float *dl = calloc(n[DLORA], sizeof *dl), *out = calloc(n[OUT], sizeof *out);
+        float *dx = calloc(n[DX], sizeof *dx), *dwt = calloc(S, sizeof *dwt);
+        const ct_moe_lora lo = {.w = t[LORA],
+                                .g = dl,
+                                .stride = stride,
+                                .targets = 7,
+                                .r = (int)r,
+                                .scale = (float)scale,
+                                .u = u,
+                                .scratch = lscratch};
+        o.moe_bf16_lora_forward(&o, out, state, scratch, x16, expert, t[WEIGHT], w16, &lo, (int)N,
+                                (int)C, (int)F, (int)E, (int)K);
+        o.moe_bf16_lora_backward(&o, dx, dwt, scratch, t[DOUT], state, x16, expert, t[WEIGHT], w16,
+                                 &lo, (int)N, (int)C, (int)F, (int)E, (int)K);
+        CHECK(check_guard_ok(state, ns) && check_guard_ok(scratch, nsc) && check_guard_ok(u, nu) &&
+                  check_guard_ok(lscratch, nls),
+              "moe_op: wrote past the state, the scratch, u or the adapter's scratch");
+        // Every A and B on its own (relative L2), the worst of them.
+        double worst = 0;
+        size_t at = 0;
+        for (int e = 0; e < E; e++)
+            for (int m = 0; m < 3; m++)
+                for (int ab = 0; ab < 2; ab++) { // A (r, in), then B (out, r)
+                    const size_t len = (size_t)r * (size_t)((m == 2) == (ab == 1) ? C : F);
+                    const double rel = check_rel_l2(dl + at, t[DLORA] + at, len);
+                    if (rel > worst) worst = rel;
+                    at += len;
+                }
+        const double eo = check_rel_l2(out, t[OUT], n[OUT]), ex = check_rel_l2(dx, t[DX], n[DX]),
+                     ew = check_rel_l2(dwt, t[DWEIGHT], S);
+        printf("lora moe bf16 op (%s): rel L2 out %.1e, dx %.1e, dweight %.1e, worst A/B gradient "
+               "%.1e\n",
+               onednn ? "oneDNN" : "emulated", eo, ex, ew, worst);
+        CHECK(eo < MOE_OP_OUT_REL && ex < MOE_OP_DX_REL && ew < MOE_OP_DWEIGHT_REL &&
+                  worst < MOE_OP_DLORA_REL,
+              "moe bf16 op (%s): rel L2 out %.2e, dx %.2e, dweight %.2e, A/B gradients %.2e",
+              onednn ? "oneDNN" : "emulated", eo, ex, ew, worst);
+        free(state), free(scratch), free(u), free(lscratch), free(dl), free(out), free(dx),
+            free(dwt);
+        cpu_kernels_free(&ks);
+    }
+    unsetenv("CTITAN_BF16_MOE_GEMM");
+    for (int k = 0; k < NT; k++) free(t[k]);
+    free(x16), free(w16), free(expert);
 }
 
 // Dropout on the experts' branches: the gradient of each MLP module's adapter (its largest
@@ -653,8 +778,8 @@ static bool moe_config(qwen3_config *c, const char *ref) {
     return false;
 }
 
-// Per-expert adapters: what the expert kernel cannot run yet is refused in one line (bf16
-// experts, the "loop" kernel); the attention alone is not.
+// Per-expert adapters: an expert kernel without a LoRA variant (the "loop" one, fp32 or bf16) is
+// refused in one line; the attention alone is not, nor bf16 experts on the grouped kernel.
 static void check_expert_refusals(const char *ref) {
     ct_error err;
     qwen3_config cfg;
@@ -668,9 +793,10 @@ static void check_expert_refusals(const char *ref) {
         unsigned targets;
         const char *needle; // NULL: accepted
     } cases[] = {
-        {true, 0, &ct_ops_cpu, LORA_ALL_LINEAR, "bf16 experts"},
-        {false, 0, &loop, 1u << LORA_DOWN, "no LoRA variant"},
+        {true, 0, &loop, LORA_ALL_LINEAR, "bf16 expert kernel has no LoRA variant"},
+        {false, 0, &loop, 1u << LORA_DOWN, "expert kernel has no LoRA variant"},
         {true, 0.1f, &loop, 1u << LORA_Q, NULL},
+        {true, 0.1f, &ct_ops_cpu, LORA_ALL_LINEAR, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const qwen3_memory_opts opts = {.bf16 = cases[i].bf16, .bf16_experts = cases[i].bf16};
@@ -685,7 +811,7 @@ static void check_expert_refusals(const char *ref) {
                       !strchr(err.msg, '\n'),
                   "expert refusal %zu: rc %d: %s", i, rc, err.msg);
         else
-            CHECK(rc == 0, "attention only on a MoE model: %s", err.msg);
+            CHECK(rc == 0, "expert case %zu on a MoE model: %s", i, err.msg);
     }
 }
 
@@ -733,6 +859,7 @@ int main(void) {
     int rc = json_parse_file(&idx, path, &err);
     CHECK(rc == 0, "%s", err.msg);
     check_op(ref);
+    check_moe_op(ref);
     const cJSON *cases = cJSON_GetObjectItemCaseSensitive(idx, "cases"), *it;
     int n = 0;
     cJSON_ArrayForEach(it, cases) {
@@ -745,10 +872,13 @@ int main(void) {
     check_zero_b(ref, "untied_all_f32");
     check_zero_b(ref, "untied_all_bf16");
     check_zero_b(ref, "tied_bias_subset_rslora_bf16");
+    check_zero_b(ref, "moe_mixed_all_rslora_bf16");
     check_dropout(ref, "untied_all_f32");
     check_dropout(ref, "moe_mixed_all_f32");
     check_expert_dropout_grads(ref);
     check_compose(ref, "moe_mixed_all_f32");
+    check_compose(ref, "moe_mixed_all_rslora_bf16");
+    check_dropout(ref, "moe_mixed_all_rslora_bf16");
     check_expert_refusals(ref);
     check_flops(ref);
     cJSON_Delete(idx);

@@ -442,12 +442,17 @@ static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_wei
                             d.E, d.K);
     float *y = m->tp ? p->part : out;
     const ct_moe_lora *lora = p->lora ? qwen3_lora_experts(m, l) : NULL;
-    if (lora) // PEFT's per-expert LoRA, inside the (fp32) expert kernel
+    const bool bf16x = qwen3_bf16_experts(&m->mem_opts);
+    if (lora && bf16x) // PEFT's per-expert LoRA, inside the expert kernel
+        op->moe_bf16_lora_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
+                                  a->route_w, bf16_copy(m, w->experts), lora, d.N, d.C, d.Fm, d.E,
+                                  d.K);
+    else if (lora)
         op->moe_lora_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
                              w->experts, lora, d.N, d.C, d.Fm, d.E, d.K);
     else if (m->ep)
         qwen3_ep_forward(m, w, a, y);
-    else if (qwen3_bf16_experts(&m->mem_opts))
+    else if (bf16x)
         op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
                              a->route_w, bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
@@ -478,13 +483,18 @@ static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
     const float *dout = Nr < d.N ? s->dresid : tp_full_rows(m, s->dtmp, s->dresid, d.N, d.C);
     // The bf16 experts take ln2's saved bf16 copy; the fp32 ones (a plugin's) its widened values.
     const ct_moe_lora *lora = qwen3_lora_experts(m, l);
-    if (lora) {
+    const bool bf16x = qwen3_bf16_experts(&m->mem_opts);
+    if (lora && bf16x) {
+        op->moe_bf16_lora_backward(op, s->dln, s->dweight, s->moe_scratch, dout, a->moe_state,
+                                   a->ln2_16, a->expert, a->route_w, bf16_copy(m, w->experts), lora,
+                                   d.N, d.C, d.Fm, d.E, d.K);
+    } else if (lora) {
         from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
         op->moe_lora_backward(s->dln, s->dweight, s->moe_scratch, dout, a->moe_state, a->ln2,
                               a->expert, a->route_w, w->experts, lora, d.N, d.C, d.Fm, d.E, d.K);
     } else if (m->ep) {
         qwen3_ep_backward(m, w, g, a, s->dln, s->dweight, dout);
-    } else if (qwen3_bf16_experts(&m->mem_opts)) {
+    } else if (bf16x) {
         op->moe_bf16_backward(op, s->dln, s->dweight, g->experts, s->moe_scratch, dout,
                               a->moe_state, a->ln2_16, a->expert, a->route_w,
                               bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);

@@ -90,19 +90,16 @@ void qwen3_trained_units(const qwen3_model *m, size_t *lo) {
 static int lora_attach(qwen3_model *m, const lora_config *lc, ct_error *err) {
     const qwen3_config *c = &m->cfg;
     const unsigned mlp = (1u << LORA_GATE) | (1u << LORA_UP) | (1u << LORA_DOWN);
-    if (m->n_sparse > 0 && (lc->targets & mlp)) {
-        const char *why = !m->ops->moe_lora_forward || !m->ops->moe_lora_backward
-                              ? "the expert kernel has no LoRA variant (model.moe_impl = \"loop\" "
-                                "or a plugin's moe_experts; the default \"grouped\" has)"
-                          : m->mem_opts.bf16 ? "bf16 experts (training.mixed_precision_param = "
-                                               "\"bfloat16\") with per-expert adapters are not "
-                                               "supported yet; train in float32"
-                                             : NULL;
-        if (why)
-            return ct_fail(err, "lora: target_modules gate_proj/up_proj/down_proj on a model "
-                                "with sparse (MoE) layers: %s; or target only q_proj, k_proj, "
-                                "v_proj, o_proj", why);
-    }
+    const bool bf16x = qwen3_bf16_experts(&m->mem_opts);
+    if (m->n_sparse > 0 && (lc->targets & mlp) &&
+        !(bf16x ? m->ops->moe_bf16_lora_forward && m->ops->moe_bf16_lora_backward
+                : m->ops->moe_lora_forward && m->ops->moe_lora_backward))
+        return ct_fail(err,
+                       "lora: target_modules gate_proj/up_proj/down_proj on a model with "
+                       "sparse (MoE) layers: the %sexpert kernel has no LoRA variant "
+                       "(model.moe_impl = \"loop\" or a plugin's moe_experts; the default "
+                       "\"grouped\" has); or target only q_proj, k_proj, v_proj, o_proj",
+                       bf16x ? "bf16 " : "");
     if (!m->ops->lora_forward || !m->ops->lora_backward || !m->ops->lora_dropout)
         return ct_fail(err, "lora: op table '%s' has no lora_forward/lora_backward/lora_dropout",
                        m->ops->name ? m->ops->name : "?");

@@ -55,11 +55,11 @@ typedef struct qwen3_lora {
 // weight once in the dtype its kernel reads) but planned with `opts` as given (activation
 // checkpointing as asked, a backward allowed), and the adapter of `lc` (A and B zero: fill them
 // with qwen3_lora_init_random or qwen3_lora_write). MLP targets on a model with sparse (MoE)
-// layers adapt every expert's projections (PEFT's per-expert modules), inside the grouped fp32
-// expert kernel (moe_lora_*), and the dense layers' MLP. Refused (one line): tensor parallelism
-// (set later by a strategy; the trainer refuses it), a plugin op table without the lora_*
-// entries; with MLP targets on sparse layers: an expert kernel without a LoRA variant (the
-// "loop" reference, a plugin's), bf16 experts.
+// layers adapt every expert's projections (PEFT's per-expert modules), inside the grouped
+// expert kernel (moe_lora_*, or moe_bf16_lora_* on bf16 experts), and the dense layers' MLP.
+// Refused (one line): tensor parallelism (set later by a strategy; the trainer refuses it), a
+// plugin op table without the lora_* entries; with MLP targets on sparse layers: an expert kernel
+// without a LoRA variant (the "loop" reference, a plugin's).
 int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, const ct_ops *ops,
                     const qwen3_memory_opts *opts, const lora_config *lc, ct_error *err);
 // PEFT's default init from the run's seed: every A kaiming-uniform with a = sqrt(5), i.e.

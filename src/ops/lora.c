@@ -29,6 +29,20 @@ static void round_inplace(float *x, size_t n) {
     round_copy(x, x, n);
 }
 
+void cpu_lora_term(float *t, float *Bb, const float *u, const float *B, float scale, bool bf16,
+                   int N, int r, int out) {
+    if (bf16) {
+        round_copy(Bb, B, (size_t)out * r);
+        B = Bb;
+    }
+    // t(N,out) = u @ B^T, then scaled: bf16 rounds the product and the scaled term (two
+    // roundings, as autocast's bf16 GEMM output times a Python float).
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, r, 1.0f, u, r, B, r, 0.0f, t, out);
+#pragma omp parallel for simd schedule(static) if ((int64_t)N * out >= CPU_PAR_MIN)
+    for (size_t i = 0; i < (size_t)N * out; i++)
+        t[i] = bf16 ? bf16_value(bf16_round(bf16_value(bf16_round(t[i])) * scale)) : t[i] * scale;
+}
+
 void cpu_lora_forward(float *y, uint16_t *y16, int ldy, float *u, float *scratch, const float *x,
                       const float *A, const float *B, float scale, bool bf16, int N, int in, int r,
                       int out) {
@@ -37,25 +51,22 @@ void cpu_lora_forward(float *y, uint16_t *y16, int ldy, float *u, float *scratch
     if (bf16) {
         round_copy(xb, x, (size_t)N * in);
         round_copy(Ab, A, (size_t)r * in);
-        round_copy(Bb, B, (size_t)out * r);
-        x = xb, A = Ab, B = Bb;
+        x = xb, A = Ab;
     }
-    // u(N,r) = x @ A^T; z(N,out) = u @ B^T
+    // u(N,r) = x @ A^T; z(N,out) = the branch's term
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in, 1.0f, x, in, A, in, 0.0f, u, r);
     if (bf16) round_inplace(u, (size_t)N * r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, r, 1.0f, u, r, B, r, 0.0f, z, out);
+    cpu_lora_term(z, Bb, u, B, scale, bf16, N, r, out);
 #pragma omp parallel for schedule(static) if ((int64_t)N * out >= CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
-        const float *zr = z + (size_t)n * out;
+        const float *t = z + (size_t)n * out;
         for (int o = 0; o < out; o++) {
-            // result + z * scaling: two roundings (bf16: z, the product and the sum rounded).
-            const float t = bf16 ? bf16_value(bf16_round(bf16_value(bf16_round(zr[o])) * scale))
-                                 : zr[o] * scale;
+            // result + term (bf16: the sum rounded)
             const size_t at = (size_t)n * ldy + o;
             if (y16)
-                y16[at] = bf16_round(bf16_value(y16[at]) + t);
+                y16[at] = bf16_round(bf16_value(y16[at]) + t[o]);
             else
-                y[at] = bf16 ? bf16_value(bf16_round(y[at] + t)) : y[at] + t;
+                y[at] = bf16 ? bf16_value(bf16_round(y[at] + t[o])) : y[at] + t[o];
         }
     }
 }

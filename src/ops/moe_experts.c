@@ -28,6 +28,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops/moe_lora.h"
 #include "ops/moe_plan.h"
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
@@ -254,80 +255,21 @@ typedef struct grouped_args {
     float *gu, *xy, *h;                     // forward
     float *a, *b, *hb, *dgu, *dweight, *dw; // backward
     const float *gus;                       // backward: the forward's gu
-    const ct_moe_lora *lora;                // PEFT's LoRA on the experts, or NULL
+    moe_lora_ctx ml;                        // PEFT's LoRA on the experts (ml.lora NULL: none)
     int C, F, E, K;
     size_t S;
 } grouped_args;
 
-// ---- LoRA on the experts (ops.h's moe_lora_*) ------------------------------------------------
-// Expert e's gate (0), up (1) or down (2) as the adapter holds it, over e's sorted rows from r0.
-typedef struct expert_lora {
-    const float *A, *B;
-    float *dA, *dB, *u, *scratch;
-    int in, out, e, m, r0;
-} expert_lora;
-
-// Floats a sorted row takes of the scratch, and an expert on its own (its weights' copies): the
-// branch's input gradient (n, W), its input dropped out or (backward) h scaled by the routing
-// weight (n, W), u scaled (n, r), and lora_forward/backward's scratch (ct_lora_scratch_floats);
-// W = max(C, F).
-static size_t lora_row_floats(int C, int F, int r) {
-    return (size_t)3 * C + 3 * (size_t)F + 2 * (size_t)r;
-}
-
-static size_t widest(const grouped_args *g) {
-    return (size_t)(g->C > g->F ? g->C : g->F);
-}
-
-size_t ct_moe_lora_scratch_floats(int N, int C, int F, int E, int K, int r) {
-    return (size_t)N * K * lora_row_floats(C, F, r) + (size_t)E * 2 * r * ((size_t)C + F);
-}
-
-static bool expert_lora_at(expert_lora *o, const grouped_args *g, int e, int m, int r0) {
-    const ct_moe_lora *lo = g->lora;
-    if (!lo || !(lo->targets & (1u << m))) return false;
-    const size_t r = (size_t)lo->r, C = (size_t)g->C, F = (size_t)g->F;
-    size_t off = (size_t)e * lo->stride; // each module's A and B: r * (C + F) floats
-    for (int k = 0; k < m; k++)
-        if (lo->targets & (1u << k)) off += r * (C + F);
-    o->in = m == 2 ? g->F : g->C;
-    o->out = m == 2 ? g->C : g->F;
-    o->e = e, o->m = m, o->r0 = r0;
-    o->A = lo->w + off, o->B = o->A + r * (size_t)o->in;
-    o->dA = lo->g + off, o->dB = o->dA + r * (size_t)o->in;
-    o->u = lo->u + (size_t)m * g->S * r + (size_t)r0 * r;
-    o->scratch = lo->scratch + (size_t)r0 * lora_row_floats(g->C, g->F, lo->r) +
-                 (size_t)e * 2 * r * (C + F);
-    return true;
-}
-
-// lora_forward/backward's scratch, after the expert's rows of the others (lora_row_floats).
-static float *kernel_scratch(const grouped_args *g, const expert_lora *a, int n) {
-    return a->scratch + (size_t)n * (2 * widest(g) + (size_t)g->lora->r);
-}
-
-// dst (n, in) = the branch's input rows x through its dropout mask (may alias x); x itself when
-// there is no dropout.
-static const float *expert_dropout(const grouped_args *g, const expert_lora *a, int n, float *dst,
-                                   const float *x) {
-    const ct_moe_lora *lo = g->lora;
-    if (!(lo->dropout > 0.0f)) return x;
-    for (int i = 0; i < n; i++) {
-        const uint64_t t = lo->token0 + (uint64_t)(g->p.perm[a->r0 + i] / g->K);
-        cpu_lora_dropout(dst + (size_t)i * a->in, x + (size_t)i * a->in, a->in, lo->dropout,
-                         lo->seed[a->m], (t * (uint64_t)g->E + (uint64_t)a->e) * (uint64_t)a->in);
-    }
-    return dst;
-}
+// ---- LoRA on the experts (ops.h's moe_lora_*; moe_lora.h has the layout and the masks) ------
 
 // y (n rows, ldy apart) += the branch of module m of expert e on its input x (n, in).
 static void expert_lora_forward(const grouped_args *g, int e, int m, int r0, int n, float *y,
                                 int ldy, const float *x) {
     expert_lora a;
-    if (!expert_lora_at(&a, g, e, m, r0)) return;
-    x = expert_dropout(g, &a, n, a.scratch, x); // the input gradient's rows: free here
-    cpu_lora_forward(y, NULL, ldy, a.u, kernel_scratch(g, &a, n), x, a.A, a.B, g->lora->scale,
-                     false, n, a.in, g->lora->r, a.out);
+    if (!moe_expert_lora_at(&a, &g->ml, e, m, r0)) return;
+    x = moe_expert_lora_dropout(&g->ml, &a, n, a.scratch, x); // the input gradient's rows: free
+    cpu_lora_forward(y, NULL, ldy, a.u, moe_expert_lora_kernel_scratch(&g->ml, &a, n), x, a.A, a.B,
+                     g->ml.lora->scale, false, n, a.in, g->ml.lora->r, a.out);
 }
 
 // The branch's backward for the output gradient dy (n rows, ldy apart) on input x (n, in) with
@@ -338,9 +280,10 @@ static void expert_lora_backward(const grouped_args *g, const expert_lora *a, in
                                  int ldd, const float *dy, int ldy, const float *u,
                                  const float *x) {
     float *dxs = a->scratch;
-    cpu_lora_backward(dxs, a->dA, a->dB, kernel_scratch(g, a, n), dy, NULL, ldy, u, x, a->A,
-                      a->B, g->lora->scale, false, n, a->in, g->lora->r, a->out);
-    expert_dropout(g, a, n, dxs, dxs);
+    cpu_lora_backward(dxs, a->dA, a->dB, moe_expert_lora_kernel_scratch(&g->ml, a, n), dy, NULL,
+                      ldy, u, x, a->A, a->B, g->ml.lora->scale, false, n, a->in, g->ml.lora->r,
+                      a->out);
+    moe_expert_lora_dropout(&g->ml, a, n, dxs, dxs);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < a->in; c++) dst[(size_t)i * ldd + c] += dxs[(size_t)i * a->in + c];
 }
@@ -380,17 +323,18 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, F, C, 1.0f, de, C, wd, F, 0.0f, dgu,
                 2 * F);
     expert_lora ad;
-    if (expert_lora_at(&ad, g, e, 2, r0)) {
+    if (moe_expert_lora_at(&ad, &g->ml, e, 2, r0)) {
         // down_proj's branch: U gets its input gradient for the unweighted dout, so that dweight
         // = U . h below counts the branch too; its dA and dB take y's gradient weight * dout,
         // folded into the inputs: h and u scaled per row by the weight.
-        const int r = g->lora->r;
-        float *hw = ad.scratch + (size_t)n * widest(g), *uw = hw + (size_t)n * widest(g);
+        const int r = g->ml.lora->r;
+        float *hw = ad.scratch + (size_t)n * moe_lora_widest(&g->ml),
+              *uw = hw + (size_t)n * moe_lora_widest(&g->ml);
         for (int i = 0; i < n; i++) {
             const float *gi = gu + (size_t)i * 2 * F, *ui = gi + F;
             for (int f = 0; f < F; f++) hw[(size_t)i * F + f] = swiglu_value(gi[f], ui[f]);
         }
-        expert_dropout(g, &ad, n, hw, hw);
+        moe_expert_lora_dropout(&g->ml, &ad, n, hw, hw);
         for (int i = 0; i < n; i++) {
             const float wt = g->weight[g->p.perm[r0 + i]];
             for (int f = 0; f < F; f++) hw[(size_t)i * F + f] *= wt;
@@ -422,9 +366,11 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, 2 * F, 1.0f, dgu, 2 * F, wgu, C,
                 0.0f, de, C);
     for (int m = 0; m < 2; m++) // gate_proj's and up_proj's branches on the gathered x
-        if (expert_lora_at(&ad, g, e, m, r0))
-            expert_lora_backward(g, &ad, n, de, C, dgu + (size_t)m * F, 2 * F, ad.u,
-                                 expert_dropout(g, &ad, n, ad.scratch + (size_t)n * widest(g), xe));
+        if (moe_expert_lora_at(&ad, &g->ml, e, m, r0))
+            expert_lora_backward(
+                g, &ad, n, de, C, dgu + (size_t)m * F, 2 * F, ad.u,
+                moe_expert_lora_dropout(&g->ml, &ad, n,
+                                        ad.scratch + (size_t)n * moe_lora_widest(&g->ml), xe));
 }
 
 void moe_run_experts(const moe_plan *pp, int E, int S, int64_t row_macs, int threads, bool blas,
@@ -473,8 +419,17 @@ size_t cpu_moe_grouped_scratch_floats(int N, int C, int F, int E, int K) {
 static grouped_args grouped_args_of(const float *state, const float *x, const float *weight,
                                     const float *w, const ct_moe_lora *lora, int N, int C, int F,
                                     int E, int K) {
-    return (grouped_args){.p = moe_plan_at(state, N, E, K), .x = x, .weight = weight, .w = w,
-                          .lora = lora, .C = C, .F = F, .E = E, .K = K, .S = (size_t)N * K};
+    const moe_plan p = moe_plan_at(state, N, E, K);
+    return (grouped_args){.p = p,
+                          .x = x,
+                          .weight = weight,
+                          .w = w,
+                          .ml = {lora, p.perm, C, F, E, K, (size_t)N * K},
+                          .C = C,
+                          .F = F,
+                          .E = E,
+                          .K = K,
+                          .S = (size_t)N * K};
 }
 
 static void grouped_forward(float *out, float *state, float *scratch, const float *x,

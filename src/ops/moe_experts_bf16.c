@@ -49,6 +49,7 @@
 
 #include "core/grow.h"
 #include "ops/bf16_round.h"
+#include "ops/moe_lora.h"
 #include "ops/moe_plan.h"
 #include "ops/onednn.h"
 #include "ops/ops_cpu.h"
@@ -244,15 +245,20 @@ static void round_rows(float *y, int64_t n, int par) {
 
 // One sorted row's elementwise backward, between the U GEMM and the rest: h recomputed (bf16),
 // *dweight = U . h, dg | du = bf16 of SwiGLU's backward of dh = wt * U, and d = bf16(wt * dout),
-// the gradient of y.
+// the gradient of y. With LoRA on down_proj (grouped only): dh as given (bf16 values: the base's
+// and the branch's gradients summed), and *dweight also counts the branch's term t of y, dout . t.
 static void row_backward(uint16_t *h, uint16_t *dg, uint16_t *du, uint16_t *d, float *dweight,
                          const uint16_t *g, const uint16_t *u, const float *U, const float *dout,
-                         float wt, int F, int C) {
+                         float wt, int F, int C, const float *dh, const float *t) {
     swiglu_row(h, g, u, F);
     double s = 0;
     for (int f = 0; f < F; f++) s += (double)U[f] * bf16_value(h[f]);
+    for (int c = 0; t && c < C; c++) s += (double)dout[c] * t[c];
     *dweight = (float)s;
-    swiglu_grad_row(dg, du, U, wt, g, u, F);
+    if (dh) // bf16(1 * dh) = dh: dh holds bf16 values
+        swiglu_grad_row(dg, du, dh, 1.0f, g, u, F);
+    else
+        swiglu_grad_row(dg, du, U, wt, g, u, F);
     for (int c = 0; c < C; c++) d[c] = bf16_round(wt * dout[c]);
 }
 
@@ -382,7 +388,8 @@ void cpu_moe_loop_bf16_backward(const ct_ops *ops, float *dx, float *dweight, fl
             const int slot = p.perm[r0 + i];
             const size_t f = (size_t)i * F;
             row_backward(s.h + f, dg + f, du + f, s.a + (size_t)i * C, &dweight[slot], ge + f,
-                         ue + f, s.u + f, dout + (size_t)(slot / K) * C, weight[slot], F, C);
+                         ue + f, s.u + f, dout + (size_t)(slot / K) * C, weight[slot], F, C, NULL,
+                         NULL);
         }
         if (dw) {
             gemm(mm, BWD_DW_D, n, s.a, s.h, dwd, s.e);
@@ -408,16 +415,63 @@ typedef struct grouped_args {
     const uint16_t *gs; // backward: the forward's gu
     bf16_scratch s;
     float *dweight, *dw;
+    moe_lora_ctx ml; // PEFT's LoRA on the experts (ml.lora NULL: none)
     int C, F, K;
 } grouped_args;
+
+// ---- LoRA on the experts (moe_bf16_lora_*) ---------------------------------------------------
+// PEFT's lora.Linear under torch.autocast on each adapted expert projection, as lora_forward /
+// lora_backward's bf16 arithmetic (lora.c): the base output (bf16) plus the branch's rounded
+// term, rounded; the branch's input is the projection's bf16 input (x, or h for down_proj)
+// through its dropout. Backward: the output gradient is the bf16 one the base sees (dgate|dup,
+// or y's bf16(weight * dout)), dA and dB get the rounded products, and the branch's input
+// gradient (bf16, through the dropout mask) joins the base's: into dx (fp32, as the base's), or
+// into dh before SwiGLU's backward, rounded as autograd sums two bf16 gradients.
+
+// dst (n, in) fp32 = the bf16 rows x16 widened, through the branch's dropout.
+static const float *lora_input16(const grouped_args *g, const expert_lora *a, int n, float *dst,
+                                 const uint16_t *x16) {
+    widen(dst, x16, (size_t)n * a->in);
+    return moe_expert_lora_dropout(&g->ml, a, n, dst, dst);
+}
+
+// y (n rows, ldy apart; or y16, the bf16 block) += module m's branch of expert e on x16 (n, in).
+static void lora_forward16(const grouped_args *g, int e, int m, int r0, int n, float *y,
+                           uint16_t *y16, int ldy, const uint16_t *x16) {
+    expert_lora a;
+    if (!moe_expert_lora_at(&a, &g->ml, e, m, r0)) return;
+    const ct_moe_lora *lo = g->ml.lora;
+    const float *x = lora_input16(g, &a, n, a.scratch, x16); // the input gradient's rows: free
+    cpu_lora_forward(y, y16, ldy, a.u, moe_expert_lora_kernel_scratch(&g->ml, &a, n), x, a.A, a.B,
+                     lo->scale, true, n, a.in, lo->r, a.out);
+}
+
+// The branch's backward from the bf16 output gradient dy16 (n rows, ldy apart) on x16 (n, in):
+// dA, dB +=; returns its input gradient (n, in), through the dropout mask, in bf16 values.
+static float *lora_backward16(const grouped_args *g, const expert_lora *a, int n,
+                              const uint16_t *dy16, int ldy, const uint16_t *x16) {
+    const ct_moe_lora *lo = g->ml.lora;
+    float *dxs = a->scratch, *xin = a->scratch + (size_t)n * moe_lora_widest(&g->ml);
+    const float *x = lora_input16(g, a, n, xin, x16);
+    cpu_lora_backward(dxs, a->dA, a->dB, moe_expert_lora_kernel_scratch(&g->ml, a, n), NULL, dy16,
+                      ldy, a->u, x, a->A, a->B, lo->scale, true, n, a->in, lo->r, a->out);
+    if (lo->dropout > 0.0f) { // dropout's backward on a bf16 gradient: rounded
+        moe_expert_lora_dropout(&g->ml, a, n, dxs, dxs);
+        round_rows(dxs, (int64_t)n * a->in, 0);
+    }
+    return dxs;
+}
 
 static void grouped_forward_expert(const void *ctx, int e, int par) {
     const grouped_args *g = ctx;
     const int C = g->C, F = g->F, r0 = g->p.off[e], n = g->p.off[e + 1] - r0;
     const uint16_t *wgu = g->w + (size_t)e * 3 * F * C, *wd = wgu + (size_t)2 * F * C;
     uint16_t *gu = g->gu + (size_t)r0 * 2 * F, *h = g->s.h + (size_t)r0 * F;
+    const uint16_t *x = g->s.a + (size_t)r0 * C;
     float *y = g->s.y + (size_t)r0 * C;
-    gemm(g->mm, FWD_GU, n, g->s.a + (size_t)r0 * C, wgu, gu, g->s.e);
+    gemm(g->mm, FWD_GU, n, x, wgu, gu, g->s.e);
+    lora_forward16(g, e, 0, r0, n, NULL, gu, 2 * F, x);
+    lora_forward16(g, e, 1, r0, n, NULL, gu + F, 2 * F, x);
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * F >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const uint16_t *gi = gu + (size_t)i * 2 * F;
@@ -425,6 +479,40 @@ static void grouped_forward_expert(const void *ctx, int e, int par) {
     }
     gemm(g->mm, FWD_D, n, h, wd, y, g->s.e);
     round_rows(y, (int64_t)n * C, par);
+    lora_forward16(g, e, 2, r0, n, y, NULL, C, h);
+}
+
+// down_proj's branch in the backward, before the rows' elementwise part: h recomputed and y's
+// gradient d = bf16(weight * dout) (row_backward writes both again, the same), the branch's
+// backward from d on h, then *dh (n, F) = bf16(bf16(weight * U) + the branch's input gradient)
+// and *t (n, C) = the branch's term of y as the forward added it (for dweight). NULL, NULL when
+// down_proj is not adapted.
+static void lora_down_backward(const grouped_args *g, int e, int r0, int n, const float *U,
+                               float **dh, float **t) {
+    expert_lora a;
+    *dh = *t = NULL;
+    if (!moe_expert_lora_at(&a, &g->ml, e, 2, r0)) return;
+    const int C = g->C, F = g->F, K = g->K;
+    const ct_moe_lora *lo = g->ml.lora;
+    uint16_t *h = g->s.h + (size_t)r0 * F, *d = g->s.a + (size_t)r0 * C;
+    const uint16_t *gu = g->gs + (size_t)r0 * 2 * F;
+    for (int i = 0; i < n; i++) {
+        const int slot = g->p.perm[r0 + i];
+        const float wt = g->weight[slot], *dout = g->dout + (size_t)(slot / K) * C;
+        swiglu_row(h + (size_t)i * F, gu + (size_t)i * 2 * F, gu + (size_t)i * 2 * F + F, F);
+        for (int c = 0; c < C; c++) d[(size_t)i * C + c] = bf16_round(wt * dout[c]);
+    }
+    float *dxs = lora_backward16(g, &a, n, d, C, h);
+    for (int i = 0; i < n; i++) {
+        const float wt = g->weight[g->p.perm[r0 + i]];
+        for (int f = 0; f < F; f++) {
+            float *v = &dxs[(size_t)i * F + f];
+            *v = bf16_value(bf16_round(bf16_value(bf16_round(wt * U[(size_t)i * F + f])) + *v));
+        }
+    }
+    float *term = moe_expert_lora_kernel_scratch(&g->ml, &a, n); // free after the backward
+    cpu_lora_term(term, term + (size_t)n * C, a.u, a.B, lo->scale, true, n, lo->r, C);
+    *dh = dxs, *t = term;
 }
 
 static void grouped_backward_expert(const void *ctx, int e, int par) {
@@ -437,8 +525,10 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
     const uint16_t *gu = g->gs + (size_t)r0 * 2 * F, *xe = g->s.b + (size_t)r0 * C;
     uint16_t *de = g->s.a + (size_t)r0 * C, *h = g->s.h + (size_t)r0 * F;
     uint16_t *dgu = g->s.g + (size_t)r0 * 2 * F;
-    float *u = g->s.u + (size_t)r0 * F;
+    float *u = g->s.u + (size_t)r0 * F, *dxe = g->s.y + (size_t)r0 * C;
     gemm(g->mm, BWD_U, n, de, wd, u, g->s.e);
+    float *dh, *t;
+    lora_down_backward(g, e, r0, n, u, &dh, &t);
 #pragma omp parallel for schedule(static) if (par && (int64_t)n * (F + C) >= CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const int slot = g->p.perm[r0 + i];
@@ -446,21 +536,28 @@ static void grouped_backward_expert(const void *ctx, int e, int par) {
         uint16_t *dgi = dgu + (size_t)i * 2 * F;
         row_backward(h + (size_t)i * F, dgi, dgi + F, de + (size_t)i * C, &g->dweight[slot], gi,
                      gi + F, u + (size_t)i * F, g->dout + (size_t)(slot / K) * C, g->weight[slot],
-                     F, C);
+                     F, C, dh ? dh + (size_t)i * F : NULL, t ? t + (size_t)i * C : NULL);
     }
     if (g->dw) {
         gemm(g->mm, BWD_DW_D, n, de, h, dwd, g->s.e);
         gemm(g->mm, BWD_DW_GU, n, dgu, xe, dwgu, g->s.e);
     }
-    gemm(g->mm, BWD_DX_GU, n, dgu, wgu, g->s.y + (size_t)r0 * C, g->s.e);
+    gemm(g->mm, BWD_DX_GU, n, dgu, wgu, dxe, g->s.e);
+    expert_lora a;
+    for (int m = 0; m < 2; m++) { // gate_proj's and up_proj's branches on the gathered x
+        if (!moe_expert_lora_at(&a, &g->ml, e, m, r0)) continue;
+        const float *dxs = lora_backward16(g, &a, n, dgu + (size_t)m * F, 2 * F, xe);
+        for (size_t i = 0; i < (size_t)n * C; i++) dxe[i] += dxs[i];
+    }
 }
 
-// oneDNN: moe_experts.c's schedule. Emulated: the experts one at a time, sgemm's threads inside
-// (one emulation scratch).
+// oneDNN: moe_experts.c's schedule (OpenBLAS single-threaded in the concurrent part when LoRA's
+// branches run sgemm there). Emulated: the experts one at a time, sgemm's threads inside (one
+// emulation scratch).
 static void grouped_run(const grouped_args *g, moe_expert_task task, int E, int S) {
     if (!g->mm->emulated) {
-        moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, omp_get_max_threads(), false, task,
-                        g);
+        moe_run_experts(&g->p, E, S, (int64_t)3 * g->F * g->C, omp_get_max_threads(),
+                        g->ml.lora != NULL, task, g);
         return;
     }
     for (int e = 0; e < E; e++)
@@ -478,8 +575,8 @@ size_t cpu_moe_grouped_bf16_scratch_floats(const ct_ops *ops, int N, int C, int 
 }
 
 static grouped_args grouped_setup(const ct_ops *ops, float *scratch, const float *state,
-                                  const float *weight, const uint16_t *w, int N, int C, int F,
-                                  int E, int K) {
+                                  const float *weight, const uint16_t *w, const ct_moe_lora *lora,
+                                  int N, int C, int F, int E, int K) {
     grouped_args g = {.mm = planned(ops, C, F),
                       .p = moe_plan_at(state, N, E, K),
                       .weight = weight,
@@ -487,15 +584,17 @@ static grouped_args grouped_setup(const ct_ops *ops, float *scratch, const float
                       .C = C,
                       .F = F,
                       .K = K};
+    g.ml = (moe_lora_ctx){lora, g.p.perm, C, F, E, K, (size_t)N * K};
     scratch_layout(&g.s, scratch, (size_t)N * K, g.mm);
     return g;
 }
 
-void cpu_moe_grouped_bf16_forward(const ct_ops *ops, float *out, float *state, float *scratch,
-                                  const uint16_t *x16, const int32_t *expert, const float *weight,
-                                  const uint16_t *w, int N, int C, int F, int E, int K) {
+static void grouped_forward(const ct_ops *ops, float *out, float *state, float *scratch,
+                            const uint16_t *x16, const int32_t *expert, const float *weight,
+                            const uint16_t *w, const ct_moe_lora *lora, int N, int C, int F, int E,
+                            int K) {
     const int S = N * K;
-    grouped_args g = grouped_setup(ops, scratch, state, weight, w, N, C, F, E, K);
+    grouped_args g = grouped_setup(ops, scratch, state, weight, w, lora, N, C, F, E, K);
     moe_plan_build(g.p, expert, N, E, K);
     g.gu = (uint16_t *)(state + moe_plan_floats(N, E, K));
     gather_rows16(g.s.a, x16, g.p.perm, 0, S, K, C);
@@ -503,13 +602,25 @@ void cpu_moe_grouped_bf16_forward(const ct_ops *ops, float *out, float *state, f
     moe_combine_rows(out, g.s.y, weight, g.p, N, C, K);
 }
 
-void cpu_moe_grouped_bf16_backward(const ct_ops *ops, float *dx, float *dweight, float *dw,
-                                   float *scratch, const float *dout, const float *state,
-                                   const uint16_t *x16, const int32_t *expert, const float *weight,
-                                   const uint16_t *w, int N, int C, int F, int E, int K) {
-    (void)expert; // the forward's plan has it
+void cpu_moe_grouped_bf16_forward(const ct_ops *ops, float *out, float *state, float *scratch,
+                                  const uint16_t *x16, const int32_t *expert, const float *weight,
+                                  const uint16_t *w, int N, int C, int F, int E, int K) {
+    grouped_forward(ops, out, state, scratch, x16, expert, weight, w, NULL, N, C, F, E, K);
+}
+
+void cpu_moe_grouped_bf16_lora_forward(const ct_ops *ops, float *out, float *state, float *scratch,
+                                       const uint16_t *x16, const int32_t *expert,
+                                       const float *weight, const uint16_t *w,
+                                       const ct_moe_lora *lora, int N, int C, int F, int E, int K) {
+    grouped_forward(ops, out, state, scratch, x16, expert, weight, w, lora, N, C, F, E, K);
+}
+
+static void grouped_backward(const ct_ops *ops, float *dx, float *dweight, float *dw,
+                             float *scratch, const float *dout, const float *state,
+                             const uint16_t *x16, const float *weight, const uint16_t *w,
+                             const ct_moe_lora *lora, int N, int C, int F, int E, int K) {
     const int S = N * K;
-    grouped_args g = grouped_setup(ops, scratch, state, weight, w, N, C, F, E, K);
+    grouped_args g = grouped_setup(ops, scratch, state, weight, w, lora, N, C, F, E, K);
     g.gs = (const uint16_t *)(state + moe_plan_floats(N, E, K));
     g.dout = dout;
     g.dweight = dweight;
@@ -518,4 +629,24 @@ void cpu_moe_grouped_bf16_backward(const ct_ops *ops, float *dx, float *dweight,
     gather_rows16(g.s.b, x16, g.p.perm, 0, S, K, C);
     grouped_run(&g, grouped_backward_expert, E, S);
     moe_combine_rows(dx, g.s.y, NULL, g.p, N, C, K);
+}
+
+void cpu_moe_grouped_bf16_backward(const ct_ops *ops, float *dx, float *dweight, float *dw,
+                                   float *scratch, const float *dout, const float *state,
+                                   const uint16_t *x16, const int32_t *expert, const float *weight,
+                                   const uint16_t *w, int N, int C, int F, int E, int K) {
+    (void)expert; // the forward's plan has it
+    grouped_backward(ops, dx, dweight, dw, scratch, dout, state, x16, weight, w, NULL, N, C, F, E,
+                     K);
+}
+
+void cpu_moe_grouped_bf16_lora_backward(const ct_ops *ops, float *dx, float *dweight,
+                                        float *scratch, const float *dout, const float *state,
+                                        const uint16_t *x16, const int32_t *expert,
+                                        const float *weight, const uint16_t *w,
+                                        const ct_moe_lora *lora, int N, int C, int F, int E,
+                                        int K) {
+    (void)expert; // the forward's plan has it
+    grouped_backward(ops, dx, dweight, NULL, scratch, dout, state, x16, weight, w, lora, N, C, F, E,
+                     K);
 }

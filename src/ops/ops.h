@@ -105,6 +105,11 @@
 //   before the routing weight, as lora_forward adds them (dropout: ct_moe_lora). The backward
 //   gives dx and dweight through base and branch, and adds the adapter's gradients into lora->g;
 //   never dW. NULL in a table whose experts are the "loop" kernel or a plugin's.
+// moe_bf16_lora_forward / moe_bf16_lora_backward (moe_experts_bf16.c): the same on the bf16
+//   experts (moe_bf16_*'s contract, state and scratch), each adapted projection as PEFT's
+//   lora.Linear under torch.autocast (lora_forward's bf16 arithmetic on the projection's bf16
+//   input and output); the branch's input gradient joins the base's (into dh rounded to bf16 for
+//   down_proj). NULL where moe_lora_* are.
 // attention_pair_forward/backward, attention_lse_merge (context parallelism's ring attention,
 //   model/qwen3.c): one chunk of Tq queries against one chunk of Tk keys, q and out (Tq, NH*D)
 //   rows, k and v (Tk, NKV*D) rows, lse and di (NH, Tq). causal: the chunks are the same

@@ -36,7 +36,9 @@ static const kernel_choice moe_impls[] = {
       .moe_bf16_forward = cpu_moe_grouped_bf16_forward,
       .moe_bf16_backward = cpu_moe_grouped_bf16_backward,
       .moe_lora_forward = cpu_moe_grouped_lora_forward,
-      .moe_lora_backward = cpu_moe_grouped_lora_backward}},
+      .moe_lora_backward = cpu_moe_grouped_lora_backward,
+      .moe_bf16_lora_forward = cpu_moe_grouped_bf16_lora_forward,
+      .moe_bf16_lora_backward = cpu_moe_grouped_bf16_lora_backward}},
     {"loop",
      {.moe_state_floats = cpu_moe_loop_state_floats,
       .moe_scratch_floats = cpu_moe_loop_scratch_floats,
@@ -83,6 +85,8 @@ int ct_ops_with_moe_impl(ct_ops *out, const ct_ops *base, const char *moe_impl) 
     out->moe_bf16_backward = c->kernels.moe_bf16_backward;
     out->moe_lora_forward = c->kernels.moe_lora_forward; // the loop kernel has none
     out->moe_lora_backward = c->kernels.moe_lora_backward;
+    out->moe_bf16_lora_forward = c->kernels.moe_bf16_lora_forward;
+    out->moe_bf16_lora_backward = c->kernels.moe_bf16_lora_backward;
     return 0;
 }
 

@@ -97,6 +97,10 @@ void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const fl
                        const uint16_t *dy16, int ldy, const float *u, const float *x,
                        const float *A, const float *B, float scale, bool bf16, int N, int in,
                        int r, int out);
+// t (N, out) = the branch's term as lora_forward adds it, from u (N, r) = A x as it saved it
+// (bf16: B rounded into Bb (out, r), the product and the scaled term rounded).
+void cpu_lora_term(float *t, float *Bb, const float *u, const float *B, float scale, bool bf16,
+                   int N, int r, int out);
 void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t seed,
                       uint64_t first);
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
@@ -187,6 +191,20 @@ void cpu_moe_grouped_bf16_backward(const struct ct_ops *ops, float *dx, float *d
                                    float *scratch, const float *dout, const float *state,
                                    const uint16_t *x16, const int32_t *expert, const float *weight,
                                    const uint16_t *w, int N, int C, int F, int E, int K);
+
+// The grouped bf16 kernel with PEFT's LoRA on each expert's projections (ops.h's
+// moe_bf16_lora_*).
+void cpu_moe_grouped_bf16_lora_forward(const struct ct_ops *ops, float *out, float *state,
+                                       float *scratch, const uint16_t *x16, const int32_t *expert,
+                                       const float *weight, const uint16_t *w,
+                                       const struct ct_moe_lora *lora, int N, int C, int F, int E,
+                                       int K);
+void cpu_moe_grouped_bf16_lora_backward(const struct ct_ops *ops, float *dx, float *dweight,
+                                        float *scratch, const float *dout, const float *state,
+                                        const uint16_t *x16, const int32_t *expert,
+                                        const float *weight, const uint16_t *w,
+                                        const struct ct_moe_lora *lora, int N, int C, int F, int E,
+                                        int K);
 
 void cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V);

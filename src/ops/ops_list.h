@@ -321,6 +321,18 @@ typedef struct ct_adamw_coeffs {
        const float *x, const int32_t *expert, const float *weight, const float *w,                 \
        const struct ct_moe_lora *lora, int N, int C, int F, int E, int K),                         \
       (dx, dweight, scratch, dout, state, x, expert, weight, w, lora, N, C, F, E, K))              \
+    X(OWN, moe_bf16_lora_forward, ct_moe_bf16_lora_forward_fn, cpu_moe_grouped_bf16_lora_forward,  \
+      OPT, "experts_bf16_lora", forward,                                                           \
+      (const struct ct_ops *ops, float *out, float *state, float *scratch, const uint16_t *x16,    \
+       const int32_t *expert, const float *weight, const uint16_t *w,                              \
+       const struct ct_moe_lora *lora, int N, int C, int F, int E, int K),                         \
+      (ops, out, state, scratch, x16, expert, weight, w, lora, N, C, F, E, K))                     \
+    X(OWN, moe_bf16_lora_backward, ct_moe_bf16_lora_backward_fn,                                   \
+      cpu_moe_grouped_bf16_lora_backward, OPT, "experts_bf16_lora", backward,                      \
+      (const struct ct_ops *ops, float *dx, float *dweight, float *scratch, const float *dout,     \
+       const float *state, const uint16_t *x16, const int32_t *expert, const float *weight,        \
+       const uint16_t *w, const struct ct_moe_lora *lora, int N, int C, int F, int E, int K),      \
+      (ops, dx, dweight, scratch, dout, state, x16, expert, weight, w, lora, N, C, F, E, K))       \
     X(OWN, lora_dropout, ct_lora_dropout_fn, cpu_lora_dropout, OPT, "lora_dropout", none,          \
       (float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t first),            \
       (out, x, n, p, seed, first))                                                                 \
@@ -388,7 +400,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 69, "the op list has 69 entries");
+_Static_assert(CT_OP_COUNT == 71, "the op list has 71 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 

@@ -309,8 +309,10 @@ void override_apply(ct_ops *out, const ct_ops *base, const override_set *s) {
     }
     if (s->ops[OVERRIDE_ATTENTION].set)
         out->attention_bf16_forward = NULL, out->attention_bf16_backward = NULL;
-    if (s->ops[OVERRIDE_MOE_EXPERTS].set) // LoRA's experts run inside the built-in kernel
+    if (s->ops[OVERRIDE_MOE_EXPERTS].set) { // LoRA's experts run inside the built-in kernels
         out->moe_lora_forward = NULL, out->moe_lora_backward = NULL;
+        out->moe_bf16_lora_forward = NULL, out->moe_bf16_lora_backward = NULL;
+    }
     if (s->ops[OVERRIDE_SWIGLU].set)
         out->swiglu_rows_bf16_forward = NULL, out->swiglu_rows_bf16_backward = NULL;
     ct_ops_fit_fusions(out); // a replaced rmsnorm, rope or swiglu must run inside them too

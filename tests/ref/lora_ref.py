@@ -17,6 +17,7 @@ B starts non-zero here (PEFT's init has B = 0, which would leave A's gradient ze
 PEFT's kaiming-uniform U(+-1/sqrt(in)) from the case's generator, B normal(0, 0.2).
 
 DIR/lora/op.safetensors, op.json  the branch alone on one layer (write_op)
+DIR/lora/moe_op.safetensors, .json  the branches on bf16 experts (write_moe_op)
 DIR/lora/index.json           {"cases": [names]}
 DIR/lora/<case>/hf/           the base: config.json + model.safetensors (F32; BF16 for the bf16
                               cases)
@@ -68,6 +69,9 @@ CASES = [
          bf16=True),
     dict(TIED, **RUN, name="tied_bias_subset_rslora_bf16", r=3, alpha=5.0, rslora=True,
          targets=["k_proj", "o_proj", "gate_proj", "up_proj"], bf16=True),
+    # bf16 with every expert adapted (the bf16 expert kernel's LoRA path), rsLoRA.
+    dict(MOE, **RUN, name="moe_mixed_all_rslora_bf16", r=4, alpha=8.0, rslora=True, targets=ALL,
+         bf16=True),
 ]
 
 ADAPTER = {}  # PEFT key prefix "base_model.model.<module>" -> (A, B)
@@ -218,6 +222,66 @@ def write_op(root, gen):
         f.write("\n")
 
 
+def write_moe_op(root, gen):
+    """The bf16 expert kernel's LoRA path alone (ops moe_bf16_lora_*): HF's Qwen3MoeSparseMoeBlock
+    loop over experts on a fixed routing, each expert's gate_proj, up_proj and down_proj PEFT's
+    lora.Linear, under torch.autocast: x and the experts' weights hold bf16 values (the kernel
+    takes them in bf16), the routing weights fp32 (HF's, cast to the fp32 hidden states' dtype).
+    Then the gradients of x, the routing weights and every A and B for an output gradient dout.
+    DIR/lora/moe_op.safetensors: x (N, C), expert (N, K) (ids as floats), weight (N, K), w (E,
+    3F, C: gate, up, then down (C, F) per expert), lora (per expert: gate A (r, C), B (F, r), up
+    A, B, down A (r, F), B (C, r)), dout, out, dx, dweight, dlora (lora's layout);
+    moe_op.json: N, C, F, E, K, rank, scale."""
+    N, C, Fm, E, K, r, scale = 21, 24, 16, 5, 2, 4, 5.0 / math.sqrt(4)  # rsLoRA, alpha 5
+    bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    x = bf(torch.randn((N, C), generator=gen))
+    expert = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(N)])
+    expert[3] = torch.tensor([E - 1, 0])  # a token whose experts are not in ascending order
+    weight = torch.rand((N, K), generator=gen) + 0.1
+    weight = weight / weight.sum(1, keepdim=True)
+    w = [[bf(torch.randn(shape, generator=gen) / shape[1] ** 0.5) for shape in ((Fm, C), (Fm, C), (C, Fm))]
+         for _ in range(E)]
+    ab = [[((torch.rand((r, fin), generator=gen) * 2 - 1) / fin ** 0.5,
+            0.2 * torch.randn((fout, r), generator=gen)) for fin, fout in ((C, Fm), (C, Fm), (Fm, C))]
+          for _ in range(E)]
+    dout = 0.1 * torch.randn((N, C), generator=gen)
+    xs, ws = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    leaves = [[(A.clone().requires_grad_(True), B.clone().requires_grad_(True)) for A, B in e]
+              for e in ab]
+
+    def lora(inp, W, A, B):  # PEFT's lora.Linear.forward, dropout 0
+        result = F.linear(inp, W)
+        torch_result_dtype = result.dtype
+        inp = inp.to(A.dtype)
+        result = result + F.linear(F.linear(inp, A), B) * scale
+        return result.to(torch_result_dtype)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.zeros((N, C))
+        for e in range(E):
+            tok, slot = torch.where(expert == e)
+            if tok.numel() == 0:
+                continue
+            (ga, gb), (ua, ub), (da, db) = leaves[e]
+            xe = xs[tok]
+            h = F.silu(lora(xe, w[e][0], ga, gb)) * lora(xe, w[e][1], ua, ub)
+            y = lora(h, w[e][2], da, db)
+            out.index_add_(0, tok, (y * ws[tok, slot, None]).to(out.dtype))
+    flat = [t for e in leaves for A, B in e for t in (A, B)]
+    grads = torch.autograd.grad(out, [xs, ws] + flat, dout, allow_unused=True)
+    dl = [torch.zeros_like(t) if g is None else g for g, t in zip(grads[2:], flat)]
+    cat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
+    entries = [("x", x), ("expert", expert.float()), ("weight", weight),
+               ("w", cat([m for e in w for m in e])), ("lora", cat([t for e in ab for p in e for t in p])),
+               ("dout", dout), ("out", out.detach()), ("dx", grads[0]), ("dweight", grads[1]),
+               ("dlora", cat(dl))]
+    safetensors_ref.write_file(os.path.join(root, "moe_op.safetensors"),
+                               [(k, v.detach().float().contiguous()) for k, v in entries], "F32")
+    with open(os.path.join(root, "moe_op.json"), "w") as f:
+        json.dump(dict(N=N, C=C, F=Fm, E=E, K=K, rank=r, scale=scale), f, indent=2)
+        f.write("\n")
+
+
 MAKE_REF = None
 
 
@@ -231,6 +295,7 @@ def write_all(out, quiet=False):
     os.makedirs(root, exist_ok=True)
     gen = torch.Generator().manual_seed(31)
     write_op(root, gen)
+    write_moe_op(root, torch.Generator().manual_seed(3131))
     saved = qwen3_ref.linear, qwen3_ref.mlp
     qwen3_ref.linear, qwen3_ref.mlp = linear, mlp
     try:
