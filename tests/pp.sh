@@ -8,7 +8,7 @@
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
 # PP=4 and PP=2 (bit for bit), and one process's at PP=2; each schedule's order (the ranks' event
-# traces) against its table; the guarded backend bit for bit; a hung stage; the refusals, one
+# traces) against its table; the activation sets each schedule keeps (1F1B, GPipe); the guarded backend bit for bit; a hung stage; the refusals, one
 # line each.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
@@ -53,8 +53,12 @@ trace() {
 check "np1 (batch 4)" run 1 "$tmp/np1"
 CTITAN_PP_TRACE=$tmp/pp2.trace CTITAN_PP_IDLE=$tmp/pp2.idle check "pp2 1F1B" pp 2 "$tmp/pp2"
 check "pp2 1F1B = np1" same "$tmp/pp2" "$tmp/np1" "${tol[@]}"
-grep -q "^pipeline: 2 stages, 1 per rank, 4 micro-batches of 1 per step; rank 0 holds stage 0 (embedding, layers 0..0)" \
+grep -q "^pipeline: 2 stages, 1 per rank, 4 micro-batches of 1 per step; rank 0 holds stage 0 (embedding, layers 0..0) and keeps the activations of up to 2 micro-batch(es) in flight" \
   "$tmp/pp2.log" && ok || bad "pp2 log: $(grep '^pipeline' "$tmp/pp2.log")"
+# The memory line counts each pipeline rank's activation sets (1F1B: min(m, P - stage)); the
+# rank that needs the most is the last (the head's logits), with one
+grep -q "^memory, PP: pipeline rank 1 needs the most: 1 activation set(s)" "$tmp/pp2.log" && ok ||
+  bad "pp2 memory: $(grep '^memory, PP' "$tmp/pp2.log")"
 # Schedule1F1B: stage s warms up with min(m, S - s) forwards, then one backward and one forward.
 trace pp2 0 "F 0 0" "F 0 1" "B 0 0" "F 0 2" "B 0 1" "F 0 3" "B 0 2" "B 0 3"
 trace pp2 1 "F 1 0" "B 1 0" "F 1 1" "B 1 1" "F 1 2" "B 1 2" "F 1 3" "B 1 3"
@@ -73,6 +77,10 @@ rm -rf "$tmp/np1_bf16/hf"
 for r in 0 1; do
   trace gpipe $r "F $r 0" "F $r 1" "F $r 2" "F $r 3" "B $r 0" "B $r 1" "B $r 2" "B $r 3"
 done
+# GPipe keeps all m = 4 micro-batches' activations, on every rank
+grep -q "keeps the activations of up to 4 micro-batch(es) in flight" "$tmp/gpipe.log" &&
+  grep -q "^memory, PP: pipeline rank 1 needs the most: 4 activation set(s)" "$tmp/gpipe.log" &&
+  ok || bad "gpipe sets: $(grep '^pipeline\|^memory, PP' "$tmp/gpipe.log")"
 # PP=2 x DDP=2 (np 4): each stage's two ranks take two sequences each, 2 micro-batches
 check "pp2 x dp2" pp 4 "$tmp/pp2dp2" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.data_parallel_replicate_degree 2 --training.local_batch_size 2

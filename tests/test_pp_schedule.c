@@ -1,9 +1,10 @@
 // Pipeline parallelism's plan (train/pipeline_schedule.c), without processes: the schedule names,
 // torchtitan's default split and module_fqns_per_model_part with their errors, each schedule's
 // lists checked for completeness (every stage's forward and backward of every micro-batch once,
-// on the stage's rank, the forward first) and replayed as ranks that block on what the actions
-// receive (the previous stage's forward, the next stage's backward): no schedule deadlocks. The
-// order against the schedules' tables runs under mpirun in tests/pp.sh.
+// on the stage's rank, the forward first), their most micro-batches in flight (the activation
+// sets a rank keeps), and replayed as ranks that block on what the actions receive (the previous
+// stage's forward, the next stage's backward): no schedule deadlocks. The order against the
+// schedules' tables runs under mpirun in tests/pp.sh.
 #include "check.h"
 #include "train/pipeline_schedule.h"
 
@@ -53,6 +54,13 @@ static void replay(pp_schedule_kind k, int pp, int S, int m) {
             if (x->backward) CHECK(seen[x->stage][x->mb][0], "B before F");
             seen[x->stage][x->mb][x->backward]++;
         }
+        // The activation sets the rank keeps: 1F1B min(m, S - rank), GPipe m, Interleaved1F1B
+        // between one and all of its forwards.
+        const int sets = pp_schedule_in_flight(a[r], n),
+                  want = k == PP_GPIPE ? m : k == PP_1F1B ? (S - r < m ? S - r : m) : -1;
+        CHECK(want < 0 ? sets >= 1 && sets <= n / 2 : sets == want,
+              "kind %d pp %d m %d rank %d: %d micro-batches in flight, expected %d", k, pp, m, r,
+              sets, want);
         for (int s = r; s < S; s += pp)
             for (int i = 0; i < m; i++)
                 CHECK(seen[s][i][0] == 1 && seen[s][i][1] == 1,

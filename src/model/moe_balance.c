@@ -46,9 +46,13 @@ int moe_balance_init(moe_balance *b, qwen3_model *m, int ranks, moe_balance_sum_
 void moe_balance_free(moe_balance *b) {
     if (b->m) {
         if (b->m->balance == b) b->m->balance = NULL;
-        b->m->be->free(b->m->be, b->load);
-        b->m->be->free(b->m->be, b->prob);
+        ct_backend *be = b->m->be;
+        if (b->n_sets == 0) be->free(be, b->load), be->free(be, b->prob);
+        for (int j = 0; j < b->n_sets; j++) // the init's pair among them
+            be->free(be, b->set_load[j]), be->free(be, b->set_prob[j]);
     }
+    free(b->set_load);
+    free(b->set_prob);
     free(b->stats);
     free(b->step_load);
     free(b->balance);
@@ -56,6 +60,34 @@ void moe_balance_free(moe_balance *b) {
     free(b->dprob);
     free(b->bias_delta);
     *b = (moe_balance){0};
+}
+
+int moe_balance_sets(moe_balance *b, int n, ct_error *err) {
+    if (n <= 1 || b->n_sparse == 0) return 0;
+    if (b->n_sets) return ct_fail(err, "moe_balance_sets: the sets are made once");
+    b->set_load = calloc((size_t)n, sizeof *b->set_load);
+    b->set_prob = calloc((size_t)n, sizeof *b->set_prob);
+    if (!b->set_load || !b->set_prob) {
+        free(b->set_load);
+        free(b->set_prob);
+        b->set_load = b->set_prob = NULL;
+        return ct_fail(err, "out of memory for the MoE routing statistics' sets");
+    }
+    b->set_load[0] = b->load, b->set_prob[0] = b->prob;
+    b->n_sets = n; // from here moe_balance_free frees the pairs made
+    const size_t bytes = stat_count(b) * sizeof(double);
+    ct_backend *be = b->m->be;
+    for (int j = 1; j < n; j++)
+        if (!(b->set_load[j] = be->alloc(be, bytes, "MoE loads", err)) ||
+            !(b->set_prob[j] = be->alloc(be, bytes, "MoE probs", err)))
+            return -1;
+    return 0;
+}
+
+void moe_balance_use_set(moe_balance *b, int j) {
+    if (j < 0 || j >= b->n_sets) return; // one pair: always it
+    b->load = b->set_load[j];
+    b->prob = b->set_prob[j];
 }
 
 void moe_balance_forward_begin(moe_balance *b, int64_t tokens) {

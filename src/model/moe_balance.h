@@ -58,6 +58,10 @@ typedef struct moe_balance {
     // each hold a piece of the weights): add_bias(ctx, bias_delta), once per update.
     void (*add_bias)(void *ctx, const float *delta);
     void *add_bias_ctx;
+    // moe_balance_sets: n_sets pairs of load and prob buffers (set 0 the init's); load and prob
+    // are the pair moe_balance_use_set chose. 0: one pair.
+    int n_sets;
+    double **set_load, **set_prob;
 } moe_balance;
 
 // Sized for m's sparse layers and a reduction over `ranks` processes through `sum` (NULL: one
@@ -68,6 +72,12 @@ typedef struct moe_balance {
 int moe_balance_init(moe_balance *b, qwen3_model *m, int ranks, moe_balance_sum_fn sum,
                      void *sum_ctx, float aux_scale, ct_error *err);
 void moe_balance_free(moe_balance *b);
+// Pipeline parallelism (the model's activation sets, qwen3_plan_sets): n pairs of the raw
+// statistics (n <= 1 or dense: nothing), so each micro-batch in flight keeps its forward's until
+// its backward reduces them; moe_balance_use_set(b, j) makes pair j the one the next forward
+// zeroes and fills and the next backward reads.
+int moe_balance_sets(moe_balance *b, int n, ct_error *err);
+void moe_balance_use_set(moe_balance *b, int j);
 
 // The model's side (qwen3.c). Before a forward's routers run: zeroes load and prob, for a
 // forward of `tokens` tokens.

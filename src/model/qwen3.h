@@ -236,6 +236,11 @@ typedef struct qwen3_model {
     float *act_mem;
     size_t act_floats;
     void *acts;       // layout private to src/model (qwen3_internal.h)
+    // Pipeline parallelism (qwen3_plan_sets): n_sets whole activation blocks (acts and act_mem
+    // each), set 0 qwen3_plan's; acts and act_mem are the one qwen3_use_set chose. 0: one.
+    int n_sets;
+    void **set_acts;
+    float **set_mem;
     float *logits;    // (B, T, V), valid after qwen3_forward until qwen3_backward, which
                       // reuses the buffer for the logits' gradient; with loss_chunk only the
                       // last chunk's rows
@@ -472,6 +477,14 @@ double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale);
 float *qwen3_stage_output(const qwen3_model *m, int l1);
 float *qwen3_stage_dinput(const qwen3_model *m);
+// A pipeline rank runs several forwards before their backwards: qwen3_plan_sets gives the
+// planned model n activation sets (n - 1 more copies of everything qwen3_plan allocated for the
+// activations, laid out the same; n <= 1: nothing), and qwen3_use_set(m, j) makes set j the one
+// the next forward fills and the next backward reads. A micro-batch's forward and backward in
+// the same set, with no other pass in it between, compute what they compute alone: nothing is
+// recomputed. qwen3_memory_plan_ops's activations are one set's.
+int qwen3_plan_sets(qwen3_model *m, int n, ct_error *err);
+void qwen3_use_set(qwen3_model *m, int j);
 
 // ---------------------------------------------------------------------------------------------
 // Generation (qwen3_generate.c): a KV cache and the training forward's layers over it, on the

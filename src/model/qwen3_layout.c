@@ -350,9 +350,10 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     // The loss head's logits and the layers' scratch are never live at once: a layer's forward
     // is done before the head starts and its backward starts after the head is done (and the
     // logits are not read after the backward). So they share one region, the larger of the two.
-    const size_t shared_from = cv.off;
-    a->logits = carve_take(&cv, qwen3_head_bf16(ops, opts) ? ((size_t)chunk * V + 1) / 2
-                                                           : (size_t)chunk * V);
+    // A pipeline stage without the head (no_head) has no logits.
+    const size_t shared_from = cv.off, logit_rows = cfg->no_head ? 0 : (size_t)chunk;
+    a->logits = carve_take(&cv, qwen3_head_bf16(ops, opts) ? (logit_rows * V + 1) / 2
+                                                           : logit_rows * V);
     a->logits16 = qwen3_head_bf16(ops, opts) ? (uint16_t *)a->logits : NULL;
     const size_t logits_end = cv.off;
     cv.off = shared_from;
@@ -391,8 +392,9 @@ size_t qwen3_acts_layout(qwen3_acts *a, float *base, const qwen3_config *cfg, co
     }
     if (cv.off < logits_end) cv.off = logits_end;
     // Live with the logits, so past them: where the bf16 loss keeps a row's exps, per thread.
-    a->ce_scratch =
-        qwen3_head_bf16(ops, opts) ? carve_take(&cv, (size_t)omp_get_max_threads() * V) : NULL;
+    a->ce_scratch = qwen3_head_bf16(ops, opts) && !cfg->no_head
+                        ? carve_take(&cv, (size_t)omp_get_max_threads() * V)
+                        : NULL;
     // Live during every linear layer, the loss head's among them: not in the region above.
     const size_t mm = opts && opts->bf16 ? bf16_scratch_floats(cfg, ops, B, T, chunk,
                                                                qwen3_head_bf16(ops, opts), opts->sp)
@@ -633,9 +635,8 @@ int qwen3_rope_write(ct_backend *be, float *cos_t, float *sin_t, int T, const qw
     return 0;
 }
 
-static void model_free_acts(qwen3_model *m) {
-    qwen3_acts *a = m->acts;
-    ct_backend *be = m->be;
+// One activation set: its struct, token copies and document lists, and its block.
+static void acts_free(ct_backend *be, qwen3_acts *a, float *mem) {
     if (a) {
         free(a->layers);
         be->free(be, a->inputs);
@@ -645,12 +646,66 @@ static void model_free_acts(qwen3_model *m) {
         free(a->cp_doc_host);
         free(a);
     }
-    if (be) be->free(be, m->act_mem);
+    if (be) be->free(be, mem);
+}
+
+static void model_free_acts(qwen3_model *m) {
+    if (m->n_sets > 0) { // set 0 is among them, wherever acts points
+        for (int j = 0; j < m->n_sets; j++) acts_free(m->be, m->set_acts[j], m->set_mem[j]);
+    } else {
+        acts_free(m->be, m->acts, m->act_mem);
+    }
+    free(m->set_acts);
+    free(m->set_mem);
+    m->set_acts = NULL;
+    m->set_mem = NULL;
+    m->n_sets = 0;
     m->acts = NULL;
     m->act_mem = NULL;
     m->act_floats = 0;
     m->logits = NULL;
     m->B = m->T = 0;
+}
+
+// One activation set for (B, T) on m's backend: the layout over a new block (*mem), the token
+// copies, the document lists and the RoPE tables. NULL (err set) when out of memory.
+static qwen3_acts *acts_new(qwen3_model *m, int B, int T, float **mem, ct_error *err) {
+    const qwen3_config *c = &m->cfg;
+    ct_backend *be = m->be;
+    *mem = NULL;
+    qwen3_acts *a = calloc(1, sizeof *a);
+    if (!a) {
+        ct_fail(err, "qwen3_plan: out of memory");
+        return NULL;
+    }
+    const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T, &m->mem_opts);
+    const size_t tokens = (size_t)B * T * sizeof(int32_t);
+    a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
+    if (!a->layers || !(a->inputs = be->alloc(be, tokens, "the input tokens", err)) ||
+        !(a->targets = be->alloc(be, tokens, "the target tokens", err)) ||
+        (m->mem_opts.block_causal &&
+         (!(a->docs = calloc((size_t)B * T, sizeof *a->docs)) ||
+          !(a->docs_next = calloc((size_t)B * T, sizeof *a->docs_next)) ||
+          (m->mem_opts.cp > 1 && !(a->cp_doc_host = calloc((size_t)B * T, sizeof(int32_t)))))) ||
+        !(*mem = be->alloc(be, floats * sizeof(float), "the activations", err))) {
+        acts_free(be, a, *mem);
+        *mem = NULL;
+        ct_fail(err,
+                "qwen3_plan: out of memory allocating %zu bytes of activations for batch %d x "
+                "seq_len %d",
+                floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
+        return NULL;
+    }
+    m->act_floats = qwen3_acts_layout(a, *mem, c, m->ops, B, T, &m->mem_opts);
+    const int cp = m->mem_opts.cp > 1 ? m->mem_opts.cp : 1;
+    a->cp_rows = -1;
+    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, cp * T, c, err) != 0) {
+        acts_free(be, a, *mem);
+        *mem = NULL;
+        ct_wrap(err, "qwen3_plan");
+        return NULL;
+    }
+    return a;
 }
 
 int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
@@ -703,32 +758,9 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
                                                           "the bf16 copy of the weights", err)))
             return ct_wrap(err, "qwen3_plan");
     }
-    qwen3_acts *a = calloc(1, sizeof *a);
-    if (!a) return ct_fail(err, "qwen3_plan: out of memory");
+    qwen3_acts *a = acts_new(m, B, T, &m->act_mem, err);
+    if (!a) return -1;
     m->acts = a;
-    const size_t floats = qwen3_acts_layout(a, NULL, c, m->ops, B, T, &m->mem_opts);
-    const size_t tokens = (size_t)B * T * sizeof(int32_t);
-    a->layers = calloc((size_t)c->num_hidden_layers, sizeof *a->layers);
-    if (!a->layers || !(a->inputs = be->alloc(be, tokens, "the input tokens", err)) ||
-        !(a->targets = be->alloc(be, tokens, "the target tokens", err)) ||
-        (m->mem_opts.block_causal &&
-         (!(a->docs = calloc((size_t)B * T, sizeof *a->docs)) ||
-          !(a->docs_next = calloc((size_t)B * T, sizeof *a->docs_next)) ||
-          (m->mem_opts.cp > 1 && !(a->cp_doc_host = calloc((size_t)B * T, sizeof(int32_t)))))) ||
-        !(m->act_mem = be->alloc(be, floats * sizeof(float), "the activations", err))) {
-        model_free_acts(m);
-        return ct_fail(err,
-                       "qwen3_plan: out of memory allocating %zu bytes of activations for "
-                       "batch %d x seq_len %d",
-                       floats * sizeof(float) + model_token_bytes(B, T, &m->mem_opts), B, T);
-    }
-    m->act_floats = qwen3_acts_layout(a, m->act_mem, c, m->ops, B, T, &m->mem_opts);
-    const int cp = m->mem_opts.cp > 1 ? m->mem_opts.cp : 1;
-    a->cp_rows = -1;
-    if (qwen3_rope_write(be, a->rope_cos, a->rope_sin, cp * T, c, err) != 0) {
-        model_free_acts(m);
-        return ct_wrap(err, "qwen3_plan");
-    }
     if (qwen3_lora_plan(m, B, T, err) != 0) {
         model_free_acts(m);
         return -1;
@@ -738,6 +770,34 @@ int qwen3_plan(qwen3_model *m, int B, int T, ct_error *err) {
     m->logits = a->logits;
     m->logits_bf16 = a->logits16 != NULL;
     return 0;
+}
+
+int qwen3_plan_sets(qwen3_model *m, int n, ct_error *err) {
+    if (n <= 1) return 0;
+    if (!m->acts || m->n_sets)
+        return ct_fail(err, "qwen3_plan_sets: the model is not planned once (qwen3_plan)");
+    m->set_acts = calloc((size_t)n, sizeof *m->set_acts);
+    m->set_mem = calloc((size_t)n, sizeof *m->set_mem);
+    if (!m->set_acts || !m->set_mem) {
+        free(m->set_acts);
+        free(m->set_mem);
+        m->set_acts = NULL, m->set_mem = NULL;
+        return ct_fail(err, "qwen3_plan_sets: out of memory");
+    }
+    m->set_acts[0] = m->acts;
+    m->set_mem[0] = m->act_mem;
+    m->n_sets = n; // from here model_free_acts frees the sets made
+    for (int j = 1; j < n; j++)
+        if (!(m->set_acts[j] = acts_new(m, m->B, m->T, &m->set_mem[j], err)))
+            return ct_wrap(err, "activation set %d of %d", j + 1, n);
+    return 0;
+}
+
+void qwen3_use_set(qwen3_model *m, int j) {
+    if (j < 0 || j >= m->n_sets) return; // one set: always it
+    m->acts = m->set_acts[j];
+    m->act_mem = m->set_mem[j];
+    m->logits = ((qwen3_acts *)m->acts)->logits;
 }
 
 void qwen3_free(qwen3_model *m) {

@@ -199,3 +199,12 @@ int pp_schedule_actions(pp_schedule_kind kind, int pp, int rank, int n_stages, i
                        pp, v, PP_MAX_LOCAL);
     return interleaved_actions(pp, rank, v, m, out, err) < 0 ? -1 : 0;
 }
+
+int pp_schedule_in_flight(const pp_action *actions, int n) {
+    int now = 0, most = 0;
+    for (int a = 0; a < n; a++) {
+        now += actions[a].backward ? -1 : 1;
+        if (now > most) most = now;
+    }
+    return most;
+}

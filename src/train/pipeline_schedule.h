@@ -49,3 +49,7 @@ typedef struct pp_action {
 // multiple of its rounds (max(1, m / pp)).
 int pp_schedule_actions(pp_schedule_kind kind, int pp, int rank, int n_stages, int m,
                         pp_action *out, ct_error *err);
+
+// The most forwards of a rank's list of n actions whose backward has not run yet, at any point:
+// the activation sets the rank keeps (1F1B: min(m, S - stage) on a single-stage rank; GPipe: m).
+int pp_schedule_in_flight(const pp_action *actions, int n);

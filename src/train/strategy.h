@@ -170,6 +170,12 @@ int strategy_ep_check_replicas(trainer *t, ct_error *err);
 // received, the output's gradient received, and the output and input gradient sent (N x C
 // floats each on the backend) with their requests in flight. DDP (strategy_replicate) or
 // FSDP/HSDP (strategy_fsdp, on the local model) runs over the stage's data-parallel ranks (t->d).
+// TP's per-forward buffers in a qwen3_tp for the model's N rows (the ids, the targets, the
+// loss's row maxes and sums, their host scratch): setup's, and one more per activation set
+// under PP (strategy_pp.c). free leaves the rest of tp as it is.
+int strategy_tp_buffers(trainer *t, qwen3_tp *tp, ct_error *err);
+void strategy_tp_buffers_free(trainer *t, qwen3_tp *tp);
+
 typedef struct strategy_pp_state {
     const strategy_vt *dp; // inside each stage: replicate, or FSDP/HSDP
     dist *group; // the pp ranks of this data-parallel index (stage s on group rank s % pp)
@@ -182,6 +188,13 @@ typedef struct strategy_pp_state {
     float **in, **dout, **out, **din;
     ct_request **req; // 4 * v * m: in, dout, out, din
     double bytes;     // payload sent to other stages since setup
+    // The activation sets (pp_schedule_in_flight of the actions): a forward takes a free one
+    // (free_sets, a stack of n_free), its backward reads it and gives it back; set_of[k m + i]
+    // is local stage k's micro-batch i's. Under TP each set has its own TP buffers (tps[j], j >
+    // 0; set 0 is TP's own).
+    int n_sets, n_free;
+    int *free_sets, *set_of;
+    qwen3_tp *tps;
 } strategy_pp_state;
 extern const strategy_vt strategy_pp;
 // Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split

@@ -2,16 +2,19 @@
 // only (a model of cfg.n_parts parts, named by global layer), runs its schedule's actions
 // (pipeline_schedule.c) and passes each micro-batch's activations forward and their gradients
 // back by point-to-point backend calls, every receive of the step posted at its start and every
-// send non-blocking. The model keeps one micro-batch's activations: a backward whose forward is
-// not the last one run recomputes it from the stage input kept (bit-identical, as activation
-// checkpointing). The last stage's loss is the summed cross-entropy over the step's global
-// valid-target count, so the gradients are one process's. DDP (strategy_replicate) runs over
-// the stage's data-parallel ranks, or FSDP/HSDP (each stage's local model sharded over its
-// dp_shard ranks, as torchtitan's mesh: pp outermost). Under FSDP a stage's gradients accumulate
-// whole over its micro-batches and are reduce-scattered in the backward of its last one (FSDP2
-// under PyTorch's pipelining: set_requires_gradient_sync and set_reshard_after_backward only
-// then), and "default" keeps the units gathered after the forward (torchtitan: no resharding
-// after forward under PP). The gradient norm sums over the stages.
+// send non-blocking. The model keeps the activations of every micro-batch in flight: it has as
+// many activation sets as the rank's actions ever hold forwards whose backward has not run
+// (pp_schedule_in_flight: 1F1B min(m, S - s), GPipe m); a forward takes a free set, its backward
+// reads that set and frees it, so nothing is recomputed. Under TP each set has its own TP
+// buffers and under MoE its own routing statistics. The last stage's loss is the summed
+// cross-entropy over the step's global valid-target count, so the gradients are one process's.
+// DDP (strategy_replicate) runs over the stage's data-parallel ranks, or FSDP/HSDP (each stage's
+// local model sharded over its dp_shard ranks, as torchtitan's mesh: pp outermost). Under FSDP a
+// stage's gradients accumulate whole over its micro-batches and are reduce-scattered in the
+// backward of its last one (FSDP2 under PyTorch's pipelining: set_requires_gradient_sync and
+// set_reshard_after_backward only then), and "default" keeps the units gathered after the
+// forward (torchtitan: no resharding after forward under PP). The gradient norm sums over the
+// stages.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +57,35 @@ static size_t rows_floats(const trainer *t) {
     return (size_t)t->B * t->T / t->tp * t->model.cfg.hidden_size;
 }
 
+// The activation sets, one per micro-batch in flight: the model's, the MoE statistics' and,
+// under TP, each set's TP buffers (set 0's are TP's own).
+static int make_sets(trainer *t, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    p->n_sets = pp_schedule_in_flight(p->actions, p->n_actions);
+    p->free_sets = calloc((size_t)p->n_sets, sizeof *p->free_sets);
+    p->set_of = calloc((size_t)p->v * p->m, sizeof *p->set_of);
+    if (!p->free_sets || !p->set_of) return ct_fail(err, "PP: out of memory");
+    if (qwen3_plan_sets(&t->model, p->n_sets, err) != 0 ||
+        moe_balance_sets(&t->moe, p->n_sets, err) != 0)
+        return ct_wrap(err, "PP: %d activation sets", p->n_sets);
+    if (t->tp <= 1 || p->n_sets <= 1) return 0;
+    if (!(p->tps = calloc((size_t)p->n_sets, sizeof *p->tps)))
+        return ct_fail(err, "PP: out of memory");
+    for (int j = 1; j < p->n_sets; j++) {
+        p->tps[j] = t->strat.tp.tp; // the group and its hooks; the buffers below are the set's
+        if (strategy_tp_buffers(t, &p->tps[j], err) != 0) return -1;
+    }
+    return 0;
+}
+
+// Set j becomes the one the next forward fills and the next backward reads.
+static void use_set(trainer *t, int j) {
+    strategy_pp_state *p = &t->strat.pp;
+    qwen3_use_set(&t->model, j);
+    moe_balance_use_set(&t->moe, j);
+    if (p->tps) t->model.tp = j ? &p->tps[j] : &t->strat.tp.tp;
+}
+
 static int setup(trainer *t, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
     if ((p->dp = dp_of(t))->setup(t, err) != 0) return -1;
@@ -65,7 +97,8 @@ static int setup(trainer *t, ct_error *err) {
     if (!p->actions || !p->in || !p->req) return ct_fail(err, "PP: out of memory");
     p->dout = p->in + n, p->out = p->in + 2 * n, p->din = p->in + 3 * n;
     if (pp_schedule_actions(p->kind, p->group->size, p->group->rank, p->S, p->m, p->actions,
-                            err) != 0)
+                            err) != 0 ||
+        make_sets(t, err) != 0)
         return -1;
     ct_backend *be = t->model.be;
     for (int i = 0; i < 4 * n; i++)
@@ -81,7 +114,8 @@ static int setup(trainer *t, ct_error *err) {
                 k * p->group->size + p->group->rank, s->embed ? "embedding, " : "", s->lo,
                 s->hi - 1, s->head ? ", norm and head" : "");
     }
-    fprintf(t->log, "\n");
+    fprintf(t->log, " and keeps the activations of up to %d micro-batch(es) in flight\n",
+            p->n_sets);
     return 0;
 }
 
@@ -93,7 +127,13 @@ static void free_(trainer *t) {
     free(p->in);
     free(p->req);
     free(p->actions);
-    p->in = NULL, p->req = NULL, p->actions = NULL;
+    for (int j = 1; p->tps && j < p->n_sets; j++) strategy_tp_buffers_free(t, &p->tps[j]);
+    if (p->tps) t->model.tp = &t->strat.tp.tp;
+    free(p->tps);
+    free(p->free_sets);
+    free(p->set_of);
+    p->in = NULL, p->req = NULL, p->actions = NULL, p->tps = NULL;
+    p->free_sets = p->set_of = NULL;
     if (p->dp) p->dp->free(t);
 }
 
@@ -140,31 +180,74 @@ static int init_random(trainer *t, uint64_t seed, ct_error *err) {
     return rc;
 }
 
-// The pipeline rank that needs the most: each rank's stages planned at the micro-batch size,
-// with the schedule's stage buffers (4 v m of B x T x C floats: inputs, output gradients,
-// outputs and input gradients) and AdamW over the stages, so every rank checks the fit against
-// the same figure; under FSDP, FSDP's estimate of that rank's local model. Under TP, TP's of the
-// whole model (an over-estimate by up to the pp degree).
-static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
-    if (t->tp > 1) return strategy_tp.estimate(t, mem, err); // the whole model's TP shares
+// Pipeline rank r's activation sets: the most micro-batches its schedule holds in flight.
+static int sets_of(const trainer *t, int r, ct_error *err) {
     const strategy_pp_state *p = &t->strat.pp;
+    pp_action *a = calloc(2 * (size_t)p->m * p->v, sizeof *a);
+    if (!a) return ct_fail(err, "PP: out of memory");
+    int n = pp_schedule_actions(p->kind, t->pp, r, p->S, p->m, a, err);
+    if (n == 0) n = pp_schedule_in_flight(a, 2 * p->m * p->v);
+    free(a);
+    return n;
+}
+
+// The pipeline rank that needs the most: each rank's stages planned at the micro-batch size, its
+// activations once per activation set (sets_of), with the schedule's stage buffers (4 v m of B x
+// T x C floats: inputs, output gradients, outputs and input gradients) and AdamW over the stages,
+// so every rank checks the fit against the same figure; under FSDP, FSDP's estimate of that
+// rank's local model, plus its whole gradients (they accumulate unsharded over the stage's
+// micro-batches). Under TP, TP's of the whole model (an over-estimate by up to the pp degree),
+// its activations times the most sets of any rank.
+static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
+    const strategy_pp_state *p = &t->strat.pp;
+    if (t->tp > 1) {
+        int most = 1;
+        for (int r = 0; r < t->pp; r++) {
+            const int n = sets_of(t, r, err);
+            if (n < 0) return -1;
+            most = n > most ? n : most;
+        }
+        if (strategy_tp.estimate(t, mem, err) != 0) return -1;
+        const double more = (double)(most - 1) * mem->model.activations;
+        mem->model.activations += (size_t)more;
+        mem->total += more;
+        mem->node = mem->total * mem->ranks_per_node;
+        return 0;
+    }
     qwen3_config most = t->setup.model;
     run_memory best = *mem;
+    int best_r = 0, best_sets = 1;
+    size_t best_set = 0; // bytes of one activation set
     for (int r = 0; r < t->pp; r++) {
         qwen3_config lc = t->setup.model;
-        if (strategy_pp_local_config(t, r, &lc, err) != 0) return -1;
+        const int sets = sets_of(t, r, err);
+        if (sets < 0 || strategy_pp_local_config(t, r, &lc, err) != 0) return -1;
         run_memory m = *mem;
         m.model = qwen3_memory_plan_ops(&lc, &t->setup.ops, t->B, t->T, &t->setup.mem_opts);
-        m.model.activations +=
+        const size_t one = m.model.activations;
+        m.model.activations = (size_t)sets * one +
             4 * (size_t)p->v * p->m * ((size_t)t->B * t->T * lc.hidden_size) * sizeof(float);
         m.optimizer = 2.0 * (double)m.model.params;
         m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
                   m.model.activations + m.batch;
         m.node = m.total * m.ranks_per_node;
-        if (r == 0 || m.total > best.total) best = m, most = lc;
+        if (r == 0 || m.total > best.total)
+            best = m, most = lc, best_r = r, best_sets = sets, best_set = one;
     }
     *mem = best;
-    return fsdp_on(t) ? strategy_fsdp_estimate_of(t, &most, mem, err) : 0;
+    fprintf(t->log,
+            "memory, PP: pipeline rank %d needs the most: %d activation set(s) (its micro-batches "
+            "in flight) of %.2f MiB%s\n",
+            best_r, best_sets, best_set / (1024.0 * 1024.0),
+            fsdp_on(t) ? ", and its stages' whole gradients (accumulated over the micro-batches)"
+                       : "");
+    if (!fsdp_on(t)) return 0;
+    const double whole = (double)best.model.grads; // the local model's, before FSDP's shares
+    if (strategy_fsdp_estimate_of(t, &most, mem, err) != 0) return -1;
+    mem->model.grads += (size_t)whole;
+    mem->total += whole;
+    mem->node = mem->total * mem->ranks_per_node;
+    return 0;
 }
 
 // The summed gradient's squares: the stage's (over its data-parallel ranks), summed over the
@@ -379,8 +462,10 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
     const double t0 = ct_now_s(), wait0 = p->group->comm_s;
     if (post_receives(t, err) != 0) return -1;
     FILE *trace = trace_open(t);
-    int last_k = -1, last_i = -1, rc = 0; // the forward whose activations the model holds
+    int rc = 0;
     double loss = 0;
+    p->n_free = p->n_sets;
+    for (int j = 0; j < p->n_sets; j++) p->free_sets[j] = p->n_sets - 1 - j; // set 0 first
     for (int a = 0; a < p->n_actions && rc == 0; a++) {
         const pp_action *x = &p->actions[a];
         const int k = x->stage / P, i = x->mb, at = k * p->m + i, g = x->stage;
@@ -388,21 +473,25 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
         if (trace) fprintf(trace, "%c %d %d\n", x->backward ? 'B' : 'F', g, i);
         if (!x->backward) {
             if (g > 0 && (rc = wait_one(t, &p->req[at], "the input", g, i, err)) != 0) break;
+            if (p->n_free == 0) { // pp_schedule_in_flight counted them: never
+                rc = ct_fail(err, "PP: more micro-batches in flight than %d sets", p->n_sets);
+                break;
+            }
+            use_set(t, p->set_of[at] = p->free_sets[--p->n_free]);
             const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
             if (g == p->S - 1) loss += l;
             else
                 rc = send_rows(t, p->out[at], qwen3_stage_output(m, p->l1[k]), g + 1,
                                tag_of(p, g + 1, i, false), &p->req[2 * V + at], err);
-            last_k = k, last_i = i;
             continue;
         }
         // Buckets start in the backward that makes the stage's gradients final: its last.
         begin_micro(t, i == p->m - 1);
-        if (last_k != k || last_i != i) qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
+        use_set(t, p->set_of[at]); // the activations its forward kept
         if (g < p->S - 1 && (rc = wait_one(t, &p->req[V + at], "the output's gradient", g, i, err)))
             break;
         qwen3_stage_backward(m, p->l0[k], p->l1[k], p->dout[at], scale);
-        last_k = last_i = -1;
+        p->free_sets[p->n_free++] = p->set_of[at];
         if ((rc = moe_balance_status(&t->moe, err)) != 0) break;
         *aux_sum += moe_balance_aux(&t->moe);
         if (g > 0)
@@ -410,6 +499,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
                            &p->req[3 * V + at], err);
     }
     if (trace) fclose(trace);
+    use_set(t, 0);
     if (rc == 0)
         rc = dist_wait_requests(p->group, m->be, p->req + 2 * V, 2 * V, "pipeline: the sends", err);
     if (rc != 0) return -1;

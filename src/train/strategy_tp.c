@@ -144,6 +144,36 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     return fsdp_on(t) ? strategy_fsdp_estimate_of(t, &local, mem, err) : 0;
 }
 
+int strategy_tp_buffers(trainer *t, qwen3_tp *tp, ct_error *err) {
+    const size_t N = (size_t)t->B * t->T;
+    tp->ids = tp->targets = tp->host_ids = tp->host_targets = NULL;
+    tp->ce_max = tp->ce_sums = NULL;
+    tp->host_ids = malloc(N * sizeof *tp->host_ids);
+    tp->host_targets = malloc(N * sizeof *tp->host_targets);
+    if (!tp->host_ids || !tp->host_targets) return ct_fail(err, "out of memory for the TP ids");
+    ct_backend *be = t->model.be;
+    if (!(tp->ids = be->alloc(be, N * sizeof(int32_t), "the TP ids", err)) ||
+        !(tp->targets = be->alloc(be, N * sizeof(int32_t), "the TP targets", err)) ||
+        !(tp->ce_max = be->alloc(be, N * tp->size * sizeof(float), "the TP loss maxes", err)) ||
+        !(tp->ce_sums = be->alloc(be, 2 * N * sizeof(float), "the TP loss sums", err)))
+        return -1;
+    return 0;
+}
+
+void strategy_tp_buffers_free(trainer *t, qwen3_tp *tp) {
+    ct_backend *be = t->model.be;
+    if (be) {
+        if (tp->ids) be->free(be, tp->ids);
+        if (tp->targets) be->free(be, tp->targets);
+        if (tp->ce_max) be->free(be, tp->ce_max);
+        if (tp->ce_sums) be->free(be, tp->ce_sums);
+    }
+    free(tp->host_ids);
+    free(tp->host_targets);
+    tp->ids = tp->targets = tp->host_ids = tp->host_targets = NULL;
+    tp->ce_max = tp->ce_sums = NULL;
+}
+
 static int setup(trainer *t, ct_error *err) {
     if (t->model.mem_opts.sp != t->tp)
         return ct_fail(err, "tensor parallelism: the model was planned for sequence parallelism "
@@ -153,7 +183,6 @@ static int setup(trainer *t, ct_error *err) {
     if (t->strat.tp.dp->setup(t, err) != 0) return -1;
     qwen3_model *m = &t->model;
     strategy_tp_state *s = &t->strat.tp;
-    const size_t N = (size_t)t->B * t->T;
     s->group = &t->tp_group;
     qwen3_tp *tp = &s->tp;
     *tp = (qwen3_tp){.rank = s->group->rank,
@@ -164,15 +193,7 @@ static int setup(trainer *t, ct_error *err) {
                      .reduce_scatter = tp_reduce_scatter,
                      .allreduce = tp_allreduce,
                      .ctx = t};
-    tp->host_ids = malloc(N * sizeof *tp->host_ids);
-    tp->host_targets = malloc(N * sizeof *tp->host_targets);
-    if (!tp->host_ids || !tp->host_targets) return ct_fail(err, "out of memory for the TP ids");
-    ct_backend *be = m->be;
-    if (!(tp->ids = be->alloc(be, N * sizeof(int32_t), "the TP ids", err)) ||
-        !(tp->targets = be->alloc(be, N * sizeof(int32_t), "the TP targets", err)) ||
-        !(tp->ce_max = be->alloc(be, N * tp->size * sizeof(float), "the TP loss maxes", err)) ||
-        !(tp->ce_sums = be->alloc(be, 2 * N * sizeof(float), "the TP loss sums", err)))
-        return -1;
+    if (strategy_tp_buffers(t, tp, err) != 0) return -1;
     if (!m->ops->cross_entropy_tp_max || !m->ops->cross_entropy_tp_sums ||
         !m->ops->cross_entropy_tp_finish)
         return ct_fail(err, "op table '%s' has no loss-parallel cross-entropy (cross_entropy_tp_*)",
@@ -183,15 +204,7 @@ static int setup(trainer *t, ct_error *err) {
 
 static void free_(trainer *t) {
     qwen3_tp *tp = &t->strat.tp.tp;
-    ct_backend *be = t->model.be;
-    if (be) {
-        if (tp->ids) be->free(be, tp->ids);
-        if (tp->targets) be->free(be, tp->targets);
-        if (tp->ce_max) be->free(be, tp->ce_max);
-        if (tp->ce_sums) be->free(be, tp->ce_sums);
-    }
-    free(tp->host_ids);
-    free(tp->host_targets);
+    strategy_tp_buffers_free(t, tp);
     memset(tp, 0, sizeof *tp);
     t->model.tp = NULL;
     if (t->strat.tp.dp) t->strat.tp.dp->free(t);
