@@ -8,10 +8,12 @@
 # model, top-1 without renormalisation, whose router bias sends every token to one expert (EP
 # rank 1 gets no row). The weights after 4 steps are compared through the final HF export.
 # Checkpoints hold the experts by id: EP=2 resumes on one process, EP=4 at EP=2, EP=2 x FSDP=2
-# at FSDP=2 alone. EP=2 x TP=2 (np 4, expert_tensor_parallel_degree 1): every-layer sparse with
-# HF's aux loss (its checkpoint resumed on one process), bf16, and the mixed model with the
-# aux-free bias. Then a hung peer in an all-to-all and the refusals, one line each. Each run
-# tests several properties at once: 19 training launches, 8 refusals.
+# at FSDP=2 alone. EP x TP (np 4, expert_tensor_parallel_degree 1): EP=2 x TP=2 every-layer
+# sparse with HF's aux loss (its checkpoint resumed on one process) and bf16, EP=4 x TP=2 (ep >
+# tp) on the mixed model with the aux-free bias. ETP (expert_tensor_parallel_degree 2, EP=2 x
+# TP=2): HF's aux loss, its checkpoint resumed at EP=2 x TP=2 beside FSDP (etp 1), and bf16.
+# Then a hung peer in an all-to-all and the refusals, one line each. Each run tests several
+# properties at once: 22 training launches, 7 refusals.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
@@ -52,7 +54,15 @@ eptp() {
   run 4 "$dump" --training.global_batch_size 2 --parallelism.expert_parallel_degree 2 \
     --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2 "$@"
 }
-export -f ep epddp np1 eptp
+# etp DUMP [...]: the same with expert_tensor_parallel_degree 2 (torchtitan's ExpertTensorParallel):
+# the EP group is the 2 data-parallel ranks of a TP rank, each expert cut by TP as the dense MLP,
+# every rank routing the TP group's gathered 32 rows alike, the experts' partial sums
+# reduce-scattered.
+etp() {
+  local dump=$1; shift
+  eptp "$dump" --parallelism.expert_tensor_parallel_degree 2 "$@"
+}
+export -f ep epddp np1 eptp etp
 # agree A B BOUNDS...: `same`, then A's 160 MB export goes.
 agree() { same "$@" && rm -rf "$1/hf"; }
 # resumed FROM DUMP NP [...]: FROM's step-2 checkpoint (its step-4 dropped) resumed by `run NP`
@@ -98,6 +108,25 @@ check "ep2 tp2 -> np1" resumed "$tmp/eptp" "$tmp/eptp_np1" 1 --training.local_ba
   --training.global_batch_size 2 "${hf[@]}"
 check "ep2 tp2 -> np1 = np1" agree "$tmp/eptp_np1" "$tmp/np1" "${tol[@]}"
 if full; then
+# --- ETP: EP=2 x TP=2 with expert_tensor_parallel_degree 2 (each expert's gate/up cut by rows,
+# its down by columns over the TP group; the EP group the 2 data-parallel ranks of a TP rank), HF's
+# aux loss; its step-2 checkpoint (4 shards: each rank its TP ranges of its experts, the first TP
+# group the rest too) resumed beside FSDP: EP=2 x TP=2 with dp_shard 2 (etp 1: each expert whole on
+# its EP rank and FSDP-sharded over the 2 shard ranks holding it, TP's slices of the rest sharded
+# over the shard group). Measured: ETP 3.6e-9, 5.5e-9, 1.2e-9; resumed 3.6e-9, 7.0e-9, 1.2e-9
+# (EP=4 x TP=2 x dp_shard 2 from step 0, once, not here: 4.8e-9, 6.4e-9, 1.2e-9).
+check "etp2" etp "$tmp/etp" "${hf[@]}" "${save[@]}"
+check "etp2 = np1" agree "$tmp/etp" "$tmp/np1" "${tol[@]}"
+grep -q "each cut by TP (expert_tensor_parallel_degree)" "$tmp/etp.log" &&
+  grep -q "4 model and optimizer shards, one per rank of the first EP group and its TP peers" \
+    "$tmp/etp.log" && ok ||
+  bad "etp2 log lacks the ETP lines: $(grep '^parallel\|^checkpoint' "$tmp/etp.log")"
+check "etp2 -> ep2 tp2 fsdp2" resumed "$tmp/etp" "$tmp/etp_fsdp" 4 --training.global_batch_size 2 \
+  --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "${hf[@]}"
+check "etp2 -> ep2 tp2 fsdp2 = np1" agree "$tmp/etp_fsdp" "$tmp/np1" "${tol[@]}"
+grep -q "tensor parallel .*inside FSDP over 2 ranks: the experts sharded over the 2 holding" \
+  "$tmp/etp_fsdp.log" && ok || bad "ep2 tp2 fsdp2: $(grep '^parallel' "$tmp/etp_fsdp.log")"
+rm -rf "$tmp/etp" "$tmp/etp_fsdp"
 # EP with DDP for the rest (dp_shard 1), on the guarded backend (every buffer access checked)
 check "ep2 ddp guarded" epddp 2 "$tmp/ep2_ddp" "${hf[@]}" --debug.guard_device_memory true
 check "ep2 ddp guarded = np1" same "$tmp/ep2_ddp" "$tmp/np1" "${tol[@]}"
@@ -114,16 +143,24 @@ check "ep2 ddp bf16 = np1 bf16" agree "$tmp/ep2_bf16" "$tmp/np1_bf16" "${tol[@]}
 # 1.9e-5). Measured 1.6e-5, 1.2e-5, 7.9e-7.
 check "ep2 tp2 bf16" eptp "$tmp/eptp_bf16" "${hf[@]}" "${bf16[@]}"
 check "ep2 tp2 bf16 = np1 bf16" agree "$tmp/eptp_bf16" "$tmp/np1_bf16" 2e-4 2e-4 1e-5
+# ETP in bf16 (the experts' TP partial sums in bf16 GEMMs, as TP's dense MLP). Measured 7.5e-6,
+# 1.2e-5, 1.6e-6.
+check "etp2 bf16" etp "$tmp/etp_bf16" "${hf[@]}" "${bf16[@]}"
+check "etp2 bf16 = np1 bf16" agree "$tmp/etp_bf16" "$tmp/np1_bf16" 8e-5 1.5e-4 2e-5
 rm -rf "$tmp/np1_bf16"
-# EP=2 x TP=2 on a mixed model (tests/ep_craft.py: layer 0 dense, its MLP TP-cut; top-3 of 8, no
-# renormalisation) with the aux-free bias, its counts summed over all 4 ranks. Measured 8.5e-9,
-# 5.6e-9, 1.3e-9.
+# EP=4 x TP=2 (ep > tp: the EP group is all 4 ranks, 2 experts each, DDP over the 2 replicas) on a
+# mixed model (tests/ep_craft.py: layer 0 dense, its MLP TP-cut; top-3 of 8, no renormalisation)
+# with the aux-free bias, its counts summed over all 4 ranks. Measured 6.0e-9, 6.2e-9, 1.2e-9
+# (EP=2 x TP=2: 8.5e-9, 5.6e-9, 1.3e-9).
 "$CTITAN_PYTHON" "$(dirname "$0")/ep_craft.py" "$tmp/np1/hf" "$tmp/mixed_hf" mixed ||
   bad "ep_craft.py mixed"
 mixed=(--model.backend hf --model.hf_path "$tmp/mixed_hf" --model.n_layers 0 "${free[@]}")
 check "np1 mixed aux-free" np1 2 "$tmp/np1_mixed" "${mixed[@]}"
-check "ep2 tp2 mixed aux-free" eptp "$tmp/eptp_mixed" "${mixed[@]}"
-check "ep2 tp2 mixed aux-free = np1" agree "$tmp/eptp_mixed" "$tmp/np1_mixed" 1e-7 1e-7 2e-8
+check "ep4 tp2 mixed aux-free" eptp "$tmp/eptp_mixed" "${mixed[@]}" \
+  --parallelism.expert_parallel_degree 4
+check "ep4 tp2 mixed aux-free = np1" agree "$tmp/eptp_mixed" "$tmp/np1_mixed" 1e-7 1e-7 2e-8
+grep -q "expert parallel over 4 ranks, 2 experts each" "$tmp/eptp_mixed.log" && ok ||
+  bad "ep4 tp2: $(grep '^comm: expert' "$tmp/eptp_mixed.log")"
 rm -rf "$tmp/np1_mixed" "$tmp/mixed_hf"
 # a crafted HF folder from np1's export (tests/ep_craft.py): layer 0 dense, layer 1 sparse, top-1
 # without renormalisation, its bias sending every token to expert 3 (EP rank 1 of 2 receives no
@@ -180,10 +217,8 @@ refused shard "expert_parallel_degree = 2 does not divide data_parallel_shard_de
   --parallelism.expert_parallel_degree 2
 refused ranks "expert_parallel_degree = 2 does not divide the 3 data-parallel ranks" 3 \
   --parallelism.expert_parallel_degree 2 --parallelism.data_parallel_replicate_degree 3
-refused etp_tp "expert_tensor_parallel_degree = 2: experts cut by TP under EP are not supported yet" \
-  4 --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+refused etp_ranks "expert_parallel_degree = 4 does not divide the 2 data-parallel ranks" 4 \
+  --parallelism.expert_parallel_degree 4 --parallelism.tensor_parallel_degree 2 \
   --parallelism.expert_tensor_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2
-refused tp_fsdp "EP x TP beside FSDP is not supported yet" 4 \
-  --parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2
 fi
 finish

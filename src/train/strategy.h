@@ -159,8 +159,9 @@ int strategy_ep_export(trainer *t, const char *dir, ct_dtype dtype, ct_error *er
 // (its weights `local`, a host view of the model) into full.
 int strategy_ep_fetch_expert(trainer *t, const qwen3_param *gp, const float *local, float *full,
                              ct_error *err);
-// A tensor EP splits (by name: an expert's projection).
+// A tensor EP splits (by name: an expert's projection), and the EP rank holding it (-1: none).
 bool strategy_ep_is_expert(const char *name);
+int strategy_ep_owner(const trainer *t, const char *name);
 // The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit
 // (else an error naming the replica): checked before a save.
 int strategy_ep_check_replicas(trainer *t, ct_error *err);

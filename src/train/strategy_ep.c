@@ -48,10 +48,11 @@ static void ep_alltoall(void *ctx, const void *send, const int *scounts, const i
 
 static void describe(const trainer *t, char *buf, size_t size) {
     snprintf(buf, size,
-             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts, "
+             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts%s, "
              "tokens sent by all-to-all); replicated non-expert parameters (DDP) over %d, each "
              "expert over %d",
-             t->ep, t->ep, t->d->size, t->d->size * t->tp / t->ep);
+             t->ep, t->ep, t->etp > 1 ? ", each cut by TP (expert_tensor_parallel_degree)" : "",
+             t->d->size, t->d->size * t->tp / t->etp / t->ep);
 }
 
 // Each layer's kept rows, weights, ids and the expert kernel's state, and the shared buffers.
@@ -61,7 +62,8 @@ static int alloc_buffers(trainer *t, ct_error *err) {
     ct_backend *be = m->be;
     const qwen3_config *c = &m->cfg;
     const int G = t->ep_group.size, El = c->local_experts, K = c->num_experts_per_tok;
-    const int N = t->B * t->T / t->tp, C = c->hidden_size, Fm = c->moe_intermediate_size;
+    const int N = t->B * t->T / (ep->shard ? t->tp : 1), C = c->hidden_size;
+    const int Fm = c->moe_intermediate_size;
     const int S = N * K, L = m->n_sparse;
     const int64_t rows = (int64_t)G * N * (K < El ? K : El);
     if (rows * C > INT32_MAX / 4)
@@ -128,15 +130,16 @@ static int dispatch_setup(trainer *t, ct_error *err) {
         return ct_fail(err, "op table '%s' has no expert-parallel row moves (moe_ep_*)",
                        m->ops->name ? m->ops->name : "?");
     qwen3_ep *ep = &t->strat.ep.ep;
-    // Under TP (etp 1) the group spans the TP ranks, each sending its own sequence shard.
+    // Under TP with etp 1 the group spans the TP ranks, each sending its own sequence shard;
+    // with etp = tp each TP rank sends the gathered rows to its TP rank's slices of the experts.
     *ep = (qwen3_ep){.rank = t->ep_group.rank,
                      .size = t->ep_group.size,
-                     .shard = t->tp > 1,
+                     .shard = t->tp > 1 && t->etp == 1,
                      .alltoall = ep_alltoall,
                      .ctx = t};
     if (alloc_buffers(t, err) != 0) return -1;
     m->ep = ep;
-    const double N = (double)t->B * t->T / t->tp, C = m->cfg.hidden_size;
+    const double N = (double)t->B * t->T / (ep->shard ? t->tp : 1), C = m->cfg.hidden_size;
     const double k = m->cfg.num_experts_per_tok, G = t->ep;
     fprintf(t->log,
             "comm: expert parallel over %d ranks, %d experts each; per sparse layer and "
@@ -492,7 +495,7 @@ static void fsdp_describe(const trainer *t, char *buf, size_t size) {
              "the %d holding the same ones, the rest over all %d",
              t->ep, t->ep, t->shard_degree,
              t->d->size / t->shard_degree > 1 ? ", in each of the replica groups (HSDP)" : "",
-             t->shard_degree / t->ep, t->shard_degree);
+             t->shard_degree * t->tp / t->etp / t->ep, t->shard_degree);
 }
 
 static int fsdp_setup(trainer *t, ct_error *err) {
@@ -547,13 +550,17 @@ typedef struct ep_export {
     const float *local; // this rank's weights (a host view)
 } ep_export;
 
+int strategy_ep_owner(const trainer *t, const char *name) {
+    int layer, e;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.", &layer, &e) != 2) return -1;
+    return e / t->model.cfg.local_experts;
+}
+
 int strategy_ep_fetch_expert(trainer *t, const qwen3_param *gp, const float *local, float *full,
                              ct_error *err) {
     const qwen3_model *m = &t->model;
-    int layer, e;
-    if (sscanf(gp->name, "model.layers.%d.mlp.experts.%d.", &layer, &e) != 2)
-        return ct_fail(err, "the EP export: %s is not an expert", gp->name);
-    const int owner = e / m->cfg.local_experts;
+    const int owner = strategy_ep_owner(t, gp->name);
+    if (owner < 0) return ct_fail(err, "the EP export: %s is not an expert", gp->name);
     if (owner == t->ep_group.rank) {
         const qwen3_param *p = qwen3_find_param(m, gp->name);
         if (!p) return ct_fail(err, "the EP export: this rank lacks %s", gp->name);

@@ -221,7 +221,9 @@ static int setup(trainer *t, ct_error *err) {
     int n = 0;
     int rc = lo && hi && expert ? fsdp_units(t, lo, hi, expert, &n, err)
                                 : ct_fail(err, "out of memory for the FSDP units");
-    o.expert_degree = t->ep;
+    // The shard ranks holding the same experts: every ep-th one, or under TP with etp 1 (EP
+    // carved out of dp_shard x tp, TP innermost) every (ep / tp)-th one.
+    o.expert_degree = t->ep * t->etp / t->tp;
     o.expert_units = expert;
     if (rc == 0)
         rc = fsdp_init(&st->fsdp, t->d, &o, m->be, m->ops, m->param_mem, m->grad_mem,
@@ -640,14 +642,15 @@ void strategy_fsdp_take_all(trainer *t) {
 }
 
 // Every unit's values of the shard buffer `shard` (backend memory: the fp32 weights or an AdamW
-// moment), from the shard group's pieces (padded to the largest piece: the host all-gather
-// takes one size), into full (the full buffer's layout, host memory).
+// moment), from the pieces of the unit's group (the shard group, or under EP for the experts the
+// shard ranks holding the same ones; padded to the largest piece: the host all-gather takes one
+// size), into full (the full buffer's layout, host memory).
 int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err) {
     fsdp *f = &t->strat.fsdp;
     const int S = f->o.shard_degree;
     size_t most = 0;
     for (int u = 0; u < f->n_units; u++)
-        for (int s = 0; s < S; s++) {
+        for (int s = 0; s < f->units[u].g->size; s++) {
             size_t lo, hi;
             fsdp_piece(f, u, s, &lo, &hi);
             most = hi - lo > most ? hi - lo : most;
@@ -659,9 +662,9 @@ int strategy_fsdp_gather(trainer *t, float *shard, float *full, ct_error *err) {
     for (int u = 0; u < f->n_units && rc == 0; u++) {
         const fsdp_unit *x = &f->units[u];
         memcpy(mine, host + x->at, (x->piece_hi - x->piece_lo) * sizeof *mine);
-        rc = dist_allgather(&f->shard, mine, all, (int)(most * sizeof *mine),
+        rc = dist_allgather(x->g, mine, all, (int)(most * sizeof *mine),
                             "gathering the FSDP shards", err);
-        for (int s = 0; s < S && rc == 0; s++) {
+        for (int s = 0; s < x->g->size && rc == 0; s++) {
             size_t lo, hi;
             fsdp_piece(f, u, s, &lo, &hi);
             memcpy(full + lo, all + (size_t)s * most, (hi - lo) * sizeof *full);

@@ -15,9 +15,16 @@
 // data-parallel strategy is strategy_ep (DDP for the rest): its EP groups are ep consecutive ranks
 // of the world, TP groups whole, so the experts are not cut by TP (QWEN3_TP_EXPERT: an EP rank
 // holds its experts whole, their gradients summed over the expert replicas only) and each rank's
-// sparse layers route and dispatch its own sequence shard (qwen3_ep.shard). Checkpoints are the
-// first EP group's shards, one per rank: TP's ranges of the rest on the first TP group, the experts
-// by id.
+// sparse layers route and dispatch its own sequence shard (qwen3_ep.shard). With
+// expert_tensor_parallel_degree = tp (torchtitan's ExpertTensorParallel) the EP groups are ep
+// consecutive ranks of t->d (one TP rank's), each expert is cut by TP as the dense MLP (gate/up
+// by rows, down by columns) and the sparse layers run as under TP alone (the gathered rows routed
+// alike on every TP rank, the experts' partial sums reduce-scattered onto the shards), the
+// dispatch over the EP group in between; the experts' gradients are summed over the expert
+// replicas only, their squares over the EP and TP groups. Checkpoints are the first EP block's
+// shards (ep_block: the first EP group, with etp = tp its TP peers too), one per rank: TP's ranges
+// of the rest on the first TP group, the experts by id (whole, or each rank its TP ranges of its
+// experts).
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,15 +93,24 @@ static void tp_allreduce(void *ctx, float *buf, size_t n) {
 
 // ---------------------------------------------------------------------------------------------
 
-// The data-parallel strategy under TP (ZeRO-1, and FSDP with EP, are refused in
-// trainer_setup.c): known from the config alone, before setup (the memory estimate).
+// The data-parallel strategy under TP (ZeRO-1 is refused in trainer_setup.c): known from the
+// config alone, before setup (the memory estimate). FSDP with EP is strategy_fsdp's table with
+// EP's dispatch.
 static const strategy_vt *dp_of(const trainer *t) {
-    return t->ep > 1 ? &strategy_ep : t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+    const bool fsdp = t->shard_degree > 1;
+    return t->ep > 1 ? (fsdp ? strategy_ep_fsdp() : &strategy_ep)
+           : fsdp    ? &strategy_fsdp
+                     : &strategy_replicate;
 }
 
-// How this rank holds tensor `name`: the plan's cut, or under EP an expert whole.
+// Under EP, an expert's tensor (whole on its EP rank, or with etp = tp its TP slice there).
+static bool ep_expert(const trainer *t, const char *name) {
+    return t->ep > 1 && strategy_ep_is_expert(name);
+}
+
+// How this rank holds tensor `name`: the plan's cut, or under EP with etp 1 an expert whole.
 static qwen3_tp_cut cut_of(const trainer *t, const char *name) {
-    return t->ep > 1 && strategy_ep_is_expert(name) ? QWEN3_TP_EXPERT : qwen3_tp_cut_of(name);
+    return t->etp == 1 && ep_expert(t, name) ? QWEN3_TP_EXPERT : qwen3_tp_cut_of(name);
 }
 
 // The global layout's tensor named as local tensor p (under EP the local model has fewer).
@@ -105,7 +121,7 @@ static const qwen3_param *global_of(const qwen3_model *g, const qwen3_param *p, 
 }
 
 static bool fsdp_on(const trainer *t) {
-    return dp_of(t) == &strategy_fsdp;
+    return t->shard_degree > 1;
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
@@ -340,7 +356,7 @@ static int tp_ranges(const trainer *t, const qwen3_model *g, const qwen3_model *
         }
         const size_t o = gp->offset;
         const qwen3_tp_cut cut = cut_of(t, p->name);
-        if (!rest && cut != QWEN3_TP_EXPERT) continue;
+        if (!rest && !ep_expert(t, p->name)) continue;
         switch (cut) {
         case QWEN3_TP_EXPERT:
             x[k++] = (ckpt_range){o, o + gp->numel};
@@ -439,7 +455,7 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int sh
     for (int i = 0; i < m->n_params && rc == 0; i++) {
         const qwen3_param *p = &m->params[i], *gp = qwen3_find_param(g, p->name);
         const qwen3_tp_cut cut = cut_of(t, p->name);
-        if ((cut == QWEN3_TP_WHOLE && r != 0) || (!rest && cut != QWEN3_TP_EXPERT)) continue;
+        if ((cut == QWEN3_TP_WHOLE && r != 0) || (!rest && !ep_expert(t, p->name))) continue;
         if (cut != QWEN3_TP_COLUMNS) {
             for (int k = 0; k < 3; k++)
                 memcpy(buf + k * total + pos, src[k] + p->offset, p->numel * sizeof *buf);
@@ -471,14 +487,14 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int sh
 // different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
 // shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
 // TP rank 0) lists them in state.json and commits. The files are those of TP without FSDP.
-// Under EP the writers are the first EP group (world ranks [0, ep): shard q is world rank q, TP
-// rank q % tp, holding EP rank q's experts; ranks below tp also write the rest), compared with
-// their expert replicas.
+// Under EP the writers are the first EP block (world ranks [0, ep x etp): shard q is world rank
+// q, TP rank q % tp, holding EP rank q / etp's experts; ranks below tp also write the rest),
+// compared with their expert replicas.
 static int save_checkpoint(trainer *t, ct_error *err) {
     dist *grp = t->strat.tp.group;
     const bool ep = t->ep > 1;
-    const int P = grp->size, S = ep ? t->ep : P;
-    dist *writers = ep ? &t->ep_group : grp;
+    const int P = grp->size, S = ep ? t->ep * t->etp : P;
+    dist *writers = ep ? ep_block(t) : grp;
     const int64_t step = t->state.step;
     grp->timeout_s = writers->timeout_s = t->world->timeout_s = t->d->timeout_s;
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
@@ -494,7 +510,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     // Rank 0 lists every shard's ranges (under EP from EP rank q's local layout, made here).
     for (int q = 0; rc == 0 && is_root(t) && q < S; q++) {
         qwen3_config lc = t->model.cfg;
-        lc.expert_lo = q * lc.local_experts;
+        lc.expert_lo = q / t->etp * lc.local_experts;
         if (ep && qwen3_init_layout(&layout, &lc, err) != 0) {
             rc = -1;
             break;
@@ -505,10 +521,10 @@ static int save_checkpoint(trainer *t, ct_error *err) {
         if (sh.n_of[q] < 0) rc = -1;
     }
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
-    // The first replica: t->d's ranks below the shard degree (its first shard group), or rank 0;
-    // under EP the first EP group.
+    // The writers: rank 0 of t->d, or under EP the first EP block. They, or under FSDP the first
+    // replica (t->d's ranks below the shard degree: its shard groups), assemble the local state.
     const bool write = ep ? t->erep_group.rank == 0 : t->d->rank == 0;
-    const bool first = ep ? write : t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
+    const bool first = fsdp_on(t) ? t->d->rank < t->strat.fsdp.o.shard_degree : write;
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
     const int q = writers->rank;
@@ -522,7 +538,10 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     free(x);
     if (first) strategy_local_state_free(t, fsdp_on(t), src);
     rc = trainer_shards_end(t, &sh, rc, t->world, writers, &g,
-                            ep ? ", one per rank of the first EP group" : ", one per TP rank", err);
+                            !ep           ? ", one per TP rank"
+                            : t->etp == 1 ? ", one per rank of the first EP group"
+                                          : ", one per rank of the first EP group and its TP peers",
+                            err);
     qwen3_free(&g);
     return rc;
 }
@@ -533,8 +552,9 @@ static void begin_step(trainer *t) {
 }
 
 // Each tensor's elements among the gradients this rank's optimizer steps (the whole local
-// model, or under FSDP its shard's pieces): fn(ctx, grads, count, its cut).
-typedef void (*grad_range_fn)(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx);
+// model, or under FSDP its shard's pieces): fn(ctx, grads, count, its cut, whether an EP expert).
+typedef void (*grad_range_fn)(trainer *t, float *g, size_t n, qwen3_tp_cut cut, bool expert,
+                              void *ctx);
 
 static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
     qwen3_model *m = &t->model;
@@ -542,8 +562,9 @@ static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
         const qwen3_tp_cut cut = cut_of(t, p->name);
+        const bool expert = ep_expert(t, p->name);
         if (!fsdp_on(t)) {
-            fn(t, m->grad_mem + p->offset, p->numel, cut, ctx);
+            fn(t, m->grad_mem + p->offset, p->numel, cut, expert, ctx);
             continue;
         }
         for (int u = 0; u < f->n_units; u++) {
@@ -551,13 +572,14 @@ static void each_grad_range(trainer *t, grad_range_fn fn, void *ctx) {
             const size_t lo = p->offset > x->piece_lo ? p->offset : x->piece_lo;
             const size_t hi =
                 p->offset + p->numel < x->piece_hi ? p->offset + p->numel : x->piece_hi;
-            if (lo < hi) fn(t, f->shard_grads + x->at + (lo - x->piece_lo), hi - lo, cut, ctx);
+            if (lo < hi)
+                fn(t, f->shard_grads + x->at + (lo - x->piece_lo), hi - lo, cut, expert, ctx);
         }
     }
 }
 
-static void sum_whole(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx) {
-    (void)ctx;
+static void sum_whole(trainer *t, float *g, size_t n, qwen3_tp_cut cut, bool expert, void *ctx) {
+    (void)ctx, (void)expert;
     if (cut == QWEN3_TP_WHOLE) tp_allreduce_of(t, g, n, TP_AR_WHOLE);
 }
 
@@ -575,21 +597,26 @@ static int grads_final(trainer *t, ct_error *err) {
     return 0;
 }
 
-static void add_squares(trainer *t, float *g, size_t n, qwen3_tp_cut cut, void *ctx) {
+static void add_squares(trainer *t, float *g, size_t n, qwen3_tp_cut cut, bool expert,
+                        void *ctx) {
     double *sq = ctx, x;
     t->model.ops->sum_squares(&x, g, n);
-    sq[cut == QWEN3_TP_WHOLE ? 1 : cut == QWEN3_TP_EXPERT ? 2 : 0] += x;
+    sq[expert ? 2 : cut == QWEN3_TP_WHOLE ? 1 : 0] += x;
 }
 
 // Sharded tensors: this rank's squares summed over the group; replicated ones once; EP's
-// experts summed over the EP group; under FSDP, then summed over the shard group (each rank its
-// pieces).
+// experts summed over the EP group (with etp = tp, their TP slices then over the group too);
+// under FSDP, then summed over the shard group (each rank its pieces). Under FSDP every rank of
+// a replica's shard and TP groups holds its own piece of the experts (EP is carved out of them):
+// summed as the TP-cut tensors.
 static int grad_sq(trainer *t, double *sq, ct_error *err) {
     double part[3] = {0, 0, 0}; // sharded, whole, experts
     each_grad_range(t, add_squares, part);
-    if (dist_sum(t->strat.tp.group, part[0], &part[0], "the gradient norm", err) != 0) return -1;
-    if (t->ep > 1 && dist_sum(&t->ep_group, part[2], &part[2], "the gradient norm", err) != 0)
+    if (t->ep > 1 && !fsdp_on(t) &&
+        dist_sum(&t->ep_group, part[2], &part[2], "the gradient norm", err) != 0)
         return -1;
+    if (t->etp > 1 || fsdp_on(t)) part[0] += part[2], part[2] = 0;
+    if (dist_sum(t->strat.tp.group, part[0], &part[0], "the gradient norm", err) != 0) return -1;
     *sq = part[0] + part[1] + part[2];
     if (fsdp_on(t)) return dist_sum(&t->strat.fsdp.shard, *sq, sq, "the gradient norm", err);
     return 0;
@@ -633,17 +660,14 @@ typedef struct tp_export {
     const float *local;   // this rank's weights (a host view)
 } tp_export;
 
-// Every rank of the TP group: global tensor gp's slices gathered and assembled into full (all:
-// the group's slices). Under EP (the exporting group: the first EP group) an expert comes whole
-// from its owner, and the rest from the first TP group's slices while the other ranks wait.
-int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
-                       float *full, ct_error *err) {
+// Every rank of this TP group: global tensor gp's slices gathered and assembled into full (all:
+// the group's slices).
+static int assemble(trainer *t, const float *local, const qwen3_param *gp, float *all, float *full,
+                    ct_error *err) {
     const qwen3_param *p = qwen3_find_param(&t->model, gp->name);
     dist *grp = t->strat.tp.group;
     const int P = grp->size;
     const qwen3_tp_cut cut = cut_of(t, gp->name);
-    if (cut == QWEN3_TP_EXPERT) return strategy_ep_fetch_expert(t, gp, local, full, err);
-    if (t->ep > 1 && t->ep_group.rank >= P) return 0;
     if (!p) return ct_fail(err, "TP export: %s is not in this rank's model", gp->name);
     if (dist_allgather(grp, local + p->offset, all, (int)(p->numel * sizeof(float)),
                        "the TP export", err) != 0)
@@ -666,6 +690,24 @@ int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, fl
     return 0;
 }
 
+// Every rank of the TP group: global tensor gp assembled into full. Under EP (the exporting
+// group: the first EP block) an expert comes whole from its owner (with etp = tp assembled by
+// the owner's TP group, then sent from its TP rank 0), and the rest from the first TP group's
+// slices while the other ranks wait.
+int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
+                       float *full, ct_error *err) {
+    if (cut_of(t, gp->name) == QWEN3_TP_EXPERT)
+        return strategy_ep_fetch_expert(t, gp, local, full, err);
+    if (ep_expert(t, gp->name)) {
+        const int owner = strategy_ep_owner(t, gp->name);
+        if (t->ep_group.rank == owner && assemble(t, local, gp, all, full, err) != 0) return -1;
+        return dist_bcast(ep_block(t), full, gp->numel * sizeof(float), owner * t->tp,
+                          "the EP export's expert", err);
+    }
+    if (t->ep > 1 && ep_block(t)->rank >= t->strat.tp.group->size) return 0;
+    return assemble(t, local, gp, all, full, err);
+}
+
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
     tp_export *x = ctx;
     return strategy_tp_gather(x->t, x->local, &x->g->params[i], x->all, x->full, err);
@@ -674,7 +716,7 @@ static int fetch_tensor(void *ctx, int i, ct_error *err) {
 // The weights as one HF folder in dir (world rank 0 writes; every rank takes part).
 static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     qwen3_model *m = &t->model, g;
-    dist *grp = t->ep > 1 ? &t->ep_group : t->strat.tp.group;
+    dist *grp = t->ep > 1 ? ep_block(t) : t->strat.tp.group;
     const bool first = t->ep > 1 ? t->erep_group.rank == 0 : t->d->rank == 0;
     // The local model: the weights themselves, or under FSDP assembled from the shard group's
     // pieces, a collective over t->d, before the other replicas leave (they hold the same).

@@ -37,13 +37,15 @@ typedef struct trainer {
     int cp;                  // parallelism.context_parallel_degree
     context_parallel cpx;    // under CP (cp > 1): its group and the model's hook
     int ep;                  // parallelism.expert_parallel_degree
-    // The TP degree of each expert's projections: tp without EP, 1 under EP (its
-    // expert_tensor_parallel_degree; etp = tp with EP is refused for now).
+    // The TP degree of each expert's projections: tp without EP, under EP its
+    // expert_tensor_parallel_degree (1: experts whole, or tp: cut as a dense MLP, "ETP").
     int etp;
-    // Under EP: this rank's EP group (ep consecutive data-parallel ranks; under TP, ep consecutive
-    // ranks of the world, TP groups whole) and the ranks holding the same experts (one per EP
-    // group).
-    dist ep_group, erep_group;
+    // Under EP: this rank's EP group (ep consecutive data-parallel ranks; under TP with etp 1, ep
+    // consecutive ranks of the world, TP groups whole) and the ranks holding the same experts (one
+    // per EP group). Under etp = tp also the EP group's block: its ranks and their TP peers, the
+    // ep x tp consecutive world ranks that hold one copy of every expert's slices (a checkpoint's
+    // writers, the export's group).
+    dist ep_group, erep_group, eblock_group;
     // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel (and TP)
     // index (one per stage group, outermost) and this stage's ranks, which t->d is (under TP its
     // dp_group, split from them).
@@ -82,6 +84,11 @@ qwen3_batch trainer_micro_batch(const trainer *t, int a);
 
 static inline bool is_root(const trainer *t) {
     return (t->world ? t->world : t->d)->rank == 0;
+}
+// Under EP, the ranks holding one copy of every expert: the EP group, or under etp = tp its
+// block (with the TP peers). A checkpoint's writers (shard q: block rank q), the export's group.
+static inline dist *ep_block(trainer *t) {
+    return t->etp > 1 ? &t->eblock_group : &t->ep_group;
 }
 // AdamW decays the tensor (buffers are not trained).
 static inline bool trainer_param_decays(const trainer *t, const qwen3_param *p) {

@@ -85,20 +85,9 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "reduces their gradients); use DDP or ZeRO-1",
                            t->ep, c->lora.rank);
         // With TP and expert_tensor_parallel_degree 1, torchtitan's default: the EP groups are
-        // carved out of dp_shard x tp, TP groups whole (ep a multiple of tp).
-        if (t->tp > 1 && c->parallelism.expert_tensor_parallel_degree != 1)
-            return ct_fail(err,
-                           "parallelism.expert_parallel_degree = %d with "
-                           "expert_tensor_parallel_degree = %d: experts cut by TP under EP are "
-                           "not supported yet; use expert_tensor_parallel_degree = 1",
-                           t->ep, c->parallelism.expert_tensor_parallel_degree);
-        if (t->tp > 1 && fsdp_on)
-            return ct_fail(err,
-                           "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
-                           "%d and FSDP (data_parallel_shard_degree = %d): EP x TP beside FSDP is "
-                           "not supported yet; use data_parallel_replicate_degree = %d",
-                           t->ep, t->tp, shard, P);
-        if (t->tp > 1 && (t->ep % t->tp != 0 || (P * t->tp) % t->ep != 0))
+        // carved out of dp_shard x tp, TP groups whole (ep a multiple of tp). With etp = tp, out
+        // of the data-parallel ranks of one TP rank (checked below), each expert cut by TP.
+        if (t->tp > 1 && t->etp == 1 && (t->ep % t->tp != 0 || (P * t->tp) % t->ep != 0))
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d with tensor_parallel_degree = "
                            "%d: expected a multiple of tp that divides the %d ranks",
@@ -111,13 +100,18 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "= \"zero1\": EP beside ZeRO-1 is not supported; use \"fsdp\" or "
                            "data_parallel_replicate_degree = %d",
                            t->ep, P);
-        if (fsdp_on && shard % t->ep != 0)
+        // Under TP with etp 1, out of the FSDP ranks x tp.
+        const int carve = t->etp == 1 ? t->tp : 1;
+        if (fsdp_on && (shard * carve) % t->ep != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide "
-                           "data_parallel_shard_degree%s = %d (EP is carved out of the FSDP ranks)",
-                           t->ep, t->cp > 1 ? " * context_parallel_degree" : "", shard);
+                           "data_parallel_shard_degree%s%s = %d (EP is carved out of the FSDP "
+                           "ranks%s)",
+                           t->ep, t->cp > 1 ? " * context_parallel_degree" : "",
+                           carve > 1 ? " * tensor_parallel_degree" : "", shard * carve,
+                           carve > 1 ? " and the TP ranks" : "");
         // The CP ranks hold tokens of their own, as the replicas do.
-        if (t->tp == 1 && t->d->size % t->ep != 0)
+        if (t->etp == t->tp && t->d->size % t->ep != 0)
             return ct_fail(err,
                            "parallelism.expert_parallel_degree = %d does not divide the %d "
                            "data-parallel ranks",
@@ -425,8 +419,9 @@ static int setup_moe(trainer *t, ct_error *err) {
     t->aux_free = strcmp(lb, "aux_free") == 0;
     // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
     const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
-    // Under EP with TP every rank routes its own sequence shard: the statistics span the world.
-    dist *over = t->ep > 1 && t->tp > 1 ? t->world : t->d;
+    // Under EP with TP and etp 1 every rank routes its own sequence shard: the statistics span
+    // the world (with etp = tp the TP ranks route the same gathered rows, as TP alone).
+    dist *over = t->ep > 1 && t->tp > 1 && t->etp == 1 ? t->world : t->d;
     if (moe_balance_init(&t->moe, m, over->size, moe_sum_ranks, over, aux_scale, err) != 0)
         return -1;
     fprintf(t->log,
@@ -484,11 +479,12 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
 }
 
 // Expert parallelism: EP groups of ep consecutive data-parallel ranks (t->d's order: replicate,
-// shard, cp; under TP, of the world's ranks, TP innermost), and across them the ranks that hold
-// the same experts. This rank's local model holds experts [rank * E/ep, (rank + 1) * E/ep) of
-// every sparse layer.
+// shard, cp; under TP with etp 1, of the world's ranks, TP innermost; with etp = tp, of this TP
+// rank's data-parallel ranks, and the blocks of ep x tp world ranks), and across them the ranks
+// that hold the same experts. This rank's local model holds experts [rank * E/ep,
+// (rank + 1) * E/ep) of every sparse layer.
 static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
-    dist *from = t->tp > 1 ? t->world : t->d;
+    dist *from = t->tp > 1 && t->etp == 1 ? t->world : t->d;
     const int ep = t->ep, r = from->rank, E = mc->num_experts;
     if (E == 0)
         return ct_fail(err, "parallelism.expert_parallel_degree = %d: the model has no experts "
@@ -500,6 +496,9 @@ static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
                        ep, E);
     if (dist_split(from, r / ep, r % ep, &t->ep_group, err) != 0 ||
         dist_split(from, r % ep, r / ep, &t->erep_group, err) != 0)
+        return -1;
+    const int block = ep * t->tp, w = t->world->rank; // etp = tp: TP innermost in the world
+    if (t->etp > 1 && dist_split(t->world, w / block, w % block, &t->eblock_group, err) != 0)
         return -1;
     mc->local_experts = E / ep;
     mc->expert_lo = t->ep_group.rank * mc->local_experts;
@@ -737,6 +736,7 @@ void trainer_free(trainer *t) {
         dist_group_free(&t->pp_group);
     }
     if (t->ep > 1) {
+        if (t->etp > 1) dist_group_free(&t->eblock_group);
         dist_group_free(&t->erep_group);
         dist_group_free(&t->ep_group);
     }
