@@ -161,9 +161,12 @@ MODEL_SPECS = {
     # bench/train.py's moe config: the debugmodel_moe flavor as it is (hidden 128, 4 layers,
     # 8 experts top-2 of width 128, untied, the real vocabulary, HF's aux loss)
     "moe": dict(flavor="debugmodel_moe"),
-    # balanced stages for the bubble: 6 layers of hidden 256, a small untied head
-    "pp_bal": dict(n_layers=6, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=1024,
-                   vocab_size=SMALL_VOCAB, tie_embeddings="false"),
+    # stages balanced by cost for the bubble: 7 layers of hidden 256 (2.1 MFLOP a token each,
+    # forward, attention at seq 256 included) and an untied head of vocabulary 4096 (2.1 MFLOP
+    # a token): with PP_COST's split every stage computes alike (PP=2: 4 layers | 3 and the
+    # head; PP=4: 2 | 2 | 2 | 1 and the head)
+    "pp_bal": dict(n_layers=7, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=1024,
+                   vocab_size=4096, tie_embeddings="false"),
     # weights dominate: bench/dp.py's state model cut to 16 layers (369M parameters, 5.5 GiB of
     # fp32 weights, gradients and AdamW moments in one process; ~20 MB of activations at seq 32)
     "pp_state": dict(dp.STATE, n_layers=16),
@@ -185,10 +188,16 @@ def ep(n):
     return {"parallelism.expert_parallel_degree": str(n)}
 
 
-def pp(n, schedule="1F1B"):
+def pp(n, schedule="1F1B", extra=None):
     return {"parallelism.pipeline_parallel_degree": str(n),
             "parallelism.pipeline_parallel_schedule": schedule,
-            "parallelism.pipeline_parallel_microbatch_size": "1"}
+            "parallelism.pipeline_parallel_microbatch_size": "1", **(extra or {})}
+
+
+# torchtitan's split knobs set for cost: the embedding is a lookup (no layer's worth of work on
+# the first stage), the head one layer's FLOPs (pp_bal's vocabulary makes it so)
+PP_COST = {"parallelism.pipeline_parallel_first_stage_less_layers": "0",
+           "parallelism.pipeline_parallel_last_stage_less_layers": "1"}
 
 
 # mode -> runs: (name, model, ranks, threads per rank, seq_len, local batch, global batch, steps,
@@ -209,9 +218,9 @@ MODES = {
     ],
     "pp": [
         ("bal_np1", "pp_bal", 1, 2, 256, 1, 8, 2, {}, None),
-        ("bal_pp2_1f1b", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2), None),
-        ("bal_pp2_gpipe", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2, "GPipe"), None),
-        ("bal_pp4_1f1b", "pp_bal", 4, 1, 256, 8, 8, 8, pp(4), None),
+        ("bal_pp2_1f1b", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2, "1F1B", PP_COST), None),
+        ("bal_pp2_gpipe", "pp_bal", 2, 1, 256, 8, 8, 8, pp(2, "GPipe", PP_COST), None),
+        ("bal_pp4_1f1b", "pp_bal", 4, 1, 256, 8, 8, 8, pp(4, "1F1B", PP_COST), None),
         ("state_np1", "pp_state", 1, 2, 32, 1, 4, 2, {}, None),
         ("state_pp2", "pp_state", 2, 1, 32, 4, 4, 2, pp(2), None),
         ("state_fsdp2", "pp_state", 2, 1, 32, 1, 4, 2, dp.FSDP, None),
@@ -350,6 +359,11 @@ def summary(mode, runs, pairs):
     return out
 
 
+def vocabs(specs):
+    """Every vocabulary size the models use: each gets its own token file."""
+    return sorted({spec.get("vocab_size", dp.VOCAB) for spec in specs.values()})
+
+
 def run_mode(args):
     runs_spec = MODES[args.mode]
     if args.runs:
@@ -357,7 +371,7 @@ def run_mode(args):
     specs = QUICK_SPECS if args.quick else MODEL_SPECS
     if args.dry_run:
         for run in runs_spec:
-            one_run(run, args, specs, {dp.VOCAB: "TOKENS.npy", SMALL_VOCAB: "TOKENS.npy"},
+            one_run(run, args, specs, {v: "TOKENS.npy" for v in vocabs(specs)},
                     args.work or "WORK")
         return
     if shutil.which("mpirun") is None:
@@ -370,7 +384,7 @@ def run_mode(args):
     runs, pairs = {}, {}
     try:
         tokens = {}
-        for v in (dp.VOCAB, SMALL_VOCAB):
+        for v in vocabs(specs):
             tokens[v] = os.path.join(work, f"tokens{v}.npy")
             np.save(tokens[v], np.random.default_rng(0).integers(0, v, 2_000_000).astype(np.int32))
         for run in runs_spec:  # memory and bytes first: they do not depend on the load

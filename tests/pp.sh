@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
-# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
+# (4 micro-batches), PP=4 (np 4), PP=2 x DDP=2 (np 4), HF's aux loss over a dense and a sparse
+# stage, PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
 # for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE), a
 # MoE model (the aux-loss-free bias),
@@ -158,7 +159,25 @@ moe=(--model.flavor debugmodel_moe --model.load_balance aux_free --model.load_ba
 check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
 check "pp2 moe" pp 2 "$tmp/pp2_moe" "${moe[@]}"
 check "pp2 moe = np1" agree "$tmp/pp2_moe" "$tmp/np1_moe" "${tol[@]}"
-rm -rf "$tmp/np1_moe/hf"
+# HF's aux loss in the loss, on a mixed model whose first stage is dense (tests/ep_craft.py:
+# layer 0 dense, layer 1 sparse): each micro-batch's routing sums travel with it to the last
+# stage, which sums them over the ranks and sends the whole model's back with the gradients.
+# Against one process accumulating the same 4 micro-batches (HF's aux is per forward): the same
+# bits (measured: loss 0, grad norm 8.8e-16, weights 0).
+"$CTITAN_PYTHON" "$(dirname "$0")/ep_craft.py" "$tmp/np1_moe/hf" "$tmp/mixed_hf" mixed ||
+  bad "ep_craft.py mixed"
+hfaux() {
+  local np=$1 dump=$2; shift 2
+  text_train "$np" "$dump" training.local_batch_size=4 training.global_batch_size=4 \
+    checkpoint.enable=false checkpoint.last_save_in_hf=true model.backend=hf \
+    model.hf_path="$tmp/mixed_hf" model.n_layers=0 model.load_balance=hf \
+    model.output_router_logits=true model.router_aux_loss_coef=0.1 -- "$@"
+}
+check "np1 mixed hf aux, 4 micro-batches" hfaux 1 "$tmp/np1_aux" --training.local_batch_size 1
+check "pp2 mixed hf aux" hfaux 2 "$tmp/pp2_aux" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_microbatch_size 1
+check "pp2 mixed hf aux = np1" agree "$tmp/pp2_aux" "$tmp/np1_aux" 0 1e-14 0
+rm -rf "$tmp/np1_moe/hf" "$tmp/np1_aux/hf" "$tmp/mixed_hf"
 # PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
 # rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In
 # bf16 against one process in bf16: TP's difference (its partial sums reduced in fp32 and rounded

@@ -34,8 +34,10 @@ int moe_balance_init(moe_balance *b, qwen3_model *m, int ranks, moe_balance_sum_
     b->balance = calloc((size_t)b->n_sparse, sizeof *b->balance);
     b->scratch = calloc((2 * n + 1) * (size_t)(ranks > 1 ? ranks : 1), sizeof *b->scratch);
     b->dprob = calloc((size_t)b->E, sizeof *b->dprob);
+    b->sums = calloc(MOE_SUMS(b->E), sizeof *b->sums);
     b->bias_delta = calloc(n, sizeof *b->bias_delta);
-    if (!b->stats || !b->step_load || !b->balance || !b->scratch || !b->dprob || !b->bias_delta) {
+    if (!b->stats || !b->step_load || !b->balance || !b->scratch || !b->dprob || !b->sums ||
+        !b->bias_delta) {
         moe_balance_free(b);
         return ct_fail(err, "out of memory for the MoE routing statistics");
     }
@@ -58,6 +60,7 @@ void moe_balance_free(moe_balance *b) {
     free(b->balance);
     free(b->scratch);
     free(b->dprob);
+    free(b->sums);
     free(b->bias_delta);
     *b = (moe_balance){0};
 }
@@ -133,24 +136,47 @@ static double over_layers(const moe_balance *b, const double *stat, int e) {
     return sum;
 }
 
-double moe_balance_aux(const moe_balance *b) {
-    if (b->n_sparse == 0) return 0.0;
-    const size_t n = stat_count(b);
-    const double rows = b->stats[2 * n] * b->n_sparse;
-    if (rows <= 0) return 0.0;
+double moe_balance_aux_of(int E, const double *sums) {
+    const double rows = sums[2 * E];
+    if (!(rows > 0)) return 0.0;
     double sum = 0;
-    for (int e = 0; e < b->E; e++)
-        sum += over_layers(b, b->stats, e) * over_layers(b, b->stats + n, e);
-    return b->E * sum / (rows * rows);
+    for (int e = 0; e < E; e++) sum += sums[e] * sums[E + e];
+    return E * sum / (rows * rows);
+}
+
+double moe_balance_aux(const moe_balance *b) {
+    return b->n_sparse ? moe_balance_aux_of(b->E, b->whole ? b->whole : b->sums) : 0.0;
+}
+
+void moe_balance_add_sums(moe_balance *b, double *sums) {
+    if (b->n_sparse == 0) return;
+    const size_t n = stat_count(b);
+    ct_backend *be = b->m->be;
+    double *raw = b->scratch; // (2n + 1) at least
+    be->read(be, raw, b->load, n * sizeof *raw);
+    be->read(be, raw + n, b->prob, n * sizeof *raw);
+    for (int e = 0; e < b->E; e++) {
+        sums[e] += over_layers(b, raw, e);
+        sums[b->E + e] += over_layers(b, raw + n, e);
+    }
+    sums[2 * b->E] += b->tokens * b->n_sparse;
 }
 
 // The last forward's statistics, read and summed over the ranks (the step's loads grow by
 // them). 0, or -1 with b->failed set.
 static int take_forward(moe_balance *b) {
     collect(b);
-    if (reduce(b) == 0) return 0;
-    b->failed = 1;
-    return -1;
+    if (reduce(b) != 0) {
+        b->failed = 1;
+        return -1;
+    }
+    const size_t n = stat_count(b);
+    for (int e = 0; e < b->E; e++) {
+        b->sums[e] = over_layers(b, b->stats, e);
+        b->sums[b->E + e] = over_layers(b, b->stats + n, e);
+    }
+    b->sums[2 * b->E] = b->stats[2 * n] * b->n_sparse;
+    return 0;
 }
 
 int moe_balance_forward_end(moe_balance *b, ct_error *err) {
@@ -161,12 +187,12 @@ int moe_balance_forward_end(moe_balance *b, ct_error *err) {
 const float *moe_balance_backward_begin(moe_balance *b) {
     if (b->n_sparse == 0 || take_forward(b) != 0) return NULL;
     const int E = b->E;
-    const double rows = b->stats[2 * stat_count(b)] * b->n_sparse;
+    const double *sums = b->whole ? b->whole : b->sums;
+    const double rows = sums[2 * E];
     if (b->aux_scale == 0.0f || !(rows > 0)) return NULL;
     // d aux / d probs[n, e] = E * load_e / rows^2 for every token of every sparse layer: the
     // one-hot counts are constants, as in HF.
-    for (int e = 0; e < E; e++)
-        b->dprob[e] = (float)(b->aux_scale * E * over_layers(b, b->stats, e) / (rows * rows));
+    for (int e = 0; e < E; e++) b->dprob[e] = (float)(b->aux_scale * E * sums[e] / (rows * rows));
     return b->dprob;
 }
 

@@ -53,6 +53,7 @@ typedef struct moe_balance {
     double *balance;   // (n_sparse) max load / mean load per layer of the last ended step
     double *scratch;   // for moe_balance_sum_fn: (2n + 1) * ranks
     float *dprob;      // (E) the aux gradient per router probability, before it goes to the model
+    double *sums;       // (MOE_SUMS(E)) the last reduced micro-batch's, over its sparse layers
     float *bias_delta; // (n) the expert-bias update, before it goes to the model
     // Optional: where the update goes instead of the model's expert_bias (FSDP, whose ranks
     // each hold a piece of the weights): add_bias(ctx, bias_delta), once per update.
@@ -62,7 +63,18 @@ typedef struct moe_balance {
     // are the pair moe_balance_use_set chose. 0: one pair.
     int n_sets;
     double **set_load, **set_prob;
+    // Pipeline parallelism, where a stage's model holds some of the sparse layers: the whole
+    // model's sums of the next backward's micro-batch (MOE_SUMS(E) doubles, every stage's and
+    // rank's, moe_balance_add_sums; NULL: this model's own), for its aux gradient and aux.
+    const double *whole;
 } moe_balance;
+
+// The routing statistics summed over sparse layers (HF's load_balancing_loss_func concatenates
+// every layer's router logits): per expert e, sums[e] the top-K counts and sums[E + e] the
+// router probabilities; sums[2E] the rows they count (tokens times layers).
+#define MOE_SUMS(E) (2 * (size_t)(E) + 1)
+// HF's aux of such sums: E * sum_e sums[e] * sums[E + e] / rows^2 (0 without rows).
+double moe_balance_aux_of(int E, const double *sums);
 
 // Sized for m's sparse layers and a reduction over `ranks` processes through `sum` (NULL: one
 // process), and attached to m (m->balance): from its next forward on, m counts its routing
@@ -93,8 +105,12 @@ int moe_balance_forward_end(moe_balance *b, ct_error *err);
 // 0, or -1 and err set when a backward's sum over ranks failed (the failure is then cleared).
 int moe_balance_status(moe_balance *b, ct_error *err);
 
+// Pipeline parallelism: adds the last forward's statistics (this rank's, before any sum over
+// ranks), summed over this model's sparse layers, to sums (MOE_SUMS(E) doubles). Nothing when
+// the model is dense.
+void moe_balance_add_sums(moe_balance *b, double *sums);
 // HF's load-balancing statistic over every sparse layer's router, from the statistics the last
-// backward reduced:
+// backward reduced (or b->whole's):
 //   aux = E * sum_{j,e} f[j,e] * p[e] = E * sum_e load_e * prob_e / rows^2,
 // load_e and prob_e summed over the sparse layers, rows = tokens * n_sparse. 0 when dense.
 double moe_balance_aux(const moe_balance *b);

@@ -187,7 +187,13 @@ typedef struct strategy_pp_state {
     pp_action *actions;
     int n_actions;
     float **in, **dout, **out, **din;
-    ct_request **req; // 4 * v * m: in, dout, out, din
+    ct_request **req; // 8 * v * m: in, dout, out, din, then the same four of sums
+    // MoE: each micro-batch's routing statistics summed over sparse layers (MOE_SUMS(E) doubles;
+    // 0 when dense) travel with it: forward, the stages' so far (this rank's); from the last
+    // stage back, the whole model's over every rank, which the stage's backward differentiates
+    // HF's aux with. Per (k, i) as above, on the backend, and one host copy.
+    int n_sums;
+    double **sums_in, **sums_dout, **sums_out, **sums_din, *sums, *sums_scratch;
     double bytes;     // payload sent to other stages since setup
     // The activation sets (pp_schedule_in_flight of the actions): a forward takes a free one
     // (free_sets, a stack of n_free), its backward reads it and gives it back; set_of[k m + i]

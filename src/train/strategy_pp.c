@@ -6,7 +6,8 @@
 // many activation sets as the rank's actions ever hold forwards whose backward has not run
 // (pp_schedule_in_flight: 1F1B min(m, S - s), GPipe m); a forward takes a free set, its backward
 // reads that set and frees it, so nothing is recomputed. Under TP each set has its own TP
-// buffers and under MoE its own routing statistics. The last stage's loss is the summed
+// buffers and under MoE its own routing statistics, whose sums over the sparse layers travel with
+// the micro-batch (the whole model's come back with its gradients, for HF's aux). The last stage's loss is the summed
 // cross-entropy over the step's global valid-target count, so the gradients are one process's.
 // DDP (strategy_replicate) runs over the stage's data-parallel ranks, or FSDP/HSDP (each stage's
 // local model sharded over its dp_shard ranks, as torchtitan's mesh: pp outermost). Under FSDP a
@@ -93,9 +94,12 @@ static int setup(trainer *t, ct_error *err) {
     p->actions = calloc((size_t)p->n_actions, sizeof *p->actions);
     const int n = p->v * p->m;
     p->in = calloc(4 * (size_t)n, sizeof *p->in);
-    p->req = calloc(4 * (size_t)n, sizeof *p->req);
-    if (!p->actions || !p->in || !p->req) return ct_fail(err, "PP: out of memory");
+    p->req = calloc(8 * (size_t)n, sizeof *p->req);
+    p->sums_in = calloc(4 * (size_t)n, sizeof *p->sums_in);
+    if (!p->actions || !p->in || !p->req || !p->sums_in) return ct_fail(err, "PP: out of memory");
     p->dout = p->in + n, p->out = p->in + 2 * n, p->din = p->in + 3 * n;
+    p->sums_dout = p->sums_in + n, p->sums_out = p->sums_in + 2 * n;
+    p->sums_din = p->sums_in + 3 * n;
     if (pp_schedule_actions(p->kind, p->group->size, p->group->rank, p->S, p->m, p->actions,
                             err) != 0 ||
         make_sets(t, err) != 0)
@@ -105,6 +109,17 @@ static int setup(trainer *t, ct_error *err) {
         if (!(p->in[i] = be->alloc(be, rows_floats(t) * sizeof(float), "a stage's activations",
                                    err)))
             return -1;
+    const int E = t->model.cfg.num_experts;
+    p->n_sums = E > 0 ? (int)MOE_SUMS(E) : 0;
+    if (p->n_sums) {
+        p->sums = calloc((size_t)p->n_sums, sizeof *p->sums);
+        p->sums_scratch = calloc((size_t)p->n_sums * t->moe_ranks->size, sizeof *p->sums_scratch);
+        if (!p->sums || !p->sums_scratch) return ct_fail(err, "PP: out of memory");
+        for (int i = 0; i < 4 * n; i++)
+            if (!(p->sums_in[i] = be->alloc(be, (size_t)p->n_sums * sizeof(double),
+                                            "a stage's MoE statistics", err)))
+                return -1;
+    }
     fprintf(t->log, "pipeline: %d stages, %d per rank, %d micro-batches of %d per step; rank 0 "
                     "holds",
             p->S, p->v, p->m, t->B);
@@ -124,7 +139,13 @@ static void free_(trainer *t) {
     ct_backend *be = t->model.be;
     for (int i = 0; p->in && i < 4 * p->v * p->m; i++)
         if (p->in[i]) be->free(be, p->in[i]);
+    for (int i = 0; p->sums_in && i < 4 * p->v * p->m; i++)
+        if (p->sums_in[i]) be->free(be, p->sums_in[i]);
     free(p->in);
+    free(p->sums_in);
+    free(p->sums);
+    free(p->sums_scratch);
+    p->sums_in = NULL, p->sums = p->sums_scratch = NULL;
     free(p->req);
     free(p->actions);
     for (int j = 1; p->tps && j < p->n_sets; j++) strategy_tp_buffers_free(t, &p->tps[j]);
@@ -387,6 +408,10 @@ static int load_sharded(trainer *t, const char *dir, ct_error *err) {
 static int tag_of(const strategy_pp_state *p, int g, int i, bool grad) {
     return PP_TAG + 2 * (g * p->m + i) + grad;
 }
+// The MoE sums that go with it: above every activation's tag.
+static int sums_tag(const strategy_pp_state *p, int g, int i, bool grad) {
+    return tag_of(p, g, i, grad) + 2 * p->S * p->m;
+}
 
 static int wait_one(trainer *t, ct_request **req, const char *what, int g, int i, ct_error *err) {
     char name[160];
@@ -410,6 +435,15 @@ static int post_receives(trainer *t, ct_error *err) {
             if (g < p->S - 1 && be->comm_recv(be, &c, p->dout[at], n, CT_COMM_F32, (g + 1) % P,
                                               tag_of(p, g, i, true), &p->req[V + at], err) != 0)
                 return -1;
+            const int sb = p->n_sums * (int)sizeof(double);
+            if (p->n_sums && g > 0 &&
+                be->comm_recv(be, &c, p->sums_in[at], sb, CT_COMM_BYTE, (g - 1) % P,
+                              sums_tag(p, g, i, false), &p->req[4 * V + at], err) != 0)
+                return -1;
+            if (p->n_sums && g < p->S - 1 &&
+                be->comm_recv(be, &c, p->sums_dout[at], sb, CT_COMM_BYTE, (g + 1) % P,
+                              sums_tag(p, g, i, true), &p->req[5 * V + at], err) != 0)
+                return -1;
         }
     }
     return 0;
@@ -425,6 +459,63 @@ static int send_rows(trainer *t, float *buf, const float *src, int g, int tag, c
     be->copy(be, buf, src, n * sizeof(float));
     p->bytes += (double)n * sizeof(float);
     return be->comm_send(be, &c, buf, (int)n, CT_COMM_F32, g % p->group->size, tag, req, err);
+}
+
+// MoE, after stage g's forward of micro-batch i (at = k m + i): the sums so far (the previous
+// stage's, received) plus this stage's layers', kept (the last stage) or sent on.
+static int forward_sums(trainer *t, int g, int i, int at, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    const size_t bytes = (size_t)p->n_sums * sizeof(double);
+    const int V = p->v * p->m;
+    if (g == 0)
+        memset(p->sums, 0, bytes);
+    else if (wait_one(t, &p->req[4 * V + at], "the MoE statistics", g, i, err) != 0)
+        return -1;
+    else
+        be->read(be, p->sums, p->sums_in[at], bytes);
+    moe_balance_add_sums(&t->moe, p->sums);
+    be->write(be, p->sums_out[at], p->sums, bytes);
+    if (g == p->S - 1) return 0;
+    const ct_comm c = dist_comm(p->group);
+    return be->comm_send(be, &c, p->sums_out[at], (int)bytes, CT_COMM_BYTE, (g + 1) % p->group->size,
+                         sums_tag(p, g + 1, i, false), &p->req[6 * V + at], err);
+}
+
+// MoE, before stage g's backward of micro-batch i: the whole model's sums over every rank into
+// p->sums, which the backward's aux gradient reads: the last stage sums its over the ranks, the
+// others receive them from the next stage.
+static int whole_sums(trainer *t, int g, int i, int at, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    const size_t bytes = (size_t)p->n_sums * sizeof(double);
+    const int V = p->v * p->m;
+    if (g == p->S - 1) {
+        be->read(be, p->sums, p->sums_out[at], bytes);
+        if (dist_sum_array(t->moe_ranks, p->sums, p->n_sums, p->sums_scratch,
+                           "the MoE statistics over the ranks", err) != 0)
+            return -1;
+    } else {
+        if (wait_one(t, &p->req[5 * V + at], "the whole model's MoE statistics", g, i, err) != 0)
+            return -1;
+        be->read(be, p->sums, p->sums_dout[at], bytes);
+    }
+    t->moe.whole = p->sums;
+    return 0;
+}
+
+// After the backward: the same sums to the previous stage.
+static int backward_sums(trainer *t, int g, int i, int at, ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    ct_backend *be = t->model.be;
+    const size_t bytes = (size_t)p->n_sums * sizeof(double);
+    const int V = p->v * p->m;
+    t->moe.whole = NULL;
+    if (g == 0) return 0;
+    be->write(be, p->sums_din[at], p->sums, bytes);
+    const ct_comm c = dist_comm(p->group);
+    return be->comm_send(be, &c, p->sums_din[at], (int)bytes, CT_COMM_BYTE, (g - 1) % p->group->size,
+                         sums_tag(p, g - 1, i, true), &p->req[7 * V + at], err);
 }
 
 // The schedule's order, one line per action ("F stage mb" / "B stage mb"), for the tests: the
@@ -479,6 +570,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
             }
             use_set(t, p->set_of[at] = p->free_sets[--p->n_free]);
             const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
+            if (p->n_sums && (rc = forward_sums(t, g, i, at, err)) != 0) break;
             if (g == p->S - 1) loss += l;
             else
                 rc = send_rows(t, p->out[at], qwen3_stage_output(m, p->l1[k]), g + 1,
@@ -490,18 +582,25 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
         use_set(t, p->set_of[at]); // the activations its forward kept
         if (g < p->S - 1 && (rc = wait_one(t, &p->req[V + at], "the output's gradient", g, i, err)))
             break;
+        if (p->n_sums && (rc = whole_sums(t, g, i, at, err)) != 0) break;
         qwen3_stage_backward(m, p->l0[k], p->l1[k], p->dout[at], scale);
         p->free_sets[p->n_free++] = p->set_of[at];
         if ((rc = moe_balance_status(&t->moe, err)) != 0) break;
-        *aux_sum += moe_balance_aux(&t->moe);
+        // HF's aux of the micro-batch, once: the last stage's, from the whole model's sums.
+        if (p->n_sums && g == p->S - 1) *aux_sum += moe_balance_aux_of(m->cfg.num_experts, p->sums);
+        if (p->n_sums && (rc = backward_sums(t, g, i, at, err)) != 0) break;
         if (g > 0)
             rc = send_rows(t, p->din[at], qwen3_stage_dinput(m), g - 1, tag_of(p, g - 1, i, true),
                            &p->req[3 * V + at], err);
     }
     if (trace) fclose(trace);
     use_set(t, 0);
+    t->moe.whole = NULL;
     if (rc == 0)
         rc = dist_wait_requests(p->group, m->be, p->req + 2 * V, 2 * V, "pipeline: the sends", err);
+    if (rc == 0 && p->n_sums)
+        rc = dist_wait_requests(p->group, m->be, p->req + 6 * V, 2 * V,
+                                "pipeline: the MoE statistics' sends", err);
     if (rc != 0) return -1;
     // The loss: the last stage's, on every stage's line.
     if (dist_sum(p->group, loss, loss_sum, "the step's loss over the stages", err) != 0 ||

@@ -77,6 +77,7 @@ typedef struct trainer {
     moe_balance moe;  // MoE: the routing statistics, the aux loss, the expert bias
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
     bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
+    dist *moe_ranks;  // the ranks the routing statistics are summed over
 } trainer;
 
 // Micro-batch a (from 0) of this rank's samples of the step, as the model takes it.

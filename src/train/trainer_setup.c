@@ -412,16 +412,18 @@ static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_erro
 // model.
 static int setup_moe(trainer *t, ct_error *err) {
     qwen3_model *m = &t->model;
-    if (m->n_sparse == 0) return 0;
     const qwen3_config *mc = &m->cfg;
     const char *lb = t->cfg->model.load_balance;
-    t->aux_in_loss = strcmp(lb, "hf") == 0 && mc->output_router_logits;
-    t->aux_free = strcmp(lb, "aux_free") == 0;
-    // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
-    const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
+    // Every rank alike, a pipeline stage without sparse layers too (the loss adds the aux).
+    t->aux_in_loss = mc->num_experts > 0 && strcmp(lb, "hf") == 0 && mc->output_router_logits;
+    t->aux_free = mc->num_experts > 0 && strcmp(lb, "aux_free") == 0;
     // Under EP with TP and etp 1 every rank routes its own sequence shard: the statistics span
     // the world (with etp = tp the TP ranks route the same gathered rows, as TP alone).
-    dist *over = t->ep > 1 && t->tp > 1 && t->etp == 1 ? t->world : t->d;
+    t->moe_ranks = t->ep > 1 && t->tp > 1 && t->etp == 1 ? t->world : t->d;
+    if (m->n_sparse == 0) return 0;
+    // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
+    const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
+    dist *over = t->moe_ranks;
     if (moe_balance_init(&t->moe, m, over->size, moe_sum_ranks, over, aux_scale, err) != 0)
         return -1;
     fprintf(t->log,
@@ -539,13 +541,6 @@ static int pp_local_config(trainer *t, qwen3_config *mc, ct_error *err) {
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with tied embeddings "
                        "(model.tie_embeddings): refused, as torchtitan does; untie them",
-                       t->pp);
-    if (mc->num_experts > 0 && strcmp(t->cfg->model.load_balance, "hf") == 0 &&
-        mc->output_router_logits)
-        return ct_fail(err,
-                       "parallelism.pipeline_parallel_degree = %d with model.load_balance = \"hf\" "
-                       "and output_router_logits: HF's aux loss spans every stage's layers, not "
-                       "supported yet; use load_balance = \"aux_free\" or \"none\"",
                        t->pp);
     if (pp_schedule_parse(c->pipeline_parallel_schedule, &p->kind, err) != 0 ||
         pp_split(p->stage, (int)(sizeof p->stage / sizeof p->stage[0]), &p->S,
