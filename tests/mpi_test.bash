@@ -39,6 +39,19 @@ check() { # NAME CMD...: the command succeeds
 }
 # same A B LOSS NORM WEIGHTS [STEPS]: runs A and B agree (compare_runs.py says how).
 same() { "$CTITAN_PYTHON" "$(dirname "${BASH_SOURCE[0]}")/compare_runs.py" "$@"; }
+# same_val A B TOL: the runs' validation losses (metrics.jsonl's val_loss rows), as many and each
+# within rel TOL.
+same_val() {
+  "$CTITAN_PYTHON" - "$@" <<'PY'
+import json, os, sys
+v = [[r["val_loss"] for r in map(json.loads, open(d + "/metrics.jsonl")) if "val_loss" in r]
+     for d in sys.argv[1:3]]
+worst = max(abs(a - b) / abs(b) for a, b in zip(*v)) if v[0] and len(v[0]) == len(v[1]) else 1
+print(f"{os.path.basename(sys.argv[1])} vs {os.path.basename(sys.argv[2])} validation: "
+      f"{len(v[0])} losses, rel {worst:.2e}")
+sys.exit(0 if worst <= float(sys.argv[3]) else 1)
+PY
+}
 # fails NAME PATTERN NP [--key value ...]: `run NP $tmp/NAME ...` (the test's run, exported)
 # fails on every rank, non-zero, within 60 s, its log matching PATTERN.
 fails() {

@@ -51,9 +51,16 @@ trace() {
     bad "$name rank $r trace: $(tr '\n' ' ' <"$tmp/$name.trace.$r" 2>/dev/null)"; fi
 }
 
-check "np1 (batch 4)" run 1 "$tmp/np1"
-CTITAN_PP_TRACE=$tmp/pp2.trace CTITAN_PP_IDLE=$tmp/pp2.idle check "pp2 1F1B" pp 2 "$tmp/pp2"
+# Validation (every 2 steps, 3 batches of the local batch, 4 sequences) runs each batch's
+# micro-batches forward through the stages. Measured against one process: rel 1.0e-9 (pp2
+# Interleaved1F1B), 1.2e-9 (pp2 x fsdp2); bound about 10 times that.
+val=(--validation.enable true --validation.dataset_path "$text" --validation.freq 2
+     --validation.steps 3)
+vtol=1e-8
+check "np1 (batch 4)" run 1 "$tmp/np1" "${val[@]}"
+CTITAN_PP_TRACE=$tmp/pp2.trace CTITAN_PP_IDLE=$tmp/pp2.idle check "pp2 1F1B" pp 2 "$tmp/pp2" "${val[@]}"
 check "pp2 1F1B = np1" same "$tmp/pp2" "$tmp/np1" "${tol[@]}"
+check "pp2 1F1B validation = np1" same_val "$tmp/pp2" "$tmp/np1" "$vtol"
 grep -q "^pipeline: 2 stages, 1 per rank, 4 micro-batches of 1 per step; rank 0 holds stage 0 (embedding, layers 0..0) and keeps the activations of up to 2 micro-batch(es) in flight" \
   "$tmp/pp2.log" && ok || bad "pp2 log: $(grep '^pipeline' "$tmp/pp2.log")"
 # The memory line counts each pipeline rank's activation sets (1F1B: min(m, P - stage)); the
@@ -89,10 +96,11 @@ check "pp2 x dp2 = np1" agree "$tmp/pp2dp2" "$tmp/np1" "${tol[@]}"
 # 6 layers: Interleaved1F1B (4 stages, 2 per rank: the embedding and layer 0, 1-2, 3-4, 5 and
 # the head), PP=4 1F1B on the same split, and PP=2 on an uneven split by module names
 six=(--model.n_layers 6)
-check "np1 6 layers" run 1 "$tmp/np1_6" "${six[@]}"
-CTITAN_PP_TRACE=$tmp/il.trace check "pp2 Interleaved1F1B" pp 2 "$tmp/il" "${six[@]}" \
+check "np1 6 layers" run 1 "$tmp/np1_6" "${six[@]}" "${val[@]}"
+CTITAN_PP_TRACE=$tmp/il.trace check "pp2 Interleaved1F1B" pp 2 "$tmp/il" "${six[@]}" "${val[@]}" \
   --parallelism.pipeline_parallel_schedule Interleaved1F1B
 check "pp2 Interleaved1F1B = np1" agree "$tmp/il" "$tmp/np1_6" "${tol[@]}"
+check "pp2 Interleaved1F1B validation = np1" same_val "$tmp/il" "$tmp/np1_6" "$vtol"
 # ScheduleInterleaved1F1B's order (its idle slots left out): rounds of 2 micro-batches; rank 0
 # warms up with 4 forwards, rank 1 with 2.
 trace il 0 "F 0 0" "F 0 1" "F 2 0" "F 2 1" "F 0 2" "B 2 0" "F 0 3" "B 2 1" "F 2 2" "B 0 0" \
@@ -136,10 +144,13 @@ fsdp2=(--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shar
   --training.local_batch_size 2)
 keep=(--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 2)
 il=(--parallelism.pipeline_parallel_schedule Interleaved1F1B)
-check "pp2 x fsdp2 Interleaved1F1B" pp 4 "$tmp/ppf" "${six[@]}" "${fsdp2[@]}" "${keep[@]}" "${il[@]}"
+# (validation: 6 batches of 2 over the 2 data-parallel ranks, one process's 12 sequences)
+check "pp2 x fsdp2 Interleaved1F1B" pp 4 "$tmp/ppf" "${six[@]}" "${fsdp2[@]}" "${keep[@]}" "${il[@]}" \
+  "${val[@]}" --validation.steps 6
 grep -q "FSDP over 2 ranks: .*reshard_after_forward never" "$tmp/ppf.log" && ok ||
   bad "pp2 x fsdp2: $(grep '^comm: FSDP' "$tmp/ppf.log")"
 check "pp2 x fsdp2 = np1" same "$tmp/ppf" "$tmp/np1_6" "${tol[@]}"
+check "pp2 x fsdp2 validation = np1" same_val "$tmp/ppf" "$tmp/np1_6" "$vtol"
 for to in f1 f2 fa; do
   cp -r "$tmp/ppf" "$tmp/$to" && rm -rf "$tmp/$to/checkpoint/step-4" "$tmp/$to/hf"
 done

@@ -963,8 +963,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
 }
 
 double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
-                           const float *in) {
-    return forward(m, batch, l0, l1, in, false, 0.0f, NULL);
+                           const float *in, int64_t *n_valid) {
+    return forward(m, batch, l0, l1, in, false, 0.0f, n_valid);
 }
 
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale) {

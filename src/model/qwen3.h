@@ -465,7 +465,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale);
 // that holds a rank's stages (cfg.n_parts). The forward starts at the embedding (l0 == 0 and the
 // model has it) or from `in`, the previous stage's output (N, C rows on the backend), and ends at
 // the loss (l1 == num_hidden_layers and the model has the head: the loss sum over the batch's
-// targets is returned; the head's backward is never fused into it) or at the stage's output
+// targets is returned, their count in *n_valid when not NULL; the head's backward is never fused
+// into it) or at the stage's output
 // (qwen3_stage_output(m, l1), valid until the next forward; 0 is returned). The backward, right
 // after that stage's forward, starts from loss_scale at the head or from dout (the gradient of
 // the stage's output) and ends at the embedding or at the gradient of the stage's input
@@ -473,7 +474,7 @@ void qwen3_backward(qwen3_model *m, float loss_scale);
 // Under TP with sequence parallelism (m->tp) the input, output and their gradients are this
 // rank's N / tp rows (its sequence shard), as the residual stream is.
 double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
-                           const float *in);
+                           const float *in, int64_t *n_valid);
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale);
 float *qwen3_stage_output(const qwen3_model *m, int l1);
 float *qwen3_stage_dinput(const qwen3_model *m);

@@ -65,6 +65,11 @@ typedef struct strategy_vt {
     strategy_shard (*shard)(trainer *t);
     // After the optimizer stepped the shard: the weights the model reads are current.
     int (*after_update)(trainer *t, ct_error *err);
+    // A forward without backward of validation's batch (t->val_B sequences): its summed loss and
+    // valid-target count, the same on every rank of the stage's data-parallel index (NULL: the
+    // model's qwen3_forward). PP passes it through the stages, micro-batch by micro-batch.
+    int (*eval_forward)(trainer *t, const qwen3_batch *b, double *loss, int64_t *n_valid,
+                        ct_error *err);
     // After a forward without backward (validation): what a unit kept for its backward goes.
     void (*after_eval)(trainer *t);
     // The "comm volume" line's clauses for the strategy's own payload bytes (NULL: none), per

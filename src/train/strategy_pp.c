@@ -569,7 +569,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
                 break;
             }
             use_set(t, p->set_of[at] = p->free_sets[--p->n_free]);
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at]);
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at], NULL);
             if (p->n_sums && (rc = forward_sums(t, g, i, at, err)) != 0) break;
             if (g == p->S - 1) loss += l;
             else
@@ -607,6 +607,50 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
         dist_sum(p->group, *aux_sum, aux_sum, "the MoE aux over the stages", err) != 0)
         return -1;
     idle_note(t, t0, wait0);
+    return 0;
+}
+
+// Validation's batch (t->val_B sequences) forward through the stages, t->B sequences at a time,
+// each stage waiting for its input: the last stage's loss sum and valid-target count, then
+// broadcast over the pp group. Its messages are tagged above the training step's.
+static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t *n_valid,
+                        ct_error *err) {
+    strategy_pp_state *p = &t->strat.pp;
+    qwen3_model *m = &t->model;
+    ct_backend *be = m->be;
+    const ct_comm c = dist_comm(p->group);
+    const int P = p->group->size, n = (int)rows_floats(t), tag = PP_TAG + 4 * p->S * p->m;
+    const size_t per = (size_t)t->B * t->T; // a micro-batch's tokens in the batch's buffers
+    double res[2] = {0, 0};                  // the loss sum and the count, on the last stage
+    p->group->timeout_s = t->d->timeout_s;
+    for (int j = 0; j < t->val_B / t->B; j++) {
+        const qwen3_batch mb = {.inputs = b->inputs + j * per, .targets = b->targets + j * per,
+                                .positions = b->positions ? b->positions + j * per : NULL};
+        for (int k = 0; k < p->v; k++) {
+            const int g = k * P + p->group->rank;
+            ct_request *req = NULL;
+            if (g > 0 && (be->comm_recv(be, &c, p->in[0], n, CT_COMM_F32, (g - 1) % P, tag + g,
+                                        &req, err) != 0 ||
+                          wait_one(t, &req, "validation's input", g, j, err) != 0))
+                return -1;
+            int64_t count = 0;
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], &count);
+            if (g == p->S - 1) {
+                res[0] += l, res[1] += (double)count;
+                continue;
+            }
+            be->copy(be, p->out[0], qwen3_stage_output(m, p->l1[k]), (size_t)n * sizeof(float));
+            if (be->comm_send(be, &c, p->out[0], n, CT_COMM_F32, (g + 1) % P, tag + g + 1, &req,
+                              err) != 0 ||
+                wait_one(t, &req, "validation's output", g, j, err) != 0)
+                return -1;
+        }
+    }
+    if (dist_bcast(p->group, res, sizeof res, (p->S - 1) % P, "the validation loss over the "
+                                                                 "stages", err) != 0)
+        return -1;
+    *loss = res[0];
+    *n_valid = (int64_t)res[1];
     return 0;
 }
 
@@ -743,6 +787,7 @@ const strategy_vt strategy_pp = {
     .grad_sq = grad_sq,
     .shard = shard,
     .after_update = after_update,
+    .eval_forward = eval_forward,
     .after_eval = after_eval,
     .take_comm = take_comm,
     .load_checkpoint = load_checkpoint,

@@ -64,6 +64,7 @@ typedef struct trainer {
     data_loader train_loader, val_loader;
     bool has_val;
     int B, T, accum;           // micro-batch, sequence length, micro-batches per step per rank
+    int val_B;                 // validation's batch: the local batch (PP's micro-batches' whole)
     int global_batch;          // sequences per step over all ranks: accum * B * ranks
     // (accum*B, T): this rank's samples of the step; under CP, once sharded, (accum*B, T/cp)
     int32_t *inputs, *targets;

@@ -18,7 +18,8 @@
 int trainer_validate(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     uint64_t total = t->val_loader.n_windows;
-    uint64_t batches = (total + t->B - 1) / t->B;
+    const int B = t->val_B;
+    uint64_t batches = (total + B - 1) / B;
     if (c->validation.steps > 0 && (uint64_t)c->validation.steps < batches)
         batches = (uint64_t)c->validation.steps;
     double sum = 0, valid = 0;
@@ -30,8 +31,8 @@ int trainer_validate(trainer *t, ct_error *err) {
     const uint64_t rounds =
         t->strat.fsdp.n_units ? (batches + dp_size - 1) / dp_size * dp_size : batches;
     for (uint64_t b = dp_rank; b < rounds; b += dp_size) {
-        for (int i = 0; i < t->B; i++) {
-            uint64_t w = b < batches ? b * t->B + i : total;
+        for (int i = 0; i < B; i++) {
+            uint64_t w = b < batches ? b * B + i : total;
             size_t off = (size_t)i * t->T;
             int32_t *targets = t->targets + off;
             if (loader_sample(&t->val_loader, t->inputs + off, targets,
@@ -42,15 +43,20 @@ int trainer_validate(trainer *t, ct_error *err) {
                 for (int j = 0; j < t->T; j++) targets[j] = QWEN3_IGNORE_INDEX;
         }
         if (t->cp > 1) {
-            if (t->positions) cp_shard(t, t->positions, t->B);
-            cp_shard(t, t->inputs, t->B);
-            cp_shard(t, t->targets, t->B);
+            if (t->positions) cp_shard(t, t->positions, B);
+            cp_shard(t, t->inputs, B);
+            cp_shard(t, t->targets, B);
         }
         int64_t n = 0;
         // Checked by the forward: data it refuses gives a NaN loss, on every rank after the sum.
         const qwen3_batch batch = {.inputs = t->inputs, .targets = t->targets,
                                    .positions = t->positions};
-        sum += qwen3_forward(&t->model, &batch, &n);
+        double l;
+        if (!t->strat.vt->eval_forward)
+            l = qwen3_forward(&t->model, &batch, &n);
+        else if (t->strat.vt->eval_forward(t, &batch, &l, &n, err) != 0)
+            return -1;
+        sum += l;
         valid += (double)n;
     }
     t->strat.vt->after_eval(t);

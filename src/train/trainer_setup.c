@@ -33,7 +33,6 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
                        : t->ep > 1             ? "expert_parallel_degree > 1"
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
-                       : c->validation.enable  ? "validation.enable = true"
                        : t->tp > 1 && c->checkpoint.enable
                            ? "tensor_parallel_degree > 1 and checkpoint.enable = true (PP x TP "
                              "checkpoints)"
@@ -150,6 +149,7 @@ static int setup_parallel(trainer *t, ct_error *err) {
                        (long long)global, t->B, P, (long long)per_pass);
     t->global_batch = (int)global;
     t->accum = (int)(global / per_pass);
+    t->val_B = t->B;
     if (t->pp > 1) { // the pipeline's micro-batches: every accumulation step's local batch cut
         const int mbs = c->parallelism.pipeline_parallel_microbatch_size;
         t->accum *= t->B / mbs;
