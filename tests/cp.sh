@@ -67,10 +67,7 @@ rm -rf "$tmp/np1"
 
 # --- block-causal: each line of the text a document (~20 tokens: 2-3 chunks of 16 at CP=2,
 # dozens of documents crossing the tiles and chunks at seq 1024).
-"$CTITAN_PYTHON" -c '
-import json, sys
-for line in open(sys.argv[1]).read().splitlines()[:400]: print(json.dumps({"text": line}))
-' "$text" >"$tmp/docs.jsonl"
+text_docs "$tmp/docs.jsonl"
 blk=(--model.attn_mask_type block_causal --training.dataset_path "$tmp/docs.jsonl")
 # Measured (Release, 2-core x86-64): CP=2, CP=4, CP=2 x TP=2, MoE at 1024 and the CP=4 resumes:
 # losses rel up to 2.0e-8, grad norms 4.2e-8, weights rel L2 5.4e-8; bounds about 10 times that,

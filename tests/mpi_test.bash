@@ -39,6 +39,14 @@ check() { # NAME CMD...: the command succeeds
 }
 # same A B LOSS NORM WEIGHTS [STEPS]: runs A and B agree (compare_runs.py says how).
 same() { "$CTITAN_PYTHON" "$(dirname "${BASH_SOURCE[0]}")/compare_runs.py" "$@"; }
+# text_docs OUT: the text's first 400 lines as .jsonl documents (~20 tokens each), for
+# block_causal runs.
+text_docs() {
+  "$CTITAN_PYTHON" -c '
+import json, sys
+for line in open(sys.argv[1]).read().splitlines()[:400]: print(json.dumps({"text": line}))
+' "$text" >"$1"
+}
 # same_val A B TOL: the runs' validation losses (metrics.jsonl's val_loss rows), as many and each
 # within rel TOL.
 same_val() {
