@@ -3,8 +3,9 @@
 # (4 micro-batches; GPipe in bf16 and block-causal), PP=4 (np 4), PP=2 x DDP=2 (np 4), HF's aux
 # loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
-# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE), a
-# MoE model (the aux-loss-free bias),
+# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes; its checkpoint resumed by one process
+# and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its checkpoint resumed by one
+# process), a MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -196,25 +197,52 @@ rm -rf "$tmp/np1_moe/hf" "$tmp/np1_aux/hf" "$tmp/mixed_hf"
 # PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
 # rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In
 # bf16 against one process in bf16: TP's difference (its partial sums reduced in fp32 and rounded
-# once), measured 9.0e-6, 3.7e-6, 9.2e-8.
+# once), measured 9.0e-6, 3.7e-6, 9.2e-8. Steps 2 and 4 saved in the one-process layout, one
+# shard per pipeline and TP rank (TP's slices of the stage's tensors).
 kv=(--model.n_kv_heads 2)
 bf=(--training.mixed_precision_param bfloat16)
+pptp=(--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2)
 check "np1 kv2 bf16" run 1 "$tmp/np1_kvb" "${kv[@]}" "${bf[@]}"
-check "pp2 x tp2 bf16" pp 4 "$tmp/pptp" "${kv[@]}" "${bf[@]}" \
-  --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2
-check "pp2 x tp2 bf16 = np1" agree "$tmp/pptp" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
+check "pp2 x tp2 bf16" pp 4 "$tmp/pptp" "${kv[@]}" "${bf[@]}" "${pptp[@]}" "${keep[@]}"
+check "pp2 x tp2 bf16 = np1" same "$tmp/pptp" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
+grep -q "checkpoint: saved step 2 in .*step-2 (4 model and optimizer shards, one per pipeline and TP rank)" \
+  "$tmp/pptp.log" && ls "$tmp/pptp/checkpoint/step-2/model-00003-of-00004.safetensors" >/dev/null &&
+  ok || bad "pp2 x tp2 save: $(grep '^checkpoint' "$tmp/pptp.log")"
+# `ctitan export` of its step-4 checkpoint (verified first: checksums, names, the shards' cover)
+# is its final export, byte for byte
+"$ct" export --checkpoint "$tmp/pptp/checkpoint/step-4" --output "$tmp/pptp_cli" >/dev/null &&
+  diff -r "$tmp/pptp/hf" "$tmp/pptp_cli" >/dev/null && ok ||
+  bad "ctitan export of pp2 x tp2's checkpoint differs from its final export"
+rm -rf "$tmp/pptp_cli"
+# Its step-2 checkpoint resumed by one process (within the bf16 bounds above: its first two steps
+# were PP x TP's; measured 1.1e-5, 2.7e-6, 9.3e-8) and at PP=2 x TP=2 (bit for bit)
+for to in tt1 tt4; do
+  cp -r "$tmp/pptp" "$tmp/$to" && rm -rf "$tmp/$to/checkpoint/step-4" "$tmp/$to/hf"
+done
+check "pp2 x tp2 -> np1" run 1 "$tmp/tt1" "${kv[@]}" "${bf[@]}" "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/tt1.log" && ok || bad "pp2 x tp2 -> np1 did not resume"
+check "pp2 x tp2 -> np1 = np1" agree "$tmp/tt1" "$tmp/np1_kvb" 9e-5 4e-5 1e-6
+check "pp2 x tp2 -> itself" pp 4 "$tmp/tt4" "${kv[@]}" "${bf[@]}" "${pptp[@]}" "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/tt4.log" && ok || bad "pp2 x tp2 -> itself did not resume"
+check "pp2 x tp2 -> itself = pp2 x tp2" agree "$tmp/tt4" "$tmp/pptp" 0 0 0
 sent() { sed -n 's/.*pipeline activations and their gradients sent \([0-9]*\).*/\1/p' "$1.log"; }
 [ "$(sent "$tmp/pptp")" = 16384 ] && [ "$(sent "$tmp/pp2")" = 32768 ] && ok ||
   bad "stage bytes per step: pp2 x tp2 $(sent "$tmp/pptp"), pp2 $(sent "$tmp/pp2"); expected 16384, 32768"
 # 3D, PP=2 x FSDP=2 x TP=2 (np 8, oversubscribed): the MoE model on 3 layers (stage 0 the
 # embedding and layers 0-1, stage 1 layer 2 and the head), fp32, within tol (measured 3.0e-9,
-# 7.7e-9, 8.6e-10)
+# 7.7e-9, 8.6e-10); its step-2 checkpoint (each stage's local model assembled from its FSDP
+# pieces, then TP's shards) resumed by one process, within tol (measured 1.8e-9, 7.7e-9,
+# 8.4e-10)
 three=(--model.n_layers 3)
 check "np1 moe kv2 3 layers" run 1 "$tmp/np1_3d" "${moe[@]}" "${kv[@]}" "${three[@]}"
 check "pp2 x fsdp2 x tp2 moe" pp 8 "$tmp/pp3d" "${moe[@]}" "${kv[@]}" "${three[@]}" "${fsdp2[@]}" \
-  --parallelism.tensor_parallel_degree 2
+  --parallelism.tensor_parallel_degree 2 "${keep[@]}"
 check "pp2 x fsdp2 x tp2 moe = np1" agree "$tmp/pp3d" "$tmp/np1_3d" "${tol[@]}"
-rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf"
+rm -rf "$tmp/pp3d/checkpoint/step-4"
+check "pp2 x fsdp2 x tp2 -> np1" run 1 "$tmp/pp3d" "${moe[@]}" "${kv[@]}" "${three[@]}" "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/pp3d.log" && ok || bad "pp2 x fsdp2 x tp2 -> np1 did not resume"
+check "pp2 x fsdp2 x tp2 -> np1 = np1" agree "$tmp/pp3d" "$tmp/np1_3d" "${tol[@]}"
+rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf" "$tmp/pptp/hf"
 # guarded backend: the same PP run, bit for bit
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0
@@ -248,9 +276,6 @@ refused tied "pipeline_parallel_degree = 2 with tied embeddings" 2 \
   --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
 refused zero1 "pipeline_parallel_degree = 2 with ZeRO-1 \(data_parallel_shard_mode = \"zero1\"\): not supported yet" \
   4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
-refused pptp_ckpt "pipeline_parallel_degree = 2 with tensor_parallel_degree > 1 and checkpoint.enable = true \(PP x TP checkpoints\): not supported yet" \
-  4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
-  --model.n_kv_heads 2 --checkpoint.enable true
 refused fqns "module_fqns_per_model_part: \"layers.1\" in stage 0" 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.module_fqns_per_model_part \
   "tok_embeddings,layers.1;layers.0,norm,output"

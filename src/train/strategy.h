@@ -109,6 +109,18 @@ extern const strategy_vt strategy_tp;
 // through all (tp times the local tensor's floats).
 int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, float *all,
                        float *full, ct_error *err);
+// A checkpoint of TP slices in the one-process layout (format 4, any degree resumes it): S
+// shards, shard q written by rank q of `writers` (rank 0 of t->d of each TP rank, together; the
+// group the writers' shard checksums are gathered over), as TP rank q % tp of a local model
+// whose config layout_of makes from t->model.cfg (under PP: pipeline rank q / tp's stages).
+// Every rank calls strategy_tp_save_shards.
+typedef struct strategy_tp_writers {
+    int S;
+    dist *writers;
+    int (*layout_of)(const trainer *t, int q, qwen3_config *lc, ct_error *err);
+    const char *note; // for the log line: ", one per ..."
+} strategy_tp_writers;
+int strategy_tp_save_shards(trainer *t, const strategy_tp_writers *w, ct_error *err);
 // FSDP composed with another cut (TP): every unit of the full buffer (which a load filled) into
 // the shard; a shard buffer (backend memory: the fp32 weights f->shard_params, or an AdamW
 // moment t->opt.m / t->opt.v) assembled from the shard group's pieces into `full` (host, the

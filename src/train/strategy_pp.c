@@ -317,7 +317,9 @@ static void weights_ready(trainer *t) {
 // --- checkpoints: the one-process layout's ranges. Each pp rank holds its tensors whole, at
 // their global ranges (its local buffer is exactly those ranges back to back, in order), and the
 // first data-parallel index's pp ranks write one shard each, so any PP degree (or one process)
-// resumes it.
+// resumes it. Under TP, TP's checkpoint of each stage's local model: the first data-parallel
+// index's pp x tp ranks write one shard each (TP's slices of their stages' tensors), and a load
+// reads each rank's slices by name, as TP alone.
 
 // pp rank q's shard: its weights and moments (src: host, the local layout) at its tensors'
 // global ranges.
@@ -333,15 +335,24 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, float 
     return rc;
 }
 
+// Under TP, shard q's writer's local model: pipeline rank q / tp's stages.
+static int tp_layout_of(const trainer *t, int q, qwen3_config *lc, ct_error *err) {
+    return strategy_pp_local_config(t, q / t->tp, lc, err);
+}
+
 static int save_checkpoint(trainer *t, ct_error *err) {
+    if (t->tp > 1) {
+        const strategy_tp_writers tw = {.S = t->pp * t->tp,
+                                        .writers = &t->pp_writers,
+                                        .layout_of = tp_layout_of,
+                                        .note = ", one per pipeline and TP rank"};
+        return strategy_tp_save_shards(t, &tw, err);
+    }
     strategy_pp_state *p = &t->strat.pp;
     dist *grp = p->group, *w = t->world;
     const int P = grp->size;
     const int64_t step = t->state.step;
     grp->timeout_s = w->timeout_s = t->d->timeout_s;
-    if (t->tp > 1)
-        return ct_fail(err, "checkpoint: a save under pipeline and tensor parallelism together is "
-                            "not supported yet");
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
     int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err); // FSDP's ranks hold pieces
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
@@ -376,12 +387,9 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 }
 
 // A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
-// spanning the local model, then this rank's pieces of them.
+// spanning the local model, then this rank's pieces of them; under TP, TP's load (its slices).
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    if (t->tp > 1)
-        return ct_fail(err, "%s: a checkpoint under pipeline and tensor parallelism together is "
-                            "not supported yet",
-                       dir);
+    if (t->tp > 1) return strategy_tp.load_checkpoint(t, dir, moments, err);
     if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
     const size_t n = t->model.num_params;
     float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
@@ -398,6 +406,7 @@ static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_er
 }
 
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
+    if (t->tp > 1) return strategy_tp.load_sharded(t, dir, err);
     return load_checkpoint(t, dir, NULL, err);
 }
 

@@ -483,18 +483,22 @@ static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int sh
     return rc;
 }
 
+// Shard q's local layout: this rank's, or under EP EP rank q / etp's experts.
+static int layout_of(const trainer *t, int q, qwen3_config *lc, ct_error *err) {
+    (void)err;
+    if (t->ep > 1) lc->expert_lo = q / t->etp * lc->local_experts;
+    return 0;
+}
+
 // The replicas of each slice agree bit for bit (over t->d; under FSDP, whose ranks hold
-// different pieces, as FSDP's own save: not compared); the first replica's TP group writes its P
-// shards (under FSDP, its local model assembled by its shard group first); world rank 0 (its
-// TP rank 0) lists them in state.json and commits. The files are those of TP without FSDP.
-// Under EP the writers are the first EP block (world ranks [0, ep x etp): shard q is world rank
-// q, TP rank q % tp, holding EP rank q / etp's experts; ranks below tp also write the rest),
-// compared with their expert replicas.
-static int save_checkpoint(trainer *t, ct_error *err) {
-    dist *grp = t->strat.tp.group;
+// different pieces, as FSDP's own save: not compared); the first replica's TP groups write
+// (under FSDP, their local models assembled by their shard groups first): shard q is rank q of
+// w->writers, TP rank q % tp of a TP group holding w->layout_of(q)'s local layout; world rank 0
+// lists them in state.json and commits.
+int strategy_tp_save_shards(trainer *t, const strategy_tp_writers *w, ct_error *err) {
+    dist *grp = t->strat.tp.group, *writers = w->writers;
     const bool ep = t->ep > 1;
-    const int P = grp->size, S = ep ? t->ep * t->etp : P;
-    dist *writers = ep ? ep_block(t) : grp;
+    const int P = grp->size, S = w->S;
     const int64_t step = t->state.step;
     grp->timeout_s = writers->timeout_s = t->world->timeout_s = t->d->timeout_s;
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
@@ -507,17 +511,16 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1; // the same on every rank
     trainer_shards sh;
     rc = trainer_shards_begin(t, &sh, S, err);
-    // Rank 0 lists every shard's ranges (under EP from EP rank q's local layout, made here).
+    // Rank 0 lists every shard's ranges, from its writer's local layout, made here. Under EP
+    // only the first TP group's shards (q < P) hold the tensors besides the experts.
     for (int q = 0; rc == 0 && is_root(t) && q < S; q++) {
         qwen3_config lc = t->model.cfg;
-        lc.expert_lo = q / t->etp * lc.local_experts;
-        if (ep && qwen3_init_layout(&layout, &lc, err) != 0) {
+        if (w->layout_of(t, q, &lc, err) != 0 || qwen3_init_layout(&layout, &lc, err) != 0) {
             rc = -1;
             break;
         }
-        sh.n_of[q] =
-            tp_ranges(t, &g, ep ? &layout : &t->model, q % P, P, true, q < P, &sh.of[q], err);
-        if (ep) qwen3_free(&layout);
+        sh.n_of[q] = tp_ranges(t, &g, &layout, q % P, P, true, !ep || q < P, &sh.of[q], err);
+        qwen3_free(&layout);
         if (sh.n_of[q] < 0) rc = -1;
     }
     rc = dist_agree(t->world, rc, "the TP checkpoint's ranges", err);
@@ -528,22 +531,32 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
     const int q = writers->rank;
+    const bool rest = !ep || q < P;
     ckpt_range *x = NULL;
-    const int n = rc == 0 && write
-                      ? tp_ranges(t, &g, &t->model, grp->rank, P, true, !ep || q < P, &x, err)
-                      : 0;
+    const int n =
+        rc == 0 && write ? tp_ranges(t, &g, &t->model, grp->rank, P, true, rest, &x, err) : 0;
     if (n < 0) rc = -1;
-    if (rc == 0 && write)
-        rc = write_shard(t, &g, sh.tmp, q, S, !ep || q < P, x, n, src, sh.mine, err);
+    if (rc == 0 && write) rc = write_shard(t, &g, sh.tmp, q, S, rest, x, n, src, sh.mine, err);
     free(x);
     if (first) strategy_local_state_free(t, fsdp_on(t), src);
-    rc = trainer_shards_end(t, &sh, rc, t->world, writers, &g,
-                            !ep           ? ", one per TP rank"
-                            : t->etp == 1 ? ", one per rank of the first EP group"
-                                          : ", one per rank of the first EP group and its TP peers",
-                            err);
+    rc = trainer_shards_end(t, &sh, rc, t->world, write ? writers : NULL, &g, w->note, err);
     qwen3_free(&g);
     return rc;
+}
+
+// TP's writers: the first replica's TP group, one shard per TP rank. Under EP the first EP block
+// (world ranks [0, ep x etp): shard q is world rank q, TP rank q % tp, holding EP rank q / etp's
+// experts; ranks below tp also write the rest), compared with their expert replicas.
+static int save_checkpoint(trainer *t, ct_error *err) {
+    const bool ep = t->ep > 1;
+    const strategy_tp_writers w = {
+        .S = ep ? t->ep * t->etp : t->strat.tp.group->size,
+        .writers = ep ? ep_block(t) : t->strat.tp.group,
+        .layout_of = layout_of,
+        .note = !ep           ? ", one per TP rank"
+                : t->etp == 1 ? ", one per rank of the first EP group"
+                              : ", one per rank of the first EP group and its TP peers"};
+    return strategy_tp_save_shards(t, &w, err);
 }
 
 static void begin_step(trainer *t) {

@@ -48,9 +48,10 @@ typedef struct trainer {
     dist ep_group, erep_group, eblock_group;
     // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel (and TP)
     // index (one per stage group, outermost) and this stage's ranks, which t->d is (under TP its
-    // dp_group, split from them).
+    // dp_group, split from them). Under PP x TP also the ranks of the first data-parallel index
+    // (pp x tp, pipeline rank outermost): a checkpoint's writers, one shard each.
     int pp;
-    dist pp_group, stage_group;
+    dist pp_group, stage_group, pp_writers;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
     int shard_degree; // ranks of a shard group (the world for ZeRO-1)
     long save_tag;    // rank 0's pid: names the temporary folder every rank saves into

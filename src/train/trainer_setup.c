@@ -33,9 +33,6 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
                        : t->ep > 1             ? "expert_parallel_degree > 1"
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
-                       : t->tp > 1 && c->checkpoint.enable
-                           ? "tensor_parallel_degree > 1 and checkpoint.enable = true (PP x TP "
-                             "checkpoints)"
                                                : NULL;
     if (with)
         return ct_fail(err,
@@ -477,6 +474,10 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
         dist_split(in, r % tp, r / tp, &t->dp_group, err) != 0)
         return -1;
     t->d = &t->dp_group;
+    // Under PP: the checkpoint's writers, in world order (pipeline rank, then TP rank).
+    if (t->pp > 1 &&
+        dist_split(t->world, t->d->rank != 0, t->world->rank, &t->pp_writers, err) != 0)
+        return -1;
     return 0;
 }
 
@@ -722,6 +723,7 @@ void trainer_free(trainer *t) {
     qwen3_free(&t->model);
     if (t->tp > 1) {
         t->d = t->world;
+        if (t->pp > 1) dist_group_free(&t->pp_writers);
         dist_group_free(&t->dp_group);
         dist_group_free(&t->tp_group);
     }
