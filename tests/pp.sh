@@ -3,8 +3,10 @@
 # (4 micro-batches; GPipe in bf16 and block-causal), PP=4 (np 4), PP=2 x DDP=2 (np 4), HF's aux
 # loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
-# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE), a
-# MoE model (the aux-loss-free bias),
+# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE),
+# PP=2 x CP=2 (np 4, half the stage bytes and activations, its log lines; its checkpoint resumed
+# in one process), PP=2 x CP=2 x TP=2 (np 8, MoE, ring by alltoall), a MoE model (the
+# aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
