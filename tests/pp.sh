@@ -4,9 +4,9 @@
 # loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
 # for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes), PP=2 x FSDP=2 x TP=2 (np 8, MoE),
-# PP=2 x CP=2 (np 4, half the stage bytes and activations, its log lines; its checkpoint resumed
-# in one process), PP=2 x CP=2 x TP=2 (np 8, MoE, ring by alltoall), a MoE model (the
-# aux-loss-free bias),
+# PP=2 x CP=2 (np 4, half the stage bytes and activations, its log lines and validation; its
+# checkpoint resumed in one process), PP=2 x CP=2 x TP=2 (np 8, MoE, ring by alltoall), a MoE
+# model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -229,11 +229,13 @@ rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf"
 # PP=2 x CP=2 (np 4), dense, causal, all-gather: against one process (measured 2.4e-9, 9.5e-9,
 # 8.2e-10), half PP alone's boundary bytes, each activation set about half PP alone's (measured
 # 0.502: the RoPE table stays whole); the log's lines count the 4 ranks and 1 data-parallel rank.
+# Validation's batches go through the stages in their CP shards (measured 1.4e-9).
 # Its step-2 checkpoint (FSDP inside the stages) resumed by one process (measured 1.2e-9, 9.5e-9,
 # 7.9e-10).
 check "pp2 x cp2" pp 4 "$tmp/ppcp" --parallelism.pipeline_parallel_degree 2 \
-  --parallelism.context_parallel_degree 2 "${keep[@]}"
+  --parallelism.context_parallel_degree 2 "${keep[@]}" "${val[@]}"
 check "pp2 x cp2 = np1" same "$tmp/ppcp" "$tmp/np1" "${tol[@]}"
+check "pp2 x cp2 validation = np1" same_val "$tmp/ppcp" "$tmp/np1" "$vtol"
 [ "$(sent "$tmp/ppcp")" = 16384 ] && ok || bad "pp2 x cp2 stage bytes: $(sent "$tmp/ppcp"), expected 16384"
 set_mib() { sed -n 's/^memory, PP: .* activation set(s) (its micro-batches in flight) of \([0-9.]*\) MiB.*/\1/p' "$1.log"; }
 awk -v a="$(set_mib "$tmp/ppcp")" -v b="$(set_mib "$tmp/pp2")" 'BEGIN {exit !(a > 0 && a <= 0.51 * b)}' &&

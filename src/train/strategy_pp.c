@@ -633,8 +633,9 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
     ct_backend *be = m->be;
     const ct_comm c = dist_comm(p->group);
     const int P = p->group->size, n = (int)rows_floats(t), tag = PP_TAG + 4 * p->S * p->m;
-    const size_t per = (size_t)t->B * t->T; // a micro-batch's tokens in the batch's buffers
-    double res[2] = {0, 0};                  // the loss sum and the count, on the last stage
+    // A micro-batch's tokens in the batch's buffers (under CP its sequences' T / cp rows each).
+    const size_t per = (size_t)t->B * (t->T / t->cp);
+    double res[2] = {0, 0}; // the loss sum and the count, on the last stage
     p->group->timeout_s = t->d->timeout_s;
     for (int j = 0; j < t->val_B / t->B; j++) {
         const qwen3_batch mb = {.inputs = b->inputs + j * per, .targets = b->targets + j * per,
