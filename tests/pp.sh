@@ -5,7 +5,9 @@
 # checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
 # for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes; its checkpoint resumed by one process
 # and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its checkpoint resumed by one
-# process), a MoE model (the aux-loss-free bias),
+# process), PP=2 x CP=2 (np 4, half the stage bytes and activations, its log lines and
+# validation; its checkpoint resumed in one process), PP=2 x CP=2 x TP=2 (np 8, MoE, ring by
+# alltoall), a MoE model (the aux-loss-free bias),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
@@ -242,7 +244,39 @@ rm -rf "$tmp/pp3d/checkpoint/step-4"
 check "pp2 x fsdp2 x tp2 -> np1" run 1 "$tmp/pp3d" "${moe[@]}" "${kv[@]}" "${three[@]}" "${keep[@]}"
 grep -q "resumed from .*step-2 " "$tmp/pp3d.log" && ok || bad "pp2 x fsdp2 x tp2 -> np1 did not resume"
 check "pp2 x fsdp2 x tp2 -> np1 = np1" agree "$tmp/pp3d" "$tmp/np1_3d" "${tol[@]}"
+# PP x CP: a stage's ranks are its CP groups' too (FSDP over dp_shard x cp), each boundary is the
+# rank's T / cp rows (its two headtail chunks), passed to the same CP rank of the next stage.
+# PP=2 x CP=2 x TP=2 (np 8): the MoE model above, ring attention by alltoall, the boundary 1/4 of
+# PP alone's (measured 5.5e-9, 1.0e-8, 9.3e-10).
+check "pp2 x cp2 x tp2 moe alltoall" pp 8 "$tmp/ppct" "${moe[@]}" "${kv[@]}" "${three[@]}" \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.context_parallel_degree 2 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.context_parallel_rotate_method alltoall
+check "pp2 x cp2 x tp2 moe = np1" agree "$tmp/ppct" "$tmp/np1_3d" "${tol[@]}"
+[ "$(sent "$tmp/ppct")" = 8192 ] && ok || bad "pp2 x cp2 x tp2 stage bytes: $(sent "$tmp/ppct"), expected 8192"
 rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf" "$tmp/pptp/hf"
+# PP=2 x CP=2 (np 4), dense, causal, all-gather: against one process (measured 2.4e-9, 9.5e-9,
+# 8.2e-10), half PP alone's boundary bytes, each activation set about half PP alone's (measured
+# 0.502: the RoPE table stays whole); the log's lines count the 4 ranks and 1 data-parallel rank.
+# Validation's batches go through the stages in their CP shards (measured 1.4e-9).
+# Its step-2 checkpoint (FSDP inside the stages) resumed by one process (measured 1.2e-9, 9.5e-9,
+# 7.9e-10).
+check "pp2 x cp2" pp 4 "$tmp/ppcp" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.context_parallel_degree 2 "${keep[@]}" "${val[@]}"
+check "pp2 x cp2 = np1" same "$tmp/ppcp" "$tmp/np1" "${tol[@]}"
+check "pp2 x cp2 validation = np1" same_val "$tmp/ppcp" "$tmp/np1" "$vtol"
+[ "$(sent "$tmp/ppcp")" = 16384 ] && ok || bad "pp2 x cp2 stage bytes: $(sent "$tmp/ppcp"), expected 16384"
+set_mib() { sed -n 's/^memory, PP: .* activation set(s) (its micro-batches in flight) of \([0-9.]*\) MiB.*/\1/p' "$1.log"; }
+awk -v a="$(set_mib "$tmp/ppcp")" -v b="$(set_mib "$tmp/pp2")" 'BEGIN {exit !(a > 0 && a <= 0.51 * b)}' &&
+  ok || bad "pp2 x cp2's activation set $(set_mib "$tmp/ppcp") MiB, pp2's $(set_mib "$tmp/pp2")"
+grep -q "^parallel: 4 rank(s), pipeline parallel over 2 stage groups (schedule 1F1B), FSDP: .* sharded over 2 ranks over each stage's 2 rank(s) (context parallel: 2 per sequence);" "$tmp/ppcp.log" &&
+  grep -q "^batch: 4 sequences of 32 tokens per step = 1 rank(s) x 4 micro-batch(es) x 1$" "$tmp/ppcp.log" &&
+  grep -q "^context parallel: 2 ranks per sequence, each 2 chunks of 8 tokens (headtail), ring attention by allgather; data parallel over 1$" "$tmp/ppcp.log" &&
+  ok || bad "pp2 x cp2 log: $(grep '^parallel\|^batch\|^context' "$tmp/ppcp.log")"
+cp -r "$tmp/ppcp" "$tmp/ppcp1" && rm -rf "$tmp/ppcp1/checkpoint/step-4" "$tmp/ppcp1/hf" "$tmp/ppcp"
+check "pp2 x cp2 -> np1" run 1 "$tmp/ppcp1" "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/ppcp1.log" && ok || bad "pp2 x cp2 -> np1 did not resume"
+check "pp2 x cp2 -> np1 = np1" agree "$tmp/ppcp1" "$tmp/np1" "${tol[@]}"
+rm -rf "$tmp/ppcp1"
 # guarded backend: the same PP run, bit for bit
 check "pp2 guarded" pp 2 "$tmp/pp2_guard" --debug.guard_device_memory true
 check "pp2 guarded = pp2" agree "$tmp/pp2_guard" "$tmp/pp2" 0 0 0

@@ -96,8 +96,9 @@ int cp_setup(trainer *t, ct_error *err) {
                        "tensor_parallel_degree = %d",
                        cp, P * tp, tp);
     if (P % cp != 0)
-        return ct_fail(err, "parallelism.context_parallel_degree = %d does not divide the %d ranks",
-                       cp, P);
+        return ct_fail(err,
+                       "parallelism.context_parallel_degree = %d does not divide the %d ranks%s",
+                       cp, P, t->pp > 1 ? " of a pipeline stage" : "");
     // LoRA's dropout masks follow each token's place in its sequence, which CP's chunks do not
     // keep (measured: 3e-3 in the loss with dropout 0.2), and without dropout CP=2 was 1e-6 off
     // one process in the adapter after 3 steps, not yet understood.

@@ -15,7 +15,10 @@
 // backward of its last one (FSDP2 under PyTorch's pipelining: set_requires_gradient_sync and
 // set_reshard_after_backward only then), and "default" keeps the units gathered after the
 // forward (torchtitan: no resharding after forward under PP). The gradient norm sums over the
-// stages.
+// stages. Under CP a stage's ranks are its CP groups' too (FSDP over dp_shard x cp, the ring
+// attention's hook on the model): each rank's boundary is its T / cp rows, passed to the same
+// CP rank of the next stage, and its last stage's loss is its own tokens', so the sums over the
+// pp group and then the stage's ranks (trainer_step) count each token once.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,15 +50,23 @@ static bool sharded(const trainer *t) {
 static void describe(const trainer *t, char *buf, size_t size) {
     char inner[200];
     dp_of(t)->describe(t, inner, sizeof inner);
+    char cp[64] = "";
+    if (t->cp > 1) snprintf(cp, sizeof cp, " (context parallel: %d per sequence)", t->cp);
     snprintf(buf, size, "pipeline parallel over %d stage groups (schedule %s), %s over each "
-                        "stage's %d rank(s)",
-             t->pp, t->cfg->parallelism.pipeline_parallel_schedule, inner, t->d->size);
+                        "stage's %d rank(s)%s",
+             t->pp, t->cfg->parallelism.pipeline_parallel_schedule, inner, t->stage_group.size, cp);
 }
 
-// A stage boundary's rows: under TP (sequence parallelism) this rank's sequence shard, sent to
-// the same TP rank of the next stage (the pp group).
+// A stage boundary's floats for hidden size C: the residual stream's rows this rank holds, sent
+// to the same rank of the next stage's group (the pp group: the same CP and TP rank). Under CP
+// its two headtail chunks of each sequence (T / cp rows), under TP (sequence parallelism) its
+// shard of those.
+static size_t boundary_floats(const trainer *t, int C) {
+    return (size_t)t->B * (t->T / t->cp) / t->tp * C;
+}
+
 static size_t rows_floats(const trainer *t) {
-    return (size_t)t->B * t->T / t->tp * t->model.cfg.hidden_size;
+    return boundary_floats(t, t->model.cfg.hidden_size);
 }
 
 // The activation sets, one per micro-batch in flight: the model's, the MoE statistics' and,
@@ -212,13 +223,14 @@ static int sets_of(const trainer *t, int r, ct_error *err) {
     return n;
 }
 
-// The pipeline rank that needs the most: each rank's stages planned at the micro-batch size, its
-// activations once per activation set (sets_of), with the schedule's stage buffers (4 v m of B x
-// T x C floats: inputs, output gradients, outputs and input gradients) and AdamW over the stages,
-// so every rank checks the fit against the same figure; under FSDP, FSDP's estimate of that
-// rank's local model, plus its whole gradients (they accumulate unsharded over the stage's
-// micro-batches). Under TP, TP's of the whole model (an over-estimate by up to the pp degree),
-// its activations times the most sets of any rank.
+// The pipeline rank that needs the most: each rank's stages planned at the micro-batch size (under
+// CP its T / cp rows of each sequence), its activations once per activation set (sets_of), with
+// the schedule's stage buffers (4 v m boundaries: inputs, output gradients, outputs and input
+// gradients) and AdamW over the stages, so every rank checks the fit against the same figure;
+// under FSDP, FSDP's estimate of that rank's local model, plus its whole gradients (they
+// accumulate unsharded over the stage's micro-batches). Under TP, TP's of the whole model (an
+// over-estimate by up to the pp degree; its rows T / cp under CP), its activations times the
+// most sets of any rank.
 static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     const strategy_pp_state *p = &t->strat.pp;
     if (t->tp > 1) {
@@ -244,10 +256,11 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
         const int sets = sets_of(t, r, err);
         if (sets < 0 || strategy_pp_local_config(t, r, &lc, err) != 0) return -1;
         run_memory m = *mem;
-        m.model = qwen3_memory_plan_ops(&lc, &t->setup.ops, t->B, t->T, &t->setup.mem_opts);
+        m.model = qwen3_memory_plan_ops(&lc, &t->setup.ops, t->B, t->T / t->cp,
+                                        &t->setup.mem_opts);
         const size_t one = m.model.activations;
         m.model.activations = (size_t)sets * one +
-            4 * (size_t)p->v * p->m * ((size_t)t->B * t->T * lc.hidden_size) * sizeof(float);
+            4 * (size_t)p->v * p->m * boundary_floats(t, lc.hidden_size) * sizeof(float);
         m.optimizer = 2.0 * (double)m.model.params;
         m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
                   m.model.activations + m.batch;
@@ -629,8 +642,9 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
     ct_backend *be = m->be;
     const ct_comm c = dist_comm(p->group);
     const int P = p->group->size, n = (int)rows_floats(t), tag = PP_TAG + 4 * p->S * p->m;
-    const size_t per = (size_t)t->B * t->T; // a micro-batch's tokens in the batch's buffers
-    double res[2] = {0, 0};                  // the loss sum and the count, on the last stage
+    // A micro-batch's tokens in the batch's buffers (under CP its sequences' T / cp rows each).
+    const size_t per = (size_t)t->B * (t->T / t->cp);
+    double res[2] = {0, 0}; // the loss sum and the count, on the last stage
     p->group->timeout_s = t->d->timeout_s;
     for (int j = 0; j < t->val_B / t->B; j++) {
         const qwen3_batch mb = {.inputs = b->inputs + j * per, .targets = b->targets + j * per,

@@ -29,15 +29,14 @@
 static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err) {
     const ct_config *c = t->cfg;
     const int pp = t->pp, mbs = c->parallelism.pipeline_parallel_microbatch_size;
-    const char *with = t->cp > 1               ? "context_parallel_degree > 1"
-                       : t->ep > 1             ? "expert_parallel_degree > 1"
+    const char *with = t->ep > 1               ? "expert_parallel_degree > 1"
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                                                : NULL;
     if (with)
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
-                       "runs with DDP, FSDP or TP inside each stage (%d data-parallel ranks)",
+                       "runs with DDP, FSDP, TP or CP inside each stage (%d data-parallel ranks)",
                        pp, with, P);
     if (t->B % mbs != 0)
         return ct_fail(err,
@@ -195,7 +194,7 @@ static void setup_threads(trainer *t) {
     t->strat.vt->describe(t, mode, sizeof mode);
     fprintf(t->log,
             "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s%s\n",
-            t->d->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)",
+            t->world->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)",
             over ? "; more threads than cores on this node: comm waits sleep after 0.1 ms" : "");
 }
 
