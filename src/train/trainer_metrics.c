@@ -81,7 +81,9 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
     int64_t step = t->state.step;
     double now = ct_now_s(), dt = now - *t_log;
     double tps_total = *steps_since_log * (double)t->global_batch * t->T / dt;
-    double tps = tps_total / t->d->size;
+    // Per rank of the world, as torchtitan's per device: under TP and PP too (t->d is then the
+    // data-parallel ranks of one TP rank or one stage), with the whole model's FLOPs a token.
+    double tps = tps_total / t->world->size;
     double per_step = (now - t_resume) / (double)(step - start_step);
     double gflops = tps * t->flops_per_token / 1e9;
     metrics_row row = {
@@ -92,7 +94,7 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
         .lr = r->lr,
         .tps = tps,
         .tps_total = tps_total,
-        .ranks = t->d->size,
+        .ranks = t->world->size,
         .comm_s = comm_since_log[0] / (double)*steps_since_log,
         .comm_share = comm_since_log[0] / dt,
         .comm_hidden_s = comm_since_log[1] / (double)*steps_since_log,

@@ -686,9 +686,9 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
     if (run_data_block_causal(c)) t->positions = malloc(n * sizeof *t->positions);
     if (!t->inputs || !t->targets || (run_data_block_causal(c) && !t->positions))
         return ct_fail(err, "out of memory for the batch buffers");
-    t->flops_per_token = metrics_flops_per_token_lora(
-        &mc, t->T, t->model.lora != NULL,
-        t->model.lora ? lora_active_params(&t->model.lora->L, &mc) : 0);
+    t->flops_per_token = metrics_flops_per_token_lora( // the whole model's (tps is per rank)
+        &t->setup.model, t->T, t->model.lora != NULL,
+        t->model.lora ? lora_active_params(&t->model.lora->L, &t->setup.model) : 0);
     char peak_source[4200];
     t->peak_gflops = peak_gflops(c->metrics.peak_gflops, omp_get_max_threads(),
                                  t->model.mem_opts.bf16, peak_source, sizeof peak_source);
