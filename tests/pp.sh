@@ -177,6 +177,10 @@ moe=(--model.flavor debugmodel_moe --model.load_balance aux_free --model.load_ba
 check "np1 moe" run 1 "$tmp/np1_moe" "${moe[@]}"
 check "pp2 moe" pp 2 "$tmp/pp2_moe" "${moe[@]}"
 check "pp2 moe = np1" agree "$tmp/pp2_moe" "$tmp/np1_moe" "${tol[@]}"
+# the logged load balance covers every stage's sparse layers (gathered over the pp group)
+loads() { grep -o '"moe_load_max_over_mean":\[[^]]*\]' "$1/metrics.jsonl"; }
+[ "$(loads "$tmp/pp2_moe")" = "$(loads "$tmp/np1_moe")" ] && ok ||
+  bad "pp2 moe's logged loads: $(loads "$tmp/pp2_moe" | head -1), np1's $(loads "$tmp/np1_moe" | head -1)"
 # HF's aux loss in the loss, on a mixed model whose first stage is dense (tests/ep_craft.py:
 # layer 0 dense, layer 1 sparse): each micro-batch's routing sums travel with it to the last
 # stage, which sums them over the ranks and sends the whole model's back with the gradients.

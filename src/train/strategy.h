@@ -211,6 +211,10 @@ typedef struct strategy_pp_state {
     // HF's aux with. Per (k, i) as above, on the backend, and one host copy.
     int n_sums;
     double **sums_in, **sums_dout, **sums_out, **sums_din, *sums, *sums_scratch;
+    // MoE: every stage's load balance per sparse layer (the whole model's n_sparse, in layer
+    // order), gathered over the pp group after each update for the metrics row.
+    double *balance, *balance_scratch;
+    int n_balance;
     double bytes;     // payload sent to other stages since setup
     // The activation sets (pp_schedule_in_flight of the actions): a forward takes a free one
     // (free_sets, a stack of n_free), its backward reads it and gives it back; set_of[k m + i]

@@ -122,6 +122,14 @@ static int setup(trainer *t, ct_error *err) {
             return -1;
     const int E = t->model.cfg.num_experts;
     p->n_sums = E > 0 ? (int)MOE_SUMS(E) : 0;
+    if ((p->n_balance = qwen3_num_sparse_layers(&t->setup.model)) > 0) {
+        p->balance = calloc((size_t)p->n_balance, sizeof *p->balance);
+        p->balance_scratch =
+            calloc((size_t)p->n_balance * p->group->size, sizeof *p->balance_scratch);
+        if (!p->balance || !p->balance_scratch) return ct_fail(err, "PP: out of memory");
+        t->n_moe_metric = p->n_balance;
+        t->moe_metric = p->balance;
+    }
     if (p->n_sums) {
         p->sums = calloc((size_t)p->n_sums, sizeof *p->sums);
         p->sums_scratch = calloc((size_t)p->n_sums * t->moe_ranks->size, sizeof *p->sums_scratch);
@@ -156,6 +164,9 @@ static void free_(trainer *t) {
     free(p->sums_in);
     free(p->sums);
     free(p->sums_scratch);
+    free(p->balance);
+    free(p->balance_scratch);
+    p->balance = p->balance_scratch = NULL;
     p->sums_in = NULL, p->sums = p->sums_scratch = NULL;
     free(p->req);
     free(p->actions);
@@ -308,8 +319,23 @@ static int grads_final(trainer *t, ct_error *err) {
 static strategy_shard shard(trainer *t) {
     return t->strat.pp.dp->shard(t);
 }
+// Then, under MoE, every stage's load balance per sparse layer into p->balance (whole-model
+// sparse index order): each rank its local layers' slots, summed over the pp group.
 static int after_update(trainer *t, ct_error *err) {
-    return t->strat.pp.dp->after_update(t, err);
+    strategy_pp_state *p = &t->strat.pp;
+    if (p->dp->after_update(t, err) != 0) return -1;
+    if (!p->n_balance) return 0;
+    memset(p->balance, 0, (size_t)p->n_balance * sizeof *p->balance);
+    const qwen3_config *mc = &t->model.cfg, *g = &t->setup.model;
+    const double *mine = moe_balance_metric(&t->moe);
+    for (int l = 0, s = 0; l < mc->num_hidden_layers; l++) {
+        if (!qwen3_layer_is_sparse(mc, l)) continue;
+        int at = 0; // the global sparse index of the global layer id
+        for (int j = 0; j < qwen3_layer_id(mc, l); j++) at += qwen3_layer_is_sparse(g, j);
+        p->balance[at] = mine[s++];
+    }
+    return dist_sum_array(p->group, p->balance, p->n_balance, p->balance_scratch,
+                          "the MoE load balance over the stages", err);
 }
 static void after_eval(trainer *t) {
     t->strat.pp.dp->after_eval(t);

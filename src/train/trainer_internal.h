@@ -80,6 +80,10 @@ typedef struct trainer {
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
     bool aux_free;    // load_balance = aux_free: the expert bias moves before each step
     dist *moe_ranks;  // the ranks the routing statistics are summed over
+    // The metrics row's load balance per sparse layer (max load / mean load): the model's, or
+    // under PP every stage's, gathered (n_moe_metric layers).
+    int n_moe_metric;
+    const double *moe_metric;
 } trainer;
 
 // Micro-batch a (from 0) of this rank's samples of the step, as the model takes it.

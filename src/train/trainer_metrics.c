@@ -106,8 +106,8 @@ void trainer_log_metrics(trainer *t, const step_result *r, double t_resume, doub
         .skipped = skipped_total,
         .ce = r->ce,
         .aux = r->aux,
-        .n_moe_layers = t->model.n_sparse,
-        .moe_load_max_over_mean = moe_balance_metric(&t->moe),
+        .n_moe_layers = t->n_moe_metric,
+        .moe_load_max_over_mean = t->moe_metric,
     };
     // The plugins' own call counters, as proof that their kernels ran.
     char *calls = NULL;

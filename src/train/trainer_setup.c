@@ -417,11 +417,13 @@ static int setup_moe(trainer *t, ct_error *err) {
     // the world (with etp = tp the TP ranks route the same gathered rows, as TP alone).
     t->moe_ranks = t->ep > 1 && t->tp > 1 && t->etp == 1 ? t->world : t->d;
     if (m->n_sparse == 0) return 0;
+    t->n_moe_metric = m->n_sparse;
     // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
     const float aux_scale = t->aux_in_loss ? (float)(mc->router_aux_loss_coef / t->accum) : 0.0f;
     dist *over = t->moe_ranks;
     if (moe_balance_init(&t->moe, m, over->size, moe_sum_ranks, over, aux_scale, err) != 0)
         return -1;
+    t->moe_metric = moe_balance_metric(&t->moe);
     fprintf(t->log,
             "moe: %d of %d layers sparse, %d experts of width %d, top-%d%s, expert kernel %s; "
             "load balancing %s%s\n",
