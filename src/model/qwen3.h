@@ -210,10 +210,14 @@ typedef struct qwen3_ep {
     float *dw_rows;                     // rows_max: the routing weights' gradient
     float *scratch;                     // the expert kernel's scratch for rows_max rows
     // Per sparse layer, kept for the backward: the received rows (expert-major; bf16 under bf16
-    // experts), their routing weights, local expert ids and the expert kernel's state.
+    // experts), their routing weights, local expert ids and the expert kernel's state. Under
+    // pipeline parallelism, per activation set too (n_sets x n_sparse entries, set-major, and
+    // h_rcounts n_sets times): the strategy picks `set` with the model's activation set, so each
+    // micro-batch in flight keeps its forward's rows until its backward.
     float **x_rows, **w_rows, **state;
     int32_t **e_rows;
     int *n_rows; // per sparse layer: the rows received
+    int n_sets, set; // 1 and 0 without activation sets
 } qwen3_ep;
 
 typedef struct qwen3_model {

@@ -29,6 +29,11 @@ static ep_plan plan_of(const qwen3_model *m, const qwen3_layer_acts *a) {
     return p;
 }
 
+// The kept state's entry of the layer in the activation set in use.
+static int kept_of(const qwen3_model *m, const qwen3_layer_acts *a) {
+    return m->ep->set * m->n_sparse + a->sparse_index;
+}
+
 // The layer's routing sorted by expert, then token (moe_plan_build's order): h_perm (sorted
 // position -> slot), h_tpos (each token's K positions, ascending, i.e. by ascending expert), the
 // rows sent to each rank (scounts, sdispls) and h_idx = the inverse of h_perm (slot -> position).
@@ -98,7 +103,7 @@ void qwen3_ep_forward(const qwen3_model *m, const qwen3_layer_weights *w, const 
     const ct_ops *op = m->ops;
     ct_backend *be = m->be;
     ep_plan p = plan_of(m, a);
-    const int li = a->sparse_index;
+    const int li = kept_of(m, a);
     const bool bf16 = qwen3_bf16_experts(&m->mem_opts);
     send_plan(m, a, &p);
     // The counts: rank q gets this rank's count for each of its El experts.
@@ -158,7 +163,7 @@ void qwen3_ep_backward(const qwen3_model *m, const qwen3_layer_weights *w, qwen3
     const qwen3_ep *ep = m->ep;
     const ct_ops *op = m->ops;
     ep_plan p = plan_of(m, a);
-    const int li = a->sparse_index;
+    const int li = kept_of(m, a);
     const bool bf16 = qwen3_bf16_experts(&m->mem_opts);
     send_plan(m, a, &p);
     recv_plan(m, &p, ep->h_rcounts + (size_t)li * p.G * p.El);

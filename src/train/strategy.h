@@ -162,6 +162,7 @@ typedef struct strategy_ep_state {
     double bytes; // payload bytes this rank's all-to-alls sent to other ranks since setup
     ct_error err;
     bool failed;
+    int n_sets; // set before setup under PP: the activation sets the kept rows need (0: one)
 } strategy_ep_state;
 extern const strategy_vt strategy_ep;
 // EP beside FSDP (torchtitan's dp2ep; strategy_ep.c): strategy_fsdp's table with the dispatch,
@@ -182,6 +183,9 @@ int strategy_ep_owner(const trainer *t, const char *name);
 // The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit
 // (else an error naming the replica): checked before a save.
 int strategy_ep_check_replicas(trainer *t, ct_error *err);
+// Which tensors EP rank r of the first replica saves: its experts; rank 0 every tensor (NULL).
+typedef bool (*strategy_keep_fn)(const char *name);
+strategy_keep_fn strategy_ep_saves(int r);
 
 // Pipeline parallelism (strategy_pp.c): this rank's stages of the split (pipeline_schedule.h),
 // its schedule's actions, and per (local stage k, micro-batch i) at [k * m + i] the stage input
@@ -236,6 +240,12 @@ int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error
 // run state too) and load_sharded (the weights only).
 int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep)(const char *),
                          ckpt_range **out, ct_error *err);
+// Shard `shard` of n_shards into the temporary folder tmp: the trainer's local tensors that keep
+// accepts (NULL: all) at their ranges in g, from src (host: the local model's weights and AdamW
+// moments, as strategy_local_state gives them).
+int trainer_write_named_shard(trainer *t, const qwen3_model *g, const char *tmp,
+                              float *const src[3], bool (*keep)(const char *), int shard,
+                              int n_shards, ckpt_shard_info info[2], ct_error *err);
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err);
 // The same into the model's full buffer and host moments (NULL: not read) that span the local
 // model whatever the optimizer holds (a composition with FSDP then takes its pieces); st: the run

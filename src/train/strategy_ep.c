@@ -64,7 +64,7 @@ static int alloc_buffers(trainer *t, ct_error *err) {
     const int G = t->ep_group.size, El = c->local_experts, K = c->num_experts_per_tok;
     const int N = t->B * t->T / (ep->shard ? t->tp : 1), C = c->hidden_size;
     const int Fm = c->moe_intermediate_size;
-    const int S = N * K, L = m->n_sparse;
+    const int S = N * K, L = m->n_sparse * ep->n_sets; // the kept state: per layer and set
     const int64_t rows = (int64_t)G * N * (K < El ? K : El);
     if (rows * C > INT32_MAX / 4)
         return ct_fail(err,
@@ -136,7 +136,8 @@ static int dispatch_setup(trainer *t, ct_error *err) {
                      .size = t->ep_group.size,
                      .shard = t->tp > 1 && t->etp == 1,
                      .alltoall = ep_alltoall,
-                     .ctx = t};
+                     .ctx = t,
+                     .n_sets = t->strat.ep.n_sets > 1 ? t->strat.ep.n_sets : 1};
     if (alloc_buffers(t, err) != 0) return -1;
     m->ep = ep;
     const double N = (double)t->B * t->T / (ep->shard ? t->tp : 1), C = m->cfg.hidden_size;
@@ -174,7 +175,7 @@ static void dispatch_free(trainer *t) {
                         ep->recv,        ep->recvw,       ep->y,   ep->dw_rows, ep->scratch};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->free(be, bufs[i]);
-        for (int l = 0; ep->x_rows && l < t->model.n_sparse; l++) {
+        for (int l = 0; ep->x_rows && l < t->model.n_sparse * ep->n_sets; l++) {
             if (ep->x_rows[l]) be->free(be, ep->x_rows[l]);
             if (ep->w_rows[l]) be->free(be, ep->w_rows[l]);
             if (ep->e_rows[l]) be->free(be, ep->e_rows[l]);
@@ -268,9 +269,8 @@ static int load_hf(trainer *t, hf_load_report *rep, const st_set *set, const cha
 // Checkpoints: the one-process layout's ranges. EP rank r holds (and loads) each of its tensors
 // whole at the global tensor's range; it saves its experts, rank 0 also every other tensor.
 
-static int ep_ranges(const qwen3_model *g, const qwen3_model *m, bool save, int r, ckpt_range **out,
-                     ct_error *err) {
-    return trainer_named_ranges(g, m, save && r != 0 ? strategy_ep_is_expert : NULL, out, err);
+strategy_keep_fn strategy_ep_saves(int r) {
+    return r != 0 ? strategy_ep_is_expert : NULL;
 }
 
 // The ranks holding the same experts (t->erep_group) hold the same local model, bit for bit.
@@ -292,37 +292,14 @@ int strategy_ep_check_replicas(trainer *t, ct_error *err) {
     return rc;
 }
 
-// EP rank r of the first replica: its ranges' weights and moments, then the files.
+// EP rank r of the first replica: its experts (rank 0 every tensor), weights and moments.
 static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, int r, int P,
                        ckpt_shard_info info[2], ct_error *err) {
-    qwen3_model *m = &t->model;
-    ct_backend *be = t->opt.be;
-    ckpt_range *x = NULL;
-    const int n = ep_ranges(g, m, true, r, &x, err);
-    if (n < 0) return -1;
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += x[i].hi - x[i].lo;
-    float *buf = malloc((3 * total + 1) * sizeof *buf);
-    float *src[3] = {qwen3_params_view(m, true, err), NULL, NULL};
-    if (src[0]) src[1] = be->view(be, t->opt.m, m->num_params * sizeof(float), true, err);
-    if (src[1]) src[2] = be->view(be, t->opt.v, m->num_params * sizeof(float), true, err);
-    int rc = !src[2] ? -1 : buf ? 0 : ct_fail(err, "out of memory for the EP checkpoint");
-    size_t pos = 0;
-    for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const qwen3_param *p = &m->params[i];
-        if (r != 0 && !strategy_ep_is_expert(p->name)) continue;
-        for (int k = 0; k < 3; k++)
-            memcpy(buf + k * total + pos, src[k] + p->offset, p->numel * sizeof *buf);
-        pos += p->numel;
-    }
+    float *src[3];
+    int rc = strategy_local_state(t, false, src, err);
     if (rc == 0)
-        rc = ckpt_write_shard(tmp, g, r, P, x, n, buf, buf + total, buf + 2 * total, &info[0],
-                              &info[1], err);
-    if (src[2]) be->view_release(be, src[2], t->opt.v, m->num_params * sizeof(float), false);
-    if (src[1]) be->view_release(be, src[1], t->opt.m, m->num_params * sizeof(float), false);
-    if (src[0]) qwen3_params_view_release(m, src[0], false);
-    free(buf);
-    free(x);
+        rc = trainer_write_named_shard(t, g, tmp, src, strategy_ep_saves(r), r, P, info, err);
+    strategy_local_state_free(t, false, src);
     return rc;
 }
 
@@ -346,7 +323,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
             rc = -1;
             break;
         }
-        if ((sh.n_of[q] = ep_ranges(&g, &layout, true, q, &sh.of[q], err)) < 0) rc = -1;
+        if ((sh.n_of[q] = trainer_named_ranges(&g, &layout, strategy_ep_saves(q), &sh.of[q], err)) < 0) rc = -1;
         qwen3_free(&layout);
     }
     rc = dist_agree(t->d, rc, "the EP checkpoint's ranges", err);

@@ -6,11 +6,15 @@
 // many activation sets as the rank's actions ever hold forwards whose backward has not run
 // (pp_schedule_in_flight: 1F1B min(m, S - s), GPipe m); a forward takes a free set, its backward
 // reads that set and frees it, so nothing is recomputed. Under TP each set has its own TP
-// buffers and under MoE its own routing statistics, whose sums over the sparse layers travel with
-// the micro-batch (the whole model's come back with its gradients, for HF's aux). The last stage's loss is the summed
-// cross-entropy over the step's global valid-target count, so the gradients are one process's.
-// DDP (strategy_replicate) runs over the stage's data-parallel ranks, or FSDP/HSDP (each stage's
-// local model sharded over its dp_shard ranks, as torchtitan's mesh: pp outermost). Under FSDP a
+// buffers, under MoE its own routing statistics, whose sums over the sparse layers travel with
+// the micro-batch (the whole model's come back with its gradients, for HF's aux), and under EP
+// its own dispatched rows. The last stage's loss is the summed cross-entropy over the step's
+// global valid-target count, so the gradients are one process's. DDP (strategy_replicate) runs
+// over the stage's data-parallel ranks, or FSDP/HSDP (each stage's local model sharded over its
+// dp_shard ranks, as torchtitan's mesh: pp outermost), or EP (strategy_ep, or beside FSDP
+// strategy_ep_fsdp: the EP groups carved out of the stage's ranks, so each stage's MoE layers
+// send their tokens to the experts' owners within the stage; its checkpoints and export gather
+// the experts from them). Under FSDP a
 // stage's gradients accumulate whole over its micro-batches and are reduce-scattered in the
 // backward of its last one (FSDP2 under PyTorch's pipelining: set_requires_gradient_sync and
 // set_reshard_after_backward only then), and "default" keeps the units gathered after the
@@ -31,15 +35,20 @@
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-// The strategy inside each stage, known from the config alone (ZeRO-1 is refused in
-// trainer_setup.c): TP (itself over replicate or FSDP), FSDP or replicate.
+// The strategy inside each stage, known from the config alone (ZeRO-1, and EP with TP, are
+// refused in trainer_setup.c): TP (itself over replicate or FSDP), EP (beside FSDP, or with DDP
+// for the rest: its groups are carved out of the stage's ranks), FSDP or replicate.
 static const strategy_vt *dp_of(const trainer *t) {
-    return t->tp > 1 ? &strategy_tp : t->shard_degree > 1 ? &strategy_fsdp : &strategy_replicate;
+    const bool fsdp = t->shard_degree > 1;
+    return t->tp > 1   ? &strategy_tp
+           : t->ep > 1 ? (fsdp ? strategy_ep_fsdp() : &strategy_ep)
+           : fsdp      ? &strategy_fsdp
+                       : &strategy_replicate;
 }
 
-// FSDP directly inside the stage (its loads are ours to hand over).
+// FSDP directly inside the stage, alone or beside EP (its loads are ours to hand over).
 static bool fsdp_on(const trainer *t) {
-    return dp_of(t) == &strategy_fsdp;
+    return t->tp <= 1 && t->shard_degree > 1;
 }
 
 // FSDP inside the stage, directly or under TP: no rank holds its local model.
@@ -48,7 +57,7 @@ static bool sharded(const trainer *t) {
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
-    char inner[200];
+    char inner[320];
     dp_of(t)->describe(t, inner, sizeof inner);
     char cp[64] = "";
     if (t->cp > 1) snprintf(cp, sizeof cp, " (context parallel: %d per sequence)", t->cp);
@@ -69,11 +78,11 @@ static size_t rows_floats(const trainer *t) {
     return boundary_floats(t, t->model.cfg.hidden_size);
 }
 
-// The activation sets, one per micro-batch in flight: the model's, the MoE statistics' and,
-// under TP, each set's TP buffers (set 0's are TP's own).
+// The activation sets, one per micro-batch in flight (p->n_sets): the model's, the MoE
+// statistics' and, under TP, each set's TP buffers (set 0's are TP's own). Under EP the inner
+// setup made each set's dispatched rows.
 static int make_sets(trainer *t, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
-    p->n_sets = pp_schedule_in_flight(p->actions, p->n_actions);
     p->free_sets = calloc((size_t)p->n_sets, sizeof *p->free_sets);
     p->set_of = calloc((size_t)p->v * p->m, sizeof *p->set_of);
     if (!p->free_sets || !p->set_of) return ct_fail(err, "PP: out of memory");
@@ -96,11 +105,11 @@ static void use_set(trainer *t, int j) {
     qwen3_use_set(&t->model, j);
     moe_balance_use_set(&t->moe, j);
     if (p->tps) t->model.tp = j ? &p->tps[j] : &t->strat.tp.tp;
+    if (t->model.ep) t->strat.ep.ep.set = j;
 }
 
 static int setup(trainer *t, ct_error *err) {
     strategy_pp_state *p = &t->strat.pp;
-    if ((p->dp = dp_of(t))->setup(t, err) != 0) return -1;
     p->n_actions = 2 * p->m * p->v;
     p->actions = calloc((size_t)p->n_actions, sizeof *p->actions);
     const int n = p->v * p->m;
@@ -112,9 +121,11 @@ static int setup(trainer *t, ct_error *err) {
     p->sums_dout = p->sums_in + n, p->sums_out = p->sums_in + 2 * n;
     p->sums_din = p->sums_in + 3 * n;
     if (pp_schedule_actions(p->kind, p->group->size, p->group->rank, p->S, p->m, p->actions,
-                            err) != 0 ||
-        make_sets(t, err) != 0)
+                            err) != 0)
         return -1;
+    // The sets before the inner setup: under EP it keeps each set's dispatched rows.
+    t->strat.ep.n_sets = p->n_sets = pp_schedule_in_flight(p->actions, p->n_actions);
+    if ((p->dp = dp_of(t))->setup(t, err) != 0 || make_sets(t, err) != 0) return -1;
     ct_backend *be = t->model.be;
     for (int i = 0; i < 4 * n; i++)
         if (!(p->in[i] = be->alloc(be, rows_floats(t) * sizeof(float), "a stage's activations",
@@ -198,6 +209,16 @@ int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error
     return 0;
 }
 
+// Pipeline rank r's local model held by EP rank e of its stage (without EP, r's).
+static int local_config(const trainer *t, int r, int e, qwen3_config *mc, ct_error *err) {
+    if (strategy_pp_local_config(t, r, mc, err) != 0) return -1;
+    if (t->ep > 1) {
+        mc->local_experts = mc->num_experts / t->ep;
+        mc->expert_lo = e * mc->local_experts;
+    }
+    return 0;
+}
+
 // The one-process init's values: each tensor drawn from its global table's stream (under TP,
 // TP's init: its slices of them).
 static int init_random(trainer *t, uint64_t seed, ct_error *err) {
@@ -265,7 +286,7 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
     for (int r = 0; r < t->pp; r++) {
         qwen3_config lc = t->setup.model;
         const int sets = sets_of(t, r, err);
-        if (sets < 0 || strategy_pp_local_config(t, r, &lc, err) != 0) return -1;
+        if (sets < 0 || local_config(t, r, 0, &lc, err) != 0) return -1;
         run_memory m = *mem;
         m.model = qwen3_memory_plan_ops(&lc, &t->setup.ops, t->B, t->T / t->cp,
                                         &t->setup.mem_opts);
@@ -354,24 +375,24 @@ static void weights_ready(trainer *t) {
     t->strat.pp.dp->weights_ready(t);
 }
 // --- checkpoints: the one-process layout's ranges. Each pp rank holds its tensors whole, at
-// their global ranges (its local buffer is exactly those ranges back to back, in order), and the
-// first data-parallel index's pp ranks write one shard each, so any PP degree (or one process)
-// resumes it. Under TP, TP's checkpoint of each stage's local model: the first data-parallel
-// index's pp x tp ranks write one shard each (TP's slices of their stages' tensors), and a load
-// reads each rank's slices by name, as TP alone.
+// their global ranges (its local buffer is exactly those ranges back to back, in order); under
+// EP each EP rank of a stage its own experts. The first data-parallel index's pp ranks write one
+// shard each, under EP every EP rank of the first replica (its experts; EP rank 0 also the rest),
+// so any PP or EP degree (or one process) resumes it. Under TP, TP's checkpoint of each stage's
+// local model: the first data-parallel index's pp x tp ranks write one shard each (TP's slices of
+// their stages' tensors), and a load reads each rank's slices by name, as TP alone.
 
-// pp rank q's shard: its weights and moments (src: host, the local layout) at its tensors'
-// global ranges.
-static int write_shard(trainer *t, const qwen3_model *g, const char *tmp, float *const src[3],
-                       ckpt_shard_info info[2], ct_error *err) {
-    const dist *grp = t->strat.pp.group;
-    ckpt_range *x = NULL;
-    const int n = trainer_named_ranges(g, &t->model, NULL, &x, err);
-    if (n < 0) return -1;
-    int rc = ckpt_write_shard(tmp, g, grp->rank, grp->size, x, n, src[0], src[1], src[2], &info[0],
-                              &info[1], err);
-    free(x);
-    return rc;
+// The ranks holding every tensor of the first replica between them: t->d ranks [0, ep) (EP's
+// groups are consecutive data-parallel ranks; without EP rank 0).
+static bool first_replica(const trainer *t) {
+    return t->d->rank < t->ep;
+}
+
+// The stage's ranks hold the same weights where they should (FSDP's hold pieces).
+static int check_replicas(trainer *t, ct_error *err) {
+    return fsdp_on(t)   ? 0
+           : t->ep > 1 ? strategy_ep_check_replicas(t, err)
+                       : trainer_check_replicas(t, err);
 }
 
 // Under TP, shard q's writer's local model: pipeline rank q / tp's stages.
@@ -389,38 +410,45 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     }
     strategy_pp_state *p = &t->strat.pp;
     dist *grp = p->group, *w = t->world;
-    const int P = grp->size;
+    const int P = grp->size, E = t->ep, S = P * E; // shard q E + e: pp rank q, EP rank e
     const int64_t step = t->state.step;
-    grp->timeout_s = w->timeout_s = t->d->timeout_s;
+    grp->timeout_s = w->timeout_s = t->pp_writers.timeout_s = t->d->timeout_s;
     if (fsdp_on(t)) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
-    int rc = fsdp_on(t) ? 0 : trainer_check_replicas(t, err); // FSDP's ranks hold pieces
+    if (E > 1) t->erep_group.timeout_s = t->d->timeout_s;
+    int rc = check_replicas(t, err);
     if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
     if (dist_agree(w, rc, "starting the checkpoint", err) != 0) return -1;
     qwen3_model g, layout;
     if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
     trainer_shards sh;
-    rc = trainer_shards_begin(t, &sh, P, err);
-    // World rank 0 lists every shard's ranges: pp rank q's local layout, made here.
-    for (int q = 0; rc == 0 && is_root(t) && q < P; q++) {
+    rc = trainer_shards_begin(t, &sh, S, err);
+    // World rank 0 lists every shard's ranges: its ranks' local layouts, made here.
+    for (int q = 0; rc == 0 && is_root(t) && q < S; q++) {
         qwen3_config lc = t->setup.model;
-        if (strategy_pp_local_config(t, q, &lc, err) != 0 ||
+        if (local_config(t, q / E, q % E, &lc, err) != 0 ||
             qwen3_init_layout(&layout, &lc, err) != 0) {
             rc = -1;
             break;
         }
-        if ((sh.n_of[q] = trainer_named_ranges(&g, &layout, NULL, &sh.of[q], err)) < 0) rc = -1;
+        sh.n_of[q] = trainer_named_ranges(&g, &layout, strategy_ep_saves(q % E), &sh.of[q], err);
+        if (sh.n_of[q] < 0) rc = -1;
         qwen3_free(&layout);
     }
     rc = dist_agree(w, rc, "the PP checkpoint's ranges", err);
-    // The first data-parallel index's stages write; under FSDP their local models assembled by
-    // their first shard groups.
-    const bool writes = t->d->rank == 0;
-    const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : 1);
+    // The writers (t->pp_writers, in shard order); under FSDP their local models assembled by
+    // the stage's first shard group.
+    const bool writes = first_replica(t);
+    const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : E);
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
-    if (rc == 0 && writes) rc = write_shard(t, &g, sh.tmp, src, sh.mine, err);
+    if (rc == 0 && writes)
+        rc = trainer_write_named_shard(t, &g, sh.tmp, src, strategy_ep_saves(t->d->rank),
+                                       t->pp_writers.rank, S, sh.mine, err);
     if (first) strategy_local_state_free(t, fsdp_on(t), src);
-    rc = trainer_shards_end(t, &sh, rc, w, writes ? grp : NULL, &g, ", one per pipeline rank", err);
+    rc = trainer_shards_end(t, &sh, rc, w, writes ? &t->pp_writers : NULL, &g,
+                            E > 1 ? ", one per pipeline rank and EP rank"
+                                  : ", one per pipeline rank",
+                            err);
     qwen3_free(&g);
     return rc;
 }
@@ -633,7 +661,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
         if (p->n_sums && (rc = whole_sums(t, g, i, at, err)) != 0) break;
         qwen3_stage_backward(m, p->l0[k], p->l1[k], p->dout[at], scale);
         p->free_sets[p->n_free++] = p->set_of[at];
-        if ((rc = moe_balance_status(&t->moe, err)) != 0) break;
+        if ((rc = trainer_micro_status(t, err)) != 0) break;
         // HF's aux of the micro-batch, once: the last stage's, from the whole model's sums.
         if (p->n_sums && g == p->S - 1) *aux_sum += moe_balance_aux_of(m->cfg.num_experts, p->sums);
         if (p->n_sums && (rc = backward_sums(t, g, i, at, err)) != 0) break;
@@ -705,7 +733,9 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
 
 // --- the export: the pp ranks of data-parallel index 0 pass each tensor to world rank 0. Under
 // TP, those of TP rank 0 do; for each tensor the stage holding it assembles it over its TP group
-// (strategy_tp_gather), whose other ranks follow their rank 0's tensor indices.
+// (strategy_tp_gather), whose other ranks follow their rank 0's tensor indices. Under EP the same
+// over the first replica's EP group: an expert comes from the EP rank holding it
+// (strategy_ep_fetch_expert).
 
 typedef struct pp_export {
     trainer *t;
@@ -725,45 +755,52 @@ static int owner_of(const trainer *t, const char *name) {
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
 }
 
-// Global tensor i into x->buf on this rank when its stage holds it (under TP: every rank of the
-// stage's TP group, after TP rank 0 named it to them).
+// The stage's group whose rank 0 names each tensor to the others, which then help assemble it:
+// TP's, or the first replica's EP group; NULL when the stage's ranks hold every tensor whole.
+static dist *inner_group(trainer *t) {
+    return t->tp > 1 ? t->strat.tp.group : t->ep > 1 ? &t->ep_group : NULL;
+}
+
+// Global tensor i into x->buf on this rank when its stage holds it (under TP or EP: every rank of
+// the stage's inner group, after its rank 0 named it to them).
 static int take_tensor(pp_export *x, int i, ct_error *err) {
     const qwen3_param *gp = &x->g->params[i];
     if (owner_of(x->t, gp->name) != x->t->strat.pp.group->rank) return 0;
     if (x->t->tp > 1) return strategy_tp_gather(x->t, x->local, gp, x->all, x->buf, err);
+    if (x->t->ep > 1 && strategy_ep_is_expert(gp->name))
+        return strategy_ep_fetch_expert(x->t, gp, x->local, x->buf, err);
     const qwen3_param *p = qwen3_find_param(&x->t->model, gp->name);
     if (!p) return ct_fail(err, "PP export: %s is not on its stage", gp->name);
     memcpy(x->buf, x->local + p->offset, gp->numel * sizeof(float));
     return 0;
 }
 
-// Under TP: tensor i (-1: the end) named to the TP group by its rank 0.
-static int name_to_tp(trainer *t, int *i, ct_error *err) {
-    return t->tp > 1 ? dist_bcast(t->strat.tp.group, i, sizeof *i, 0, "the PP x TP export's next "
-                                                                     "tensor", err)
-                     : 0;
+// Under TP or EP: tensor i (-1: the end) named to the inner group by its rank 0.
+static int name_to_inner(trainer *t, int *i, ct_error *err) {
+    dist *in = inner_group(t);
+    return in ? dist_bcast(in, i, sizeof *i, 0, "the PP export's next tensor", err) : 0;
 }
 
 // Tensor i of the global table into x->buf on every pp rank, from its owner.
 static int fetch_tensor(void *ctx, int i, ct_error *err) {
     pp_export *x = ctx;
     const qwen3_param *gp = &x->g->params[i];
-    if (name_to_tp(x->t, &i, err) != 0 || take_tensor(x, i, err) != 0) return -1;
+    if (name_to_inner(x->t, &i, err) != 0 || take_tensor(x, i, err) != 0) return -1;
     return dist_bcast(x->t->strat.pp.group, x->buf, gp->numel * sizeof(float),
                       owner_of(x->t, gp->name), "the PP export's tensor", err);
 }
 
-// Under TP, a rank other than TP rank 0: the tensors its rank 0 names, to the end.
+// A rank other than its inner group's rank 0: the tensors that rank names, to the end.
 static int follow(pp_export *x, ct_error *err) {
     for (int i = 0;;) {
-        if (name_to_tp(x->t, &i, err) != 0) return -1;
+        if (name_to_inner(x->t, &i, err) != 0) return -1;
         if (i < 0) return 0;
         if (take_tensor(x, i, err) != 0) return -1;
     }
 }
 
-// The weights as one HF folder in dir (world rank 0 writes; the first data-parallel index's
-// stages take part).
+// The weights as one HF folder in dir (world rank 0 writes; the first replica's stages take
+// part: their ranks of data-parallel index 0, under EP its EP groups).
 static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err) {
     // The local model: a view, or under FSDP assembled by the stage's first shard group, a
     // collective over it, before the other data-parallel ranks leave (they hold the same).
@@ -774,14 +811,15 @@ static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err)
         if (sh) t->strat.fsdp.shard.timeout_s = t->d->timeout_s;
         rc = strategy_local_state(t, sh, src, err);
     }
-    if (t->d->rank != 0) {
+    if (!first_replica(t)) {
         strategy_local_state_free(t, sh, src);
         return rc;
     }
     qwen3_model g = {0};
-    dist *grp = t->strat.pp.group;
+    // Under EP the ranks of EP rank e > 0 form pp groups of their own, which only follow.
+    dist *grp = t->strat.pp.group, *in = inner_group(t);
     grp->timeout_s = t->d->timeout_s;
-    if (t->tp > 1) t->strat.tp.group->timeout_s = t->d->timeout_s;
+    if (in) in->timeout_s = t->d->timeout_s;
     const bool have_g = rc == 0 && qwen3_init_layout(&g, &t->setup.model, err) == 0;
     if (!have_g) rc = -1;
     size_t most = 0;
@@ -792,15 +830,15 @@ static int export_hf(trainer *t, const char *dir, ct_dtype dtype, ct_error *err)
     if (rc == 0 && (!x.buf || (t->tp > 1 && !x.all)))
         rc = ct_fail(err, "the PP export: out of memory");
     rc = dist_agree(grp, rc, "the PP export's buffers", err);
-    if (t->tp > 1) rc = dist_agree(t->strat.tp.group, rc, "the PP export's buffers", err);
+    if (in) rc = dist_agree(in, rc, "the PP export's buffers", err);
     strategy_export sx = {.grp = grp, .g = &g, .full = &x.buf, .fetch = fetch_tensor, .ctx = &x};
-    if (rc == 0 && t->tp > 1 && t->strat.tp.group->rank != 0) {
+    if (rc == 0 && in && in->rank != 0) {
         rc = follow(&x, err);
     } else if (rc == 0) {
         rc = strategy_export_stream(&sx, t, dir, dtype, "the PP export's end", err);
         int end = -1; // the TP ranks that follow stop (after a failure too)
         ct_error ignored;
-        if (name_to_tp(t, &end, &ignored) != 0 && rc >= 0) rc = -1, *err = ignored;
+        if (name_to_inner(t, &end, &ignored) != 0 && rc >= 0) rc = -1, *err = ignored;
     }
     strategy_local_state_free(t, sh, src);
     free(x.buf);

@@ -267,6 +267,37 @@ int trainer_named_ranges(const qwen3_model *g, const qwen3_model *m, bool (*keep
     return k;
 }
 
+int trainer_write_named_shard(trainer *t, const qwen3_model *g, const char *tmp,
+                              float *const src[3], bool (*keep)(const char *), int shard,
+                              int n_shards, ckpt_shard_info info[2], ct_error *err) {
+    const qwen3_model *m = &t->model;
+    ckpt_range *x = NULL;
+    const int n = trainer_named_ranges(g, m, keep, &x, err);
+    if (n < 0) return -1;
+    // All of them: the local buffers are exactly the ranges back to back; else the kept ones
+    // packed.
+    size_t total = 0;
+    for (int i = 0; keep && i < n; i++) total += x[i].hi - x[i].lo;
+    float *buf = keep ? malloc((3 * total + 1) * sizeof *buf) : NULL;
+    int rc = !keep || buf ? 0 : ct_fail(err, "out of memory for the checkpoint shard");
+    size_t pos = 0;
+    for (int i = 0; keep && rc == 0 && i < m->n_params; i++) {
+        const qwen3_param *p = &m->params[i];
+        if (!keep(p->name)) continue;
+        for (int k = 0; k < 3; k++)
+            memcpy(buf + k * total + pos, src[k] + p->offset, p->numel * sizeof *buf);
+        pos += p->numel;
+    }
+    if (rc == 0)
+        rc = keep ? ckpt_write_shard(tmp, g, shard, n_shards, x, n, buf, buf + total,
+                                     buf + 2 * total, &info[0], &info[1], err)
+                  : ckpt_write_shard(tmp, g, shard, n_shards, x, n, src[0], src[1], src[2],
+                                     &info[0], &info[1], err);
+    free(buf);
+    free(x);
+    return rc;
+}
+
 int trainer_load_by_name(trainer *t, const char *dir, float *moments[2], ct_error *err) {
     if (moments && (t->opt.base != 0 || t->opt.n != t->model.num_params))
         return ct_fail(err, "the optimizer does not span the local model");

@@ -48,8 +48,8 @@ typedef struct trainer {
     dist ep_group, erep_group, eblock_group;
     // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel (and TP)
     // index (one per stage group, outermost) and this stage's ranks, which t->d is (under TP its
-    // dp_group, split from them). Under PP x TP also the ranks of the first data-parallel index
-    // (pp x tp, pipeline rank outermost): a checkpoint's writers, one shard each.
+    // dp_group, split from them). Also the ranks of the first replica (pp x tp or pp x ep of
+    // them, pipeline rank outermost): a checkpoint's writers, one shard each.
     int pp;
     dist pp_group, stage_group, pp_writers;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)
@@ -116,6 +116,9 @@ typedef struct step_result {
     bool no_tokens; // skipped because the step's samples train no token
 } step_result;
 int trainer_step(trainer *t, step_result *r, ct_error *err);
+// After a micro-batch's backward (the trainer's loop, PP's schedule): 0, or -1 with err set when
+// an expert-parallel exchange or the MoE statistics' sum over the ranks failed in it.
+int trainer_micro_status(trainer *t, ct_error *err);
 // debug.fault: true when `kind` hits this rank at `step` (from 1).
 bool trainer_fault_at(const trainer *t, const char *kind, int64_t step);
 

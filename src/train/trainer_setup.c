@@ -29,14 +29,20 @@
 static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err) {
     const ct_config *c = t->cfg;
     const int pp = t->pp, mbs = c->parallelism.pipeline_parallel_microbatch_size;
-    const char *with = t->ep > 1               ? "expert_parallel_degree > 1"
+    const char *with = t->ep > 1 && t->tp > 1
+                           ? "expert_parallel_degree > 1 and tensor_parallel_degree > 1 (PP x EP x "
+                             "TP)"
+                       : t->ep > 1 && t->cp > 1
+                           ? "expert_parallel_degree > 1 and context_parallel_degree > 1 (PP x EP x "
+                             "CP)"
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                                                : NULL;
     if (with)
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
-                       "runs with DDP, FSDP, TP or CP inside each stage (%d data-parallel ranks)",
+                       "runs with DDP, FSDP, TP, CP or EP inside each stage (%d data-parallel "
+                       "ranks)",
                        pp, with, P);
     if (t->B % mbs != 0)
         return ct_fail(err,
@@ -475,10 +481,6 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
         dist_split(in, r % tp, r / tp, &t->dp_group, err) != 0)
         return -1;
     t->d = &t->dp_group;
-    // Under PP: the checkpoint's writers, in world order (pipeline rank, then TP rank).
-    if (t->pp > 1 &&
-        dist_split(t->world, t->d->rank != 0, t->world->rank, &t->pp_writers, err) != 0)
-        return -1;
     return 0;
 }
 
@@ -615,6 +617,11 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
             t->setup.mem_opts.loss_chunk = (t->setup.mem_opts.loss_chunk + t->cp - 1) / t->cp;
     }
     if (t->ep > 1 && tp_agree(t, setup_ep(t, &mc, err), err) != 0) return -1;
+    // Under PP: a checkpoint's writers, the first replica's ranks (its TP or EP ranks too), in
+    // world order (pipeline rank, then TP or EP rank): one shard each.
+    if (t->pp > 1 &&
+        dist_split(t->world, t->d->rank >= t->ep, t->world->rank, &t->pp_writers, err) != 0)
+        return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
     if (config_text(&t->config_toml, c, err) != 0) return -1;
@@ -724,12 +731,12 @@ void trainer_free(trainer *t) {
     qwen3_free(&t->model);
     if (t->tp > 1) {
         t->d = t->world;
-        if (t->pp > 1) dist_group_free(&t->pp_writers);
         dist_group_free(&t->dp_group);
         dist_group_free(&t->tp_group);
     }
     if (t->pp > 1) {
         t->d = t->world;
+        dist_group_free(&t->pp_writers);
         dist_group_free(&t->stage_group);
         dist_group_free(&t->pp_group);
     }

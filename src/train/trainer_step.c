@@ -95,6 +95,16 @@ qwen3_batch trainer_micro_batch(const trainer *t, int a) {
 // One optimizer step: the loss is the sum of token losses over every micro-batch of every rank
 // divided by the step's count of valid targets, so ranks and accumulation give the global
 // token-weighted mean; summing the ranks' gradients gives its gradient.
+int trainer_micro_status(trainer *t, ct_error *err) {
+    // An expert-parallel exchange that failed in this pass comes first: the balance sum after it
+    // then timed out for the same reason.
+    if (t->ep > 1 && t->strat.ep.failed) {
+        *err = t->strat.ep.err;
+        return -1;
+    }
+    return moe_balance_status(&t->moe, err);
+}
+
 int trainer_step(trainer *t, step_result *r, ct_error *err) {
     t->d->comm_s = 0;
     int64_t valid;
@@ -125,13 +135,7 @@ int trainer_step(trainer *t, step_result *r, ct_error *err) {
         // over the ranks, so its aux is the global micro-batch's (HF computes the aux per
         // forward, over the batch it sees): ranks and micro-batches combine as one process with
         // the same micro-batches would.
-        // An expert-parallel exchange that failed in this pass comes first: the balance sum
-        // after it then timed out for the same reason.
-        if (t->ep > 1 && t->strat.ep.failed) {
-            *err = t->strat.ep.err;
-            return -1;
-        }
-        if (moe_balance_status(&t->moe, err) != 0) return -1;
+        if (trainer_micro_status(t, err) != 0) return -1;
         aux_sum += moe_balance_aux(&t->moe);
     }
     double sq;
