@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
 # (4 micro-batches; GPipe in bf16 and block-causal), PP=4 (np 4), PP=2 x DDP=2 (np 4), HF's aux
-# loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4, Interleaved1F1B; its
-# checkpoint resumed in one process, under FSDP alone and at PP x FSDP with reshard "always", bit
-# for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes; its checkpoint resumed by one process
-# and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its checkpoint resumed by one
-# process), PP=2 x CP=2 (np 4, half the stage bytes and activations, its log lines and
-# validation; its checkpoint resumed in one process), PP=2 x CP=2 x TP=2 (np 8, MoE, ring by
-# alltoall), a MoE model (the aux-loss-free bias),
+# loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4,
+# Interleaved1F1B; its checkpoint resumed in one process, under FSDP alone and at PP x FSDP with
+# reshard "always", bit for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes; its checkpoint
+# resumed by one process and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its
+# checkpoint resumed by one process), PP=2 x CP=2 (np 4, half the stage bytes and activations,
+# its log lines and validation; its checkpoint resumed in one process), PP=2 x CP=2 x TP=2 (np 8,
+# MoE, ring by alltoall), a MoE model (the aux-loss-free bias), PP=2 x EP=2 (np 4, MoE; its
+# checkpoint resumed at PP=2 x EP=2 beside FSDP=2),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
-# the final HF export (assembled from the stages); a PP=2 checkpoint resumed by one process, at
-# PP=4 and PP=2 (bit for bit), and one process's at PP=2; each schedule's order (the ranks' event
-# traces) against its table; the activation sets each schedule keeps (1F1B, GPipe); the guarded backend bit for bit; a hung stage; the refusals, one
+# the final HF export (assembled from the stages, under EP the experts from their owners); a PP=2
+# checkpoint resumed by one process, at PP=4 and PP=2 (bit for bit), and one process's at PP=2;
+# each schedule's order (the ranks' event traces) against its table; the activation sets each
+# schedule keeps (1F1B, GPipe); the guarded backend bit for bit; a hung stage; the refusals, one
 # line each.
 set -u
 source "$(dirname "$0")/mpi_test.bash"
@@ -199,6 +201,26 @@ check "np1 mixed hf aux, 4 micro-batches" hfaux 1 "$tmp/np1_aux" --training.loca
 check "pp2 mixed hf aux" hfaux 2 "$tmp/pp2_aux" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_microbatch_size 1
 check "pp2 mixed hf aux = np1" agree "$tmp/pp2_aux" "$tmp/np1_aux" 0 1e-14 0
+# PP=2 x EP=2 (np 4): each stage's 2 ranks one EP group (4 of the 8 experts each, the stage's
+# tokens sent to them by all-to-all, DDP for the rest), 2 micro-batches of 1 (stage 0 keeps both
+# in flight, each with its own dispatched rows), fp32; steps 2 and 4 saved, a shard per pipeline
+# rank and EP rank (the experts by id). Its step-2 checkpoint resumed at PP=2 x EP=2 beside FSDP=2
+# (dp2ep inside each stage). Measured against one process: 6.1e-10, 9.8e-9, 7.6e-10 (both runs).
+ep2=(--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2
+  --training.local_batch_size 2)
+check "pp2 x ep2 moe" pp 4 "$tmp/ppep" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
+  --parallelism.data_parallel_replicate_degree 2
+check "pp2 x ep2 moe = np1" same "$tmp/ppep" "$tmp/np1_moe" "${tol[@]}"
+grep -q "pipeline parallel over 2 stage groups (schedule 1F1B), expert parallel over 2 ranks" \
+  "$tmp/ppep.log" && grep -q "saved step 2 .*(4 model and optimizer shards, one per pipeline rank and EP rank)" \
+  "$tmp/ppep.log" && ok || bad "pp2 x ep2 log: $(grep '^parallel\|^checkpoint' "$tmp/ppep.log")"
+cp -r "$tmp/ppep" "$tmp/ppepf" && rm -rf "$tmp/ppepf/checkpoint/step-4" "$tmp/ppepf/hf" "$tmp/ppep/hf"
+check "pp2 x ep2 -> pp2 x ep2 x fsdp2" pp 4 "$tmp/ppepf" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
+  --parallelism.data_parallel_shard_degree 2
+grep -q "resumed from .*step-2 " "$tmp/ppepf.log" &&
+  grep -q "expert parallel over 2 ranks .* inside FSDP over 2 ranks" "$tmp/ppepf.log" && ok ||
+  bad "pp2 x ep2 x fsdp2 log: $(grep '^parallel\|^resumed' "$tmp/ppepf.log")"
+check "pp2 x ep2 -> pp2 x ep2 x fsdp2 = np1" agree "$tmp/ppepf" "$tmp/np1_moe" "${tol[@]}"
 rm -rf "$tmp/np1_moe/hf" "$tmp/np1_aux/hf" "$tmp/mixed_hf"
 # PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
 # rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In
@@ -314,6 +336,9 @@ refused tied "pipeline_parallel_degree = 2 with tied embeddings" 2 \
   --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
 refused zero1 "pipeline_parallel_degree = 2 with ZeRO-1 \(data_parallel_shard_mode = \"zero1\"\): not supported yet" \
   4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
+refused ppeptp "pipeline_parallel_degree = 2 with expert_parallel_degree > 1 and tensor_parallel_degree > 1 \(PP x EP x TP\): not supported yet" \
+  4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --parallelism.expert_parallel_degree 2 --model.flavor debugmodel_moe --model.n_kv_heads 2
 refused fqns "module_fqns_per_model_part: \"layers.1\" in stage 0" 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.module_fqns_per_model_part \
   "tok_embeddings,layers.1;layers.0,norm,output"
