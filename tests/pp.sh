@@ -204,8 +204,11 @@ check "pp2 mixed hf aux = np1" agree "$tmp/pp2_aux" "$tmp/np1_aux" 0 1e-14 0
 # PP=2 x EP=2 (np 4): each stage's 2 ranks one EP group (4 of the 8 experts each, the stage's
 # tokens sent to them by all-to-all, DDP for the rest), 2 micro-batches of 1 (stage 0 keeps both
 # in flight, each with its own dispatched rows), fp32; steps 2 and 4 saved, a shard per pipeline
-# rank and EP rank (the experts by id). Its step-2 checkpoint resumed at PP=2 x EP=2 beside FSDP=2
-# (dp2ep inside each stage). Measured against one process: 6.1e-10, 9.8e-9, 7.6e-10 (both runs).
+# rank and EP rank (the experts by id). Its step-2 checkpoint resumed at PP=2 x CP=2 x EP=2 (np 4,
+# local batch 4: EP carved out of each stage's CP ranks, beside FSDP over them, torchtitan's
+# dp2ep). Measured against one process: 6.1e-10, 9.8e-9, 7.6e-10; the resumed run 2.4e-9,
+# 9.8e-9, 7.7e-10 (once from step 0: 2.4e-9, 6.3e-9, 1.0e-9; PP x EP beside dp_shard 2, once:
+# 6.1e-10, 9.8e-9, 7.6e-10).
 ep2=(--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2
   --training.local_batch_size 2)
 check "pp2 x ep2 moe" pp 4 "$tmp/ppep" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
@@ -215,12 +218,12 @@ grep -q "pipeline parallel over 2 stage groups (schedule 1F1B), expert parallel 
   "$tmp/ppep.log" && grep -q "saved step 2 .*(4 model and optimizer shards, one per pipeline rank and EP rank)" \
   "$tmp/ppep.log" && ok || bad "pp2 x ep2 log: $(grep '^parallel\|^checkpoint' "$tmp/ppep.log")"
 cp -r "$tmp/ppep" "$tmp/ppepf" && rm -rf "$tmp/ppepf/checkpoint/step-4" "$tmp/ppepf/hf" "$tmp/ppep/hf"
-check "pp2 x ep2 -> pp2 x ep2 x fsdp2" pp 4 "$tmp/ppepf" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
-  --parallelism.data_parallel_shard_degree 2
+check "pp2 x ep2 -> pp2 x cp2 x ep2" pp 4 "$tmp/ppepf" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
+  --parallelism.context_parallel_degree 2 --training.local_batch_size 4
 grep -q "resumed from .*step-2 " "$tmp/ppepf.log" &&
-  grep -q "expert parallel over 2 ranks .* inside FSDP over 2 ranks" "$tmp/ppepf.log" && ok ||
-  bad "pp2 x ep2 x fsdp2 log: $(grep '^parallel\|^resumed' "$tmp/ppepf.log")"
-check "pp2 x ep2 -> pp2 x ep2 x fsdp2 = np1" agree "$tmp/ppepf" "$tmp/np1_moe" "${tol[@]}"
+  grep -q "expert parallel over 2 ranks .* inside FSDP over 2 ranks.*(context parallel: 2 per sequence)" \
+  "$tmp/ppepf.log" && ok || bad "pp2 x cp2 x ep2 log: $(grep '^parallel\|^resumed' "$tmp/ppepf.log")"
+check "pp2 x ep2 -> pp2 x cp2 x ep2 = np1" agree "$tmp/ppepf" "$tmp/np1_moe" "${tol[@]}"
 rm -rf "$tmp/np1_moe/hf" "$tmp/np1_aux/hf" "$tmp/mixed_hf"
 # PP=2 x TP=2 (np 4, TP with sequence parallelism inside each stage; n_kv_heads 2 for TP): each
 # rank sends its sequence shard to the same TP rank of the next stage, half PP alone's bytes. In

@@ -32,9 +32,6 @@ static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err
     const char *with = t->ep > 1 && t->tp > 1
                            ? "expert_parallel_degree > 1 and tensor_parallel_degree > 1 (PP x EP x "
                              "TP)"
-                       : t->ep > 1 && t->cp > 1
-                           ? "expert_parallel_degree > 1 and context_parallel_degree > 1 (PP x EP x "
-                             "CP)"
                        : c->lora.rank > 0      ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                                                : NULL;
