@@ -206,9 +206,9 @@ check "pp2 mixed hf aux = np1" agree "$tmp/pp2_aux" "$tmp/np1_aux" 0 1e-14 0
 # in flight, each with its own dispatched rows), fp32; steps 2 and 4 saved, a shard per pipeline
 # rank and EP rank (the experts by id). Its step-2 checkpoint resumed at PP=2 x CP=2 x EP=2 (np 4,
 # local batch 4: EP carved out of each stage's CP ranks, beside FSDP over them, torchtitan's
-# dp2ep). Measured against one process: 6.1e-10, 9.8e-9, 7.6e-10; the resumed run 2.4e-9,
-# 9.8e-9, 7.7e-10 (once from step 0: 2.4e-9, 6.3e-9, 1.0e-9; PP x EP beside dp_shard 2, once:
-# 6.1e-10, 9.8e-9, 7.6e-10).
+# dp2ep). Its logged loads equal one process's. Measured against one process: 6.1e-10, 9.8e-9,
+# 7.6e-10; the resumed run 2.4e-9, 9.8e-9, 7.7e-10 (once from step 0: 2.4e-9, 6.3e-9, 1.0e-9;
+# PP x EP beside dp_shard 2, once: 6.1e-10, 9.8e-9, 7.6e-10).
 ep2=(--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2
   --training.local_batch_size 2)
 check "pp2 x ep2 moe" pp 4 "$tmp/ppep" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
@@ -217,6 +217,8 @@ check "pp2 x ep2 moe = np1" same "$tmp/ppep" "$tmp/np1_moe" "${tol[@]}"
 grep -q "pipeline parallel over 2 stage groups (schedule 1F1B), expert parallel over 2 ranks" \
   "$tmp/ppep.log" && grep -q "saved step 2 .*(4 model and optimizer shards, one per pipeline rank and EP rank)" \
   "$tmp/ppep.log" && ok || bad "pp2 x ep2 log: $(grep '^parallel\|^checkpoint' "$tmp/ppep.log")"
+[ "$(loads "$tmp/ppep")" = "$(loads "$tmp/np1_moe")" ] && ok ||
+  bad "pp2 x ep2's logged loads: $(loads "$tmp/ppep" | head -1), np1's $(loads "$tmp/np1_moe" | head -1)"
 cp -r "$tmp/ppep" "$tmp/ppepf" && rm -rf "$tmp/ppepf/checkpoint/step-4" "$tmp/ppepf/hf" "$tmp/ppep/hf"
 check "pp2 x ep2 -> pp2 x cp2 x ep2" pp 4 "$tmp/ppepf" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
   --parallelism.context_parallel_degree 2 --training.local_batch_size 4
