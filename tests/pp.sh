@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (issue 34), under real mpirun: PP=2 with 1F1B, GPipe and Interleaved1F1B
 # (4 micro-batches; GPipe in bf16 and block-causal), PP=4 (np 4), PP=2 x DDP=2 (np 4), HF's aux
-# loss over a dense and a sparse stage, validation through the stages, PP=2 x FSDP=2 (np 4,
+# loss over a dense and a sparse stage (on conversations, with full activation checkpointing),
+# validation through the stages, PP=2 x FSDP=2 (np 4,
 # Interleaved1F1B; its checkpoint resumed in one process, under FSDP alone and at PP x FSDP with
 # reshard "always", bit for bit), PP=2 x TP=2 (np 4, bf16, half the stage bytes; its checkpoint
 # resumed by one process and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its
@@ -187,20 +188,35 @@ loads() { grep -o '"moe_load_max_over_mean":\[[^]]*\]' "$1/metrics.jsonl"; }
 # layer 0 dense, layer 1 sparse): each micro-batch's routing sums travel with it to the last
 # stage, which sums them over the ranks and sends the whole model's back with the gradients.
 # Against one process accumulating the same 4 micro-batches (HF's aux is per forward): the same
-# bits (measured: loss 0, grad norm 8.8e-16, weights 0).
+# bits (measured: loss 0, grad norm 5.4e-16, weights 0). Both runs fine-tune on conversations
+# (the real chat template; the loss on the assistant turns only, its count taken before the
+# micro-batches) with full activation checkpointing (each stage recomputes its layers from the
+# activation set's inputs).
 "$CTITAN_PYTHON" "$(dirname "$0")/ep_craft.py" "$tmp/np1_moe/hf" "$tmp/mixed_hf" mixed ||
   bad "ep_craft.py mixed"
+"$CTITAN_PYTHON" - "$text" "$tmp/chat.jsonl" <<'PY'
+import json, sys
+lines = [l.strip() for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    for i in range(0, 120, 2):
+        f.write(json.dumps({"messages": [{"role": "user", "content": lines[i]},
+                                         {"role": "assistant", "content": lines[i + 1]}]}) + "\n")
+PY
 hfaux() {
   local np=$1 dump=$2; shift 2
   text_train "$np" "$dump" training.local_batch_size=4 training.global_batch_size=4 \
     checkpoint.enable=false checkpoint.last_save_in_hf=true model.backend=hf \
     model.hf_path="$tmp/mixed_hf" model.n_layers=0 model.load_balance=hf \
-    model.output_router_logits=true model.router_aux_loss_coef=0.1 -- "$@"
+    model.output_router_logits=true model.router_aux_loss_coef=0.1 \
+    training.dataset_path="$tmp/chat.jsonl" activation_checkpoint.mode=full -- "$@"
 }
 check "np1 mixed hf aux, 4 micro-batches" hfaux 1 "$tmp/np1_aux" --training.local_batch_size 1
 check "pp2 mixed hf aux" hfaux 2 "$tmp/pp2_aux" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_microbatch_size 1
 check "pp2 mixed hf aux = np1" agree "$tmp/pp2_aux" "$tmp/np1_aux" 0 1e-14 0
+grep -q '^data: 60 conversations rendered with .*(training.train_on = "assistant")' "$tmp/pp2_aux.log" &&
+  grep -q "^activation checkpointing: full" "$tmp/pp2_aux.log" &&
+  ok || bad "pp2 mixed hf aux: not chat with full AC: $(grep -i '^data\|^activation' "$tmp/pp2_aux.log")"
 # PP=2 x EP=2 (np 4): each stage's 2 ranks one EP group (4 of the 8 experts each, the stage's
 # tokens sent to them by all-to-all, DDP for the rest), 2 micro-batches of 1 (stage 0 keeps both
 # in flight, each with its own dispatched rows), fp32; steps 2 and 4 saved, a shard per pipeline
