@@ -119,9 +119,10 @@ run 2 "$tmp/fsdp" --training.steps 3 --training.local_batch_size 1 --checkpoint.
   ok || bad "LoRA under FSDP: $(tail -3 "$tmp/fsdp.log")"
 same "$tmp/fsdp" "$tmp/g1" 0 1e-14 0 && ok || bad "LoRA under FSDP np2 differs from np1"
 # bf16: the base held in bf16 only, its shard too (its norms whole on every rank); with dropout
-# and a validation of one batch (the rank without a batch still runs the forward's gathers).
+# and a validation of the whole split, 9 windows (the rank without a last batch still runs the
+# forward's gathers).
 bf=(--training.mixed_precision_param bfloat16 --lora.dropout 0.2 --validation.enable true
-    --validation.dataset_path "$ref/tokens.npy" --validation.freq 1 --validation.steps 1)
+    --validation.dataset_path "$ref/tokens.npy" --validation.freq 1 --validation.steps -1)
 run 1 "$tmp/g1b" --training.steps 3 --training.local_batch_size 1 --training.global_batch_size 2 \
   --checkpoint.interval 3 "${lora[@]}" "${bf[@]}" && ok || bad "np1 bf16: $(tail -3 "$tmp/g1b.log")"
 run 2 "$tmp/fsdpb" --training.steps 3 --training.local_batch_size 1 --checkpoint.interval 3 \

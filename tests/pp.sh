@@ -154,13 +154,16 @@ fsdp2=(--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shar
   --training.local_batch_size 2)
 keep=(--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 2)
 il=(--parallelism.pipeline_parallel_schedule Interleaved1F1B)
-# (validation: 6 batches of 2 over the 2 data-parallel ranks, one process's 12 sequences)
+# (validation: 3 steps of a local batch of 2 on each of the 2 data-parallel ranks, one
+# process's 12 sequences)
 check "pp2 x fsdp2 Interleaved1F1B" pp 4 "$tmp/ppf" "${six[@]}" "${fsdp2[@]}" "${keep[@]}" "${il[@]}" \
-  "${val[@]}" --validation.steps 6
+  "${val[@]}"
 grep -q "FSDP over 2 ranks: .*reshard_after_forward never" "$tmp/ppf.log" && ok ||
   bad "pp2 x fsdp2: $(grep '^comm: FSDP' "$tmp/ppf.log")"
 check "pp2 x fsdp2 = np1" same "$tmp/ppf" "$tmp/np1_6" "${tol[@]}"
 check "pp2 x fsdp2 validation = np1" same_val "$tmp/ppf" "$tmp/np1_6" "$vtol"
+grep -q "^validation step 2: .* (6 batches of 2 over 2 data-parallel rank(s))$" "$tmp/ppf.log" && ok ||
+  bad "pp2 x fsdp2 validation: $(grep '^validation' "$tmp/ppf.log" | head -1)"
 for to in f1 f2 fa; do
   cp -r "$tmp/ppf" "$tmp/$to" && rm -rf "$tmp/$to/checkpoint/step-4" "$tmp/$to/hf"
 done

@@ -176,7 +176,8 @@ const config_key config_table[] = {
         "validation data, in the forms training.dataset_path takes"),
     KEY(validation, freq, CONFIG_INT, "500", NULL, false, "validate every this many steps"),
     KEY(validation, steps, CONFIG_INT, "10", NULL, false,
-        "batches per validation, at most one pass over the split (-1: the whole split)"),
+        "steps per validation, each a local batch on every data-parallel rank (torchtitan's), at "
+        "most one pass over the split (-1: the whole split)"),
 
     KEY(debug, seed, CONFIG_INT64, "0", NULL, true, "seed for weight init and data shuffling"),
     KEY(debug, fault, CONFIG_STR, "none", "none|bad_token|nan|exit|hang|weights", false,

@@ -12,20 +12,21 @@
 #include "train/trainer_internal.h"
 
 // Validation batches are dealt out to the ranks in turn (batch b on rank b mod N); the sums
-// meet in rank order. Each window counts once: the batches stop when the windows run out (as
-// torchtitan's finite validation loader does), and a last, partial batch fills its empty rows
-// with window 0 whose targets are all ignored.
+// meet in rank order. validation.steps counts torchtitan's steps: each one a local batch on
+// every data-parallel rank. Each window counts once: the batches stop when the windows run out
+// (as torchtitan's finite validation loader does), and a last, partial batch fills its empty
+// rows with window 0 whose targets are all ignored.
 int trainer_validate(trainer *t, ct_error *err) {
     const ct_config *c = t->cfg;
     uint64_t total = t->val_loader.n_windows;
     const int B = t->val_B;
-    uint64_t batches = (total + B - 1) / B;
-    if (c->validation.steps > 0 && (uint64_t)c->validation.steps < batches)
-        batches = (uint64_t)c->validation.steps;
-    double sum = 0, valid = 0;
     // Under CP a batch is its CP group's, each rank forwarding its chunks of it.
     const uint64_t dp_rank = (uint64_t)(t->cp > 1 ? cp_dp_rank(t) : t->d->rank);
     const uint64_t dp_size = (uint64_t)(t->cp > 1 ? cp_dp_size(t) : t->d->size);
+    uint64_t batches = (total + B - 1) / B;
+    if (c->validation.steps > 0 && (uint64_t)c->validation.steps * dp_size < batches)
+        batches = (uint64_t)c->validation.steps * dp_size;
+    double sum = 0, valid = 0;
     // Under FSDP every forward gathers each unit over the shard group: every rank runs as many,
     // the last ones on batches whose targets are all ignored.
     const uint64_t rounds =
@@ -64,8 +65,11 @@ int trainer_validate(trainer *t, ct_error *err) {
         dist_sum(t->d, valid, &valid, "the validation token count", err) != 0)
         return -1;
     double loss = sum / valid;
-    fprintf(t->log, "validation step %lld: loss %.4f  perplexity %.2f  (%llu batches)\n",
-            (long long)t->state.step, loss, exp(loss), (unsigned long long)batches);
+    fprintf(t->log,
+            "validation step %lld: loss %.4f  perplexity %.2f  (%llu batches of %d over %llu "
+            "data-parallel rank(s))\n",
+            (long long)t->state.step, loss, exp(loss), (unsigned long long)batches, B,
+            (unsigned long long)dp_size);
     if (is_root(t)) {
         fprintf(t->metrics.jsonl, "{\"step\":%lld,\"val_loss\":%.17g,\"val_perplexity\":%.17g}\n",
                 (long long)t->state.step, loss, exp(loss));
