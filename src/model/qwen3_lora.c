@@ -204,10 +204,20 @@ static int plan_experts(qwen3_model *m, int N, ct_error *err) {
     const size_t scratch = ct_moe_lora_scratch_floats(N, c->hidden_size, c->moe_intermediate_size,
                                                       c->num_experts, c->num_experts_per_tok,
                                                       lo->L.lc.rank);
-    if (!(lo->experts_act = m->be->alloc(m->be, (n + scratch) * sizeof(float),
+    // fp32 experts sum their branch's products in double (ct_moe_lora.acc), each expert its own
+    // region: the larger of gate/up's and down's.
+    const int C = c->hidden_size, F = c->moe_intermediate_size, R = lo->L.lc.rank;
+    const size_t ga = ct_lora_acc_doubles(C, R, F), da = ct_lora_acc_doubles(F, R, C);
+    const size_t stride = qwen3_bf16_experts(&m->mem_opts) ? 0 : ga > da ? ga : da;
+    const size_t acc = 2 * stride * c->num_experts; // in floats
+    if (!(lo->experts_act = m->be->alloc(m->be, (acc + n + scratch) * sizeof(float),
                                          "the LoRA experts' activations", err)))
         return ct_wrap(err, "qwen3_plan: LoRA on the experts");
-    float *at = lo->experts_act;
+    float *at = lo->experts_act + acc; // the doubles first, at the allocation's alignment
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        lo->experts[l].acc = stride ? (double *)lo->experts_act : NULL;
+        lo->experts[l].acc_stride = stride;
+    }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (!lo->experts[l].w) continue;
         lo->experts[l].u = at;

@@ -71,10 +71,59 @@ void cpu_lora_forward(float *y, uint16_t *y16, int ldy, float *u, float *scratch
     }
 }
 
+size_t ct_lora_acc_doubles(int in, int r, int out) {
+    return 2 * (size_t)out * r + (size_t)r * in + (size_t)LORA_ACC_ROWS * (in + out + 2 * r);
+}
+
+// dst (m, k) += a^T b, a (N, m) and b (N, k): under bf16 the product rounded to bf16 (tmp) before
+// it is added, as the gradient of autocast's cast of an fp32 weight.
+static void add_product(float *dst, float *tmp, const float *a, int m, const float *b, int k,
+                        int N, bool bf16) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, N, 1.0f, a, m, b, k,
+                bf16 ? 0.0f : 1.0f, bf16 ? tmp : dst, k);
+    if (bf16)
+        for (size_t i = 0; i < (size_t)m * k; i++) dst[i] += bf16_value(bf16_round(tmp[i]));
+}
+
+// fp32's three rank-r products, dB += dz^T u, du = dz B and dA += du^T x, summed in double:
+// row blocks of dz, x and u widened into acc (ct_lora_acc_doubles), then dgemm.
+static void products_f64(const float *dz, const float *u, const float *x, const float *B,
+                         float *dA, float *dB, float *du, int N, int in, int r, int out,
+                         double *acc) {
+    double *dBd = acc, *dAd = dBd + (size_t)out * r, *Bd = dAd + (size_t)r * in;
+    double *zd = Bd + (size_t)out * r, *xd = zd + (size_t)LORA_ACC_ROWS * out;
+    double *ud = xd + (size_t)LORA_ACC_ROWS * in, *dud = ud + (size_t)LORA_ACC_ROWS * r;
+    for (size_t i = 0; i < (size_t)out * r; i++) Bd[i] = B[i], dBd[i] = 0;
+    for (size_t i = 0; i < (size_t)r * in; i++) dAd[i] = 0;
+    for (int n0 = 0; n0 < N; n0 += LORA_ACC_ROWS) {
+        const int n = N - n0 < LORA_ACC_ROWS ? N - n0 : LORA_ACC_ROWS;
+        for (size_t i = 0; i < (size_t)n * out; i++) zd[i] = dz[(size_t)n0 * out + i];
+        for (size_t i = 0; i < (size_t)n * in; i++) xd[i] = x[(size_t)n0 * in + i];
+        for (size_t i = 0; i < (size_t)n * r; i++) ud[i] = u[(size_t)n0 * r + i];
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, n, 1.0, zd, out, ud, r, 1.0,
+                    dBd, r);
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, out, 1.0, zd, out, Bd, r, 0.0,
+                    dud, r);
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, n, 1.0, dud, r, xd, in, 1.0,
+                    dAd, in);
+        for (size_t i = 0; i < (size_t)n * r; i++) du[(size_t)n0 * r + i] = (float)dud[i];
+    }
+    for (size_t i = 0; i < (size_t)out * r; i++) dB[i] += (float)dBd[i];
+    for (size_t i = 0; i < (size_t)r * in; i++) dA[i] += (float)dAd[i];
+}
+
 void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const float *dy,
                        const uint16_t *dy16, int ldy, const float *u, const float *x,
                        const float *A, const float *B, float scale, bool bf16, int N, int in,
                        int r, int out) {
+    cpu_lora_backward_acc(dx, dA, dB, scratch, dy, dy16, ldy, u, x, A, B, scale, bf16, N, in, r,
+                          out, NULL);
+}
+
+void cpu_lora_backward_acc(float *dx, float *dA, float *dB, float *scratch, const float *dy,
+                           const uint16_t *dy16, int ldy, const float *u, const float *x,
+                           const float *A, const float *B, float scale, bool bf16, int N, int in,
+                           int r, int out, double *acc) {
     float *dz = scratch, *xb = dz + (size_t)N * out, *du = xb + (size_t)N * in,
           *Ab = du + (size_t)N * r, *Bb = Ab + (size_t)r * in, *tmp = Bb + (size_t)out * r;
     // dz = dy * scaling (bf16: the output gradient is bf16, the product rounded)
@@ -87,30 +136,21 @@ void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const fl
             dz[(size_t)n * out + o] = bf16 ? bf16_value(bf16_round(v)) : v;
         }
     }
-    if (bf16) {
-        round_copy(xb, x, (size_t)N * in);
-        round_copy(Ab, A, (size_t)r * in);
-        round_copy(Bb, B, (size_t)out * r);
-        x = xb, A = Ab, B = Bb;
-        // dB += bf16(dz^T @ u)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, N, 1.0f, dz, out, u, r, 0.0f,
-                    tmp, r);
-        for (size_t i = 0; i < (size_t)out * r; i++) dB[i] += bf16_value(bf16_round(tmp[i]));
+    if (acc && !bf16) {
+        products_f64(dz, u, x, B, dA, dB, du, N, in, r, out, acc);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, N, 1.0f, dz, out, u, r, 1.0f,
-                    dB, r);
-    }
-    // du(N,r) = dz @ B
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out, 1.0f, dz, out, B, r, 0.0f, du,
-                r);
-    if (bf16) {
-        round_inplace(du, (size_t)N * r);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, N, 1.0f, du, r, x, in, 0.0f,
-                    tmp, in);
-        for (size_t i = 0; i < (size_t)r * in; i++) dA[i] += bf16_value(bf16_round(tmp[i]));
-    } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, N, 1.0f, du, r, x, in, 1.0f, dA,
-                    in);
+        if (bf16) {
+            round_copy(xb, x, (size_t)N * in);
+            round_copy(Ab, A, (size_t)r * in);
+            round_copy(Bb, B, (size_t)out * r);
+            x = xb, A = Ab, B = Bb;
+        }
+        add_product(dB, tmp, dz, out, u, r, N, bf16); // dB += dz^T @ u
+        // du(N,r) = dz @ B
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out, 1.0f, dz, out, B, r,
+                    0.0f, du, r);
+        if (bf16) round_inplace(du, (size_t)N * r);
+        add_product(dA, tmp, du, r, x, in, N, bf16); // dA += du^T @ x
     }
     // dx(N,in) = du @ A
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, r, 1.0f, du, r, A, in, 0.0f, dx,

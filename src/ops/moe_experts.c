@@ -280,9 +280,9 @@ static void expert_lora_backward(const grouped_args *g, const expert_lora *a, in
                                  int ldd, const float *dy, int ldy, const float *u,
                                  const float *x) {
     float *dxs = a->scratch;
-    cpu_lora_backward(dxs, a->dA, a->dB, moe_expert_lora_kernel_scratch(&g->ml, a, n), dy, NULL,
-                      ldy, u, x, a->A, a->B, g->ml.lora->scale, false, n, a->in, g->ml.lora->r,
-                      a->out);
+    cpu_lora_backward_acc(dxs, a->dA, a->dB, moe_expert_lora_kernel_scratch(&g->ml, a, n), dy,
+                          NULL, ldy, u, x, a->A, a->B, g->ml.lora->scale, false, n, a->in,
+                          g->ml.lora->r, a->out, a->acc);
     moe_expert_lora_dropout(&g->ml, a, n, dxs, dxs);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < a->in; c++) dst[(size_t)i * ldd + c] += dxs[(size_t)i * a->in + c];

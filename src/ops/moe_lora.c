@@ -34,6 +34,7 @@ bool moe_expert_lora_at(expert_lora *o, const moe_lora_ctx *g, int e, int m, int
     o->u = lo->u + (size_t)m * g->S * r + (size_t)r0 * r;
     o->scratch =
         lo->scratch + (size_t)r0 * lora_row_floats(g->C, g->F, lo->r) + (size_t)e * 2 * r * (C + F);
+    o->acc = lo->acc ? lo->acc + (size_t)e * lo->acc_stride : NULL;
     return true;
 }
 

@@ -22,6 +22,7 @@ typedef struct moe_lora_ctx {
 typedef struct expert_lora {
     const float *A, *B;
     float *dA, *dB, *u, *scratch;
+    double *acc; // the expert's ct_moe_lora.acc, or NULL
     int in, out, e, m, r0;
 } expert_lora;
 

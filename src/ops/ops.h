@@ -142,6 +142,10 @@ typedef struct ct_moe_lora {
     int r;
     float scale;
     float *u, *scratch;
+    // fp32 experts: each expert's acc_stride doubles, where its backward sums the branch's
+    // products in double (cpu_lora_backward_acc); NULL: in fp32 GEMMs (the bf16 experts).
+    double *acc;
+    size_t acc_stride;
     float dropout;
     uint64_t seed[3];
     uint64_t token0;
@@ -172,6 +176,9 @@ extern const ct_ops ct_ops_cpu;
 // with that expert kernel and its bf16 variant (moe_bf16_*); returns -1 for an unknown name.
 // Floats of scratch lora_forward and lora_backward take for N rows of (in -> r -> out).
 size_t ct_lora_scratch_floats(int N, int in, int r, int out);
+// Doubles an fp32 expert's LoRA backward sums its products in (ct_moe_lora.acc), per expert, for
+// one branch of (in -> r -> out).
+size_t ct_lora_acc_doubles(int in, int r, int out);
 
 // Floats of scratch moe_lora_forward and moe_lora_backward take (ct_moe_lora.scratch).
 size_t ct_moe_lora_scratch_floats(int N, int C, int F, int E, int K, int r);

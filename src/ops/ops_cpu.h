@@ -97,6 +97,15 @@ void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const fl
                        const uint16_t *dy16, int ldy, const float *u, const float *x,
                        const float *A, const float *B, float scale, bool bf16, int N, int in,
                        int r, int out);
+// The same with acc (ct_lora_acc_doubles, or NULL: as cpu_lora_backward): in fp32, the three
+// rank-r products (dB, dA and the branch's middle gradient) summed in double, in row blocks of
+// LORA_ACC_ROWS. An expert's adapter sees few tokens: its gradients are short sums that cancel,
+// and Adam's normalised step magnifies fp32's rounding of them (issue 31).
+#define LORA_ACC_ROWS 64
+void cpu_lora_backward_acc(float *dx, float *dA, float *dB, float *scratch, const float *dy,
+                           const uint16_t *dy16, int ldy, const float *u, const float *x,
+                           const float *A, const float *B, float scale, bool bf16, int N, int in,
+                           int r, int out, double *acc);
 // t (N, out) = the branch's term as lora_forward adds it, from u (N, r) = A x as it saved it
 // (bf16: B rounded into Bb (out, r), the product and the scaled term rounded).
 void cpu_lora_term(float *t, float *Bb, const float *u, const float *B, float scale, bool bf16,
