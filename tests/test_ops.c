@@ -402,9 +402,10 @@ static void test_cross_entropy(int N, int V, float spread) {
     free(t), free(x), free(loss), free(ref), free(ones), free(dx);
 }
 
-// bf16 linear layers: oneDNN's kernels (the table's) and the sgemm emulation
-// (matmul_bf16_emulated.c) against a double product of the bf16-rounded operands. Both accumulate
-// in fp32, so each is within fp32 summation error of it: rel L2 1e-6 (measured 3e-9 to 1.4e-7).
+// bf16 linear layers: the table's kernels (oneDNN's; the one-row product at N = 1) and the
+// sgemm emulation (matmul_bf16_emulated.c) against a double product of the bf16-rounded operands.
+// Both accumulate in fp32, so each is within fp32 summation error of it: rel L2 1e-6 (measured
+// 3e-9 to 1.4e-7).
 static void test_matmul_bf16(int N, int C, int OC) {
     cpu_kernels kernels = {0}; // the primitives' home: a backend's, here the test's own
     ct_ops bf16 = *ops;
@@ -426,7 +427,7 @@ static void test_matmul_bf16(int N, int C, int OC) {
                 ry[n * OC + o] += xv * wv, rdx[n * C + c] += g * wv, rdw[o * C + c] += g * xv;
             }
     for (int emulated = 0; emulated < 2; emulated++) {
-        const char *how = emulated ? "emulated" : "oneDNN";
+        const char *how = emulated ? "emulated" : N == 1 ? "one-row" : "oneDNN";
         float *y = calloc(ny, 4), *dx = calloc(nx, 4), *dw = calloc(nw, 4);
         if (emulated) {
             mm_emulated_forward(y, NULL, scratch, x, NULL, w16, N, C, OC);
@@ -645,6 +646,12 @@ int main(void) {
     test_matmul_bf16(7, 33, 5);
     test_swiglu_rows_bf16(9, 301);
     test_matmul_bf16(37, 64, 600); // several emulated weight blocks, a partial last one
+    // N = 1, the decode's one-row product (rows_dpbf16 with AVX512-BF16): 128-element strides,
+    // then whole 32s and a masked tail (1000 = 7 x 128 + 3 x 32 + 8), a tail alone (1183 = 9 x
+    // 128 + 31), rows split over the threads (1000 x 70 is over CPU_PAR_MIN)
+    test_matmul_bf16(1, 1000, 70);
+    test_matmul_bf16(1, 1183, 37);
+    test_matmul_bf16(1, 33, 5);
     test_embedding(9, 4, 37);
     test_add();
     test_thread_invariance();

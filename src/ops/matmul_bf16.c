@@ -253,52 +253,41 @@ static inline void row_store(float *out, uint16_t *out16, const float *bias, int
 }
 
 #ifdef ROW_DPBF16
-// Rows [o0, o1) of the one-row product with AVX512-BF16: VDPBF16PS multiplies 32 bf16 pairs and
-// adds each pair's two products into one of 16 fp32 lanes (products of bf16 values are exact in
-// fp32; it rounds to nearest and flushes subnormals, as oneDNN's bf16 kernels on this CPU do).
-// Four rows at a time share each load of x, and the four rows stream as four sequential reads.
-// Lane k sums the products of elements 32i + 2k and 32i + 2k + 1: another order than
-// dot_bf16's, so other last bits.
+// One VDPBF16PS step: 32 bf16 pairs of w and x, each pair's two products added into one of acc's
+// 16 fp32 lanes (products of bf16 values are exact in fp32; it rounds to nearest and flushes
+// subnormals, as oneDNN's bf16 kernels on this CPU do). mask selects the elements read.
+#define DPBF16_STEP(acc, w, x, mask)                                                               \
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, w),                      \
+                           (__m512bh)_mm512_maskz_loadu_epi16(mask, x))
+
+// Rows [o0, o1) of the one-row product with AVX512-BF16, one row at a time: each row is one
+// sequential read, with four independent accumulators over its 128-element strides (k, k + 32,
+// k + 64, k + 96), so the adds never wait on each other. Reading four rows at once (four streams
+// sharing each load of x, the earlier kernel) ran at 49 GB/s where a plain streaming sum of the
+// same buffers ran at 61 (2 threads, 0.6B geometry's matrices; docs/performance.md); one stream
+// a row reaches the streaming sum's rate. Lane j of accumulator i sums elements 128m + 32i + 2j
+// and 128m + 32i + 2j + 1; the four are added (0 + 1) + (2 + 3), then across the lanes.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void
 rows_dpbf16(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *w, const float *bias,
             int C, int o0, int o1) {
-    const int full = C / 32 * 32;
-    const __mmask32 tail = (__mmask32)((1ull << (C - full)) - 1);
-    int o = o0;
-    for (; o + 4 <= o1; o += 4) {
-        const uint16_t *w0 = w + (size_t)o * C, *w1 = w0 + C, *w2 = w1 + C, *w3 = w2 + C;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < full; k += 32) {
-            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + k), xv);
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w1 + k), xv);
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w2 + k), xv);
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w3 + k), xv);
-        }
-        if (tail) {
-            const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + full);
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(tail, w0 + full), xv);
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail, w1 + full), xv);
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(tail, w2 + full), xv);
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(tail, w3 + full), xv);
-        }
-        row_store(out, out16, bias, o, _mm512_reduce_add_ps(a0));
-        row_store(out, out16, bias, o + 1, _mm512_reduce_add_ps(a1));
-        row_store(out, out16, bias, o + 2, _mm512_reduce_add_ps(a2));
-        row_store(out, out16, bias, o + 3, _mm512_reduce_add_ps(a3));
-    }
-    for (; o < o1; o++) {
+    const int quad = C / 128 * 128, full = C / 32 * 32;
+    const __mmask32 all = ~(__mmask32)0, tail = (__mmask32)((1ull << (C - full)) - 1);
+    for (int o = o0; o < o1; o++) {
         const uint16_t *wo = w + (size_t)o * C;
-        __m512 a = _mm512_setzero_ps();
-        for (int k = 0; k < full; k += 32)
-            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(wo + k),
-                                 (__m512bh)_mm512_loadu_si512(x + k));
-        if (tail)
-            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(tail, wo + full),
-                                 (__m512bh)_mm512_maskz_loadu_epi16(tail, x + full));
-        row_store(out, out16, bias, o, _mm512_reduce_add_ps(a));
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < quad; k += 128) {
+            DPBF16_STEP(a0, wo + k, x + k, all);
+            DPBF16_STEP(a1, wo + k + 32, x + k + 32, all);
+            DPBF16_STEP(a2, wo + k + 64, x + k + 64, all);
+            DPBF16_STEP(a3, wo + k + 96, x + k + 96, all);
+        }
+        for (int k = quad; k < full; k += 32) DPBF16_STEP(a0, wo + k, x + k, all);
+        if (tail) DPBF16_STEP(a1, wo + full, x + full, tail);
+        row_store(out, out16, bias, o,
+                  _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
     }
 }
+#undef DPBF16_STEP
 #endif
 
 // N == 1 (generation's decode): oneDNN's matmul took 83% of a bf16 decode step there, more than
@@ -314,9 +303,8 @@ static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const ui
 #pragma omp parallel if ((int64_t)C * OC >= CPU_PAR_MIN)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            const int64_t blocks = (OC + 3) / 4; // whole blocks of 4 rows per thread
-            const int o0 = (int)(blocks * t / nt * 4), o1 = (int)(blocks * (t + 1) / nt * 4);
-            rows_dpbf16(out, out16, x, weight, bias, C, o0, o1 < OC ? o1 : OC);
+            rows_dpbf16(out, out16, x, weight, bias, C, (int)((int64_t)OC * t / nt),
+                        (int)((int64_t)OC * (t + 1) / nt));
         }
         return;
     }
