@@ -1,8 +1,9 @@
 // Generation's attention for one new token (ct_ops.attention_decode, contract in ops.h): its
-// query row against the KV cache of positions [0, T), the token's own key and value last. Each
-// query head is independent, so the heads run in parallel; GQA: query head h reads kv head
-// h / (NH/NKV). Per head: s_j = scale * q.k_j, p = softmax(s) (the exponentials in float, their
-// sum in double, as the sdpa kernel's rows), out = sum_j p_j v_j.
+// query row against the KV cache of positions [0, T), the token's own key and value last. GQA:
+// query head h reads kv head h / (NH/NKV); the heads run in parallel, in pairs that share a kv
+// head, so each cached row is read once for two heads. Per head: s_j = scale * q.k_j, p =
+// softmax(s) (the exponentials in float, their sum in double, as the sdpa kernel's rows), out =
+// sum_j p_j v_j; a head's bits do not depend on the pairing.
 #include <math.h>
 #include <stdbool.h>
 
@@ -30,23 +31,17 @@ static float dot_lanes(const float *a, const float *b, int D) {
 }
 
 #ifdef DECODE_AVX512
-// s[j] = scale * q.k_j for j in [0, T), D a multiple of 16, with dot_lanes's sums bit for bit:
-// each position's 16 lanes accumulate lane += q*k block by block (a multiply, then an add:
-// ISO C contracts nothing into an FMA), then 0 + lane 0 + lane 1 + ... + lane 15 in that order.
-// dot_lanes does that last sum as 16 dependent scalar adds read back from the stack, per
-// position; here 16 positions' lane vectors are transposed in registers, so the same adds, in
-// the same order, run once per 16 positions as vector adds.
-__attribute__((target("avx512f"))) static void qk_rows_avx512(float *s, const float *q,
-                                                              const float *k, int T, int D,
-                                                              int ldk, float scale) {
-    for (int j0 = 0; j0 < T; j0 += 16) {
+// s[j] = scale * q.k_j for the block j in [j0, j0 + 16) ∩ [0, T), D a multiple of 16, with
+// dot_lanes's sums bit for bit: each position's 16 lanes accumulate lane += q*k block by block (a
+// multiply, then an add: ISO C contracts nothing into an FMA), then 0 + lane 0 + lane 1 + ... +
+// lane 15 in that order. dot_lanes does that last sum as 16 dependent scalar adds read back from
+// the stack, per position; here 16 positions' lane vectors are transposed in registers, so the
+// same adds, in the same order, run once per 16 positions as vector adds.
+__attribute__((target("avx512f"))) static void qk_block_avx512(float *s, const float *q,
+                                                               const float *k, int j0, int T,
+                                                               int D, int ldk, float scale) {
+    {
         const int nb = T - j0 < 16 ? T - j0 : 16;
-        // The rows are D floats 4 KiB or more apart (all kv heads of a position lie together),
-        // so every row starts a new page, which the hardware prefetchers do not cross: ask for
-        // the next block's rows while this one computes.
-        for (int p = 16; p < 32 && j0 + p < T; p++)
-            for (int i = 0; i < D; i += 16)
-                _mm_prefetch((const char *)(k + (size_t)(j0 + p) * ldk + i), _MM_HINT_T0);
         __m512 r[16];
         for (int p = 0; p < 16; p++) {
             __m512 lane = _mm512_setzero_ps();
@@ -90,72 +85,109 @@ __attribute__((target("avx512f"))) static void qk_rows_avx512(float *s, const fl
     }
 }
 
-// o = sum_j (s_j * inv) v_j, D a multiple of 16: each element's sum from 0 in j order, as the
-// plain loop, held in registers 128 elements at a time instead of loaded and stored per j.
-__attribute__((target("avx512f"))) static void pv_rows_avx512(float *o, const float *s, float inv,
+// The scores of the n query heads q[g * D] that share one kv head (GQA) into s[g * T], every
+// block of [0, T) in turn: a block of key rows is read from memory once for all n heads, and each
+// head's scores are the bits it gets alone. The rows are D floats 4 KiB or more apart (all kv
+// heads of a position lie together), so every row starts a new page, which the hardware
+// prefetchers do not cross: the next block's rows are asked for while this one computes.
+__attribute__((target("avx512f"))) static void qk_rows_avx512(float *s, const float *q, int n,
+                                                              const float *k, int T, int D,
+                                                              int ldk, float scale) {
+    for (int j0 = 0; j0 < T; j0 += 16) {
+        for (int p = 16; p < 32 && j0 + p < T; p++)
+            for (int i = 0; i < D; i += 16)
+                _mm_prefetch((const char *)(k + (size_t)(j0 + p) * ldk + i), _MM_HINT_T0);
+        for (int g = 0; g < n; g++)
+            qk_block_avx512(s + (size_t)g * T, q + (size_t)g * D, k, j0, T, D, ldk, scale);
+    }
+}
+
+// o[g * D] = sum_j (s[g * T + j] * inv[g]) v_j for n = 1 or 2 heads that share one kv head, D a
+// multiple of 16: each element's sum from 0 in j order, as the plain loop, held in registers 128
+// elements at a time instead of loaded and stored per j; each v_j is loaded once for both heads.
+__attribute__((target("avx512f"))) static void pv_rows_avx512(float *o, const float *s,
+                                                              const float *inv, int n,
                                                               const float *v, int T, int D,
                                                               int ldk) {
     for (int i0 = 0; i0 < D; i0 += 128) {
         const int nv = (D - i0 < 128 ? D - i0 : 128) / 16;
-        __m512 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
+        __m512 acc[2][8];
+        for (int c = 0; c < 8; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
         for (int j = 0; j < T; j++) {
-            const __m512 p = _mm512_set1_ps(s[j] * inv);
+            const __m512 p0 = _mm512_set1_ps(s[j] * inv[0]);
+            const __m512 p1 = _mm512_set1_ps(n > 1 ? s[T + j] * inv[1] : 0.0f);
             const float *vj = v + (size_t)j * ldk + i0;
             if (j + 8 < T) // as in qk_rows_avx512: each row is on a page of its own
                 for (int c = 0; c < nv; c++)
                     _mm_prefetch((const char *)(vj + (size_t)8 * ldk + 16 * c), _MM_HINT_T0);
-            for (int c = 0; c < nv; c++)
-                acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(p, _mm512_loadu_ps(vj + 16 * c)));
+            for (int c = 0; c < nv; c++) {
+                const __m512 vv = _mm512_loadu_ps(vj + 16 * c);
+                acc[0][c] = _mm512_add_ps(acc[0][c], _mm512_mul_ps(p0, vv));
+                if (n > 1) acc[1][c] = _mm512_add_ps(acc[1][c], _mm512_mul_ps(p1, vv));
+            }
         }
-        for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + i0 + 16 * c, acc[c]);
+        for (int g = 0; g < n; g++)
+            for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + (size_t)g * D + i0 + 16 * c, acc[g][c]);
     }
 }
 #endif
 
+// Softmax of one head's scores s[0, T) in place (the exponentials in float, their sum in double);
+// returns 1 / the sum.
+static float softmax_row(float *s, int T) {
+    float m = -INFINITY;
+    for (int j = 0; j < T; j++) m = s[j] > m ? s[j] : m;
+    double sum = 0.0;
+    for (int j = 0; j < T; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    return (float)(1.0 / sum);
+}
+
+// One query head h: scores, softmax, p.v, in the portable loops.
+static void head_plain(float *o, float *s, const float *qh, const float *kh, const float *vh,
+                       int T, int D, int ldk, float scale) {
+    for (int j = 0; j < T; j++) s[j] = dot_lanes(qh, kh + (size_t)j * ldk, D) * scale;
+    const float inv = softmax_row(s, T);
+    for (int i = 0; i < D; i++) o[i] = 0.0f;
+    // out += p_j v_j, each element's sum in j order; o and v_j never overlap, so the elements
+    // go in vectors (the compiler would not: it cannot prove that, and -O2's cost model
+    // takes no runtime alias check; this scalar loop was the kernel's most).
+    for (int j = 0; j < T; j++) {
+        const float p = s[j] * inv, *vj = vh + (size_t)j * ldk;
+#pragma omp simd
+        for (int i = 0; i < D; i++) o[i] += p * vj[i];
+    }
+}
+
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D) {
-    const int rep = NH / NKV, ldk = NKV * D;
+    const int rep = NH / NKV, ldk = NKV * D, pairs = (rep + 1) / 2;
     const float scale = (float)(1.0 / sqrt((double)D));
 #ifdef DECODE_AVX512
     const bool wide = D % 16 == 0 && __builtin_cpu_supports("avx512f");
+#else
+    const bool wide = false;
 #endif
+    // Work items: up to two query heads of one kv head (h0, h0 + 1), which read its rows once.
 #pragma omp parallel for schedule(static) if ((int64_t)NH * T * D >= CPU_PAR_MIN)
-    for (int h = 0; h < NH; h++) {
-        const float *qh = q + (size_t)h * D;
-        const float *kh = k + (size_t)(h / rep) * D, *vh = v + (size_t)(h / rep) * D;
-        float *s = scratch + (size_t)h * T, *o = out + (size_t)h * D;
-        float m = -INFINITY;
-#ifdef DECODE_AVX512
-        if (wide) {
-            qk_rows_avx512(s, qh, kh, T, D, ldk, scale);
-            for (int j = 0; j < T; j++) m = s[j] > m ? s[j] : m;
-        } else
-#endif
-            for (int j = 0; j < T; j++) {
-                s[j] = dot_lanes(qh, kh + (size_t)j * ldk, D) * scale;
-                m = s[j] > m ? s[j] : m;
-            }
-        double sum = 0.0;
-        for (int j = 0; j < T; j++) {
-            s[j] = expf(s[j] - m);
-            sum += s[j];
-        }
-        const float inv = (float)(1.0 / sum);
-#ifdef DECODE_AVX512
-        if (wide) {
-            pv_rows_avx512(o, s, inv, vh, T, D, ldk);
+    for (int item = 0; item < NKV * pairs; item++) {
+        const int kvh = item / pairs, h0 = kvh * rep + item % pairs * 2;
+        const int n = rep - (h0 - kvh * rep) < 2 ? 1 : 2;
+        const float *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D;
+        float *s = scratch + (size_t)h0 * T, *o = out + (size_t)h0 * D;
+        if (!wide) {
+            for (int g = 0; g < n; g++)
+                head_plain(o + (size_t)g * D, s + (size_t)g * T, q + (size_t)(h0 + g) * D, kh, vh,
+                           T, D, ldk, scale);
             continue;
         }
+#ifdef DECODE_AVX512
+        qk_rows_avx512(s, q + (size_t)h0 * D, n, kh, T, D, ldk, scale);
+        float inv[2];
+        for (int g = 0; g < n; g++) inv[g] = softmax_row(s + (size_t)g * T, T);
+        pv_rows_avx512(o, s, inv, n, vh, T, D, ldk);
 #endif
-        for (int i = 0; i < D; i++) o[i] = 0.0f;
-        // out += p_j v_j, each element's sum in j order; o and v_j never overlap, so the elements
-        // go in vectors (the compiler would not: it cannot prove that, and -O2's cost model
-        // takes no runtime alias check; this scalar loop was the kernel's most).
-        for (int j = 0; j < T; j++) {
-            const float p = s[j] * inv, *vj = vh + (size_t)j * ldk;
-#pragma omp simd
-            for (int i = 0; i < D; i++) o[i] += p * vj[i];
-        }
     }
 }
