@@ -8,8 +8,9 @@
 # resumed by one process and at PP x TP, bit for bit), PP=2 x FSDP=2 x TP=2 (np 8, MoE; its
 # checkpoint resumed by one process), PP=2 x CP=2 (np 4, half the stage bytes and activations,
 # its log lines and validation; its checkpoint resumed in one process), PP=2 x CP=2 x TP=2 (np 8,
-# MoE, ring by alltoall), a MoE model (the aux-loss-free bias), PP=2 x EP=2 (np 4, MoE; its
-# checkpoint resumed at PP=2 x EP=2 beside FSDP=2),
+# MoE, ring by alltoall), PP=2 x EP=2 x TP=2 (np 8, MoE; its checkpoint resumed at PP=2 x FSDP=2
+# x EP=2 x TP=2 with expert_tensor_parallel_degree 2), a MoE model (the aux-loss-free bias),
+# PP=2 x EP=2 (np 4, MoE; its checkpoint resumed at PP=2 x CP=2 x EP=2 beside FSDP),
 # uneven stages (module_fqns_per_model_part, and the default split of 6 layers over 4 stages),
 # bf16, against one process on the same global batch, the weights after 4 steps compared through
 # the final HF export (assembled from the stages, under EP the experts from their owners); a PP=2
@@ -231,11 +232,17 @@ ep2=(--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degr
 check "pp2 x ep2 moe" pp 4 "$tmp/ppep" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
   --parallelism.data_parallel_replicate_degree 2
 check "pp2 x ep2 moe = np1" same "$tmp/ppep" "$tmp/np1_moe" "${tol[@]}"
-grep -q "pipeline parallel over 2 stage groups (schedule 1F1B), expert parallel over 2 ranks" \
-  "$tmp/ppep.log" && grep -q "saved step 2 .*(4 model and optimizer shards, one per pipeline rank and EP rank)" \
-  "$tmp/ppep.log" && ok || bad "pp2 x ep2 log: $(grep '^parallel\|^checkpoint' "$tmp/ppep.log")"
-[ "$(loads "$tmp/ppep")" = "$(loads "$tmp/np1_moe")" ] && ok ||
-  bad "pp2 x ep2's logged loads: $(loads "$tmp/ppep" | head -1), np1's $(loads "$tmp/np1_moe" | head -1)"
+# ep_logs NAME DUMP NP1 LAYOUT SAVED: DUMP's log names its layout and its step-2 save's shards,
+# and its logged loads are NP1's.
+ep_logs() {
+  grep -q "$4" "$2.log" && grep -q "saved step 2 .*($5)" "$2.log" && ok ||
+    bad "$1 log: $(grep '^parallel\|^checkpoint' "$2.log")"
+  [ "$(loads "$2")" = "$(loads "$3")" ] && ok ||
+    bad "$1's logged loads: $(loads "$2" | head -1), np1's $(loads "$3" | head -1)"
+}
+ep_logs "pp2 x ep2" "$tmp/ppep" "$tmp/np1_moe" \
+  "pipeline parallel over 2 stage groups (schedule 1F1B), expert parallel over 2 ranks" \
+  "4 model and optimizer shards, one per pipeline rank and EP rank"
 cp -r "$tmp/ppep" "$tmp/ppepf" && rm -rf "$tmp/ppepf/checkpoint/step-4" "$tmp/ppepf/hf" "$tmp/ppep/hf"
 check "pp2 x ep2 -> pp2 x cp2 x ep2" pp 4 "$tmp/ppepf" "${moe[@]}" "${ep2[@]}" "${keep[@]}" \
   --parallelism.context_parallel_degree 2 --training.local_batch_size 4
@@ -301,6 +308,38 @@ check "pp2 x cp2 x tp2 moe alltoall" pp 8 "$tmp/ppct" "${moe[@]}" "${kv[@]}" "${
   --parallelism.tensor_parallel_degree 2 --parallelism.context_parallel_rotate_method alltoall
 check "pp2 x cp2 x tp2 moe = np1" agree "$tmp/ppct" "$tmp/np1_3d" "${tol[@]}"
 [ "$(sent "$tmp/ppct")" = 8192 ] && ok || bad "pp2 x cp2 x tp2 stage bytes: $(sent "$tmp/ppct"), expected 8192"
+# PP=2 x EP=2 x TP=2 (np 8, DDP over each stage's 2 replicas): the MoE model above, TP inside each
+# stage, EP with expert_tensor_parallel_degree 1 carved out of the stage's 4 ranks (dp x tp, TP
+# innermost: the EP group is the TP group, each rank routing its own sequence shard), the routing
+# statistics summed over the stage's ranks. Against one process: measured 4.2e-9, 7.7e-9, 8.6e-10
+# (with FSDP for the rest, once: the same). Steps 2 and 4 saved: one shard per pipeline rank and
+# rank of the stage's first EP block; `ctitan export` of step 4 is its final export, byte for
+# byte. Its step-2 checkpoint resumed at PP=2 x FSDP=2 x EP=2 x TP=2 with
+# expert_tensor_parallel_degree 2 (each expert cut by TP, the EP group a TP rank's 2
+# data-parallel ranks; it saves 8 shards): measured 4.2e-9, 7.7e-9, 8.6e-10 (once, not here: ETP
+# with DDP from step 0 3.0e-9, 7.8e-9, 8.6e-10; the step-2 checkpoint resumed by one process
+# 1.2e-9, 7.7e-9, 8.3e-10, and at PP=2 x EP=2 1.2e-9, 7.7e-9, 8.6e-10).
+pet=(--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2
+  --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2)
+check "pp2 x ep2 x tp2 moe" pp 8 "$tmp/pet" "${moe[@]}" "${kv[@]}" "${three[@]}" "${pet[@]}" \
+  --parallelism.data_parallel_replicate_degree 2 "${keep[@]}"
+check "pp2 x ep2 x tp2 moe = np1" same "$tmp/pet" "$tmp/np1_3d" "${tol[@]}"
+ep_logs "pp2 x ep2 x tp2" "$tmp/pet" "$tmp/np1_3d" \
+  "pipeline parallel over 2 stage groups (schedule 1F1B), tensor parallel over 2 ranks .*; expert parallel over 2 ranks" \
+  "4 model and optimizer shards, one per pipeline rank and rank of the stage's first EP block"
+"$ct" export --checkpoint "$tmp/pet/checkpoint/step-4" --output "$tmp/pet_cli" >/dev/null &&
+  diff -r "$tmp/pet/hf" "$tmp/pet_cli" >/dev/null && ok ||
+  bad "ctitan export of pp2 x ep2 x tp2's checkpoint differs from its final export"
+rm -rf "$tmp/pet_cli" "$tmp/pet/hf" "$tmp/pet/checkpoint/step-4"
+check "pp2 x ep2 x tp2 -> pp2 x fsdp2 x ep2 x etp2" pp 8 "$tmp/pet" "${moe[@]}" "${kv[@]}" \
+  "${three[@]}" "${pet[@]}" --parallelism.expert_tensor_parallel_degree 2 "${keep[@]}"
+grep -q "resumed from .*step-2 " "$tmp/pet.log" &&
+  grep -q "experts, each cut by TP (expert_tensor_parallel_degree), tokens sent by all-to-all) inside FSDP over 2 ranks" \
+    "$tmp/pet.log" &&
+  grep -q "saved step 4 .*(8 model and optimizer shards" "$tmp/pet.log" && ok ||
+  bad "pp2 x fsdp2 x ep2 x etp2 log: $(grep '^parallel\|^resumed\|^checkpoint' "$tmp/pet.log")"
+check "pp2 x ep2 x tp2 -> pp2 x fsdp2 x ep2 x etp2 = np1" agree "$tmp/pet" "$tmp/np1_3d" "${tol[@]}"
+rm -rf "$tmp/pet"
 rm -rf "$tmp/np1_kvb/hf" "$tmp/np1_3d/hf" "$tmp/pptp/hf"
 # PP=2 x CP=2 (np 4), dense, causal, all-gather: against one process (measured 2.4e-9, 9.5e-9,
 # 8.2e-10), half PP alone's boundary bytes, each activation set about half PP alone's (measured
@@ -358,9 +397,8 @@ refused tied "pipeline_parallel_degree = 2 with tied embeddings" 2 \
   --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
 refused zero1 "pipeline_parallel_degree = 2 with ZeRO-1 \(data_parallel_shard_mode = \"zero1\"\): not supported yet" \
   4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1
-refused ppeptp "pipeline_parallel_degree = 2 with expert_parallel_degree > 1 and tensor_parallel_degree > 1 \(PP x EP x TP\): not supported yet" \
-  4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
-  --parallelism.expert_parallel_degree 2 --model.flavor debugmodel_moe --model.n_kv_heads 2
+refused lora "pipeline_parallel_degree = 2 with lora.rank > 0: not supported yet" 2 \
+  --parallelism.pipeline_parallel_degree 2 --lora.rank 4
 refused fqns "module_fqns_per_model_part: \"layers.1\" in stage 0" 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.module_fqns_per_model_part \
   "tok_embeddings,layers.1;layers.0,norm,output"

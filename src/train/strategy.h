@@ -112,10 +112,11 @@ int strategy_tp_gather(trainer *t, const float *local, const qwen3_param *gp, fl
 // A checkpoint of TP slices in the one-process layout (format 4, any degree resumes it): S
 // shards, shard q written by rank q of `writers` (rank 0 of t->d of each TP rank, together; the
 // group the writers' shard checksums are gathered over), as TP rank q % tp of a local model
-// whose config layout_of makes from t->model.cfg (under PP: pipeline rank q / tp's stages).
+// whose config layout_of makes from t->model.cfg (under PP: pipeline rank q / per's stages).
 // Every rank calls strategy_tp_save_shards.
 typedef struct strategy_tp_writers {
     int S;
+    int per; // shards per pipeline rank (S without PP): shard q's rank in its stage is q % per
     dist *writers;
     int (*layout_of)(const trainer *t, int q, qwen3_config *lc, ct_error *err);
     const char *note; // for the log line: ", one per ..."

@@ -46,12 +46,17 @@ static void ep_alltoall(void *ctx, const void *send, const int *scounts, const i
     if (rc != 0) s->failed = true;
 }
 
+// The describe lines' note on the experts' cut.
+static const char *etp_note(const trainer *t) {
+    return t->etp > 1 ? ", each cut by TP (expert_tensor_parallel_degree)" : "";
+}
+
 static void describe(const trainer *t, char *buf, size_t size) {
     snprintf(buf, size,
              "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts%s, "
              "tokens sent by all-to-all); replicated non-expert parameters (DDP) over %d, each "
              "expert over %d",
-             t->ep, t->ep, t->etp > 1 ? ", each cut by TP (expert_tensor_parallel_degree)" : "",
+             t->ep, t->ep, etp_note(t),
              t->d->size, t->d->size * t->tp / t->etp / t->ep);
 }
 
@@ -467,10 +472,10 @@ const strategy_vt strategy_ep = {.describe = describe,
 
 static void fsdp_describe(const trainer *t, char *buf, size_t size) {
     snprintf(buf, size,
-             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts, "
+             "expert parallel over %d ranks (each holds 1/%d of every sparse layer's experts%s, "
              "tokens sent by all-to-all) inside FSDP over %d ranks%s: the experts sharded over "
              "the %d holding the same ones, the rest over all %d",
-             t->ep, t->ep, t->shard_degree,
+             t->ep, t->ep, etp_note(t), t->shard_degree,
              t->d->size / t->shard_degree > 1 ? ", in each of the replica groups (HSDP)" : "",
              t->shard_degree * t->tp / t->etp / t->ep, t->shard_degree);
 }

@@ -14,15 +14,16 @@
 // dp_shard ranks, as torchtitan's mesh: pp outermost), or EP (strategy_ep, or beside FSDP
 // strategy_ep_fsdp: the EP groups carved out of the stage's ranks, so each stage's MoE layers
 // send their tokens to the experts' owners within the stage; its checkpoints and export gather
-// the experts from them). Under FSDP a
-// stage's gradients accumulate whole over its micro-batches and are reduce-scattered in the
-// backward of its last one (FSDP2 under PyTorch's pipelining: set_requires_gradient_sync and
-// set_reshard_after_backward only then), and "default" keeps the units gathered after the
-// forward (torchtitan: no resharding after forward under PP). The gradient norm sums over the
-// stages. Under CP a stage's ranks are its CP groups' too (FSDP over dp_shard x cp, the ring
-// attention's hook on the model): each rank's boundary is its T / cp rows, passed to the same
-// CP rank of the next stage, and its last stage's loss is its own tokens', so the sums over the
-// pp group and then the stage's ranks (trainer_step) count each token once.
+// the experts from them). EP with TP as without PP (strategy_tp over strategy_ep), its groups
+// carved out of the stage's ranks: with etp 1 out of its dp x tp ranks, the routing statistics
+// summed over them. Under FSDP a stage's gradients accumulate whole over its micro-batches and are
+// reduce-scattered in the backward of its last one (FSDP2 under PyTorch's pipelining:
+// set_requires_gradient_sync and set_reshard_after_backward only then), and "default" keeps the
+// units gathered after the forward (torchtitan: no resharding after forward under PP). The gradient
+// norm sums over the stages. Under CP a stage's ranks are its CP groups' too (FSDP over dp_shard x
+// cp, the ring attention's hook on the model): each rank's boundary is its T / cp rows, passed to
+// the same CP rank of the next stage, and its last stage's loss is its own tokens', so the sums
+// over the pp group and then the stage's ranks (trainer_step) count each token once.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +36,9 @@
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-// The strategy inside each stage, known from the config alone (ZeRO-1, and EP with TP, are
-// refused in trainer_setup.c): TP (itself over replicate or FSDP), EP (beside FSDP, or with DDP
-// for the rest: its groups are carved out of the stage's ranks), FSDP or replicate.
+// The strategy inside each stage, known from the config alone (ZeRO-1 is refused in
+// trainer_setup.c): TP (itself over replicate, FSDP or EP), EP (beside FSDP, or with DDP for the
+// rest: its groups are carved out of the stage's ranks), FSDP or replicate.
 static const strategy_vt *dp_of(const trainer *t) {
     const bool fsdp = t->shard_degree > 1;
     return t->tp > 1   ? &strategy_tp
@@ -380,12 +381,18 @@ static void weights_ready(trainer *t) {
 // shard each, under EP every EP rank of the first replica (its experts; EP rank 0 also the rest),
 // so any PP or EP degree (or one process) resumes it. Under TP, TP's checkpoint of each stage's
 // local model: the first data-parallel index's pp x tp ranks write one shard each (TP's slices of
-// their stages' tensors), and a load reads each rank's slices by name, as TP alone.
+// their stages' tensors; under EP each stage's first EP block, its experts too), and a load
+// reads each rank's slices by name, as TP alone.
 
-// The ranks holding every tensor of the first replica between them: t->d ranks [0, ep) (EP's
-// groups are consecutive data-parallel ranks; without EP rank 0).
+// The ranks holding every tensor of the first replica between them: the stage's ranks [0, ep x
+// etp) (EP's groups are consecutive data-parallel ranks, under TP with etp 1 consecutive ranks
+// of the stage, with etp = tp those and their TP peers; without EP the first TP group, or rank
+// 0).
+static int block_of(const trainer *t) {
+    return t->ep * t->etp;
+}
 static bool first_replica(const trainer *t) {
-    return t->d->rank < t->ep;
+    return t->stage_group.rank < block_of(t);
 }
 
 // The stage's ranks hold the same weights where they should (FSDP's hold pieces).
@@ -395,17 +402,24 @@ static int check_replicas(trainer *t, ct_error *err) {
                        : trainer_check_replicas(t, err);
 }
 
-// Under TP, shard q's writer's local model: pipeline rank q / tp's stages.
+// Under TP, shard q's writer's local model: pipeline rank q / block's stages (block: the first
+// replica's ranks of a stage, tp, or under EP ep x etp), under EP with the experts of its EP
+// rank (rank q % block of the stage: EP rank (q % block) / etp).
 static int tp_layout_of(const trainer *t, int q, qwen3_config *lc, ct_error *err) {
-    return strategy_pp_local_config(t, q / t->tp, lc, err);
+    const int block = block_of(t);
+    if (t->ep > 1) lc->expert_lo = q % block / t->etp * lc->local_experts;
+    return strategy_pp_local_config(t, q / block, lc, err);
 }
 
 static int save_checkpoint(trainer *t, ct_error *err) {
     if (t->tp > 1) {
-        const strategy_tp_writers tw = {.S = t->pp * t->tp,
-                                        .writers = &t->pp_writers,
-                                        .layout_of = tp_layout_of,
-                                        .note = ", one per pipeline and TP rank"};
+        const strategy_tp_writers tw = {
+            .S = t->pp * block_of(t),
+            .per = block_of(t),
+            .writers = &t->pp_writers,
+            .layout_of = tp_layout_of,
+            .note = t->ep <= 1 ? ", one per pipeline and TP rank"
+                               : ", one per pipeline rank and rank of the stage's first EP block"};
         return strategy_tp_save_shards(t, &tw, err);
     }
     strategy_pp_state *p = &t->strat.pp;
@@ -735,7 +749,8 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
 // TP, those of TP rank 0 do; for each tensor the stage holding it assembles it over its TP group
 // (strategy_tp_gather), whose other ranks follow their rank 0's tensor indices. Under EP the same
 // over the first replica's EP group: an expert comes from the EP rank holding it
-// (strategy_ep_fetch_expert).
+// (strategy_ep_fetch_expert); under EP x TP over its EP block (strategy_tp_gather: the rest from
+// the first TP group).
 
 typedef struct pp_export {
     trainer *t;
@@ -756,9 +771,10 @@ static int owner_of(const trainer *t, const char *name) {
 }
 
 // The stage's group whose rank 0 names each tensor to the others, which then help assemble it:
-// TP's, or the first replica's EP group; NULL when the stage's ranks hold every tensor whole.
+// the first replica's EP block (its EP group, with etp = tp and their TP peers), or TP's; NULL
+// when the stage's ranks hold every tensor whole.
 static dist *inner_group(trainer *t) {
-    return t->tp > 1 ? t->strat.tp.group : t->ep > 1 ? &t->ep_group : NULL;
+    return t->ep > 1 ? ep_block(t) : t->tp > 1 ? t->strat.tp.group : NULL;
 }
 
 // Global tensor i into x->buf on this rank when its stage holds it (under TP or EP: every rank of

@@ -13,14 +13,14 @@
 // replicated tensor once, so clipping equals one process's.
 // With expert parallelism (expert_tensor_parallel_degree 1, torchtitan's default), the
 // data-parallel strategy is strategy_ep (DDP for the rest): its EP groups are ep consecutive ranks
-// of the world, TP groups whole, so the experts are not cut by TP (QWEN3_TP_EXPERT: an EP rank
-// holds its experts whole, their gradients summed over the expert replicas only) and each rank's
-// sparse layers route and dispatch its own sequence shard (qwen3_ep.shard). With
-// expert_tensor_parallel_degree = tp (torchtitan's ExpertTensorParallel) the EP groups are ep
-// consecutive ranks of t->d (one TP rank's), each expert is cut by TP as the dense MLP (gate/up
-// by rows, down by columns) and the sparse layers run as under TP alone (the gathered rows routed
-// alike on every TP rank, the experts' partial sums reduce-scattered onto the shards), the
-// dispatch over the EP group in between; the experts' gradients are summed over the expert
+// of the world (under PP of the stage's ranks), TP groups whole, so the experts are not cut by TP
+// (QWEN3_TP_EXPERT: an EP rank holds its experts whole, their gradients summed over the expert
+// replicas only) and each rank's sparse layers route and dispatch its own sequence shard
+// (qwen3_ep.shard). With expert_tensor_parallel_degree = tp (torchtitan's ExpertTensorParallel) the
+// EP groups are ep consecutive ranks of t->d (one TP rank's), each expert is cut by TP as the dense
+// MLP (gate/up by rows, down by columns) and the sparse layers run as under TP alone (the gathered
+// rows routed alike on every TP rank, the experts' partial sums reduce-scattered onto the shards),
+// the dispatch over the EP group in between; the experts' gradients are summed over the expert
 // replicas only, their squares over the EP and TP groups. Checkpoints are the first EP block's
 // shards (ep_block: the first EP group, with etp = tp its TP peers too), one per rank: TP's ranges
 // of the rest on the first TP group, the experts by id (whole, or each rank its TP ranges of its
@@ -512,14 +512,16 @@ int strategy_tp_save_shards(trainer *t, const strategy_tp_writers *w, ct_error *
     trainer_shards sh;
     rc = trainer_shards_begin(t, &sh, S, err);
     // Rank 0 lists every shard's ranges, from its writer's local layout, made here. Under EP
-    // only the first TP group's shards (q < P) hold the tensors besides the experts.
+    // only the first TP group's shards (q % per < P: of each stage under PP) hold the tensors
+    // besides the experts.
     for (int q = 0; rc == 0 && is_root(t) && q < S; q++) {
         qwen3_config lc = t->model.cfg;
         if (w->layout_of(t, q, &lc, err) != 0 || qwen3_init_layout(&layout, &lc, err) != 0) {
             rc = -1;
             break;
         }
-        sh.n_of[q] = tp_ranges(t, &g, &layout, q % P, P, true, !ep || q < P, &sh.of[q], err);
+        sh.n_of[q] =
+            tp_ranges(t, &g, &layout, q % P, P, true, !ep || q % w->per < P, &sh.of[q], err);
         qwen3_free(&layout);
         if (sh.n_of[q] < 0) rc = -1;
     }
@@ -531,7 +533,7 @@ int strategy_tp_save_shards(trainer *t, const strategy_tp_writers *w, ct_error *
     float *src[3] = {NULL, NULL, NULL};
     if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
     const int q = writers->rank;
-    const bool rest = !ep || q < P;
+    const bool rest = !ep || q % w->per < P;
     ckpt_range *x = NULL;
     const int n =
         rc == 0 && write ? tp_ranges(t, &g, &t->model, grp->rank, P, true, rest, &x, err) : 0;
@@ -551,6 +553,7 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     const bool ep = t->ep > 1;
     const strategy_tp_writers w = {
         .S = ep ? t->ep * t->etp : t->strat.tp.group->size,
+        .per = ep ? t->ep * t->etp : t->strat.tp.group->size,
         .writers = ep ? ep_block(t) : t->strat.tp.group,
         .layout_of = layout_of,
         .note = !ep           ? ", one per TP rank"

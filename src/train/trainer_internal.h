@@ -41,15 +41,16 @@ typedef struct trainer {
     // expert_tensor_parallel_degree (1: experts whole, or tp: cut as a dense MLP, "ETP").
     int etp;
     // Under EP: this rank's EP group (ep consecutive data-parallel ranks; under TP with etp 1, ep
-    // consecutive ranks of the world, TP groups whole) and the ranks holding the same experts (one
-    // per EP group). Under etp = tp also the EP group's block: its ranks and their TP peers, the
-    // ep x tp consecutive world ranks that hold one copy of every expert's slices (a checkpoint's
-    // writers, the export's group).
+    // consecutive ranks of the world, under PP of the stage, TP groups whole) and the ranks holding
+    // the same experts (one per EP group). Under etp = tp also the EP group's block: its ranks and
+    // their TP peers, the ep x tp consecutive ranks of the world (under PP of the stage) that hold
+    // one copy of every expert's slices (a checkpoint's writers, the export's group).
     dist ep_group, erep_group, eblock_group;
     // parallelism.pipeline_parallel_degree; under PP: the ranks of this data-parallel (and TP)
     // index (one per stage group, outermost) and this stage's ranks, which t->d is (under TP its
-    // dp_group, split from them). Also the ranks of the first replica (pp x tp or pp x ep of
-    // them, pipeline rank outermost): a checkpoint's writers, one shard each.
+    // dp_group, split from them). Also the ranks of the first replica (pp x tp, pp x ep or under
+    // EP x TP pp x ep x etp of them, pipeline rank outermost): a checkpoint's writers, one shard
+    // each.
     int pp;
     dist pp_group, stage_group, pp_writers;
     strategy strat;   // replicate, ZeRO-1 or FSDP/HSDP (strategy.h)

@@ -29,10 +29,7 @@
 static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err) {
     const ct_config *c = t->cfg;
     const int pp = t->pp, mbs = c->parallelism.pipeline_parallel_microbatch_size;
-    const char *with = t->ep > 1 && t->tp > 1
-                           ? "expert_parallel_degree > 1 and tensor_parallel_degree > 1 (PP x EP x "
-                             "TP)"
-                       : c->lora.rank > 0      ? "lora.rank > 0"
+    const char *with = c->lora.rank > 0        ? "lora.rank > 0"
                        : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
                                                : NULL;
     if (with)
@@ -402,6 +399,12 @@ static int setup_optimizer(trainer *t, ct_error *err) {
     return 0;
 }
 
+// The ranks of this rank's pipeline stage under PP, else the world: what TP, and EP with TP
+// (etp 1), cut into groups. Under PP the world would mix the stages, whose layers differ.
+static dist *stage_ranks(trainer *t) {
+    return t->pp > 1 ? &t->stage_group : t->world;
+}
+
 // moe_balance's sum over ranks.
 static int moe_sum_ranks(void *ctx, double *buf, int n, double *scratch, ct_error *err) {
     return dist_sum_array(ctx, buf, n, scratch, "the MoE routing statistics", err);
@@ -417,8 +420,9 @@ static int setup_moe(trainer *t, ct_error *err) {
     t->aux_in_loss = mc->num_experts > 0 && strcmp(lb, "hf") == 0 && mc->output_router_logits;
     t->aux_free = mc->num_experts > 0 && strcmp(lb, "aux_free") == 0;
     // Under EP with TP and etp 1 every rank routes its own sequence shard: the statistics span
-    // the world (with etp = tp the TP ranks route the same gathered rows, as TP alone).
-    t->moe_ranks = t->ep > 1 && t->tp > 1 && t->etp == 1 ? t->world : t->d;
+    // the stage's ranks (the world without PP; with etp = tp the TP ranks route the same gathered
+    // rows, as TP alone).
+    t->moe_ranks = t->ep > 1 && t->tp > 1 && t->etp == 1 ? stage_ranks(t) : t->d;
     if (m->n_sparse == 0) return 0;
     t->n_moe_metric = m->n_sparse;
     // The backward adds the gradient of coef * aux / accum when the aux is in the loss.
@@ -469,7 +473,7 @@ static int save_config(trainer *t, ct_error *err) {
 // torchtitan's mesh) and the data-parallel groups across them; t->d becomes this rank's DP
 // group, so data, loss and gradient sums run over the data-parallel ranks only.
 static int setup_tp_groups(trainer *t, ct_error *err) {
-    dist *in = t->pp > 1 ? &t->stage_group : t->world; // under PP: the stage's ranks
+    dist *in = stage_ranks(t);
     const int tp = t->tp, P = in->size, r = in->rank;
     if (P % tp != 0)
         return ct_fail(err, "parallelism.tensor_parallel_degree = %d does not divide the %d ranks%s",
@@ -482,12 +486,13 @@ static int setup_tp_groups(trainer *t, ct_error *err) {
 }
 
 // Expert parallelism: EP groups of ep consecutive data-parallel ranks (t->d's order: replicate,
-// shard, cp; under TP with etp 1, of the world's ranks, TP innermost; with etp = tp, of this TP
-// rank's data-parallel ranks, and the blocks of ep x tp world ranks), and across them the ranks
+// shard, cp; under TP with etp 1, of the stage's ranks (the world without PP), TP innermost; with
+// etp = tp, of this TP rank's data-parallel ranks, and the blocks of ep x tp ranks of the stage),
+// and across them the ranks
 // that hold the same experts. This rank's local model holds experts [rank * E/ep,
 // (rank + 1) * E/ep) of every sparse layer.
 static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
-    dist *from = t->tp > 1 && t->etp == 1 ? t->world : t->d;
+    dist *from = t->tp > 1 && t->etp == 1 ? stage_ranks(t) : t->d;
     const int ep = t->ep, r = from->rank, E = mc->num_experts;
     if (E == 0)
         return ct_fail(err, "parallelism.expert_parallel_degree = %d: the model has no experts "
@@ -500,9 +505,10 @@ static int setup_ep(trainer *t, qwen3_config *mc, ct_error *err) {
     if (dist_split(from, r / ep, r % ep, &t->ep_group, err) != 0 ||
         dist_split(from, r % ep, r / ep, &t->erep_group, err) != 0)
         return -1;
-    const int block = ep * t->tp, w = t->world->rank; // etp = tp: TP innermost in the world
-    if (t->etp > 1 && dist_split(t->world, w / block, w % block, &t->eblock_group, err) != 0)
-        return -1;
+    // etp = tp: TP innermost in the stage's ranks (the world without PP)
+    dist *in = stage_ranks(t);
+    const int block = ep * t->tp, w = in->rank;
+    if (t->etp > 1 && dist_split(in, w / block, w % block, &t->eblock_group, err) != 0) return -1;
     mc->local_experts = E / ep;
     mc->expert_lo = t->ep_group.rank * mc->local_experts;
     return 0;
@@ -614,10 +620,11 @@ int trainer_setup(trainer *t, const ct_config *c, FILE *log, ct_error *err) {
             t->setup.mem_opts.loss_chunk = (t->setup.mem_opts.loss_chunk + t->cp - 1) / t->cp;
     }
     if (t->ep > 1 && tp_agree(t, setup_ep(t, &mc, err), err) != 0) return -1;
-    // Under PP: a checkpoint's writers, the first replica's ranks (its TP or EP ranks too), in
-    // world order (pipeline rank, then TP or EP rank): one shard each.
-    if (t->pp > 1 &&
-        dist_split(t->world, t->d->rank >= t->ep, t->world->rank, &t->pp_writers, err) != 0)
+    // Under PP: a checkpoint's writers, the first replica's ranks (its TP or EP ranks too; under
+    // EP x TP each stage's first EP block, its ep x etp first ranks), in world order (pipeline
+    // rank, then the rank in the stage): one shard each.
+    if (t->pp > 1 && dist_split(t->world, t->stage_group.rank >= t->ep * t->etp, t->world->rank,
+                                &t->pp_writers, err) != 0)
         return -1;
     const qwen3_memory_opts *mo = &t->setup.mem_opts;
     if (check_plan(t, err) != 0) return -1;
