@@ -35,30 +35,41 @@
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-// The strategy inside each stage, known from the config alone (ZeRO-1, and EP with TP, are
-// refused in trainer_setup.c): TP (itself over replicate or FSDP), EP (beside FSDP, or with DDP
-// for the rest: its groups are carved out of the stage's ranks), FSDP or replicate.
+// ZeRO-1 over the stage's data-parallel ranks (data_parallel_shard_mode "zero1"; with TP or EP
+// refused in trainer_setup.c): every rank holds the stage's local model (a LoRA model's adapter
+// is what it trains), its optimizer state sharded.
+static bool zero1(const trainer *t) {
+    return t->shard_degree > 1 && strcmp(t->cfg->parallelism.data_parallel_shard_mode, "zero1") == 0;
+}
+
+// The strategy inside each stage, known from the config alone (EP with TP is refused in
+// trainer_setup.c): TP (itself over replicate or FSDP), EP (beside FSDP, or with DDP for the
+// rest: its groups are carved out of the stage's ranks), FSDP, ZeRO-1 or replicate.
 static const strategy_vt *dp_of(const trainer *t) {
-    const bool fsdp = t->shard_degree > 1;
+    const bool fsdp = t->shard_degree > 1 && !zero1(t);
     return t->tp > 1   ? &strategy_tp
            : t->ep > 1 ? (fsdp ? strategy_ep_fsdp() : &strategy_ep)
            : fsdp      ? &strategy_fsdp
+           : zero1(t)  ? &strategy_zero1
                        : &strategy_replicate;
 }
 
 // FSDP directly inside the stage, alone or beside EP (its loads are ours to hand over).
 static bool fsdp_on(const trainer *t) {
-    return t->tp <= 1 && t->shard_degree > 1;
+    return t->tp <= 1 && t->shard_degree > 1 && !zero1(t);
 }
 
 // FSDP inside the stage, directly or under TP: no rank holds its local model.
 static bool sharded(const trainer *t) {
-    return t->shard_degree > 1;
+    return t->shard_degree > 1 && !zero1(t);
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
     char inner[320];
-    dp_of(t)->describe(t, inner, sizeof inner);
+    if (zero1(t)) // (before the setup, which sets the inner table ZeRO-1's describe reads)
+        snprintf(inner, sizeof inner, "ZeRO-1: optimizer state sharded");
+    else
+        dp_of(t)->describe(t, inner, sizeof inner);
     char cp[64] = "";
     if (t->cp > 1) snprintf(cp, sizeof cp, " (context parallel: %d per sequence)", t->cp);
     snprintf(buf, size, "pipeline parallel over %d stage groups (schedule %s), %s over each "
@@ -293,7 +304,7 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
         const size_t one = m.model.activations;
         m.model.activations = (size_t)sets * one +
             4 * (size_t)p->v * p->m * boundary_floats(t, lc.hidden_size) * sizeof(float);
-        m.optimizer = 2.0 * (double)m.model.params;
+        m.optimizer = 2.0 * (double)m.model.params / (zero1(t) ? t->d->size : 1);
         m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
                   m.model.activations + m.batch;
         m.node = m.total * m.ranks_per_node;
@@ -645,7 +656,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
                 break;
             }
             use_set(t, p->set_of[at] = p->free_sets[--p->n_free]);
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at], NULL);
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at], true, NULL);
             if (p->n_sums && (rc = forward_sums(t, g, i, at, err)) != 0) break;
             if (g == p->S - 1) loss += l;
             else
@@ -711,7 +722,7 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
                           wait_one(t, &req, "validation's input", g, j, err) != 0))
                 return -1;
             int64_t count = 0;
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], &count);
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], false, &count);
             if (g == p->S - 1) {
                 res[0] += l, res[1] += (double)count;
                 continue;
