@@ -10,6 +10,27 @@
 #include "model/peft_adapter.h"
 #include "model/qwen3_internal.h"
 
+// The layout's tensors as a model's parameter table (names, shapes, offsets).
+static int lora_table(const lora_layout *L, qwen3_param **out, ct_error *err) {
+    qwen3_param *table = calloc((size_t)L->n + 1, sizeof *table);
+    if (!table) return ct_fail(err, "lora: out of memory for the adapter's table");
+    for (int i = 0; i < L->n; i++) {
+        const lora_tensor *t = &L->t[i];
+        qwen3_param *p = &table[i];
+        if (strlen(t->name) >= sizeof p->name) {
+            free(table);
+            return ct_fail(err, "lora: tensor name %s is longer than %zu characters", t->name,
+                           sizeof p->name - 1);
+        }
+        memcpy(p->name, t->name, strlen(t->name) + 1); // checked to fit above
+        p->ndim = 2;
+        p->shape[0] = t->shape[0], p->shape[1] = t->shape[1];
+        p->offset = t->offset, p->numel = t->numel;
+    }
+    *out = table;
+    return 0;
+}
+
 // The adapter as a model-shaped table (qwen3_trained) and its units.
 static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
     qwen3_model *v = &lo->view;
@@ -22,24 +43,11 @@ static int lora_view(qwen3_model *m, qwen3_lora *lo, ct_error *err) {
     v->num_params = lo->L.num;
     v->param_mem = lo->w;
     v->grad_mem = lo->g;
-    qwen3_param *table = calloc((size_t)lo->L.n + 1, sizeof *table);
-    lo->unit_lo = calloc((size_t)L + 3, sizeof *lo->unit_lo);
-    if (!table || !lo->unit_lo) {
+    qwen3_param *table = NULL;
+    if (lora_table(&lo->L, &table, err) != 0) return -1;
+    if (!(lo->unit_lo = calloc((size_t)L + 3, sizeof *lo->unit_lo))) {
         free(table);
         return ct_fail(err, "lora: out of memory for the adapter's table");
-    }
-    for (int i = 0; i < lo->L.n; i++) {
-        const lora_tensor *t = &lo->L.t[i];
-        qwen3_param *p = &table[i];
-        if (strlen(t->name) >= sizeof p->name) {
-            free(table);
-            return ct_fail(err, "lora: tensor name %s is longer than %zu characters", t->name,
-                           sizeof p->name - 1);
-        }
-        memcpy(p->name, t->name, strlen(t->name) + 1); // checked to fit above
-        p->ndim = 2;
-        p->shape[0] = t->shape[0], p->shape[1] = t->shape[1];
-        p->offset = t->offset, p->numel = t->numel;
     }
     v->params = table;
     lo->unit_lo[0] = 0; // the embedding: nothing
@@ -52,16 +60,24 @@ uint64_t qwen3_lora_base_hash(const qwen3_model *m) {
     return qwen3_lora_base_hash_range(m, QWEN3_LORA_HASH0, 0, m->num_params);
 }
 
+uint64_t qwen3_lora_tensor_hash(const qwen3_model *m, const qwen3_param *p) {
+    uint64_t t = 0;
+    if (qwen3_param_in_bf16(m, p))
+        m->ops->hash_xxh64(&t, m->param_bf16 + p->offset, p->numel * sizeof(uint16_t));
+    else
+        m->ops->hash_xxh64(&t, m->param_mem + p->offset, p->numel * sizeof(float));
+    return t;
+}
+
+uint64_t qwen3_lora_hash_step(uint64_t h, uint64_t tensor, int i) {
+    return ct_splitmix64_at(h ^ tensor, (uint64_t)i);
+}
+
 uint64_t qwen3_lora_base_hash_range(const qwen3_model *m, uint64_t h, size_t lo, size_t hi) {
     for (int i = 0; i < m->n_params; i++) {
         const qwen3_param *p = &m->params[i];
         if (p->offset < lo || p->offset >= hi) continue;
-        uint64_t t = 0;
-        if (qwen3_param_in_bf16(m, p))
-            m->ops->hash_xxh64(&t, m->param_bf16 + p->offset, p->numel * sizeof(uint16_t));
-        else
-            m->ops->hash_xxh64(&t, m->param_mem + p->offset, p->numel * sizeof(float));
-        h = ct_splitmix64_at(h ^ t, (uint64_t)i);
+        h = qwen3_lora_hash_step(h, qwen3_lora_tensor_hash(m, p), i);
     }
     return h;
 }
@@ -215,21 +231,51 @@ int qwen3_lora_init_random(qwen3_model *m, uint64_t seed, const qwen3_config *wh
     return 0;
 }
 
+int qwen3_lora_to_whole(const qwen3_model *m, const lora_layout *W, float *local, float *whole,
+                        bool back, ct_error *err) {
+    const lora_layout *L = &m->lora->L;
+    for (int i = 0; i < L->n; i++) {
+        const lora_tensor *t = &L->t[i], *w = whole_tensor(m, W, t);
+        if (!w) return ct_fail(err, "lora: %s is not in the whole model's adapter", t->name);
+        if (back)
+            memcpy(local + t->offset, whole + w->offset, t->numel * sizeof *local);
+        else
+            memcpy(whole + w->offset, local + t->offset, t->numel * sizeof *whole);
+    }
+    return 0;
+}
+
 int qwen3_lora_read_whole(const qwen3_model *m, const lora_layout *W, float *dst, ct_error *err) {
     const lora_layout *L = &m->lora->L;
     float *host = malloc(L->num * sizeof *host + 1);
     if (!host) return ct_fail(err, "lora: out of memory for the adapter's %zu floats", L->num);
     qwen3_lora_read(m, host, 0, L->num, false);
-    int rc = 0;
-    for (int i = 0; i < L->n && rc == 0; i++) {
-        const lora_tensor *t = &L->t[i], *w = whole_tensor(m, W, t);
-        if (!w)
-            rc = ct_fail(err, "lora: %s is not in the whole model's adapter", t->name);
-        else
-            memcpy(dst + w->offset, host + t->offset, t->numel * sizeof *dst);
-    }
+    const int rc = qwen3_lora_to_whole(m, W, host, dst, false, err);
     free(host);
     return rc;
+}
+
+int qwen3_lora_table(qwen3_model *g, const lora_layout *W, const qwen3_config *whole,
+                     const qwen3_model *m, ct_error *err) {
+    ct_backend *be = m->be;
+    memset(g, 0, sizeof *g);
+    g->cfg = *whole;
+    g->be = be;
+    g->ops = m->ops;
+    g->n_params = W->n;
+    g->num_params = W->num;
+    qwen3_param *table = NULL;
+    if (lora_table(W, &table, err) != 0) return -1;
+    g->params = table;
+    if (!(g->param_mem = be->alloc(be, (W->num + 1) * sizeof(float), "the whole adapter", err)))
+        return ct_wrap(err, "lora: the whole model's adapter (%zu floats)", W->num);
+    be->zero(be, g->param_mem, W->num * sizeof(float));
+    return 0;
+}
+
+void qwen3_lora_table_free(qwen3_model *g) {
+    g->ops = NULL; // m's
+    qwen3_free(g);
 }
 
 void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src) {

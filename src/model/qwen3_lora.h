@@ -82,6 +82,16 @@ int qwen3_lora_init_random(qwen3_model *m, uint64_t seed, const qwen3_config *wh
 // m's adapter into dst, a host buffer in W's layout (the whole model's, whose tensors m's are by
 // global layer): each of m's tensors at its place there, the rest untouched.
 int qwen3_lora_read_whole(const qwen3_model *m, const lora_layout *W, float *dst, ct_error *err);
+// The same for any host buffer in m's adapter layout (its moments), local into whole; back: each
+// of m's tensors from whole into local.
+int qwen3_lora_to_whole(const qwen3_model *m, const lora_layout *W, float *local, float *whole,
+                        bool back, ct_error *err);
+// The whole model's adapter (layout W, config whole) as a parameter table alone with its weights,
+// param_mem (W->num floats on m's backend, zero; m's ops): a checkpoint's model under PP, m a
+// stage's. qwen3_lora_table_free releases it (after a failure too).
+int qwen3_lora_table(qwen3_model *g, const lora_layout *W, const qwen3_config *whole,
+                     const qwen3_model *m, ct_error *err);
+void qwen3_lora_table_free(qwen3_model *g);
 // Host I/O of the adapter (floats [offset, offset + n) of the layout), weights or gradients.
 void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src);
 // DIR's PEFT adapter folder (model/peft_adapter.h) into m's adapter (lora_layout order, over what
@@ -101,6 +111,10 @@ uint64_t qwen3_lora_base_hash(const qwen3_model *m);
 // order give qwen3_lora_base_hash.
 #define QWEN3_LORA_HASH0 0x4c6f524142617365ull // "LoRABase"
 uint64_t qwen3_lora_base_hash_range(const qwen3_model *m, uint64_t h, size_t lo, size_t hi);
+// Its parts: tensor p's XXH64 as the model holds it, and the chain's step for the tensor at index
+// i of the whole table (a pipeline stage's tensors hashed alone, chained in the whole's order).
+uint64_t qwen3_lora_tensor_hash(const qwen3_model *m, const qwen3_param *p);
+uint64_t qwen3_lora_hash_step(uint64_t h, uint64_t tensor, int i);
 
 // Private to src/model (qwen3.c, qwen3_layout.c).
 int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err);

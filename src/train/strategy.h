@@ -232,6 +232,9 @@ extern const strategy_vt strategy_pp;
 // Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
 // in t->strat.pp).
 int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
+// A LoRA run's frozen base identity (qwen3_lora_base_hash) of the whole model, one process's:
+// each stage hashes its tensors, the pp group chains them in the whole table's order.
+int strategy_pp_lora_base_hash(trainer *t, uint64_t *h, ct_error *err);
 
 // Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
 // layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those

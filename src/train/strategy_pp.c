@@ -30,6 +30,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/clock.h"
 #include "model/moe_balance.h"
+#include "model/qwen3_lora.h"
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
 
@@ -406,12 +407,198 @@ static int check_replicas(trainer *t, ct_error *err) {
                        : trainer_check_replicas(t, err);
 }
 
+// Under ZeRO-1: the local trained buffer's two moments whole, back to back in *out (host, 2 n
+// floats), each rank's range gathered over the stage's ranks (every rank of t->d calls it).
+static int stage_moments(trainer *t, float **out, ct_error *err) {
+    const grad_sync *s = &t->strat.sync;
+    const int P = t->d->size;
+    const size_t n = qwen3_trained(&t->model)->num_params;
+    size_t most = 0;
+    for (int r = 0; r < P; r++)
+        if (s->shard_start[r + 1] - s->shard_start[r] > most)
+            most = s->shard_start[r + 1] - s->shard_start[r];
+    float *all = malloc(((size_t)P + 1) * most * sizeof *all + 1);
+    *out = malloc(2 * n * sizeof **out + 1);
+    int rc = all && *out ? 0 : ct_fail(err, "out of memory for the stage's optimizer state");
+    rc = dist_agree(t->d, rc, "the stage's optimizer state", err);
+    ct_backend *be = t->opt.be;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        float *dev = k ? t->opt.v : t->opt.m, *mine = all + (size_t)P * most;
+        float *host = be->view(be, dev, t->opt.n * sizeof(float), true, err);
+        rc = host ? 0 : -1;
+        if (host) memcpy(mine, host, t->opt.n * sizeof *mine);
+        if (host) be->view_release(be, host, dev, t->opt.n * sizeof(float), false);
+        rc = dist_agree(t->d, rc, "the stage's optimizer state", err);
+        if (rc == 0)
+            rc = dist_allgather(t->d, mine, all, (int)(most * sizeof *all),
+                                "the stage's optimizer state", err);
+        for (int r = 0; rc == 0 && r < P; r++)
+            memcpy(*out + k * n + s->shard_start[r], all + (size_t)r * most,
+                   (s->shard_start[r + 1] - s->shard_start[r]) * sizeof *all);
+    }
+    free(all);
+    if (rc != 0) free(*out), *out = NULL;
+    return rc;
+}
+
+// Under ZeRO-1, a checkpoint of any layout by tensor name: the moments spanning the local model,
+// then this rank's range of them.
+static int load_zero1(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    const size_t n = t->model.num_params;
+    float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
+    if (moments && !local[0]) return ct_fail(err, "out of memory for the PP checkpoint's moments");
+    if (local[0]) local[1] = local[0] + n;
+    int rc = trainer_load_local_by_name(t, dir, moments ? local : NULL,
+                                        moments ? &t->state : NULL, err);
+    for (int k = 0; rc == 0 && moments && k < 2; k++)
+        memcpy(moments[k], local[k] + t->opt.base, t->opt.n * sizeof(float));
+    free(local[0]);
+    return rc;
+}
+
+// --- LoRA's checkpoints: a LoRA run's format (the whole adapter as model.safetensors, its AdamW
+// state in one optimizer shard), so one process, or any PP or data-parallel layout, resumes it.
+// Every pp group assembles the whole model's adapter and moments (each element one stage's, the
+// others add zeros: exact; a few MB), world rank 0 writes them.
+
+// The whole adapter: its layout, and its table with the weights (on the model's backend).
+typedef struct pp_whole {
+    lora_layout W;
+    qwen3_model g;
+    bool have_w, have_g;
+} pp_whole;
+
+static int whole_init(trainer *t, pp_whole *x, ct_error *err) {
+    memset(x, 0, sizeof *x);
+    if (lora_layout_init(&x->W, &t->setup.model, &t->model.lora->L.lc, err) != 0) return -1;
+    x->have_w = true;
+    if (qwen3_lora_table(&x->g, &x->W, &t->setup.model, &t->model, err) != 0) {
+        qwen3_lora_table_free(&x->g);
+        return -1;
+    }
+    x->have_g = true;
+    return 0;
+}
+
+static void whole_free(pp_whole *x) {
+    if (x->have_g) qwen3_lora_table_free(&x->g);
+    if (x->have_w) lora_layout_free(&x->W);
+}
+
+// The whole adapter and its moments into w (host, 3 W.num floats: weights, exp_avg, exp_avg_sq),
+// on every rank of this rank's pp group (every rank calls it: the stage's ranks gather ZeRO-1's
+// moments).
+static int whole_state(trainer *t, const pp_whole *x, float *w, ct_error *err) {
+    const size_t N = x->W.num, n = t->model.lora->L.num;
+    const int P = t->strat.pp.group->size;
+    float *mom = NULL;
+    double *sum = calloc((size_t)(1 + P) * 3 * N + 1, sizeof *sum);
+    int rc = sum ? 0 : ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    if (rc == 0) rc = qwen3_lora_read_whole(&t->model, &x->W, w, err);
+    if (zero1(t)) {
+        if (dist_agree(t->d, rc, "the PP checkpoint's adapter", err) != 0) rc = -1;
+        else rc = stage_moments(t, &mom, err);
+    } else if (rc == 0) { // the optimizer spans the adapter
+        ct_backend *be = t->opt.be;
+        if (!(mom = malloc(2 * n * sizeof *mom + 1)))
+            rc = ct_fail(err, "out of memory for the PP checkpoint's moments");
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            float *dev = k ? t->opt.v : t->opt.m, *view = be->view(be, dev, n * sizeof(float), true, err);
+            if (!view) {
+                rc = -1;
+                break;
+            }
+            memcpy(mom + k * n, view, n * sizeof *mom);
+            be->view_release(be, view, dev, n * sizeof(float), false);
+        }
+    }
+    for (int k = 0; k < 2 && rc == 0; k++)
+        rc = qwen3_lora_to_whole(&t->model, &x->W, mom + k * n, w + (k + 1) * N, false, err);
+    rc = dist_agree(t->strat.pp.group, rc, "the PP checkpoint's adapter", err);
+    for (size_t i = 0; rc == 0 && i < 3 * N; i++) sum[i] = w[i];
+    if (rc == 0)
+        rc = dist_sum_array(t->strat.pp.group, sum, (int)(3 * N), sum + 3 * N,
+                            "the adapter over the stages", err);
+    for (size_t i = 0; rc == 0 && i < 3 * N; i++) w[i] = (float)sum[i];
+    free(sum);
+    free(mom);
+    return rc;
+}
+
+static int save_lora(trainer *t, ct_error *err) {
+    const int64_t step = t->state.step;
+    t->strat.pp.group->timeout_s = t->world->timeout_s = t->d->timeout_s;
+    int rc = trainer_check_replicas(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
+    pp_whole x;
+    rc = whole_init(t, &x, err);
+    const size_t N = x.W.num;
+    float *w = rc == 0 ? calloc(3 * N + 1, sizeof *w) : NULL;
+    if (rc == 0 && !w) rc = ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    if (dist_agree(t->world, rc, "the PP checkpoint's adapter", err) == 0) {
+        rc = whole_state(t, &x, w, err);
+    } else {
+        rc = -1;
+    }
+    if (rc == 0 && is_root(t)) { // one process's files: one optimizer shard, the model
+        char tmp[4200];
+        ckpt_shard_info info = {0};
+        t->model.be->write(t->model.be, x.g.param_mem, w, N * sizeof *w);
+        rc = ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err);
+        if (rc == 0)
+            rc = ckpt_write_optimizer_shard(tmp, 0, 1, 0, N, N, w + N, w + 2 * N, &info, err);
+        if (rc == 0)
+            rc = ckpt_commit(t->ckpt_root, t->save_tag, &x.g, &info, 1, &t->state,
+                             t->config_toml, err);
+        ckpt_notes notes = {0};
+        if (rc == 0)
+            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+        trainer_log_notes(t, &notes);
+        if (rc == 0)
+            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (the LoRA adapter "
+                            "assembled from the pipeline stages, 1 optimizer shard)\n",
+                    (long long)step, t->ckpt_root, (long long)step);
+        else
+            ckpt_abandon(t->ckpt_root, step, t->save_tag);
+    }
+    free(w);
+    whole_free(&x);
+    return dist_agree(t->world, rc, "committing the checkpoint", err);
+}
+
+// A LoRA checkpoint (any layout's: they are all one process's format) into the stage's adapter
+// and this rank's range of its moments.
+static int load_lora(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    pp_whole x;
+    int rc = whole_init(t, &x, err);
+    const size_t N = x.W.num, n = t->model.lora->L.num;
+    float *w = rc == 0 ? calloc(3 * N + 1, sizeof *w) : NULL;
+    float *loc = rc == 0 ? calloc(3 * n + 1, sizeof *loc) : NULL;
+    if (rc == 0 && (!w || !loc)) rc = ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    train_state st;
+    if (rc == 0)
+        rc = ckpt_load(dir, &x.g, moments ? w + N : NULL, moments ? w + 2 * N : NULL, 0,
+                       moments ? N : 0, moments ? &t->state : &st, NULL, err);
+    if (rc == 0) t->model.be->read(t->model.be, w, x.g.param_mem, N * sizeof *w);
+    for (int k = 0; k < 3 && rc == 0; k++)
+        rc = qwen3_lora_to_whole(&t->model, &x.W, loc + k * n, w + k * N, true, err);
+    if (rc == 0) qwen3_lora_write(&t->model, 0, n, loc);
+    for (int k = 0; rc == 0 && moments && k < 2; k++)
+        memcpy(moments[k], loc + (k + 1) * n + t->opt.base, t->opt.n * sizeof(float));
+    free(w);
+    free(loc);
+    whole_free(&x);
+    return rc;
+}
+
 // Under TP, shard q's writer's local model: pipeline rank q / tp's stages.
 static int tp_layout_of(const trainer *t, int q, qwen3_config *lc, ct_error *err) {
     return strategy_pp_local_config(t, q / t->tp, lc, err);
 }
 
 static int save_checkpoint(trainer *t, ct_error *err) {
+    if (t->model.lora) return save_lora(t, err);
     if (t->tp > 1) {
         const strategy_tp_writers tw = {.S = t->pp * t->tp,
                                         .writers = &t->pp_writers,
@@ -450,12 +637,20 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     // the stage's first shard group.
     const bool writes = first_replica(t);
     const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : E);
-    float *src[3] = {NULL, NULL, NULL};
-    if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
+    float *src[3] = {NULL, NULL, NULL}, *whole = NULL; // under ZeRO-1 the moments gathered
+    if (zero1(t) && rc == 0) rc = stage_moments(t, &whole, err);
+    if (rc == 0 && first && zero1(t)) {
+        if ((src[0] = qwen3_params_view(&t->model, true, err)) == NULL) rc = -1;
+        src[1] = whole, src[2] = whole ? whole + t->model.num_params : NULL;
+    } else if (rc == 0 && first) {
+        rc = strategy_local_state(t, fsdp_on(t), src, err);
+    }
     if (rc == 0 && writes)
         rc = trainer_write_named_shard(t, &g, sh.tmp, src, strategy_ep_saves(t->d->rank),
                                        t->pp_writers.rank, S, sh.mine, err);
-    if (first) strategy_local_state_free(t, fsdp_on(t), src);
+    if (first && zero1(t) && src[0]) qwen3_params_view_release(&t->model, src[0], false);
+    else if (first && !zero1(t)) strategy_local_state_free(t, fsdp_on(t), src);
+    free(whole);
     rc = trainer_shards_end(t, &sh, rc, w, writes ? &t->pp_writers : NULL, &g,
                             E > 1 ? ", one per pipeline rank and EP rank"
                                   : ", one per pipeline rank",
@@ -467,7 +662,9 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 // A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
 // spanning the local model, then this rank's pieces of them; under TP, TP's load (its slices).
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    if (t->model.lora) return load_lora(t, dir, moments, err);
     if (t->tp > 1) return strategy_tp.load_checkpoint(t, dir, moments, err);
+    if (zero1(t)) return load_zero1(t, dir, moments, err);
     if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
     const size_t n = t->model.num_params;
     float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
@@ -483,8 +680,10 @@ static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_er
     return rc;
 }
 
+// The weights alone (a LoRA run's base) from a checkpoint whose model is in shards.
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
     if (t->tp > 1) return strategy_tp.load_sharded(t, dir, err);
+    if (t->model.lora || zero1(t)) return trainer_load_model_by_name(t, dir, err);
     return load_checkpoint(t, dir, NULL, err);
 }
 
@@ -764,6 +963,31 @@ static int owner_of(const trainer *t, const char *name) {
             if (l >= p->stage[s].lo && l < p->stage[s].hi) return s % p->group->size;
     }
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
+}
+
+int strategy_pp_lora_base_hash(trainer *t, uint64_t *h, ct_error *err) {
+    qwen3_model g, *m = &t->model;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    const int n = g.n_params, P = t->strat.pp.group->size;
+    uint64_t *all = calloc((size_t)(P + 1) * n + 1, sizeof *all), *mine = all + (size_t)P * n;
+    int rc = all ? 0 : ct_fail(err, "out of memory for the base's hashes");
+    for (int i = 0; rc == 0 && i < m->n_params; i++) {
+        const qwen3_param *gp = qwen3_find_param(&g, m->params[i].name);
+        if (!gp)
+            rc = ct_fail(err, "tensor %s is not in the global layout", m->params[i].name);
+        else
+            mine[gp - g.params] = qwen3_lora_tensor_hash(m, &m->params[i]);
+    }
+    rc = dist_agree(t->strat.pp.group, rc, "the LoRA base's identity", err);
+    if (rc == 0)
+        rc = dist_allgather(t->strat.pp.group, mine, all, (int)(n * sizeof *all),
+                            "the LoRA base's identity", err);
+    *h = QWEN3_LORA_HASH0;
+    for (int i = 0; rc == 0 && i < n; i++)
+        *h = qwen3_lora_hash_step(*h, all[(size_t)owner_of(t, g.params[i].name) * n + i], i);
+    free(all);
+    qwen3_free(&g);
+    return rc;
 }
 
 // The stage's group whose rank 0 names each tensor to the others, which then help assemble it:

@@ -336,6 +336,7 @@ static int setup_weights(trainer *t, ct_error *err) {
             return -1;
         base = t->strat.lora_base_hashed ? t->strat.lora_base_hash
                                          : qwen3_lora_base_hash(&t->model);
+        if (t->pp > 1 && strategy_pp_lora_base_hash(t, &base, err) != 0) return -1;
     }
     if (c->checkpoint.enable) {
         int found = trainer_resume(t, err);
