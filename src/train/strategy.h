@@ -318,6 +318,11 @@ typedef struct strategy {
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0
 // the model and state.json, after the replicas agree bit for bit.
 int trainer_save_replicated(trainer *t, ct_error *err);
+// Rank 0, once the P optimizer shards of model m (the trained parameters, or under PP a LoRA
+// run's whole adapter) are written: ckpt_commit, the prune, and the "saved" line (note: in its
+// parentheses).
+int trainer_commit_replicated(trainer *t, const qwen3_model *m, const ckpt_shard_info *shards,
+                              int P, const char *note, ct_error *err);
 // The replicas over t->d hold the same weights, bit for bit (else an error naming the rank):
 // checked before a save.
 int trainer_check_replicas(trainer *t, ct_error *err);

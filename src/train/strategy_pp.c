@@ -441,21 +441,6 @@ static int stage_moments(trainer *t, float **out, ct_error *err) {
     return rc;
 }
 
-// Under ZeRO-1, a checkpoint of any layout by tensor name: the moments spanning the local model,
-// then this rank's range of them.
-static int load_zero1(trainer *t, const char *dir, float *moments[2], ct_error *err) {
-    const size_t n = t->model.num_params;
-    float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
-    if (moments && !local[0]) return ct_fail(err, "out of memory for the PP checkpoint's moments");
-    if (local[0]) local[1] = local[0] + n;
-    int rc = trainer_load_local_by_name(t, dir, moments ? local : NULL,
-                                        moments ? &t->state : NULL, err);
-    for (int k = 0; rc == 0 && moments && k < 2; k++)
-        memcpy(moments[k], local[k] + t->opt.base, t->opt.n * sizeof(float));
-    free(local[0]);
-    return rc;
-}
-
 // --- LoRA's checkpoints: a LoRA run's format (the whole adapter as model.safetensors, its AdamW
 // state in one optimizer shard), so one process, or any PP or data-parallel layout, resumes it.
 // Every pp group assembles the whole model's adapter and moments (each element one stage's, the
@@ -549,18 +534,11 @@ static int save_lora(trainer *t, ct_error *err) {
         if (rc == 0)
             rc = ckpt_write_optimizer_shard(tmp, 0, 1, 0, N, N, w + N, w + 2 * N, &info, err);
         if (rc == 0)
-            rc = ckpt_commit(t->ckpt_root, t->save_tag, &x.g, &info, 1, &t->state,
-                             t->config_toml, err);
-        ckpt_notes notes = {0};
-        if (rc == 0)
-            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
-        trainer_log_notes(t, &notes);
-        if (rc == 0)
-            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (the LoRA adapter "
-                            "assembled from the pipeline stages, 1 optimizer shard)\n",
-                    (long long)step, t->ckpt_root, (long long)step);
-        else
-            ckpt_abandon(t->ckpt_root, step, t->save_tag);
+            rc = trainer_commit_replicated(t, &x.g, &info, 1,
+                                           "the LoRA adapter assembled from the pipeline "
+                                           "stages, 1 optimizer shard",
+                                           err);
+        if (rc != 0) ckpt_abandon(t->ckpt_root, step, t->save_tag);
     }
     free(w);
     whole_free(&x);
@@ -660,22 +638,24 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 }
 
 // A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
-// spanning the local model, then this rank's pieces of them; under TP, TP's load (its slices).
+// spanning the local model, then this rank's pieces of them (under ZeRO-1 its range of the
+// moments); under TP, TP's load (its slices); a LoRA run's, load_lora.
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
     if (t->model.lora) return load_lora(t, dir, moments, err);
     if (t->tp > 1) return strategy_tp.load_checkpoint(t, dir, moments, err);
-    if (zero1(t)) return load_zero1(t, dir, moments, err);
-    if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
+    if (!fsdp_on(t) && !zero1(t)) return trainer_load_by_name(t, dir, moments, err);
     const size_t n = t->model.num_params;
     float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
     if (moments && !local[0]) return ct_fail(err, "out of memory for the PP checkpoint's moments");
     if (local[0]) local[1] = local[0] + n;
     int rc = trainer_load_local_by_name(t, dir, moments ? local : NULL,
                                         moments ? &t->state : NULL, err);
-    if (rc == 0) {
+    if (rc == 0 && fsdp_on(t)) {
         strategy_fsdp_take_all(t);
         for (int k = 0; moments && k < 2; k++) strategy_fsdp_pieces(t, local[k], moments[k]);
     }
+    for (int k = 0; rc == 0 && zero1(t) && moments && k < 2; k++)
+        memcpy(moments[k], local[k] + t->opt.base, t->opt.n * sizeof(float));
     free(local[0]);
     return rc;
 }

@@ -151,18 +151,25 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
     }
     rc = 0;
     if (is_root(t)) {
-        rc = ckpt_commit(t->ckpt_root, t->save_tag, qwen3_trained(&t->model), all, P, &t->state,
-                         t->config_toml, err);
-        ckpt_notes notes = {0};
-        if (rc == 0)
-            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
-        trainer_log_notes(t, &notes);
-        if (rc == 0)
-            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%d optimizer shard%s)\n",
-                    (long long)step, t->ckpt_root, (long long)step, P, P > 1 ? "s" : "");
+        char note[64];
+        snprintf(note, sizeof note, "%d optimizer shard%s", P, P > 1 ? "s" : "");
+        rc = trainer_commit_replicated(t, qwen3_trained(&t->model), all, P, note, err);
     }
     free(all);
     return dist_agree(t->d, rc, "committing the checkpoint", err);
+}
+
+int trainer_commit_replicated(trainer *t, const qwen3_model *m, const ckpt_shard_info *shards,
+                              int P, const char *note, ct_error *err) {
+    const int64_t step = t->state.step;
+    int rc = ckpt_commit(t->ckpt_root, t->save_tag, m, shards, P, &t->state, t->config_toml, err);
+    ckpt_notes notes = {0};
+    if (rc == 0) rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+    trainer_log_notes(t, &notes);
+    if (rc == 0)
+        fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%s)\n", (long long)step,
+                t->ckpt_root, (long long)step, note);
+    return rc;
 }
 
 int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shard_info *pairs,
