@@ -103,8 +103,16 @@ grep -q "keeps the activations of up to 4 micro-batch(es) in flight" "$tmp/gpipe
 # PP=2 x ZeRO-1 (np 4, data_parallel_shard_mode "zero1" over each stage's 2 ranks): each takes
 # two sequences, 2 micro-batches, and steps AdamW over its half of the stage's parameters, then
 # all-gathers them (measured 2.4e-9, 5.7e-9, 7.5e-10). (DDP inside the stages: pp2 x ep2 below.)
+# Its step-4 checkpoint (one shard per pipeline rank, the stage's moments gathered from its
+# ranks) is its final export, byte for byte, through `ctitan export` (which verifies it first);
+# a checkpoint resumed at PP=2 x ZeRO-1: np1 -> pp2 x zero1 below.
 check "pp2 x zero1" pp 4 "$tmp/pp2z" --parallelism.pipeline_parallel_degree 2 \
-  --parallelism.data_parallel_shard_mode zero1 --training.local_batch_size 2
+  --parallelism.data_parallel_shard_mode zero1 --training.local_batch_size 2 \
+  --checkpoint.enable true --checkpoint.interval 4
+"$ct" export --checkpoint "$tmp/pp2z/checkpoint/step-4" --output "$tmp/pp2z_cli" >/dev/null &&
+  diff -r "$tmp/pp2z/hf" "$tmp/pp2z_cli" >/dev/null && ok ||
+  bad "ctitan export of pp2 x zero1's checkpoint differs from its final export"
+rm -rf "$tmp/pp2z_cli" "$tmp/pp2z/checkpoint"
 check "pp2 x zero1 = np1" agree "$tmp/pp2z" "$tmp/np1" "${tol[@]}"
 grep -q "^parallel: 4 rank(s), pipeline parallel over 2 stage groups (schedule 1F1B), ZeRO-1: optimizer state sharded over each stage's 2 rank(s);" \
   "$tmp/pp2z.log" && ok || bad "pp2 x zero1: $(grep '^parallel' "$tmp/pp2z.log")"
@@ -145,9 +153,12 @@ check "pp2 -> np1 = np1" agree "$tmp/to1" "$tmp/np1_6" "${tol[@]}"
 check "pp2 -> pp4" pp 4 "$tmp/to4" "${six[@]}" "${save[@]}"
 check "pp2 -> pp4 = np1" agree "$tmp/to4" "$tmp/np1_6" "${tol[@]}"
 check "np1 2 steps, saved" run 1 "$tmp/np1_leg" "${six[@]}" "${save[@]}" --training.steps 2
-check "np1 -> pp2" pp 2 "$tmp/np1_leg" "${six[@]}" "${save[@]}"
-grep -q "resumed from .*step-2 " "$tmp/np1_leg.log" && ok || bad "np1 -> pp2 did not resume"
-check "np1 -> pp2 = np1" agree "$tmp/np1_leg" "$tmp/np1_6" "${tol[@]}"
+# (at PP=2 x ZeRO-1, np 4: each rank takes its range of its stage's moments)
+check "np1 -> pp2 x zero1" pp 4 "$tmp/np1_leg" "${six[@]}" "${save[@]}" \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_mode zero1 \
+  --training.local_batch_size 2
+grep -q "resumed from .*step-2 " "$tmp/np1_leg.log" && ok || bad "np1 -> pp2 x zero1 did not resume"
+check "np1 -> pp2 x zero1 = np1" agree "$tmp/np1_leg" "$tmp/np1_6" "${tol[@]}"
 # PP=2 x FSDP=2 (np 4: each stage's local model sharded over its 2 ranks, local batch 2 in 2
 # micro-batches): Interleaved1F1B over the 6 layers, two local stages per rank, each
 # reduce-scattering after its own last micro-batch; steps 2 and 4 saved. Its step-2 checkpoint
