@@ -398,7 +398,8 @@ void qwen3_lora_use_set(qwen3_model *m, int j) {
     const int k = lo->set;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         for (int md = 0; md < LORA_N_MODULES; md++)
-            if (lo->mod[l][md].a) lo->mod[l][md].u = lo->set_u[j] + (lo->mod[l][md].u - lo->set_u[k]);
+            if (lo->mod[l][md].a)
+                lo->mod[l][md].u = lo->set_u[j] + (lo->mod[l][md].u - lo->set_u[k]);
         if (lo->experts[l].w && lo->experts[l].u)
             lo->experts[l].u = lo->set_eu[j] + (lo->experts[l].u - lo->set_eu[k]);
     }
@@ -482,8 +483,7 @@ int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, con
     return 0;
 }
 
-int peft_adapter_apply(qwen3_model *m, const char *dir, const qwen3_config *whole,
-                       ct_error *err) {
+int peft_adapter_apply(qwen3_model *m, const char *dir, const qwen3_config *whole, ct_error *err) {
     if (!m->lora) return ct_fail(err, "%s: the model has no LoRA adapter to read it into", dir);
     const lora_config *mc = &m->lora->L.lc;
     peft_adapter a;

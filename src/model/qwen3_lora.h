@@ -77,8 +77,7 @@ int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, con
 // (seed, t's index in the layout), core/rng.h), every B zero; the dropout seed from `seed` too.
 // whole: the whole model's config when m is a pipeline stage's (its tensors draw the streams of
 // their places in the whole model's layout, the dropout seed from its tensor count), else NULL.
-int qwen3_lora_init_random(qwen3_model *m, uint64_t seed, const qwen3_config *whole,
-                           ct_error *err);
+int qwen3_lora_init_random(qwen3_model *m, uint64_t seed, const qwen3_config *whole, ct_error *err);
 // m's adapter into dst, a host buffer in W's layout (the whole model's, whose tensors m's are by
 // global layer): each of m's tensors at its place there, the rest untouched.
 int qwen3_lora_read_whole(const qwen3_model *m, const lora_layout *W, float *dst, ct_error *err);
@@ -99,8 +98,7 @@ void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src)
 // naming both); lora_dropout is the model's own choice. Here, not beside PEFT's parser, so that
 // the parser links without the model (its fuzz target). whole: as qwen3_lora_init_random's (the
 // folder holds the whole model's adapter; a stage takes its layers' tensors), else NULL.
-int peft_adapter_apply(qwen3_model *m, const char *dir, const qwen3_config *whole,
-                       ct_error *err);
+int peft_adapter_apply(qwen3_model *m, const char *dir, const qwen3_config *whole, ct_error *err);
 void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads);
 
 // The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16

@@ -40,7 +40,8 @@
 // refused in trainer_setup.c): every rank holds the stage's local model (a LoRA model's adapter
 // is what it trains), its optimizer state sharded.
 static bool zero1(const trainer *t) {
-    return t->shard_degree > 1 && strcmp(t->cfg->parallelism.data_parallel_shard_mode, "zero1") == 0;
+    return t->shard_degree > 1 &&
+           strcmp(t->cfg->parallelism.data_parallel_shard_mode, "zero1") == 0;
 }
 
 // The strategy inside each stage, known from the config alone (EP with TP is refused in
@@ -488,7 +489,8 @@ static int whole_state(trainer *t, const pp_whole *x, float *w, ct_error *err) {
         if (!(mom = malloc(2 * n * sizeof *mom + 1)))
             rc = ct_fail(err, "out of memory for the PP checkpoint's moments");
         for (int k = 0; k < 2 && rc == 0; k++) {
-            float *dev = k ? t->opt.v : t->opt.m, *view = be->view(be, dev, n * sizeof(float), true, err);
+            float *dev = k ? t->opt.v : t->opt.m;
+            float *view = be->view(be, dev, n * sizeof(float), true, err);
             if (!view) {
                 rc = -1;
                 break;
@@ -901,7 +903,8 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
                           wait_one(t, &req, "validation's input", g, j, err) != 0))
                 return -1;
             int64_t count = 0;
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], false, &count);
+            const double l =
+                qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], false, &count);
             if (g == p->S - 1) {
                 res[0] += l, res[1] += (double)count;
                 continue;

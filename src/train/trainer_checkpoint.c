@@ -244,8 +244,9 @@ static int export_adapter(trainer *t, ct_error *err) {
         config_lora_base_name(pc.base_model, sizeof pc.base_model, t->cfg);
         rc = peft_adapter_save(dir, &pc, W, buf, err);
         if (rc == 0)
-            fprintf(t->log, "export: %s (a PEFT LoRA adapter: %s and %s, %zu parameters, base %s%s)\n",
-                    dir, PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, n, pc.base_model,
+            fprintf(t->log,
+                    "export: %s (a PEFT LoRA adapter: %s and %s, %zu parameters, base %s%s)\n", dir,
+                    PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, n, pc.base_model,
                     pp ? ", assembled from the pipeline stages" : "");
     }
     free(buf);
