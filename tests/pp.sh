@@ -283,7 +283,12 @@ base_id() { grep -o '"base_xxh64":[^,]*' "$1/checkpoint/step-4/state.json"; }
 [ -n "$(base_id "$tmp/pplora")" ] && [ "$(base_id "$tmp/pplora")" = "$(base_id "$tmp/np1_lora")" ] &&
   grep -q "checkpoint: saved step 4 .*(the LoRA adapter assembled from the pipeline stages, 1 optimizer shard)" \
   "$tmp/pplora.log" && ok || bad "pp2 x zero1 lora's checkpoint: $(base_id "$tmp/pplora"), one process's $(base_id "$tmp/np1_lora")"
-# the step-4 checkpoints' adapters (compare_runs reads them once the exports are gone)
+# `ctitan export` of its step-4 checkpoint is its final PEFT export, byte for byte; the step-4
+# checkpoints' adapters (compare_runs reads them once the exports are gone)
+"$ct" export --checkpoint "$tmp/pplora/checkpoint/step-4" --output "$tmp/pplora_cli" >/dev/null &&
+  diff -r "$tmp/pplora/hf" "$tmp/pplora_cli" >/dev/null && ok ||
+  bad "ctitan export of pp2 x zero1 lora's checkpoint differs from its final export"
+rm -rf "$tmp/pplora_cli"
 cp -r "$tmp/pplora" "$tmp/lora2" && rm -rf "$tmp/lora2/checkpoint/step-4" "$tmp/lora2/hf"
 rm -rf "$tmp/pplora/hf" "$tmp/np1_lora/hf"
 check "pp2 x zero1 lora's checkpoint = np1's" same "$tmp/pplora" "$tmp/np1_lora" "${ltol[@]}"
