@@ -13,9 +13,11 @@ def rows(d):
     r = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"loss"' in l]
     return r[:first] if first else r
 def weights(d): # the header's tensors, and all their data as one mapped F32 array
-    # An HF export the test made in DUMP/hf (FSDP's checkpoints hold shards), else the last
-    # checkpoint's model.safetensors.
+    # An HF export the test made in DUMP/hf (FSDP's checkpoints hold shards; a LoRA run's is its
+    # PEFT adapter), else the last checkpoint's model.safetensors.
     path = f"{d}/hf/model.safetensors"
+    if not os.path.exists(path) and os.path.exists(f"{d}/hf/adapter_model.safetensors"):
+        path = f"{d}/hf/adapter_model.safetensors"
     if not os.path.exists(path):
         steps = sorted(int(s[5:]) for s in os.listdir(d + "/checkpoint") if s[5:].isdigit())
         path = f"{d}/checkpoint/step-{steps[-1]}/model.safetensors"

@@ -113,8 +113,9 @@ static int eval_open(eval_run *r, const ct_config *c, FILE *out, ct_error *err) 
     if (qwen3_plan(m, B, T, err) != 0 || load_weights(r, c, out, err) != 0) return -1;
     qwen3_refresh_bf16(m);
     if (m->lora) {
-        qwen3_lora_init_random(m, (uint64_t)c->debug.seed);
-        if (c->lora.adapter_path[0] && peft_adapter_apply(m, c->lora.adapter_path, err) != 0)
+        if (qwen3_lora_init_random(m, (uint64_t)c->debug.seed, NULL, err) != 0 ||
+            (c->lora.adapter_path[0] &&
+             peft_adapter_apply(m, c->lora.adapter_path, NULL, err) != 0))
             return ct_wrap(err, "lora.adapter_path");
         fprintf(out, "lora: %s, rank %d, alpha %g (scaling %g%s), %s: %zu adapter parameters\n",
                 c->lora.adapter_path[0] ? c->lora.adapter_path : "PEFT's init (B zero)", lc.rank,

@@ -270,8 +270,8 @@ static int load_weights(gen_run *r, ct_error *err) {
         if (rc != 0) return ct_wrap(err, "--model.hf_path %s", r->model_dir);
     }
     if (!r->m.lora) return 0;
-    qwen3_lora_init_random(&r->m, 0);
-    if (peft_adapter_apply(&r->m, c->lora.adapter_path, err) != 0)
+    if (qwen3_lora_init_random(&r->m, 0, NULL, err) != 0 ||
+        peft_adapter_apply(&r->m, c->lora.adapter_path, NULL, err) != 0)
         return ct_wrap(err, "--lora.adapter_path");
     fprintf(stderr, "lora: %s, rank %d, alpha %g (scaling %g%s), %s: %zu adapter parameters\n",
             c->lora.adapter_path, lc.rank, (double)lc.alpha, (double)lora_scale(&lc),

@@ -100,7 +100,7 @@ static void add_module(lora_layout *L, const qwen3_config *c, int layer, lora_mo
                 snprintf(mod, sizeof mod, "%s.%s", m <= LORA_O ? "self_attn" : "mlp",
                          module_names[m]);
             snprintf(x->name, sizeof x->name, "base_model.model.model.layers.%d.%s.lora_%c.weight",
-                     layer, mod, b ? 'B' : 'A');
+                     qwen3_layer_id(c, layer), mod, b ? 'B' : 'A');
             x->layer = layer, x->module = m, x->expert = expert, x->is_b = b;
             x->shape[0] = b ? out : L->lc.rank;
             x->shape[1] = b ? L->lc.rank : in;

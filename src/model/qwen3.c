@@ -799,7 +799,7 @@ static bool has_head(const qwen3_model *m, int l1) {
 // The forward of local layers [l0, l1): from the embedding, or from `in` (a pipeline stage's
 // input rows); to the loss, or to the stage's output (qwen3_stage_output).
 static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, const float *in,
-                      bool head_backward, float loss_scale, int64_t *n_valid) {
+                      bool train, bool head_backward, float loss_scale, int64_t *n_valid) {
     qwen3_acts *s = m->acts;
     if (n_valid) *n_valid = 0;
     if (!s) return NAN;
@@ -818,8 +818,9 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
     else
         take_docs(m, batch->positions);
     if (m->lora) { // PEFT's train mode (dropout on) for a training forward, eval mode else
-        m->lora->training = head_backward;
-        if (head_backward) m->lora->forwards++; // a new mask (recomputations keep this one)
+        m->lora->training = train;
+        // A new mask (recomputations keep this one); a pipeline rank counts its first stage's.
+        if (train && l0 == 0) m->lora->forwards++;
         m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
                           (uint64_t)d.T;
     }
@@ -876,14 +877,15 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
 }
 
 double qwen3_forward(qwen3_model *m, const qwen3_batch *batch, int64_t *n_valid) {
-    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, false, 0.0f, n_valid);
+    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, false, false, 0.0f, n_valid);
 }
 
 double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_scale,
                            int64_t *n_valid) {
     const bool trains = m->grad_mem || m->lora;
     assert(trains && "qwen3_forward_train on a model built without gradients");
-    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, trains, loss_scale, n_valid);
+    return forward(m, batch, 0, m->cfg.num_hidden_layers, NULL, trains, trains, loss_scale,
+                   n_valid);
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
@@ -963,8 +965,8 @@ void qwen3_backward(qwen3_model *m, float loss_scale) {
 }
 
 double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
-                           const float *in, int64_t *n_valid) {
-    return forward(m, batch, l0, l1, in, false, 0.0f, n_valid);
+                           const float *in, bool train, int64_t *n_valid) {
+    return forward(m, batch, l0, l1, in, train, false, 0.0f, n_valid);
 }
 
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale) {

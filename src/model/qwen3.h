@@ -476,9 +476,10 @@ void qwen3_backward(qwen3_model *m, float loss_scale);
 // the stage's output) and ends at the embedding or at the gradient of the stage's input
 // (qwen3_stage_dinput, valid until the next pass). Gradients accumulate as qwen3_backward's.
 // Under TP with sequence parallelism (m->tp) the input, output and their gradients are this
-// rank's N / tp rows (its sequence shard), as the residual stream is.
+// rank's N / tp rows (its sequence shard), as the residual stream is. `train`: a training
+// forward (a LoRA adapter's dropout on, PEFT's train mode), else validation's.
 double qwen3_stage_forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1,
-                           const float *in, int64_t *n_valid);
+                           const float *in, bool train, int64_t *n_valid);
 void qwen3_stage_backward(qwen3_model *m, int l0, int l1, const float *dout, float loss_scale);
 float *qwen3_stage_output(const qwen3_model *m, int l1);
 float *qwen3_stage_dinput(const qwen3_model *m);

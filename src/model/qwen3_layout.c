@@ -790,7 +790,7 @@ int qwen3_plan_sets(qwen3_model *m, int n, ct_error *err) {
     for (int j = 1; j < n; j++)
         if (!(m->set_acts[j] = acts_new(m, m->B, m->T, &m->set_mem[j], err)))
             return ct_wrap(err, "activation set %d of %d", j + 1, n);
-    return 0;
+    return qwen3_lora_plan_sets(m, n, err);
 }
 
 void qwen3_use_set(qwen3_model *m, int j) {
@@ -798,6 +798,7 @@ void qwen3_use_set(qwen3_model *m, int j) {
     m->acts = m->set_acts[j];
     m->act_mem = m->set_mem[j];
     m->logits = ((qwen3_acts *)m->acts)->logits;
+    qwen3_lora_use_set(m, j);
 }
 
 void qwen3_free(qwen3_model *m) {

@@ -49,6 +49,16 @@ typedef struct qwen3_lora {
     // layer is dense, or its experts are not adapted); u and scratch from qwen3_lora_plan.
     ct_moe_lora *experts;
     float *experts_act; // every adapted sparse layer's u, then the kernels' shared scratch
+    // Pipeline parallelism's activation sets (qwen3_plan_sets): what a forward keeps for its
+    // backward, per set: the modules' u (u_floats from act, set 0's in act), the experts' u
+    // (eu_floats from set 0's eu0), the dropout key and mode. `set` is the one in use; n_sets
+    // 0: one set.
+    size_t u_floats, eu_floats;
+    float *eu0;
+    int n_sets, set;
+    float **set_u, **set_eu;
+    uint64_t *set_token0;
+    bool *set_training;
 } qwen3_lora;
 
 // A model for LoRA training: the base as qwen3_init_forward_only holds it (no gradients, each
@@ -65,14 +75,30 @@ int qwen3_init_lora(qwen3_model *m, const qwen3_config *cfg, ct_backend *be, con
 // PEFT's default init from the run's seed: every A kaiming-uniform with a = sqrt(5), i.e.
 // U(-1/sqrt(in), 1/sqrt(in)) (element i of tensor t is draw i of the splitmix64 sequence of
 // (seed, t's index in the layout), core/rng.h), every B zero; the dropout seed from `seed` too.
-void qwen3_lora_init_random(qwen3_model *m, uint64_t seed);
+// whole: the whole model's config when m is a pipeline stage's (its tensors draw the streams of
+// their places in the whole model's layout, the dropout seed from its tensor count), else NULL.
+int qwen3_lora_init_random(qwen3_model *m, uint64_t seed, const qwen3_config *whole, ct_error *err);
+// m's adapter into dst, a host buffer in W's layout (the whole model's, whose tensors m's are by
+// global layer): each of m's tensors at its place there, the rest untouched.
+int qwen3_lora_read_whole(const qwen3_model *m, const lora_layout *W, float *dst, ct_error *err);
+// The same for any host buffer in m's adapter layout (its moments), local into whole; back: each
+// of m's tensors from whole into local.
+int qwen3_lora_to_whole(const qwen3_model *m, const lora_layout *W, float *local, float *whole,
+                        bool back, ct_error *err);
+// The whole model's adapter (layout W, config whole) as a parameter table alone with its weights,
+// param_mem (W->num floats on m's backend, zero; m's ops): a checkpoint's model under PP, m a
+// stage's. qwen3_lora_table_free releases it (after a failure too).
+int qwen3_lora_table(qwen3_model *g, const lora_layout *W, const qwen3_config *whole,
+                     const qwen3_model *m, ct_error *err);
+void qwen3_lora_table_free(qwen3_model *g);
 // Host I/O of the adapter (floats [offset, offset + n) of the layout), weights or gradients.
 void qwen3_lora_write(qwen3_model *m, size_t offset, size_t n, const float *src);
 // DIR's PEFT adapter folder (model/peft_adapter.h) into m's adapter (lora_layout order, over what
 // it held). Its r, lora_alpha, target_modules and use_rslora must be the model's (else one line
 // naming both); lora_dropout is the model's own choice. Here, not beside PEFT's parser, so that
-// the parser links without the model (its fuzz target).
-int peft_adapter_apply(qwen3_model *m, const char *dir, ct_error *err);
+// the parser links without the model (its fuzz target). whole: as qwen3_lora_init_random's (the
+// folder holds the whole model's adapter; a stage takes its layers' tensors), else NULL.
+int peft_adapter_apply(qwen3_model *m, const char *dir, const qwen3_config *whole, ct_error *err);
 void qwen3_lora_read(const qwen3_model *m, float *dst, size_t offset, size_t n, bool grads);
 
 // The frozen base's identity: XXH64 over each tensor's bytes as the model holds them (bf16
@@ -83,9 +109,16 @@ uint64_t qwen3_lora_base_hash(const qwen3_model *m);
 // order give qwen3_lora_base_hash.
 #define QWEN3_LORA_HASH0 0x4c6f524142617365ull // "LoRABase"
 uint64_t qwen3_lora_base_hash_range(const qwen3_model *m, uint64_t h, size_t lo, size_t hi);
+// Its parts: tensor p's XXH64 as the model holds it, and the chain's step for the tensor at index
+// i of the whole table (a pipeline stage's tensors hashed alone, chained in the whole's order).
+uint64_t qwen3_lora_tensor_hash(const qwen3_model *m, const qwen3_param *p);
+uint64_t qwen3_lora_hash_step(uint64_t h, uint64_t tensor, int i);
 
 // Private to src/model (qwen3.c, qwen3_layout.c).
 int qwen3_lora_plan(qwen3_model *m, int B, int T, ct_error *err);
+// qwen3_plan_sets' and qwen3_use_set's part for the adapter (after qwen3_lora_plan).
+int qwen3_lora_plan_sets(qwen3_model *m, int n, ct_error *err);
+void qwen3_lora_use_set(qwen3_model *m, int j);
 void qwen3_lora_free(qwen3_model *m);
 void qwen3_lora_zero_grad(qwen3_model *m);
 // Layer l's projection md: y (N rows, ldy apart; or y16, a bf16-only output) += the branch of

@@ -233,6 +233,9 @@ extern const strategy_vt strategy_pp;
 // Pipeline rank r's local model: the global config mc becomes its stages' parts (after the split
 // in t->strat.pp).
 int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error *err);
+// A LoRA run's frozen base identity (qwen3_lora_base_hash) of the whole model, one process's:
+// each stage hashes its tensors, the pp group chains them in the whole table's order.
+int strategy_pp_lora_base_hash(trainer *t, uint64_t *h, ct_error *err);
 
 // Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
 // layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those
@@ -316,6 +319,11 @@ typedef struct strategy {
 // Replicate, ZeRO-1 (trainer_checkpoint.c): every rank its 1/N of the optimizer state, rank 0
 // the model and state.json, after the replicas agree bit for bit.
 int trainer_save_replicated(trainer *t, ct_error *err);
+// Rank 0, once the P optimizer shards of model m (the trained parameters, or under PP a LoRA
+// run's whole adapter) are written: ckpt_commit, the prune, and the "saved" line (note: in its
+// parentheses).
+int trainer_commit_replicated(trainer *t, const qwen3_model *m, const ckpt_shard_info *shards,
+                              int P, const char *note, ct_error *err);
 // The replicas over t->d hold the same weights, bit for bit (else an error naming the rank):
 // checked before a save.
 int trainer_check_replicas(trainer *t, ct_error *err);

@@ -31,35 +31,48 @@
 #include "checkpoint/checkpoint.h"
 #include "core/clock.h"
 #include "model/moe_balance.h"
+#include "model/qwen3_lora.h"
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
 
 #define PP_TAG 3000 // above the other point-to-point tags (ring attention's)
 
-// The strategy inside each stage, known from the config alone (ZeRO-1 is refused in
-// trainer_setup.c): TP (itself over replicate, FSDP or EP), EP (beside FSDP, or with DDP for the
-// rest: its groups are carved out of the stage's ranks), FSDP or replicate.
+// ZeRO-1 over the stage's data-parallel ranks (data_parallel_shard_mode "zero1"; with TP or EP
+// refused in trainer_setup.c): every rank holds the stage's local model (a LoRA model's adapter
+// is what it trains), its optimizer state sharded.
+static bool zero1(const trainer *t) {
+    return t->shard_degree > 1 &&
+           strcmp(t->cfg->parallelism.data_parallel_shard_mode, "zero1") == 0;
+}
+
+// The strategy inside each stage, known from the config alone: TP (itself over replicate, FSDP
+// or EP), EP (beside FSDP, or with DDP for the rest: its groups are carved out of the stage's
+// ranks), FSDP, ZeRO-1 or replicate.
 static const strategy_vt *dp_of(const trainer *t) {
-    const bool fsdp = t->shard_degree > 1;
+    const bool fsdp = t->shard_degree > 1 && !zero1(t);
     return t->tp > 1   ? &strategy_tp
            : t->ep > 1 ? (fsdp ? strategy_ep_fsdp() : &strategy_ep)
            : fsdp      ? &strategy_fsdp
+           : zero1(t)  ? &strategy_zero1
                        : &strategy_replicate;
 }
 
 // FSDP directly inside the stage, alone or beside EP (its loads are ours to hand over).
 static bool fsdp_on(const trainer *t) {
-    return t->tp <= 1 && t->shard_degree > 1;
+    return t->tp <= 1 && t->shard_degree > 1 && !zero1(t);
 }
 
 // FSDP inside the stage, directly or under TP: no rank holds its local model.
 static bool sharded(const trainer *t) {
-    return t->shard_degree > 1;
+    return t->shard_degree > 1 && !zero1(t);
 }
 
 static void describe(const trainer *t, char *buf, size_t size) {
     char inner[320];
-    dp_of(t)->describe(t, inner, sizeof inner);
+    if (zero1(t)) // (before the setup, which sets the inner table ZeRO-1's describe reads)
+        snprintf(inner, sizeof inner, "ZeRO-1: optimizer state sharded");
+    else
+        dp_of(t)->describe(t, inner, sizeof inner);
     char cp[64] = "";
     if (t->cp > 1) snprintf(cp, sizeof cp, " (context parallel: %d per sequence)", t->cp);
     snprintf(buf, size, "pipeline parallel over %d stage groups (schedule %s), %s over each "
@@ -294,7 +307,7 @@ static int estimate(const trainer *t, run_memory *mem, ct_error *err) {
         const size_t one = m.model.activations;
         m.model.activations = (size_t)sets * one +
             4 * (size_t)p->v * p->m * boundary_floats(t, lc.hidden_size) * sizeof(float);
-        m.optimizer = 2.0 * (double)m.model.params;
+        m.optimizer = 2.0 * (double)m.model.params / (zero1(t) ? t->d->size : 1);
         m.total = (double)m.model.params + m.model.weights_bf16 + m.model.grads + m.optimizer +
                   m.model.activations + m.batch;
         m.node = m.total * m.ranks_per_node;
@@ -402,6 +415,170 @@ static int check_replicas(trainer *t, ct_error *err) {
                        : trainer_check_replicas(t, err);
 }
 
+// Under ZeRO-1: the local trained buffer's two moments whole, back to back in *out (host, 2 n
+// floats), each rank's range gathered over the stage's ranks (every rank of t->d calls it).
+static int stage_moments(trainer *t, float **out, ct_error *err) {
+    const grad_sync *s = &t->strat.sync;
+    const int P = t->d->size;
+    const size_t n = qwen3_trained(&t->model)->num_params;
+    size_t most = 0;
+    for (int r = 0; r < P; r++)
+        if (s->shard_start[r + 1] - s->shard_start[r] > most)
+            most = s->shard_start[r + 1] - s->shard_start[r];
+    float *all = malloc(((size_t)P + 1) * most * sizeof *all + 1);
+    *out = malloc(2 * n * sizeof **out + 1);
+    int rc = all && *out ? 0 : ct_fail(err, "out of memory for the stage's optimizer state");
+    rc = dist_agree(t->d, rc, "the stage's optimizer state", err);
+    ct_backend *be = t->opt.be;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        float *dev = k ? t->opt.v : t->opt.m, *mine = all + (size_t)P * most;
+        float *host = be->view(be, dev, t->opt.n * sizeof(float), true, err);
+        rc = host ? 0 : -1;
+        if (host) memcpy(mine, host, t->opt.n * sizeof *mine);
+        if (host) be->view_release(be, host, dev, t->opt.n * sizeof(float), false);
+        rc = dist_agree(t->d, rc, "the stage's optimizer state", err);
+        if (rc == 0)
+            rc = dist_allgather(t->d, mine, all, (int)(most * sizeof *all),
+                                "the stage's optimizer state", err);
+        for (int r = 0; rc == 0 && r < P; r++)
+            memcpy(*out + k * n + s->shard_start[r], all + (size_t)r * most,
+                   (s->shard_start[r + 1] - s->shard_start[r]) * sizeof *all);
+    }
+    free(all);
+    if (rc != 0) free(*out), *out = NULL;
+    return rc;
+}
+
+// --- LoRA's checkpoints: a LoRA run's format (the whole adapter as model.safetensors, its AdamW
+// state in one optimizer shard), so one process, or any PP or data-parallel layout, resumes it.
+// Every pp group assembles the whole model's adapter and moments (each element one stage's, the
+// others add zeros: exact; a few MB), world rank 0 writes them.
+
+// The whole adapter: its layout, and its table with the weights (on the model's backend).
+typedef struct pp_whole {
+    lora_layout W;
+    qwen3_model g;
+    bool have_w, have_g;
+} pp_whole;
+
+static int whole_init(trainer *t, pp_whole *x, ct_error *err) {
+    memset(x, 0, sizeof *x);
+    if (lora_layout_init(&x->W, &t->setup.model, &t->model.lora->L.lc, err) != 0) return -1;
+    x->have_w = true;
+    if (qwen3_lora_table(&x->g, &x->W, &t->setup.model, &t->model, err) != 0) {
+        qwen3_lora_table_free(&x->g);
+        return -1;
+    }
+    x->have_g = true;
+    return 0;
+}
+
+static void whole_free(pp_whole *x) {
+    if (x->have_g) qwen3_lora_table_free(&x->g);
+    if (x->have_w) lora_layout_free(&x->W);
+}
+
+// The whole adapter and its moments into w (host, 3 W.num floats: weights, exp_avg, exp_avg_sq),
+// on every rank of this rank's pp group (every rank calls it: the stage's ranks gather ZeRO-1's
+// moments).
+static int whole_state(trainer *t, const pp_whole *x, float *w, ct_error *err) {
+    const size_t N = x->W.num, n = t->model.lora->L.num;
+    const int P = t->strat.pp.group->size;
+    float *mom = NULL;
+    double *sum = calloc((size_t)(1 + P) * 3 * N + 1, sizeof *sum);
+    int rc = sum ? 0 : ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    if (rc == 0) rc = qwen3_lora_read_whole(&t->model, &x->W, w, err);
+    if (zero1(t)) {
+        if (dist_agree(t->d, rc, "the PP checkpoint's adapter", err) != 0) rc = -1;
+        else rc = stage_moments(t, &mom, err);
+    } else if (rc == 0) { // the optimizer spans the adapter
+        ct_backend *be = t->opt.be;
+        if (!(mom = malloc(2 * n * sizeof *mom + 1)))
+            rc = ct_fail(err, "out of memory for the PP checkpoint's moments");
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            float *dev = k ? t->opt.v : t->opt.m;
+            float *view = be->view(be, dev, n * sizeof(float), true, err);
+            if (!view) {
+                rc = -1;
+                break;
+            }
+            memcpy(mom + k * n, view, n * sizeof *mom);
+            be->view_release(be, view, dev, n * sizeof(float), false);
+        }
+    }
+    for (int k = 0; k < 2 && rc == 0; k++)
+        rc = qwen3_lora_to_whole(&t->model, &x->W, mom + k * n, w + (k + 1) * N, false, err);
+    rc = dist_agree(t->strat.pp.group, rc, "the PP checkpoint's adapter", err);
+    for (size_t i = 0; rc == 0 && i < 3 * N; i++) sum[i] = w[i];
+    if (rc == 0)
+        rc = dist_sum_array(t->strat.pp.group, sum, (int)(3 * N), sum + 3 * N,
+                            "the adapter over the stages", err);
+    for (size_t i = 0; rc == 0 && i < 3 * N; i++) w[i] = (float)sum[i];
+    free(sum);
+    free(mom);
+    return rc;
+}
+
+static int save_lora(trainer *t, ct_error *err) {
+    const int64_t step = t->state.step;
+    t->strat.pp.group->timeout_s = t->world->timeout_s = t->d->timeout_s;
+    int rc = trainer_check_replicas(t, err);
+    if (rc == 0 && is_root(t)) rc = ckpt_begin(t->ckpt_root, step, t->save_tag, err);
+    if (dist_agree(t->world, rc, "starting the checkpoint", err) != 0) return -1;
+    pp_whole x;
+    rc = whole_init(t, &x, err);
+    const size_t N = x.W.num;
+    float *w = rc == 0 ? calloc(3 * N + 1, sizeof *w) : NULL;
+    if (rc == 0 && !w) rc = ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    if (dist_agree(t->world, rc, "the PP checkpoint's adapter", err) == 0) {
+        rc = whole_state(t, &x, w, err);
+    } else {
+        rc = -1;
+    }
+    if (rc == 0 && is_root(t)) { // one process's files: one optimizer shard, the model
+        char tmp[4200];
+        ckpt_shard_info info = {0};
+        t->model.be->write(t->model.be, x.g.param_mem, w, N * sizeof *w);
+        rc = ckpt_tmp_path(tmp, sizeof tmp, t->ckpt_root, step, t->save_tag, err);
+        if (rc == 0)
+            rc = ckpt_write_optimizer_shard(tmp, 0, 1, 0, N, N, w + N, w + 2 * N, &info, err);
+        if (rc == 0)
+            rc = trainer_commit_replicated(t, &x.g, &info, 1,
+                                           "the LoRA adapter assembled from the pipeline "
+                                           "stages, 1 optimizer shard",
+                                           err);
+        if (rc != 0) ckpt_abandon(t->ckpt_root, step, t->save_tag);
+    }
+    free(w);
+    whole_free(&x);
+    return dist_agree(t->world, rc, "committing the checkpoint", err);
+}
+
+// A LoRA checkpoint (any layout's: they are all one process's format) into the stage's adapter
+// and this rank's range of its moments.
+static int load_lora(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    pp_whole x;
+    int rc = whole_init(t, &x, err);
+    const size_t N = x.W.num, n = t->model.lora->L.num;
+    float *w = rc == 0 ? calloc(3 * N + 1, sizeof *w) : NULL;
+    float *loc = rc == 0 ? calloc(3 * n + 1, sizeof *loc) : NULL;
+    if (rc == 0 && (!w || !loc)) rc = ct_fail(err, "out of memory for the PP checkpoint's adapter");
+    train_state st;
+    if (rc == 0)
+        rc = ckpt_load(dir, &x.g, moments ? w + N : NULL, moments ? w + 2 * N : NULL, 0,
+                       moments ? N : 0, moments ? &t->state : &st, NULL, err);
+    if (rc == 0) t->model.be->read(t->model.be, w, x.g.param_mem, N * sizeof *w);
+    for (int k = 0; k < 3 && rc == 0; k++)
+        rc = qwen3_lora_to_whole(&t->model, &x.W, loc + k * n, w + k * N, true, err);
+    if (rc == 0) qwen3_lora_write(&t->model, 0, n, loc);
+    for (int k = 0; rc == 0 && moments && k < 2; k++)
+        memcpy(moments[k], loc + (k + 1) * n + t->opt.base, t->opt.n * sizeof(float));
+    free(w);
+    free(loc);
+    whole_free(&x);
+    return rc;
+}
+
 // Under TP, shard q's writer's local model: pipeline rank q / block's stages (block: the first
 // replica's ranks of a stage, tp, or under EP ep x etp), under EP with the experts of its EP
 // rank (rank q % block of the stage: EP rank (q % block) / etp).
@@ -412,6 +589,7 @@ static int tp_layout_of(const trainer *t, int q, qwen3_config *lc, ct_error *err
 }
 
 static int save_checkpoint(trainer *t, ct_error *err) {
+    if (t->model.lora) return save_lora(t, err);
     if (t->tp > 1) {
         const strategy_tp_writers tw = {
             .S = t->pp * block_of(t),
@@ -453,12 +631,20 @@ static int save_checkpoint(trainer *t, ct_error *err) {
     // the stage's first shard group.
     const bool writes = first_replica(t);
     const bool first = t->d->rank < (fsdp_on(t) ? t->strat.fsdp.o.shard_degree : E);
-    float *src[3] = {NULL, NULL, NULL};
-    if (rc == 0 && first) rc = strategy_local_state(t, fsdp_on(t), src, err);
+    float *src[3] = {NULL, NULL, NULL}, *whole = NULL; // under ZeRO-1 the moments gathered
+    if (zero1(t) && rc == 0) rc = stage_moments(t, &whole, err);
+    if (rc == 0 && first && zero1(t)) {
+        if ((src[0] = qwen3_params_view(&t->model, true, err)) == NULL) rc = -1;
+        src[1] = whole, src[2] = whole ? whole + t->model.num_params : NULL;
+    } else if (rc == 0 && first) {
+        rc = strategy_local_state(t, fsdp_on(t), src, err);
+    }
     if (rc == 0 && writes)
         rc = trainer_write_named_shard(t, &g, sh.tmp, src, strategy_ep_saves(t->d->rank),
                                        t->pp_writers.rank, S, sh.mine, err);
-    if (first) strategy_local_state_free(t, fsdp_on(t), src);
+    if (first && zero1(t) && src[0]) qwen3_params_view_release(&t->model, src[0], false);
+    else if (first && !zero1(t)) strategy_local_state_free(t, fsdp_on(t), src);
+    free(whole);
     rc = trainer_shards_end(t, &sh, rc, w, writes ? &t->pp_writers : NULL, &g,
                             E > 1 ? ", one per pipeline rank and EP rank"
                                   : ", one per pipeline rank",
@@ -468,26 +654,32 @@ static int save_checkpoint(trainer *t, ct_error *err) {
 }
 
 // A checkpoint of any layout by tensor name: under FSDP into the full buffer and host moments
-// spanning the local model, then this rank's pieces of them; under TP, TP's load (its slices).
+// spanning the local model, then this rank's pieces of them (under ZeRO-1 its range of the
+// moments); under TP, TP's load (its slices); a LoRA run's, load_lora.
 static int load_checkpoint(trainer *t, const char *dir, float *moments[2], ct_error *err) {
+    if (t->model.lora) return load_lora(t, dir, moments, err);
     if (t->tp > 1) return strategy_tp.load_checkpoint(t, dir, moments, err);
-    if (!fsdp_on(t)) return trainer_load_by_name(t, dir, moments, err);
+    if (!fsdp_on(t) && !zero1(t)) return trainer_load_by_name(t, dir, moments, err);
     const size_t n = t->model.num_params;
     float *local[2] = {moments ? malloc(2 * n * sizeof(float) + 1) : NULL, NULL};
     if (moments && !local[0]) return ct_fail(err, "out of memory for the PP checkpoint's moments");
     if (local[0]) local[1] = local[0] + n;
     int rc = trainer_load_local_by_name(t, dir, moments ? local : NULL,
                                         moments ? &t->state : NULL, err);
-    if (rc == 0) {
+    if (rc == 0 && fsdp_on(t)) {
         strategy_fsdp_take_all(t);
         for (int k = 0; moments && k < 2; k++) strategy_fsdp_pieces(t, local[k], moments[k]);
     }
+    for (int k = 0; rc == 0 && zero1(t) && moments && k < 2; k++)
+        memcpy(moments[k], local[k] + t->opt.base, t->opt.n * sizeof(float));
     free(local[0]);
     return rc;
 }
 
+// The weights alone (a LoRA run's base) from a checkpoint whose model is in shards.
 static int load_sharded(trainer *t, const char *dir, ct_error *err) {
     if (t->tp > 1) return strategy_tp.load_sharded(t, dir, err);
+    if (t->model.lora || zero1(t)) return trainer_load_model_by_name(t, dir, err);
     return load_checkpoint(t, dir, NULL, err);
 }
 
@@ -659,7 +851,7 @@ static int run_micro(trainer *t, float scale, double *loss_sum, double *aux_sum,
                 break;
             }
             use_set(t, p->set_of[at] = p->free_sets[--p->n_free]);
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at], NULL);
+            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[at], true, NULL);
             if (p->n_sums && (rc = forward_sums(t, g, i, at, err)) != 0) break;
             if (g == p->S - 1) loss += l;
             else
@@ -725,7 +917,8 @@ static int eval_forward(trainer *t, const qwen3_batch *b, double *loss, int64_t 
                           wait_one(t, &req, "validation's input", g, j, err) != 0))
                 return -1;
             int64_t count = 0;
-            const double l = qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], &count);
+            const double l =
+                qwen3_stage_forward(m, &mb, p->l0[k], p->l1[k], p->in[0], false, &count);
             if (g == p->S - 1) {
                 res[0] += l, res[1] += (double)count;
                 continue;
@@ -768,6 +961,31 @@ static int owner_of(const trainer *t, const char *name) {
             if (l >= p->stage[s].lo && l < p->stage[s].hi) return s % p->group->size;
     }
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : (p->S - 1) % p->group->size;
+}
+
+int strategy_pp_lora_base_hash(trainer *t, uint64_t *h, ct_error *err) {
+    qwen3_model g, *m = &t->model;
+    if (qwen3_init_layout(&g, &t->setup.model, err) != 0) return -1;
+    const int n = g.n_params, P = t->strat.pp.group->size;
+    uint64_t *all = calloc((size_t)(P + 1) * n + 1, sizeof *all), *mine = all + (size_t)P * n;
+    int rc = all ? 0 : ct_fail(err, "out of memory for the base's hashes");
+    for (int i = 0; rc == 0 && i < m->n_params; i++) {
+        const qwen3_param *gp = qwen3_find_param(&g, m->params[i].name);
+        if (!gp)
+            rc = ct_fail(err, "tensor %s is not in the global layout", m->params[i].name);
+        else
+            mine[gp - g.params] = qwen3_lora_tensor_hash(m, &m->params[i]);
+    }
+    rc = dist_agree(t->strat.pp.group, rc, "the LoRA base's identity", err);
+    if (rc == 0)
+        rc = dist_allgather(t->strat.pp.group, mine, all, (int)(n * sizeof *all),
+                            "the LoRA base's identity", err);
+    *h = QWEN3_LORA_HASH0;
+    for (int i = 0; rc == 0 && i < n; i++)
+        *h = qwen3_lora_hash_step(*h, all[(size_t)owner_of(t, g.params[i].name) * n + i], i);
+    free(all);
+    qwen3_free(&g);
+    return rc;
 }
 
 // The stage's group whose rank 0 names each tensor to the others, which then help assemble it:

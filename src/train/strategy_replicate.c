@@ -12,11 +12,13 @@
 #include "train/strategy.h"
 #include "train/trainer_internal.h"
 
-// ZeRO-1's table, or LoRA under FSDP's (its adapter under ZeRO-1).
+// ZeRO-1's table, or LoRA under FSDP's (its adapter under ZeRO-1); under PP the one inside each
+// stage (strategy_pp.c sets it before its setup).
 static bool zero1(const trainer *t) {
-    return t->strat.vt->optimizer_sharded;
+    return (t->pp > 1 ? t->strat.pp.dp : t->strat.vt)->optimizer_sharded;
 }
 
+// (Under PP, strategy_pp.c's describe words ZeRO-1 itself.)
 static void describe(const trainer *t, char *buf, size_t size) {
     snprintf(buf, size, "%s",
              t->d->size == 1 ? "no data parallelism"

@@ -151,18 +151,25 @@ int trainer_save_replicated(trainer *t, ct_error *err) {
     }
     rc = 0;
     if (is_root(t)) {
-        rc = ckpt_commit(t->ckpt_root, t->save_tag, qwen3_trained(&t->model), all, P, &t->state,
-                         t->config_toml, err);
-        ckpt_notes notes = {0};
-        if (rc == 0)
-            rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
-        trainer_log_notes(t, &notes);
-        if (rc == 0)
-            fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%d optimizer shard%s)\n",
-                    (long long)step, t->ckpt_root, (long long)step, P, P > 1 ? "s" : "");
+        char note[64];
+        snprintf(note, sizeof note, "%d optimizer shard%s", P, P > 1 ? "s" : "");
+        rc = trainer_commit_replicated(t, qwen3_trained(&t->model), all, P, note, err);
     }
     free(all);
     return dist_agree(t->d, rc, "committing the checkpoint", err);
+}
+
+int trainer_commit_replicated(trainer *t, const qwen3_model *m, const ckpt_shard_info *shards,
+                              int P, const char *note, ct_error *err) {
+    const int64_t step = t->state.step;
+    int rc = ckpt_commit(t->ckpt_root, t->save_tag, m, shards, P, &t->state, t->config_toml, err);
+    ckpt_notes notes = {0};
+    if (rc == 0) rc = ckpt_prune(t->ckpt_root, t->cfg->checkpoint.keep_latest_k, step, &notes, err);
+    trainer_log_notes(t, &notes);
+    if (rc == 0)
+        fprintf(t->log, "checkpoint: saved step %lld in %s/step-%lld (%s)\n", (long long)step,
+                t->ckpt_root, (long long)step, note);
+    return rc;
 }
 
 int trainer_commit_shards(trainer *t, const qwen3_model *layout, const ckpt_shard_info *pairs,
@@ -205,28 +212,47 @@ int trainer_finish_shards(trainer *t, dist *over, dist *grp, int rc,
 
 // A LoRA run's final export: the adapter as a PEFT folder (adapter_config.json and
 // adapter_model.safetensors) in dump_folder/hf, which PeftModel.from_pretrained loads onto the
-// base it names. Every rank holds the whole adapter; the root writes it.
+// base it names. Every rank holds the whole adapter, or under PP its stages' part of it: each
+// places its tensors in the whole model's layout and the pp group sums them (each element is
+// one stage's, the others add zeros: exact); the root writes it.
 static int export_adapter(trainer *t, ct_error *err) {
-    int rc = 0;
-    if (is_root(t)) {
-        const lora_layout *L = &t->model.lora->L;
+    const lora_layout *L = &t->model.lora->L;
+    lora_layout G;
+    const bool pp = t->pp > 1;
+    int rc = pp ? lora_layout_init(&G, &t->setup.model, &L->lc, err) : 0;
+    const lora_layout *W = pp && rc == 0 ? &G : L;
+    const size_t n = W->num;
+    float *buf = rc == 0 ? calloc(n + 1, sizeof *buf) : NULL;
+    // The sum and its scratch (a value from each rank).
+    const size_t P = pp ? (size_t)t->strat.pp.group->size : 0;
+    double *sum = rc == 0 && pp ? calloc((1 + P) * n + 1, sizeof *sum) : NULL;
+    if (rc == 0 && (!buf || (pp && !sum)))
+        rc = ct_fail(err, "the final export: out of memory for %zu adapter floats", n);
+    if (rc == 0) rc = qwen3_lora_read_whole(&t->model, W, buf, err);
+    if (pp && dist_agree(t->world, rc, "the final export's adapter", err) == 0) {
+        for (size_t i = 0; i < n; i++) sum[i] = buf[i];
+        rc = dist_sum_array(t->strat.pp.group, sum, (int)n, sum + n,
+                            "the adapter over the stages", err);
+        for (size_t i = 0; rc == 0 && i < n; i++) buf[i] = (float)sum[i];
+    } else if (pp) {
+        rc = -1;
+    }
+    if (rc == 0 && is_root(t)) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
         peft_config pc = {.lc = L->lc};
         config_lora_base_name(pc.base_model, sizeof pc.base_model, t->cfg);
-        float *buf = malloc(L->num * sizeof *buf + 1);
-        if (!buf) {
-            rc = ct_fail(err, "the final export: out of memory for %zu adapter floats", L->num);
-        } else {
-            qwen3_lora_read(&t->model, buf, 0, L->num, false);
-            rc = peft_adapter_save(dir, &pc, L, buf, err);
-            free(buf);
-        }
+        rc = peft_adapter_save(dir, &pc, W, buf, err);
         if (rc == 0)
-            fprintf(t->log, "export: %s (a PEFT LoRA adapter: %s and %s, %zu parameters, base %s)\n",
-                    dir, PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, L->num, pc.base_model);
+            fprintf(t->log,
+                    "export: %s (a PEFT LoRA adapter: %s and %s, %zu parameters, base %s%s)\n", dir,
+                    PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, n, pc.base_model,
+                    pp ? ", assembled from the pipeline stages" : "");
     }
-    return dist_agree(t->d, rc, "the final export", err);
+    free(buf);
+    free(sum);
+    if (pp && W == &G) lora_layout_free(&G);
+    return dist_agree(t->world, rc, "the final export", err);
 }
 
 int trainer_shards_begin(trainer *t, trainer_shards *s, int P, ct_error *err) {

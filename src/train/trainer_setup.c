@@ -26,17 +26,18 @@
 
 // Under PP (t->d: a stage's data-parallel ranks), what does not compose with it yet, and the
 // micro-batches: one line each.
-static int pp_refusals(trainer *t, int shard, bool fsdp_on, int P, ct_error *err) {
+static int pp_refusals(trainer *t, bool fsdp_on, int P, ct_error *err) {
     const ct_config *c = t->cfg;
     const int pp = t->pp, mbs = c->parallelism.pipeline_parallel_microbatch_size;
-    const char *with = c->lora.rank > 0        ? "lora.rank > 0"
-                       : shard > 1 && !fsdp_on ? "ZeRO-1 (data_parallel_shard_mode = \"zero1\")"
-                                               : NULL;
+    const char *with = c->lora.rank > 0 && fsdp_on
+                           ? "lora.rank > 0 under FSDP (data_parallel_shard_mode = \"fsdp\" over "
+                             "more than one rank)"
+                           : NULL;
     if (with)
         return ct_fail(err,
                        "parallelism.pipeline_parallel_degree = %d with %s: not supported yet; PP "
-                       "runs with DDP, FSDP, TP, CP or EP inside each stage (%d data-parallel "
-                       "ranks)",
+                       "runs with DDP, ZeRO-1, FSDP, TP, CP or EP inside each stage (LoRA with "
+                       "DDP or ZeRO-1; %d data-parallel ranks)",
                        pp, with, P);
     if (t->B % mbs != 0)
         return ct_fail(err,
@@ -117,7 +118,7 @@ static int setup_parallel(trainer *t, ct_error *err) {
                            "training.mixed_precision_reduce = \"%s\": EP reduces in float32 only",
                            t->ep, c->training.mixed_precision_reduce);
     }
-    if (t->pp > 1 && pp_refusals(t, shard, fsdp_on, P, err) != 0) return -1;
+    if (t->pp > 1 && pp_refusals(t, fsdp_on, P, err) != 0) return -1;
     t->strat.vt = t->pp > 1              ? &strategy_pp
                   : t->tp > 1            ? &strategy_tp
                   : t->ep > 1 && fsdp_on ? strategy_ep_fsdp()
@@ -323,13 +324,16 @@ static int setup_weights(trainer *t, ct_error *err) {
     uint64_t base = 0;
     if (t->model.lora) {
         if (initial_weights(t, err) != 0) return -1;
-        qwen3_lora_init_random(&t->model, (uint64_t)c->debug.seed);
+        // A pipeline stage's adapter: its tensors of the whole model's.
+        const qwen3_config *whole = t->pp > 1 ? &t->setup.model : NULL;
+        if (qwen3_lora_init_random(&t->model, (uint64_t)c->debug.seed, whole, err) != 0) return -1;
         if (c->lora.adapter_path[0] &&
-            dist_agree(t->d, peft_adapter_apply(&t->model, c->lora.adapter_path, err),
+            dist_agree(t->world, peft_adapter_apply(&t->model, c->lora.adapter_path, whole, err),
                        "reading lora.adapter_path", err) != 0)
             return -1;
         base = t->strat.lora_base_hashed ? t->strat.lora_base_hash
                                          : qwen3_lora_base_hash(&t->model);
+        if (t->pp > 1 && strategy_pp_lora_base_hash(t, &base, err) != 0) return -1;
     }
     if (c->checkpoint.enable) {
         int found = trainer_resume(t, err);
