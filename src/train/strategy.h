@@ -236,6 +236,10 @@ int strategy_pp_local_config(const trainer *t, int r, qwen3_config *mc, ct_error
 // A LoRA run's frozen base identity (qwen3_lora_base_hash) of the whole model, one process's:
 // each stage hashes its tensors, the pp group chains them in the whole table's order.
 int strategy_pp_lora_base_hash(trainer *t, uint64_t *h, ct_error *err);
+// w (n floats, the whole model's layout, this rank's stages' elements and zeros elsewhere) summed
+// over the pp group in double: every element is one stage's, so the sum is exact. Every rank of
+// the pp group calls it.
+int strategy_pp_sum_stages(trainer *t, float *w, size_t n, const char *what, ct_error *err);
 
 // Local models that hold each of their tensors whole (EP's, PP's), in checkpoints of the global
 // layout (trainer_checkpoint.c): m's tensors' ranges in the global layout g, by name, those

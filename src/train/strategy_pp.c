@@ -483,11 +483,8 @@ static void whole_free(pp_whole *x) {
 // moments).
 static int whole_state(trainer *t, const pp_whole *x, float *w, ct_error *err) {
     const size_t N = x->W.num, n = t->model.lora->L.num;
-    const int P = t->strat.pp.group->size;
     float *mom = NULL;
-    double *sum = calloc((size_t)(1 + P) * 3 * N + 1, sizeof *sum);
-    int rc = sum ? 0 : ct_fail(err, "out of memory for the PP checkpoint's adapter");
-    if (rc == 0) rc = qwen3_lora_read_whole(&t->model, &x->W, w, err);
+    int rc = qwen3_lora_read_whole(&t->model, &x->W, w, err);
     if (zero1(t)) {
         if (dist_agree(t->d, rc, "the PP checkpoint's adapter", err) != 0) rc = -1;
         else rc = stage_moments(t, &mom, err);
@@ -509,13 +506,20 @@ static int whole_state(trainer *t, const pp_whole *x, float *w, ct_error *err) {
     for (int k = 0; k < 2 && rc == 0; k++)
         rc = qwen3_lora_to_whole(&t->model, &x->W, mom + k * n, w + (k + 1) * N, false, err);
     rc = dist_agree(t->strat.pp.group, rc, "the PP checkpoint's adapter", err);
-    for (size_t i = 0; rc == 0 && i < 3 * N; i++) sum[i] = w[i];
-    if (rc == 0)
-        rc = dist_sum_array(t->strat.pp.group, sum, (int)(3 * N), sum + 3 * N,
-                            "the adapter over the stages", err);
-    for (size_t i = 0; rc == 0 && i < 3 * N; i++) w[i] = (float)sum[i];
-    free(sum);
+    if (rc == 0) rc = strategy_pp_sum_stages(t, w, 3 * N, "the adapter over the stages", err);
     free(mom);
+    return rc;
+}
+
+int strategy_pp_sum_stages(trainer *t, float *w, size_t n, const char *what, ct_error *err) {
+    dist *grp = t->strat.pp.group;
+    double *sum = calloc((1 + (size_t)grp->size) * n + 1, sizeof *sum); // the sum, its scratch
+    int rc = sum ? 0 : ct_fail(err, "%s: out of memory for %zu floats", what, n);
+    rc = dist_agree(grp, rc, what, err);
+    for (size_t i = 0; rc == 0 && i < n; i++) sum[i] = w[i];
+    if (rc == 0) rc = dist_sum_array(grp, sum, (int)n, sum + n, what, err);
+    for (size_t i = 0; rc == 0 && i < n; i++) w[i] = (float)sum[i];
+    free(sum);
     return rc;
 }
 

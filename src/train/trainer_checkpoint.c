@@ -223,20 +223,11 @@ static int export_adapter(trainer *t, ct_error *err) {
     const lora_layout *W = pp && rc == 0 ? &G : L;
     const size_t n = W->num;
     float *buf = rc == 0 ? calloc(n + 1, sizeof *buf) : NULL;
-    // The sum and its scratch (a value from each rank).
-    const size_t P = pp ? (size_t)t->strat.pp.group->size : 0;
-    double *sum = rc == 0 && pp ? calloc((1 + P) * n + 1, sizeof *sum) : NULL;
-    if (rc == 0 && (!buf || (pp && !sum)))
+    if (rc == 0 && !buf)
         rc = ct_fail(err, "the final export: out of memory for %zu adapter floats", n);
     if (rc == 0) rc = qwen3_lora_read_whole(&t->model, W, buf, err);
-    if (pp && dist_agree(t->world, rc, "the final export's adapter", err) == 0) {
-        for (size_t i = 0; i < n; i++) sum[i] = buf[i];
-        rc = dist_sum_array(t->strat.pp.group, sum, (int)n, sum + n,
-                            "the adapter over the stages", err);
-        for (size_t i = 0; rc == 0 && i < n; i++) buf[i] = (float)sum[i];
-    } else if (pp) {
-        rc = -1;
-    }
+    if (pp && dist_agree(t->world, rc, "the final export's adapter", err) != 0) rc = -1;
+    else if (pp) rc = strategy_pp_sum_stages(t, buf, n, "the adapter over the stages", err);
     if (rc == 0 && is_root(t)) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/hf", t->cfg->job.dump_folder);
@@ -250,7 +241,6 @@ static int export_adapter(trainer *t, ct_error *err) {
                     pp ? ", assembled from the pipeline stages" : "");
     }
     free(buf);
-    free(sum);
     if (pp && W == &G) lora_layout_free(&G);
     return dist_agree(t->world, rc, "the final export", err);
 }
