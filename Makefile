@@ -1,6 +1,6 @@
 # Thin wrapper over CMake + ctest. `make` builds; `make check` installs missing packages,
 # fuzzes the parsers briefly, then builds and runs every test twice: optimised, then under
-# ASan+UBSan. About 37 minutes on 2 cores in all (the last CI run; README).
+# ASan+UBSan. About 38 minutes on 2 cores in all (the last CI run; README).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
