@@ -25,6 +25,7 @@
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
+#include "ops/ops_profile.h"
 #include "model/peft_adapter.h"
 #include "model/qwen3.h"
 #include "model/qwen3_lora.h"
@@ -62,10 +63,17 @@ static const cli_option generate_options[] = {
 // The run setup's keys: the model, its kernels and plugins, the backend and the memory check,
 // as train takes them.
 static const char *const generate_keys[] = {
-    "model.hf_path",           "model.tokenizer_path",           "model.attn_backend",
-    "model.moe_impl",          "training.mixed_precision_param", "override.imports",
-    "override.allow_mismatch", "training.allow_overcommit",      "debug.guard_device_memory",
+    "model.hf_path",
+    "model.tokenizer_path",
+    "model.attn_backend",
+    "model.moe_impl",
+    "training.mixed_precision_param",
+    "override.imports",
+    "override.allow_mismatch",
+    "training.allow_overcommit",
+    "debug.guard_device_memory",
     "lora.adapter_path",
+    "debug.profile_ops",
 };
 static const char *const generate_required[] = {"model.hf_path"};
 
@@ -336,6 +344,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, bool reuse, ch
     const double t_prefill = ct_now_s() - t0;
     memcpy(r->cached.v + keep, ids + keep, fresh * sizeof *ids);
     r->cached.n = n;
+    if (r->cfg.debug.profile_ops) ops_profile_reset(); // the table covers the decode steps
     int rc = 0, n_decode = 0;
     for (int64_t k = 0; k < r->max_new; k++) {
         const int32_t next = gen_sample(&r->s, r->g.logits);
@@ -392,6 +401,8 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, bool reuse, ch
         if (reuse) fprintf(stderr, ", %zu tokens reused from the cache", keep);
         fputc('\n', stderr);
     }
+    if (rc == 0 && r->cfg.debug.profile_ops && n_decode)
+        ops_profile_print(stderr, t_decode / n_decode, n_decode);
     return rc;
 }
 

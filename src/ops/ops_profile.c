@@ -66,16 +66,16 @@ void ops_profile_reset(void) {
 void ops_profile_print(FILE *f, double step_seconds, int steps) {
     if (steps < 1 || step_seconds <= 0) return;
     fprintf(f, "op profile: mean over %d step(s) of %.1f ms\n", steps, step_seconds * 1e3);
-    fprintf(f, "  %-14s %-9s %9s %10s %7s\n", "op", "direction", "calls", "ms/step", "share");
+    fprintf(f, "  %-18s %-9s %9s %10s %7s\n", "op", "direction", "calls", "ms/step", "share");
     double covered = 0;
     for (int p = 0; p < P_N; p++) {
         if (!calls[p]) continue;
         const double ms = seconds[p] / steps * 1e3;
         covered += seconds[p] / steps;
-        fprintf(f, "  %-14s %-9s %9.1f %10.2f %6.1f%%\n", names[p][0], names[p][1],
+        fprintf(f, "  %-18s %-9s %9.1f %10.2f %6.1f%%\n", names[p][0], names[p][1],
                 (double)calls[p] / steps, ms, 100.0 * seconds[p] / steps / step_seconds);
     }
     const double rest = step_seconds - covered;
-    fprintf(f, "  %-14s %-9s %9s %10.2f %6.1f%%  (data, communication, host work)\n", "other", "-",
+    fprintf(f, "  %-18s %-9s %9s %10.2f %6.1f%%  (data, communication, host work)\n", "other", "-",
             "", rest * 1e3, 100.0 * rest / step_seconds);
 }

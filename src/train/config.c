@@ -186,8 +186,8 @@ const config_key config_table[] = {
     KEY(debug, fault_rank, CONFIG_INT, "0", NULL, false, "the rank debug.fault hits"),
     KEY(debug, fault_step, CONFIG_INT, "1", NULL, false, "the step (from 1) debug.fault hits"),
     KEY(debug, profile_ops, CONFIG_BOOL, "false", NULL, false,
-        "time every op and print a table of ms per step and share of the step at the end (the "
-        "first step, a warm-up, is left out)"),
+        "time every op and print a table of ms per step and share of the step at the end "
+        "(train: the first step, a warm-up, left out; generate: each prompt's decode steps)"),
     KEY(debug, guard_device_memory, CONFIG_BOOL, "false", NULL, false,
         "test only, slow: keep every model, gradient, optimizer and activation buffer "
         "inaccessible (mprotect) outside backend calls, so host code that touches backend memory "
@@ -278,8 +278,7 @@ const config_key config_table[] = {
     KEY(lora, target_modules, CONFIG_LIST, "q_proj,v_proj", NULL, true,
         "the projections adapted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
         "or \"all-linear\" (PEFT's default for Qwen3: q_proj, v_proj)"),
-    KEY(lora, use_rslora, CONFIG_BOOL, "false", NULL, true,
-        "rsLoRA: scaling alpha / sqrt(rank)"),
+    KEY(lora, use_rslora, CONFIG_BOOL, "false", NULL, true, "rsLoRA: scaling alpha / sqrt(rank)"),
     KEY(lora, adapter_path, CONFIG_STR, "", NULL, false,
         "start from this PEFT adapter folder (adapter_config.json + adapter_model.safetensors)"),
 
