@@ -5,6 +5,7 @@
 //   bench_step bf16 N REPEATS   (the bf16 peak: oneDNN, as a bf16 linear layer runs)
 //   bench_step bandwidth GIB REPEATS   (streaming-read bandwidth: the decode bound's divisor)
 //   bench_step rows_bf16 C OC COUNT REPEATS   (decode's one-row bf16 product against that rate)
+//   bench_step attention_decode T NH NKV D LAYERS REPEATS [bf16]   (decode's attention, KV cache)
 //   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
 //   bench_step moe N C F E K STEPS MOE_IMPL SEED [bf16]   (bf16: the experts' bf16 kernels)
 // step and moe run one untimed warm-up step, then STEPS timed ones, and print every timed
@@ -114,7 +115,8 @@ typedef float bw_vec __attribute__((vector_size(64)));
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-static float bw_sum(const bw_vec *p, size_t n) {
+static float
+bw_sum(const bw_vec *p, size_t n) {
     bw_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     size_t i = 0;
     for (; i + 4 <= n; i += 4) a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
@@ -377,6 +379,65 @@ static int bench_rows_bf16(int C, int OC, int count, int repeats) {
     return 0;
 }
 
+// Decode's attention at position T - 1: LAYERS caches of T positions (keys and values, fp32 or
+// bf16, on 2 MiB pages as generation's are), attention_decode over each in turn, as a decode step
+// runs the layers. Prints ms per step (all layers) and the cache's bytes over that time in GB/s,
+// beside bw_sum's streaming read of the same buffers; the best of REPEATS after a warm-up.
+static int bench_attention_decode(int T, int NH, int NKV, int D, int layers, int repeats,
+                                  bool bf16) {
+    if (T < 1 || NKV < 1 || NH < NKV || NH % NKV || D < 1 || layers < 1 || repeats < 1) {
+        fprintf(stderr, "bench_step: attention_decode: bad size\n");
+        return 1;
+    }
+    const size_t row = (size_t)NKV * D, per = (size_t)T * row * (bf16 ? 2 : 4),
+                 each = (per + 63) / 64 * 64, bytes = 2 * each * (size_t)layers;
+    char *kv = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) >> 21 << 21);
+    float *q = malloc((size_t)NH * D * sizeof *q), *out = malloc((size_t)NH * D * sizeof *out);
+    float *scratch = malloc(ct_ops_cpu.attention_decode_scratch_floats(T, NH, D) * sizeof *scratch);
+    if (!kv || !q || !out || !scratch) {
+        fprintf(stderr, "bench_step: attention_decode: out of memory for %zu bytes\n", bytes);
+        return 1;
+    }
+    madvise(kv, bytes, MADV_HUGEPAGE);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < bytes / 2; i++) // bf16 values in the range [-0.5, 0.5), either way
+        ((uint16_t *)kv)[i] = bf16 || i % 2 ? (uint16_t)(0x3c00 + (i * 2654435761u) % 0x200) : 0;
+    for (int i = 0; i < NH * D; i++) q[i] = (float)(i % 13) / 13 - 0.5f;
+    double best[2] = {1e30, 0};
+    float sink = 0;
+    for (int r = -1; r < repeats; r++) {
+        double t0 = now();
+        for (int l = 0; l < layers; l++) {
+            const char *k = kv + 2 * each * l, *v = k + each;
+            if (bf16)
+                ct_ops_cpu.attention_decode_bf16(out, scratch, q, (const uint16_t *)k,
+                                                 (const uint16_t *)v, T, NH, NKV, D);
+            else
+                ct_ops_cpu.attention_decode(out, scratch, q, (const float *)k, (const float *)v, T,
+                                            NH, NKV, D);
+            sink += out[l % (NH * D)];
+        }
+        const double ms = (now() - t0) * 1e3;
+        t0 = now();
+        const bw_vec *p = (const bw_vec *)kv;
+        const size_t n = bytes / sizeof *p;
+#pragma omp parallel reduction(+ : sink)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            sink += bw_sum(p + n * t / nt, n * (t + 1) / nt - n * t / nt);
+        }
+        const double stream = (double)bytes / (now() - t0) / 1e9;
+        if (r >= 0 && ms < best[0]) best[0] = ms;
+        if (r >= 0 && stream > best[1]) best[1] = stream;
+    }
+    printf("{\"attention_decode\":[%d,%d,%d,%d,%d],\"cache\":\"%s\",\"threads\":%d,"
+           "\"cache_mb\":%.1f,\"ms\":%.3f,\"cache_gbs\":%.2f,\"stream_gbs\":%.2f,\"sink\":%g}\n",
+           T, NH, NKV, D, layers, bf16 ? "bf16" : "fp32", omp_get_max_threads(), bytes / 1e6,
+           best[0], bytes / best[0] / 1e6, best[1], (double)sink);
+    free(kv), free(q), free(out), free(scratch);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
         return bench_sgemm(atoi(argv[2]), atoi(argv[3]));
@@ -385,6 +446,10 @@ int main(int argc, char **argv) {
         return bench_bandwidth(atof(argv[2]), atoi(argv[3]));
     if (argc == 6 && strcmp(argv[1], "rows_bf16") == 0)
         return bench_rows_bf16(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if ((argc == 8 || (argc == 9 && strcmp(argv[8], "bf16") == 0)) &&
+        strcmp(argv[1], "attention_decode") == 0)
+        return bench_attention_decode(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                                      atoi(argv[6]), atoi(argv[7]), argc == 9);
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "step") == 0)
         return bench_model(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
                            argc == 8 ? argv[7] : "grouped");
@@ -396,6 +461,7 @@ int main(int argc, char **argv) {
                     "       bench_step bf16 N REPEATS\n"
                     "       bench_step bandwidth GIB REPEATS\n"
                     "       bench_step rows_bf16 C OC COUNT REPEATS\n"
+                    "       bench_step attention_decode T NH NKV D LAYERS REPEATS [bf16]\n"
                     "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
                     "       bench_step moe N C F E K STEPS grouped|loop SEED [bf16]\n");
     return 2;

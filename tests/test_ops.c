@@ -455,13 +455,23 @@ static void test_matmul_bf16(int N, int C, int OC) {
 }
 
 // attention_decode (one query row against a KV cache of T rows, GQA) against a double softmax
-// attention: rel L2 3e-6 (measured 1.1e-7 to 3.3e-7). The cases cover the kernel's pairing of the
-// query heads that share a kv head (rep 1, 3 and 4: a head left alone, two pairs) and both paths
-// (D a multiple of 16 with AVX-512, and D = 40).
+// attention: rel L2 3e-6 (measured 1.2e-7 to 2.2e-7, both kernels). The cases cover the kernel's
+// pairing of the query heads that share a kv head (rep 1, 3 and 4: a head left alone, two pairs),
+// one and several 64-position chunks with a part-filled last one, and both paths (NH a multiple of
+// 16, rep dividing 16 and D of 32 with AVX-512, the portable loops otherwise). q, k and v hold bf16
+// values, as under bf16, so attention_decode_bf16 (the cache in bf16; with AVX512-BF16 its
+// scores multiply in bf16) takes the same inputs.
 static void test_attention_decode(int NH, int NKV, int D, int T) {
     const size_t nq = (size_t)NH * D, nkv = (size_t)T * NKV * D;
     float *q = frand_array(nq, -2, 2), *k = frand_array(nkv, -1, 1), *v = frand_array(nkv, -1, 1);
-    float *out = malloc(nq * sizeof *out), *scratch = malloc((size_t)NH * T * sizeof *scratch);
+    for (size_t i = 0; i < nq; i++) q[i] = bf16_to_f32(f32_to_bf16(q[i]));
+    uint16_t *k16 = malloc(nkv * sizeof *k16), *v16 = malloc(nkv * sizeof *v16);
+    for (size_t i = 0; i < nkv; i++) {
+        k16[i] = f32_to_bf16(k[i]), k[i] = bf16_to_f32(k16[i]);
+        v16[i] = f32_to_bf16(v[i]), v[i] = bf16_to_f32(v16[i]);
+    }
+    float *out = malloc(nq * sizeof *out), *out16 = malloc(nq * sizeof *out16);
+    float *scratch = malloc(ops->attention_decode_scratch_floats(T, NH, D) * sizeof *scratch);
     double *ref = calloc(nq, sizeof *ref), *p = malloc((size_t)T * sizeof *p);
     for (int h = 0; h < NH; h++) {
         const int kvh = h / (NH / NKV);
@@ -480,7 +490,12 @@ static void test_attention_decode(int NH, int NKV, int D, int T) {
     ops->attention_decode(out, scratch, q, k, v, T, NH, NKV, D);
     const double e = rel_l2_fd(out, ref, nq);
     CHECK(e < 3e-6, "attention_decode NH %d NKV %d D %d T %d: rel L2 %.3g", NH, NKV, D, T, e);
-    free(q), free(k), free(v), free(out), free(scratch), free(ref), free(p);
+    ops->attention_decode_bf16(out16, scratch, q, k16, v16, T, NH, NKV, D);
+    const double e16 = rel_l2_fd(out16, ref, nq);
+    CHECK(e16 < 3e-6, "attention_decode_bf16 NH %d NKV %d D %d T %d: rel L2 %.3g", NH, NKV, D, T,
+          e16);
+    free(q), free(k), free(v), free(k16), free(v16), free(out), free(out16), free(scratch);
+    free(ref), free(p);
 }
 
 // The dense MLP's bf16 SwiGLU against torch's roundings computed here independently (every op in
@@ -681,10 +696,20 @@ int main(void) {
     test_matmul_bf16(1, 1000, 70);
     test_matmul_bf16(1, 1183, 37);
     test_matmul_bf16(1, 33, 5);
-    test_attention_decode(6, 2, 128, 37);  // rep 3: a pair and a head alone
-    test_attention_decode(8, 2, 128, 300); // rep 4: two pairs, several prefetched blocks
-    test_attention_decode(4, 4, 40, 17);   // rep 1, the portable loops
+    // the vector path: rep 2 (Qwen3-0.6B/1.7B), 4 (4B/8B), 1, 8 and 16
+    test_attention_decode(16, 8, 128, 64); // one whole chunk
+    test_attention_decode(16, 8, 128, 612);
+    test_attention_decode(32, 8, 128, 300); // five chunks, the last part-filled
+    test_attention_decode(16, 16, 64, 130);
+    test_attention_decode(16, 2, 32, 700);
+    test_attention_decode(16, 1, 64, 65);
+    // the portable loops: NH not a multiple of 16, rep 3, D not a multiple of 32
+    test_attention_decode(6, 2, 128, 37);
+    test_attention_decode(8, 2, 128, 300);
+    test_attention_decode(16, 8, 48, 100);
+    test_attention_decode(4, 4, 40, 17);
     test_attention_decode(6, 2, 40, 33);
+    test_attention_decode(6, 3, 40, 129); // the portable loops over three chunks
     test_embedding(9, 4, 37);
     test_add();
     test_thread_invariance();

@@ -37,7 +37,7 @@ CACHE = 256
 common = ["--model.hf_path", folder, "--model.tokenizer_path", TOK]
 for prec, size in [("bfloat16", 2), ("float32", 4)]:
     weights = n_params * size
-    kv = 2 * g["L"] * CACHE * g["NKV"] * g["D"] * 4  # fp32 keys and values
+    kv = 2 * g["L"] * CACHE * g["NKV"] * g["D"] * size  # keys and values, in the compute dtype
     bound = 1.1 * weights + kv + 0.3 * GIB
     rc, err, rss = peak_rss(BIN, ["generate"] + common + [
         "--prompt", "Hello, world", "--max_new_tokens", "8", "--cache_len", str(CACHE),

@@ -133,19 +133,30 @@ static rope_rows rope_of(const qwen3_acts *s, qwen3_dims d) {
     return (rope_rows){s->rope_cos, s->rope_sin, d.B, d.T};
 }
 
-// Where a layer's keys and values go (k, v: what q/k norm + RoPE writes, T rows each sequence)
-// and what its attention reads (k_all, v_all): the layer's own activations, or a KV cache's
-// rows at pos and its rows [0, pos + T).
+// Where a layer's keys and values go (k, v: what q/k norm + RoPE writes, T rows each sequence;
+// k16, v16: where their bf16 values are kept, NULL for none) and what its attention reads
+// (k_all, v_all, or k16_all, v16_all over a bf16 cache): the layer's own activations; or a KV
+// cache's rows at pos and its rows [0, pos + T); or, with a bf16 cache, the layer's own rows
+// whose bf16 values go to the cache (a prefill at position 0 reads the rows, anything later
+// the cache).
 typedef struct kv_rows {
     float *k, *v;
+    uint16_t *k16, *v16;
     const float *k_all, *v_all;
+    const uint16_t *k16_all, *v16_all;
 } kv_rows;
 
 static kv_rows kv_of(const qwen3_layer_acts *a, const qwen3_pass *p, int l) {
-    if (!p->kcache) return (kv_rows){a->kr, a->v, a->kr, a->v};
     const size_t KV = (size_t)p->d.NKV * p->d.D, layer = (size_t)l * p->cache_len * KV;
+    if (p->kcache16) {
+        uint16_t *k0 = p->kcache16 + layer, *v0 = p->vcache16 + layer;
+        return (kv_rows){
+            a->kr, a->v, k0 + (size_t)p->pos * KV, v0 + (size_t)p->pos * KV, a->kr, a->v, k0, v0};
+    }
+    if (!p->kcache) return (kv_rows){a->kr, a->v, a->kr16, a->v16, a->kr, a->v, NULL, NULL};
     float *k0 = p->kcache + layer, *v0 = p->vcache + layer;
-    return (kv_rows){k0 + (size_t)p->pos * KV, v0 + (size_t)p->pos * KV, k0, v0};
+    return (kv_rows){
+        k0 + (size_t)p->pos * KV, v0 + (size_t)p->pos * KV, a->kr16, a->v16, k0, v0, NULL, NULL};
 }
 
 // out, state = attention(q, k, v) of the pass: the table's kernel (its bf16 one when
@@ -158,11 +169,15 @@ static void attention_forward(const qwen3_model *m, qwen3_layer_acts *a, const q
                               kv_rows kv) {
     const ct_ops *op = m->ops;
     const qwen3_dims d = p->d;
-    if (p->kcache && p->pos > 0) {
+    if ((p->kcache || p->kcache16) && p->pos > 0) {
         const size_t QD = (size_t)d.NH * d.D;
         for (int t = 0; t < d.T; t++)
-            op->attention_decode(a->atty + t * QD, p->dec_scratch, a->qr + t * QD, kv.k_all,
-                                 kv.v_all, p->pos + t + 1, d.NH, d.NKV, d.D);
+            if (kv.k16_all)
+                op->attention_decode_bf16(a->atty + t * QD, p->dec_scratch, a->qr + t * QD,
+                                          kv.k16_all, kv.v16_all, p->pos + t + 1, d.NH, d.NKV, d.D);
+            else
+                op->attention_decode(a->atty + t * QD, p->dec_scratch, a->qr + t * QD, kv.k_all,
+                                     kv.v_all, p->pos + t + 1, d.NH, d.NKV, d.D);
         return;
     }
     if (m->cp) {
@@ -231,7 +246,7 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     to_bf16(m, a->ln1_16, a->ln1, N * d.C);
     if (gemms) {
         qwen3_linear(m, p->mm_scratch, a->qkv, NULL, a->ln1, a->ln1_16, w->wqkv, w->bqkv, d.N, d.C,
-                     QKV); // (N,QKV)
+                     QKV);        // (N,QKV)
         if (p->lora && m->lora) { // PEFT: the base output (bf16 under autocast), plus the branch
             const int KVD = d.NKV * d.D;
             to_bf16(m, NULL, a->qkv, N * QKV);
@@ -249,8 +264,8 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
                              w->q_norm, w->k_norm, p->rope_cos, p->rope_sin, p->rope_B, p->rope_T,
                              d.NH, d.NKV, d.D, eps);
     to_bf16(m, a->qr16, a->qr, N * QD); // autocast's matmuls read q, k and v in bf16
-    to_bf16(m, a->kr16, kv.k, N * d.NKV * d.D);
-    to_bf16(m, a->v16, kv.v, N * d.NKV * d.D);
+    to_bf16(m, kv.k16, kv.k, N * d.NKV * d.D);
+    to_bf16(m, kv.v16, kv.v, N * d.NKV * d.D);
     if (!gemms) {
         // The fused add + norm below gives exactly these bits for its norm (fused.c's contract).
         op->rmsnorm_forward(a->ln2 + own, a->ln2_rstd, a->resid2, w->post_norm, Ns, d.C, eps);
@@ -268,8 +283,8 @@ static void attention_block_forward(const qwen3_model *m, const qwen3_layer_weig
     tp_reduce_scatter(m, o, (size_t)Ns * d.C);
     to_bf16(m, NULL, o, (size_t)Ns * d.C);
     if (p->lora) qwen3_lora_forward(m, l, LORA_O, o, NULL, d.C, a->atty, a->atty16, d.N);
-    op->add_rmsnorm_forward(op, a->resid2, a->ln2 + own, a->ln2_rstd, a->resid, o, w->post_norm,
-                            Ns, d.C, eps);
+    op->add_rmsnorm_forward(op, a->resid2, a->ln2 + own, a->ln2_rstd, a->resid, o, w->post_norm, Ns,
+                            d.C, eps);
     tp_gather(m, a->ln2, (size_t)Ns * d.C);
     to_bf16(m, a->ln2_16, a->ln2, N * d.C);
 }
@@ -389,8 +404,8 @@ static void mlp_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
         op->swiglu_rows_bf16_backward(a->gate_up16, s->dh, a->gate_up16, d.N, d.F);
         linear_backward(m, s->dln, g->w_gate_up, NULL, NULL, a->gate_up16, a->ln2, a->ln2_16,
                         w->w_gate_up, d.N, d.C, 2 * d.F);
-        qwen3_lora_backward(m, l, LORA_GATE, s->dln, NULL, a->gate_up16, 2 * d.F, a->ln2,
-                            a->ln2_16, d.N);
+        qwen3_lora_backward(m, l, LORA_GATE, s->dln, NULL, a->gate_up16, 2 * d.F, a->ln2, a->ln2_16,
+                            d.N);
         qwen3_lora_backward(m, l, LORA_UP, s->dln, NULL, a->gate_up16 + d.F, 2 * d.F, a->ln2,
                             a->ln2_16, d.N);
     } else {
@@ -401,8 +416,8 @@ static void mlp_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
                         w->w_gate_up, d.N, d.C, 2 * d.F);
         qwen3_lora_backward(m, l, LORA_GATE, s->dln, dgate_up, NULL, 2 * d.F, a->ln2, a->ln2_16,
                             d.N);
-        qwen3_lora_backward(m, l, LORA_UP, s->dln, dgate_up + d.F, NULL, 2 * d.F, a->ln2,
-                            a->ln2_16, d.N);
+        qwen3_lora_backward(m, l, LORA_UP, s->dln, dgate_up + d.F, NULL, 2 * d.F, a->ln2, a->ln2_16,
+                            d.N);
     }
     post_norm_backward(m, w, g, a, s, false);
 }
@@ -453,11 +468,11 @@ static void moe_block_forward(const qwen3_model *m, int l, const qwen3_layer_wei
     else if (m->ep)
         qwen3_ep_forward(m, w, a, y);
     else if (bf16x)
-        op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert,
-                             a->route_w, bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
+        op->moe_bf16_forward(op, y, a->moe_state, p->moe_scratch, a->ln2_16, a->expert, a->route_w,
+                             bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     else
-        op->moe_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w,
-                        w->experts, d.N, d.C, d.Fm, d.E, d.K);
+        op->moe_forward(y, a->moe_state, p->moe_scratch, a->ln2, a->expert, a->route_w, w->experts,
+                        d.N, d.C, d.Fm, d.E, d.K);
     const int Ns = sp_rows(m, d.N);
     if (Nr == d.N) tp_reduce_scatter(m, y, (size_t)Ns * d.C);
     op->add(out, a->resid2, y, (int64_t)Ns * d.C);
@@ -500,8 +515,8 @@ static void moe_block_backward(const qwen3_model *m, int l, const qwen3_layer_we
                               bf16_copy(m, w->experts), d.N, d.C, d.Fm, d.E, d.K);
     } else {
         from_bf16(m, a->ln2, a->ln2_16, (size_t)d.N * d.C);
-        op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, dout, a->moe_state,
-                         a->ln2, a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
+        op->moe_backward(s->dln, s->dweight, g->experts, s->moe_scratch, dout, a->moe_state, a->ln2,
+                         a->expert, a->route_w, w->experts, d.N, d.C, d.Fm, d.E, d.K);
     }
     const bool aux = s->aux_active && (!m->tp || m->tp->rank == 0 || Nr < d.N);
     op->moe_route_backward(s->dlogits, s->dweight, aux ? s->aux_dprob : NULL, a->probs, a->expert,
@@ -579,8 +594,8 @@ static int head_rows(const qwen3_model *m) {
 // gathered and its sum of exponentials and target logit are summed over the group; a backward
 // of logits kept from the forward reuses them. Then the losses (when given) and, with
 // `backward`, the scaled gradient in place of the logits.
-static void tp_loss(qwen3_model *m, int r0, int R, bool fresh, void *lg, bool bf16,
-                    float *losses, bool backward, float scale) {
+static void tp_loss(qwen3_model *m, int r0, int R, bool fresh, void *lg, bool bf16, float *losses,
+                    bool backward, float scale) {
     const qwen3_tp *tp = m->tp;
     const ct_ops *op = m->ops;
     const int V = m->cfg.vocab_size;
@@ -591,8 +606,8 @@ static void tp_loss(qwen3_model *m, int r0, int R, bool fresh, void *lg, bool bf
         op->cross_entropy_tp_sums(tp->ce_sums, tp->ce_max, tp->size, lg, bf16, t, R, V);
         tp->allreduce(tp->ctx, tp->ce_sums, 2 * (size_t)R);
     }
-    op->cross_entropy_tp_finish(losses, backward ? lg : NULL, tp->ce_max, tp->size, tp->ce_sums,
-                                lg, bf16, t, scale, R, V);
+    op->cross_entropy_tp_finish(losses, backward ? lg : NULL, tp->ce_max, tp->size, tp->ce_sums, lg,
+                                bf16, t, scale, R, V);
 }
 
 // The loss head over token rows [r0, r1) and s->logits: `logits` computes them, `forward` the
@@ -619,7 +634,8 @@ static void head_rows_pass(qwen3_model *m, int r0, int r1, bool logits, bool for
     if (m->tp && (forward || backward)) {
         tp_loss(m, r0, R, logits, logits16 ? (void *)logits16 : (void *)logits32, logits16 != NULL,
                 forward ? losses : NULL, backward, loss_scale);
-    } else if (forward && backward) { // training's chunked head: the loss and its gradient in one pass
+    } else if (forward &&
+               backward) { // training's chunked head: the loss and its gradient in one pass
         if (logits16) {
             op->cross_entropy_bf16_forward_backward(losses, logits16, logits16, t, loss_scale,
                                                     s->ce_scratch, R, d.V);
@@ -821,8 +837,8 @@ static double forward(qwen3_model *m, const qwen3_batch *batch, int l0, int l1, 
         m->lora->training = train;
         // A new mask (recomputations keep this one); a pipeline rank counts its first stage's.
         if (train && l0 == 0) m->lora->forwards++;
-        m->lora->token0 = (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) *
-                          (uint64_t)d.T;
+        m->lora->token0 =
+            (batch->sampled ? batch->sample0 : m->lora->forwards * (uint64_t)d.B) * (uint64_t)d.T;
     }
 
     if (m->balance) moe_balance_forward_begin(m->balance, qwen3_moe_rows(m, d.N));
@@ -889,7 +905,8 @@ double qwen3_forward_train(qwen3_model *m, const qwen3_batch *batch, float loss_
 }
 
 void qwen3_refresh_bf16(qwen3_model *m) {
-    if (m->param_bf16 && !m->weights16) m->ops->f32_to_bf16(m->param_bf16, m->param_mem, m->num_params);
+    if (m->param_bf16 && !m->weights16)
+        m->ops->f32_to_bf16(m->param_bf16, m->param_mem, m->num_params);
 }
 
 void qwen3_zero_grad(qwen3_model *m) {
@@ -946,7 +963,8 @@ static void backward(qwen3_model *m, int l0, int l1, const float *dout, float lo
         unit_event(m, 1 + l, QWEN3_UNIT_BACKWARD_DONE);
     }
     if (!has_embed(m, l0)) { // a pipeline stage: s->dresid is its input's gradient
-    } else if (unit_event(m, 0, QWEN3_UNIT_BACKWARD), !m->g.embed) { // a frozen base (LoRA): no embedding gradient
+    } else if (unit_event(m, 0, QWEN3_UNIT_BACKWARD),
+               !m->g.embed) { // a frozen base (LoRA): no embedding gradient
     } else if (m->tp) { // this rank's vocabulary rows take the gradient of their tokens' full rows
         tp_full_rows(m, s->dln, s->dresid, d.N, d.C);
         tp_zero_foreign_rows(m, s->dln, d.N, d.C);

@@ -191,12 +191,12 @@ typedef struct qwen3_ep {
     void *ctx;
     int rows_max; // rows this rank's experts can receive in one layer: size * N * min(K, El)
     // Host: the plan of the layer being run (the strategy allocates them).
-    int32_t *h_expert;      // N*K: the routing, read back
-    int32_t *h_perm;        // N*K: sorted position -> slot (by expert, then token)
-    int32_t *h_tpos;        // N*K: token t's K sorted positions, ascending
-    int32_t *h_idx;         // max(N*K, rows_max): gather indices
-    int32_t *h_rperm;       // rows_max: expert-major row -> arrival row
-    int *h_rcounts;         // n_sparse x size x El: rows from rank s for local expert j
+    int32_t *h_expert; // N*K: the routing, read back
+    int32_t *h_perm;   // N*K: sorted position -> slot (by expert, then token)
+    int32_t *h_tpos;   // N*K: token t's K sorted positions, ascending
+    int32_t *h_idx;    // max(N*K, rows_max): gather indices
+    int32_t *h_rperm;  // rows_max: expert-major row -> arrival row
+    int *h_rcounts;    // n_sparse x size x El: rows from rank s for local expert j
     int *scounts, *sdispls, *rcounts, *rdispls; // size each: rows to / from each rank
     int *ccounts, *cdispls;                     // size each: the counts' all-to-all (El each)
     // Backend: the counts exchanged, the indices, the rows sent and received.
@@ -216,7 +216,7 @@ typedef struct qwen3_ep {
     // micro-batch in flight keeps its forward's rows until its backward.
     float **x_rows, **w_rows, **state;
     int32_t **e_rows;
-    int *n_rows; // per sparse layer: the rows received
+    int *n_rows;     // per sparse layer: the rows received
     int n_sets, set; // 1 and 0 without activation sets
 } qwen3_ep;
 
@@ -239,7 +239,7 @@ typedef struct qwen3_model {
     int B, T;
     float *act_mem;
     size_t act_floats;
-    void *acts;       // layout private to src/model (qwen3_internal.h)
+    void *acts; // layout private to src/model (qwen3_internal.h)
     // Pipeline parallelism (qwen3_plan_sets): n_sets whole activation blocks (acts and act_mem
     // each), set 0 qwen3_plan's; acts and act_mem are the one qwen3_use_set chose. 0: one.
     int n_sets;
@@ -508,7 +508,10 @@ typedef struct qwen3_gen {
     // Private to qwen3_generate.c: one backend buffer carved by its layout walk.
     float *mem;
     size_t floats;
-    float *kcache, *vcache;     // L x (max_len, NKV, D) each: the keys after q/k norm and RoPE
+    // L x (max_len, NKV, D) each: the keys after q/k norm and RoPE, and the values; fp32, or
+    // under bf16 the bf16 cache, with kr and v holding the rows being computed.
+    float *kcache, *vcache, *kr, *v;
+    uint16_t *kcache16, *vcache16;
     float *rope_cos, *rope_sin; // (max_len, D/2)
     float *resid[2], *resid2, *ln, *rstd, *qkv, *qr, *q_rstd, *k_rstd, *rope_scratch, *atty;
     float *att_state, *dec_scratch, *gate_up, *h, *swiglu_scratch;

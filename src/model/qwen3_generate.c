@@ -74,8 +74,13 @@ static size_t gen_layout(qwen3_gen *g, float *base, const qwen3_config *cfg, con
     for (int l = 0; l < d.L; l++) dense |= !qwen3_layer_is_sparse(cfg, l);
     const bool moe = d.E > 0, bf16 = o->bf16, bf16_mlp = qwen3_mlp_bf16(op, o);
     carve cv = {base, 0};
-    g->kcache = carve_take(&cv, (size_t)d.L * n * KV);
-    g->vcache = carve_take(&cv, (size_t)d.L * n * KV);
+    if (bf16) { // the bf16 cache first, as the fp32 one: plan prefaults [mem, rope_cos)
+        g->kcache16 = (uint16_t *)carve_take(&cv, half_floats((size_t)d.L * n * KV));
+        g->vcache16 = (uint16_t *)carve_take(&cv, half_floats((size_t)d.L * n * KV));
+    } else {
+        g->kcache = carve_take(&cv, (size_t)d.L * n * KV);
+        g->vcache = carve_take(&cv, (size_t)d.L * n * KV);
+    }
     g->rope_cos = carve_take(&cv, n * d.D / 2);
     g->rope_sin = carve_take(&cv, n * d.D / 2);
     g->resid[0] = carve_take(&cv, n * C);
@@ -88,9 +93,11 @@ static size_t gen_layout(qwen3_gen *g, float *base, const qwen3_config *cfg, con
     g->q_rstd = carve_take(&cv, n * d.NH);
     g->k_rstd = carve_take(&cv, n * d.NKV);
     g->rope_scratch = carve_take(&cv, n * QD);
+    g->kr = bf16 ? carve_take(&cv, n * KV) : NULL;
+    g->v = bf16 ? carve_take(&cv, n * KV) : NULL;
     g->atty = carve_take(&cv, n * QD);
     g->att_state = carve_take(&cv, op->attention_state_floats(1, max_len, d.NH, d.NKV, d.D));
-    g->dec_scratch = carve_take(&cv, (size_t)d.NH * n);
+    g->dec_scratch = carve_take(&cv, op->attention_decode_scratch_floats(max_len, d.NH, d.D));
     g->gate_up = dense && !bf16_mlp ? carve_take(&cv, n * 2 * F) : NULL;
     g->h = dense && !bf16_mlp ? carve_take(&cv, n * F) : NULL;
     g->swiglu_scratch = dense && op->swiglu_rows_scratch_floats
@@ -206,6 +213,12 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
                        floats * sizeof(float), max_len);
     }
     g->floats = gen_layout(g, g->mem, c, op, o, max_len, sz);
+    // The KV cache is mapped in whole now, on 2 MiB pages where the kernel allows: decode writes a
+    // new row of every layer's keys and values each token, and one page fault a row cost more
+    // than the layer's q/k norm and RoPE (docs/performance.md); the reads then miss the TLB less.
+    const size_t kv_bytes = (size_t)((char *)g->rope_cos - (char *)g->mem);
+    be->mark_streamed(be, g->mem, kv_bytes);
+    be->populate(be, g->mem, kv_bytes);
     if (qwen3_rope_write(be, g->rope_cos, g->rope_sin, max_len, c, err) != 0) {
         qwen3_gen_free(g);
         return ct_wrap(err, "generation");
@@ -216,8 +229,9 @@ int qwen3_gen_plan(qwen3_gen *g, qwen3_model *m, int max_len, ct_error *err) {
 
 // One layer's activations over the generation buffers, shared by the layers (nothing is kept
 // for a backward): the residual stream ping-pongs between resid[0] and resid[1]; k and v go to
-// the cache, so kr and v are unused; under bf16 the inputs of the linear layers are rounded into
-// in16 in turn, and q, k, v are rounded in place (no saved copies).
+// the fp32 cache (kr and v unused), or under bf16 are computed in kr and v and their bf16 values
+// cached; under bf16 the inputs of the linear layers are rounded into in16 in turn, and q, k, v
+// are rounded in place (no saved copies).
 static qwen3_layer_acts gen_acts(const qwen3_gen *g) {
     return (qwen3_layer_acts){.ln1 = g->ln,
                               .ln1_rstd = g->rstd,
@@ -225,6 +239,8 @@ static qwen3_layer_acts gen_acts(const qwen3_gen *g) {
                               .q_rstd = g->q_rstd,
                               .k_rstd = g->k_rstd,
                               .qr = g->qr,
+                              .kr = g->kr,
+                              .v = g->v,
                               .att = g->att_state,
                               .atty = g->atty,
                               .resid2 = g->resid2,
@@ -262,6 +278,8 @@ static void gen_forward(qwen3_gen *g, const int32_t *ids, int n, int rows, int p
                           .rope_T = rows,
                           .kcache = g->kcache,
                           .vcache = g->vcache,
+                          .kcache16 = g->kcache16,
+                          .vcache16 = g->vcache16,
                           .cache_len = g->max_len,
                           .pos = pos,
                           .dec_scratch = g->dec_scratch,

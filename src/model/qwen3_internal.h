@@ -126,10 +126,13 @@ typedef struct qwen3_pass {
     // l's keys and values go to rows [pos, pos + T) of its (cache_len, NKV, D) block, after L
     // such blocks for the layers before; attention then reads rows [0, pos + T): the table's
     // causal kernel at pos 0, past it attention_decode for each row t over rows [0, pos + t]
-    // (decode: T = 1; a prefill after cached positions: T rows).
+    // (decode: T = 1; a prefill after cached positions: T rows). Under bf16 the cache is
+    // kcache16/vcache16 instead (k and v hold bf16 values there): the rows are computed in the
+    // layer's kr and v, their bf16 values cached, and past pos 0 attention_decode_bf16 reads it.
     float *kcache, *vcache;
+    uint16_t *kcache16, *vcache16;
     int cache_len, pos;
-    float *dec_scratch; // attention_decode's (NH x cache_len)
+    float *dec_scratch; // attention_decode_scratch_floats(cache_len, NH, D)
     // Scratch: the fused q/k kernels', SwiGLU's, the expert kernel's, a wide router's (planned
     // for route_threads), the bf16 GEMMs'.
     float *rope_scratch, *swiglu_scratch, *moe_scratch, *route_scratch, *mm_scratch;
@@ -170,11 +173,10 @@ void qwen3_ring_backward(const qwen3_model *m, const qwen3_layer_acts *a, qwen3_
 // a->route_w) into y (N,C); the backward's input gradient dx (N,C, overwritten), the routing
 // weights' gradient dweight (N,K) and the local experts' weight gradients (+=) from dout. Under
 // m->ep->shard, N is this rank's qwen3_moe_rows (its sequence shard of ln2).
-void qwen3_ep_forward(const qwen3_model *m, const qwen3_layer_weights *w,
-                      const qwen3_layer_acts *a, float *y);
-void qwen3_ep_backward(const qwen3_model *m, const qwen3_layer_weights *w,
-                       qwen3_layer_weights *g, const qwen3_layer_acts *a, float *dx,
-                       float *dweight, const float *dout);
+void qwen3_ep_forward(const qwen3_model *m, const qwen3_layer_weights *w, const qwen3_layer_acts *a,
+                      float *y);
+void qwen3_ep_backward(const qwen3_model *m, const qwen3_layer_weights *w, qwen3_layer_weights *g,
+                       const qwen3_layer_acts *a, float *dx, float *dweight, const float *dout);
 
 // The token rows a sparse layer routes: the N rows, or this rank's sequence shard under EP with
 // TP (qwen3_ep.shard).

@@ -1,12 +1,23 @@
-// Generation's attention for one new token (ct_ops.attention_decode, contract in ops.h): its
-// query row against the KV cache of positions [0, T), the token's own key and value last. GQA:
-// query head h reads kv head h / (NH/NKV); the heads run in parallel, in pairs that share a kv
-// head, so each cached row is read once for two heads. Per head: s_j = scale * q.k_j, p =
-// softmax(s) (the exponentials in float, their sum in double, as the sdpa kernel's rows), out =
-// sum_j p_j v_j; a head's bits do not depend on the pairing.
+// Generation's attention for one new token (ct_ops.attention_decode and attention_decode_bf16,
+// contracts in ops.h): its query row against the KV cache of positions [0, T), the token's own
+// key and value last, the cache in fp32 or bf16. GQA: query head h reads kv head h / (NH/NKV).
+//
+// The positions split into chunks of DEC_CHUNK (flash-decoding's split): a chunk gives each head
+// a partial softmax, its scores' max m, l = sum_j exp(s_j - m) and o = sum_j exp(s_j - m) v_j, and
+// the partials merge in chunk order, out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M the
+// largest m_c. The chunks and the merge do not depend on the thread count, so neither do the bits.
+//
+// Memory order: a position's keys (all kv heads) are one row of the cache. The threads take whole
+// chunks, and a chunk's scores run row by row, every head's dot product with the row at once, so
+// the keys stream in address order; the chunk's value rows are prefetched meanwhile, for the
+// products with v that run a kv head at a time. Splitting the heads over the threads instead
+// (each reading 512 bytes of every 4 KiB row, the earlier kernel) reached a third of the
+// memory's rate (docs/performance.md).
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 
+#include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
 #include "ops/vec_math.h"
 
@@ -15,179 +26,312 @@
 #define DECODE_AVX512 1
 #endif
 
-// q . k over D, in 16 lanes: a single running sum is one dependent add per element, which
-// made decode at 512 cached positions 50% slower than at 128 (it cannot be vectorized without
-// reordering, which this does explicitly).
-CPU_SIMD_CLONES
-static float dot_lanes(const float *a, const float *b, int D) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= D; i += 16)
-        for (int j = 0; j < 16; j++) lane[j] += a[i + j] * b[i + j];
-    float dot = 0.0f;
-    for (int j = 0; j < 16; j++) dot += lane[j];
-    for (; i < D; i++) dot += a[i] * b[i];
-    return dot;
+enum { DEC_CHUNK = 64 };
+
+static size_t dec_chunks(int T) {
+    return ((size_t)T + DEC_CHUNK - 1) / DEC_CHUNK;
+}
+
+// The scores (T x NH), q's copy qp (NH x D), then each chunk's partials: o (NH x D), m (NH) and
+// l (NH).
+size_t cpu_attention_decode_scratch_floats(int T, int NH, int D) {
+    return (size_t)NH * T + (size_t)NH * D + dec_chunks(T) * NH * (D + 2);
+}
+
+typedef struct dec_call {
+    const float *q, *qp; // qp: q laid out for scores_rows (pack_q)
+    const void *k, *v;   // float or uint16_t (bf16)
+    bool bf16, dp;       // dp: the scores with VDPBF16PS
+    float *s, *part; // scratch: scores s[j * NH + h]; chunk c's partials at part[c * NH * (D + 2)]
+    int T, NH, NKV, D, rep;
+    size_t ldk; // elements between positions
+    float scale;
+} dec_call;
+
+static inline float cache_at(const dec_call *a, const void *p, size_t i) {
+    return a->bf16 ? bf16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+// The portable loops: scores of positions [j0, j1), every head; then head h's o over them.
+static void scores_plain(const dec_call *a, int j0, int j1) {
+    for (int j = j0; j < j1; j++)
+        for (int h = 0; h < a->NH; h++) {
+            const size_t kr = (size_t)j * a->ldk + (size_t)(h / a->rep) * a->D;
+            const float *qh = a->q + (size_t)h * a->D;
+            float dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < a->D; i++) dot += qh[i] * cache_at(a, a->k, kr + i);
+            a->s[(size_t)j * a->NH + h] = dot * a->scale;
+        }
+}
+
+static void values_plain(const dec_call *a, float *o, int h, int j0, int j1) {
+    for (int i = 0; i < a->D; i++) o[i] = 0.0f;
+    for (int j = j0; j < j1; j++) {
+        const size_t vr = (size_t)j * a->ldk + (size_t)(h / a->rep) * a->D;
+        const float p = a->s[(size_t)j * a->NH + h];
+#pragma omp simd
+        for (int i = 0; i < a->D; i++) o[i] += p * cache_at(a, a->v, vr + i);
+    }
 }
 
 #ifdef DECODE_AVX512
-// s[j] = scale * q.k_j for the block j in [j0, j0 + 16) ∩ [0, T), D a multiple of 16, with
-// dot_lanes's sums bit for bit: each position's 16 lanes accumulate lane += q*k block by block (a
-// multiply, then an add: ISO C contracts nothing into an FMA), then 0 + lane 0 + lane 1 + ... +
-// lane 15 in that order. dot_lanes does that last sum as 16 dependent scalar adds read back from
-// the stack, per position; here 16 positions' lane vectors are transposed in registers, so the
-// same adds, in the same order, run once per 16 positions as vector adds.
-__attribute__((target("avx512f"))) static void qk_block_avx512(float *s, const float *q,
-                                                               const float *k, int j0, int T,
-                                                               int D, int ldk, float scale) {
-    {
-        const int nb = T - j0 < 16 ? T - j0 : 16;
-        __m512 r[16];
-        for (int p = 0; p < 16; p++) {
-            __m512 lane = _mm512_setzero_ps();
-            if (p < nb) {
-                const float *kp = k + (size_t)(j0 + p) * ldk;
-                for (int i = 0; i < D; i += 16)
-                    lane = _mm512_add_ps(
-                        lane, _mm512_mul_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kp + i)));
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define INLINE static inline __attribute__((always_inline))
+// Whole unrolling, so the accumulator arrays stay in registers (an unoptimised build has no
+// constant trip counts to unroll by, and would warn).
+#ifdef __OPTIMIZE__
+#define UNROLL _Pragma("GCC unroll 16")
+#else
+#define UNROLL
+#endif
+
+// 16 cache values from element i on, widened to fp32 (a bf16 value is the top half of its fp32).
+INLINE AVX512 __m512 load16(const void *p, size_t i, bool bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Lane p of the result: the sum of r[p]'s 16 lanes, for 16 vectors at once (a transpose that
+// adds as it goes: 45 instructions where 16 separate reductions take about 130).
+INLINE AVX512 __m512 sum16(const __m512 r[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int p = 0; p < 16; p += 2) // 128-bit block: lanes of p, p + 1, p, p + 1
+        a[p / 2] =
+            _mm512_add_ps(_mm512_unpacklo_ps(r[p], r[p + 1]), _mm512_unpackhi_ps(r[p], r[p + 1]));
+    for (int p = 0; p < 8; p += 2) { // 128-bit block: p .. p + 3
+        const __m512d x = _mm512_castps_pd(a[p]), y = _mm512_castps_pd(a[p + 1]);
+        b[p / 2] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int p = 0; p < 4; p += 2) // blocks: 4p'..+3 twice, 4p' + 4..+7 twice
+        c[p / 2] = _mm512_add_ps(_mm512_shuffle_f32x4(b[p], b[p + 1], 0x88),
+                                 _mm512_shuffle_f32x4(b[p], b[p + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                         _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+}
+
+// Scores of positions [j0, j1), row by row, 16 heads at a time: lane x of a group's sums is head
+// h0 + x. NH is a multiple of 16 and rep (= R, a constant) divides 16, so a group reads 16 / R
+// kv heads, and each load of a key's elements serves R heads; q comes from its copy qp, laid out
+// [D / W][NH][W] for W elements a step, so a group's q loads lie at fixed offsets. dp: W = 32,
+// q and k as bf16 pairs, VDPBF16PS (products exact, sums in fp32); else W = 16, FMA on the
+// cache widened to fp32.
+INLINE AVX512_BF16 void scores_rows(const dec_call *a, int j0, int j1, const bool bf16,
+                                    const bool dp, const int R) {
+    const char *k = a->k;
+    const size_t esize = bf16 ? 2 : 4, row_bytes = a->ldk * esize, D = (size_t)a->D;
+    const size_t W = dp ? 32 : 16;
+    const int NH = a->NH;
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (int j = j0; j < j1; j++) {
+        const char *krow = k + (size_t)j * row_bytes;
+        for (int h0 = 0; h0 < NH; h0 += 16) {
+            const char *kg = krow + (size_t)(h0 / R) * D * esize;
+            __m512 r[16];
+            UNROLL
+            for (int x = 0; x < 16; x++) r[x] = _mm512_setzero_ps();
+            for (size_t i = 0; i < D; i += W) {
+                const float *qi =
+                    a->qp + (dp ? i / 2 : i) * NH + (size_t)h0 * 16; // 64 bytes a head
+                // lane x reads kv head x / R: unrolled with R constant, the R loads of one
+                // key's elements are one load
+                UNROLL
+                for (int x = 0; x < 16; x++) {
+                    const size_t at = (size_t)(x / R) * D + i;
+                    if (dp)
+                        r[x] = _mm512_dpbf16_ps(
+                            r[x], (__m512bh)_mm512_loadu_si512(qi + x * 16),
+                            (__m512bh)_mm512_loadu_si512((const uint16_t *)kg + at));
+                    else
+                        r[x] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + x * 16), load16(kg, at, bf16),
+                                               r[x]);
+                }
             }
-            r[p] = lane;
+            _mm512_storeu_ps(a->s + (size_t)j * NH + h0, _mm512_mul_ps(sum16(r), scale));
         }
-        // transpose: t[k] holds lane k of positions 0..15
-        __m512 t[16], u[16];
-        for (int p = 0; p < 16; p += 2) {
-            t[p] = _mm512_unpacklo_ps(r[p], r[p + 1]);
-            t[p + 1] = _mm512_unpackhi_ps(r[p], r[p + 1]);
-        }
-        for (int p = 0; p < 16; p += 4)
-            for (int h = 0; h < 2; h++) {
-                const __m512d a = _mm512_castps_pd(t[p + h]), b = _mm512_castps_pd(t[p + 2 + h]);
-                u[p + h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-                u[p + 2 + h] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-            }
-        for (int p = 0; p < 16; p += 8)
-            for (int h = 0; h < 4; h++) {
-                t[p + h] = _mm512_shuffle_f32x4(u[p + h], u[p + 4 + h], 0x88);
-                t[p + 4 + h] = _mm512_shuffle_f32x4(u[p + h], u[p + 4 + h], 0xdd);
-            }
-        for (int h = 0; h < 8; h++) {
-            u[h] = _mm512_shuffle_f32x4(t[h], t[h + 8], 0x88);
-            u[h + 8] = _mm512_shuffle_f32x4(t[h], t[h + 8], 0xdd);
-        }
-        // u[m] now holds lane L(m) of each position: the order of lanes, undone below
-        static const int lane_of[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
-        __m512 by_lane[16];
-        for (int m = 0; m < 16; m++) by_lane[lane_of[m]] = u[m];
-        __m512 dot = _mm512_setzero_ps();
-        for (int l = 0; l < 16; l++) dot = _mm512_add_ps(dot, by_lane[l]);
-        dot = _mm512_mul_ps(dot, _mm512_set1_ps(scale));
-        _mm512_mask_storeu_ps(s + j0, (__mmask16)((1u << nb) - 1), dot);
     }
 }
 
-// The scores of the n query heads q[g * D] that share one kv head (GQA) into s[g * T], every
-// block of [0, T) in turn: a block of key rows is read from memory once for all n heads, and each
-// head's scores are the bits it gets alone. The rows are D floats 4 KiB or more apart (all kv
-// heads of a position lie together), so every row starts a new page, which the hardware
-// prefetchers do not cross: the next block's rows are asked for while this one computes.
-__attribute__((target("avx512f"))) static void qk_rows_avx512(float *s, const float *q, int n,
-                                                              const float *k, int T, int D,
-                                                              int ldk, float scale) {
-    for (int j0 = 0; j0 < T; j0 += 16) {
-        for (int p = 16; p < 32 && j0 + p < T; p++)
-            for (int i = 0; i < D; i += 16)
-                _mm_prefetch((const char *)(k + (size_t)(j0 + p) * ldk + i), _MM_HINT_T0);
-        for (int g = 0; g < n; g++)
-            qk_block_avx512(s + (size_t)g * T, q + (size_t)g * D, k, j0, T, D, ldk, scale);
+#define SCORES_REP(R)                                                                              \
+    case R:                                                                                        \
+        if (a->dp)                                                                                 \
+            scores_rows(a, j0, j1, true, true, R);                                                 \
+        else if (a->bf16)                                                                          \
+            scores_rows(a, j0, j1, true, false, R);                                                \
+        else                                                                                       \
+            scores_rows(a, j0, j1, false, false, R);                                               \
+        return
+static AVX512_BF16 void scores_wide(const dec_call *a, int j0, int j1) {
+    switch (a->rep) {
+        SCORES_REP(1);
+        SCORES_REP(2);
+        SCORES_REP(4);
+        SCORES_REP(8);
+        SCORES_REP(16);
+    }
+}
+#undef SCORES_REP
+
+// o of query heads h and h + 1 (n = 1 or 2, one kv head) over positions [j0, j1): 128 outputs
+// at a time held in registers, each v row loaded once for both heads.
+INLINE AVX512 void values_rows(const dec_call *a, float *o, size_t ostride, int h, int n, int j0,
+                               int j1, const bool bf16) {
+    const void *v = a->v;
+    const size_t ldk = a->ldk, voff = (size_t)(h / a->rep) * a->D, NH = (size_t)a->NH;
+    const float *p0 = a->s + h, *p1 = p0 + (n > 1 ? 1 : 0);
+    for (int i0 = 0; i0 < a->D; i0 += 128) {
+        const int nv = (a->D - i0 < 128 ? a->D - i0 : 128) / 16;
+        __m512 acc0[8], acc1[8];
+        UNROLL
+        for (int c = 0; c < 8; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+        for (int j = j0; j < j1; j++) {
+            const __m512 w0 = _mm512_set1_ps(p0[j * NH]), w1 = _mm512_set1_ps(p1[j * NH]);
+            const size_t vr = (size_t)j * ldk + voff + i0;
+            UNROLL
+            for (int c = 0; c < 8; c++)
+                if (c < nv) {
+                    const __m512 vv = load16(v, vr + 16 * c, bf16);
+                    acc0[c] = _mm512_fmadd_ps(w0, vv, acc0[c]);
+                    acc1[c] = _mm512_fmadd_ps(w1, vv, acc1[c]);
+                }
+        }
+        for (int c = 0; c < nv; c++) {
+            _mm512_storeu_ps(o + i0 + 16 * c, acc0[c]);
+            if (n > 1) _mm512_storeu_ps(o + ostride + i0 + 16 * c, acc1[c]);
+        }
     }
 }
 
-// o[g * D] = sum_j (s[g * T + j] * inv[g]) v_j for n = 1 or 2 heads that share one kv head, D a
-// multiple of 16: each element's sum from 0 in j order, as the plain loop, held in registers 128
-// elements at a time instead of loaded and stored per j; each v_j is loaded once for both heads.
-__attribute__((target("avx512f"))) static void pv_rows_avx512(float *o, const float *s,
-                                                              const float *inv, int n,
-                                                              const float *v, int T, int D,
-                                                              int ldk) {
-    for (int i0 = 0; i0 < D; i0 += 128) {
-        const int nv = (D - i0 < 128 ? D - i0 : 128) / 16;
-        __m512 acc[2][8];
-        for (int c = 0; c < 8; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
-        for (int j = 0; j < T; j++) {
-            const __m512 p0 = _mm512_set1_ps(s[j] * inv[0]);
-            const __m512 p1 = _mm512_set1_ps(n > 1 ? s[T + j] * inv[1] : 0.0f);
-            const float *vj = v + (size_t)j * ldk + i0;
-            if (j + 8 < T) // as in qk_rows_avx512: each row is on a page of its own
-                for (int c = 0; c < nv; c++)
-                    _mm_prefetch((const char *)(vj + (size_t)8 * ldk + 16 * c), _MM_HINT_T0);
-            for (int c = 0; c < nv; c++) {
-                const __m512 vv = _mm512_loadu_ps(vj + 16 * c);
-                acc[0][c] = _mm512_add_ps(acc[0][c], _mm512_mul_ps(p0, vv));
-                if (n > 1) acc[1][c] = _mm512_add_ps(acc[1][c], _mm512_mul_ps(p1, vv));
+static AVX512 void values_wide(const dec_call *a, float *o, size_t ostride, int h, int n, int j0,
+                               int j1) {
+    if (a->bf16)
+        values_rows(a, o, ostride, h, n, j0, j1, true);
+    else
+        values_rows(a, o, ostride, h, n, j0, j1, false);
+}
+
+// qp: q laid out for scores_rows, in fp32 or (dp) as bf16 pairs (q holds bf16 values there).
+static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
+    const int W = dp ? 32 : 16;
+    for (int i = 0; i < D; i += W)
+        for (int h = 0; h < NH; h++)
+            for (int x = 0; x < W; x++) {
+                const float e = q[(size_t)h * D + i + x];
+                const size_t at = (size_t)i * NH + (size_t)h * W + x;
+                if (dp)
+                    ((uint16_t *)qp)[at] = bf16_round(e);
+                else
+                    qp[at] = e;
             }
-        }
-        for (int g = 0; g < n; g++)
-            for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + (size_t)g * D + i0 + 16 * c, acc[g][c]);
-    }
 }
 #endif
 
-// Softmax of one head's scores s[0, T) in place (the exponentials in float, their sum in double);
-// returns 1 / the sum.
-static float softmax_row(float *s, int T) {
-    float m = -INFINITY;
-    for (int j = 0; j < T; j++) m = s[j] > m ? s[j] : m;
-    double sum = 0.0;
-    for (int j = 0; j < T; j++) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    return (float)(1.0 / sum);
+// The softmax of n rows of scores s (a row: every head's) against each head's max over them,
+// in place: m and l get each head's max and sum.
+CPU_SIMD_CLONES
+static void softmax_rows(float *s, float *m, float *l, int n, int NH) {
+    for (int h = 0; h < NH; h++) m[h] = -INFINITY, l[h] = 0.0f;
+    for (int j = 0; j < n; j++)
+#pragma omp simd
+        for (int h = 0; h < NH; h++)
+            m[h] = s[(size_t)j * NH + h] > m[h] ? s[(size_t)j * NH + h] : m[h];
+    for (int j = 0; j < n; j++)
+#pragma omp simd
+        for (int h = 0; h < NH; h++) {
+            float *e = s + (size_t)j * NH + h;
+            *e = vexp(*e - m[h]);
+            l[h] += *e;
+        }
 }
 
-// One query head h: scores, softmax, p.v, in the portable loops.
-static void head_plain(float *o, float *s, const float *qh, const float *kh, const float *vh,
-                       int T, int D, int ldk, float scale) {
-    for (int j = 0; j < T; j++) s[j] = dot_lanes(qh, kh + (size_t)j * ldk, D) * scale;
-    const float inv = softmax_row(s, T);
-    for (int i = 0; i < D; i++) o[i] = 0.0f;
-    // out += p_j v_j, each element's sum in j order; o and v_j never overlap, so the elements
-    // go in vectors (the compiler would not: it cannot prove that, and -O2's cost model
-    // takes no runtime alias check; this scalar loop was the kernel's most).
-    for (int j = 0; j < T; j++) {
-        const float p = s[j] * inv, *vj = vh + (size_t)j * ldk;
+// Chunk c: every head's scores, their softmax against the chunk's max, and the partials.
+static void run_chunk(const dec_call *a, int c, bool wide) {
+    const int j0 = c * DEC_CHUNK, j1 = j0 + DEC_CHUNK < a->T ? j0 + DEC_CHUNK : a->T, NH = a->NH;
+    float *o = a->part + (size_t)c * NH * (a->D + 2), *m = o + (size_t)NH * a->D, *l = m + NH;
+#ifdef DECODE_AVX512
+    if (wide)
+        scores_wide(a, j0, j1);
+    else
+#endif
+        scores_plain(a, j0, j1);
+    softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH);
+    for (int h = 0; h < NH; h++) {
+#ifdef DECODE_AVX512
+        if (wide) { // the heads of a kv head in pairs
+            const int n = (h % a->rep) + 1 < a->rep ? 2 : 1;
+            values_wide(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
+            h += n - 1;
+            continue;
+        }
+#endif
+        values_plain(a, o + (size_t)h * a->D, h, j0, j1);
+    }
+}
+
+// Head h's output from the chunks' partials, in chunk order.
+static void merge_head(const dec_call *a, float *out, int h) {
+    const size_t nc = dec_chunks(a->T), cs = (size_t)a->NH * (a->D + 2), D = (size_t)a->D;
+    const float *m = a->part + (size_t)a->NH * D + h, *l = m + a->NH;
+    float M = -INFINITY, sum = 0.0f;
+    for (size_t c = 0; c < nc; c++) M = m[c * cs] > M ? m[c * cs] : M;
+    for (size_t i = 0; i < D; i++) out[i] = 0.0f;
+    for (size_t c = 0; c < nc; c++) {
+        const float *oc = a->part + c * cs + h * D, w = vexp(m[c * cs] - M);
+        sum += w * l[c * cs];
 #pragma omp simd
-        for (int i = 0; i < D; i++) o[i] += p * vj[i];
+        for (size_t i = 0; i < D; i++) out[i] += w * oc[i];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (size_t i = 0; i < D; i++) out[i] *= inv;
+}
+
+static void attention_decode(float *out, float *scratch, const float *q, const void *k,
+                             const void *v, bool bf16, int T, int NH, int NKV, int D) {
+    const int rep = NH / NKV;
+    float *qp = scratch + (size_t)NH * T;
+#ifdef DECODE_AVX512
+    const bool wide = D % 32 == 0 && NH % 16 == 0 && 16 % rep == 0 &&
+                      __builtin_cpu_supports("avx512f"),
+               dp = wide && bf16 && __builtin_cpu_supports("avx512bf16");
+    if (wide) pack_q(qp, q, NH, D, dp);
+#else
+    const bool wide = false, dp = false;
+#endif
+    const dec_call a = {.q = q,
+                        .qp = qp,
+                        .k = k,
+                        .v = v,
+                        .bf16 = bf16,
+                        .dp = dp,
+                        .s = scratch,
+                        .part = scratch + (size_t)NH * T + (size_t)NH * D,
+                        .T = T,
+                        .NH = NH,
+                        .NKV = NKV,
+                        .D = D,
+                        .rep = rep,
+                        .ldk = (size_t)NKV * D,
+                        .scale = (float)(1.0 / sqrt((double)D))};
+    const int nc = (int)dec_chunks(T);
+#pragma omp parallel if ((int64_t)NH * T * D >= CPU_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int c = 0; c < nc; c++) run_chunk(&a, c, wide);
+#pragma omp for schedule(static)
+        for (int h = 0; h < NH; h++) merge_head(&a, out + (size_t)h * D, h);
     }
 }
 
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D) {
-    const int rep = NH / NKV, ldk = NKV * D, pairs = (rep + 1) / 2;
-    const float scale = (float)(1.0 / sqrt((double)D));
-#ifdef DECODE_AVX512
-    const bool wide = D % 16 == 0 && __builtin_cpu_supports("avx512f");
-#else
-    const bool wide = false;
-#endif
-    // Work items: up to two query heads of one kv head (h0, h0 + 1), which read its rows once.
-#pragma omp parallel for schedule(static) if ((int64_t)NH * T * D >= CPU_PAR_MIN)
-    for (int item = 0; item < NKV * pairs; item++) {
-        const int kvh = item / pairs, h0 = kvh * rep + item % pairs * 2;
-        const int n = rep - (h0 - kvh * rep) < 2 ? 1 : 2;
-        const float *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D;
-        float *s = scratch + (size_t)h0 * T, *o = out + (size_t)h0 * D;
-        if (!wide) {
-            for (int g = 0; g < n; g++)
-                head_plain(o + (size_t)g * D, s + (size_t)g * T, q + (size_t)(h0 + g) * D, kh, vh,
-                           T, D, ldk, scale);
-            continue;
-        }
-#ifdef DECODE_AVX512
-        qk_rows_avx512(s, q + (size_t)h0 * D, n, kh, T, D, ldk, scale);
-        float inv[2];
-        for (int g = 0; g < n; g++) inv[g] = softmax_row(s + (size_t)g * T, T);
-        pv_rows_avx512(o, s, inv, n, vh, T, D, ldk);
-#endif
-    }
+    attention_decode(out, scratch, q, k, v, false, T, NH, NKV, D);
+}
+
+void cpu_attention_decode_bf16(float *out, float *scratch, const float *q, const uint16_t *k,
+                               const uint16_t *v, int T, int NH, int NKV, int D) {
+    attention_decode(out, scratch, q, k, v, true, T, NH, NKV, D);
 }

@@ -64,8 +64,9 @@
 //   inp16 is not NULL it is the input already in bf16 and inp is not read. When out16 is not
 //   NULL the result goes there, rounded to bf16, and out is not written (bias must be NULL).
 // matmul_bf16_backward: dinp(N,C) = bf16(dout) @ weight (skipped when dinp is NULL), dweight +=
-//   bf16(dout)^T @ bf16(inp) (skipped when dweight is NULL: a frozen weight), dbias += column sums of dout (fp32); inp16 as in the forward, and
-//   likewise dout16 for dout (dbias must then be NULL).
+//   bf16(dout)^T @ bf16(inp) (skipped when dweight is NULL: a frozen weight), dbias += column sums
+//   of dout (fp32); inp16 as in the forward, and likewise dout16 for dout (dbias must then be
+//   NULL).
 // f32_to_bf16: dst(n) = src rounded to bf16 (to nearest even, as torch's .to(torch.bfloat16)).
 // round_to_bf16: x(n) rounded in place to bf16's values (kept in fp32), and written to dst as
 //   bf16 unless dst is NULL. bf16_to_f32: dst(n) = src widened (exact).
@@ -83,11 +84,12 @@
 // moe_bf16_forward / moe_bf16_backward: moe_experts' contract (plugin.h) with x16 the input (N,C)
 //   already in bf16, w the bf16 copy of the experts' weights (the same layout) and the GEMMs in
 //   bf16 with fp32 accumulation, rounded where torch's CPU autocast rounds (moe_experts_bf16.c);
-//   dw is the fp32 gradient (+=; NULL: frozen experts, no dW). State and scratch sizes: moe_bf16_state_floats /
-//   moe_bf16_scratch_floats; the scratch query also creates the kernels' oneDNN matmuls in the
-//   table's kernel state (SIZE_MAX: it could not), as matmul_bf16_scratch_floats does; the
-//   scratch query, forward and backward take the table first. Not plugin override points: under a
-//   plugin's moe_experts (fp32 by the ABI) the model runs that instead, in fp32.
+//   dw is the fp32 gradient (+=; NULL: frozen experts, no dW). State and scratch sizes:
+//   moe_bf16_state_floats / moe_bf16_scratch_floats; the scratch query also creates the kernels'
+//   oneDNN matmuls in the table's kernel state (SIZE_MAX: it could not), as
+//   matmul_bf16_scratch_floats does; the scratch query, forward and backward take the table first.
+//   Not plugin override points: under a plugin's moe_experts (fp32 by the ABI) the model runs that
+//   instead, in fp32.
 // lora_forward / lora_backward / lora_dropout (lora.c): PEFT's LoRA branch on a frozen linear
 //   layer, y += scale * B (A x) with A (r, in), B (out, r) fp32 (model/qwen3_lora.c). Forward:
 //   x (N, in) contiguous, already through dropout; u (N, r) = A x is saved for the backward; y
@@ -124,8 +126,9 @@
 // attention_decode (generation, model/qwen3_generate.c): one query row against a KV cache.
 //   q (NH,D) is the token at position T-1; k, v (T,NKV,D) are the cached keys and values of
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
-//   query head h reading kv head h / (NH/NKV), scale = 1/sqrt(D). scratch holds NH*T floats
-//   (the scores). Causality is the caller's: it passes only the positions up to the query's.
+//   query head h reading kv head h / (NH/NKV), scale = 1/sqrt(D). scratch holds
+//   attention_decode_scratch_floats(T, NH, D) floats. Causality is the caller's: it passes only
+//   the positions up to the query's. attention_decode_bf16: the same over a bf16 cache.
 // One sparse layer's per-expert adapter (moe_lora_*). Expert e's tensors start at w + e *
 // stride (and g + e * stride): for each of gate, up and down in that order that `targets` holds
 // (bit 0 gate, 1 up, 2 down), A (r, in) then B (out, r), as model/lora.h lays them out. u holds

@@ -95,8 +95,8 @@ void cpu_lora_forward(float *y, uint16_t *y16, int ldy, float *u, float *scratch
                       int out);
 void cpu_lora_backward(float *dx, float *dA, float *dB, float *scratch, const float *dy,
                        const uint16_t *dy16, int ldy, const float *u, const float *x,
-                       const float *A, const float *B, float scale, bool bf16, int N, int in,
-                       int r, int out);
+                       const float *A, const float *B, float scale, bool bf16, int N, int in, int r,
+                       int out);
 // The same with acc (ct_lora_acc_doubles, or NULL: as cpu_lora_backward): in fp32, the three
 // rank-r products (dB, dA and the branch's middle gradient) summed in double, in row blocks of
 // LORA_ACC_ROWS. An expert's adapter sees few tokens: its gradients are short sums that cancel,
@@ -114,6 +114,9 @@ void cpu_lora_dropout(float *out, const float *x, int64_t n, float p, uint64_t s
                       uint64_t first);
 void cpu_attention_decode(float *out, float *scratch, const float *q, const float *k,
                           const float *v, int T, int NH, int NKV, int D);
+void cpu_attention_decode_bf16(float *out, float *scratch, const float *q, const uint16_t *k,
+                               const uint16_t *v, int T, int NH, int NKV, int D);
+size_t cpu_attention_decode_scratch_floats(int T, int NH, int D);
 
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
@@ -239,12 +242,12 @@ void cpu_attention_flash_bf16_backward(float *dq, float *dk, float *dv, float *s
 
 // Ring attention's pieces (context parallelism; attention_flash.c, ops.h's contract).
 void cpu_attention_pair_forward(float *out, float *lse, const float *q, const float *k,
-                                const float *v, int Tq, int Tk, int NH, int NKV, int D,
-                                bool causal, const int32_t *q_doc, int k0, bool bf16);
+                                const float *v, int Tq, int Tk, int NH, int NKV, int D, bool causal,
+                                const int32_t *q_doc, int k0, bool bf16);
 void cpu_attention_pair_backward(float *dq, float *dk, float *dv, float *di, const float *dout,
-                                 const float *out, const float *lse, const float *q,
-                                 const float *k, const float *v, int Tq, int Tk, int NH, int NKV,
-                                 int D, bool causal, const int32_t *q_doc, int k0, bool bf16);
+                                 const float *out, const float *lse, const float *q, const float *k,
+                                 const float *v, int Tq, int Tk, int NH, int NKV, int D,
+                                 bool causal, const int32_t *q_doc, int k0, bool bf16);
 void cpu_attention_lse_merge(float *out, float *lse, const float *out_b, const float *lse_b, int T,
                              int NH, int D);
 

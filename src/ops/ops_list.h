@@ -355,7 +355,15 @@ typedef struct ct_adamw_coeffs {
       "attention_decode", forward,                                                                 \
       (float *out, float *scratch, const float *q, const float *k, const float *v, int T, int NH,  \
        int NKV, int D),                                                                            \
-      (out, scratch, q, k, v, T, NH, NKV, D))
+      (out, scratch, q, k, v, T, NH, NKV, D))                                                      \
+    X(OWN, attention_decode_bf16, ct_attention_decode_bf16_fn, cpu_attention_decode_bf16, ALL,     \
+      "attention_decode", forward,                                                                 \
+      (float *out, float *scratch, const float *q, const uint16_t *k, const uint16_t *v, int T,    \
+       int NH, int NKV, int D),                                                                    \
+      (out, scratch, q, k, v, T, NH, NKV, D))                                                      \
+    X(OWN_SIZE, attention_decode_scratch_floats, ct_attention_decode_scratch_floats_fn,            \
+      cpu_attention_decode_scratch_floats, ALL, "attention_decode", scratch,                       \
+      (int T, int NH, int D), (T, NH, D))
 // clang-format on
 
 // What each kind returns, and which kinds are timed by the profiler (CT_OP_IF_TIMED_<kind>(x)
@@ -400,7 +408,7 @@ typedef enum ct_op_id {
 } ct_op_id;
 
 // Adding an op changes this count: update it with the list (and its kernels).
-_Static_assert(CT_OP_COUNT == 71, "the op list has 71 entries");
+_Static_assert(CT_OP_COUNT == 73, "the op list has 73 entries");
 
 extern const char *const ct_op_field_names[CT_OP_COUNT];
 
