@@ -55,6 +55,10 @@ int cli_resolve_checkpoint(char *dir, size_t cap, const char *given, ct_error *e
 int cli_use_checkpoint(ct_config *c, char *dir, size_t cap, const char *given, ct_error *err);
 
 // Subcommands. Each returns the process exit code.
+// Runs this process again with its own arguments, as main received them (libgomp reads its
+// settings from the environment once, when it is loaded); returns only when it could not.
+void cli_exec_self(void);
+
 int cmd_train(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

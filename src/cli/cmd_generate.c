@@ -221,6 +221,21 @@ static int generate_fix(ct_config *c, void *ctx, ct_error *err) {
     return cli_use_checkpoint(c, r->model_dir, sizeof r->model_dir, ck, err);
 }
 
+// A bf16 decode runs on OpenMP's threads alone (its products and attention are ctitan's kernels,
+// no OpenBLAS), about 140 parallel regions a token, and ctitan's passive policy (main.c) puts
+// the other threads to sleep after each: their wake-ups cost 10-15% of the decode's speed
+// (docs/performance.md). So a bf16 generate keeps them spinning between regions for a while
+// (GOMP_SPINCOUNT: 10^6 spins, then they sleep, so an idle --chat does not hold a core), unless
+// the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. Not in fp32: its one-row products are
+// OpenBLAS's, whose own threads a spinning thread starves (decode 2.8 tokens/s against 15).
+static void spin_for_bf16_decode(const gen_run *r) {
+    if (strcmp(r->cfg.training.mixed_precision_param, "bfloat16") != 0 ||
+        !getenv("CTITAN_OMP_PASSIVE") || getenv("GOMP_SPINCOUNT"))
+        return;
+    setenv("GOMP_SPINCOUNT", "1000000", 1);
+    cli_exec_self(); // returns only without /proc: the decode then runs as it is
+}
+
 static const config_use generate_use = {
     .command = "generate",
     CONFIG_USE_KEYS(generate_keys),
@@ -644,6 +659,7 @@ int cmd_generate(int argc, char **argv) {
     config_use use = generate_use;
     use.ctx = &r;
     int rc = cli_parse_config(&args, &r.cfg, &use, generate_options, n_opts, argc, argv, &err);
+    if (rc == 0) spin_for_bf16_decode(&r);
     if (rc == 0) rc = generate_run(&r, &args, &err);
     // The plugins' own call counters: proof that their kernels ran (stderr: stdout is the text).
     if (rc == 0 && r.setup_open) override_report_calls(&r.setup.overrides, stderr);

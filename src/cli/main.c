@@ -45,15 +45,24 @@ static void print_usage(void) {
 // measured 13-15% slower than with OMP_WAIT_POLICY=passive, and 40% slower with "active".
 // libgomp reads the variable when it is loaded, before main, so ctitan sets it and executes
 // itself again, once; a policy the user set is kept.
-static void prefer_passive_omp_threads(char **argv) {
+// CTITAN_OMP_PASSIVE marks the policy as ctitan's, which a command may change (cli_exec_self).
+static char **self_argv;
+
+static void prefer_passive_omp_threads(void) {
     if (getenv("OMP_WAIT_POLICY")) return;
     setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);
+    setenv("CTITAN_OMP_PASSIVE", "1", 1);
+    execv("/proc/self/exe", self_argv);
     // No /proc: go on with libgomp's default.
 }
 
+void cli_exec_self(void) {
+    execv("/proc/self/exe", self_argv);
+}
+
 int main(int argc, char **argv) {
-    prefer_passive_omp_threads(argv);
+    self_argv = argv;
+    prefer_passive_omp_threads();
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         print_usage();
