@@ -29,7 +29,7 @@ Bounds:
   decode   tokens/s bound = measured bandwidth / bytes of weights read per token: every linear
            weight once, lm_head included (N_layers + V * C parameters; 4 bytes fp32, 2 bf16).
            The KV cache's reads are not in the bound (reported: kv_bytes_per_token at the
-           prompt's length). Bandwidth: bench_step bandwidth, a C streaming read of a 1 GiB
+           prompt's length; ctitan's cache in its compute dtype, llama.cpp's in f16). Bandwidth: bench_step bandwidth, a C streaming read of a 1 GiB
            buffer, each of --threads OpenMP threads summing its slice with 64-byte vector
            loads, best of 5, measured before and after; the bound uses the larger. (numpy's
            float32 sum, used before, read at about half that rate on the 2-core machine, and
@@ -367,7 +367,9 @@ def main():
                                        " OpenMP threads, 64-byte loads, best of 5" % args.threads})
     if peaks16:
         result.update({"bf16_peak_gflops": max(peaks16), "bf16_runs_gflops": peaks16})
-    kv_per_pos = 2 * g["L"] * g["NKV"] * g["D"] * 4
+    # Keys and values a position holds: ctitan's cache is in its compute dtype (fp32, or bf16),
+    # llama.cpp's in f16 (its default type_k / type_v) whatever the weights.
+    kv_per_pos = 2 * g["L"] * g["NKV"] * g["D"]
     ref = "ctitan" if "ctitan" in sides else "ctitan_bf16"  # whose greedy ids the others meet
     for name, (best, wb) in sides.items():
         wbytes = (n_layers + n_head) * wb
@@ -378,7 +380,8 @@ def main():
                         "mfu_peak": "bf16 (oneDNN)" if wb == 2 else "fp32 (OpenBLAS sgemm)"}
         for T in lengths:
             f = figures(g, T, best[T], side_peak, bw, wbytes)
-            f["kv_bytes_per_token"] = kv_per_pos * (T + args.new // 2)
+            kv_size = 2 if name.startswith("llama") else wb
+            f["kv_bytes_per_token"] = kv_per_pos * kv_size * (T + args.new // 2)
             if name != ref:
                 f["ids_match_" + ref] = best[T]["ids"] == sides[ref][0][T]["ids"]
                 f["ids_same_until"] = first_divergence(best[T]["ids"], sides[ref][0][T]["ids"])
