@@ -55,7 +55,7 @@ def main():
     tok = os.path.join(ROOT, "assets", "qwen3-tokenizer")
     n_params = generate.layer_matmul_params(g) + g["V"] * g["C"]
     weights = 2 * n_params  # the norms are a rounding error here
-    kv = 2 * g["L"] * args.cache_len * g["NKV"] * g["D"] * 4
+    kv = 2 * g["L"] * args.cache_len * g["NKV"] * g["D"] * 2  # bf16 keys and values
     result = {"geometry": args.geometry, "threads": args.threads, "params": n_params,
               "loadavg_1min_before": round(os.getloadavg()[0], 2)}
 

@@ -9,10 +9,10 @@
 //
 // Memory order: a position's keys (all kv heads) are one row of the cache. The threads take whole
 // chunks, and a chunk's scores run row by row, every head's dot product with the row at once, so
-// the keys stream in address order; the chunk's value rows are prefetched meanwhile, for the
-// products with v that run a kv head at a time. Splitting the heads over the threads instead
-// (each reading 512 bytes of every 4 KiB row, the earlier kernel) reached a third of the
-// memory's rate (docs/performance.md).
+// the keys stream in address order; the products with v then run a kv head at a time over the
+// chunk's rows. Splitting the heads over the threads instead (each reading 512 bytes of every
+// 4 KiB row, the earlier kernel) reached a third of the memory's rate; prefetching rows ahead in
+// software measured slower than none (docs/performance.md).
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
