@@ -74,12 +74,13 @@ cmp -s "$tmp/a.json" "$tmp/t.json" && [ "$(wc -l <"$tmp/t.err")" -eq 1 ] &&
   grep -qE '^ctitan: timing: prefill 3 tokens in [0-9.]+ s \([0-9.]+ tokens/s\), decode 5 tokens in [0-9.]+ s \([0-9.]+ tokens/s\)$' "$tmp/t.err" &&
   ok || bad "--timing: $(cat "$tmp/t.err")"
 # --debug.profile_ops: the same output, and a table of the 5 decode steps' ops (attention_decode
-# once a layer, 2 layers, and the linear layers' products; the prefill is not in it).
+# once a layer, 2 layers, and 9 products a token: 4 a layer and the head; the prefill's would
+# add theirs).
 "${g[@]}" --prompt "Hello, world" --max_new_tokens 6 --debug.profile_ops >"$tmp/p.json" 2>"$tmp/p.err"
 cmp -s "$tmp/a.json" "$tmp/p.json" &&
   grep -qE '^op profile: mean over 5 step\(s\) of [0-9.]+ ms$' "$tmp/p.err" &&
   grep -qE '^  attention_decode +forward +2\.0 ' "$tmp/p.err" &&
-  grep -qE '^  matmul +forward ' "$tmp/p.err" &&
+  grep -qE '^  matmul +forward +9\.0 ' "$tmp/p.err" &&
   ok || bad "--debug.profile_ops: $(cat "$tmp/p.err")"
 # The streamed text is the JSON's text.
 "$ct" generate --model.hf_path "$hf" --temperature 0 --prompt "Hello, world" --max_new_tokens 6 \
