@@ -43,7 +43,7 @@ typedef struct dec_call {
     const void *k, *v;   // float or uint16_t (bf16)
     bool bf16, dp;       // dp: the scores with VDPBF16PS
     float *s, *part; // scratch: scores s[j * NH + h]; chunk c's partials at part[c * NH * (D + 2)]
-    int T, NH, NKV, D, rep;
+    int T, NH, D, rep;
     size_t ldk; // elements between positions
     float scale;
 } dec_call;
@@ -311,7 +311,6 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
                         .part = scratch + (size_t)NH * T + (size_t)NH * D,
                         .T = T,
                         .NH = NH,
-                        .NKV = NKV,
                         .D = D,
                         .rep = rep,
                         .ldk = (size_t)NKV * D,
