@@ -10,8 +10,7 @@ written as one F32 HF folder (bench/moe.py's writer). Prompts of --prompts token
 " the" repeated: one token each, checked), greedy, --new new tokens each; eos switched off
 (generation_config.json's eos_token_id -1) so every prompt runs to its length.
 
-ctitan: one `ctitan generate --input` process over the prompt list given --repeats times (one
-model load); `--timing` prints each prompt's prefill time (qwen3_gen_prefill) and decode time
+ctitan: --repeats `ctitan generate --input` processes over the prompt list; `--timing` prints each prompt's prefill time (qwen3_gen_prefill) and decode time
 (the qwen3_gen_decode calls: new tokens - 1 of them; sampling and detokenizing excluded). The
 best repeat of each length is reported. --bf16 adds the same run with
 --training.mixed_precision_param bfloat16; --no-fp32 then leaves out the fp32 sides (ctitan's and
@@ -31,9 +30,15 @@ Bounds:
            The KV cache's reads are not in the bound (reported: kv_bytes_per_token at the
            prompt's length; ctitan's cache in its compute dtype, llama.cpp's in f16). Bandwidth: bench_step bandwidth, a C streaming read of a 1 GiB
            buffer, each of --threads OpenMP threads summing its slice with 64-byte vector
-           loads, best of 5, measured before and after; the bound uses the larger. (numpy's
+           loads, best of 5 before and after the whole run, best of 3 between the repeats of
+           ctitan and llama.cpp; decode_of_bound uses the largest of them all. (numpy's
            float32 sum, used before, read at about half that rate on the 2-core machine, and
            llama.cpp's decode beat the bound built on it.)
+  paired   This machine's memory rate moves with its neighbours' load (probes of 31 to 77 GB/s
+           minutes apart), so each repeat (one process) of ctitan and llama.cpp also runs
+           between two probes, and decode_of_paired_bound is the median (the lower middle of
+           an even count) over the repeats of each one's decode against the larger probe
+           around it (decode_of_paired_bound_runs: all of them, sorted).
 
 llama.cpp: the CPU build that the npm package node-llama-cpp ships prebuilt (bench/setup-llama
 installs it into assets/llama), on a GGUF that bench/gguf.py writes from the same HF folder (F32,
@@ -216,14 +221,32 @@ def ctitan_runs(ct, folder, tok, prompts, repeats, new, env, extra):
 
 
 def best_by_length(runs):
+    """Per prompt length: the best prefill and decode, and (paired runs) each run's decode
+    tokens/s with the bandwidth probed around it."""
     best = {}
     for r in runs:
         n = len(r[0])
-        b = best.setdefault(n, dict(prefill_s=r[2], decode_s=r[4], n_decode=r[3], ids=r[1]))
+        b = best.setdefault(n, dict(prefill_s=r[2], decode_s=r[4], n_decode=r[3], ids=r[1],
+                                    paired=[]))
         b["prefill_s"] = min(b["prefill_s"], r[2])
         if r[4] / r[3] < b["decode_s"] / b["n_decode"]:
             b["decode_s"], b["n_decode"] = r[4], r[3]
+        if len(r) > 5:
+            b["paired"].append((r[3] / r[4], r[5]))
     return best
+
+
+def paired(run_once, repeats, probe, bws):
+    """run_once() repeats times, a bandwidth probe between runs (and before the first, after the
+    last): its rows, each with the larger probe around its run appended. The probes join bws."""
+    rows, after = [], probe()
+    bws.append(after)
+    for _ in range(repeats):
+        before, rs = after, run_once()
+        after = probe()
+        bws.append(after)
+        rows += [r + (max(before, after),) for r in rs]
+    return rows
 
 
 # ---- the llama.cpp side ---------------------------------------------------------------------
@@ -255,13 +278,18 @@ def figures(g, T, b, peak, bw, wbytes):
     prefill_tps = T / b["prefill_s"]
     decode_tps = b["n_decode"] / b["decode_s"]
     bound = bw * 1e9 / wbytes
+    pairs = {}
+    if b["paired"]:  # each run against the memory's rate measured around it
+        ratios = sorted(tps * wbytes / (pbw * 1e9) for tps, pbw in b["paired"])
+        pairs = {"decode_of_paired_bound": round(ratios[(len(ratios) - 1) // 2], 4),
+                 "decode_of_paired_bound_runs": [round(x, 4) for x in ratios]}
     return {"prefill_tokens_per_s": round(prefill_tps, 1),
             "prefill_gflops": round(flops / b["prefill_s"] / 1e9, 2),
             "prefill_mfu": round(flops / b["prefill_s"] / 1e9 / peak, 4),
             "decode_tokens_per_s": round(decode_tps, 3),
             "decode_ms_per_token": round(1e3 / decode_tps, 2),
             "decode_bound_tokens_per_s": round(bound, 3),
-            "decode_of_bound": round(decode_tps / bound, 4)}
+            "decode_of_bound": round(decode_tps / bound, 4), **pairs}
 
 
 def main():
@@ -319,14 +347,19 @@ def main():
         peaks16 = [gemm_peak("bf16")] if args.bf16 else []
         sides = {}
         fp32 = not (args.no_fp32 and args.bf16)
+        def probe():
+            return bandwidth_gbs(bench, env, repeats=3)
+
         if fp32:
             log("ctitan fp32")
-            runs = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env, [])
+            runs = paired(lambda: ctitan_runs(ct, folder, tok, lengths, 1, args.new, env, []),
+                          args.repeats, probe, bws)
             sides["ctitan"] = (best_by_length(runs), 4)
         if args.bf16:
             log("ctitan bf16")
-            runs16 = ctitan_runs(ct, folder, tok, lengths, args.repeats, args.new, env,
-                                 ["--training.mixed_precision_param", "bfloat16"])
+            runs16 = paired(lambda: ctitan_runs(
+                ct, folder, tok, lengths, 1, args.new, env,
+                ["--training.mixed_precision_param", "bfloat16"]), args.repeats, probe, bws)
             sides["ctitan_bf16"] = (best_by_length(runs16), 2)
         prompts = {len(r[0]): r[0] for r in (runs if fp32 else runs16)}
         assert sorted(prompts) == sorted(lengths), sorted(prompts)
@@ -352,9 +385,9 @@ def main():
             log(f"llama.cpp {dt}: converting to GGUF")
             path = gguf.convert(folder, os.path.join(tmp, f"model-{dt}.gguf"), dt, tok)
             log(f"llama.cpp {dt}")
-            sides[name] = (best_by_length(llama_runs(
-                args.llama, path, [prompts[n] for n in lengths], args.repeats, args.new,
-                args.threads, env)), wb)
+            sides[name] = (best_by_length(paired(lambda: llama_runs(
+                args.llama, path, [prompts[n] for n in lengths], 1, args.new, args.threads,
+                env), args.repeats, probe, bws)), wb)
             os.unlink(path)
         peaks.append(sgemm_peak())
         bws.append(bandwidth_gbs(bench, env))
@@ -364,7 +397,8 @@ def main():
     result.update({"sgemm_peak_gflops": peak, "sgemm_runs_gflops": peaks,
                    "bandwidth_gbs": round(bw, 2), "bandwidth_runs_gbs": [round(b, 2) for b in bws],
                    "bandwidth_method": "bench_step bandwidth: C streaming read of 1 GiB over %d"
-                                       " OpenMP threads, 64-byte loads, best of 5" % args.threads})
+                                       " OpenMP threads, 64-byte loads, best of 5 (3 between"
+                                       " repeats)" % args.threads})
     if peaks16:
         result.update({"bf16_peak_gflops": max(peaks16), "bf16_runs_gflops": peaks16})
     # Keys and values a position holds: ctitan's cache is in its compute dtype (fp32, or bf16),
