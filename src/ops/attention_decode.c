@@ -281,6 +281,7 @@ static void run_chunk(const dec_call *a, int c, bool wide) {
 }
 
 // Head h's output from the chunks' partials, in chunk order.
+CPU_SIMD_CLONES
 static void merge_head(const dec_call *a, float *out, int h) {
     const size_t nc = dec_chunks(a->T), cs = (size_t)a->NH * (a->D + 2), D = (size_t)a->D;
     const float *m = a->part + (size_t)a->NH * D + h, *l = m + a->NH;
