@@ -46,21 +46,55 @@ void gen_sampler_free(gen_sampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-// order[0, V) = the ids sorted by x ascending, equal values in id order (a stable merge sort,
-// as torch's sort keeps ties here); tmp holds V more.
-static void sort_ascending(int32_t *order, int32_t *tmp, const float *x, int V) {
-    for (int i = 0; i < V; i++) order[i] = i;
-    for (int w = 1; w < V; w *= 2) {
-        for (int lo = 0; lo < V; lo += 2 * w) {
-            const int mid = lo + w < V ? lo + w : V, hi = lo + 2 * w < V ? lo + 2 * w : V;
+// ids[0, n), given in ascending id order, sorted by x ascending, equal values keeping their id
+// order (a stable merge sort, as torch's sort keeps ties here); tmp holds n more.
+static void sort_ids(int32_t *ids, int32_t *tmp, const float *x, int n) {
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            const int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
             int a = lo, b = mid, o = lo;
-            while (a < mid && b < hi)
-                tmp[o++] = x[order[b]] < x[order[a]] ? order[b++] : order[a++];
-            while (a < mid) tmp[o++] = order[a++];
-            while (b < hi) tmp[o++] = order[b++];
+            while (a < mid && b < hi) tmp[o++] = x[ids[b]] < x[ids[a]] ? ids[b++] : ids[a++];
+            while (a < mid) tmp[o++] = ids[a++];
+            while (b < hi) tmp[o++] = ids[b++];
         }
-        memcpy(order, tmp, (size_t)V * sizeof *order);
+        memcpy(ids, tmp, (size_t)n * sizeof *ids);
     }
+}
+
+// The k-th largest of x[0, V) (0 < k < V), counting equal values, as x[order[V - k]] after the
+// full sort: a min-heap (heap, k floats) of the k largest seen, its root their smallest.
+static float kth_largest(float *heap, const float *x, int V, int k) {
+    for (int i = 0; i < V; i++) {
+        if (i >= k && !(x[i] > heap[0])) continue;
+        int at = 0; // i < k: sift x[i] up from the end; else it replaces the root and sifts down
+        if (i < k) {
+            for (at = i; at > 0 && x[i] < heap[(at - 1) / 2]; at = (at - 1) / 2)
+                heap[at] = heap[(at - 1) / 2];
+        } else {
+            for (int c; (c = 2 * at + 1) < k; at = c) {
+                if (c + 1 < k && heap[c + 1] < heap[c]) c++;
+                if (!(heap[c] < x[i])) break;
+                heap[at] = heap[c];
+            }
+        }
+        heap[at] = x[i];
+    }
+    return heap[0];
+}
+
+// Top-k in place: the scores below the k-th largest become -inf. order[0, n) gets the ids that
+// stay (n >= k with ties), in id order; returns n. (A NaN score compares false: once the heap is
+// full it never enters it, and it is never removed.)
+static int top_k_filter(gen_sampler *s, float *x) {
+    const float kth = kth_largest(s->sorted, x, s->V, s->top_k);
+    int n = 0;
+    for (int i = 0; i < s->V; i++) {
+        if (x[i] < kth)
+            x[i] = -INFINITY;
+        else
+            s->order[n++] = i;
+    }
+    return n;
 }
 
 // probs = softmax(x) over the finite entries (-inf: 0).
@@ -78,21 +112,22 @@ int gen_sampler_probs(gen_sampler *s, const float *logits) {
     float *x = s->probs; // the scores, then their softmax in place
     for (int i = 0; i < V; i++) x[i] = logits[i] / s->temperature;
     const bool top_k = s->top_k > 0 && s->top_k < V, top_p = s->top_p < 1.0f;
-    if (top_k || top_p) sort_ascending(s->order, s->order + V, x, V);
+    int n = V; // the ids top-p orders: top-k's survivors (the others' probability is 0)
     if (top_k) {
-        const float kth = x[s->order[V - s->top_k]];
-        for (int i = 0; i < V; i++)
-            if (x[i] < kth) x[i] = -INFINITY;
+        n = top_k_filter(s, x);
+    } else if (top_p) {
+        for (int i = 0; i < V; i++) s->order[i] = i;
     }
     if (top_p) {
-        // The ascending order of the top-k-filtered scores is the same order (removed ones were
-        // the lowest; -inf ties among them do not matter: their probability is 0).
+        // Ascending over the survivors; the removed tokens, all below them, would only add zeros
+        // before them to the softmax's sum and the cumulative one.
+        sort_ids(s->order, s->order + V, x, n);
         float *p = s->sorted;
-        for (int i = 0; i < V; i++) p[i] = x[s->order[i]];
-        softmax(p, p, V);
+        for (int i = 0; i < n; i++) p[i] = x[s->order[i]];
+        softmax(p, p, n);
         const float limit = (float)(1.0 - (double)s->top_p);
         double cum = 0.0;
-        for (int i = 0; i < V - 1; i++) {
+        for (int i = 0; i < n - 1; i++) {
             cum += p[i];
             if ((float)cum <= limit) x[s->order[i]] = -INFINITY;
         }
