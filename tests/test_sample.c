@@ -3,6 +3,7 @@
 // the same surviving tokens exactly and the renormalised distribution within 1e-6; greedy's
 // argmax (first index among ties); seeded draws reproducible, from survivors only, and at the
 // distribution's frequencies; the settings' errors.
+#include <math.h>
 #include <string.h>
 
 #include "check.h"
@@ -116,6 +117,17 @@ int main(void) {
     CHECK(gen_sample(&g, ties) == first, "greedy %d, first maximum %d", gen_sample(&g, ties),
           first);
     CHECK(gen_sample(&g, logits + 2 * (size_t)V) == 0, "greedy on the peaked row");
+    // A row with no finite score (a broken model's): no token left, and the draw is id 0, as
+    // greedy's first maximum, instead of a distribution of NaNs.
+    float *none = malloc((size_t)V * sizeof *none);
+    for (int i = 0; i < V; i++) none[i] = -INFINITY;
+    gen_sampler t;
+    gen_sampler_init(&t, V, 0.7f, 20, 0.8f, 1, &err);
+    CHECK(gen_sampler_probs(&t, none) == 0 && gen_sample(&t, none) == 0,
+          "no finite score: %d tokens left, draw %d", gen_sampler_probs(&t, none),
+          gen_sample(&t, none));
+    gen_sampler_free(&t);
+    free(none);
     gen_sampler_free(&a);
     gen_sampler_free(&b);
     gen_sampler_free(&g);

@@ -27,7 +27,8 @@ int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float 
     s->probs = malloc((size_t)V * sizeof *s->probs);
     s->order = malloc(2 * (size_t)V * sizeof *s->order); // the sort's merge buffer after it
     s->sorted = malloc((size_t)V * sizeof *s->sorted);
-    if (!s->probs || !s->order || !s->sorted) {
+    s->left = malloc((size_t)V * sizeof *s->left);
+    if (!s->probs || !s->order || !s->sorted || !s->left) {
         gen_sampler_free(s);
         return ct_fail(err, "sampling: out of memory for a vocabulary of %d", V);
     }
@@ -43,6 +44,7 @@ void gen_sampler_free(gen_sampler *s) {
     free(s->probs);
     free(s->order);
     free(s->sorted);
+    free(s->left);
     memset(s, 0, sizeof *s);
 }
 
@@ -97,14 +99,18 @@ static int top_k_filter(gen_sampler *s, float *x) {
     return n;
 }
 
-// probs = softmax(x) over the finite entries (-inf: 0).
-static void softmax(float *probs, const float *x, int V) {
+// probs[at(j)] = the softmax of x[at(j)] over j in [0, n), at(j) = ids[j] (or j without ids);
+// a -inf entry gets 0.
+static void softmax(float *probs, const float *x, const int32_t *ids, int n) {
+#define AT(j) (ids ? ids[j] : (j))
     float m = -INFINITY;
-    for (int i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    for (int j = 0; j < n; j++) m = x[AT(j)] > m ? x[AT(j)] : m;
     double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += probs[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+    for (int j = 0; j < n; j++)
+        sum += probs[AT(j)] = x[AT(j)] == -INFINITY ? 0.0f : expf(x[AT(j)] - m);
     const float inv = (float)(1.0 / sum);
-    for (int i = 0; i < V; i++) probs[i] *= inv;
+    for (int j = 0; j < n; j++) probs[AT(j)] *= inv;
+#undef AT
 }
 
 int gen_sampler_probs(gen_sampler *s, const float *logits) {
@@ -124,7 +130,7 @@ int gen_sampler_probs(gen_sampler *s, const float *logits) {
         sort_ids(s->order, s->order + V, x, n);
         float *p = s->sorted;
         for (int i = 0; i < n; i++) p[i] = x[s->order[i]];
-        softmax(p, p, n);
+        softmax(p, p, NULL, n);
         const float limit = (float)(1.0 - (double)s->top_p);
         double cum = 0.0;
         for (int i = 0; i < n - 1; i++) {
@@ -132,9 +138,18 @@ int gen_sampler_probs(gen_sampler *s, const float *logits) {
             if ((float)cum <= limit) x[s->order[i]] = -INFINITY;
         }
     }
-    softmax(x, x, V);
+    // The softmax and the draw run over the tokens left, in id order: the removed ones' zeros
+    // would add nothing to their sums.
+    s->n_left = 0;
+    for (int i = 0; i < V; i++) {
+        if (x[i] == -INFINITY)
+            x[i] = 0.0f;
+        else
+            s->left[s->n_left++] = i;
+    }
+    softmax(x, x, s->left, s->n_left);
     int kept = 0;
-    for (int i = 0; i < V; i++) kept += x[i] != 0.0f;
+    for (int j = 0; j < s->n_left; j++) kept += x[s->left[j]] != 0.0f;
     return kept;
 }
 
@@ -149,10 +164,11 @@ int32_t gen_sample(gen_sampler *s, const float *logits) {
     gen_sampler_probs(s, logits);
     const double u = ct_splitmix64_uniform_at(s->seed, s->draws++);
     double total = 0.0;
-    for (int i = 0; i < V; i++) total += s->probs[i];
+    for (int j = 0; j < s->n_left; j++) total += s->probs[s->left[j]];
     double cum = 0.0, at = u * total;
     int32_t last = 0;
-    for (int i = 0; i < V; i++) {
+    for (int j = 0; j < s->n_left; j++) {
+        const int32_t i = s->left[j];
         if (s->probs[i] == 0.0f) continue;
         last = i;
         cum += s->probs[i];

@@ -18,6 +18,8 @@ typedef struct gen_sampler {
     float *probs;         // (V) the last distribution drawn from (0 for removed tokens)
     int32_t *order;       // (2V) scratch: token ids sorted by score, and the sort's buffer
     float *sorted;        // (V) scratch: top-p's sorted probabilities
+    int32_t *left;        // (V) the ids left after top-k and top-p, in id order
+    int n_left;
 } gen_sampler;
 
 // Checks the settings (temperature >= 0 and finite, top_k >= 0, top_p in (0, 1]) and plans the
@@ -26,9 +28,10 @@ int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float 
                      uint64_t seed, ct_error *err);
 void gen_sampler_free(gen_sampler *s);
 // The distribution HF samples from for these logits: s->probs gets softmax(top_p(top_k(logits /
-// temperature))), removed tokens exactly 0. Returns how many tokens survive. Needs
-// temperature > 0.
+// temperature))), removed tokens exactly 0. Returns how many tokens survive (0 when no score is
+// finite: every probability 0). Needs temperature > 0.
 int gen_sampler_probs(gen_sampler *s, const float *logits);
 // The next token: argmax under temperature 0, else a draw from gen_sampler_probs's distribution
-// with the sampler's next uniform (so a seed gives the same tokens again).
+// with the sampler's next uniform (so a seed gives the same tokens again); id 0 when no token
+// survives, as greedy's first maximum of a row of -inf.
 int32_t gen_sample(gen_sampler *s, const float *logits);
