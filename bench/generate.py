@@ -10,7 +10,8 @@ written as one F32 HF folder (bench/moe.py's writer). Prompts of --prompts token
 " the" repeated: one token each, checked), greedy, --new new tokens each; eos switched off
 (generation_config.json's eos_token_id -1) so every prompt runs to its length.
 
-ctitan: --repeats `ctitan generate --input` processes over the prompt list; `--timing` prints each prompt's prefill time (qwen3_gen_prefill) and decode time
+ctitan: --repeats `ctitan generate --input` processes over the prompt list; `--timing` prints
+each prompt's prefill time (qwen3_gen_prefill) and decode time
 (the qwen3_gen_decode calls: new tokens - 1 of them; sampling and detokenizing excluded). The
 best repeat of each length is reported. --bf16 adds the same run with
 --training.mixed_precision_param bfloat16; --no-fp32 then leaves out the fp32 sides (ctitan's and
@@ -347,6 +348,7 @@ def main():
         peaks16 = [gemm_peak("bf16")] if args.bf16 else []
         sides = {}
         fp32 = not (args.no_fp32 and args.bf16)
+
         def probe():
             return bandwidth_gbs(bench, env, repeats=3)
 
