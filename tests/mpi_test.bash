@@ -45,7 +45,7 @@ text_docs() {
   "$CTITAN_PYTHON" -c '
 import json, sys
 for line in open(sys.argv[1]).read().splitlines()[:400]: print(json.dumps({"text": line}))
-' "$text" >"$1"
+' "${text0:-$text}" >"$1"
 }
 # same_val A B TOL: the runs' validation losses (metrics.jsonl's val_loss rows), as many and each
 # within rel TOL.
@@ -128,6 +128,22 @@ text_train() {
     training.dataset_path="$text" training.seq_len=32 training.local_batch_size=1 \
     training.steps=4 training.shuffle=false optimizer.lr=3e-4 lr_scheduler.warmup_steps=2 \
     metrics.log_freq=1 metrics.peak_gflops=100 debug.seed=11 parallelism.threads_per_rank=1 \
-    job.dump_folder="$dump" "$@"
+    model.vocab_size="${vocab:-0}" job.dump_folder="$dump" "$@"
 }
 export -f text_train
+# ids_setup V: the parallel matrices' data. The text's ids from the real tokenizer, each taken
+# mod V, in $tmp/ids.npy; text_train then trains on them with a vocabulary of V and no tokenizer.
+# An embedding and a head of 151936 rows were most of each launch's work (1.8 s of a 4-step
+# np 1 run; 0.14 s at V = 2048), and the parallel plans cut them as they cut any vocabulary.
+# The text, its tokenizer and the full vocabulary stay for the cases that need them (documents,
+# conversations): real=(...) gives them back.
+ids_setup() {
+  "$ct" tokenize --tokenizer "$tokdir" --input "$text" --output "$tmp/ids_full.npy" \
+    --threads 1 >/dev/null &&
+    "$CTITAN_PYTHON" -c 'import numpy as n, sys; a = n.load(sys.argv[1]); n.save(sys.argv[2], (a % int(sys.argv[3])).astype(n.uint32))' \
+      "$tmp/ids_full.npy" "$tmp/ids.npy" "$1" || { echo "ids_setup: no ids" >&2; exit 1; }
+  real=(--model.tokenizer_path "$tokdir" --model.vocab_size 0)
+  text0=$text tokdir0=$tokdir
+  text=$tmp/ids.npy tokdir="" vocab=$1
+  export text tokdir vocab text0 tokdir0
+}
