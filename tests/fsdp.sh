@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# FSDP and HSDP (issue 19) under real mpirun at 1, 2, 3 and 4 ranks, on the real tokenizer and
-# real text: N ranks against one process on the same global batch (dense tied and untied, MoE,
-# bf16), determinism, reshard_after_forward "never" giving the default's bits, HSDP,
-# checkpoints of per-rank shards resumed at any rank count and in any mode (bit for bit where
-# the layout is unchanged), the streamed HF export, an HF initial load of each rank's ranges, and
-# failures on one rank (a hang, a dead rank, a NaN, bad data, SIGUSR1) ending every rank.
+# FSDP and HSDP (issue 19) under real mpirun at 1, 2, 3 and 4 ranks, on the real text: N ranks
+# against one process on the same global batch (dense tied and untied, MoE, bf16), determinism,
+# reshard_after_forward "never" giving the default's bits, HSDP, checkpoints of per-rank shards
+# resumed at any rank count and in any mode (bit for bit where the layout is unchanged), the
+# streamed HF export, an HF initial load of each rank's ranges, and failures on one rank (a hang,
+# a dead rank, a NaN, bad data, SIGUSR1) ending every rank. The runs train on the text's ids in a
+# vocabulary of 2048 (ids_setup); no case needs the real tokenizer or vocabulary (no documents,
+# no conversations, and the HF folders loaded are these runs' own exports).
 set -u
 source "$(dirname "$0")/mpi_test.bash"
 text_run_setup
+ids_setup 2048
 # Under the sanitizers (make check's second pass, a Debug build about 10x slower) one case of
 # each kind runs (np2, HSDP, a resume, the export and HF load, bf16, MoE, a hang, a NaN, SIGUSR1)
 # for memory errors on the FSDP paths; the matrix is the optimised pass's (full, mpi_test.bash).
@@ -25,9 +28,11 @@ run() {
 export -f run
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
 # Measured on a 2-core x86-64 (Release) over the pairs below (np2, np3, np4, HSDP, untied, the
-# HF load, MoE, the checkpoint chain): losses rel up to 3.7e-9, grad norms 3.5e-8, weights rel
-# L2 3.2e-8 (bounds about 10 times that); the issue asks for 1e-6 on losses, 1e-5 on weights.
-tol=(4e-8 4e-7 4e-7)
+# HF load, MoE, the checkpoint chain), on the ids (ids_setup): losses rel up to 1.9e-8, grad norms
+# 2.9e-8, weights rel L2 8.4e-8; the sanitizer build's cases (Debug) up to 2.6e-8, 7.2e-8, 1.1e-7
+# (the HF load). Bounds about 10 times the larger; the issue asks for 1e-6 on losses, 1e-5 on
+# weights.
+tol=(3e-7 7e-7 1e-6)
 
 # --- N ranks = one process on the same global batch: 2, 3 and 4 ranks, with accumulation
 check "np1" run 1 "$tmp/np1" --training.local_batch_size 2
@@ -66,7 +71,8 @@ check "hsdp = np1" same "$tmp/hsdp" "$tmp/np1" "${tol[@]}"
 grep -q "sharded over 2 ranks, in each of the replica groups (HSDP)" "$tmp/hsdp.log" && ok ||
   bad "HSDP not logged: $(grep '^parallel' "$tmp/hsdp.log")"
 # 4 ranks of 1 thread: on fewer than 4 cores the comm waits sleep after 0.1 ms (the yields took
-# the cores from the ranks being waited for: a 4-step np4 run took 14-16 s before, 9-10 after).
+# the cores from the ranks being waited for: a 4-step np4 run on the real vocabulary took 14-16 s
+# before, 9-10 after).
 if [ "$(getconf _NPROCESSORS_ONLN)" -lt 4 ]; then
   grep -q "more threads than cores on this node: comm waits sleep after 0.1 ms$" "$tmp/hsdp.log"
 else
@@ -130,22 +136,24 @@ fi
 rm -rf "$tmp/export" "$tmp/export_cli" "$tmp"/fromhf* "$tmp"/fromckpt*
 
 # --- bf16: parameters gathered in bf16 (MixedPrecisionPolicy), deterministic; near one process,
-# whose norms and embedding stay fp32 (measured with torchtitan's init: losses rel 1.9e-4, grad
-# norms 6.5e-4, weights 5.3e-5; bounds about 10 times that. Its tied output has unit-variance
-# logits, so the embedding's bf16 rounding under FSDP moves the loss more than normal(0, 0.02)
-# did: 1.7e-5 then); a bf16 reduction runs and moves the curve
+# whose norms and embedding stay fp32 (measured on the ids with torchtitan's init: losses rel
+# 8.2e-4, grad norms 5.3e-4, weights 2.5e-4; bounds about 10 times that. Its tied output has
+# unit-variance logits, so the embedding's bf16 rounding under FSDP moves the loss more than
+# normal(0, 0.02) did: 1.7e-5 then, on the real vocabulary); a bf16 reduction runs and moves the
+# curve
 bf=(--training.mixed_precision_param bfloat16)
 check "bf16 np1" run 1 "$tmp/bf1" "${bf[@]}" --training.local_batch_size 2
 check "bf16 np2" run 2 "$tmp/bf2" "${bf[@]}"
-check "bf16 np2 near np1" same "$tmp/bf2" "$tmp/bf1" 2e-3 7e-3 6e-4
+bftol=(9e-3 8e-3 3e-3)
+check "bf16 np2 near np1" same "$tmp/bf2" "$tmp/bf1" "${bftol[@]}"
 grep -q "gathers in bfloat16" "$tmp/bf2.log" && ok || bad "bf16 gathers not logged"
 if full; then
 check "bf16 reduce np2" run 2 "$tmp/bf2r" "${bf[@]}" --training.mixed_precision_reduce bfloat16
 [ "$(losses "$tmp/bf2r")" != "$(losses "$tmp/bf2")" ] && ok || bad "the bf16 reduction changed nothing"
 check "bf16 reduce HSDP" run 4 "$tmp/bf4r" "${bf[@]}" --training.mixed_precision_reduce bfloat16 \
   --parallelism.data_parallel_replicate_degree 2
-# Measured 2.1e-4, 6.0e-4, 5.4e-5: the bf16 sums add little to the bf16 gathers' difference.
-check "bf16 reduce HSDP near np1" same "$tmp/bf4r" "$tmp/bf1" 2e-3 7e-3 6e-4
+# Measured 8.9e-4, 7.5e-4, 2.5e-4: the bf16 sums add little to the bf16 gathers' difference.
+check "bf16 reduce HSDP near np1" same "$tmp/bf4r" "$tmp/bf1" "${bftol[@]}"
 fi
 rm -rf "$tmp"/bf*
 
@@ -173,6 +181,7 @@ fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fa
   --debug.fault_step 2
 fi
 if full; then
+# (the fault puts the id vocab_size + 7, here 2055, in rank 1's step-2 inputs)
 fails bad_token "ctitan: error: rank 1: training data, step 2.*outside the vocabulary" 2 \
   --debug.fault bad_token --debug.fault_rank 1 --debug.fault_step 2
 fi
