@@ -11,9 +11,9 @@ written as one F32 HF folder (bench/moe.py's writer). Prompts of --prompts token
 (generation_config.json's eos_token_id -1) so every prompt runs to its length.
 
 ctitan: --repeats `ctitan generate --input` processes over the prompt list; `--timing` prints
-each prompt's prefill time (qwen3_gen_prefill) and decode time
-(the qwen3_gen_decode calls: new tokens - 1 of them; sampling and detokenizing excluded). The
-best repeat of each length is reported. --bf16 adds the same run with
+each prompt's prefill time (qwen3_gen_prefill and the first token's sampling) and decode time
+(the qwen3_gen_decode calls, new tokens - 1 of them, and the tokens' sampling; detokenizing
+excluded). The best repeat of each length is reported. --bf16 adds the same run with
 --training.mixed_precision_param bfloat16; --no-fp32 then leaves out the fp32 sides (ctitan's and
 llama.cpp's), which halves the run on a busy machine, and the greedy ids are compared with
 ctitan bf16's.

@@ -57,7 +57,8 @@ static const cli_option generate_options[] = {
     {"json", "false",
      "print one JSON object per prompt: prompt_ids, ids, text, stop (eos | length)", true},
     {"timing", "false",
-     "print each prompt's prefill and decode times to stderr (the model's forwards only)", true},
+     "print each prompt's prefill and decode times to stderr (the forwards and the sampling)",
+     true},
 };
 
 // The run setup's keys: the model, its kernels and plugins, the backend and the memory check,
@@ -356,13 +357,17 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, bool reuse, ch
     double t0 = ct_now_s(), t_decode = 0;
     r->cached.n = 0; // until the prefill succeeds, nothing in the cache is known
     if (qwen3_gen_prefill(&r->g, (int)keep, ids + keep, (int)fresh, err) != 0) return -1;
-    const double t_prefill = ct_now_s() - t0;
+    double t_prefill = ct_now_s() - t0;
     memcpy(r->cached.v + keep, ids + keep, fresh * sizeof *ids);
     r->cached.n = n;
     if (r->cfg.debug.profile_ops) ops_profile_reset(); // the table covers the decode steps
     int rc = 0, n_decode = 0;
     for (int64_t k = 0; k < r->max_new; k++) {
+        // Each token's sampling counts with the forward that gave its logits, as llama.cpp's
+        // timings count its sampler: the first with the prefill, the rest with the decode.
+        t0 = ct_now_s();
         const int32_t next = gen_sample(&r->s, r->g.logits);
+        *(k == 0 ? &t_prefill : &t_decode) += ct_now_s() - t0;
         if (is_eos(r, next)) {
             stop = "eos";
             break;
