@@ -54,14 +54,14 @@ check "tp2 x dp2 = np1" same "$tmp/tp2dp2" "$tmp/np1" "${tol[@]}"
 fi
 
 # 2D: each rank's TP-sliced model sharded over its FSDP group. Measured 2.3e-8, 7.1e-8, 8.3e-8.
-# (3D, HSDP 2 x 2 x 2 on 8 ranks, measured once at 5.8e-9, 4.2e-8, 7.8e-8 against one process
-# of batch 4; 8 ranks on two cores: CTITAN_TP_3D=1 runs it.)
+# 3D, TP=2 x HSDP 2 x 2 on 8 ranks against one process of batch 4 (measured 5.8e-9, 4.2e-8,
+# 7.8e-8; the optimised pass).
 check "tp2 x fsdp2" run 4 "$tmp/tp2fsdp2" --parallelism.tensor_parallel_degree 2 \
   --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1
 check "tp2 x fsdp2 = np1" same "$tmp/tp2fsdp2" "$tmp/np1" "${tol[@]}"
 grep -q "tensor parallel over 2 ranks .*; FSDP: parameters, gradients and optimizer state sharded over 2" \
   "$tmp/tp2fsdp2.log" && ok || bad "tp2 x fsdp2 log lacks the 2D line: $(grep '^parallel' "$tmp/tp2fsdp2.log")"
-if [ "${CTITAN_TP_3D:-0}" = 1 ]; then
+if full; then
   check "np1 b4" run 1 "$tmp/np1_b4" --training.local_batch_size 4 --training.global_batch_size 4
   check "tp2 x hsdp 2x2" run 8 "$tmp/tp2hsdp" --parallelism.tensor_parallel_degree 2 \
     --parallelism.data_parallel_shard_degree 2 --parallelism.data_parallel_replicate_degree 2 \
