@@ -663,6 +663,17 @@ static void test_thread_invariance(void) {
     omp_set_num_threads(2);
     CHECK(memcmp(db[0], db[1], TI_OC * sizeof(float)) == 0, "matmul dbias: 1 vs 3 threads");
     for (int run = 0; run < 2; run++) free(db[run]), free(dw[run]);
+    // The one-row product (decode's; its rows split over OpenMP's threads): 1000 x 70 is over
+    // CPU_PAR_MIN, so 3 threads split it.
+    float *w1 = frand_array((size_t)70 * 1000, -1, 1), *x1 = frand_array(1000, -1, 1);
+    float row[2][70];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        ops->matmul_forward(row[run], x1, w1, NULL, 1, 1000, 70);
+    }
+    omp_set_num_threads(2);
+    CHECK(memcmp(row[0], row[1], sizeof row[0]) == 0, "matmul one-row fwd: 1 vs 3 threads");
+    free(w1), free(x1);
     free(x), free(w), free(dy), free(g), free(u), free(lg), free(q), free(cs), free(sn);
     free(wt), free(dout);
 }
@@ -672,6 +683,11 @@ int main(void) {
     test_matmul(7, 5, 3, 1);
     test_matmul(33, 17, 19, 0);
     test_matmul(1, 40, 35, 1); // one row; more than two column blocks of bias
+    // N = 1 with AVX-512 (rows_f32): 64-element strides, then 16s and a masked tail (1000 = 15 x
+    // 64 + 2 x 16 + 8), a tail alone (1183 = 18 x 64 + 31: 16 + 15), rows split over the
+    // threads (both over CPU_PAR_MIN)
+    test_matmul(1, 1000, 70, 1);
+    test_matmul(1, 1183, 37, 0);
     test_rmsnorm(7, 13);
     test_rmsnorm(5, 37); // three column blocks for dweight
     test_rmsnorm(1, 4);

@@ -227,8 +227,9 @@ static int generate_fix(ct_config *c, void *ctx, ct_error *err) {
 // the other threads to sleep after each: their wake-ups cost 10-15% of the decode's speed
 // (docs/performance.md). So a bf16 generate keeps them spinning between regions for a while
 // (GOMP_SPINCOUNT: 10^6 spins, then they sleep, so an idle --chat does not hold a core), unless
-// the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. Not in fp32: its one-row products are
-// OpenBLAS's, whose own threads a spinning thread starves (decode 2.8 tokens/s against 15).
+// the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. Not in fp32: its decode's products are
+// ctitan's too, but its prefill's are OpenBLAS's sgemm, whose own threads a spinning one starves
+// (0.6B geometry, 512 positions: prefill 165 -> 100 tokens/s, for a decode 3-6% faster).
 static void spin_for_bf16_decode(const gen_run *r) {
     if (strcmp(r->cfg.training.mixed_precision_param, "bfloat16") != 0 ||
         !getenv("CTITAN_OMP_PASSIVE") || getenv("GOMP_SPINCOUNT"))
