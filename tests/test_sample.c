@@ -128,6 +128,20 @@ int main(void) {
           gen_sample(&t, none));
     gen_sampler_free(&t);
     free(none);
+    // Top-p's sort ties -0 and +0 (`<` does), the lower id first: of eight equal zeros, the
+    // cumulative 0.125 .. 0.5 removes ids 0-3, whatever their signs. (A radix key that kept the
+    // sign would put the -0s first and remove ids 1, 3, 5, 7.)
+    {
+        const float zeros[9] = {0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, -INFINITY};
+        gen_sampler z;
+        gen_sampler_init(&z, 9, 1.0f, 0, 0.5f, 1, &err);
+        gen_sampler_probs(&z, zeros);
+        int removed_low = 1;
+        for (int i = 0; i < 8; i++) removed_low &= (z.probs[i] == 0.0f) == (i < 4);
+        CHECK(removed_low, "top-p over signed zeros: probs %g %g %g %g %g %g %g %g", z.probs[0],
+              z.probs[1], z.probs[2], z.probs[3], z.probs[4], z.probs[5], z.probs[6], z.probs[7]);
+        gen_sampler_free(&z);
+    }
     gen_sampler_free(&a);
     gen_sampler_free(&b);
     gen_sampler_free(&g);

@@ -9,6 +9,7 @@
 // in float as torch's CPU cumsum (double accumulation for float tensors) and comparison do.
 #include "gen/sample.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +27,10 @@ int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float 
     if (V < 1) return ct_fail(err, "sampling: vocabulary size %d", V);
     s->probs = malloc((size_t)V * sizeof *s->probs);
     s->order = malloc(2 * (size_t)V * sizeof *s->order); // the sort's merge buffer after it
+    s->keys = malloc(2 * (size_t)V * sizeof *s->keys);
     s->sorted = malloc((size_t)V * sizeof *s->sorted);
     s->left = malloc((size_t)V * sizeof *s->left);
-    if (!s->probs || !s->order || !s->sorted || !s->left) {
+    if (!s->probs || !s->order || !s->keys || !s->sorted || !s->left) {
         gen_sampler_free(s);
         return ct_fail(err, "sampling: out of memory for a vocabulary of %d", V);
     }
@@ -43,14 +45,17 @@ int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float 
 void gen_sampler_free(gen_sampler *s) {
     free(s->probs);
     free(s->order);
+    free(s->keys);
     free(s->sorted);
     free(s->left);
     memset(s, 0, sizeof *s);
 }
 
 // ids[0, n), given in ascending id order, sorted by x ascending, equal values keeping their id
-// order (a stable merge sort, as torch's sort keeps ties here); tmp holds n more.
-static void sort_ids(int32_t *ids, int32_t *tmp, const float *x, int n) {
+// order (a stable sort, as torch's sort keeps ties here); tmp holds n more. The merge sort
+// compares with `<`, which a NaN makes no order: rows with one take it (radix_sort_ids cannot
+// give its result).
+static void merge_sort_ids(int32_t *ids, int32_t *tmp, const float *x, int n) {
     for (int w = 1; w < n; w *= 2) {
         for (int lo = 0; lo < n; lo += 2 * w) {
             const int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
@@ -61,6 +66,45 @@ static void sort_ids(int32_t *ids, int32_t *tmp, const float *x, int n) {
         }
         memcpy(ids, tmp, (size_t)n * sizeof *ids);
     }
+}
+
+enum { RADIX_BITS = 11, RADIX = 1 << RADIX_BITS };
+
+// The same order by a least-significant-digit radix sort (each pass stable, so ties keep their id
+// order): the keys are the floats' bits made unsigned and ordered as the values, -0 as +0 (`<`
+// ties them), three passes of 11 bits, a pass skipped where every key has the same digit. A
+// whole vocabulary of 151936 ids: about 1 ms, where the merge sort's 17 passes of indirect
+// compares took 17-20 ms. keys holds 2n. Returns false, sorting nothing, if x has a NaN.
+static bool radix_sort_ids(int32_t *ids, int32_t *tmp, uint32_t *keys, const float *x, int n) {
+    uint32_t *k = keys, *ktmp = keys + n;
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[ids[i]], sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return false;
+        if (u == 0x80000000u) u = 0;
+        k[i] = u & 0x80000000u ? ~u : u | 0x80000000u;
+    }
+    static_assert(3 * RADIX_BITS >= 32, "three passes cover the key");
+    for (int shift = 0; shift < 32; shift += RADIX_BITS) {
+        int count[RADIX] = {0};
+        for (int i = 0; i < n; i++) count[(k[i] >> shift) & (RADIX - 1)]++;
+        if (count[(k[0] >> shift) & (RADIX - 1)] == n) continue;
+        for (int d = 0, at = 0; d < RADIX; d++) {
+            const int c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (int i = 0; i < n; i++) {
+            const int o = count[(k[i] >> shift) & (RADIX - 1)]++;
+            tmp[o] = ids[i], ktmp[o] = k[i];
+        }
+        int32_t *ti = ids;
+        ids = tmp, tmp = ti;
+        uint32_t *tk = k;
+        k = ktmp, ktmp = tk;
+    }
+    if (k != keys) memcpy(tmp, ids, (size_t)n * sizeof *ids); // an odd number of passes ran
+    return true;
 }
 
 // The k-th largest of x[0, V) (0 < k < V), counting equal values, as x[order[V - k]] after the
@@ -127,7 +171,8 @@ int gen_sampler_probs(gen_sampler *s, const float *logits) {
     if (top_p) {
         // Ascending over the survivors; the removed tokens, all below them, would only add zeros
         // before them to the softmax's sum and the cumulative one.
-        sort_ids(s->order, s->order + V, x, n);
+        if (!radix_sort_ids(s->order, s->order + V, s->keys, x, n))
+            merge_sort_ids(s->order, s->order + V, x, n);
         float *p = s->sorted;
         for (int i = 0; i < n; i++) p[i] = x[s->order[i]];
         softmax(p, p, NULL, n);

@@ -17,6 +17,7 @@ typedef struct gen_sampler {
     uint64_t seed, draws; // the draw k uses ct_splitmix64_uniform_at(seed, k)
     float *probs;         // (V) the last distribution drawn from (0 for removed tokens)
     int32_t *order;       // (2V) scratch: token ids sorted by score, and the sort's buffer
+    uint32_t *keys;       // (2V) scratch: the radix sort's keys, and their buffer
     float *sorted;        // (V) scratch: top-p's sorted probabilities
     int32_t *left;        // (V) the ids left after top-k and top-p, in id order
     int n_left;
