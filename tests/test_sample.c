@@ -1,8 +1,9 @@
-// Sampling (gen/sample.c) against transformers' logits warpers (tests/ref/gen_ref.py: the
-// temperature, top-k and top-p warpers as generate applies them, on fixed logits with ties):
-// the same surviving tokens exactly and the renormalised distribution within 1e-6; greedy's
-// argmax (first index among ties); seeded draws reproducible, from survivors only, and at the
-// distribution's frequencies; the settings' errors.
+// Sampling (gen/sample.c) against transformers' logits processors (tests/ref/gen_ref.py: the
+// repetition penalty, temperature, top-k, top-p and min-p as generate applies them, on fixed
+// logits with ties and a fixed history of ids): the same surviving tokens exactly and the
+// renormalised distribution within 1e-6; greedy's argmax (first index among ties), of the
+// penalised logits where a penalty is set; seeded draws reproducible, from survivors only, and
+// at the distribution's frequencies; the settings' errors.
 #include <math.h>
 #include <string.h>
 
@@ -15,15 +16,26 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// (row, temperature, top_k, top_p): gen_ref.py's CASES, in order.
+// (row, temperature, top_k, top_p, min_p, repetition penalty): gen_ref.py's CASES, in order.
 static const struct {
     int row;
     float t;
     int k;
-    float p;
-} cases[] = {{0, 1.0f, 0, 1.0f},  {0, 0.7f, 50, 1.0f},  {0, 1.3f, 0, 0.9f}, {0, 0.8f, 40, 0.95f},
-             {1, 1.0f, 10, 1.0f}, {1, 1.0f, 0, 0.5f},   {1, 0.5f, 3, 0.8f}, {2, 1.0f, 2, 1.0f},
-             {2, 1.0f, 0, 0.3f},  {2, 2.0f, 0, 0.999f}, {0, 1.0f, 1, 1.0f}, {0, 1.0f, 0, 0.01f}};
+    float p, min_p, rp;
+} cases[] = {
+    {0, 1.0f, 0, 1.0f, 0, 1},         {0, 0.7f, 50, 1.0f, 0, 1},     {0, 1.3f, 0, 0.9f, 0, 1},
+    {0, 0.8f, 40, 0.95f, 0, 1},       {1, 1.0f, 10, 1.0f, 0, 1},     {1, 1.0f, 0, 0.5f, 0, 1},
+    {1, 0.5f, 3, 0.8f, 0, 1},         {2, 1.0f, 2, 1.0f, 0, 1},      {2, 1.0f, 0, 0.3f, 0, 1},
+    {2, 2.0f, 0, 0.999f, 0, 1},       {0, 1.0f, 1, 1.0f, 0, 1},      {0, 1.0f, 0, 0.01f, 0, 1},
+    {0, 1.0f, 0, 1.0f, 0.05f, 1},     {0, 0.7f, 20, 0.9f, 0.1f, 1},  {1, 1.0f, 0, 1.0f, 0.3f, 1},
+    {2, 1.0f, 0, 1.0f, 1.0f, 1},      {0, 1.0f, 0, 1.0f, 0, 1.3f},   {0, 1.0f, 0, 1.0f, 0, 0.7f},
+    {2, 0.8f, 0, 0.95f, 0.05f, 1.5f}, {1, 1.0f, 0, 0.5f, 0.2f, 1.2f}};
+
+// Settings with only temperature, top_k and top_p (the rest off).
+static gen_settings tkp(float t, int k, float p, uint64_t seed) {
+    return (gen_settings){
+        .temperature = t, .top_k = k, .top_p = p, .repetition_penalty = 1, .seed = seed};
+}
 
 int main(void) {
     char path[4096];
@@ -38,6 +50,13 @@ int main(void) {
     const int R = (int)lt->shape[0], V = (int)lt->shape[1];
     float *logits = malloc((size_t)R * V * sizeof *logits), *want = malloc(V * sizeof *want);
     st_tensor_to_f32(logits, lt, &err);
+    const st_tensor *ht = st_file_find(&f, "history");
+    CHECK(ht != NULL, "history");
+    const size_t H = ht ? (size_t)ht->shape[0] : 0;
+    float *hf_ids = malloc((H + 1) * sizeof *hf_ids);
+    int32_t *hist = malloc((H + 1) * sizeof *hist);
+    if (ht) st_tensor_to_f32(hf_ids, ht, &err);
+    for (size_t i = 0; i < H; i++) hist[i] = (int32_t)hf_ids[i];
     double worst = 0;
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char name[32];
@@ -45,10 +64,15 @@ int main(void) {
         const st_tensor *pt = st_file_find(&f, name);
         CHECK(pt && st_tensor_to_f32(want, pt, &err) == 0, "%s", name);
         gen_sampler s;
-        CHECK(gen_sampler_init(&s, V, cases[c].t, cases[c].k, cases[c].p, 1, &err) == 0, "%s",
-              err.msg);
+        const gen_settings set = {.temperature = cases[c].t,
+                                  .top_k = cases[c].k,
+                                  .top_p = cases[c].p,
+                                  .min_p = cases[c].min_p,
+                                  .repetition_penalty = cases[c].rp,
+                                  .seed = 1};
+        CHECK(gen_sampler_init(&s, V, &set, &err) == 0, "%s", err.msg);
         const float *row = logits + (size_t)cases[c].row * V;
-        const int kept = gen_sampler_probs(&s, row);
+        const int kept = gen_sampler_probs(&s, row, hist, H);
         int want_kept = 0, same_set = 1;
         for (int i = 0; i < V; i++) {
             want_kept += want[i] != 0.0f;
@@ -78,11 +102,11 @@ int main(void) {
         // Draws: from survivors only, reproducible, at the distribution's frequencies.
         enum { DRAWS = 20000 };
         gen_sampler s2;
-        gen_sampler_init(&s2, V, cases[c].t, cases[c].k, cases[c].p, 1, &err);
+        gen_sampler_init(&s2, V, &set, &err);
         double *freq = calloc(V, sizeof *freq);
         int same = 1, outside = 0;
         for (int d = 0; d < DRAWS; d++) {
-            const int32_t a = gen_sample(&s, row), b = gen_sample(&s2, row);
+            const int32_t a = gen_sample(&s, row, hist, H), b = gen_sample(&s2, row, hist, H);
             same &= a == b;
             outside += want[a] == 0.0f;
             freq[a] += 1.0 / DRAWS;
@@ -95,37 +119,63 @@ int main(void) {
         CHECK(same, "case %zu: the same seed gave other tokens", c);
         CHECK(!outside, "case %zu: %d draws outside the kept tokens", c, outside);
         CHECK(fmax < 0.02, "case %zu: draw frequencies off by %.3g", c, fmax);
-        printf("case %2zu (row %d, t %.2f, top_k %2d, top_p %.3f): %4d kept, max abs %.1e, "
-               "frequencies within %.1e\n",
-               c, cases[c].row, cases[c].t, cases[c].k, cases[c].p, kept, e, fmax);
+        // Greedy with the penalty: the argmax of HF's penalised scores (the first among ties).
+        if (cases[c].rp != 1.0f) {
+            snprintf(name, sizeof name, "penalized.%zu", c);
+            const st_tensor *rt = st_file_find(&f, name);
+            CHECK(rt && st_tensor_to_f32(want, rt, &err) == 0, "%s", name);
+            int first = 0, plain = 0;
+            for (int i = 1; i < V; i++) {
+                if (want[i] > want[first]) first = i;
+                if (row[i] > row[plain]) plain = i;
+            }
+            gen_settings gs = set;
+            gs.temperature = 0;
+            gen_sampler g;
+            gen_sampler_init(&g, V, &gs, &err);
+            const int32_t got = gen_sample(&g, row, hist, H);
+            CHECK(got == first, "case %zu: greedy with the penalty %d, HF's %d (without: %d)", c,
+                  got, first, plain);
+            printf("case %zu: greedy with penalty %.2f takes %d (without it %d)\n", c,
+                   (double)cases[c].rp, got, plain);
+            gen_sampler_free(&g);
+        }
+        printf("case %2zu (row %d, t %.2f, top_k %2d, top_p %.3f, min_p %.2f, penalty %.2f): %4d "
+               "kept, max abs %.1e, frequencies within %.1e\n",
+               c, cases[c].row, cases[c].t, cases[c].k, cases[c].p, (double)cases[c].min_p,
+               (double)cases[c].rp, kept, e, fmax);
         free(freq);
         gen_sampler_free(&s);
         gen_sampler_free(&s2);
     }
     // Another seed, other tokens; greedy is the first index among equal maxima.
     gen_sampler a, b, g;
-    gen_sampler_init(&a, V, 1.0f, 0, 1.0f, 1, &err);
-    gen_sampler_init(&b, V, 1.0f, 0, 1.0f, 2, &err);
-    gen_sampler_init(&g, V, 0.0f, 50, 0.5f, 1, &err);
+    gen_settings sa = tkp(1.0f, 0, 1.0f, 1), sb = tkp(1.0f, 0, 1.0f, 2), sg = tkp(0, 50, 0.5f, 1);
+    gen_sampler_init(&a, V, &sa, &err);
+    gen_sampler_init(&b, V, &sb, &err);
+    gen_sampler_init(&g, V, &sg, &err);
     int differ = 0;
-    for (int d = 0; d < 20; d++) differ += gen_sample(&a, logits) != gen_sample(&b, logits);
+    for (int d = 0; d < 20; d++)
+        differ += gen_sample(&a, logits, NULL, 0) != gen_sample(&b, logits, NULL, 0);
     CHECK(differ > 10, "seeds 1 and 2 agree on %d of 20 draws", 20 - differ);
     const float *ties = logits + (size_t)1 * V;
     int first = 0;
     for (int i = 1; i < V; i++)
         if (ties[i] > ties[first]) first = i;
-    CHECK(gen_sample(&g, ties) == first, "greedy %d, first maximum %d", gen_sample(&g, ties),
-          first);
-    CHECK(gen_sample(&g, logits + 2 * (size_t)V) == 0, "greedy on the peaked row");
+    CHECK(gen_sample(&g, ties, NULL, 0) == first, "greedy %d, first maximum %d",
+          gen_sample(&g, ties, NULL, 0), first);
+    CHECK(gen_sample(&g, logits + 2 * (size_t)V, NULL, 0) == 0, "greedy on the peaked row");
     // A row with no finite score (a broken model's): no token left, and the draw is id 0, as
     // greedy's first maximum, instead of a distribution of NaNs.
     float *none = malloc((size_t)V * sizeof *none);
     for (int i = 0; i < V; i++) none[i] = -INFINITY;
     gen_sampler t;
-    gen_sampler_init(&t, V, 0.7f, 20, 0.8f, 1, &err);
-    CHECK(gen_sampler_probs(&t, none) == 0 && gen_sample(&t, none) == 0,
-          "no finite score: %d tokens left, draw %d", gen_sampler_probs(&t, none),
-          gen_sample(&t, none));
+    gen_settings st = tkp(0.7f, 20, 0.8f, 1);
+    st.min_p = 0.1f;
+    gen_sampler_init(&t, V, &st, &err);
+    CHECK(gen_sampler_probs(&t, none, NULL, 0) == 0 && gen_sample(&t, none, NULL, 0) == 0,
+          "no finite score: %d tokens left, draw %d", gen_sampler_probs(&t, none, NULL, 0),
+          gen_sample(&t, none, NULL, 0));
     gen_sampler_free(&t);
     free(none);
     // Top-p's sort ties -0 and +0 (`<` does), the lower id first: of eight equal zeros, the
@@ -134,8 +184,9 @@ int main(void) {
     {
         const float zeros[9] = {0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, -INFINITY};
         gen_sampler z;
-        gen_sampler_init(&z, 9, 1.0f, 0, 0.5f, 1, &err);
-        gen_sampler_probs(&z, zeros);
+        const gen_settings sz = tkp(1.0f, 0, 0.5f, 1);
+        gen_sampler_init(&z, 9, &sz, &err);
+        gen_sampler_probs(&z, zeros, NULL, 0);
         int removed_low = 1;
         for (int i = 0; i < 8; i++) removed_low &= (z.probs[i] == 0.0f) == (i < 4);
         CHECK(removed_low, "top-p over signed zeros: probs %g %g %g %g %g %g %g %g", z.probs[0],
@@ -145,17 +196,31 @@ int main(void) {
     gen_sampler_free(&a);
     gen_sampler_free(&b);
     gen_sampler_free(&g);
-    // The settings' errors.
-    gen_sampler x;
-    CHECK(gen_sampler_init(&x, V, -1.0f, 0, 1.0f, 0, &err) != 0 && strstr(err.msg, "--temperature"),
-          "%s", err.msg);
-    CHECK(gen_sampler_init(&x, V, 1.0f, -2, 1.0f, 0, &err) != 0 && strstr(err.msg, "--top_k"), "%s",
-          err.msg);
-    CHECK(gen_sampler_init(&x, V, 1.0f, 0, 0.0f, 0, &err) != 0 && strstr(err.msg, "--top_p"), "%s",
-          err.msg);
+    // The settings' errors, each naming its option.
+    const struct {
+        gen_settings set;
+        const char *names;
+    } bad[] = {{tkp(-1.0f, 0, 1.0f, 0), "--temperature"},
+               {tkp(INFINITY, 0, 1.0f, 0), "--temperature"},
+               {tkp(1.0f, -2, 1.0f, 0), "--top_k"},
+               {tkp(1.0f, 0, 0.0f, 0), "--top_p"},
+               {tkp(1.0f, 0, 1.5f, 0), "--top_p"},
+               {{1, 0, 1, -0.1f, 1, 0}, "--min_p"},
+               {{1, 0, 1, 1.5f, 1, 0}, "--min_p"},
+               {{1, 0, 1, NAN, 1, 0}, "--min_p"},
+               {{1, 0, 1, 0, 0, 0}, "--repetition_penalty"},
+               {{1, 0, 1, 0, -1, 0}, "--repetition_penalty"},
+               {{1, 0, 1, 0, INFINITY, 0}, "--repetition_penalty"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        gen_sampler x;
+        CHECK(gen_sampler_init(&x, V, &bad[i].set, &err) != 0 && strstr(err.msg, bad[i].names),
+              "bad setting %zu: %s", i, err.msg);
+    }
     printf("worst probability max abs against HF's warpers: %.2e (bound 1e-6)\n", worst);
     free(logits);
     free(want);
+    free(hf_ids);
+    free(hist);
     st_close(&f);
     return check_summary();
 }

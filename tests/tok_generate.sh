@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctitan generate (issue 21) on a tiny random model with Qwen3's vocabulary and the real
 # tokenizer and chat template: --json's fields, --timing's line, greedy reruns and seeded
-# sampling reproducible, the stop reasons (eos from generation_config.json, else config.json; length), --input with
+# sampling reproducible, the settings from generation_config.json (min_p, repetition_penalty, unsupported ones named), the stop reasons (eos from generation_config.json, else config.json; length), --input with
 # text and messages lines, --chat driven through stdin with /reset (the rendered history checked
 # through the prompt ids), a checkpoint as the model, and one error per class.
 set -u
@@ -115,6 +115,27 @@ rm "$hf/generation_config.json"
 gen8 --temperature 1.5 --top_k 3 --top_p 0.9 >"$tmp/d4.json"
 cmp -s "$tmp/d3.json" "$tmp/d4.json" && ! cmp -s "$tmp/d3.json" "$tmp/d2.json" && ok ||
   bad "an option given over generation_config.json"
+# min_p and repetition_penalty from the file as from the options; the penalty applies to greedy
+# (HF's processor runs without do_sample) and changes this prompt's greedy ids
+echo '{"do_sample": true, "temperature": 1.5, "top_k": 0, "min_p": 0.05, "repetition_penalty": 1.3}' \
+  >"$hf/generation_config.json"
+gen8 >"$tmp/m1.json"
+echo '{"repetition_penalty": 1.3}' >"$hf/generation_config.json"
+gen8 >"$tmp/r1.json"
+rm "$hf/generation_config.json"
+gen8 --temperature 1.5 --top_k 0 --min_p 0.05 --repetition_penalty 1.3 >"$tmp/m2.json"
+gen8 --temperature 0 --repetition_penalty 1.3 >"$tmp/r2.json"
+cmp -s "$tmp/m1.json" "$tmp/m2.json" && ok || bad "min_p and repetition_penalty from generation_config.json"
+cmp -s "$tmp/r1.json" "$tmp/r2.json" && ! cmp -s "$tmp/r1.json" "$tmp/d1.json" && ok ||
+  bad "greedy with generation_config.json's repetition_penalty"
+# a setting HF would use and ctitan does not: named on stderr, one line each, and generation runs
+echo '{"num_beams": 4, "no_repeat_ngram_size": 3, "suppress_tokens": [5], "num_return_sequences": 1}' \
+  >"$hf/generation_config.json"
+"$ct" generate --model.hf_path "$hf" --json --prompt "Once" --max_new_tokens 4 >"$tmp/u.json" 2>"$tmp/u.err" &&
+  [ "$(grep -c 'is not supported; generating without it' "$tmp/u.err")" = 3 ] &&
+  grep -q 'generation_config.json: num_beams 4 is not supported' "$tmp/u.err" && ok ||
+  bad "unsupported generation_config settings: $(cat "$tmp/u.err")"
+rm "$hf/generation_config.json"
 
 # --- eos: generation_config.json's eos over config.json's; config.json's when absent (on the
 # seeded sampling run: the greedy one repeats one token)
@@ -344,6 +365,14 @@ expect_err "bad temperature" "--temperature: expected a number, found 'hot'" \
   "$ct" generate --model.hf_path "$hf" --prompt x --temperature hot
 expect_err "bad top_p" "--top_p 1.5: expected a number in \(0, 1\]" \
   "$ct" generate --model.hf_path "$hf" --prompt x --top_p 1.5
+expect_err "bad min_p" "--min_p 1.5: expected a number in \[0, 1\]" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --min_p 1.5
+expect_err "bad repetition_penalty" "--repetition_penalty 0: expected a finite number > 0" \
+  "$ct" generate --model.hf_path "$hf" --prompt x --repetition_penalty 0
+echo '{"do_sample": true, "min_p": 2}' >"$hf/generation_config.json"
+expect_err "bad min_p in generation_config.json" "generation_config.json's sampling settings: --min_p 2" \
+  "$ct" generate --model.hf_path "$hf" --prompt x
+rm "$hf/generation_config.json"
 expect_err "bad max_new_tokens" "--max_new_tokens: expected an integer" \
   "$ct" generate --model.hf_path "$hf" --prompt x --max_new_tokens many
 expect_err "prompt longer than the cache" "a prompt of 3 tokens does not fit the KV cache of 3 positions" \

@@ -51,6 +51,12 @@ static const cli_option generate_options[] = {
      "divide the logits by it; 0 = greedy (default: generation_config.json's, see below)", false},
     {"top_k", NULL, "keep the k most likely tokens (0 = off)", false},
     {"top_p", NULL, "keep the smallest set with this much probability (1 = off)", false},
+    {"min_p", NULL,
+     "after top-p, drop the tokens less likely than min_p times the likeliest (0 = off)", false},
+    {"repetition_penalty", NULL,
+     "divide the logit of each id seen so far, prompt included, by it (times it where "
+     "negative); also when greedy (1 = off)",
+     false},
     {"seed", "0", "the sampling seed: the same seed gives the same text", false},
     {"cache_len", "0",
      "KV cache positions (0: the longest prompt + max_new_tokens; --chat: up to 4096)", false},
@@ -153,14 +159,59 @@ static bool is_eos(const gen_run *r, int32_t id) {
     return false;
 }
 
-// A number option; `unset` when it is not given.
-// The sampling settings not given on the command line, as HF's generate takes them from
-// generation_config.json (the model folder's, else the tokenizer folder's): without
-// "do_sample": true (or without the file) it is greedy, unless a setting was given; otherwise its
-// temperature, top_k and top_p, each at GenerationConfig's default (1.0, 50, 1.0) when absent.
-// The choice is printed on stderr when it is a terminal.
-static int sampling_defaults(const gen_run *r, float *temperature, int64_t *top_k, float *top_p,
-                             ct_error *err) {
+// generation_config.json settings that change HF's generate and that ctitan does not do, at the
+// value that switches each off (a null or absent key is off too).
+static const struct {
+    const char *key;
+    double off;
+} unsupported_settings[] = {
+    {"num_beams", 1},
+    {"num_beam_groups", 1},
+    {"penalty_alpha", 0},
+    {"no_repeat_ngram_size", 0},
+    {"encoder_repetition_penalty", 1},
+    {"typical_p", 1},
+    {"epsilon_cutoff", 0},
+    {"eta_cutoff", 0},
+    {"min_new_tokens", 0},
+    {"min_length", 0},
+    {"diversity_penalty", 0},
+    {"guidance_scale", 1},
+};
+
+// One line on stderr for each setting of generation_config.json that HF's generate would use
+// and ctitan does not (a number other than its off value, or a list or object where only null
+// is off): the text then differs from HF's in that respect, and the user is told so.
+static void warn_unsupported(const cJSON *gc, const char *path) {
+    static const char *const non_null[] = {"bad_words_ids",
+                                           "suppress_tokens",
+                                           "begin_suppress_tokens",
+                                           "sequence_bias",
+                                           "forced_bos_token_id",
+                                           "forced_eos_token_id",
+                                           "exponential_decay_length_penalty"};
+    for (size_t i = 0; i < sizeof unsupported_settings / sizeof *unsupported_settings; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, unsupported_settings[i].key);
+        if (cJSON_IsNumber(v) && v->valuedouble != unsupported_settings[i].off)
+            fprintf(stderr, "generate: %s: %s %g is not supported; generating without it\n", path,
+                    unsupported_settings[i].key, v->valuedouble);
+    }
+    for (size_t i = 0; i < sizeof non_null / sizeof *non_null; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, non_null[i]);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && !v->child))
+            fprintf(stderr, "generate: %s: %s is not supported; generating without it\n", path,
+                    non_null[i]);
+    }
+}
+
+// The sampling settings not given on the command line (NaN, or top_k < 0), as HF's generate
+// takes them from generation_config.json (the model folder's, else the tokenizer folder's):
+// without "do_sample": true (or without the file) it is greedy, unless a sampling setting
+// (temperature, top_k, top_p, min_p) was given; otherwise its temperature, top_k, top_p and
+// min_p, each at GenerationConfig's default (1.0, 50, 1.0, off) when absent. Its
+// repetition_penalty (default 1.0) applies to greedy as well, as in HF. The choice is printed on
+// stderr when it is a terminal; settings ctitan does not do are always named there.
+static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k, ct_error *err) {
     char path[4200] = "";
     cJSON *gc = NULL;
     const char *dirs[] = {r->model_dir, r->tok_dir};
@@ -168,28 +219,42 @@ static int sampling_defaults(const gen_run *r, float *temperature, int64_t *top_
         snprintf(path, sizeof path, "%s/generation_config.json", dirs[d]);
         if (access(path, R_OK) == 0 && json_parse_file(&gc, path, err) != 0) return -1;
     }
-    const bool given = !isnan(*temperature) || *top_k >= 0 || !isnan(*top_p);
+    if (gc) warn_unsupported(gc, path);
+    const bool given =
+        !isnan(set->temperature) || *top_k >= 0 || !isnan(set->top_p) || !isnan(set->min_p);
     const bool do_sample = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(gc, "do_sample"));
-    double t = 1.0, k = 50, p = 1.0;
-    const cJSON *v;
-    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "temperature")) && cJSON_IsNumber(v))
-        t = v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "top_k")) && cJSON_IsNumber(v))
-        k = v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(gc, "top_p")) && cJSON_IsNumber(v))
-        p = v->valuedouble;
+    double t = 1.0, k = 50, p = 1.0, mp = 0.0, rp = 1.0;
+    const struct {
+        const char *key;
+        double *to;
+    } numbers[] = {{"temperature", &t},
+                   {"top_k", &k},
+                   {"top_p", &p},
+                   {"min_p", &mp},
+                   {"repetition_penalty", &rp}};
+    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, numbers[i].key);
+        if (cJSON_IsNumber(v)) *numbers[i].to = v->valuedouble;
+    }
     if (!do_sample && !given) t = 0;
-    if (isnan(*temperature)) *temperature = (float)t;
+    if (isnan(set->temperature)) set->temperature = (float)t;
     if (*top_k < 0) *top_k = k < 0 || k > INT32_MAX ? 0 : (int64_t)k;
-    if (isnan(*top_p)) *top_p = (float)p;
+    if (isnan(set->top_p)) set->top_p = (float)p;
+    if (isnan(set->min_p)) set->min_p = (float)mp;
+    if (isnan(set->repetition_penalty)) set->repetition_penalty = (float)rp;
     const char *from = gc ? path : "no generation_config.json";
+    char extra[96] = "";
+    if (set->repetition_penalty != 1.0f)
+        snprintf(extra, sizeof extra, ", repetition_penalty %g", (double)set->repetition_penalty);
     if (!isatty(STDERR_FILENO)) { // scripts get only what they asked for
-    } else if (*temperature == 0)
-        fprintf(stderr, "generate: greedy (%s%s)\n", given ? "command line; " : "", from);
+    } else if (set->temperature == 0)
+        fprintf(stderr, "generate: greedy%s (%s%s)\n", extra, given ? "command line; " : "", from);
     else
-        fprintf(stderr, "generate: sampling with temperature %g, top_k %lld, top_p %g (%s%s)\n",
-                (double)*temperature, (long long)*top_k, (double)*top_p,
-                given ? "command line, the rest from " : "", from);
+        fprintf(stderr,
+                "generate: sampling with temperature %g, top_k %lld, top_p %g, min_p %g%s "
+                "(%s%s)\n",
+                (double)set->temperature, (long long)*top_k, (double)set->top_p, (double)set->min_p,
+                extra, given ? "command line, the rest from " : "", from);
     cJSON_Delete(gc);
     return 0;
 }
@@ -367,7 +432,7 @@ static int generate_one(gen_run *r, const int32_t *ids, size_t n, bool reuse, ch
         // Each token's sampling counts with the forward that gave its logits, as llama.cpp's
         // timings count its sampler: the first with the prefill, the rest with the decode.
         t0 = ct_now_s();
-        const int32_t next = gen_sample(&r->s, r->g.logits);
+        const int32_t next = gen_sample(&r->s, r->g.logits, r->cached.v, r->cached.n);
         *(k == 0 ? &t_prefill : &t_decode) += ct_now_s() - t0;
         if (is_eos(r, next)) {
             stop = "eos";
@@ -555,13 +620,15 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     const bool chat = cli_flag(a, "chat");
     if ((prompt != NULL) + (input != NULL) + chat != 1)
         return ct_fail(err, "generate needs exactly one of --prompt TEXT, --input FILE, --chat");
-    float temperature, top_p;
+    gen_settings set;
     int64_t top_k = -1, seed, cache_len;
     if (cli_int(&r->max_new, a, "max_new_tokens", err) ||
         (cli_str(a, "top_k") && cli_int(&top_k, a, "top_k", err)) ||
         cli_int(&seed, a, "seed", err) || cli_int(&cache_len, a, "cache_len", err) ||
-        parse_float(&temperature, a, "temperature", NAN, err) ||
-        parse_float(&top_p, a, "top_p", NAN, err))
+        parse_float(&set.temperature, a, "temperature", NAN, err) ||
+        parse_float(&set.top_p, a, "top_p", NAN, err) ||
+        parse_float(&set.min_p, a, "min_p", NAN, err) ||
+        parse_float(&set.repetition_penalty, a, "repetition_penalty", NAN, err))
         return -1;
     if (r->max_new < 1)
         return ct_fail(err, "option --max_new_tokens: %lld, expected >= 1", (long long)r->max_new);
@@ -571,17 +638,20 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
         return ct_fail(err, "option --top_k: %lld is too large", (long long)top_k);
     r->json = cli_flag(a, "json");
     r->timing = cli_flag(a, "timing");
+    set.seed = (uint64_t)seed;
     gen_sampler probe; // the sampling options given, checked before the model loads
-    if (gen_sampler_init(&probe, 1, isnan(temperature) ? 1 : temperature,
-                         top_k < 0 ? 0 : (int)top_k, isnan(top_p) ? 1 : top_p, (uint64_t)seed,
-                         err) != 0)
-        return -1;
+    const gen_settings given = {.temperature = isnan(set.temperature) ? 1 : set.temperature,
+                                .top_k = top_k < 0 ? 0 : (int)top_k,
+                                .top_p = isnan(set.top_p) ? 1 : set.top_p,
+                                .min_p = isnan(set.min_p) ? 0 : set.min_p,
+                                .repetition_penalty =
+                                    isnan(set.repetition_penalty) ? 1 : set.repetition_penalty};
+    if (gen_sampler_init(&probe, 1, &given, err) != 0) return -1;
     gen_sampler_free(&probe);
-    if (open_setup(r, err) != 0 || sampling_defaults(r, &temperature, &top_k, &top_p, err) != 0)
-        return -1;
-    if (gen_sampler_init(&r->s, r->setup.model.vocab_size, temperature, (int)top_k, top_p,
-                         (uint64_t)seed, err) != 0)
-        return -1;
+    if (open_setup(r, err) != 0 || sampling_defaults(r, &set, &top_k, err) != 0) return -1;
+    set.top_k = (int)top_k;
+    if (gen_sampler_init(&r->s, r->setup.model.vocab_size, &set, err) != 0)
+        return ct_wrap(err, "generation_config.json's sampling settings");
     tok_ids ids = {0};
     const int max_pos = r->setup.model.max_position_embeddings;
     if (cache_len == 0) {
@@ -645,12 +715,12 @@ int cmd_generate(int argc, char **argv) {
         cli_print_help_keys(
             "ctitan generate (--model.hf_path DIR | --checkpoint DIR) (--prompt TEXT | --chat | "
             "--input prompts.jsonl) [--max_new_tokens N] [--temperature T] [--top_k K] "
-            "[--top_p P] [--seed S] [--json]",
-            "Samples text with a KV cache: HF generate's temperature, top-k, top-p order, seeded;\n"
-            "--temperature 0 is greedy. Settings not given come from generation_config.json\n"
-            "as HF's generate takes them: greedy without \"do_sample\": true, else its "
-            "temperature,\n"
-            "top_k (50 when absent) and top_p. Stops at the model's eos_token_id "
+            "[--top_p P] [--min_p P] [--repetition_penalty R] [--seed S] [--json]",
+            "Samples text with a KV cache: HF generate's order (repetition penalty, temperature,\n"
+            "top-k, top-p, min-p), seeded; --temperature 0 is greedy. Settings not given come\n"
+            "from generation_config.json as HF's generate takes them: greedy without\n"
+            "\"do_sample\": true, else its temperature, top_k (50 when absent), top_p and min_p;\n"
+            "its repetition_penalty either way. Stops at the model's eos_token_id "
             "(generation_config.json,\n"
             "else config.json) or after --max_new_tokens. --chat reads user lines from stdin;\n"
             "/reset clears the history.",

@@ -1,10 +1,13 @@
-// HF's logits processors and draw (sample.h). Following transformers' TemperatureLogitsWarper,
-// TopKLogitsWarper and TopPLogitsWarper:
+// HF's logits processors and draw (sample.h). Following transformers' RepetitionPenalty-
+// LogitsProcessor, then (do_sample) TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+// and MinPLogitsWarper, in generate's order:
+//   repetition   each id of the sequence so far, once: x < 0 ? x * penalty : x / penalty (fp32);
 //   temperature  scores / t (in fp32);
 //   top-k        remove scores < the k-th largest score (ties at it stay);
 //   top-p        sort ascending (stable: among equal scores the lower id first), softmax,
 //                cumulative sum; remove the tokens whose cumulative probability is <= 1 - p,
 //                but never the last (the highest) one;
+//   min-p        softmax; remove the tokens whose probability is < min_p times the largest;
 // then softmax over what remains and one draw. The cumulative sum runs in double and compares
 // in float as torch's CPU cumsum (double accumulation for float tensors) and comparison do.
 #include "gen/sample.h"
@@ -16,29 +19,32 @@
 
 #include "core/rng.h"
 
-int gen_sampler_init(gen_sampler *s, int V, float temperature, int top_k, float top_p,
-                     uint64_t seed, ct_error *err) {
+int gen_sampler_init(gen_sampler *s, int V, const gen_settings *set, ct_error *err) {
     memset(s, 0, sizeof *s);
-    if (!(temperature >= 0.0f) || !isfinite(temperature))
-        return ct_fail(err, "--temperature %g: expected a finite number >= 0", temperature);
-    if (top_k < 0) return ct_fail(err, "--top_k %d: expected an integer >= 0 (0: off)", top_k);
-    if (!(top_p > 0.0f && top_p <= 1.0f))
-        return ct_fail(err, "--top_p %g: expected a number in (0, 1] (1: off)", top_p);
+    if (!(set->temperature >= 0.0f) || !isfinite(set->temperature))
+        return ct_fail(err, "--temperature %g: expected a finite number >= 0", set->temperature);
+    if (set->top_k < 0)
+        return ct_fail(err, "--top_k %d: expected an integer >= 0 (0: off)", set->top_k);
+    if (!(set->top_p > 0.0f && set->top_p <= 1.0f))
+        return ct_fail(err, "--top_p %g: expected a number in (0, 1] (1: off)", set->top_p);
+    if (!(set->min_p >= 0.0f && set->min_p <= 1.0f))
+        return ct_fail(err, "--min_p %g: expected a number in [0, 1] (0: off)", set->min_p);
+    if (!(set->repetition_penalty > 0.0f) || !isfinite(set->repetition_penalty))
+        return ct_fail(err, "--repetition_penalty %g: expected a finite number > 0 (1: off)",
+                       set->repetition_penalty);
     if (V < 1) return ct_fail(err, "sampling: vocabulary size %d", V);
     s->probs = malloc((size_t)V * sizeof *s->probs);
     s->order = malloc(2 * (size_t)V * sizeof *s->order); // the sort's merge buffer after it
     s->keys = malloc(2 * (size_t)V * sizeof *s->keys);
     s->sorted = malloc((size_t)V * sizeof *s->sorted);
     s->left = malloc((size_t)V * sizeof *s->left);
-    if (!s->probs || !s->order || !s->keys || !s->sorted || !s->left) {
+    s->seen = calloc((size_t)V, sizeof *s->seen);
+    if (!s->probs || !s->order || !s->keys || !s->sorted || !s->left || !s->seen) {
         gen_sampler_free(s);
         return ct_fail(err, "sampling: out of memory for a vocabulary of %d", V);
     }
     s->V = V;
-    s->temperature = temperature;
-    s->top_k = top_k;
-    s->top_p = top_p;
-    s->seed = seed;
+    s->set = *set;
     return 0;
 }
 
@@ -48,6 +54,7 @@ void gen_sampler_free(gen_sampler *s) {
     free(s->keys);
     free(s->sorted);
     free(s->left);
+    free(s->seen);
     memset(s, 0, sizeof *s);
 }
 
@@ -132,7 +139,7 @@ static float kth_largest(float *heap, const float *x, int V, int k) {
 // stay (n >= k with ties), in id order; returns n. (A NaN score compares false: once the heap is
 // full it never enters it, and it is never removed.)
 static int top_k_filter(gen_sampler *s, float *x) {
-    const float kth = kth_largest(s->sorted, x, s->V, s->top_k);
+    const float kth = kth_largest(s->sorted, x, s->V, s->set.top_k);
     int n = 0;
     for (int i = 0; i < s->V; i++) {
         if (x[i] < kth)
@@ -157,11 +164,42 @@ static void softmax(float *probs, const float *x, const int32_t *ids, int n) {
 #undef AT
 }
 
-int gen_sampler_probs(gen_sampler *s, const float *logits) {
+// x = logits with the repetition penalty over ids[0, n): each id once (HF gathers the logits of
+// the ids, then scatters the penalised values back, a repeated id writing the same value). Ids
+// outside [0, V) are none of the vocabulary's and are passed over.
+static void penalize(gen_sampler *s, float *x, const float *logits, const int32_t *ids, size_t n) {
+    memcpy(x, logits, (size_t)s->V * sizeof *x);
+    const float penalty = s->set.repetition_penalty;
+    if (penalty == 1.0f) return;
+    for (size_t i = 0; i < n; i++) {
+        const int32_t id = ids[i];
+        if (id < 0 || id >= s->V || s->seen[id]) continue;
+        s->seen[id] = 1;
+        x[id] = x[id] < 0.0f ? x[id] * penalty : x[id] / penalty;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->V) s->seen[ids[i]] = 0;
+}
+
+// s->left[0, s->n_left) = the ids whose score x is not -inf, and x = the softmax over them (the
+// others 0).
+static void softmax_left(gen_sampler *s, float *x) {
+    s->n_left = 0;
+    for (int i = 0; i < s->V; i++) {
+        if (x[i] == -INFINITY)
+            x[i] = 0.0f;
+        else
+            s->left[s->n_left++] = i;
+    }
+    softmax(x, x, s->left, s->n_left);
+}
+
+int gen_sampler_probs(gen_sampler *s, const float *logits, const int32_t *ids, size_t n_ids) {
     const int V = s->V;
     float *x = s->probs; // the scores, then their softmax in place
-    for (int i = 0; i < V; i++) x[i] = logits[i] / s->temperature;
-    const bool top_k = s->top_k > 0 && s->top_k < V, top_p = s->top_p < 1.0f;
+    penalize(s, x, logits, ids, n_ids);
+    for (int i = 0; i < V; i++) x[i] = x[i] / s->set.temperature;
+    const bool top_k = s->set.top_k > 0 && s->set.top_k < V, top_p = s->set.top_p < 1.0f;
     int n = V; // the ids top-p orders: top-k's survivors (the others' probability is 0)
     if (top_k) {
         n = top_k_filter(s, x);
@@ -176,23 +214,29 @@ int gen_sampler_probs(gen_sampler *s, const float *logits) {
         float *p = s->sorted;
         for (int i = 0; i < n; i++) p[i] = x[s->order[i]];
         softmax(p, p, NULL, n);
-        const float limit = (float)(1.0 - (double)s->top_p);
+        const float limit = (float)(1.0 - (double)s->set.top_p);
         double cum = 0.0;
         for (int i = 0; i < n - 1; i++) {
             cum += p[i];
             if ((float)cum <= limit) x[s->order[i]] = -INFINITY;
         }
     }
+    if (s->set.min_p > 0.0f) {
+        // The softmax of what is left (kept in s->sorted, as x's scores are needed after), its
+        // largest probability, and the tokens below min_p times it removed. The likeliest token
+        // never is (min_p <= 1).
+        float *p = s->sorted;
+        memcpy(p, x, (size_t)V * sizeof *p);
+        softmax_left(s, p);
+        float top = 0.0f;
+        for (int j = 0; j < s->n_left; j++) top = p[s->left[j]] > top ? p[s->left[j]] : top;
+        const float threshold = s->set.min_p * top;
+        for (int j = 0; j < s->n_left; j++)
+            if (p[s->left[j]] < threshold) x[s->left[j]] = -INFINITY;
+    }
     // The softmax and the draw run over the tokens left, in id order: the removed ones' zeros
     // would add nothing to their sums.
-    s->n_left = 0;
-    for (int i = 0; i < V; i++) {
-        if (x[i] == -INFINITY)
-            x[i] = 0.0f;
-        else
-            s->left[s->n_left++] = i;
-    }
-    softmax(x, x, s->left, s->n_left);
+    softmax_left(s, x);
     int kept = 0;
     for (int j = 0; j < s->n_left; j++) kept += x[s->left[j]] != 0.0f;
     return kept;
@@ -211,11 +255,15 @@ static int32_t argmax(const float *x, int V) {
     return i;
 }
 
-int32_t gen_sample(gen_sampler *s, const float *logits) {
+int32_t gen_sample(gen_sampler *s, const float *logits, const int32_t *ids, size_t n) {
     const int V = s->V;
-    if (s->temperature == 0.0f) return argmax(logits, V);
-    gen_sampler_probs(s, logits);
-    const double u = ct_splitmix64_uniform_at(s->seed, s->draws++);
+    if (s->set.temperature == 0.0f) {
+        if (s->set.repetition_penalty == 1.0f) return argmax(logits, V);
+        penalize(s, s->probs, logits, ids, n);
+        return argmax(s->probs, V);
+    }
+    gen_sampler_probs(s, logits, ids, n);
+    const double u = ct_splitmix64_uniform_at(s->set.seed, s->draws++);
     double total = 0.0;
     for (int j = 0; j < s->n_left; j++) total += s->probs[s->left[j]];
     double cum = 0.0, at = u * total;
