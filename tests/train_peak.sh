@@ -2,7 +2,8 @@
 # MFU's peak is the same from run to run: measured once per machine, CPU model, thread count and
 # GEMM dtype, cached (CTITAN_CACHE_DIR here), reused, and the log says which peak and where it
 # came from; a bf16 run's is a bf16 GEMM's, never the fp32 line (nor an fp32 run's the bf16 one);
-# metrics.peak_gflops wins; lines of other machines and garbage in the cache are left alone.
+# metrics.peak_gflops wins; lines of other machines and garbage in the cache are left alone; a
+# cached peak below what a step achieved is measured again.
 set -u
 : "${CTITAN_BIN:?run through ctest}" "${CTITAN_TMP:?}" "${CTITAN_REF_DIR:?}"
 source "$(dirname "$0")/checks.bash" # ok, bad, finish
@@ -43,6 +44,23 @@ grep -q "^mfu: .*(bf16 GEMMs measured once for this machine" "$tmp/bf16b.log" &&
   bad "one bf16 line: $(cat "$CTITAN_CACHE_DIR/peak_gflops.tsv")"
 run third
 [ "$(peak third)" = "$(peak first)" ] && ok || bad "fp32 after bf16: $(peak third) vs $(peak first)"
+# A cached peak below what a step achieved (measured while the machine was busy): measured again
+# once, its line replaced, and the log says so; the later MFUs are against the new peak.
+line=$(grep "	fp32	" "$CTITAN_CACHE_DIR/peak_gflops.tsv")
+sed -i "s/^\(.*	fp32	\).*/\10.001/" "$CTITAN_CACHE_DIR/peak_gflops.tsv"
+run low
+grep -q "^mfu: against a peak of 0.0 GFLOP" "$tmp/low.log" &&
+  grep -q "^mfu: step 1 ran at .* GFLOP/s, above the peak of 0.0: measured again, .* (sgemm measured now, cached in " \
+    "$tmp/low.log" && ok || bad "a low cached peak: $(grep '^mfu' "$tmp/low.log")"
+new_peak=$(sed -n "s/^.*	fp32	//p" "$CTITAN_CACHE_DIR/peak_gflops.tsv")
+[ "$(grep -c "	fp32	" "$CTITAN_CACHE_DIR/peak_gflops.tsv")" -eq 1 ] &&
+  "$CTITAN_PYTHON" -c "import sys; sys.exit(0 if float(sys.argv[1]) > 1 else 1)" "$new_peak" && ok ||
+  bad "the low line was not replaced: $(cat "$CTITAN_CACHE_DIR/peak_gflops.tsv")"
+"$CTITAN_PYTHON" - "$tmp/low/metrics.jsonl" "$new_peak" <<'PY' && ok || bad "mfu after the new peak"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
+sys.exit(0 if rows and all(r["mfu"] < 1 for r in rows) else 1)
+PY
 run fixed --metrics.peak_gflops 123.5
 [ "$(peak fixed)" = "123.5" ] && grep -q "(metrics.peak_gflops)" "$tmp/fixed.log" && ok ||
   bad "configured peak: $(grep '^mfu' "$tmp/fixed.log")"

@@ -76,6 +76,7 @@ typedef struct trainer {
     char *config_toml;    // the effective config, saved in every checkpoint
     uint64_t config_hash; // of the effective config, with the global batch resolved
     double flops_per_token, peak_gflops;
+    bool peak_rechecked;  // a step ran above the cached peak, which was then measured again
     metrics_log metrics;
     moe_balance moe;  // MoE: the routing statistics, the aux loss, the expert bias
     bool aux_in_loss; // load_balance = hf and output_router_logits: the loss adds coef * aux
