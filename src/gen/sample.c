@@ -84,6 +84,7 @@ enum { RADIX_BITS = 11, RADIX = 1 << RADIX_BITS };
 // compares took 17-20 ms. keys holds 2n. Returns false, sorting nothing, if x has a NaN.
 static bool radix_sort_ids(int32_t *ids, int32_t *tmp, uint32_t *keys, const float *x, int n) {
     uint32_t *k = keys, *ktmp = keys + n;
+    if (n < 2) return true;
     for (int i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &x[ids[i]], sizeof u);
