@@ -259,6 +259,7 @@ static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k
     return 0;
 }
 
+// A number option; `unset` when it is not given.
 static int parse_float(float *out, const cli_args *a, const char *key, float unset, ct_error *err) {
     const char *s = cli_str(a, key);
     *out = unset;
