@@ -171,7 +171,6 @@ static void softmax(float *probs, const float *x, const int32_t *ids, int n) {
 static void penalize(gen_sampler *s, float *x, const float *logits, const int32_t *ids, size_t n) {
     memcpy(x, logits, (size_t)s->V * sizeof *x);
     const float penalty = s->set.repetition_penalty;
-    if (penalty == 1.0f) return;
     for (size_t i = 0; i < n; i++) {
         const int32_t id = ids[i];
         if (id < 0 || id >= s->V || s->seen[id]) continue;
@@ -197,9 +196,13 @@ static void softmax_left(gen_sampler *s, float *x) {
 
 int gen_sampler_probs(gen_sampler *s, const float *logits, const int32_t *ids, size_t n_ids) {
     const int V = s->V;
-    float *x = s->probs; // the scores, then their softmax in place
-    penalize(s, x, logits, ids, n_ids);
-    for (int i = 0; i < V; i++) x[i] = x[i] / s->set.temperature;
+    float *x = s->probs;                     // the scores, then their softmax in place
+    if (s->set.repetition_penalty == 1.0f) { // one pass: the scores straight from the logits
+        for (int i = 0; i < V; i++) x[i] = logits[i] / s->set.temperature;
+    } else {
+        penalize(s, x, logits, ids, n_ids);
+        for (int i = 0; i < V; i++) x[i] = x[i] / s->set.temperature;
+    }
     const bool top_k = s->set.top_k > 0 && s->set.top_k < V, top_p = s->set.top_p < 1.0f;
     int n = V; // the ids top-p orders: top-k's survivors (the others' probability is 0)
     if (top_k) {
