@@ -177,8 +177,10 @@ rm -rf "$tmp"/moe*
 fails rank_hang "rank [0-9]: .*FSDP unit.* did not complete within 5 s" 2 --debug.fault hang \
   --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
 if full; then
+# (the run's global batch of 4 would be refused at 3 ranks before any step: 3 here)
 fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fault_rank 1 \
-  --debug.fault_step 2
+  --debug.fault_step 2 --training.global_batch_size 3
+grep -q "^step *1/" "$tmp/rank_exit.log" && ok || bad "rank_exit: no step ran before the fault"
 fi
 if full; then
 # (the fault puts the id vocab_size + 7, here 2055, in rank 1's step-2 inputs)

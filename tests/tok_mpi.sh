@@ -149,6 +149,7 @@ fails bad_token "ctitan: error: rank 1: training data, step 2.*outside the vocab
 if full; then
 fails rank_exit "rank 1|\[\[[0-9]+,[0-9]+\],1\]" 3 --debug.fault exit --debug.fault_rank 1 \
   --debug.fault_step 2
+grep -q "^step *1/" "$tmp/rank_exit.log" && ok || bad "rank_exit: no step ran before the fault"
 fi
 fails rank_hang "rank 0: .* did not complete within 5 s" 2 --debug.fault hang \
   --debug.fault_rank 1 --debug.fault_step 2 --comm.train_timeout_seconds 5
