@@ -10,6 +10,7 @@
 // Tie order: the hard-coded answers below are torch 1.13's torch.topk on CPU; under ctest every
 // case of $CTITAN_REF_DIR/topk_ties.json (tests/ref/topk_ties.py, run by make_ref.py) is checked
 // too (outside ctest, without CTITAN_REF_DIR, that part is skipped).
+#include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -19,6 +20,7 @@
 #include "fd_check.h"
 #include "io/npy.h"
 #include "model/hf_adapter.h"
+#include "ops/moe_plan.h"
 #include "ops/moe_router.h"
 #include "ops/ops.h"
 #include "ops/ops_cpu.h"
@@ -272,7 +274,17 @@ static void test_experts_big(int N, int C, int F, int E, int K, int hot, int hot
            "%d\n",
            N, C, F, E, K, bits_equal(rg[0].out, rl.out, nx), bits_equal(rg[0].dx, rl.dx, nx),
            bits_equal(rg[0].dweight, rl.dweight, nk), bits_equal(rg[0].dw, rl.dw, nw));
-    for (int run = 1; run < 3; run++) {
+    // An expert that runs alone (hot) does so on OpenBLAS's threads, and OpenBLAS's sgemm rounds
+    // differently on 1 and 2 threads. Its OpenMP build takes OpenMP's thread count, so there the
+    // 1-thread run is only close; the concurrent experts' bits never depend on the team.
+    const bool hot_on_team = hot >= 0 && openblas_get_parallel() == OPENBLAS_OPENMP;
+    if (hot_on_team) {
+        const double e1 = check_rel_l2(rg[2].out, rg[0].out, nx);
+        const double e2 = check_rel_l2(rg[2].dw, rg[0].dw, nw);
+        CHECK(e1 < 1e-6 && e2 < 1e-6, "moe grouped N%d: 1 OpenMP thread vs 2: out %.3g dw %.3g", N,
+              e1, e2);
+    }
+    for (int run = 1; run < (hot_on_team ? 2 : 3); run++) {
         CHECK(bits_equal(rg[run].out, rg[0].out, nx) && bits_equal(rg[run].dx, rg[0].dx, nx) &&
                   bits_equal(rg[run].dweight, rg[0].dweight, nk) &&
                   bits_equal(rg[run].dw, rg[0].dw, nw),
@@ -283,6 +295,32 @@ static void test_experts_big(int N, int C, int F, int E, int K, int hot, int hot
     free(ref), free(expert), free(weight), free(x), free(w), free(dout), free(dw0);
     moe_result_free(&rl);
     for (int run = 0; run < 3; run++) moe_result_free(&rg[run]);
+}
+
+// The concurrent experts run on the whole team with either OpenBLAS build. Its OpenMP build's
+// openblas_set_num_threads(1) calls omp_set_num_threads(1): told to run single-threaded like the
+// pthread build, it would leave the concurrent loop (and everything after) on one thread.
+static atomic_int widest_team;
+static void note_team(const void *ctx, int e, int par) {
+    (void)ctx, (void)e, (void)par;
+    const int n = omp_get_num_threads();
+    for (int w = atomic_load(&widest_team); n > w;)
+        atomic_compare_exchange_weak(&widest_team, &w, n);
+}
+
+static void test_run_experts_team(void) {
+    const int N = 8, E = 4, K = 1;
+    int32_t expert[8];
+    for (int n = 0; n < N; n++) expert[n] = n % E; // equal shares: every expert runs concurrently
+    float *state = calloc(moe_plan_floats(N, E, K), sizeof *state);
+    moe_plan p = moe_plan_at(state, N, E, K);
+    moe_plan_build(p, expert, N, E, K);
+    omp_set_num_threads(2);
+    moe_run_experts(&p, E, N * K, 1 << 20, 2, true, note_team, NULL);
+    CHECK(atomic_load(&widest_team) == 2 && omp_get_max_threads() == 2,
+          "concurrent experts (OpenBLAS build %d): team of %d, %d OpenMP threads after (want 2, 2)",
+          openblas_get_parallel(), atomic_load(&widest_team), omp_get_max_threads());
+    free(state);
 }
 
 // ---- router ---------------------------------------------------------------------------------
@@ -738,6 +776,7 @@ int main(void) {
     // One hot expert with ~80% of 600 tokens runs alone with BLAS threads, the rest
     // concurrently; and the case where every token goes to one expert.
     test_experts_big(600, 256, 128, 6, 1, 4, 80);
+    test_run_experts_team();
     test_experts_big(500, 256, 128, 3, 1, 0, 100);
 
     // Router: with and without renormalisation, aux gradient and bias; K = 1 and K = E.

@@ -119,6 +119,9 @@ for flavor in ["debugmodel", "debugmodel_moe"]:
         if r_op:
             same_bits(r, r_op, flavor + " op checkpointing with loss_chunk_tokens 17")
     check("idle OpenMP threads: passive" in base["log"], "ctitan sets OMP_WAIT_POLICY=passive")
+    # scripts/install-deps installs OpenBLAS's OpenMP build, and CMake links it ahead of the
+    # system's default (pthread) one
+    check("OpenBLAS on OpenMP's threads" in base["log"], "OpenBLAS's OpenMP build runs the GEMMs")
     # auto is flash; sdpa is the reference kernel (materialised probabilities).
     check("kernels: attention flash" in base["log"], "auto picks flash")
     r = train(flavor + "_sdpa", flavor, ["--model.attn_backend", "sdpa"])

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
@@ -288,17 +289,19 @@ static int generate_fix(ct_config *c, void *ctx, ct_error *err) {
     return cli_use_checkpoint(c, r->model_dir, sizeof r->model_dir, ck, err);
 }
 
-// A bf16 decode runs on OpenMP's threads alone (its products and attention are ctitan's kernels,
-// no OpenBLAS), about 140 parallel regions a token, and ctitan's passive policy (main.c) puts
-// the other threads to sleep after each: their wake-ups cost 10-15% of the decode's speed
-// (docs/performance.md). So a bf16 generate keeps them spinning between regions for a while
+// A decode runs on OpenMP's threads alone (its products and attention are ctitan's kernels, no
+// OpenBLAS), about 140 parallel regions a token, and ctitan's passive policy (main.c) puts the
+// other threads to sleep after each: their wake-ups cost 10-15% of the decode's speed
+// (docs/performance.md). So generate keeps them spinning between regions for a while
 // (GOMP_SPINCOUNT: 10^6 spins, then they sleep, so an idle --chat does not hold a core), unless
-// the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. Not in fp32: its decode's products are
-// ctitan's too, but its prefill's are OpenBLAS's sgemm, whose own threads a spinning one starves
-// (0.6B geometry, 512 positions: prefill 165 -> 100 tokens/s, for a decode 3-6% faster).
-static void spin_for_bf16_decode(const gen_run *r) {
-    if (strcmp(r->cfg.training.mixed_precision_param, "bfloat16") != 0 ||
-        !getenv("CTITAN_OMP_PASSIVE") || getenv("GOMP_SPINCOUNT"))
+// the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. An fp32 prefill's products are OpenBLAS's
+// sgemm: with OpenBLAS's pthread build, whose threads a spinning one starves (0.6B geometry, 512
+// positions: prefill 165 -> 100 tokens/s, for a decode 3-6% faster), an fp32 generate stays
+// passive; OpenBLAS's OpenMP build shares the spinning threads.
+static void spin_for_decode(const gen_run *r) {
+    const bool bf16 = strcmp(r->cfg.training.mixed_precision_param, "bfloat16") == 0;
+    if (!(bf16 || openblas_get_parallel() == OPENBLAS_OPENMP) || !getenv("CTITAN_OMP_PASSIVE") ||
+        getenv("GOMP_SPINCOUNT"))
         return;
     setenv("GOMP_SPINCOUNT", "1000000", 1);
     cli_exec_self(); // returns only without /proc: the decode then runs as it is
@@ -736,7 +739,7 @@ int cmd_generate(int argc, char **argv) {
     config_use use = generate_use;
     use.ctx = &r;
     int rc = cli_parse_config(&args, &r.cfg, &use, generate_options, n_opts, argc, argv, &err);
-    if (rc == 0) spin_for_bf16_decode(&r);
+    if (rc == 0) spin_for_decode(&r);
     if (rc == 0) rc = generate_run(&r, &args, &err);
     // The plugins' own call counters: proof that their kernels ran (stderr: stdout is the text).
     if (rc == 0 && r.setup_open) override_report_calls(&r.setup.overrides, stderr);

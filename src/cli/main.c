@@ -41,8 +41,10 @@ static void print_usage(void) {
 }
 
 // OpenMP threads that spin between parallel regions (libgomp's default, for a while) take the
-// cores from OpenBLAS's own threads during every GEMM that follows: on 2 cores a training step
-// measured 13-15% slower than with OMP_WAIT_POLICY=passive, and 40% slower with "active".
+// cores from OpenBLAS's own threads (its pthread build) during every GEMM that follows: on 2
+// cores a training step measured 13-15% slower than with OMP_WAIT_POLICY=passive, and 40% slower
+// with "active". OpenBLAS's OpenMP build, which ctitan links when installed, runs on these same
+// threads, and there training measured the same with either policy (docs/performance.md).
 // libgomp reads the variable when it is loaded, before main, so ctitan sets it and executes
 // itself again, once; a policy the user set is kept.
 // CTITAN_OMP_PASSIVE marks the policy as ctitan's, which a command may change (cli_exec_self).

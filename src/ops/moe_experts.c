@@ -390,11 +390,16 @@ void moe_run_experts(const moe_plan *pp, int E, int S, int64_t row_macs, int thr
         small_macs += (p.off[p.order[j] + 1] - p.off[p.order[j]]) * row_macs;
     const int end = j;
     if (end == first) return;
-    if (blas) openblas_set_num_threads(1);
+    // OpenBLAS's own threads (its pthread build) would each run a GEMM inside every thread of
+    // the loop below: one thread each. Its OpenMP build runs single-threaded inside a parallel
+    // region by itself, and there openblas_set_num_threads calls omp_set_num_threads: setting 1
+    // would leave the loop on one thread.
+    const bool own_threads = blas && openblas_get_parallel() != OPENBLAS_OPENMP;
+    if (own_threads) openblas_set_num_threads(1);
         // Largest first: the dynamic schedule then approximates longest-processing-time-first.
 #pragma omp parallel for schedule(dynamic, 1) if (end - first > 1 && small_macs >= CPU_PAR_MIN)
     for (int i = first; i < end; i++) task(ctx, p.order[i], 0);
-    if (blas) openblas_set_num_threads(threads);
+    if (own_threads) openblas_set_num_threads(threads);
 }
 
 // Runs task(e) for every expert with rows: the big ones one after another with BLAS threads

@@ -33,7 +33,8 @@ void moe_add_rows(float *out, const float *rows, const int32_t *perm, int n, int
 // Runs task(ctx, e, par) for every expert with rows: those too big to balance among `threads`
 // one after another (par 1: the task may use all threads), the rest concurrently, one thread
 // each (par 0). row_macs: multiply-adds per row of an expert's forward. With `blas`, OpenBLAS
-// runs single-threaded during the concurrent part (`threads` is then its thread count).
+// runs single-threaded during the concurrent part (`threads` is then its thread count, which the
+// pthread build is given back after).
 typedef void (*moe_expert_task)(const void *ctx, int e, int par);
 void moe_run_experts(const moe_plan *p, int E, int S, int64_t row_macs, int threads, bool blas,
                      moe_expert_task task, const void *ctx);

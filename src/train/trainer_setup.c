@@ -193,9 +193,15 @@ static void setup_threads(trainer *t) {
     const char *wait = getenv("OMP_WAIT_POLICY");
     char mode[400];
     t->strat.vt->describe(t, mode, sizeof mode);
+    const int blas = openblas_get_parallel();
     fprintf(t->log,
-            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); idle OpenMP threads: %s%s\n",
-            t->world->size, mode, n, why, wait ? wait : "libgomp's default (spin, then sleep)",
+            "parallel: %d rank(s), %s; %d thread(s) per rank (%s); OpenBLAS on %s; idle OpenMP "
+            "threads: %s%s\n",
+            t->world->size, mode, n, why,
+            blas == OPENBLAS_OPENMP ? "OpenMP's threads"
+            : blas == OPENBLAS_THREAD ? "its own threads"
+                                      : "one thread",
+            wait ? wait : "libgomp's default (spin, then sleep)",
             over ? "; more threads than cores on this node: comm waits sleep after 0.1 ms" : "");
 }
 
