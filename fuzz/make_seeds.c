@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
     mkdir(at("hf_config", ""), 0755);
     mkdir(at("ckpt_state", ""), 0755);
     mkdir(at("peft_config", ""), 0755);
+    mkdir(at("gen_config", ""), 0755);
     ct_error err;
     float v[12] = {1, -2, 0.5f, 3.25f, -0.125f, 65504, 1e-8f, 7, 8, 9, 10, 11};
     st_entry e[3] = {
@@ -95,6 +96,17 @@ int main(int argc, char **argv) {
 
     // config.json: Qwen3-0.6B's as published, Qwen3-30B-A3B's, a transformers 5 MoE one, and a
     // config saved by ctitan from a flavor-like config (no source).
+    // generation_config.json: Qwen3's as published (sampling, two stop ids), one with settings
+    // ctitan names as unsupported, and nulls.
+    text("gen_config", "qwen3.json",
+         "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643], "
+         "\"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, "
+         "\"transformers_version\": \"4.51.0\"}");
+    text("gen_config", "unsupported.json",
+         "{\"eos_token_id\": 2, \"num_beams\": 4, \"suppress_tokens\": [1, 2], "
+         "\"bad_words_ids\": [], \"repetition_penalty\": 1.05, \"min_p\": 0.1}");
+    text("gen_config", "nulls.json",
+         "{\"eos_token_id\": null, \"temperature\": null, \"do_sample\": false}");
     text("hf_config", "qwen3_0.6b.json",
          "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, "
          "\"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"eos_token_id\": 151645, "

@@ -3,11 +3,13 @@
 // logits with ties and a fixed history of ids): the same surviving tokens exactly and the
 // renormalised distribution within 1e-6; greedy's argmax (first index among ties), of the
 // penalised logits where a penalty is set; seeded draws reproducible, from survivors only, and
-// at the distribution's frequencies; the settings' errors.
+// at the distribution's frequencies; the settings' errors; generation_config.json's settings
+// (gen/gen_config.c) and its refusals.
 #include <math.h>
 #include <string.h>
 
 #include "check.h"
+#include "gen/gen_config.h"
 #include "gen/sample.h"
 #include "io/safetensors.h"
 
@@ -35,6 +37,56 @@ static const struct {
 static gen_settings tkp(float t, int k, float p, uint64_t seed) {
     return (gen_settings){
         .temperature = t, .top_k = k, .top_p = p, .repetition_penalty = 1, .seed = seed};
+}
+
+// generation_config.json: Qwen3's as published, unsupported settings, nulls, and refusals that
+// name the file and the key in one line.
+static void test_gen_config(void) {
+    gen_file_config g;
+    ct_error err;
+    const char *qwen3 = "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": "
+                        "[151645, 151643], \"pad_token_id\": 151643, \"temperature\": 0.6, "
+                        "\"top_k\": 20, \"top_p\": 0.95, \"transformers_version\": \"4.51.0\"}";
+    CHECK(gen_config_parse(&g, qwen3, strlen(qwen3), "g.json", &err) == 0 && g.n_eos == 2 &&
+              g.eos[0] == 151645 && g.eos[1] == 151643 && g.do_sample && g.temperature == 0.6 &&
+              g.top_k == 20 && g.top_p == 0.95 && isnan(g.min_p) && isnan(g.repetition_penalty) &&
+              g.n_unsupported == 0,
+          "Qwen3's generation_config.json");
+    const char *off = "{\"eos_token_id\": -1, \"num_beams\": 1, \"typical_p\": 1.0, "
+                      "\"bad_words_ids\": [], \"suppress_tokens\": null, \"temperature\": null}";
+    CHECK(gen_config_parse(&g, off, strlen(off), "g.json", &err) == 0 && g.n_eos == 1 &&
+              g.eos[0] == -1 && !g.do_sample && isnan(g.temperature) && g.n_unsupported == 0,
+          "settings at their off values");
+    const char *on = "{\"num_beams\": 4, \"suppress_tokens\": [1], \"no_repeat_ngram_size\": 3, "
+                     "\"forced_bos_token_id\": 0, \"repetition_penalty\": 1.05}";
+    CHECK(gen_config_parse(&g, on, strlen(on), "g.json", &err) == 0 && g.n_unsupported == 4 &&
+              strcmp(g.unsupported[0], "num_beams") == 0 && g.unsupported_value[0] == 4 &&
+              strcmp(g.unsupported[1], "no_repeat_ngram_size") == 0 &&
+              strcmp(g.unsupported[2], "suppress_tokens") == 0 && isnan(g.unsupported_value[2]) &&
+              strcmp(g.unsupported[3], "forced_bos_token_id") == 0 &&
+              g.repetition_penalty == 1.05 && g.n_eos == 0,
+          "unsupported settings named: %d", g.n_unsupported);
+    const struct {
+        const char *text, *names;
+    } bad[] = {{"[1, 2]", "expected a JSON object, found an array"},
+               {"{\"temperature\": \"0.7\"}", "\"temperature\": expected a number, found a string"},
+               {"{\"top_k\": [50]}", "\"top_k\": expected a number"},
+               {"{\"do_sample\": 1}", "\"do_sample\": expected true or false"},
+               {"{\"eos_token_id\": 1.5}", "eos_token_id: expected 32-bit integers"},
+               {"{\"eos_token_id\": 2147483648}", "eos_token_id: expected 32-bit integers"},
+               {"{\"eos_token_id\": [1, \"2\"]}", "eos_token_id: expected 32-bit integers"},
+               {"{\"eos_token_id\": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}", "at most 16"},
+               {"{\"eos_token_id\": {}}", "eos_token_id: expected an integer or a list"},
+               {"{\"temperature\": 0.6,", "invalid JSON"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(gen_config_parse(&g, bad[i].text, strlen(bad[i].text), "g.json", &err) != 0 &&
+                  strncmp(err.msg, "g.json: ", 8) == 0 && strstr(err.msg, bad[i].names) &&
+                  !strchr(err.msg, '\n'),
+              "bad generation_config %zu: %s", i, err.msg);
+    bool found = true;
+    CHECK(gen_config_read(&g, &found, "/nonexistent/generation_config.json", &err) == 0 && !found &&
+              g.n_eos == 0 && isnan(g.temperature),
+          "an absent file is no settings");
 }
 
 int main(void) {
@@ -216,6 +268,7 @@ int main(void) {
         CHECK(gen_sampler_init(&x, V, &bad[i].set, &err) != 0 && strstr(err.msg, bad[i].names),
               "bad setting %zu: %s", i, err.msg);
     }
+    test_gen_config();
     printf("worst probability max abs against HF's warpers: %.2e (bound 1e-6)\n", worst);
     free(logits);
     free(want);

@@ -372,6 +372,15 @@ expect_err "bad repetition_penalty" "--repetition_penalty 0: expected a finite n
 echo '{"do_sample": true, "min_p": 2}' >"$hf/generation_config.json"
 expect_err "bad min_p in generation_config.json" "generation_config.json's sampling settings: --min_p 2" \
   "$ct" generate --model.hf_path "$hf" --prompt x
+# a setting of the wrong type is refused (HF's would fail later, in its warpers), naming the key
+echo '{"do_sample": true, "temperature": "0.7"}' >"$hf/generation_config.json"
+expect_err "string temperature in generation_config.json" \
+  "generation_config.json: key \"temperature\": expected a number, found a string" \
+  "$ct" generate --model.hf_path "$hf" --prompt x
+echo '[1]' >"$hf/generation_config.json"
+expect_err "generation_config.json not an object" \
+  "generation_config.json: expected a JSON object, found an array" \
+  "$ct" generate --model.hf_path "$hf" --prompt x
 rm "$hf/generation_config.json"
 expect_err "bad max_new_tokens" "--max_new_tokens: expected an integer" \
   "$ct" generate --model.hf_path "$hf" --prompt x --max_new_tokens many

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "core/grow.h"
 #include "core/utf8.h"
+#include "gen/gen_config.h"
 #include "gen/sample.h"
 #include "io/json.h"
 #include "model/hf_adapter.h"
@@ -96,7 +97,7 @@ typedef struct gen_run {
     tokenizer *tok;
     tok_encoder *enc;
     chat_template *tmpl;
-    int32_t eos[16];
+    int32_t eos[GEN_MAX_EOS];
     int n_eos;
     // The new ids and their bytes, and the repaired text being streamed: grown as needed and
     // reused, so a token costs no allocation once they reached their size.
@@ -111,44 +112,20 @@ typedef struct gen_run {
     char model_dir[4096], tok_dir[4096];
 } gen_run;
 
-// One stop id, checked before it converts (a double past int32 has no int32). A negative id
-// matches no token: it switches stopping off (bench/generate.py's folders use -1).
-static int eos_add(gen_run *r, const cJSON *it, const char *path, ct_error *err) {
-    const double x = cJSON_IsNumber(it) ? it->valuedouble : NAN;
-    if (!(x >= INT32_MIN && x <= INT32_MAX) || x != floor(x) || r->n_eos == 16)
-        return ct_fail(err, "%s: eos_token_id: expected 32-bit integers (at most 16)", path);
-    r->eos[r->n_eos++] = (int32_t)x;
-    return 0;
-}
-
-// eos_token_id (an int or a list of ints) from DIR/NAME; 0 when the file or key is absent.
-static int eos_from(gen_run *r, const char *dir, const char *name, ct_error *err) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (access(path, R_OK) != 0) return 0;
-    cJSON *root;
-    if (json_parse_file(&root, path, err) != 0) return -1;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *it;
-    int rc = 0;
-    if (cJSON_IsNumber(e)) {
-        rc = eos_add(r, e, path, err);
-    } else if (cJSON_IsArray(e)) {
-        for (it = e->child; it && rc == 0; it = it->next) rc = eos_add(r, it, path, err);
-    } else if (e && !cJSON_IsNull(e)) {
-        rc = ct_fail(err, "%s: eos_token_id: expected an integer or a list, found %s", path,
-                     json_type_name(e));
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
 // The stop tokens, HF's way: generation_config.json's, else config.json's (the model folder's,
-// then the tokenizer folder's), else the tokenizer's end of document.
+// then the tokenizer folder's), else the tokenizer's end of document. A negative id matches no
+// token: it switches stopping off (bench/generate.py's folders use -1).
 static int load_eos(gen_run *r, ct_error *err) {
-    const char *dirs[] = {r->model_dir, r->tok_dir};
-    for (int d = 0; d < 2 && !r->n_eos; d++) {
-        if (eos_from(r, dirs[d], "generation_config.json", err) != 0) return -1;
-        if (!r->n_eos && eos_from(r, dirs[d], "config.json", err) != 0) return -1;
+    const char *dirs[] = {r->model_dir, r->tok_dir},
+               *names[] = {"generation_config.json", "config.json"};
+    for (int f = 0; f < 4 && !r->n_eos; f++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dirs[f / 2], names[f % 2]);
+        gen_file_config gc;
+        bool found;
+        if (gen_config_read(&gc, &found, path, err) != 0) return -1;
+        memcpy(r->eos, gc.eos, sizeof gc.eos);
+        r->n_eos = gc.n_eos;
     }
     if (!r->n_eos && tok_eos_id(r->tok) >= 0) r->eos[r->n_eos++] = tok_eos_id(r->tok);
     return 0;
@@ -160,49 +137,16 @@ static bool is_eos(const gen_run *r, int32_t id) {
     return false;
 }
 
-// generation_config.json settings that change HF's generate and that ctitan does not do, at the
-// value that switches each off (a null or absent key is off too).
-static const struct {
-    const char *key;
-    double off;
-} unsupported_settings[] = {
-    {"num_beams", 1},
-    {"num_beam_groups", 1},
-    {"penalty_alpha", 0},
-    {"no_repeat_ngram_size", 0},
-    {"encoder_repetition_penalty", 1},
-    {"typical_p", 1},
-    {"epsilon_cutoff", 0},
-    {"eta_cutoff", 0},
-    {"min_new_tokens", 0},
-    {"min_length", 0},
-    {"diversity_penalty", 0},
-    {"guidance_scale", 1},
-};
-
 // One line on stderr for each setting of generation_config.json that HF's generate would use
-// and ctitan does not (a number other than its off value, or a list or object where only null
-// is off): the text then differs from HF's in that respect, and the user is told so.
-static void warn_unsupported(const cJSON *gc, const char *path) {
-    static const char *const non_null[] = {"bad_words_ids",
-                                           "suppress_tokens",
-                                           "begin_suppress_tokens",
-                                           "sequence_bias",
-                                           "forced_bos_token_id",
-                                           "forced_eos_token_id",
-                                           "exponential_decay_length_penalty"};
-    for (size_t i = 0; i < sizeof unsupported_settings / sizeof *unsupported_settings; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, unsupported_settings[i].key);
-        if (cJSON_IsNumber(v) && v->valuedouble != unsupported_settings[i].off)
-            fprintf(stderr, "generate: %s: %s %g is not supported; generating without it\n", path,
-                    unsupported_settings[i].key, v->valuedouble);
-    }
-    for (size_t i = 0; i < sizeof non_null / sizeof *non_null; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, non_null[i]);
-        if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && !v->child))
+// and ctitan does not: the text then differs from HF's in that respect, and the user is told so.
+static void warn_unsupported(const gen_file_config *gc, const char *path) {
+    for (int i = 0; i < gc->n_unsupported; i++)
+        if (isnan(gc->unsupported_value[i]))
             fprintf(stderr, "generate: %s: %s is not supported; generating without it\n", path,
-                    non_null[i]);
-    }
+                    gc->unsupported[i]);
+        else
+            fprintf(stderr, "generate: %s: %s %g is not supported; generating without it\n", path,
+                    gc->unsupported[i], gc->unsupported_value[i]);
 }
 
 // The sampling settings not given on the command line (NaN, or top_k < 0), as HF's generate
@@ -214,36 +158,28 @@ static void warn_unsupported(const cJSON *gc, const char *path) {
 // stderr when it is a terminal; settings ctitan does not do are always named there.
 static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k, ct_error *err) {
     char path[4200] = "";
-    cJSON *gc = NULL;
+    gen_file_config gc;
+    bool found = false;
     const char *dirs[] = {r->model_dir, r->tok_dir};
-    for (int d = 0; d < 2 && !gc; d++) {
+    for (int d = 0; d < 2 && !found; d++) {
         snprintf(path, sizeof path, "%s/generation_config.json", dirs[d]);
-        if (access(path, R_OK) == 0 && json_parse_file(&gc, path, err) != 0) return -1;
+        if (gen_config_read(&gc, &found, path, err) != 0) return -1;
     }
-    if (gc) warn_unsupported(gc, path);
+    if (found) warn_unsupported(&gc, path);
     const bool given =
         !isnan(set->temperature) || *top_k >= 0 || !isnan(set->top_p) || !isnan(set->min_p);
-    const bool do_sample = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(gc, "do_sample"));
-    double t = 1.0, k = 50, p = 1.0, mp = 0.0, rp = 1.0;
-    const struct {
-        const char *key;
-        double *to;
-    } numbers[] = {{"temperature", &t},
-                   {"top_k", &k},
-                   {"top_p", &p},
-                   {"min_p", &mp},
-                   {"repetition_penalty", &rp}};
-    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gc, numbers[i].key);
-        if (cJSON_IsNumber(v)) *numbers[i].to = v->valuedouble;
-    }
-    if (!do_sample && !given) t = 0;
-    if (isnan(set->temperature)) set->temperature = (float)t;
+    const bool do_sample = gc.do_sample;
+    // GenerationConfig's defaults where the file has no value
+    const double t = isnan(gc.temperature) ? 1.0 : gc.temperature,
+                 k = isnan(gc.top_k) ? 50 : gc.top_k, p = isnan(gc.top_p) ? 1.0 : gc.top_p,
+                 mp = isnan(gc.min_p) ? 0.0 : gc.min_p,
+                 rp = isnan(gc.repetition_penalty) ? 1.0 : gc.repetition_penalty;
+    if (isnan(set->temperature)) set->temperature = !do_sample && !given ? 0.0f : (float)t;
     if (*top_k < 0) *top_k = k < 0 || k > INT32_MAX ? 0 : (int64_t)k;
     if (isnan(set->top_p)) set->top_p = (float)p;
     if (isnan(set->min_p)) set->min_p = (float)mp;
     if (isnan(set->repetition_penalty)) set->repetition_penalty = (float)rp;
-    const char *from = gc ? path : "no generation_config.json";
+    const char *from = found ? path : "no generation_config.json";
     char extra[96] = "";
     if (set->repetition_penalty != 1.0f)
         snprintf(extra, sizeof extra, ", repetition_penalty %g", (double)set->repetition_penalty);
@@ -256,7 +192,6 @@ static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k
                 "(%s%s)\n",
                 (double)set->temperature, (long long)*top_k, (double)set->top_p, (double)set->min_p,
                 extra, given ? "command line, the rest from " : "", from);
-    cJSON_Delete(gc);
     return 0;
 }
 
