@@ -61,6 +61,7 @@ int main(int argc, char **argv) {
     mkdir(at("ckpt_state", ""), 0755);
     mkdir(at("peft_config", ""), 0755);
     mkdir(at("gen_config", ""), 0755);
+    mkdir(at("st_index", ""), 0755);
     ct_error err;
     float v[12] = {1, -2, 0.5f, 3.25f, -0.125f, 65504, 1e-8f, 7, 8, 9, 10, 11};
     st_entry e[3] = {
@@ -96,6 +97,14 @@ int main(int argc, char **argv) {
 
     // config.json: Qwen3-0.6B's as published, Qwen3-30B-A3B's, a transformers 5 MoE one, and a
     // config saved by ctitan from a flavor-like config (no source).
+    // model.safetensors.index.json over fuzz_st_index's shards (a: x, y; b: z), as HF writes it,
+    // and one that misplaces z.
+    text("st_index", "hf.json",
+         "{\"metadata\": {\"total_size\": 36}, \"weight_map\": {\"x\": \"a.safetensors\", "
+         "\"y\": \"a.safetensors\", \"z\": \"b.safetensors\"}}");
+    text("st_index", "misplaced.json",
+         "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": "
+         "\"a.safetensors\"}}");
     // generation_config.json: Qwen3's as published (sampling, two stop ids), one with settings
     // ctitan names as unsupported, and nulls.
     text("gen_config", "qwen3.json",
