@@ -8,7 +8,8 @@
 //         line through the data pipeline's parser (jsonl_doc_parse): a conversation renders
 //         with the real Qwen3 chat template or fails with a message, and its assistant mask
 //         marks tokens of the ids only; pre-tokenized ids and mask are checked, then copied.
-//   odd:  a tokenizer.json. Loading must succeed or fail with a message; a loaded one encodes.
+//   odd:  a tokenizer.json, and after a NUL byte (if any) its tokenizer_config.json. Loading
+//         must succeed or fail with a message; a loaded one encodes.
 // $CTITAN_FUZZ_TOKENIZER_MODE (text, jsonl or json) pins every input to one mode, whatever its
 // first byte, so a campaign counts each mode's executions on its own.
 // The real tokenizer is read once from $CTITAN_TOKENIZER_DIR, else from the assets folder that
@@ -97,7 +98,10 @@ static void fuzz_text(const char *data, size_t size) {
 static void fuzz_json(const char *data, size_t size) {
     ct_error err;
     tokenizer *t;
-    if (tok_load_json(&t, data, size, NULL, 0, "fuzz.json", &err) != 0) {
+    const char *nul = memchr(data, 0, size);
+    const size_t json_len = nul ? (size_t)(nul - data) : size;
+    if (tok_load_json(&t, data, json_len, nul ? nul + 1 : NULL, nul ? size - json_len - 1 : 0,
+                      "fuzz.json", &err) != 0) {
         if (!err.msg[0]) abort(); // a failure always says why
         return;
     }

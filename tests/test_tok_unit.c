@@ -326,6 +326,10 @@ static void edit_id_clash(cJSON *r) {
 static void edit_no_model(cJSON *r) {
     cJSON_DeleteItemFromObject(r, "model");
 }
+static void edit_stray_id(cJSON *r) { // the per-id tables would be 48 GB
+    cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "added_tokens"), 0), "id",
+                              cJSON_CreateNumber(2000000000));
+}
 
 static void test_variants(const char *json_path, const tokenizer *real, const char *corpus) {
     cJSON *base;
@@ -351,6 +355,7 @@ static void test_variants(const char *json_path, const tokenizer *real, const ch
         {"vocab without 'Ġ'", edit_drop_byte, "no token for byte 0x20"},
         {"two tokens on one id", edit_id_clash, "id 0 is both"},
         {"no model", edit_no_model, "no \"model\""},
+        {"a stray id of 2e9", edit_stray_id, "token id 2000000000 leaves more than 1048576 ids"},
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
         cJSON *copy = cJSON_Duplicate(base, 1);

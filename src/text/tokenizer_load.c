@@ -191,21 +191,33 @@ static int read_id(int32_t *out, const cJSON *item, const char *what, const char
     return 0;
 }
 
+// Ids a tokenizer may leave unused below its largest (a real one leaves a few hundred): the
+// per-id tables are sized by the largest id, so one stray id of 2e9 would ask for 48 GB.
+#define TOK_MAX_UNUSED_IDS (1 << 20)
+
 // First pass: the largest id, so the per-id tables can be sized.
 static int scan_ids(loader *L, const cJSON *vocab, const cJSON *added, ct_error *err) {
     int32_t max_id = -1, id = 0;
+    int64_t n = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, vocab) {
         if (read_id(&id, item, L->what, item->string, err) != 0) return -1;
         if (id > max_id) max_id = id;
+        n++;
     }
     cJSON_ArrayForEach(item, added) {
         if (read_id(&id, cJSON_GetObjectItemCaseSensitive(item, "id"), L->what, "added_tokens",
                     err) != 0)
             return -1;
         if (id > max_id) max_id = id;
+        n++;
     }
     if (max_id < 0) return ct_fail(err, "%s: the vocabulary is empty", L->what);
+    if (max_id >= n + TOK_MAX_UNUSED_IDS)
+        return ct_fail(err,
+                       "%s: token id %d leaves more than %d ids unused (%lld tokens in all); "
+                       "expected ids near 0 .. %lld",
+                       L->what, (int)max_id, TOK_MAX_UNUSED_IDS, (long long)n, (long long)n - 1);
     L->n_ids = max_id + 1;
     L->ids = calloc((size_t)L->n_ids, sizeof *L->ids);
     if (!L->ids) return ct_fail(err, "%s: out of memory for %d ids", L->what, (int)L->n_ids);
