@@ -29,7 +29,8 @@ fp64 check of c1's first step; ctitan's sums in double). Same weights and data m
 losses agree to fp32 rounding: loss_step1_rel_diff. ratios: ctitan / PyTorch for tokens/s
 (> 1: ctitan faster) and peak RSS (< 1: ctitan smaller). ctitan's own log adds its planned
 memory (the "memory estimate" line; planned_activations_gib is its activations part), its
-memory_peak_gib and its per-step mfu (against sgemm_gflops_before, the peak it is given).
+memory_peak_gib, its per-step mfu (against sgemm_gflops_before, the peak it is given) and the
+OpenBLAS build that ran (openblas_threads: "OpenMP's threads" or "its own threads").
 --ac runs ctitan twice more, with full activation checkpointing (ctitan_ac_full) and with
 selective "op" checkpointing (ctitan_ac_op: GEMM and attention outputs kept, elementwise ops
 recomputed), and adds per mode ratios.ac_<mode>_activations (planned activations without / with),
@@ -197,6 +198,9 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work, extra=""):
         raise SystemExit(f"[train] {name} ctitan: {len(rows)} metrics rows, not {args.steps}")
     plan = next((s for s in lines if s.startswith("memory estimate")), None)
     total = re.search(r"total ([0-9.]+) GiB", plan or "")
+    # The OpenBLAS build that ran ("OpenMP's threads" or "its own threads": README, Dependencies)
+    blas = next((m.group(1) for m in map(lambda s: re.search(r"OpenBLAS on ([^;]*)", s), lines)
+                 if m), None)
     # The MiB figure: the GiB one has 3 decimals, too few for a small config's ratios.
     acts = re.search(r"activations [0-9.]+ GiB \(([0-9.]+) MiB", plan or "")
     side = {"step_s": [B * T / r["tps"] for r in rows[1:]],
@@ -206,7 +210,8 @@ def ctitan_side(name, args, folder, tokens, B, T, peak, env, work, extra=""):
             "mfu_reported": [r["mfu"] for r in rows[1:]],
             "planned_memory_gib": float(total.group(1)) if total else None,
             "planned_activations_gib": round(float(acts.group(1)) / 1024, 5) if acts else None,
-            "planned_memory_line": plan, "wall_s": wall, "command": shlex.join(cmd)}
+            "planned_memory_line": plan, "openblas_threads": blas, "wall_s": wall,
+            "command": shlex.join(cmd)}
     return side
 
 
