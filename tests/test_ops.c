@@ -494,6 +494,20 @@ static void test_attention_decode(int NH, int NKV, int D, int T) {
     const double e16 = rel_l2_fd(out16, ref, nq);
     CHECK(e16 < 3e-6, "attention_decode_bf16 NH %d NKV %d D %d T %d: rel L2 %.3g", NH, NKV, D, T,
           e16);
+    // The same bits on 1 and 3 threads (the chunks and their merge do not depend on the threads,
+    // nor on which thread runs a chunk).
+    float *again = malloc(nq * sizeof *again);
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        ops->attention_decode(again, scratch, q, k, v, T, NH, NKV, D);
+        CHECK(memcmp(again, out, nq * sizeof *out) == 0, "attention_decode T %d: %d thread(s)", T,
+              run == 0 ? 1 : 3);
+        ops->attention_decode_bf16(again, scratch, q, k16, v16, T, NH, NKV, D);
+        CHECK(memcmp(again, out16, nq * sizeof *out) == 0,
+              "attention_decode_bf16 T %d: %d thread(s)", T, run == 0 ? 1 : 3);
+    }
+    omp_set_num_threads(2);
+    free(again);
     free(q), free(k), free(v), free(k16), free(v16), free(out), free(out16), free(scratch);
     free(ref), free(p);
 }

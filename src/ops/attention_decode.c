@@ -328,7 +328,10 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
     const int nc = (int)dec_chunks(T);
 #pragma omp parallel if ((int64_t)NH * T * D >= CPU_PAR_MIN)
     {
-#pragma omp for schedule(static)
+        // Dynamic: with an odd number of chunks a static split leaves one thread a whole chunk
+        // behind (560 positions, 9 chunks: 2.05 -> 1.98 ms over 28 layers); the bits do not
+        // depend on which thread runs a chunk.
+#pragma omp for schedule(dynamic, 1)
         for (int c = 0; c < nc; c++) run_chunk(&a, c, wide);
 #pragma omp for schedule(static)
         for (int h = 0; h < NH; h++) merge_head(&a, out + (size_t)h * D, h);
