@@ -99,6 +99,11 @@ typedef struct gen_run {
     chat_template *tmpl;
     int32_t eos[GEN_MAX_EOS];
     int n_eos;
+    // generation_config.json: the model folder's, else the tokenizer folder's (gen_dir: which;
+    // -1 and gen empty when neither has one), read once for the stop ids and the sampling.
+    gen_file_config gen;
+    int gen_dir;
+    char gen_path[4200];
     // The new ids and their bytes, and the repaired text being streamed: grown as needed and
     // reused, so a token costs no allocation once they reached their size.
     tok_ids new_ids;
@@ -112,20 +117,39 @@ typedef struct gen_run {
     char model_dir[4096], tok_dir[4096];
 } gen_run;
 
+// generation_config.json, HF's way: the model folder's, else the tokenizer folder's.
+static int load_generation_config(gen_run *r, ct_error *err) {
+    const char *dirs[] = {r->model_dir, r->tok_dir};
+    r->gen_dir = -1;
+    for (int d = 0; d < 2 && r->gen_dir < 0; d++) {
+        bool found;
+        snprintf(r->gen_path, sizeof r->gen_path, "%s/generation_config.json", dirs[d]);
+        if (gen_config_read(&r->gen, &found, r->gen_path, err) != 0) return -1;
+        if (found) r->gen_dir = d;
+    }
+    return 0;
+}
+
 // The stop tokens, HF's way: generation_config.json's, else config.json's (the model folder's,
 // then the tokenizer folder's), else the tokenizer's end of document. A negative id matches no
-// token: it switches stopping off (bench/generate.py's folders use -1).
+// token: it switches stopping off (bench/generate.py's folders use -1). Of config.json only
+// eos_token_id is read.
 static int load_eos(gen_run *r, ct_error *err) {
-    const char *dirs[] = {r->model_dir, r->tok_dir},
-               *names[] = {"generation_config.json", "config.json"};
-    for (int f = 0; f < 4 && !r->n_eos; f++) {
+    const char *dirs[] = {r->model_dir, r->tok_dir};
+    for (int d = 0; d < 2 && !r->n_eos; d++) {
+        if (r->gen_dir == d) {
+            memcpy(r->eos, r->gen.eos, sizeof r->eos);
+            r->n_eos = r->gen.n_eos;
+        }
+        if (r->n_eos) break;
         char path[4200];
-        snprintf(path, sizeof path, "%s/%s", dirs[f / 2], names[f % 2]);
-        gen_file_config gc;
-        bool found;
-        if (gen_config_read(&gc, &found, path, err) != 0) return -1;
-        memcpy(r->eos, gc.eos, sizeof gc.eos);
-        r->n_eos = gc.n_eos;
+        snprintf(path, sizeof path, "%s/config.json", dirs[d]);
+        if (access(path, F_OK) != 0) continue;
+        cJSON *root;
+        if (json_parse_file(&root, path, err) != 0) return -1;
+        const int rc = gen_eos_read(r->eos, &r->n_eos, root, path, err);
+        cJSON_Delete(root);
+        if (rc != 0) return -1;
     }
     if (!r->n_eos && tok_eos_id(r->tok) >= 0) r->eos[r->n_eos++] = tok_eos_id(r->tok);
     return 0;
@@ -156,30 +180,24 @@ static void warn_unsupported(const gen_file_config *gc, const char *path) {
 // min_p, each at GenerationConfig's default (1.0, 50, 1.0, off) when absent. Its
 // repetition_penalty (default 1.0) applies to greedy as well, as in HF. The choice is printed on
 // stderr when it is a terminal; settings ctitan does not do are always named there.
-static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k, ct_error *err) {
-    char path[4200] = "";
-    gen_file_config gc;
-    bool found = false;
-    const char *dirs[] = {r->model_dir, r->tok_dir};
-    for (int d = 0; d < 2 && !found; d++) {
-        snprintf(path, sizeof path, "%s/generation_config.json", dirs[d]);
-        if (gen_config_read(&gc, &found, path, err) != 0) return -1;
-    }
-    if (found) warn_unsupported(&gc, path);
+static void sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k) {
+    const gen_file_config *gc = &r->gen;
+    const bool found = r->gen_dir >= 0;
+    if (found) warn_unsupported(gc, r->gen_path);
     const bool given =
         !isnan(set->temperature) || *top_k >= 0 || !isnan(set->top_p) || !isnan(set->min_p);
-    const bool do_sample = gc.do_sample;
+    const bool do_sample = gc->do_sample;
     // GenerationConfig's defaults where the file has no value
-    const double t = isnan(gc.temperature) ? 1.0 : gc.temperature,
-                 k = isnan(gc.top_k) ? 50 : gc.top_k, p = isnan(gc.top_p) ? 1.0 : gc.top_p,
-                 mp = isnan(gc.min_p) ? 0.0 : gc.min_p,
-                 rp = isnan(gc.repetition_penalty) ? 1.0 : gc.repetition_penalty;
+    const double t = isnan(gc->temperature) ? 1.0 : gc->temperature,
+                 k = isnan(gc->top_k) ? 50 : gc->top_k, p = isnan(gc->top_p) ? 1.0 : gc->top_p,
+                 mp = isnan(gc->min_p) ? 0.0 : gc->min_p,
+                 rp = isnan(gc->repetition_penalty) ? 1.0 : gc->repetition_penalty;
     if (isnan(set->temperature)) set->temperature = !do_sample && !given ? 0.0f : (float)t;
     if (*top_k < 0) *top_k = k < 0 || k > INT32_MAX ? 0 : (int64_t)k;
     if (isnan(set->top_p)) set->top_p = (float)p;
     if (isnan(set->min_p)) set->min_p = (float)mp;
     if (isnan(set->repetition_penalty)) set->repetition_penalty = (float)rp;
-    const char *from = found ? path : "no generation_config.json";
+    const char *from = found ? r->gen_path : "no generation_config.json";
     char extra[96] = "";
     if (set->repetition_penalty != 1.0f)
         snprintf(extra, sizeof extra, ", repetition_penalty %g", (double)set->repetition_penalty);
@@ -192,7 +210,6 @@ static int sampling_defaults(const gen_run *r, gen_settings *set, int64_t *top_k
                 "(%s%s)\n",
                 (double)set->temperature, (long long)*top_k, (double)set->top_p, (double)set->min_p,
                 extra, given ? "command line, the rest from " : "", from);
-    return 0;
 }
 
 // A number option; `unset` when it is not given.
@@ -266,7 +283,7 @@ static int open_setup(gen_run *r, ct_error *err) {
     r->setup_open = true;
     if (tok_load(&r->tok, r->tok_dir, err) != 0 || tok_encoder_new(&r->enc, r->tok, err) != 0)
         return ct_wrap(err, "the tokenizer (--model.tokenizer_path)");
-    return load_eos(r, err);
+    return load_generation_config(r, err) != 0 ? -1 : load_eos(r, err);
 }
 
 // The weights, on the setup's backend with its kernels, once the memory check passed; no
@@ -587,7 +604,8 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
                                     isnan(set.repetition_penalty) ? 1 : set.repetition_penalty};
     if (gen_sampler_init(&probe, 1, &given, err) != 0) return -1;
     gen_sampler_free(&probe);
-    if (open_setup(r, err) != 0 || sampling_defaults(r, &set, &top_k, err) != 0) return -1;
+    if (open_setup(r, err) != 0) return -1;
+    sampling_defaults(r, &set, &top_k);
     set.top_k = (int)top_k;
     if (gen_sampler_init(&r->s, r->setup.model.vocab_size, &set, err) != 0)
         return ct_wrap(err, "generation_config.json's sampling settings");

@@ -40,21 +40,23 @@ _Static_assert(sizeof unsupported_numbers / sizeof *unsupported_numbers +
                "GEN_MAX_UNSUPPORTED");
 
 // One stop id, checked before it converts (a double past int32 has no int32).
-static int eos_add(gen_file_config *out, const cJSON *it, const char *path, ct_error *err) {
+static int eos_add(int32_t *eos, int *n, const cJSON *it, const char *path, ct_error *err) {
     const double x = cJSON_IsNumber(it) ? it->valuedouble : NAN;
-    if (!(x >= INT32_MIN && x <= INT32_MAX) || x != floor(x) || out->n_eos == GEN_MAX_EOS)
+    if (!(x >= INT32_MIN && x <= INT32_MAX) || x != floor(x) || *n == GEN_MAX_EOS)
         return ct_fail(err, "%s: eos_token_id: expected 32-bit integers (at most %d)", path,
                        GEN_MAX_EOS);
-    out->eos[out->n_eos++] = (int32_t)x;
+    eos[(*n)++] = (int32_t)x;
     return 0;
 }
 
-static int read_eos(gen_file_config *out, const cJSON *root, const char *path, ct_error *err) {
+int gen_eos_read(int32_t eos[GEN_MAX_EOS], int *n, const cJSON *root, const char *path,
+                 ct_error *err) {
+    *n = 0;
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-    if (cJSON_IsNumber(e)) return eos_add(out, e, path, err);
+    if (cJSON_IsNumber(e)) return eos_add(eos, n, e, path, err);
     if (cJSON_IsArray(e)) {
         for (const cJSON *it = e->child; it; it = it->next)
-            if (eos_add(out, it, path, err) != 0) return -1;
+            if (eos_add(eos, n, it, path, err) != 0) return -1;
         return 0;
     }
     if (e && !cJSON_IsNull(e))
@@ -99,7 +101,7 @@ static int from_root(gen_file_config *out, const cJSON *root, const char *path, 
     for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++)
         if (json_get_double(numbers[i].to, root, numbers[i].key, false, path, err) != 0) return -1;
     if (json_get_bool(&out->do_sample, root, "do_sample", false, path, err) != 0 ||
-        read_eos(out, root, path, err) != 0)
+        gen_eos_read(out->eos, &out->n_eos, root, path, err) != 0)
         return -1;
     find_unsupported(out, root);
     return 0;

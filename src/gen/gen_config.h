@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/error.h"
 
 enum { GEN_MAX_EOS = 16, GEN_MAX_UNSUPPORTED = 20 };
@@ -30,3 +32,7 @@ int gen_config_parse(gen_file_config *out, const char *text, size_t len, const c
                      ct_error *err);
 // The file at path; *found is false (and the result 0, *out empty) when it is not there.
 int gen_config_read(gen_file_config *out, bool *found, const char *path, ct_error *err);
+// eos_token_id of a parsed JSON object (the same rules; config.json's, HF's fallback): *n ids,
+// 0 when absent or null.
+int gen_eos_read(int32_t eos[GEN_MAX_EOS], int *n, const cJSON *root, const char *path,
+                 ct_error *err);
