@@ -109,6 +109,19 @@ v=$CTITAN_REF_DIR/gqa2_hd16_tied_bias_bf16_sharded/hf
 expect_ok inspect_sharded 'model\.embed_tokens\.weight +BF16' "$ct" inspect "$v"
 expect_ok inspect_totals 'valid: yes' "$ct" inspect "$v"
 expect_ok inspect_json '"num_tensors":' "$ct" inspect "$v" --json
+# Names from a file are echoed with their control characters escaped, in listings and errors.
+"$CTITAN_PYTHON" - "$tmp/ctl.safetensors" "$tmp/ctl_dtype.safetensors" <<'PY'
+import json, struct, sys
+def write(path, header, data):
+    h = json.dumps(header).encode()
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
+write(sys.argv[1], {"a\nb\x1b[31m": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+write(sys.argv[2], {"w": {"dtype": "F\n32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+PY
+out=$("$ct" inspect "$tmp/ctl.safetensors" 2>&1)
+if [ "$(grep -c . <<<"$out")" -eq 3 ] && grep -qF 'a\nb\x1b[31m ' <<<"$out" &&
+   ! grep -q $'\x1b' <<<"$out"; then ok; else bad "inspect_control_chars: $out"; fi
+expect_err inspect_control_dtype 'unknown dtype "F\\n32"' "$ct" inspect "$tmp/ctl_dtype.safetensors"
 
 # --- bad inputs: one clear error each
 good=$CTITAN_REF_DIR/mha_untied_f32

@@ -105,6 +105,14 @@ static void test_bad_files(void) {
     BAD("utf8.safetensors", "{\"w\xff\":{}}", 0, "not valid UTF-8", NULL);
     BAD("utf8_overlong.safetensors", "{\"w\xc0\xaf\":{}}", 0, "not valid UTF-8", NULL);
     BAD("entry.safetensors", "{\"w\":5}", 0, "\"w\"", "expected an object");
+    // Names and values from the file echo escaped: the message stays one line, and no terminal
+    // control sequence passes through.
+    BAD("ctl_dtype.safetensors",
+        "{\"w\":{\"dtype\":\"X\\nY\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+        "unknown dtype \"X\\nY\"", NULL);
+    BAD("ctl_name.safetensors",
+        "{\"a\\u001b[31m\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+        "tensor \"a\\x1b[31m\"", NULL);
     BAD("no_dtype.safetensors", "{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "\"w\"",
         "missing \"dtype\"");
     BAD("no_shape.safetensors", "{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "\"w\"",
@@ -348,6 +356,26 @@ static void test_round_trip(void) {
         free(raw);
     }
     set_free(&s);
+}
+
+// ct_escape, which every error message passes through (ct_fail).
+static void test_error_escape(void) {
+    char out[16];
+    CHECK(ct_escape(out, sizeof out, "a\n\t\x1b\x7f") == 13 &&
+              strcmp(out, "a\\n\\t\\x1b\\x7f") == 0,
+          "escaped: %s", out);
+    CHECK(ct_escape(out, 8, "abcde\x01") == 5 && strcmp(out, "abcde") == 0,
+          "truncated before an escape that does not fit: %s", out);
+    CHECK(ct_escape(out, sizeof out, "ab\rc") == 5 && strcmp(out, "ab\\rc") == 0, "\\r: %s", out);
+    CHECK(ct_escape(out, sizeof out, "\xc3\xbc\\") == 3 && strcmp(out, "\xc3\xbc\\") == 0,
+          "UTF-8 and backslash as they are: %s", out);
+    ct_error err;
+    ct_fail(&err, "tensor \"%s\": %d", "x\ny", 3);
+    CHECK(strcmp(err.msg, "tensor \"x\\ny\": 3") == 0, "ct_fail escapes: %s", err.msg);
+    ct_fail(&err, "first");
+    ct_wrap(&err, "file \"%s\"", "p\x01");
+    CHECK(strcmp(err.msg, "file \"p\\x01\": first") == 0, "ct_wrap escapes its prefix: %s",
+          err.msg);
 }
 
 static void test_escaping(void) {
@@ -700,6 +728,7 @@ int main(void) {
     test_bad_files();
     test_good_files();
     test_round_trip();
+    test_error_escape();
     test_escaping();
     test_write_errors();
     test_sharded();

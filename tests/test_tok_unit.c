@@ -362,7 +362,7 @@ static void test_variants(const char *json_path, const tokenizer *real, const ch
         vs[i].edit(copy);
         char *text = cJSON_PrintUnformatted(copy);
         tokenizer *t = NULL;
-        int rc = tok_load_json(&t, text, strlen(text), NULL, 0, "variant.json", &err);
+        int rc = tok_load_json(&t, text, strlen(text), NULL, 0, "variant.json", NULL, &err);
         if (vs[i].expect) {
             CHECK(rc != 0 && strstr(err.msg, vs[i].expect),
                   "%s: expected an error with \"%s\", "
@@ -397,24 +397,30 @@ static void test_variants(const char *json_path, const tokenizer *real, const ch
     // Malformed JSON: a truncated file, and not JSON at all.
     char *text = cJSON_PrintUnformatted(base);
     tokenizer *t;
-    CHECK(tok_load_json(&t, text, strlen(text) / 2, NULL, 0, "half.json", &err) != 0 &&
+    CHECK(tok_load_json(&t, text, strlen(text) / 2, NULL, 0, "half.json", NULL, &err) != 0 &&
               strstr(err.msg, "invalid JSON at byte"),
           "truncated tokenizer.json: %s", err.msg);
-    CHECK(tok_load_json(&t, "[1,2]", 5, NULL, 0, "array.json", &err) != 0, "not an object");
+    CHECK(tok_load_json(&t, "[1,2]", 5, NULL, 0, "array.json", NULL, &err) != 0, "not an object");
     // tokenizer_config.json that asks for what we do not do, or names unknown tokens.
     const char *cfg_bos = "{\"add_bos_token\": true}";
-    CHECK(tok_load_json(&t, text, strlen(text), cfg_bos, strlen(cfg_bos), "x", &err) != 0 &&
-              strstr(err.msg, "add_bos_token"),
-          "add_bos_token: %s", err.msg);
+    CHECK(tok_load_json(&t, text, strlen(text), cfg_bos, strlen(cfg_bos), "x",
+                        "dir/tokenizer_config.json", &err) != 0 &&
+              strstr(err.msg, "add_bos_token") && strstr(err.msg, "dir/tokenizer_config.json: "),
+          "add_bos_token, naming the config's path: %s", err.msg);
+    CHECK(tok_load_json(&t, text, strlen(text), "{", 1, "x", "dir/tokenizer_config.json", &err) !=
+                  0 &&
+              strstr(err.msg, "dir/tokenizer_config.json: invalid JSON"),
+          "a broken config, named by its path: %s", err.msg);
     const char *cfg_extra =
         "{\"added_tokens_decoder\": {\"151700\": {\"content\": \"<|extra|>\", \"special\": true}}}";
-    CHECK(tok_load_json(&t, text, strlen(text), cfg_extra, strlen(cfg_extra), "x", &err) != 0 &&
+    CHECK(tok_load_json(&t, text, strlen(text), cfg_extra, strlen(cfg_extra), "x", NULL, &err) !=
+                  0 &&
               strstr(err.msg, "<|extra|>"),
           "config-only token: %s", err.msg);
     // split_special_tokens: special tokens are then plain text (non-special added ones are not).
     const char *cfg_split = "{\"split_special_tokens\": true}";
-    CHECK(tok_load_json(&t, text, strlen(text), cfg_split, strlen(cfg_split), "x", &err) == 0, "%s",
-          err.msg);
+    CHECK(tok_load_json(&t, text, strlen(text), cfg_split, strlen(cfg_split), "x", NULL, &err) == 0,
+          "%s", err.msg);
     tok_encoder *e;
     tok_ids ids = {0};
     tok_encoder_new(&e, t, &err);

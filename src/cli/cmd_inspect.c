@@ -1,5 +1,6 @@
 // ctitan inspect PATH: list the tensors of a safetensors file or HF folder, validating it.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -68,9 +69,12 @@ int cmd_inspect(int argc, char **argv) {
                 cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
             cJSON_AddItemToArray(list, item);
         } else {
-            char shape[160];
-            printf("%-60s %-5s %s\n", t->name, dtype_name(t->dtype),
+            // A name's control characters escaped, as in errors (the file may be anyone's).
+            char shape[160], *name = malloc(4 * strlen(t->name) + 1);
+            if (name) ct_escape(name, 4 * strlen(t->name) + 1, t->name);
+            printf("%-60s %-5s %s\n", name ? name : "?", dtype_name(t->dtype),
                    st_shape_str(shape, sizeof shape, t->shape, t->ndim));
+            free(name);
         }
         total_elems += t->numel;
         total_bytes += t->end - t->begin;

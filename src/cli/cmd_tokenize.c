@@ -313,9 +313,9 @@ typedef struct run_stats {
 static int write_unit(run_stats *st, const worker *wk, const unit *u, const job *j, writer *w,
                       ct_error *err) {
     if (wk->failed) {
-        if (j->kind == IN_TXT) return ct_fail(err, "%s: %s", j->path, wk->err.msg);
-        return ct_fail(err, "%s:%llu: %s", j->path,
-                       (unsigned long long)line_of(j->text, wk->err_at), wk->err.msg);
+        *err = wk->err;
+        if (j->kind == IN_TXT) return ct_wrap(err, "%s", j->path);
+        return ct_wrap(err, "%s:%llu", j->path, (unsigned long long)line_of(j->text, wk->err_at));
     }
     size_t prev = 0, text_prev = 0;
     for (size_t d = 0; d < wk->n_docs; d++) {

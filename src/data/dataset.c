@@ -632,7 +632,7 @@ static int encode_all(reader *r, int threads, ct_error *err) {
             }
         }
         for (size_t i = u0; i < first && rc == 0; i++) rc = append_unit(r, ws, i, err);
-        if (rc == 0 && failed) rc = ct_fail(err, "%s", failed->err.msg);
+        if (rc == 0 && failed) *err = failed->err, rc = -1;
     }
     if (rc == 0 && r->find_dups) rc = note_duplicates(r, ws, threads, err);
     for (int t = 0; t < threads; t++) free(ws[t].keys);

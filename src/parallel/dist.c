@@ -191,10 +191,9 @@ int dist_agree(dist *d, int local_rc, const char *what, ct_error *err) {
     shared.msg[sizeof shared.msg - 1] = '\0';
     // A failure an inner agreement (a group's) already named keeps its one "rank N: ".
     int named = 0;
-    if (sscanf(shared.msg, "rank %*d: %n", &named) == 0 && named > 0)
-        ct_fail(err, "%s", shared.msg);
-    else
-        ct_fail(err, "rank %d: %s", failed, shared.msg);
+    *err = shared;
+    if (!(sscanf(shared.msg, "rank %*d: %n", &named) == 0 && named > 0))
+        ct_wrap(err, "rank %d", failed);
     d->failure_agreed = true;
     return -1;
 }

@@ -31,9 +31,10 @@ void tok_ids_free(tok_ids *ids);
 
 // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
 int tok_load(tokenizer **out, const char *dir, ct_error *err);
-// The same from memory (config may be NULL); `what` names the source in errors.
+// The same from memory (config may be NULL); `what` and `config_what` name the two sources in
+// errors (config_what NULL: "tokenizer_config.json").
 int tok_load_json(tokenizer **out, const char *json, size_t len, const char *config,
-                  size_t config_len, const char *what, ct_error *err);
+                  size_t config_len, const char *what, const char *config_what, ct_error *err);
 void tok_free(tokenizer *t);
 
 // One more than the largest id (151669 for Qwen3; the model's embedding may be larger).

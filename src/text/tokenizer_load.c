@@ -33,7 +33,7 @@ typedef struct id_entry {
 } id_entry;
 
 typedef struct loader {
-    const char *what; // file name for errors
+    const char *what, *config_what; // file names for errors
     cJSON *root, *config;
     tokenizer *t;
     id_entry *ids;
@@ -384,7 +384,7 @@ static int check_config(loader *L, bool *split_special, ct_error *err) {
     if (!c) return 0;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_bos_token")) ||
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_eos_token")))
-        return ct_fail(err, "tokenizer_config.json: not supported: add_bos_token/add_eos_token");
+        return ct_fail(err, "%s: not supported: add_bos_token/add_eos_token", L->config_what);
     *split_special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "split_special_tokens"));
     // Tokens that only the config declares would be added by transformers; we take tokens from
     // tokenizer.json alone, so they must be there.
@@ -403,9 +403,9 @@ static int check_config(loader *L, bool *split_special, ct_error *err) {
         }
         if (!found)
             return ct_fail(err,
-                           "tokenizer_config.json: not supported: added_tokens_decoder has "
-                           "%s \"%s\", which tokenizer.json's added_tokens lacks",
-                           item->string, content ? content : "?");
+                           "%s: not supported: added_tokens_decoder has %s \"%s\", which "
+                           "tokenizer.json's added_tokens lacks",
+                           L->config_what, item->string, content ? content : "?");
     }
     return 0;
 }
@@ -476,11 +476,11 @@ static int load_all(loader *L, ct_error *err) {
 }
 
 int tok_load_json(tokenizer **out, const char *json, size_t len, const char *config,
-                  size_t config_len, const char *what, ct_error *err) {
+                  size_t config_len, const char *what, const char *config_what, ct_error *err) {
     *out = NULL;
-    loader L = {.what = what};
+    loader L = {.what = what, .config_what = config_what ? config_what : "tokenizer_config.json"};
     if (json_parse(&L.root, json, len, what, err) != 0) return -1;
-    if (config && json_parse(&L.config, config, config_len, "tokenizer_config.json", err) != 0) {
+    if (config && json_parse(&L.config, config, config_len, L.config_what, err) != 0) {
         cJSON_Delete(L.root);
         return -1;
     }
@@ -511,7 +511,7 @@ int tok_load(tokenizer **out, const char *dir, ct_error *err) {
         free(json);
         return -1;
     }
-    int rc = tok_load_json(out, json, len, cfg, cfg_len, path, err);
+    int rc = tok_load_json(out, json, len, cfg, cfg_len, path, cfg_path, err);
     free(json);
     free(cfg);
     return rc;
