@@ -229,6 +229,22 @@ assert b["prompt_ids"][-3:] == [151644, 77091, 198]  # <|im_start|>assistant\n
 PY
 [ -s "$tmp/chat.err" ] && bad "--chat printed to stderr without a TTY: $(cat "$tmp/chat.err")" || ok
 
+# --- --chat refuses a line alone: one not UTF-8 and one the cache cannot hold are each an error
+# naming the line; the other turns run as in a chat without them (the history and the cache
+# kept), and the exit status says lines were refused.
+long=$(printf 'word %.0s' $(seq 200))
+printf 'Hi\n\xff\xfe\n%s\nHow are you?\n' "$long" |
+  "${g[@]}" --chat --max_new_tokens 5 --cache_len 128 >"$tmp/chat_bad.json" 2>"$tmp/chat_bad.err"
+rc=$?
+printf 'Hi\nHow are you?\n' | "${g[@]}" --chat --max_new_tokens 5 --cache_len 128 >"$tmp/chat_good.json" 2>&1 ||
+  bad "--chat without the bad lines: $(cat "$tmp/chat_good.json")"
+if [ $rc -eq 1 ] && cmp -s "$tmp/chat_bad.json" "$tmp/chat_good.json" &&
+   [ "$(grep -c '^ctitan: error:' "$tmp/chat_bad.err")" -eq 3 ] &&
+   grep -q '^ctitan: error: --chat: line 2 was not sent (the history is kept): invalid UTF-8 at byte 0 (0xFF)$' "$tmp/chat_bad.err" &&
+   grep -q '^ctitan: error: --chat: line 3 was not sent .*the KV cache holds 128 positions' "$tmp/chat_bad.err" &&
+   grep -q '^ctitan: error: --chat: 2 line(s) not sent' "$tmp/chat_bad.err"; then ok
+else bad "--chat's refused lines (rc $rc): $(cat "$tmp/chat_bad.err" "$tmp/chat_bad.json" "$tmp/chat_good.json")"; fi
+
 # --- --chat keeps the KV cache across turns: three turns, fp32 and bf16, with --timing. Each
 # turn's reply (and prompt) equals a fresh run given the same history at once (--input with the
 # messages, the same cache length, so the same bf16 row buckets). Each turn prefills only what

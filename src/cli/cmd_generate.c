@@ -510,6 +510,30 @@ static int run_input(gen_run *r, const char *path, ct_error *err) {
     return rc;
 }
 
+// A chat line that cannot be sent (not UTF-8, a template that refuses it, a history that would
+// not fit the cache) is refused alone: its error is printed, the history and the cache stay as
+// they were, and the chat goes on; the exit status counts the refused lines at the end.
+static int chat_turn_input(gen_run *r, cJSON *history, tok_ids *ids, const char *line, size_t n,
+                           ct_error *err) {
+    const size_t valid = utf8_valid_prefix(line, n);
+    if (valid < n)
+        return ct_fail(err, "invalid UTF-8 at byte %zu (0x%02X)", valid,
+                       (unsigned char)line[valid]);
+    cJSON *user = cJSON_CreateObject();
+    cJSON_AddStringToObject(user, "role", "user");
+    cJSON_AddStringToObject(user, "content", line);
+    cJSON_AddItemToArray(history, user);
+    int rc = encode_messages(r, ids, history, err);
+    if (rc == 0 && ids->n + 1 > (size_t)r->g.max_len)
+        rc =
+            ct_fail(err,
+                    "the history with this line is %zu tokens, and the KV cache holds %d "
+                    "positions (--cache_len), one of them for the reply; /reset clears the history",
+                    ids->n, r->g.max_len);
+    if (rc != 0) cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
+    return rc;
+}
+
 static int run_chat(gen_run *r, ct_error *err) {
     const bool tty = isatty(0);
     cJSON *history = cJSON_CreateArray();
@@ -517,8 +541,9 @@ static int run_chat(gen_run *r, ct_error *err) {
     size_t cap = 0;
     tok_ids ids = {0};
     int rc = 0;
+    long refused = 0;
     if (tty) fprintf(stderr, "ctitan chat: /reset clears the history, Ctrl-D ends\n");
-    while (rc == 0) {
+    for (long no = 1; rc == 0; no++) {
         if (tty) fprintf(stderr, "> "), fflush(stderr);
         ssize_t n = getline(&line, &cap, stdin);
         if (n < 0) break;
@@ -531,12 +556,14 @@ static int run_chat(gen_run *r, ct_error *err) {
             if (tty) fprintf(stderr, "(history cleared)\n");
             continue;
         }
-        cJSON *user = cJSON_CreateObject();
-        cJSON_AddStringToObject(user, "role", "user");
-        cJSON_AddStringToObject(user, "content", line);
-        cJSON_AddItemToArray(history, user);
-        rc = encode_messages(r, &ids, history, err);
-        if (rc == 0) rc = generate_one(r, ids.v, ids.n, true, &text, err);
+        ct_error why;
+        if (chat_turn_input(r, history, &ids, line, (size_t)n, &why) != 0) {
+            ct_wrap(&why, "--chat: line %ld was not sent (the history is kept)", no);
+            cli_report(&why);
+            refused++;
+            continue;
+        }
+        rc = generate_one(r, ids.v, ids.n, true, &text, err);
         if (rc == 0) {
             if (!r->json) putchar('\n');
             fflush(stdout);
@@ -551,6 +578,8 @@ static int run_chat(gen_run *r, ct_error *err) {
     cJSON_Delete(history);
     free(line);
     tok_ids_free(&ids);
+    if (rc == 0 && refused)
+        rc = ct_fail(err, "--chat: %ld line(s) not sent (their errors above)", refused);
     return rc;
 }
 
