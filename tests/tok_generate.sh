@@ -407,5 +407,15 @@ expect_err "cache past the positions" "--cache_len: 300 exceeds max_position_emb
 echo '{"text": "x"}' >"$tmp/bad.jsonl"
 expect_err "bad input line" "--input $tmp/bad.jsonl line 1: expected" \
   "$ct" generate --model.hf_path "$hf" --input "$tmp/bad.jsonl"
+# Every --input line is read and checked before the model loads, with --cache_len too: a bad or
+# too long line is refused before any line runs (nothing on stdout).
+printf '%s\n' '{"prompt": "Hi"}' '{"prompt": "Hello, world, and more words"}' '{"text": 1}' >"$tmp/late.jsonl"
+for case in "4|line 2: a prompt of [0-9]+ tokens does not fit the KV cache of 4 positions" "64|line 3: expected"; do
+  "$ct" generate --model.hf_path "$hf" --input "$tmp/late.jsonl" --cache_len "${case%%|*}" \
+    >"$tmp/late.out" 2>"$tmp/late.err"
+  rc=$?
+  [ $rc -eq 1 ] && [ ! -s "$tmp/late.out" ] && grep -qE -- "--input $tmp/late.jsonl ${case#*|}" "$tmp/late.err" &&
+    ok || bad "--input checked first, --cache_len ${case%%|*} (rc $rc): $(cat "$tmp/late.out" "$tmp/late.err")"
+done
 
 finish

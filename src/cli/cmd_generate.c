@@ -597,8 +597,10 @@ static void run_free(gen_run *r) {
     chat_template_free(r->tmpl);
 }
 
-// The longest prompt of an --input file, in tokens (for the default cache length).
-static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_error *err);
+// The longest prompt of an --input file, in tokens (for the default cache length), every line
+// checked before the model loads; with cache_len > 0, each prompt must also fit it.
+static int input_longest(gen_run *r, const char *path, int64_t cache_len, int64_t *longest,
+                         ct_error *err);
 
 static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     const char *prompt = cli_str(a, "prompt"), *input = cli_str(a, "input");
@@ -638,25 +640,32 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     set.top_k = (int)top_k;
     if (gen_sampler_init(&r->s, r->setup.model.vocab_size, &set, err) != 0)
         return ct_wrap(err, "generation_config.json's sampling settings");
+    // The prompts are read and checked before the weights load: a bad line or a prompt too long
+    // for --cache_len is refused before any work, not after the lines before it ran.
     tok_ids ids = {0};
     const int max_pos = r->setup.model.max_position_embeddings;
-    if (cache_len == 0) {
-        int64_t longest = 0;
-        if (chat) {
-            longest = 4096;
-        } else if (prompt) {
-            if (encode(r, &ids, prompt, strlen(prompt), err) != 0) return ct_wrap(err, "--prompt");
-            longest = (int64_t)ids.n + r->max_new;
-        } else {
-            if (input_longest(r, input, &longest, err) != 0) return -1;
-            longest += r->max_new;
+    int64_t longest = 0;
+    if (prompt) {
+        if (encode(r, &ids, prompt, strlen(prompt), err) != 0) return ct_wrap(err, "--prompt");
+        longest = (int64_t)ids.n;
+        if (cache_len > 0 && longest + 1 > cache_len) {
+            tok_ids_free(&ids);
+            return ct_fail(err,
+                           "--prompt: a prompt of %lld tokens does not fit the KV cache of %lld "
+                           "positions (--cache_len)",
+                           (long long)longest, (long long)cache_len);
         }
-        cache_len = longest < max_pos ? longest : max_pos;
+    } else if (input && input_longest(r, input, cache_len, &longest, err) != 0) {
+        return -1;
     }
-    if (cache_len > max_pos)
-        return ct_fail(err, "option --cache_len: %lld exceeds max_position_embeddings %d",
-                       (long long)cache_len, max_pos);
-    int rc = run_setup_check_generate_fit(&r->setup, (int)cache_len, err);
+    if (cache_len == 0) {
+        const int64_t want = chat ? 4096 : longest + r->max_new;
+        cache_len = want < max_pos ? want : max_pos;
+    }
+    int rc = cache_len > max_pos
+                 ? ct_fail(err, "option --cache_len: %lld exceeds max_position_embeddings %d",
+                           (long long)cache_len, max_pos)
+                 : run_setup_check_generate_fit(&r->setup, (int)cache_len, err);
     if (rc == 0) rc = load_weights(r, err);
     if (rc == 0) rc = qwen3_gen_plan(&r->g, &r->m, (int)cache_len, err);
     if (rc == 0 &&
@@ -664,8 +673,7 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
         rc = ct_fail(err, "out of memory for %lld cached ids", (long long)cache_len);
     if (rc == 0 && prompt) {
         char *text = NULL;
-        if (!ids.n) rc = encode(r, &ids, prompt, strlen(prompt), err);
-        if (rc == 0) rc = generate_one(r, ids.v, ids.n, false, &text, err);
+        rc = generate_one(r, ids.v, ids.n, false, &text, err);
         if (rc != 0) ct_wrap(err, "--prompt");
         if (rc == 0 && !r->json) putchar('\n');
         free(text);
@@ -676,7 +684,8 @@ static int generate_run(gen_run *r, const cli_args *a, ct_error *err) {
     return rc;
 }
 
-static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_error *err) {
+static int input_longest(gen_run *r, const char *path, int64_t cache_len, int64_t *longest,
+                         ct_error *err) {
     FILE *f = fopen(path, "r");
     if (!f) return ct_fail(err, "--input %s: %s", path, strerror(errno));
     char *line = NULL;
@@ -687,6 +696,11 @@ static int input_longest(gen_run *r, const char *path, int64_t *longest, ct_erro
     for (long no = 1; rc == 0 && getline(&line, &cap, f) >= 0; no++) {
         const int got = input_line(r, &ids, line, path, no, err);
         rc = got < 0 ? -1 : 0;
+        if (got == 0 && cache_len > 0 && (int64_t)ids.n + 1 > cache_len)
+            rc = ct_fail(err,
+                         "--input %s line %ld: a prompt of %zu tokens does not fit the KV cache of "
+                         "%lld positions (--cache_len)",
+                         path, no, ids.n, (long long)cache_len);
         if (got == 0 && (int64_t)ids.n > *longest) *longest = (int64_t)ids.n;
     }
     free(line);
