@@ -145,6 +145,9 @@ expect_error "badhex.jsonl:2: invalid JSON" --tokenizer "$TOK" --input "$T/badhe
 expect_error "invalid JSON at byte" --tokenizer "$T/badtok" --input "$T/docs.txt" --output "$T/err.npy"
 expect_error "not supported: model type WordPiece" --tokenizer "$T/wordpiece" --input "$T/docs.txt" --output "$T/err.npy"
 expect_error "tokenizer.json" --tokenizer "$T/nonexistent" --input "$T/docs.txt" --output "$T/err.npy"
+# train's spelling of the tokenizer folder points at tokenize's own
+expect_error "unknown option --model.tokenizer_path (did you mean --tokenizer?)" \
+  --model.tokenizer_path "$TOK" --input "$T/docs.txt" --output "$T/err.npy"
 expect_error "expected a .txt or .jsonl" --tokenizer "$TOK" --input "$T/docs.csv" --output "$T/err.npy"
 expect_error "expected a .npy or .jsonl" --tokenizer "$TOK" --input "$T/docs.txt" --output "$T/err.bin"
 expect_error "cannot open" --tokenizer "$TOK" --input "$T/missing.txt" --output "$T/err.npy"

@@ -22,7 +22,15 @@ static int unknown_option(const cli_option *opts, int n, const char *arg, size_t
     snprintf(key, sizeof key, "%.*s", (int)(key_len < 127 ? key_len : 127), arg);
     const char *names[64];
     for (int i = 0; i < n && i < 64; i++) names[i] = opts[i].key;
-    const char *close = suggest_closest(key, names, n < 64 ? n : 64);
+    const int m = n < 64 ? n : 64;
+    const char *close = suggest_closest(key, names, m);
+    // train's dotted name of an option a subcommand spells short (tokenize's
+    // --model.tokenizer_path for --tokenizer): the last part, or an option it starts with.
+    const char *tail = strrchr(key, '.');
+    if (!close && tail) close = suggest_closest(++tail, names, m);
+    for (int i = 0; !close && tail && i < m; i++)
+        if (strlen(names[i]) >= 4 && strncmp(tail, names[i], strlen(names[i])) == 0)
+            close = names[i];
     if (close) return ct_fail(err, "unknown option --%s (did you mean --%s?)", key, close);
     return ct_fail(err, "unknown option --%s (see --help)", key);
 }
