@@ -305,7 +305,7 @@ static void test_checks(void) {
     expect_fail("native with hf_path", p, ARGV("--model.hf_path=/m"),
                 "command line --model.hf_path: model.hf_path is set but model.backend = "
                 "\"native\"",
-                NULL);
+                "set model.backend = \"hf\" for that folder's model (--model.backend hf)", NULL);
     expect_fail("negative override", p, ARGV("--model.dim=-4"), "model.dim = -4", NULL);
     expect_fail("empty flavor", p, ARGV("--model.flavor="), "model.flavor is empty", NULL);
     expect_fail("decay ratio", p, ARGV("--lr_scheduler.decay_ratio=1.5"),

@@ -102,8 +102,8 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
     } else {
         NEED(m->flavor[0], "model.flavor", NULL, "model.flavor is empty; name a native flavor");
         NEED(!m->hf_path[0], "model.hf_path", "model.backend",
-             "model.hf_path is set but model.backend = \"native\": set model.backend = \"hf\" to "
-             "train that folder, or checkpoint.initial_load_path with "
+             "model.hf_path is set but model.backend = \"native\": set model.backend = \"hf\" for "
+             "that folder's model (--model.backend hf), or checkpoint.initial_load_path with "
              "checkpoint.initial_load_in_hf = true to start the flavor from it");
         for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; i++)
             NEED(overrides[i].value >= 0, overrides[i].key, NULL,
