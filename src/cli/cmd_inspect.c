@@ -70,8 +70,9 @@ int cmd_inspect(int argc, char **argv) {
             cJSON_AddItemToArray(list, item);
         } else {
             // A name's control characters escaped, as in errors (the file may be anyone's).
-            char shape[160], *name = malloc(4 * strlen(t->name) + 1);
-            if (name) ct_escape(name, 4 * strlen(t->name) + 1, t->name);
+            const size_t cap = 4 * strlen(t->name) + 1; // each byte at most "\xHH"
+            char shape[160], *name = malloc(cap);
+            if (name) ct_escape(name, cap, t->name);
             printf("%-60s %-5s %s\n", name ? name : "?", dtype_name(t->dtype),
                    st_shape_str(shape, sizeof shape, t->shape, t->ndim));
             free(name);

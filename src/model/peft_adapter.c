@@ -112,7 +112,7 @@ static int parse_targets(unsigned *targets, const cJSON *root, const char *file,
                            "%s: key \"target_modules\": \"all-linear\" inside a list names no "
                            "module (PEFT takes it only as the whole value)",
                            file);
-        // (lora_parse_targets would name it too, but unescaped: a message stays one line.)
+        // (lora_parse_targets would refuse it too; here the name is quoted as JSON, with the key.)
         if (lora_module_of(x->valuestring) < 0)
             return ct_fail(err,
                            "%s: key \"target_modules\": unknown module %s (expected \"all-linear\" "
