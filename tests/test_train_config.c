@@ -302,10 +302,17 @@ static void test_checks(void) {
                 "architecture; with model.backend = \"hf\" the architecture comes from "
                 "/m/config.json",
                 NULL);
-    expect_fail("native with hf_path", p, ARGV("--model.hf_path=/m"),
+    // model.hf_path alone selects the HF backend (and its tokenizer); with the backend or a
+    // flavor given as well, a native backend beside a folder is refused.
+    CHECK(load(&c, p, &err, "--model.hf_path=/m", NULL) == 0 &&
+              strcmp(c.model.backend, "hf") == 0 && strcmp(c.model.tokenizer_path, "/m") == 0,
+          "hf_path alone selects backend hf: %s (%s)", err.msg, c.model.backend);
+    expect_fail("native with hf_path", p, ARGV("--model.hf_path=/m", "--model.backend=native"),
                 "command line --model.hf_path: model.hf_path is set but model.backend = "
                 "\"native\"",
                 "set model.backend = \"hf\" for that folder's model (--model.backend hf)", NULL);
+    expect_fail("flavor with hf_path", p, ARGV("--model.hf_path=/m", "--model.flavor=0.6B"),
+                "model.hf_path is set but model.backend = \"native\"", NULL);
     expect_fail("negative override", p, ARGV("--model.dim=-4"), "model.dim = -4", NULL);
     expect_fail("empty flavor", p, ARGV("--model.flavor="), "model.flavor is empty", NULL);
     expect_fail("decay ratio", p, ARGV("--lr_scheduler.decay_ratio=1.5"),

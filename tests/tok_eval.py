@@ -109,9 +109,10 @@ for case, B in [("warmup_cosine_clip_accum_untied", 4), ("moe_hf_aux_clip_accum"
             logits = qwen3_ref.forward(params, cfg, x[:, :5])
             ref = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                           x[:, 1:].reshape(-1)))
+        # model.hf_path alone: the folder's model (backend hf), as a downloaded model is checked
         e = eval_json(["--model.hf_path", os.path.join(d, "hf"), "--training.dataset_path",
                        os.path.join(d, "tokens.npy"), "--training.seq_len", "5",
-                       "--training.local_batch_size", str(B), "--model.backend", "hf",
+                       "--training.local_batch_size", str(B),
                        "--training.shuffle", "false", "--steps", "1"])
         if e:
             rel = abs(e["loss"] - ref) / ref

@@ -31,7 +31,8 @@ const config_key config_table[] = {
         "torchtitan's HF assets folder: the tokenizer (unless tokenizer_path is set) and the "
         "weights checkpoint.initial_load_in_hf loads (unless initial_load_path is set)"),
     KEY(model, backend, CONFIG_STR, "native", "native|hf", true,
-        "where the architecture and weights come from: a built-in flavor, or an HF folder"),
+        "where the architecture and weights come from: a built-in flavor, or an HF folder "
+        "(the default when model.hf_path is given without model.flavor)"),
     KEY(model, flavor, CONFIG_STR, "debugmodel", NULL, true,
         "native flavor: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; MoE: debugmodel_moe, "
         "30B-A3B, 235B-A22B"),

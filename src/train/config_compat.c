@@ -246,6 +246,12 @@ static void resolve_dataset(const char *section, const char *name, const char *p
 
 void config_compat_resolve(ct_config *c, const config_origins *o, config_errors *errs) {
     resolve_model_name(c, o, errs);
+    // model.hf_path alone names the model, as under generate: the HF folder's architecture and
+    // weights. With a flavor or the backend given too the intent is the user's to state
+    // (config_validate refuses native with a folder, and names both ways).
+    if (user_set(o, "model.hf_path") && !user_set(o, "model.backend") &&
+        !user_set(o, "model.flavor"))
+        set_str(c->model.backend, sizeof c->model.backend, "hf");
     const char *assets = c->model.hf_assets_path;
     if (assets[0]) {
         if (!user_set(o, "model.tokenizer_path"))
