@@ -121,8 +121,8 @@ const config_key config_table[] = {
         "parallelism 1/context_parallel_degree of that per rank)"),
     KEY(training, mixed_precision_param, CONFIG_STR, "float32", "float32|bfloat16", true,
         "the dtype the linear layers compute in: float32 (exact parity, ctitan's default) or "
-        "bfloat16 (bf16 GEMMs with fp32 accumulation through oneDNN; weights, gradients and the "
-        "optimizer stay fp32; torchtitan's default)"),
+        "bfloat16 (bf16 GEMMs with fp32 accumulation; train keeps its weights, gradients and "
+        "optimizer in fp32, torchtitan's default; eval and generate hold only the bf16 weights)"),
     KEY(training, mixed_precision_reduce, CONFIG_STR, "float32", "float32|bfloat16", true,
         "the dtype data parallelism sums gradients in: float32, or bfloat16 (half the bytes, each "
         "addition rounded to bf16; the sum returns to the fp32 gradient)"),
