@@ -22,8 +22,9 @@
 #define LOGITS_TOL 1e-4
 // A prefill after cached positions against a fresh one (check_prefill_at), about 10x what was
 // measured: fp32's rows against the cache sum in another order than the causal kernels (2.2e-6
-// at most over the models and both kernels); under bf16 the fresh prefill's flash kernel also
-// rounds its probabilities to bf16 (3.1e-2; with sdpa the logits are equal).
+// at most over the models and both kernels); under bf16 the cache's rows round their scores and
+// probabilities as the flash kernel does, and a fresh prefill with the sdpa kernel does not
+// (3.1e-2; with flash, the default, the logits are equal).
 #define PREFILL_AT_TOL 2e-5
 #define PREFILL_AT_TOL_BF16 0.3
 

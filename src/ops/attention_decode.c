@@ -2,6 +2,12 @@
 // contracts in ops.h): its query row against the KV cache of positions [0, T), the token's own
 // key and value last, the cache in fp32 or bf16. GQA: query head h reads kv head h / (NH/NKV).
 //
+// bf16 rounds where the flash kernel's bf16 forward rounds (torch's autocast over HF's eager
+// attention, attention_flash.c): the scores s = bf16(bf16(q k) * bf16(scale)), and each chunk's
+// probabilities exp(s - m) to bf16 before the products with v (l sums them unrounded). So a
+// decoded token sees the arithmetic a prefill of the same positions runs, and with AVX512-BF16
+// the products with v are VDPBF16PS on bf16 pairs, two positions an instruction.
+//
 // The positions split into chunks of DEC_CHUNK (flash-decoding's split): a chunk gives each head
 // a partial softmax, its scores' max m, l = sum_j exp(s_j - m) and o = sum_j exp(s_j - m) v_j, and
 // the partials merge in chunk order, out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M the
@@ -19,6 +25,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ops/bf16_round.h"
 #include "ops/ops_cpu.h"
@@ -44,11 +51,12 @@ size_t cpu_attention_decode_scratch_floats(int T, int NH, int D) {
 typedef struct dec_call {
     const float *q, *qp; // qp: q laid out for scores_rows (pack_q)
     const void *k, *v;   // float or uint16_t (bf16)
-    bool bf16, dp;       // dp: the scores with VDPBF16PS
+    bool bf16, dp;       // dp: the products with VDPBF16PS
     float *s, *part; // scratch: scores s[j * NH + h]; chunk c's partials at part[c * NH * (D + 2)]
     int T, NH, D, rep;
-    size_t ldk; // elements between positions
-    float scale;
+    size_t ldk;       // elements between positions
+    float scale;      // what the scores' sums are multiplied by: 1/sqrt(D), or 1 under bf16
+    float bf16_scale; // bf16: bf16(1/sqrt(D)), applied with the roundings (round_bf16)
 } dec_call;
 
 static inline float cache_at(const dec_call *a, const void *p, size_t i) {
@@ -222,6 +230,76 @@ static AVX512 void values_wide(const dec_call *a, float *o, size_t ostride, int 
         values_rows(a, o, ostride, h, n, j0, j1, false);
 }
 
+// The bf16 probabilities of positions j and j + 1 (both bf16 values: their top halves) as one
+// bf16 pair, j's in the low half.
+static inline uint32_t bf16_pair(float pj, float pj1) {
+    uint32_t a, b;
+    memcpy(&a, &pj, 4);
+    memcpy(&b, &pj1, 4);
+    return a >> 16 | (b & 0xffff0000u);
+}
+
+// One step of values_dp: positions j and j + 1 (pair; else j alone, its partner zero) into the
+// accumulators of nb 32-element blocks.
+INLINE AVX512_BF16 void values_dp_step(__m512 acc0[8], __m512 acc1[8], const uint16_t *r0,
+                                       size_t ldk, __m512i w0, __m512i w1, int nb,
+                                       const bool pair) {
+    UNROLL
+    for (int c = 0; c < 4; c++)
+        if (c < nb) {
+            const __m512i x0 = _mm512_loadu_si512(r0 + 32 * c),
+                          x1 =
+                              pair ? _mm512_loadu_si512(r0 + ldk + 32 * c) : _mm512_setzero_si512();
+            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x0, x1),
+                           hi = (__m512bh)_mm512_unpackhi_epi16(x0, x1);
+            acc0[2 * c] = _mm512_dpbf16_ps(acc0[2 * c], (__m512bh)w0, lo);
+            acc0[2 * c + 1] = _mm512_dpbf16_ps(acc0[2 * c + 1], (__m512bh)w0, hi);
+            acc1[2 * c] = _mm512_dpbf16_ps(acc1[2 * c], (__m512bh)w1, lo);
+            acc1[2 * c + 1] = _mm512_dpbf16_ps(acc1[2 * c + 1], (__m512bh)w1, hi);
+        }
+}
+
+// values_rows for bf16 probabilities with VDPBF16PS: each instruction adds two positions' exact
+// products (p_j v_j + p_j+1 v_j+1, in fp32). Rows j and j + 1 interleaved by unpacklo/hi_epi16
+// give, in 128-bit lane L of a 32-element block, its elements 8L..8L+3 (lo) and 8L+4..8L+7 (hi);
+// the stores put them back in order.
+static AVX512_BF16 void values_dp(const dec_call *a, float *o, size_t ostride, int h, int n, int j0,
+                                  int j1) {
+    const uint16_t *v = a->v;
+    const size_t ldk = a->ldk, voff = (size_t)(h / a->rep) * a->D, NH = (size_t)a->NH;
+    const float *p0 = a->s + h, *p1 = p0 + (n > 1 ? 1 : 0);
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+                  second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
+                                             30, 31);
+    for (int i0 = 0; i0 < a->D; i0 += 128) {
+        const int nb = (a->D - i0 < 128 ? a->D - i0 : 128) / 32;
+        __m512 acc0[8], acc1[8];
+        UNROLL
+        for (int c = 0; c < 8; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+        int j = j0;
+        for (; j + 1 < j1; j += 2)
+            values_dp_step(acc0, acc1, v + (size_t)j * ldk + voff + i0, ldk,
+                           _mm512_set1_epi32((int)bf16_pair(p0[j * NH], p0[(j + 1) * NH])),
+                           _mm512_set1_epi32((int)bf16_pair(p1[j * NH], p1[(j + 1) * NH])), nb,
+                           true);
+        if (j < j1)
+            values_dp_step(acc0, acc1, v + (size_t)j * ldk + voff + i0, ldk,
+                           _mm512_set1_epi32((int)bf16_pair(p0[j * NH], 0.0f)),
+                           _mm512_set1_epi32((int)bf16_pair(p1[j * NH], 0.0f)), nb, false);
+        for (int c = 0; c < nb; c++) {
+            float *oc = o + i0 + 32 * c;
+            _mm512_storeu_ps(oc, _mm512_permutex2var_ps(acc0[2 * c], first, acc0[2 * c + 1]));
+            _mm512_storeu_ps(oc + 16, _mm512_permutex2var_ps(acc0[2 * c], second, acc0[2 * c + 1]));
+            if (n > 1) {
+                _mm512_storeu_ps(oc + ostride,
+                                 _mm512_permutex2var_ps(acc1[2 * c], first, acc1[2 * c + 1]));
+                _mm512_storeu_ps(oc + ostride + 16,
+                                 _mm512_permutex2var_ps(acc1[2 * c], second, acc1[2 * c + 1]));
+            }
+        }
+    }
+}
+
 // qp: q laid out for scores_rows, in fp32 or (dp) as bf16 pairs (q holds bf16 values there).
 static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
     const int W = dp ? 32 : 16;
@@ -238,10 +316,28 @@ static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
 }
 #endif
 
-// The softmax of n rows of scores s (a row: every head's) against each head's max over them,
-// in place: m and l get each head's max and sum.
+static inline float bf16_rounded(float x) {
+    return bf16_value(bf16_round(x));
+}
+
+// bf16: n scores rounded as torch's autocast rounds them, s = bf16(bf16(s) * scale), or n
+// probabilities to bf16 (scale 0).
 CPU_SIMD_CLONES
-static void softmax_rows(float *s, float *m, float *l, int n, int NH) {
+static void round_bf16(float *s, size_t n, float scale) {
+    if (scale == 0.0f) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) s[i] = bf16_rounded(s[i]);
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) s[i] = bf16_rounded(bf16_rounded(s[i]) * scale);
+    }
+}
+
+// The softmax of n rows of scores s (a row: every head's) against each head's max over them,
+// in place: m and l get each head's max and sum. bf16: the probabilities then rounded to bf16
+// (l keeps their unrounded sum, as the flash kernel's).
+CPU_SIMD_CLONES
+static void softmax_rows(float *s, float *m, float *l, int n, int NH, bool bf16) {
     for (int h = 0; h < NH; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int j = 0; j < n; j++)
 #pragma omp simd
@@ -254,6 +350,7 @@ static void softmax_rows(float *s, float *m, float *l, int n, int NH) {
             *e = vexp(*e - m[h]);
             l[h] += *e;
         }
+    if (bf16) round_bf16(s, (size_t)n * NH, 0.0f);
 }
 
 // Chunk c: every head's scores, their softmax against the chunk's max, and the partials.
@@ -266,12 +363,16 @@ static void run_chunk(const dec_call *a, int c, bool wide) {
     else
 #endif
         scores_plain(a, j0, j1);
-    softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH);
+    if (a->bf16) round_bf16(a->s + (size_t)j0 * NH, (size_t)(j1 - j0) * NH, a->bf16_scale);
+    softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH, a->bf16);
     for (int h = 0; h < NH; h++) {
 #ifdef DECODE_AVX512
         if (wide) { // the heads of a kv head in pairs
             const int n = (h % a->rep) + 1 < a->rep ? 2 : 1;
-            values_wide(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
+            if (a->dp)
+                values_dp(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
+            else
+                values_wide(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
             h += n - 1;
             continue;
         }
@@ -324,7 +425,8 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
                         .D = D,
                         .rep = rep,
                         .ldk = (size_t)NKV * D,
-                        .scale = (float)(1.0 / sqrt((double)D))};
+                        .scale = bf16 ? 1.0f : (float)(1.0 / sqrt((double)D)),
+                        .bf16_scale = bf16_value(bf16_round((float)(1.0 / sqrt((double)D))))};
     const int nc = (int)dec_chunks(T);
 #pragma omp parallel if ((int64_t)NH * T * D >= CPU_PAR_MIN)
     {

@@ -128,7 +128,9 @@
 //   positions [0, T), that token's own included; out (NH,D) = softmax(scale q k^T) v per head,
 //   query head h reading kv head h / (NH/NKV), scale = 1/sqrt(D). scratch holds
 //   attention_decode_scratch_floats(T, NH, D) floats. Causality is the caller's: it passes only
-//   the positions up to the query's. attention_decode_bf16: the same over a bf16 cache.
+//   the positions up to the query's. attention_decode_bf16: the same over a bf16 cache (q holding
+//   bf16 values), rounded as attention_bf16's forward rounds: scale = bf16(1/sqrt(D)), the scores
+//   bf16(bf16(q k) * scale) and the probabilities to bf16 before the products with v.
 // One sparse layer's per-expert adapter (moe_lora_*). Expert e's tensors start at w + e *
 // stride (and g + e * stride): for each of gate, up and down in that order that `targets` holds
 // (bit 0 gate, 1 up, 2 down), A (r, in) then B (out, r), as model/lora.h lays them out. u holds
