@@ -312,7 +312,9 @@ static void test_checks(void) {
                 "\"native\"",
                 "set model.backend = \"hf\" for that folder's model (--model.backend hf)", NULL);
     expect_fail("flavor with hf_path", p, ARGV("--model.hf_path=/m", "--model.flavor=0.6B"),
-                "model.hf_path is set but model.backend = \"native\"", NULL);
+                "model.hf_path is set but so is model.flavor = \"0.6B\", a native flavor: set "
+                "model.backend = \"hf\"",
+                NULL);
     expect_fail("negative override", p, ARGV("--model.dim=-4"), "model.dim = -4", NULL);
     expect_fail("empty flavor", p, ARGV("--model.flavor="), "model.flavor is empty", NULL);
     expect_fail("decay ratio", p, ARGV("--lr_scheduler.decay_ratio=1.5"),

@@ -101,10 +101,18 @@ static int check_model(const ct_config_model *m, const vctx *vp) {
              m->hf_path);
     } else {
         NEED(m->flavor[0], "model.flavor", NULL, "model.flavor is empty; name a native flavor");
+        // model.hf_path alone would have chosen "hf" (config_compat.c): a flavor named beside it
+        // is the ambiguity to name.
+        char why[160];
+        if (origin_of(&v, "model.flavor") && !origin_of(&v, "model.backend"))
+            snprintf(why, sizeof why, "so is model.flavor = \"%s\", a native flavor", m->flavor);
+        else
+            snprintf(why, sizeof why, "model.backend = \"native\"");
         NEED(!m->hf_path[0], "model.hf_path", "model.backend",
-             "model.hf_path is set but model.backend = \"native\": set model.backend = \"hf\" for "
-             "that folder's model (--model.backend hf), or checkpoint.initial_load_path with "
-             "checkpoint.initial_load_in_hf = true to start the flavor from it");
+             "model.hf_path is set but %s: set model.backend = \"hf\" for that folder's model "
+             "(--model.backend hf), or checkpoint.initial_load_path with "
+             "checkpoint.initial_load_in_hf = true to start the flavor from it",
+             why);
         for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; i++)
             NEED(overrides[i].value >= 0, overrides[i].key, NULL,
                  "%s = %d; expected a positive size, or 0 to keep the flavor's", overrides[i].key,
