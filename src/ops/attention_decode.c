@@ -316,15 +316,11 @@ static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
 }
 #endif
 
-static inline float bf16_rounded(float x) {
-    return bf16_value(bf16_round(x));
-}
-
-// bf16: n scores rounded as torch's autocast rounds them, s = bf16(bf16(s) * scale), or n
-// probabilities to bf16 (scale 0).
+// bf16: n values rounded as torch's autocast rounds them, and when scale != 1 times scale and
+// rounded again (the scores), as attention_flash.c's round_tile.
 CPU_SIMD_CLONES
 static void round_bf16(float *s, size_t n, float scale) {
-    if (scale == 0.0f) {
+    if (scale == 1.0f) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++) s[i] = bf16_rounded(s[i]);
     } else {
@@ -350,7 +346,7 @@ static void softmax_rows(float *s, float *m, float *l, int n, int NH, bool bf16)
             *e = vexp(*e - m[h]);
             l[h] += *e;
         }
-    if (bf16) round_bf16(s, (size_t)n * NH, 0.0f);
+    if (bf16) round_bf16(s, (size_t)n * NH, 1.0f);
 }
 
 // Chunk c: every head's scores, their softmax against the chunk's max, and the partials.
@@ -426,7 +422,7 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
                         .rep = rep,
                         .ldk = (size_t)NKV * D,
                         .scale = bf16 ? 1.0f : (float)(1.0 / sqrt((double)D)),
-                        .bf16_scale = bf16_value(bf16_round((float)(1.0 / sqrt((double)D))))};
+                        .bf16_scale = bf16_rounded((float)(1.0 / sqrt((double)D)))};
     const int nc = (int)dec_chunks(T);
 #pragma omp parallel if ((int64_t)NH * T * D >= CPU_PAR_MIN)
     {

@@ -154,10 +154,6 @@ static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, cons
     }
 }
 
-static inline float to_bf16_value(float x) {
-    return bf16_value(bf16_round(x));
-}
-
 // bf16: a tile's values rounded to bf16, times `scale` and rounded again when scale != 1.
 CPU_SIMD_CLONES
 static void round_tile(float *s, int ldt, int nr, int nc, float scale) {
@@ -165,10 +161,10 @@ static void round_tile(float *s, int ldt, int nr, int nc, float scale) {
         float *si = s + (size_t)i * ldt;
         if (scale == 1.0f) {
 #pragma omp simd
-            for (int j = 0; j < nc; j++) si[j] = to_bf16_value(si[j]);
+            for (int j = 0; j < nc; j++) si[j] = bf16_rounded(si[j]);
         } else {
 #pragma omp simd
-            for (int j = 0; j < nc; j++) si[j] = to_bf16_value(to_bf16_value(si[j]) * scale);
+            for (int j = 0; j < nc; j++) si[j] = bf16_rounded(bf16_rounded(si[j]) * scale);
         }
     }
 }
@@ -188,8 +184,8 @@ static void grad_tile(float *s, float *ds, int ldt, int nr, int nc, int r0, int 
 #pragma omp simd
             for (int j = k.j0; j < k.j1; j++) {
                 const float p = vexp(si[j] - li);
-                si[j] = to_bf16_value(p);
-                dsi[j] = to_bf16_value(to_bf16_value(p * (dsi[j] - dii)) * scale);
+                si[j] = bf16_rounded(p);
+                dsi[j] = bf16_rounded(bf16_rounded(p * (dsi[j] - dii)) * scale);
             }
         } else {
 #pragma omp simd
@@ -225,7 +221,7 @@ static flash_dims flash_dims_of(int B, int T, int NH, int NKV, int D, int bf16) 
                         .nqb = (T + nr - 1) / nr,
                         .nkb = (T + nc - 1) / nc,
                         // bf16: torch multiplies the bf16 scores by the scale rounded to bf16
-                        .scale = bf16 ? bf16_value(bf16_round((float)(1.0 / sqrt((double)D))))
+                        .scale = bf16 ? bf16_rounded((float)(1.0 / sqrt((double)D)))
                                       : (float)(1.0 / sqrt((double)D))};
 }
 

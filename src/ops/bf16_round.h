@@ -19,3 +19,8 @@ static inline float bf16_value(uint16_t h) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
+
+// x rounded to bf16, as an fp32 value (torch's x.to(bfloat16) read back as float).
+static inline float bf16_rounded(float x) {
+    return bf16_value(bf16_round(x));
+}

@@ -13,7 +13,7 @@
 //   du = bf(dh * silu(g)),  ds = bf(dh * u),  s = bf(1 / bf(1 + bf(exp(-g)))),
 //   dg = bf(bf(ds * s) * bf(1 + bf(g * bf(1 - s))))
 static inline float bf(float x) {
-    return bf16_value(bf16_round(x));
+    return bf16_rounded(x);
 }
 
 // bf(1 + bf(exp(-g))): silu's and sigmoid's denominator.
