@@ -24,9 +24,12 @@
 // measured: fp32's rows against the cache sum in another order than the causal kernels (2.2e-6
 // at most over the models and both kernels); under bf16 the cache's rows round their scores and
 // probabilities as the flash kernel does, and a fresh prefill with the sdpa kernel does not
-// (3.1e-2; with flash, the default, the logits are equal).
+// (3.1e-2). With flash, the default, the logits are equal (the test sequences fit one 64-key
+// tile, where the two kernels' roundings coincide; longer ones may differ by a rounding): its
+// bound stays below the 3.1e-2 that decode without the roundings gave.
 #define PREFILL_AT_TOL 2e-5
 #define PREFILL_AT_TOL_BF16 0.3
+#define PREFILL_AT_TOL_BF16_FLASH 1e-2
 
 static double worst_logits; // over all variants and kernels, for the summary line
 static double worst_prefill_at, worst_prefill_at_bf16;
@@ -175,7 +178,8 @@ static void check_cached_vs_uncached(qwen3_model *m, const gen_ref *r, const cha
 // agrees with seq only up to keep (its later rows must be overwritten, not read), and the cache
 // is one longer than seq, so under bf16 a small keep runs one padded bucket and a larger one
 // the pieces that fit past keep. *worst gets the largest logits difference (bounds above).
-static void check_prefill_at(qwen3_model *m, const gen_ref *r, const char *what, double *worst) {
+static void check_prefill_at(qwen3_model *m, const gen_ref *r, const char *what, double tol,
+                             double *worst) {
     ct_error err;
     qwen3_gen g, full_g;
     const int total = r->P + r->S, V = m->cfg.vocab_size;
@@ -203,7 +207,6 @@ static void check_prefill_at(qwen3_model *m, const gen_ref *r, const char *what,
             const float *want = full + (size_t)step * V;
             const double e = check_max_abs(g.logits, want, (size_t)V);
             if (e > *worst) *worst = e;
-            const double tol = m->mem_opts.bf16 ? PREFILL_AT_TOL_BF16 : PREFILL_AT_TOL;
             CHECK(e <= tol, "%s keep %d step %d: logits max abs %.3g > %g", what, keep, step, e,
                   tol);
             if (margin(want, V) > 10 * tol)
@@ -281,13 +284,16 @@ static void run_variant(const char *ref, const char *variant, bool with_bf16) {
         check_against_ref(&m, &r, what);
         double fp32 = 0, bf16 = 0, at = 0, at_bf16 = 0;
         check_cached_vs_uncached(&m, &r, what, &fp32);
-        check_prefill_at(&m, &r, what, &at);
+        check_prefill_at(&m, &r, what, PREFILL_AT_TOL, &at);
         if (k == 0) check_errors(&m, &r, what);
         if (with_bf16) {
             m.mem_opts.bf16 = m.mem_opts.bf16_experts = true;
             snprintf(what, sizeof what, "%s %s bf16", variant, kernels[k]);
             check_cached_vs_uncached(&m, &r, what, &bf16);
-            check_prefill_at(&m, &r, what, &at_bf16);
+            check_prefill_at(&m, &r, what,
+                             strcmp(kernels[k], "flash") == 0 ? PREFILL_AT_TOL_BF16_FLASH
+                                                              : PREFILL_AT_TOL_BF16,
+                             &at_bf16);
         }
         printf("  %-50s cached vs uncached logits max abs: fp32 %.2e, bf16 %.2e\n", variant, fp32,
                bf16);
