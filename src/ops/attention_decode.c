@@ -56,7 +56,7 @@ typedef struct dec_call {
     int T, NH, D, rep;
     size_t ldk;       // elements between positions
     float scale;      // what the scores' sums are multiplied by: 1/sqrt(D), or 1 under bf16
-    float bf16_scale; // bf16: bf16(1/sqrt(D)), applied with the roundings (round_bf16)
+    float bf16_scale; // bf16: bf16(1/sqrt(D)), applied with the roundings (bf16_round_scaled)
 } dec_call;
 
 static inline float cache_at(const dec_call *a, const void *p, size_t i) {
@@ -316,19 +316,6 @@ static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
 }
 #endif
 
-// bf16: n values rounded as torch's autocast rounds them, and when scale != 1 times scale and
-// rounded again (the scores), as attention_flash.c's round_tile.
-CPU_SIMD_CLONES
-static void round_bf16(float *s, size_t n, float scale) {
-    if (scale == 1.0f) {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) s[i] = bf16_rounded(s[i]);
-    } else {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) s[i] = bf16_rounded(bf16_rounded(s[i]) * scale);
-    }
-}
-
 // The softmax of n rows of scores s (a row: every head's) against each head's max over them,
 // in place: m and l get each head's max and sum. bf16: the probabilities then rounded to bf16
 // (l keeps their unrounded sum, as the flash kernel's).
@@ -346,7 +333,7 @@ static void softmax_rows(float *s, float *m, float *l, int n, int NH, bool bf16)
             *e = vexp(*e - m[h]);
             l[h] += *e;
         }
-    if (bf16) round_bf16(s, (size_t)n * NH, 1.0f);
+    if (bf16) bf16_round_scaled(s, (size_t)n * NH, 1.0f);
 }
 
 // Chunk c: every head's scores, their softmax against the chunk's max, and the partials.
@@ -359,7 +346,7 @@ static void run_chunk(const dec_call *a, int c, bool wide) {
     else
 #endif
         scores_plain(a, j0, j1);
-    if (a->bf16) round_bf16(a->s + (size_t)j0 * NH, (size_t)(j1 - j0) * NH, a->bf16_scale);
+    if (a->bf16) bf16_round_scaled(a->s + (size_t)j0 * NH, (size_t)(j1 - j0) * NH, a->bf16_scale);
     softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH, a->bf16);
     for (int h = 0; h < NH; h++) {
 #ifdef DECODE_AVX512

@@ -155,18 +155,8 @@ static void softmax_tile(float *s, int ldt, int nr, int nc, int r0, int c0, cons
 }
 
 // bf16: a tile's values rounded to bf16, times `scale` and rounded again when scale != 1.
-CPU_SIMD_CLONES
 static void round_tile(float *s, int ldt, int nr, int nc, float scale) {
-    for (int i = 0; i < nr; i++) {
-        float *si = s + (size_t)i * ldt;
-        if (scale == 1.0f) {
-#pragma omp simd
-            for (int j = 0; j < nc; j++) si[j] = bf16_rounded(si[j]);
-        } else {
-#pragma omp simd
-            for (int j = 0; j < nc; j++) si[j] = bf16_rounded(bf16_rounded(si[j]) * scale);
-        }
-    }
+    for (int i = 0; i < nr; i++) bf16_round_scaled(s + (size_t)i * ldt, (size_t)nc, scale);
 }
 
 // Backward row work on a tile (layout and lo as above): the scores s become P = exp(s - lse)
