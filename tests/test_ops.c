@@ -402,6 +402,28 @@ static void test_cross_entropy(int N, int V, float spread) {
     free(t), free(x), free(loss), free(ref), free(ones), free(dx);
 }
 
+// The fp32 one-row product (decode's; rows_f32 with AVX-512, rows_f32_avx2 with AVX2): against
+// a double product (rel L2 1e-6; measured 7.7e-8 to 1.3e-7 with AVX2), and the same bits on 1 and 3
+// threads (each output one thread's sum; OpenBLAS's sgemv, used before, gave other bits).
+static void test_matmul_one_row(int C, int OC) {
+    float *w = frand_array((size_t)OC * C, -1, 1), *x = frand_array(C, -1, 1);
+    float *row[2] = {malloc(OC * sizeof(float)), malloc(OC * sizeof(float))};
+    double *ref = calloc(OC, sizeof *ref);
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) ref[o] += (double)w[(size_t)o * C + c] * x[c];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        ops->matmul_forward(row[run], x, w, NULL, 1, C, OC);
+    }
+    omp_set_num_threads(2);
+    printf("  matmul one-row %d x %d: rel L2 %.3g\n", C, OC, rel_l2_fd(row[0], ref, OC));
+    CHECK(rel_l2_fd(row[0], ref, OC) < 1e-6, "matmul one-row %d x %d: rel L2 %.3g", C, OC,
+          rel_l2_fd(row[0], ref, OC));
+    CHECK(memcmp(row[0], row[1], OC * sizeof(float)) == 0, "matmul one-row %d x %d: 1 vs 3 threads",
+          C, OC);
+    free(w), free(x), free(row[0]), free(row[1]), free(ref);
+}
+
 // bf16 linear layers: the table's kernels (oneDNN's; the one-row product at N = 1) and the
 // sgemm emulation (matmul_bf16_emulated.c) against a double product of the bf16-rounded operands.
 // Both accumulate in fp32, so each is within fp32 summation error of it: rel L2 1e-6 (measured
@@ -716,17 +738,6 @@ static void test_thread_invariance(void) {
     omp_set_num_threads(2);
     CHECK(memcmp(db[0], db[1], TI_OC * sizeof(float)) == 0, "matmul dbias: 1 vs 3 threads");
     for (int run = 0; run < 2; run++) free(db[run]), free(dw[run]);
-    // The one-row product (decode's; its rows split over OpenMP's threads): 1000 x 70 is over
-    // CPU_PAR_MIN, so 3 threads split it.
-    float *w1 = frand_array((size_t)70 * 1000, -1, 1), *x1 = frand_array(1000, -1, 1);
-    float row[2][70];
-    for (int run = 0; run < 2; run++) {
-        omp_set_num_threads(run == 0 ? 1 : 3);
-        ops->matmul_forward(row[run], x1, w1, NULL, 1, 1000, 70);
-    }
-    omp_set_num_threads(2);
-    CHECK(memcmp(row[0], row[1], sizeof row[0]) == 0, "matmul one-row fwd: 1 vs 3 threads");
-    free(w1), free(x1);
     free(x), free(w), free(dy), free(g), free(u), free(lg), free(q), free(cs), free(sn);
     free(wt), free(dout);
 }
@@ -761,11 +772,20 @@ int main(void) {
     test_matmul_bf16(37, 64, 600); // several emulated weight blocks, a partial last one
     // N = 1, the decode's one-row product (rows_dpbf16 with AVX512-BF16): 128-element strides,
     // then whole 32s and a masked tail (1000 = 7 x 128 + 3 x 32 + 8), a tail alone (1183 = 9 x
-    // 128 + 31), rows split over the threads (1000 x 70 is over CPU_PAR_MIN)
+    // 128 + 31), rows split over the threads (1000 x 70 is over CPU_PAR_MIN); with AVX2
+    // (rows_fma_bf16) 32-element strides, a 16 and a scalar tail (1000 = 31 x 32 + 8, 1183 =
+    // 36 x 32 + 16 + 15, 33 = 32 + 1)
     test_matmul_bf16(1, 1000, 70);
+    // the fp32 one: whole strides then a tail of 8s (AVX2: 1000 = 31 x 32 + 8), a masked tail
+    // (1183: AVX2 36 x 32 + 3 x 8 + 7, AVX-512 18 x 64 + 16 + 15), a tail alone (5); 3 threads
+    // split the first two (over CPU_PAR_MIN)
+    test_matmul_one_row(1000, 70);
+    test_matmul_one_row(1183, 37);
+    test_matmul_one_row(5, 3);
     test_matmul_bf16(1, 1183, 37);
     test_matmul_bf16(1, 33, 5);
-    // the vector path: rep 2 (Qwen3-0.6B/1.7B), 4 (4B/8B), 1, 8 and 16
+    // the vector path: rep 2 (Qwen3-0.6B/1.7B), 4 (4B/8B), 1, 8 and 16 (at AVX2's 8 lanes, rep 16
+    // runs the portable loops)
     test_attention_decode(16, 8, 128, 64); // one whole chunk
     test_attention_decode(16, 8, 128, 612);
     test_attention_decode(32, 8, 128, 300); // five chunks, the last part-filled
@@ -774,7 +794,8 @@ int main(void) {
     test_attention_decode(16, 1, 64, 65);
     test_attention_decode(16, 8, 96, 77);  // three 32-element blocks, an odd last chunk (13)
     test_attention_decode(16, 4, 160, 99); // blocks of 128 and then 32, an odd last chunk (35)
-    // the portable loops: NH not a multiple of 16, rep 3, D not a multiple of 32
+    // the portable loops: NH not a multiple of 16, rep 3, D not a multiple of 32 (with AVX2
+    // NH 8 and D 48 run its 8 lanes: 16-element steps)
     test_attention_decode(6, 2, 128, 37);
     test_attention_decode(8, 2, 128, 300);
     test_attention_decode(16, 8, 48, 100);

@@ -8,6 +8,11 @@
 // decoded token sees the arithmetic a prefill of the same positions runs, and with AVX512-BF16
 // the products with v are VDPBF16PS on bf16 pairs, two positions an instruction.
 //
+// The vector kernels (attention_decode_wide.h) run at AVX-512's width, or at AVX2's with FMA
+// where the CPU has no AVX-512 (AMD before Zen 4, most Intel desktops); the portable loops run
+// only for head counts those do not fit. Each set sums in its own order, so the bits differ from
+// one CPU family to another, never from one thread count to another.
+//
 // The positions split into chunks of DEC_CHUNK (flash-decoding's split): a chunk gives each head
 // a partial softmax, its scores' max m, l = sum_j exp(s_j - m) and o = sum_j exp(s_j - m) v_j, and
 // the partials merge in chunk order, out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M the
@@ -33,7 +38,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
-#define DECODE_AVX512 1
+#define DECODE_SIMD 1
 #endif
 
 enum { DEC_CHUNK = 64, DEC_AHEAD = 8 };
@@ -48,10 +53,15 @@ size_t cpu_attention_decode_scratch_floats(int T, int NH, int D) {
     return (size_t)NH * T + (size_t)NH * D + dec_chunks(T) * NH * (D + 2);
 }
 
+// Which kernels run: the portable loops, or attention_decode_wide.h's at AVX2's or AVX-512's
+// width.
+typedef enum { DEC_PLAIN, DEC_AVX2, DEC_AVX512 } dec_isa;
+
 typedef struct dec_call {
     const float *q, *qp; // qp: q laid out for scores_rows (pack_q)
     const void *k, *v;   // float or uint16_t (bf16)
-    bool bf16, dp;       // dp: the products with VDPBF16PS
+    dec_isa isa;
+    bool bf16, dp;   // dp: the products with VDPBF16PS
     float *s, *part; // scratch: scores s[j * NH + h]; chunk c's partials at part[c * NH * (D + 2)]
     int T, NH, D, rep;
     size_t ldk;       // elements between positions
@@ -86,9 +96,7 @@ static void values_plain(const dec_call *a, float *o, int h, int j0, int j1) {
     }
 }
 
-#ifdef DECODE_AVX512
-#define AVX512 __attribute__((target("avx512f")))
-#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#ifdef DECODE_SIMD
 #define INLINE static inline __attribute__((always_inline))
 // Whole unrolling, so the accumulator arrays stay in registers (an unoptimised build has no
 // constant trip counts to unroll by, and would warn).
@@ -97,6 +105,9 @@ static void values_plain(const dec_call *a, float *o, int h, int j0, int j1) {
 #else
 #define UNROLL
 #endif
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define AVX2 __attribute__((target("avx2,fma")))
 
 // 16 cache values from element i on, widened to fp32 (a bf16 value is the top half of its fp32).
 INLINE AVX512 __m512 load16(const void *p, size_t i, bool bf16) {
@@ -124,111 +135,60 @@ INLINE AVX512 __m512 sum16(const __m512 r[16]) {
                          _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
 }
 
-// Scores of positions [j0, j1), row by row, 16 heads at a time: lane x of a group's sums is head
-// h0 + x. NH is a multiple of 16 and rep (= R, a constant) divides 16, so a group reads 16 / R
-// kv heads, and each load of a key's elements serves R heads; q comes from its copy qp, laid out
-// [D / W][NH][W] for W elements a step, so a group's q loads lie at fixed offsets. dp: W = 32,
-// q and k as bf16 pairs, VDPBF16PS (products exact, sums in fp32); else W = 16, FMA on the
-// cache widened to fp32.
-INLINE AVX512_BF16 void scores_rows(const dec_call *a, int j0, int j1, const bool bf16,
-                                    const bool dp, const int R) {
-    const char *k = a->k;
-    const size_t esize = bf16 ? 2 : 4, row_bytes = a->ldk * esize, D = (size_t)a->D;
-    const size_t W = dp ? 32 : 16;
-    const int NH = a->NH;
-    const __m512 scale = _mm512_set1_ps(a->scale);
-    for (int j = j0; j < j1; j++) {
-        const char *krow = k + (size_t)j * row_bytes, *vrow = (const char *)a->v + (krow - k);
-        if (bf16)
-            for (size_t b = 0; b < row_bytes; b += 64) {
-                if (j + DEC_AHEAD < a->T)
-                    _mm_prefetch(krow + DEC_AHEAD * row_bytes + b, _MM_HINT_T0);
-                _mm_prefetch(vrow + b, _MM_HINT_T1);
-            }
-        for (int h0 = 0; h0 < NH; h0 += 16) {
-            const char *kg = krow + (size_t)(h0 / R) * D * esize;
-            __m512 r[16];
-            UNROLL
-            for (int x = 0; x < 16; x++) r[x] = _mm512_setzero_ps();
-            for (size_t i = 0; i < D; i += W) {
-                const float *qi =
-                    a->qp + (dp ? i / 2 : i) * NH + (size_t)h0 * 16; // 64 bytes a head
-                // lane x reads kv head x / R: unrolled with R constant, the R loads of one
-                // key's elements are one load
-                UNROLL
-                for (int x = 0; x < 16; x++) {
-                    const size_t at = (size_t)(x / R) * D + i;
-                    if (dp)
-                        r[x] = _mm512_dpbf16_ps(
-                            r[x], (__m512bh)_mm512_loadu_si512(qi + x * 16),
-                            (__m512bh)_mm512_loadu_si512((const uint16_t *)kg + at));
-                    else
-                        r[x] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + x * 16), load16(kg, at, bf16),
-                                               r[x]);
-                }
-            }
-            _mm512_storeu_ps(a->s + (size_t)j * NH + h0, _mm512_mul_ps(sum16(r), scale));
-        }
-    }
+// load16 and sum16 at AVX2's 8 lanes.
+INLINE AVX2 __m256 load8(const void *p, size_t i, bool bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-#define SCORES_REP(R)                                                                              \
-    case R:                                                                                        \
-        if (a->dp)                                                                                 \
-            scores_rows(a, j0, j1, true, true, R);                                                 \
-        else if (a->bf16)                                                                          \
-            scores_rows(a, j0, j1, true, false, R);                                                \
-        else                                                                                       \
-            scores_rows(a, j0, j1, false, false, R);                                               \
-        return
-static AVX512_BF16 void scores_wide(const dec_call *a, int j0, int j1) {
-    switch (a->rep) {
-        SCORES_REP(1);
-        SCORES_REP(2);
-        SCORES_REP(4);
-        SCORES_REP(8);
-        SCORES_REP(16);
+INLINE AVX2 __m256 sum8(const __m256 r[8]) {
+    __m256 a[4], b[2];
+    for (int p = 0; p < 8; p += 2) // 128-bit half: lanes of p, p + 1, p, p + 1
+        a[p / 2] =
+            _mm256_add_ps(_mm256_unpacklo_ps(r[p], r[p + 1]), _mm256_unpackhi_ps(r[p], r[p + 1]));
+    for (int p = 0; p < 4; p += 2) { // 128-bit half: p .. p + 3
+        const __m256d x = _mm256_castps_pd(a[p]), y = _mm256_castps_pd(a[p + 1]);
+        b[p / 2] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                                 _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
     }
-}
-#undef SCORES_REP
-
-// o of query heads h and h + 1 (n = 1 or 2, one kv head) over positions [j0, j1): 128 outputs
-// at a time held in registers, each v row loaded once for both heads.
-INLINE AVX512 void values_rows(const dec_call *a, float *o, size_t ostride, int h, int n, int j0,
-                               int j1, const bool bf16) {
-    const void *v = a->v;
-    const size_t ldk = a->ldk, voff = (size_t)(h / a->rep) * a->D, NH = (size_t)a->NH;
-    const float *p0 = a->s + h, *p1 = p0 + (n > 1 ? 1 : 0);
-    for (int i0 = 0; i0 < a->D; i0 += 128) {
-        const int nv = (a->D - i0 < 128 ? a->D - i0 : 128) / 16;
-        __m512 acc0[8], acc1[8];
-        UNROLL
-        for (int c = 0; c < 8; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
-        for (int j = j0; j < j1; j++) {
-            const __m512 w0 = _mm512_set1_ps(p0[j * NH]), w1 = _mm512_set1_ps(p1[j * NH]);
-            const size_t vr = (size_t)j * ldk + voff + i0;
-            UNROLL
-            for (int c = 0; c < 8; c++)
-                if (c < nv) {
-                    const __m512 vv = load16(v, vr + 16 * c, bf16);
-                    acc0[c] = _mm512_fmadd_ps(w0, vv, acc0[c]);
-                    acc1[c] = _mm512_fmadd_ps(w1, vv, acc1[c]);
-                }
-        }
-        for (int c = 0; c < nv; c++) {
-            _mm512_storeu_ps(o + i0 + 16 * c, acc0[c]);
-            if (n > 1) _mm512_storeu_ps(o + ostride + i0 + 16 * c, acc1[c]);
-        }
-    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                         _mm256_permute2f128_ps(b[0], b[1], 0x31));
 }
 
-static AVX512 void values_wide(const dec_call *a, float *o, size_t ostride, int h, int n, int j0,
-                               int j1) {
-    if (a->bf16)
-        values_rows(a, o, ostride, h, n, j0, j1, true);
-    else
-        values_rows(a, o, ostride, h, n, j0, j1, false);
-}
+#define WIDE(name) name##_avx512
+#define WIDE_TARGET AVX512
+#define WIDE_DP_TARGET AVX512_BF16
+#define VF __m512
+#define VW 16
+#define VB 8
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, x) _mm512_storeu_ps(p, x)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_MUL(a, b) _mm512_mul_ps(a, b)
+#define V_LOAD_CACHE(p, i, bf16) load16(p, i, bf16)
+#define V_SUM(r) sum16(r)
+#define V_DP(r, q, k)                                                                              \
+    _mm512_dpbf16_ps(r, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k))
+#include "ops/attention_decode_wide.h"
+
+#define WIDE(name) name##_avx2
+#define WIDE_TARGET AVX2
+#define WIDE_DP_TARGET AVX2
+#define VF __m256
+#define VW 8
+#define VB 4
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, x) _mm256_storeu_ps(p, x)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_MUL(a, b) _mm256_mul_ps(a, b)
+#define V_LOAD_CACHE(p, i, bf16) load8(p, i, bf16)
+#define V_SUM(r) sum8(r)
+#include "ops/attention_decode_wide.h"
 
 // The bf16 probabilities of positions j and j + 1 (both bf16 values: their top halves) as one
 // bf16 pair, j's in the low half.
@@ -300,9 +260,9 @@ static AVX512_BF16 void values_dp(const dec_call *a, float *o, size_t ostride, i
     }
 }
 
-// qp: q laid out for scores_rows, in fp32 or (dp) as bf16 pairs (q holds bf16 values there).
-static void pack_q(float *qp, const float *q, int NH, int D, bool dp) {
-    const int W = dp ? 32 : 16;
+// qp: q laid out for scores_rows, W elements a step: in fp32, or (dp) as bf16 pairs (q holds
+// bf16 values there).
+static void pack_q(float *qp, const float *q, int NH, int D, int W, bool dp) {
     for (int i = 0; i < D; i += W)
         for (int h = 0; h < NH; h++)
             for (int x = 0; x < W; x++) {
@@ -337,25 +297,30 @@ static void softmax_rows(float *s, float *m, float *l, int n, int NH, bool bf16)
 }
 
 // Chunk c: every head's scores, their softmax against the chunk's max, and the partials.
-static void run_chunk(const dec_call *a, int c, bool wide) {
+static void run_chunk(const dec_call *a, int c) {
     const int j0 = c * DEC_CHUNK, j1 = j0 + DEC_CHUNK < a->T ? j0 + DEC_CHUNK : a->T, NH = a->NH;
     float *o = a->part + (size_t)c * NH * (a->D + 2), *m = o + (size_t)NH * a->D, *l = m + NH;
-#ifdef DECODE_AVX512
-    if (wide)
-        scores_wide(a, j0, j1);
+#ifdef DECODE_SIMD
+    if (a->isa == DEC_AVX512)
+        scores_avx512(a, j0, j1);
+    else if (a->isa == DEC_AVX2)
+        scores_avx2(a, j0, j1);
     else
 #endif
         scores_plain(a, j0, j1);
     if (a->bf16) bf16_round_scaled(a->s + (size_t)j0 * NH, (size_t)(j1 - j0) * NH, a->bf16_scale);
     softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH, a->bf16);
     for (int h = 0; h < NH; h++) {
-#ifdef DECODE_AVX512
-        if (wide) { // the heads of a kv head in pairs
+#ifdef DECODE_SIMD
+        if (a->isa != DEC_PLAIN) { // the heads of a kv head in pairs
             const int n = (h % a->rep) + 1 < a->rep ? 2 : 1;
+            float *oh = o + (size_t)h * a->D;
             if (a->dp)
-                values_dp(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
+                values_dp(a, oh, (size_t)a->D, h, n, j0, j1);
+            else if (a->isa == DEC_AVX512)
+                values_avx512(a, oh, (size_t)a->D, h, n, j0, j1);
             else
-                values_wide(a, o + (size_t)h * a->D, (size_t)a->D, h, n, j0, j1);
+                values_avx2(a, oh, (size_t)a->D, h, n, j0, j1);
             h += n - 1;
             continue;
         }
@@ -387,18 +352,21 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
                              const void *v, bool bf16, int T, int NH, int NKV, int D) {
     const int rep = NH / NKV;
     float *qp = scratch + (size_t)NH * T;
-#ifdef DECODE_AVX512
-    const bool wide = D % 32 == 0 && NH % 16 == 0 && 16 % rep == 0 &&
-                      __builtin_cpu_supports("avx512f"),
-               dp = wide && bf16 && __builtin_cpu_supports("avx512bf16");
-    if (wide) pack_q(qp, q, NH, D, dp);
-#else
-    const bool wide = false, dp = false;
+    dec_isa isa = DEC_PLAIN;
+    bool dp = false;
+#ifdef DECODE_SIMD
+    if (__builtin_cpu_supports("avx512f") && fits_avx512(NH, rep, D))
+        isa = DEC_AVX512, dp = bf16 && __builtin_cpu_supports("avx512bf16");
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             fits_avx2(NH, rep, D))
+        isa = DEC_AVX2;
+    if (isa != DEC_PLAIN) pack_q(qp, q, NH, D, dp ? 32 : isa == DEC_AVX512 ? 16 : 8, dp);
 #endif
     const dec_call a = {.q = q,
                         .qp = qp,
                         .k = k,
                         .v = v,
+                        .isa = isa,
                         .bf16 = bf16,
                         .dp = dp,
                         .s = scratch,
@@ -417,7 +385,7 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
         // behind (560 positions, 9 chunks: 2.05 -> 1.98 ms over 28 layers); the bits do not
         // depend on which thread runs a chunk.
 #pragma omp for schedule(dynamic, 1)
-        for (int c = 0; c < nc; c++) run_chunk(&a, c, wide);
+        for (int c = 0; c < nc; c++) run_chunk(&a, c);
 #pragma omp for schedule(static)
         for (int h = 0; h < NH; h++) merge_head(&a, out + (size_t)h * D, h);
     }

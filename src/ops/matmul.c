@@ -9,9 +9,11 @@
 
 #include "ops/ops_cpu.h"
 
+#include "ops/vec_math.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
-#define ROW_AVX512 1
+#define ROW_SIMD 1
 
 // Rows [o0, o1) of the one-row product out = W x: each row one sequential read, 16-lane FMAs into
 // four accumulators over its 64-element strides, then 16-element steps and a masked tail; the
@@ -38,30 +40,78 @@ __attribute__((target("avx512f"))) static void rows_f32(float *out, const float 
         out[o] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     }
 }
+
+// rows_f32 at AVX2's 8 lanes (with FMA), for CPUs without AVX-512: 32-element strides, then
+// 8-element steps and a masked tail, summed in the same pattern.
+__attribute__((target("avx2,fma"))) static void
+rows_f32_avx2(float *out, const float *x, const float *w, int C, int o0, int o1) {
+    const int quad = C / 32 * 32, full = C / 8 * 8;
+    const __m256i tail =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(C - full), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int o = o0; o < o1; o++) {
+        const float *wo = w + (size_t)o * C;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < quad; k += 32) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wo + k), _mm256_loadu_ps(x + k), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wo + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wo + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wo + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+        }
+        for (int k = quad; k < full; k += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wo + k), _mm256_loadu_ps(x + k), a0);
+        if (C > full)
+            a1 = _mm256_fmadd_ps(_mm256_maskload_ps(wo + full, tail),
+                                 _mm256_maskload_ps(x + full, tail), a1);
+        out[o] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+}
 #endif
+
+// The portable one-row product: each output one thread's sum in 16 lanes, in a fixed order.
+CPU_SIMD_CLONES
+static float dot_f32(const float *w, const float *x, int C) {
+    float lane[16] = {0};
+    int k = 0;
+    for (; k + 16 <= C; k += 16)
+        for (int j = 0; j < 16; j++) lane[j] += w[k + j] * x[k + j];
+    float sum = 0;
+    for (int j = 0; j < 16; j++) sum += lane[j];
+    for (; k < C; k++) sum += w[k] * x[k];
+    return sum;
+}
+
+// Rows [o0, o1) of the one-row product with the widest kernel this CPU has.
+static void rows_any(float *out, const float *x, const float *w, int C, int o0, int o1) {
+#ifdef ROW_SIMD
+    if (__builtin_cpu_supports("avx512f")) {
+        rows_f32(out, x, w, C, o0, o1);
+        return;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        rows_f32_avx2(out, x, w, C, o0, o1);
+        return;
+    }
+#endif
+    for (int o = o0; o < o1; o++) out[o] = dot_f32(w + (size_t)o * C, x, C);
+}
 
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                         int C, int OC) {
     // out(N,OC) = inp(N,C) @ weight(OC,C)^T
     if (N == 1) {
         // One row (generation's decode) reads the weight in place: OpenBLAS's sgemm packs all of
-        // it first, which took 70% of a Qwen3-0.6B decode step (bench/generate.py). With AVX-512
-        // the rows split over OpenMP's threads in contiguous blocks, one stream each: 11% less
-        // time than OpenBLAS's sgemv over decode's products, and a decode without OpenBLAS can
-        // keep its threads spinning between regions (cmd_generate.c; docs/performance.md).
-#ifdef ROW_AVX512
-        if (__builtin_cpu_supports("avx512f")) {
+        // it first, which took 70% of a Qwen3-0.6B decode step (bench/generate.py). The rows
+        // split over OpenMP's threads in contiguous blocks, one stream each: with AVX-512, 11%
+        // less time than OpenBLAS's sgemv over decode's products; each output is one thread's
+        // sum, so the bits do not depend on the thread count (sgemv's did); and a decode
+        // without OpenBLAS can keep its threads spinning between regions (cmd_generate.c;
+        // docs/performance.md).
 #pragma omp parallel if ((int64_t)C * OC >= CPU_PAR_MIN)
-            {
-                const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-                rows_f32(out, inp, weight, C, (int)((int64_t)OC * t / nt),
-                         (int)((int64_t)OC * (t + 1) / nt));
-            }
-            if (bias) cpu_matmul_add_bias(out, bias, N, OC);
-            return;
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            rows_any(out, inp, weight, C, (int)((int64_t)OC * t / nt),
+                     (int)((int64_t)OC * (t + 1) / nt));
         }
-#endif
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, 0.0f, out, 1);
         if (bias) cpu_matmul_add_bias(out, bias, N, OC);
         return;
     }

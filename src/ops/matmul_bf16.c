@@ -288,6 +288,42 @@ rows_dpbf16(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *w, c
     }
 }
 #undef DPBF16_STEP
+
+// 16 bf16 pairs of w and x into lo and hi (AVX2, FMA): a bf16 value is the top half of its fp32,
+// so unpacking with zeros widens 16 of them into two vectors, elements 0-3 and 8-11 in the first,
+// 4-7 and 12-15 in the second; x unpacked the same way pairs each weight with its element.
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+widened_fma(__m256 *lo, __m256 *hi, const uint16_t *w, const uint16_t *x) {
+    const __m256i z = _mm256_setzero_si256(), wv = _mm256_loadu_si256((const __m256i *)w),
+                  xv = _mm256_loadu_si256((const __m256i *)x);
+    *lo = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wv)),
+                          _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, xv)), *lo);
+    *hi = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wv)),
+                          _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, xv)), *hi);
+}
+
+// rows_dpbf16 for CPUs with AVX2 and FMA but not AVX512-BF16 (AMD before Zen 4, Intel before
+// Cooper Lake): one stream a row, four accumulators over its 32-element strides, a 16-element
+// step, then the last C % 16 elements one by one, added after the lanes.
+__attribute__((target("avx2,fma"))) static void rows_fma_bf16(float *out, uint16_t *out16,
+                                                              const uint16_t *x, const uint16_t *w,
+                                                              const float *bias, int C, int o0,
+                                                              int o1) {
+    const int dual = C / 32 * 32, full = C / 16 * 16;
+    for (int o = o0; o < o1; o++) {
+        const uint16_t *wo = w + (size_t)o * C;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < dual; k += 32) {
+            widened_fma(&a0, &a1, wo + k, x + k);
+            widened_fma(&a2, &a3, wo + k + 16, x + k + 16);
+        }
+        if (full > dual) widened_fma(&a0, &a1, wo + dual, x + dual);
+        float tail = 0;
+        for (int k = full; k < C; k++) tail += bf16_value(wo[k]) * bf16_value(x[k]);
+        row_store(out, out16, bias, o,
+                  hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail);
+    }
+}
 #endif
 
 // N == 1 (generation's decode): oneDNN's matmul took 83% of a bf16 decode step there, more than
@@ -295,16 +331,22 @@ rows_dpbf16(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *w, c
 // place, the rows split over the threads in contiguous blocks; the same products and fp32 sums
 // as the GEMM, in another order. With AVX512-BF16 (rows_dpbf16) the weight streams at the
 // memory's rate; dot_bf16 (widen, multiply, add: 15 instructions per 16 elements) could not
-// keep up with it.
+// keep up with it, and on AVX2 read 18 GB/s where rows_fma_bf16 (5 per 16) reads 21-25
+// (docs/performance.md).
 static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *weight,
                         const float *bias, int C, int OC) {
 #ifdef ROW_DPBF16
-    if (__builtin_cpu_supports("avx512bf16")) {
+    const bool dp = __builtin_cpu_supports("avx512bf16"),
+               fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (dp || fma) {
 #pragma omp parallel if ((int64_t)C * OC >= CPU_PAR_MIN)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            rows_dpbf16(out, out16, x, weight, bias, C, (int)((int64_t)OC * t / nt),
-                        (int)((int64_t)OC * (t + 1) / nt));
+            const int o0 = (int)((int64_t)OC * t / nt), o1 = (int)((int64_t)OC * (t + 1) / nt);
+            if (dp)
+                rows_dpbf16(out, out16, x, weight, bias, C, o0, o1);
+            else
+                rows_fma_bf16(out, out16, x, weight, bias, C, o0, o1);
         }
         return;
     }

@@ -80,6 +80,14 @@ static inline void swiglu_grad(float *dg, float *du, float d, float g, float u) 
 // AVX-512 versions of them and picks one for the CPU at load time (ifunc).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#include <immintrin.h>
+// The sum of an AVX vector's 8 lanes: the halves added (lane i + lane i + 4), then pairs, then
+// the two left.
+__attribute__((target("avx"), unused)) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 #else
 #define CPU_SIMD_CLONES
 #endif

@@ -1,0 +1,141 @@
+// attention_decode.c's vector kernels for one instruction set; that file includes this once per
+// set (AVX-512, AVX2 with FMA), after defining:
+//   WIDE(name)             the set's suffix on each function's name
+//   WIDE_TARGET            the kernels' target attribute; WIDE_DP_TARGET the scores' (which, with
+//                          V_DP, also needs AVX512-BF16)
+//   VF, VW                 the fp32 vector type and its lanes
+//   VB                     how many vectors of outputs a head keeps in registers in the values pass
+//   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_FMA(a, b, c) V_MUL(a, b)
+//   V_LOAD_CACHE(p, i, bf16)  VW cache values from element i on, widened to fp32
+//   V_SUM(r)               lane x: the sum of r[x]'s lanes, for the VW vectors r[0 .. VW)
+//   V_DP(r, q, k)          optional: r plus the products of VW bf16 pairs of q and k (VDPBF16PS)
+// and INLINE and UNROLL. It undefines them all at its end.
+
+// Whether the set's kernels take these heads: NH a multiple of VW, rep dividing VW (a group of VW
+// heads reads whole kv heads), D whole steps of the scores (2 VW elements as bf16 pairs).
+static bool WIDE(fits)(int NH, int rep, int D) {
+    return D % (2 * VW) == 0 && NH % VW == 0 && VW % rep == 0;
+}
+
+// Scores of positions [j0, j1), row by row, VW heads at a time: lane x of a group's sums is head
+// h0 + x. rep (= R, a constant) divides VW, so a group reads VW / R kv heads, and each load of a
+// key's elements serves R heads; q comes from its copy qp, laid out [D / W][NH][W] for W elements
+// a step (pack_q), so a group's q loads lie at fixed offsets. dp: W = 2 VW, q and k as bf16 pairs,
+// V_DP (products exact, sums in fp32); else W = VW, FMA on the cache widened to fp32.
+INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, const bool bf16,
+                                             const bool dp, const int R) {
+    const char *k = a->k;
+    const size_t esize = bf16 ? 2 : 4, row_bytes = a->ldk * esize, D = (size_t)a->D;
+    const size_t W = dp ? 2 * VW : VW;
+    const int NH = a->NH;
+    const VF scale = V_SET1(a->scale);
+    for (int j = j0; j < j1; j++) {
+        const char *krow = k + (size_t)j * row_bytes, *vrow = (const char *)a->v + (krow - k);
+        if (bf16)
+            for (size_t b = 0; b < row_bytes; b += 64) {
+                if (j + DEC_AHEAD < a->T)
+                    _mm_prefetch(krow + DEC_AHEAD * row_bytes + b, _MM_HINT_T0);
+                _mm_prefetch(vrow + b, _MM_HINT_T1);
+            }
+        for (int h0 = 0; h0 < NH; h0 += VW) {
+            const char *kg = krow + (size_t)(h0 / R) * D * esize;
+            VF r[VW];
+            UNROLL
+            for (int x = 0; x < VW; x++) r[x] = V_ZERO();
+            for (size_t i = 0; i < D; i += W) {
+                const float *qi =
+                    a->qp + (dp ? i / 2 : i) * NH + (size_t)h0 * VW; // a head: VW floats
+                // lane x reads kv head x / R: unrolled with R constant, the R loads of one
+                // key's elements are one load
+                UNROLL
+                for (int x = 0; x < VW; x++) {
+                    const size_t at = (size_t)(x / R) * D + i;
+#ifdef V_DP
+                    if (dp) {
+                        r[x] = V_DP(r[x], qi + x * VW, (const uint16_t *)kg + at);
+                        continue;
+                    }
+#endif
+                    r[x] = V_FMA(V_LOAD(qi + x * VW), V_LOAD_CACHE(kg, at, bf16), r[x]);
+                }
+            }
+            V_STORE(a->s + (size_t)j * NH + h0, V_MUL(V_SUM(r), scale));
+        }
+    }
+}
+
+#define SCORES_REP(R)                                                                              \
+    case R:                                                                                        \
+        if (a->dp)                                                                                 \
+            WIDE(scores_rows)(a, j0, j1, true, true, R);                                           \
+        else if (a->bf16)                                                                          \
+            WIDE(scores_rows)(a, j0, j1, true, false, R);                                          \
+        else                                                                                       \
+            WIDE(scores_rows)(a, j0, j1, false, false, R);                                         \
+        return
+static WIDE_DP_TARGET void WIDE(scores)(const dec_call *a, int j0, int j1) {
+    switch (a->rep) {
+        SCORES_REP(1);
+        SCORES_REP(2);
+        SCORES_REP(4);
+        SCORES_REP(8);
+#if VW >= 16
+        SCORES_REP(16);
+#endif
+    }
+}
+#undef SCORES_REP
+
+// o of query heads h and h + 1 (n = 1 or 2, one kv head) over positions [j0, j1): VB VW outputs at
+// a time held in registers, each v row loaded once for both heads.
+INLINE WIDE_TARGET void WIDE(values_rows)(const dec_call *a, float *o, size_t ostride, int h, int n,
+                                          int j0, int j1, const bool bf16) {
+    const void *v = a->v;
+    const size_t ldk = a->ldk, voff = (size_t)(h / a->rep) * a->D, NH = (size_t)a->NH;
+    const float *p0 = a->s + h, *p1 = p0 + (n > 1 ? 1 : 0);
+    for (int i0 = 0; i0 < a->D; i0 += VB * VW) {
+        const int nv = (a->D - i0 < VB * VW ? a->D - i0 : VB * VW) / VW;
+        VF acc0[VB], acc1[VB];
+        UNROLL
+        for (int c = 0; c < VB; c++) acc0[c] = acc1[c] = V_ZERO();
+        for (int j = j0; j < j1; j++) {
+            const VF w0 = V_SET1(p0[j * NH]), w1 = V_SET1(p1[j * NH]);
+            const size_t vr = (size_t)j * ldk + voff + i0;
+            UNROLL
+            for (int c = 0; c < VB; c++)
+                if (c < nv) {
+                    const VF vv = V_LOAD_CACHE(v, vr + VW * c, bf16);
+                    acc0[c] = V_FMA(w0, vv, acc0[c]);
+                    acc1[c] = V_FMA(w1, vv, acc1[c]);
+                }
+        }
+        for (int c = 0; c < nv; c++) {
+            V_STORE(o + i0 + VW * c, acc0[c]);
+            if (n > 1) V_STORE(o + ostride + i0 + VW * c, acc1[c]);
+        }
+    }
+}
+
+static WIDE_TARGET void WIDE(values)(const dec_call *a, float *o, size_t ostride, int h, int n,
+                                     int j0, int j1) {
+    if (a->bf16)
+        WIDE(values_rows)(a, o, ostride, h, n, j0, j1, true);
+    else
+        WIDE(values_rows)(a, o, ostride, h, n, j0, j1, false);
+}
+
+#undef WIDE
+#undef WIDE_TARGET
+#undef WIDE_DP_TARGET
+#undef VF
+#undef VW
+#undef VB
+#undef V_ZERO
+#undef V_SET1
+#undef V_LOAD
+#undef V_STORE
+#undef V_FMA
+#undef V_MUL
+#undef V_LOAD_CACHE
+#undef V_SUM
+#undef V_DP
