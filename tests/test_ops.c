@@ -471,6 +471,16 @@ static void test_matmul_bf16(int N, int C, int OC) {
               rel_l2_fd(dw, rdw, nw));
         free(y), free(dx), free(dw);
     }
+    if (N == 1) { // each output one thread's sum, whichever row shares its loop (rows_fma_bf16)
+        float *y[2] = {calloc(ny, 4), calloc(ny, 4)};
+        for (int run = 0; run < 2; run++) {
+            omp_set_num_threads(run == 0 ? 1 : 3);
+            bf16.matmul_bf16_forward(&bf16, y[run], NULL, scratch, x, NULL, w16, NULL, N, C, OC);
+        }
+        omp_set_num_threads(2);
+        CHECK(memcmp(y[0], y[1], ny * 4) == 0, "one-row bf16 matmul %dx%d: 1 vs 3 threads", C, OC);
+        free(y[0]), free(y[1]);
+    }
     free(x), free(w), free(dy), free(w16), free(x16), free(y16), free(scratch);
     free(ry), free(rdx), free(rdw);
     cpu_kernels_free(&kernels);

@@ -257,7 +257,7 @@ static inline void row_store(float *out, uint16_t *out16, const float *bias, int
 // 16 fp32 lanes (products of bf16 values are exact in fp32; it rounds to nearest and flushes
 // subnormals, as oneDNN's bf16 kernels on this CPU do). mask selects the elements read.
 #define DPBF16_STEP(acc, w, x, mask)                                                               \
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, w),                      \
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, w),                       \
                            (__m512bh)_mm512_maskz_loadu_epi16(mask, x))
 
 // Rows [o0, o1) of the one-row product with AVX512-BF16, one row at a time: each row is one
@@ -283,8 +283,9 @@ rows_dpbf16(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *w, c
         }
         for (int k = quad; k < full; k += 32) DPBF16_STEP(a0, wo + k, x + k, all);
         if (tail) DPBF16_STEP(a1, wo + full, x + full, tail);
-        row_store(out, out16, bias, o,
-                  _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+        row_store(
+            out, out16, bias, o,
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
     }
 }
 #undef DPBF16_STEP
@@ -303,25 +304,35 @@ widened_fma(__m256 *lo, __m256 *hi, const uint16_t *w, const uint16_t *x) {
 }
 
 // rows_dpbf16 for CPUs with AVX2 and FMA but not AVX512-BF16 (AMD before Zen 4, Intel before
-// Cooper Lake): one stream a row, four accumulators over its 32-element strides, a 16-element
-// step, then the last C % 16 elements one by one, added after the lanes.
+// Cooper Lake): four accumulators a row over its 32-element strides, a 16-element step, then the
+// last C % 16 elements one by one, added after the lanes. Two rows at a time, one from each half
+// of the block, so each thread reads two streams: one stream a thread read 70-78% of a streaming
+// sum's rate on a 2-core Zen 3, two 93-99% (docs/performance.md). A row's sums do not depend on
+// its partner (an odd block's last row is its own partner).
 __attribute__((target("avx2,fma"))) static void rows_fma_bf16(float *out, uint16_t *out16,
                                                               const uint16_t *x, const uint16_t *w,
                                                               const float *bias, int C, int o0,
                                                               int o1) {
-    const int dual = C / 32 * 32, full = C / 16 * 16;
-    for (int o = o0; o < o1; o++) {
-        const uint16_t *wo = w + (size_t)o * C;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < dual; k += 32) {
-            widened_fma(&a0, &a1, wo + k, x + k);
-            widened_fma(&a2, &a3, wo + k + 16, x + k + 16);
+    const int dual = C / 32 * 32, full = C / 16 * 16, half = (o1 - o0 + 1) / 2;
+    for (int i = 0; i < half; i++) {
+        const int o[2] = {o0 + i, o0 + half + i < o1 ? o0 + half + i : o0 + i};
+        const uint16_t *wr[2] = {w + (size_t)o[0] * C, w + (size_t)o[1] * C};
+        __m256 a[2][4];
+        for (int r = 0; r < 2; r++)
+            for (int q = 0; q < 4; q++) a[r][q] = _mm256_setzero_ps();
+        for (int k = 0; k < dual; k += 32)
+            for (int r = 0; r < 2; r++) {
+                widened_fma(&a[r][0], &a[r][1], wr[r] + k, x + k);
+                widened_fma(&a[r][2], &a[r][3], wr[r] + k + 16, x + k + 16);
+            }
+        for (int r = 0; r < 2; r++) {
+            if (full > dual) widened_fma(&a[r][0], &a[r][1], wr[r] + dual, x + dual);
+            float tail = 0;
+            for (int k = full; k < C; k++) tail += bf16_value(wr[r][k]) * bf16_value(x[k]);
+            const __m256 sum =
+                _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
+            row_store(out, out16, bias, o[r], hsum8(sum) + tail);
         }
-        if (full > dual) widened_fma(&a0, &a1, wo + dual, x + dual);
-        float tail = 0;
-        for (int k = full; k < C; k++) tail += bf16_value(wo[k]) * bf16_value(x[k]);
-        row_store(out, out16, bias, o,
-                  hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail);
     }
 }
 #endif
@@ -331,7 +342,7 @@ __attribute__((target("avx2,fma"))) static void rows_fma_bf16(float *out, uint16
 // place, the rows split over the threads in contiguous blocks; the same products and fp32 sums
 // as the GEMM, in another order. With AVX512-BF16 (rows_dpbf16) the weight streams at the
 // memory's rate; dot_bf16 (widen, multiply, add: 15 instructions per 16 elements) could not
-// keep up with it, and on AVX2 read 18 GB/s where rows_fma_bf16 (5 per 16) reads 21-25
+// keep up with it, and on AVX2 read 18 GB/s where rows_fma_bf16 reads 22-31
 // (docs/performance.md).
 static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *weight,
                         const float *bias, int C, int OC) {
@@ -352,7 +363,8 @@ static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const ui
     }
 #endif
 #pragma omp parallel for schedule(static) if ((int64_t)C * OC >= CPU_PAR_MIN)
-    for (int o = 0; o < OC; o++) row_store(out, out16, bias, o, dot_bf16(weight + (size_t)o * C, x, C));
+    for (int o = 0; o < OC; o++)
+        row_store(out, out16, bias, o, dot_bf16(weight + (size_t)o * C, x, C));
 }
 
 void cpu_matmul_bf16_forward(const ct_ops *ops, float *out, uint16_t *out16, float *scratch,
