@@ -120,14 +120,17 @@ INLINE AVX512 __m512 load16(const void *p, size_t i, bool bf16) {
 // adds as it goes: 45 instructions where 16 separate reductions take about 130).
 INLINE AVX512 __m512 sum16(const __m512 r[16]) {
     __m512 a[8], b[4], c[2];
+    UNROLL
     for (int p = 0; p < 16; p += 2) // 128-bit block: lanes of p, p + 1, p, p + 1
         a[p / 2] =
             _mm512_add_ps(_mm512_unpacklo_ps(r[p], r[p + 1]), _mm512_unpackhi_ps(r[p], r[p + 1]));
+    UNROLL
     for (int p = 0; p < 8; p += 2) { // 128-bit block: p .. p + 3
         const __m512d x = _mm512_castps_pd(a[p]), y = _mm512_castps_pd(a[p + 1]);
         b[p / 2] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
                                  _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
+    UNROLL
     for (int p = 0; p < 4; p += 2) // blocks: 4p'..+3 twice, 4p' + 4..+7 twice
         c[p / 2] = _mm512_add_ps(_mm512_shuffle_f32x4(b[p], b[p + 1], 0x88),
                                  _mm512_shuffle_f32x4(b[p], b[p + 1], 0xdd));
@@ -135,18 +138,46 @@ INLINE AVX512 __m512 sum16(const __m512 r[16]) {
                          _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
 }
 
-// load16 and sum16 at AVX2's 8 lanes.
-INLINE AVX2 __m256 load8(const void *p, size_t i, bool bf16) {
-    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+// 16 cache values from element i on as two vectors of 8 fp32. A bf16 cache widens by unpacking
+// with zeros, one instruction for 8 values (where load16's way takes two), and so comes in
+// unpack's order: lo holds elements 0-3 and 8-11, hi 4-7 and 12-15 (cache_order).
+INLINE AVX2 void load8x2(const void *p, size_t i, bool bf16, __m256 *lo, __m256 *hi) {
+    if (!bf16) {
+        *lo = _mm256_loadu_ps((const float *)p + i);
+        *hi = _mm256_loadu_ps((const float *)p + i + 8);
+        return;
+    }
+    const __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)),
+                  z = _mm256_setzero_si256();
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x));
 }
 
+// Stores load8x2's lo and hi at p in element order.
+INLINE AVX2 void store8x2(float *p, __m256 lo, __m256 hi, bool bf16) {
+    if (bf16) {
+        const __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20),
+                     b = _mm256_permute2f128_ps(lo, hi, 0x31);
+        lo = a, hi = b;
+    }
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+}
+
+// The element that slot x (0-15) of load8x2's bf16 order holds: lo's 128-bit lane L holds
+// elements 8L .. 8L+3, hi's 8L+4 .. 8L+7.
+static int cache_order(int x) {
+    return 8 * (x % 8 / 4) + 4 * (x / 8) + x % 4;
+}
+
+// sum16 at AVX2's 8 lanes.
 INLINE AVX2 __m256 sum8(const __m256 r[8]) {
     __m256 a[4], b[2];
+    UNROLL
     for (int p = 0; p < 8; p += 2) // 128-bit half: lanes of p, p + 1, p, p + 1
         a[p / 2] =
             _mm256_add_ps(_mm256_unpacklo_ps(r[p], r[p + 1]), _mm256_unpackhi_ps(r[p], r[p + 1]));
+    UNROLL
     for (int p = 0; p < 4; p += 2) { // 128-bit half: p .. p + 3
         const __m256d x = _mm256_castps_pd(a[p]), y = _mm256_castps_pd(a[p + 1]);
         b[p / 2] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
@@ -154,6 +185,17 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
     }
     return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
                          _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+
+// Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on into L1
+// (kahead: none past the last), the row's values into L2. In asm: GCC 12's dead-code pass
+// removes a loop of nothing but _mm_prefetch.
+static inline void prefetch_lines(const char *kahead, const char *vrow, size_t from, size_t n,
+                                  size_t lines) {
+    for (size_t line = from; line < from + n && line < lines; line++) {
+        if (kahead) __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
+        __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
+    }
 }
 
 #define WIDE(name) name##_avx512
@@ -168,8 +210,10 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
 #define V_STORE(p, x) _mm512_storeu_ps(p, x)
 #define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define V_MUL(a, b) _mm512_mul_ps(a, b)
-#define V_LOAD_CACHE(p, i, bf16) load16(p, i, bf16)
+#define V_LOAD_CACHE2(p, i, bf16, lo, hi) (lo = load16(p, i, bf16), hi = load16(p, (i) + 16, bf16))
+#define V_STORE2(p, lo, hi, bf16) (_mm512_storeu_ps(p, lo), _mm512_storeu_ps((p) + 16, hi))
 #define V_SUM(r) sum16(r)
+#define PREFETCH_SPREAD 0
 #define V_DP(r, q, k)                                                                              \
     _mm512_dpbf16_ps(r, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k))
 #include "ops/attention_decode_wide.h"
@@ -186,8 +230,10 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
 #define V_STORE(p, x) _mm256_storeu_ps(p, x)
 #define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define V_MUL(a, b) _mm256_mul_ps(a, b)
-#define V_LOAD_CACHE(p, i, bf16) load8(p, i, bf16)
+#define V_LOAD_CACHE2(p, i, bf16, lo, hi) load8x2(p, i, bf16, &(lo), &(hi))
+#define V_STORE2(p, lo, hi, bf16) store8x2(p, lo, hi, bf16)
 #define V_SUM(r) sum8(r)
+#define PREFETCH_SPREAD 1
 #include "ops/attention_decode_wide.h"
 
 // The bf16 probabilities of positions j and j + 1 (both bf16 values: their top halves) as one
@@ -260,13 +306,13 @@ static AVX512_BF16 void values_dp(const dec_call *a, float *o, size_t ostride, i
     }
 }
 
-// qp: q laid out for scores_rows, W elements a step: in fp32, or (dp) as bf16 pairs (q holds
-// bf16 values there).
-static void pack_q(float *qp, const float *q, int NH, int D, int W, bool dp) {
+// qp: q laid out for scores_rows, W elements a step: in fp32 (in load8x2's order where
+// unpacked), or (dp) as bf16 pairs (q holds bf16 values there).
+static void pack_q(float *qp, const float *q, int NH, int D, int W, bool dp, bool unpacked) {
     for (int i = 0; i < D; i += W)
         for (int h = 0; h < NH; h++)
             for (int x = 0; x < W; x++) {
-                const float e = q[(size_t)h * D + i + x];
+                const float e = q[(size_t)h * D + i + (unpacked ? cache_order(x) : x)];
                 const size_t at = (size_t)i * NH + (size_t)h * W + x;
                 if (dp)
                     ((uint16_t *)qp)[at] = bf16_round(e);
@@ -360,7 +406,8 @@ static void attention_decode(float *out, float *scratch, const float *q, const v
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              fits_avx2(NH, rep, D))
         isa = DEC_AVX2;
-    if (isa != DEC_PLAIN) pack_q(qp, q, NH, D, dp ? 32 : isa == DEC_AVX512 ? 16 : 8, dp);
+    if (isa != DEC_PLAIN)
+        pack_q(qp, q, NH, D, isa == DEC_AVX512 ? 32 : 16, dp, isa == DEC_AVX2 && bf16);
 #endif
     const dec_call a = {.q = q,
                         .qp = qp,

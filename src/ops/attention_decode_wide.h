@@ -6,8 +6,13 @@
 //   VF, VW                 the fp32 vector type and its lanes
 //   VB                     how many vectors of outputs a head keeps in registers in the values pass
 //   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_FMA(a, b, c) V_MUL(a, b)
-//   V_LOAD_CACHE(p, i, bf16)  VW cache values from element i on, widened to fp32
+//   V_LOAD_CACHE2(p, i, bf16, lo, hi)  2 VW cache values from element i on, widened to fp32 into
+//                          lo and hi, in the set's order: a bf16 cache may come in an order that
+//                          widens cheaper (AVX2's load8x2), an fp32 one comes in element order
+//   V_STORE2(p, lo, hi, bf16)  stores lo and hi of that order back in element order
 //   V_SUM(r)               lane x: the sum of r[x]'s lanes, for the VW vectors r[0 .. VW)
+//   PREFETCH_SPREAD        1: a row's prefetches (a bf16 cache's) spread over its scores' steps;
+//                          0: all before its first step
 //   V_DP(r, q, k)          optional: r plus the products of VW bf16 pairs of q and k (VDPBF16PS)
 // and INLINE and UNROLL. It undefines them all at its end.
 
@@ -19,32 +24,35 @@ static bool WIDE(fits)(int NH, int rep, int D) {
 
 // Scores of positions [j0, j1), row by row, VW heads at a time: lane x of a group's sums is head
 // h0 + x. rep (= R, a constant) divides VW, so a group reads VW / R kv heads, and each load of a
-// key's elements serves R heads; q comes from its copy qp, laid out [D / W][NH][W] for W elements
-// a step (pack_q), so a group's q loads lie at fixed offsets. dp: W = 2 VW, q and k as bf16 pairs,
-// V_DP (products exact, sums in fp32); else W = VW, FMA on the cache widened to fp32.
+// key's elements serves R heads; q comes from its copy qp, laid out [D / W][NH][W] for W = 2 VW
+// elements a step (pack_q, in V_LOAD_CACHE2's order), so a group's q loads lie at fixed offsets.
+// dp: q and k as bf16 pairs, V_DP (products exact, sums in fp32); else two FMAs a step on the
+// cache widened to fp32.
 INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, const bool bf16,
                                              const bool dp, const int R) {
     const char *k = a->k;
     const size_t esize = bf16 ? 2 : 4, row_bytes = a->ldk * esize, D = (size_t)a->D;
-    const size_t W = dp ? 2 * VW : VW;
+    const size_t W = 2 * VW;
     const int NH = a->NH;
     const VF scale = V_SET1(a->scale);
+    // A row's prefetches: its 64-byte lines, `per` at each step of the scores (the last steps
+    // may have none left)
+    const size_t steps = (size_t)(NH / VW) * (D / W), lines = (row_bytes + 63) / 64,
+                 per = PREFETCH_SPREAD ? (lines + steps - 1) / steps : lines;
     for (int j = j0; j < j1; j++) {
         const char *krow = k + (size_t)j * row_bytes, *vrow = (const char *)a->v + (krow - k);
-        if (bf16)
-            for (size_t b = 0; b < row_bytes; b += 64) {
-                if (j + DEC_AHEAD < a->T)
-                    _mm_prefetch(krow + DEC_AHEAD * row_bytes + b, _MM_HINT_T0);
-                _mm_prefetch(vrow + b, _MM_HINT_T1);
-            }
+        const char *kahead = j + DEC_AHEAD < a->T ? krow + DEC_AHEAD * row_bytes : NULL;
+        size_t step = 0;
         for (int h0 = 0; h0 < NH; h0 += VW) {
             const char *kg = krow + (size_t)(h0 / R) * D * esize;
             VF r[VW];
             UNROLL
             for (int x = 0; x < VW; x++) r[x] = V_ZERO();
             for (size_t i = 0; i < D; i += W) {
-                const float *qi =
-                    a->qp + (dp ? i / 2 : i) * NH + (size_t)h0 * VW; // a head: VW floats
+                if (bf16) prefetch_lines(kahead, vrow, step * per, per, lines);
+                step++;
+                const float *qi = a->qp + (dp ? i / 2 : i) * NH +
+                                  (size_t)h0 * (dp ? VW : W); // a head: VW floats, or W
                 // lane x reads kv head x / R: unrolled with R constant, the R loads of one
                 // key's elements are one load
                 UNROLL
@@ -56,7 +64,10 @@ INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, 
                         continue;
                     }
 #endif
-                    r[x] = V_FMA(V_LOAD(qi + x * VW), V_LOAD_CACHE(kg, at, bf16), r[x]);
+                    VF lo, hi;
+                    V_LOAD_CACHE2(kg, at, bf16, lo, hi);
+                    r[x] = V_FMA(V_LOAD(qi + x * W), lo, r[x]);
+                    r[x] = V_FMA(V_LOAD(qi + x * W + VW), hi, r[x]);
                 }
             }
             V_STORE(a->s + (size_t)j * NH + h0, V_MUL(V_SUM(r), scale));
@@ -87,7 +98,8 @@ static WIDE_DP_TARGET void WIDE(scores)(const dec_call *a, int j0, int j1) {
 #undef SCORES_REP
 
 // o of query heads h and h + 1 (n = 1 or 2, one kv head) over positions [j0, j1): VB VW outputs at
-// a time held in registers, each v row loaded once for both heads.
+// a time held in registers (in V_LOAD_CACHE2's order until stored), each v row loaded once for
+// both heads.
 INLINE WIDE_TARGET void WIDE(values_rows)(const dec_call *a, float *o, size_t ostride, int h, int n,
                                           int j0, int j1, const bool bf16) {
     const void *v = a->v;
@@ -102,16 +114,19 @@ INLINE WIDE_TARGET void WIDE(values_rows)(const dec_call *a, float *o, size_t os
             const VF w0 = V_SET1(p0[j * NH]), w1 = V_SET1(p1[j * NH]);
             const size_t vr = (size_t)j * ldk + voff + i0;
             UNROLL
-            for (int c = 0; c < VB; c++)
-                if (c < nv) {
-                    const VF vv = V_LOAD_CACHE(v, vr + VW * c, bf16);
-                    acc0[c] = V_FMA(w0, vv, acc0[c]);
-                    acc1[c] = V_FMA(w1, vv, acc1[c]);
+            for (int c = 0; c < VB; c += 2)
+                if (c < nv) { // nv is even: D is whole steps of 2 VW
+                    VF lo, hi;
+                    V_LOAD_CACHE2(v, vr + VW * c, bf16, lo, hi);
+                    acc0[c] = V_FMA(w0, lo, acc0[c]);
+                    acc0[c + 1] = V_FMA(w0, hi, acc0[c + 1]);
+                    acc1[c] = V_FMA(w1, lo, acc1[c]);
+                    acc1[c + 1] = V_FMA(w1, hi, acc1[c + 1]);
                 }
         }
-        for (int c = 0; c < nv; c++) {
-            V_STORE(o + i0 + VW * c, acc0[c]);
-            if (n > 1) V_STORE(o + ostride + i0 + VW * c, acc1[c]);
+        for (int c = 0; c < nv; c += 2) {
+            V_STORE2(o + i0 + VW * c, acc0[c], acc0[c + 1], bf16);
+            if (n > 1) V_STORE2(o + ostride + i0 + VW * c, acc1[c], acc1[c + 1], bf16);
         }
     }
 }
@@ -136,6 +151,8 @@ static WIDE_TARGET void WIDE(values)(const dec_call *a, float *o, size_t ostride
 #undef V_STORE
 #undef V_FMA
 #undef V_MUL
-#undef V_LOAD_CACHE
+#undef V_LOAD_CACHE2
+#undef V_STORE2
 #undef V_SUM
+#undef PREFETCH_SPREAD
 #undef V_DP
