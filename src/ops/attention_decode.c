@@ -23,10 +23,12 @@
 // the keys stream in address order; the products with v then run a kv head at a time over the
 // chunk's rows. Splitting the heads over the threads instead (each reading 512 bytes of every
 // 4 KiB row, the earlier kernel) reached a third of the memory's rate. While a row's scores run,
-// a bf16 cache's key row DEC_AHEAD positions on is prefetched (the scores waited on each row's
-// first load), and the row's values into L2 for the p·v pass, which reads each value row in
-// kv-head slices: 25% less time over a cache that is not in the caches. The fp32 cache measured
-// no better or slower with either, and has none (docs/performance.md).
+// the key row DEC_AHEAD positions on is prefetched (the scores waited on each row's first load),
+// and the row's values into L2 for the p·v pass, which reads each value row in kv-head slices.
+// At AVX-512's width (measured on Zen 4) a bf16 cache's row all at once, 25% less time over a
+// cache that is not in the caches, and the fp32 cache none (no better or slower with it). At
+// AVX2's (Zen 3) spread over the row's steps, for both caches: the burst held Zen 3 back
+// (docs/performance.md).
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
