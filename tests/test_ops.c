@@ -486,6 +486,42 @@ static void test_matmul_bf16(int N, int C, int OC) {
     cpu_kernels_free(&kernels);
 }
 
+// The sgemm emulation's forward and input gradient (ctitan's tiles, matmul_bf16_emulated.c) give a
+// token row the same bits whatever rows share the product and wherever it sits: rows [r0, r1)
+// alone against the same rows of the whole product, bit for bit, on 1 and 3 threads. (OpenBLAS's
+// AVX2 sgemm, which ran them before, differed in 14-563 of a row's 96 outputs.)
+static void test_matmul_bf16_rows(int N, int C, int OC) {
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float *x = frand_array(nx, -1, 1), *w = frand_array(nw, -1, 1), *dy = frand_array(ny, -1, 1);
+    uint16_t *w16 = malloc(nw * 2), *x16 = malloc(nx * 2);
+    ops->round_to_bf16(w16, w, nw);
+    ops->round_to_bf16(x16, x, nx);
+    float *scratch = malloc(mm_emulated_scratch_floats(N, C, OC) * sizeof(float));
+    float *y = malloc(ny * 4), *dx = malloc(nx * 4), *ys = malloc(ny * 4), *dxs = malloc(nx * 4);
+    omp_set_num_threads(2);
+    mm_emulated_forward(y, NULL, scratch, NULL, x16, w16, N, C, OC);
+    mm_emulated_backward(dx, NULL, scratch, dy, NULL, NULL, x16, w16, N, C, OC);
+    const int parts[][2] = {{0, N}, {3, 4}, {1, 14}, {5, N}, {N - 7, N}};
+    for (int p = 0; p < 5; p++)
+        for (int threads = 1; threads <= 3; threads += 2) {
+            const int r0 = parts[p][0], n = parts[p][1] - r0;
+            omp_set_num_threads(threads);
+            mm_emulated_forward(ys, NULL, scratch, NULL, x16 + (size_t)r0 * C, w16, n, C, OC);
+            mm_emulated_backward(dxs, NULL, scratch, dy + (size_t)r0 * OC, NULL, NULL,
+                                 x16 + (size_t)r0 * C, w16, n, C, OC);
+            CHECK(memcmp(ys, y + (size_t)r0 * OC, (size_t)n * OC * 4) == 0 &&
+                      memcmp(dxs, dx + (size_t)r0 * C, (size_t)n * C * 4) == 0,
+                  "emulated bf16 matmul %dx%dx%d: rows [%d, %d) alone on %d thread(s) differ from "
+                  "the whole product's (fwd %d, dx %d)",
+                  N, C, OC, r0, r0 + n, threads,
+                  memcmp(ys, y + (size_t)r0 * OC, (size_t)n * OC * 4) != 0,
+                  memcmp(dxs, dx + (size_t)r0 * C, (size_t)n * C * 4) != 0);
+        }
+    omp_set_num_threads(2);
+    free(x), free(w), free(dy), free(w16), free(x16), free(scratch);
+    free(y), free(dx), free(ys), free(dxs);
+}
+
 // attention_decode (one query row against a KV cache of T rows, GQA) against a double softmax
 // attention: rel L2 3e-6 (measured 1.2e-7 to 2.2e-7). The cases cover the kernel's pairing of
 // the query heads that share a kv head (rep 1, 3 and 4: a head left alone, two pairs), one and
@@ -780,6 +816,9 @@ int main(void) {
     test_matmul_bf16(7, 33, 5);
     test_swiglu_rows_bf16(9, 301);
     test_matmul_bf16(37, 64, 600); // several emulated weight blocks, a partial last one
+    // whole and part tiles (45 = 7 x 6 + 3 rows; 600 = 2 x 256 + 5 x 16 + 8 outputs; 70 = 4 x
+    // 16 + 6 input columns)
+    test_matmul_bf16_rows(45, 70, 600);
     // N = 1, the decode's one-row product (rows_dpbf16 with AVX512-BF16): 128-element strides,
     // then whole 32s and a masked tail (1000 = 7 x 128 + 3 x 32 + 8), a tail alone (1183 = 9 x
     // 128 + 31), rows split over the threads (1000 x 70 is over CPU_PAR_MIN); with AVX2
