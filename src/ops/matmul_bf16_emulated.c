@@ -167,34 +167,21 @@ static void rounded_block(float *dst, const float *src, const uint16_t *src16, i
     }
 }
 
-// The weight rows [o0, o0 + ob) widened and transposed into the forward's b, in panels of NR
-// columns (the last one's columns past ob unset): panel p holds, for each k, the NR values
-// weight[o0 + NR p + j][k] contiguous.
-static void panel_block(float *dst, const uint16_t *weight, int o0, int ob, int C) {
-    const int np = (ob + NR - 1) / NR;
-#pragma omp parallel for schedule(static) if ((int64_t)ob * C >= CPU_PAR_MIN)
+// m widened into a tile's b in panels of NR columns (the last one's columns past cols unset):
+// panel p holds, for each row r, m[r][NR p + j] for j < NR contiguous, where m[r][c] is
+// src[r * rs + c * cs]. The forward's b is a weight block transposed (rs 1, cs C); the input
+// gradient's the block itself (rs C, cs 1): read in place, rows C apart, a column's loads fell in
+// one L1 set when C is a multiple of 1024 (2.1x slower).
+static void widened_panels(float *dst, const uint16_t *src, int rows, int cols, size_t rs,
+                           size_t cs) {
+    const int np = (cols + NR - 1) / NR;
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols >= CPU_PAR_MIN)
     for (int p = 0; p < np; p++) {
-        const int nr = ob - p * NR < NR ? ob - p * NR : NR;
-        float *d = dst + (size_t)p * NR * C;
-        for (int k = 0; k < C; k++)
+        const int nr = cols - p * NR < NR ? cols - p * NR : NR;
+        float *d = dst + (size_t)p * NR * rows;
+        for (int r = 0; r < rows; r++)
             for (int j = 0; j < nr; j++)
-                d[(size_t)k * NR + j] = bf16_value(weight[(size_t)(o0 + p * NR + j) * C + k]);
-    }
-}
-
-// The weight rows [o0, o0 + ob) widened into the input gradient's b in panels of NR columns (the
-// last one's columns past C unset): panel p holds, for each row o, weight[o0 + o][NR p + j] for
-// j < NR contiguous. (Read in place, rows C apart, a column's loads fall in one L1 set when C is a
-// multiple of 1024: 2.1x slower.)
-static void column_panels(float *dst, const uint16_t *weight, int o0, int ob, int C) {
-    const int np = (C + NR - 1) / NR;
-#pragma omp parallel for schedule(static) if ((int64_t)ob * C >= CPU_PAR_MIN)
-    for (int p = 0; p < np; p++) {
-        const int nr = C - p * NR < NR ? C - p * NR : NR;
-        float *d = dst + (size_t)p * NR * ob;
-        for (int o = 0; o < ob; o++)
-            for (int j = 0; j < nr; j++)
-                d[(size_t)o * NR + j] = bf16_value(weight[(size_t)(o0 + o) * C + p * NR + j]);
+                d[(size_t)r * NR + j] = bf16_value(src[r * rs + (size_t)(p * NR + j) * cs]);
     }
 }
 
@@ -205,7 +192,7 @@ void mm_emulated_forward(float *out, uint16_t *out16, float *scratch, const floa
     rounded_block(x, inp, inp16, N, C, (size_t)C);
     for (int o0 = 0; o0 < OC; o0 += OB) {
         const int ob = OC - o0 < OB ? OC - o0 : OB;
-        panel_block(wb, weight, o0, ob, C);
+        widened_panels(wb, weight + (size_t)o0 * C, C, ob, 1, (size_t)C);
         // out[:, o0:o0+ob] = x @ wb, straight into out, or through yb when it is rounded.
         float *y = out16 ? yb : out + o0;
         const int ldy = out16 ? ob : OC;
@@ -228,7 +215,7 @@ void mm_emulated_backward(float *dinp, float *dweight, float *scratch, const flo
         rounded_block(db, dout16 ? NULL : dout + o0, dout16 ? dout16 + o0 : NULL, N, ob,
                       (size_t)OC);
         if (dinp) { // dinp = sum over blocks of db @ wb: each element's chain goes on in o's order
-            column_panels(wb, weight, o0, ob, C);
+            widened_panels(wb, weight + (size_t)o0 * C, ob, C, (size_t)C, 1);
             tile_gemm(db, (size_t)ob, wb, NR, (size_t)NR * ob, dinp, (size_t)C, N, C, ob, o0 > 0);
         }
         // dW[o0:o0+ob] += db^T @ x (none for a frozen weight)
