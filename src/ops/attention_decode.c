@@ -190,13 +190,19 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
 }
 
 // Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on into L1
-// (kahead: none past the last), the row's values into L2. In asm: GCC 12's dead-code pass
-// removes a loop of nothing but _mm_prefetch.
+// (kahead: none past the last), and the row's values for the p·v pass: prefetched into L2, or
+// (load) read by loads whose values go unused. Zen 3 drops most of those prefetches while the
+// keys stream: its p·v pass waited on memory 3.5x as long as on L2 (rdtsc around the pass,
+// docs/performance.md), and with the loads the whole kernel took 13% less time. In asm: GCC 12's
+// dead-code pass removes a loop of nothing but _mm_prefetch.
 static inline void prefetch_lines(const char *kahead, const char *vrow, size_t from, size_t n,
-                                  size_t lines) {
+                                  size_t lines, bool load) {
     for (size_t line = from; line < from + n && line < lines; line++) {
         if (kahead) __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
-        __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
+        if (load)
+            (void)*(const volatile char *)(vrow + 64 * line);
+        else
+            __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
     }
 }
 
@@ -216,6 +222,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_STORE2(p, lo, hi, bf16) (_mm512_storeu_ps(p, lo), _mm512_storeu_ps((p) + 16, hi))
 #define V_SUM(r) sum16(r)
 #define PREFETCH_SPREAD 0
+#define VALUES_LOADED 0
 #define V_DP(r, q, k)                                                                              \
     _mm512_dpbf16_ps(r, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k))
 #include "ops/attention_decode_wide.h"
@@ -236,6 +243,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_STORE2(p, lo, hi, bf16) store8x2(p, lo, hi, bf16)
 #define V_SUM(r) sum8(r)
 #define PREFETCH_SPREAD 1
+#define VALUES_LOADED 1
 #include "ops/attention_decode_wide.h"
 
 // The bf16 probabilities of positions j and j + 1 (both bf16 values: their top halves) as one

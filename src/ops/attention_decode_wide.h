@@ -13,6 +13,8 @@
 //   V_SUM(r)               lane x: the sum of r[x]'s lanes, for the VW vectors r[0 .. VW)
 //   PREFETCH_SPREAD        1: a row's prefetches spread over its scores' steps, for either cache;
 //                          0: all before its first step, for a bf16 cache only
+//   VALUES_LOADED          1: the row's values brought in by loads, 0: by prefetches into L2
+//                          (prefetch_lines)
 //   V_DP(r, q, k)          optional: r plus the products of VW bf16 pairs of q and k (VDPBF16PS)
 // and INLINE and UNROLL. It undefines them all at its end.
 
@@ -49,7 +51,7 @@ INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, 
             UNROLL
             for (int x = 0; x < VW; x++) r[x] = V_ZERO();
             for (size_t i = 0; i < D; i += W) {
-                if (bf16 || PREFETCH_SPREAD) prefetch_lines(kahead, vrow, step * per, per, lines);
+                if (bf16 || PREFETCH_SPREAD) prefetch_lines(kahead, vrow, step * per, per, lines, VALUES_LOADED);
                 step++;
                 const float *qi = a->qp + (dp ? i / 2 : i) * NH +
                                   (size_t)h0 * (dp ? VW : W); // a head: VW floats, or W
@@ -155,4 +157,5 @@ static WIDE_TARGET void WIDE(values)(const dec_call *a, float *o, size_t ostride
 #undef V_STORE2
 #undef V_SUM
 #undef PREFETCH_SPREAD
+#undef VALUES_LOADED
 #undef V_DP
