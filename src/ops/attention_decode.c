@@ -24,11 +24,11 @@
 // chunk's rows. Splitting the heads over the threads instead (each reading 512 bytes of every
 // 4 KiB row, the earlier kernel) reached a third of the memory's rate. While a row's scores run,
 // the key row DEC_AHEAD positions on is prefetched (the scores waited on each row's first load),
-// and the row's values into L2 for the p·v pass, which reads each value row in kv-head slices.
-// At AVX-512's width (measured on Zen 4) a bf16 cache's row all at once, 25% less time over a
-// cache that is not in the caches, and the fp32 cache none (no better or slower with it). At
-// AVX2's (Zen 3) spread over the row's steps, for both caches: the burst held Zen 3 back
-// (docs/performance.md).
+// and the row's values fetched for the p·v pass, which reads each value row in kv-head slices
+// (prefetch_lines). At AVX-512's width (measured on Zen 4) a bf16 cache's row all at once, 25%
+// less time over a cache that is not in the caches, and the fp32 cache none (no better or slower
+// with it). At AVX2's (Zen 3) paced over the row's steps, for both caches: the burst held Zen 3
+// back (docs/performance.md).
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -189,17 +189,21 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
                          _mm256_permute2f128_ps(b[0], b[1], 0x31));
 }
 
-// Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on into L1
-// (kahead: none past the last), and the row's values for the p·v pass: prefetched into L2, or
-// (load) read by loads whose values go unused. Zen 3 drops most of those prefetches while the
-// keys stream: its p·v pass waited on memory 3.5x as long as on L2 (rdtsc around the pass,
-// docs/performance.md), and with the loads the whole kernel took 13% less time. In asm: GCC 12's
+// Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on, and
+// the row's values for the p·v pass. Not paced (Zen 4's plan): the keys prefetched into L1, the
+// values into L2. Paced (Zen 3's): the keys prefetched into L2 (9% less time than into L1), the
+// values read by loads whose results go unused: Zen 3 drops most of those prefetches while the
+// keys stream, and its p·v pass then waited on memory 3.5x as long as on L2 (rdtsc around the
+// pass); with the loads the kernel took 8-14% less time (docs/performance.md). In asm: GCC 12's
 // dead-code pass removes a loop of nothing but _mm_prefetch.
 static inline void prefetch_lines(const char *kahead, const char *vrow, size_t from, size_t n,
-                                  size_t lines, bool load) {
+                                  size_t lines, bool paced) {
     for (size_t line = from; line < from + n && line < lines; line++) {
-        if (kahead) __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
-        if (load)
+        if (kahead && paced)
+            __asm__ volatile("prefetcht1 %0" : : "m"(kahead[64 * line]));
+        else if (kahead)
+            __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
+        if (paced)
             (void)*(const volatile char *)(vrow + 64 * line);
         else
             __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
@@ -221,8 +225,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_LOAD_CACHE2(p, i, bf16, lo, hi) (lo = load16(p, i, bf16), hi = load16(p, (i) + 16, bf16))
 #define V_STORE2(p, lo, hi, bf16) (_mm512_storeu_ps(p, lo), _mm512_storeu_ps((p) + 16, hi))
 #define V_SUM(r) sum16(r)
-#define PREFETCH_SPREAD 0
-#define VALUES_LOADED 0
+#define PACED 0
 #define V_DP(r, q, k)                                                                              \
     _mm512_dpbf16_ps(r, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k))
 #include "ops/attention_decode_wide.h"
@@ -242,8 +245,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_LOAD_CACHE2(p, i, bf16, lo, hi) load8x2(p, i, bf16, &(lo), &(hi))
 #define V_STORE2(p, lo, hi, bf16) store8x2(p, lo, hi, bf16)
 #define V_SUM(r) sum8(r)
-#define PREFETCH_SPREAD 1
-#define VALUES_LOADED 1
+#define PACED 1
 #include "ops/attention_decode_wide.h"
 
 // The bf16 probabilities of positions j and j + 1 (both bf16 values: their top halves) as one

@@ -11,10 +11,9 @@
 //                          widens cheaper (AVX2's load8x2), an fp32 one comes in element order
 //   V_STORE2(p, lo, hi, bf16)  stores lo and hi of that order back in element order
 //   V_SUM(r)               lane x: the sum of r[x]'s lanes, for the VW vectors r[0 .. VW)
-//   PREFETCH_SPREAD        1: a row's prefetches spread over its scores' steps, for either cache;
-//                          0: all before its first step, for a bf16 cache only
-//   VALUES_LOADED          1: the row's values brought in by loads, 0: by prefetches into L2
-//                          (prefetch_lines)
+//   PACED                  how a row's lines are fetched (prefetch_lines): 1, Zen 3's plan: a
+//                          little at each step of its scores, for either cache; 0, Zen 4's: all
+//                          before its first step, for a bf16 cache only
 //   V_DP(r, q, k)          optional: r plus the products of VW bf16 pairs of q and k (VDPBF16PS)
 // and INLINE and UNROLL. It undefines them all at its end.
 
@@ -40,7 +39,7 @@ INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, 
     // A row's prefetches: its 64-byte lines, `per` at each step of the scores (the last steps
     // may have none left)
     const size_t steps = (size_t)(NH / VW) * (D / W), lines = (row_bytes + 63) / 64,
-                 per = PREFETCH_SPREAD ? (lines + steps - 1) / steps : lines;
+                 per = PACED ? (lines + steps - 1) / steps : lines;
     for (int j = j0; j < j1; j++) {
         const char *krow = k + (size_t)j * row_bytes, *vrow = (const char *)a->v + (krow - k);
         const char *kahead = j + DEC_AHEAD < a->T ? krow + DEC_AHEAD * row_bytes : NULL;
@@ -51,7 +50,7 @@ INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, 
             UNROLL
             for (int x = 0; x < VW; x++) r[x] = V_ZERO();
             for (size_t i = 0; i < D; i += W) {
-                if (bf16 || PREFETCH_SPREAD) prefetch_lines(kahead, vrow, step * per, per, lines, VALUES_LOADED);
+                if (bf16 || PACED) prefetch_lines(kahead, vrow, step * per, per, lines, PACED);
                 step++;
                 const float *qi = a->qp + (dp ? i / 2 : i) * NH +
                                   (size_t)h0 * (dp ? VW : W); // a head: VW floats, or W
@@ -156,6 +155,5 @@ static WIDE_TARGET void WIDE(values)(const dec_call *a, float *o, size_t ostride
 #undef V_LOAD_CACHE2
 #undef V_STORE2
 #undef V_SUM
-#undef PREFETCH_SPREAD
-#undef VALUES_LOADED
+#undef PACED
 #undef V_DP
