@@ -95,23 +95,66 @@ static void rows_any(float *out, const float *x, const float *w, int C, int o0, 
     for (int o = o0; o < o1; o++) out[o] = dot_f32(w + (size_t)o * C, x, C);
 }
 
+// A thread's share of the rows: the first row of its next step, and its end (a cache line each).
+enum { ROW_STEP = 128, ROW_SHARES = 64 };
+typedef struct {
+    _Alignas(64) int next;
+    int end;
+} row_share;
+
+// Each thread runs its contiguous share ROW_STEP rows at a time, then the steps left in the
+// others' shares: on a 2-vCPU VM the two threads' times for the same bytes of a bf16 decode
+// product differed by 10-18% of its time, 4% with the steps (rdtsc, in place), and a decode
+// step's products took less time in 5 of 7 alternating pairs (docs/performance.md).
+void cpu_rows_shared(int n, bool parallel, void (*fn)(void *ctx, int r0, int r1), void *ctx) {
+    row_share share[ROW_SHARES];
+    const int ns = omp_get_max_threads() < ROW_SHARES ? omp_get_max_threads() : ROW_SHARES;
+    for (int u = 0; u < ns; u++)
+        share[u].next = (int)((int64_t)n * u / ns), share[u].end = (int)((int64_t)n * (u + 1) / ns);
+#pragma omp parallel if (parallel)
+    {
+        const int t = omp_get_thread_num();
+        for (int u = 0; u < ns; u++) { // its own share, then what is left of the others'
+            row_share *sh = &share[(t + u) % ns];
+            for (;;) {
+                int r0;
+#pragma omp atomic capture
+                {
+                    r0 = sh->next;
+                    sh->next += ROW_STEP;
+                }
+                if (r0 >= sh->end) break;
+                fn(ctx, r0, r0 + ROW_STEP < sh->end ? r0 + ROW_STEP : sh->end);
+            }
+        }
+    }
+}
+
+// rows_any over rows [o0, o1) for cpu_rows_shared.
+typedef struct {
+    float *out;
+    const float *x, *w;
+    int C;
+} f32_rows;
+
+static void f32_rows_run(void *ctx, int o0, int o1) {
+    const f32_rows *a = ctx;
+    rows_any(a->out, a->x, a->w, a->C, o0, o1);
+}
+
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                         int C, int OC) {
     // out(N,OC) = inp(N,C) @ weight(OC,C)^T
     if (N == 1) {
         // One row (generation's decode) reads the weight in place: OpenBLAS's sgemm packs all of
         // it first, which took 70% of a Qwen3-0.6B decode step (bench/generate.py). The rows
-        // split over OpenMP's threads in contiguous blocks, one stream each: with AVX-512, 11%
+        // split over OpenMP's threads (cpu_rows_shared), one stream each: with AVX-512, 11%
         // less time than OpenBLAS's sgemv over decode's products; each output is one thread's
         // sum, so the bits do not depend on the thread count (sgemv's did); and a decode
         // without OpenBLAS can keep its threads spinning between regions (cmd_generate.c;
         // docs/performance.md).
-#pragma omp parallel if ((int64_t)C * OC >= CPU_PAR_MIN)
-        {
-            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            rows_any(out, inp, weight, C, (int)((int64_t)OC * t / nt),
-                     (int)((int64_t)OC * (t + 1) / nt));
-        }
+        f32_rows a = {out, inp, weight, C};
+        cpu_rows_shared(OC, (int64_t)C * OC >= CPU_PAR_MIN, f32_rows_run, &a);
         if (bias) cpu_matmul_add_bias(out, bias, N, OC);
         return;
     }

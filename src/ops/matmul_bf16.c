@@ -340,57 +340,41 @@ __attribute__((target("avx2,fma"))) static void rows_fma_bf16(float *out, uint16
         }
     }
 }
-#endif
 
-// A thread's share of a one-row product's rows: the next of its steps to run, and its end.
-enum { ROW_STEP = 128, ROW_SHARES = 64 };
+// rows_dpbf16 or rows_fma_bf16 over rows [o0, o1) for cpu_rows_shared.
 typedef struct {
-    _Alignas(64) int next; // a cache line each
-    int end;
-} row_share;
+    float *out;
+    uint16_t *out16;
+    const uint16_t *x, *w;
+    const float *bias;
+    int C;
+    bool dp;
+} bf16_rows;
+
+static void bf16_rows_run(void *ctx, int o0, int o1) {
+    const bf16_rows *a = ctx;
+    if (a->dp)
+        rows_dpbf16(a->out, a->out16, a->x, a->w, a->bias, a->C, o0, o1);
+    else
+        rows_fma_bf16(a->out, a->out16, a->x, a->w, a->bias, a->C, o0, o1);
+}
+#endif
 
 // N == 1 (generation's decode): oneDNN's matmul took 83% of a bf16 decode step there, more than
 // reading the weights costs. Each output is a dot product over its weight row, read once in
-// place, the rows split over the threads in contiguous shares; the same products and fp32 sums
-// as the GEMM, in another order. With AVX512-BF16 (rows_dpbf16) the weight streams at the
+// place, the rows shared out over the threads by cpu_rows_shared; the same products and fp32
+// sums as the GEMM, in another order. With AVX512-BF16 (rows_dpbf16) the weight streams at the
 // memory's rate; dot_bf16 (widen, multiply, add: 15 instructions per 16 elements) could not
 // keep up with it, and on AVX2 read 18 GB/s where rows_fma_bf16 reads 22-31
-// (docs/performance.md). Each thread runs its share ROW_STEP rows at a time, then steps left in
-// the others': on a 2-vCPU VM the two threads' times for the same bytes differed by 10-18% of a
-// product's time, 4% with the steps (rdtsc, in place), and a decode step's products took less
-// time in 5 of 7 alternating pairs. Which thread computes a row does not change its bits.
+// (docs/performance.md).
 static void row_forward(float *out, uint16_t *out16, const uint16_t *x, const uint16_t *weight,
                         const float *bias, int C, int OC) {
 #ifdef ROW_DPBF16
     const bool dp = __builtin_cpu_supports("avx512bf16"),
                fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (dp || fma) {
-        row_share share[ROW_SHARES];
-        const int ns = omp_get_max_threads() < ROW_SHARES ? omp_get_max_threads() : ROW_SHARES;
-        for (int u = 0; u < ns; u++)
-            share[u].next = (int)((int64_t)OC * u / ns),
-            share[u].end = (int)((int64_t)OC * (u + 1) / ns);
-#pragma omp parallel if ((int64_t)C * OC >= CPU_PAR_MIN)
-        {
-            const int t = omp_get_thread_num();
-            for (int u = 0; u < ns; u++) { // its own share, then what is left of the others'
-                row_share *sh = &share[(t + u) % ns];
-                for (;;) {
-                    int o0;
-#pragma omp atomic capture
-                    {
-                        o0 = sh->next;
-                        sh->next += ROW_STEP;
-                    }
-                    if (o0 >= sh->end) break;
-                    const int o1 = o0 + ROW_STEP < sh->end ? o0 + ROW_STEP : sh->end;
-                    if (dp)
-                        rows_dpbf16(out, out16, x, weight, bias, C, o0, o1);
-                    else
-                        rows_fma_bf16(out, out16, x, weight, bias, C, o0, o1);
-                }
-            }
-        }
+        bf16_rows a = {out, out16, x, weight, bias, C, dp};
+        cpu_rows_shared(OC, (int64_t)C * OC >= CPU_PAR_MIN, bf16_rows_run, &a);
         return;
     }
 #endif

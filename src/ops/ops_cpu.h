@@ -28,6 +28,10 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, const
 void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                          const float *inp, const float *weight, int N, int C, int OC);
 void cpu_matmul_add_bias(float *out, const float *bias, int N, int OC);
+// Rows [0, n) of a one-row product run as fn(ctx, r0, r1) over OpenMP's threads (on one where
+// !parallel), each thread its contiguous share in steps, then the steps left in the others'
+// (matmul.c). A row's result must not depend on which thread runs it.
+void cpu_rows_shared(int n, bool parallel, void (*fn)(void *ctx, int r0, int r1), void *ctx);
 void cpu_matmul_bias_grad(float *dbias, const float *dout, int N, int OC);
 // bf16 mixed precision (matmul_bf16.c, oneDNN; the contracts are ops.h's). `ops` is the table
 // the call came through: its kernel state (cpu_kernels.h) holds the shapes' primitives.
