@@ -4,7 +4,7 @@
 //   bench_step sgemm N REPEATS
 //   bench_step bf16 N REPEATS   (the bf16 peak: oneDNN, as a bf16 linear layer runs)
 //   bench_step bandwidth GIB REPEATS   (streaming-read bandwidth: the decode bound's divisor)
-//   bench_step rows_bf16 C OC COUNT REPEATS   (decode's one-row bf16 product against that rate)
+//   bench_step rows_bf16|rows_f32 C OC COUNT REPEATS   (decode's one-row product against that rate)
 //   bench_step attention_decode T NH NKV D LAYERS REPEATS [bf16]   (decode's attention, KV cache)
 //   bench_step step HF_DIR TOKENS.npy B T STEPS [MOE_IMPL]
 //   bench_step moe N C F E K STEPS MOE_IMPL SEED [bf16]   (bf16: the experts' bf16 kernels)
@@ -353,27 +353,29 @@ static int bench_moe(int N, int C, int F, int E, int K, int steps, const char *m
     return 0;
 }
 
-// The one-row bf16 product a decode step runs for every linear layer: COUNT matrices of OC x C
-// bf16 weights (more bytes than the caches hold, as a model's layers are), each multiplied by one
-// row through the op table, in turn; then the same buffers summed by bw_sum, the bandwidth probe's
-// streaming read. Both in GB/s of weights, the best of REPEATS passes after a warm-up: how close
-// the product comes to reading at the memory's rate. The weights sit on 2 MiB pages, as a
+// The one-row product a decode step runs for every linear layer: COUNT matrices of OC x C bf16
+// (or fp32) weights (more bytes than the caches hold, as a model's layers are), each multiplied by
+// one row through the op table, in turn; then the same buffers summed by bw_sum, the bandwidth
+// probe's streaming read. Both in GB/s of weights, the best of REPEATS passes after a warm-up: how
+// close the product comes to reading at the memory's rate. The weights sit on 2 MiB pages, as a
 // forward-only model's do (the backend's mark_streamed).
-static int bench_rows_bf16(int C, int OC, int count, int repeats) {
+static int bench_rows(int C, int OC, int count, int repeats, bool bf16) {
+    const char *name = bf16 ? "rows_bf16" : "rows_f32";
     if (C < 1 || OC < 1 || count < 1 || repeats < 1) {
-        fprintf(stderr, "bench_step: rows_bf16 %d %d %d %d: bad size\n", C, OC, count, repeats);
+        fprintf(stderr, "bench_step: %s %d %d %d %d: bad size\n", name, C, OC, count, repeats);
         return 1;
     }
     cpu_kernels kernels = {0};
     ct_ops ops = ct_ops_cpu;
     ops.kernel_state = &kernels;
-    const size_t ns = ops.matmul_bf16_scratch_floats(&ops, 1, C, OC, false);
-    const size_t each = ((size_t)OC * C * 2 + 63) / 64 * 64, bytes = each * (size_t)count;
+    const size_t ns = bf16 ? ops.matmul_bf16_scratch_floats(&ops, 1, C, OC, false) : 0;
+    const size_t each = ((size_t)OC * C * (bf16 ? 2 : 4) + 63) / 64 * 64,
+                 bytes = each * (size_t)count;
     char *w = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) >> 21 << 21);
     float *x = malloc((size_t)C * sizeof *x), *out = malloc((size_t)OC * sizeof *out);
     float *scratch = ns == SIZE_MAX ? NULL : malloc((ns ? ns : 1) * sizeof *scratch);
     if (!w || !x || !out || !scratch) {
-        fprintf(stderr, "bench_step: rows_bf16: out of memory for %zu bytes\n", bytes);
+        fprintf(stderr, "bench_step: %s: out of memory for %zu bytes\n", name, bytes);
         return 1;
     }
     madvise(w, bytes, MADV_HUGEPAGE);
@@ -385,8 +387,11 @@ static int bench_rows_bf16(int C, int OC, int count, int repeats) {
     for (int r = -1; r < repeats; r++) { // r = -1: the warm-up
         double t0 = now();
         for (int m = 0; m < count; m++) {
-            ops.matmul_bf16_forward(&ops, out, NULL, scratch, x, NULL,
-                                    (const uint16_t *)(w + each * m), NULL, 1, C, OC);
+            if (bf16)
+                ops.matmul_bf16_forward(&ops, out, NULL, scratch, x, NULL,
+                                        (const uint16_t *)(w + each * m), NULL, 1, C, OC);
+            else // the same 16-bit pattern: floats near 1
+                ops.matmul_forward(out, x, (const float *)(w + each * m), NULL, 1, C, OC);
             sink += out[m % OC];
         }
         const double rows = (double)bytes / (now() - t0) / 1e9;
@@ -404,9 +409,9 @@ static int bench_rows_bf16(int C, int OC, int count, int repeats) {
         if (r >= 0 && rows > best[0]) best[0] = rows;
         if (r >= 0 && stream > best[1]) best[1] = stream;
     }
-    printf("{\"rows_bf16\":[%d,%d,%d],\"threads\":%d,\"weight_mb\":%.1f,\"rows_gbs\":%.2f,"
+    printf("{\"%s\":[%d,%d,%d],\"threads\":%d,\"weight_mb\":%.1f,\"rows_gbs\":%.2f,"
            "\"stream_gbs\":%.2f,\"sink\":%g}\n",
-           C, OC, count, omp_get_max_threads(), bytes / 1e6, best[0], best[1], (double)sink);
+           name, C, OC, count, omp_get_max_threads(), bytes / 1e6, best[0], best[1], (double)sink);
     free(w), free(x), free(out), free(scratch);
     cpu_kernels_free(&kernels);
     return 0;
@@ -477,8 +482,9 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "bf16") == 0) return bench_bf16(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && strcmp(argv[1], "bandwidth") == 0)
         return bench_bandwidth(atof(argv[2]), atoi(argv[3]));
-    if (argc == 6 && strcmp(argv[1], "rows_bf16") == 0)
-        return bench_rows_bf16(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc == 6 && (strcmp(argv[1], "rows_bf16") == 0 || strcmp(argv[1], "rows_f32") == 0))
+        return bench_rows(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                          strcmp(argv[1], "rows_bf16") == 0);
     if ((argc == 8 || (argc == 9 && strcmp(argv[8], "bf16") == 0)) &&
         strcmp(argv[1], "attention_decode") == 0)
         return bench_attention_decode(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
@@ -493,7 +499,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bench_step sgemm N REPEATS\n"
                     "       bench_step bf16 N REPEATS\n"
                     "       bench_step bandwidth GIB REPEATS\n"
-                    "       bench_step rows_bf16 C OC COUNT REPEATS\n"
+                    "       bench_step rows_bf16|rows_f32 C OC COUNT REPEATS\n"
                     "       bench_step attention_decode T NH NKV D LAYERS REPEATS [bf16]\n"
                     "       bench_step step HF_DIR TOKENS.npy B T STEPS [grouped|loop]\n"
                     "       bench_step moe N C F E K STEPS grouped|loop SEED [bf16]\n");
