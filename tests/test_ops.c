@@ -831,6 +831,10 @@ int main(void) {
     test_matmul_one_row(1000, 70);
     test_matmul_one_row(1183, 37);
     test_matmul_one_row(5, 3);
+    // rows shared out in 128-row steps (cpu_rows_shared): 3 threads' shares of 333-334 rows, two
+    // whole steps and a partial one each, taken by whichever thread is free
+    test_matmul_one_row(96, 1001);
+    test_matmul_bf16(1, 96, 1001);
     test_matmul_bf16(1, 1183, 37);
     test_matmul_bf16(1, 33, 5);
     // the vector path: rep 2 (Qwen3-0.6B/1.7B), 4 (4B/8B), 1, 8 and 16 (at AVX2's 8 lanes, rep 16
