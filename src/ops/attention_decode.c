@@ -20,15 +20,19 @@
 //
 // Memory order: a position's keys (all kv heads) are one row of the cache. The threads take whole
 // chunks, and a chunk's scores run row by row, every head's dot product with the row at once, so
-// the keys stream in address order; the products with v then run a kv head at a time over the
-// chunk's rows. Splitting the heads over the threads instead (each reading 512 bytes of every
-// 4 KiB row, the earlier kernel) reached a third of the memory's rate. While a row's scores run,
-// the key row DEC_AHEAD positions on is prefetched (the scores waited on each row's first load),
-// and the row's values fetched for the p·v pass, which reads each value row in kv-head slices
-// (prefetch_lines). At AVX-512's width (measured on Zen 4) a bf16 cache's row all at once, 25%
-// less time over a cache that is not in the caches, and the fp32 cache none (no better or slower
-// with it). At AVX2's (Zen 3) paced over the row's steps, for both caches: the burst held Zen 3
-// back (docs/performance.md).
+// the keys stream in address order. Splitting the heads over the threads instead (each reading
+// 512 bytes of every 4 KiB row, the earlier kernel) reached a third of the memory's rate. While a
+// row's scores run, the key row DEC_AHEAD positions on is prefetched (the scores waited on each
+// row's first load). Two plans for the values (PACED in attention_decode_wide.h):
+// - AVX-512's (measured on Zen 4): the row's values are prefetched into L2 with its scores, for
+//   a bf16 cache all at once (25% less time over a cache that is not in the caches; the fp32
+//   cache none, no better or slower with it); the p·v pass then runs a kv head's pair of heads at
+//   a time over the chunk's rows, the outputs in registers (values_rows).
+// - AVX2's (Zen 3): the keys' prefetches paced over the row's steps (the burst held Zen 3 back),
+//   and the p·v pass reads the values as they lie, DEC_VROWS rows at a time with the outputs in
+//   L1, prefetching DEC_AHEAD rows on (values_stream). Against fetching the values during the
+//   scores for a slice-wise pass (the loads stalled the scores), with the scores two rows a pass:
+//   21% less time for an fp32 cache, 13% for bf16 (docs/performance.md).
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,7 +47,7 @@
 #define DECODE_SIMD 1
 #endif
 
-enum { DEC_CHUNK = 64, DEC_AHEAD = 8 };
+enum { DEC_CHUNK = 64, DEC_AHEAD = 8, DEC_VROWS = 4 };
 
 static size_t dec_chunks(int T) {
     return ((size_t)T + DEC_CHUNK - 1) / DEC_CHUNK;
@@ -190,12 +194,9 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
 }
 
 // Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on, and
-// the row's values for the p·v pass. Not paced (Zen 4's plan): the keys prefetched into L1, the
-// values into L2. Paced (Zen 3's): the keys prefetched into L2 (9% less time than into L1), the
-// values read by loads whose results go unused: Zen 3 drops most of those prefetches while the
-// keys stream, and its p·v pass then waited on memory 3.5x as long as on L2 (rdtsc around the
-// pass); with the loads the kernel took 8-14% less time (docs/performance.md). In asm: GCC 12's
-// dead-code pass removes a loop of nothing but _mm_prefetch.
+// (vrow not NULL) the row's values for values_rows, into L2. Not paced (Zen 4's plan): the keys
+// prefetched into L1. Paced (Zen 3's): into L2, 9% less time than into L1 (docs/performance.md).
+// In asm: GCC 12's dead-code pass removes a loop of nothing but _mm_prefetch.
 static inline void prefetch_lines(const char *kahead, const char *vrow, size_t from, size_t n,
                                   size_t lines, bool paced) {
     for (size_t line = from; line < from + n && line < lines; line++) {
@@ -203,10 +204,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
             __asm__ volatile("prefetcht1 %0" : : "m"(kahead[64 * line]));
         else if (kahead)
             __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
-        if (paced)
-            (void)*(const volatile char *)(vrow + 64 * line);
-        else
-            __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
+        if (vrow) __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
     }
 }
 
@@ -225,6 +223,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_LOAD_CACHE2(p, i, bf16, lo, hi) (lo = load16(p, i, bf16), hi = load16(p, (i) + 16, bf16))
 #define V_STORE2(p, lo, hi, bf16) (_mm512_storeu_ps(p, lo), _mm512_storeu_ps((p) + 16, hi))
 #define V_SUM(r) sum16(r)
+#define SROWS 1
 #define PACED 0
 #define V_DP(r, q, k)                                                                              \
     _mm512_dpbf16_ps(r, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k))
@@ -235,7 +234,6 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define WIDE_DP_TARGET AVX2
 #define VF __m256
 #define VW 8
-#define VB 4
 #define V_ZERO() _mm256_setzero_ps()
 #define V_SET1(x) _mm256_set1_ps(x)
 #define V_LOAD(p) _mm256_loadu_ps(p)
@@ -245,6 +243,7 @@ static inline void prefetch_lines(const char *kahead, const char *vrow, size_t f
 #define V_LOAD_CACHE2(p, i, bf16, lo, hi) load8x2(p, i, bf16, &(lo), &(hi))
 #define V_STORE2(p, lo, hi, bf16) store8x2(p, lo, hi, bf16)
 #define V_SUM(r) sum8(r)
+#define SROWS 2
 #define PACED 1
 #include "ops/attention_decode_wide.h"
 
@@ -368,6 +367,12 @@ static void run_chunk(const dec_call *a, int c) {
         scores_plain(a, j0, j1);
     if (a->bf16) bf16_round_scaled(a->s + (size_t)j0 * NH, (size_t)(j1 - j0) * NH, a->bf16_scale);
     softmax_rows(a->s + (size_t)j0 * NH, m, l, j1 - j0, NH, a->bf16);
+#ifdef DECODE_SIMD
+    if (a->isa == DEC_AVX2) {
+        values_stream_avx2(a, o, j0, j1);
+        return;
+    }
+#endif
     for (int h = 0; h < NH; h++) {
 #ifdef DECODE_SIMD
         if (a->isa != DEC_PLAIN) { // the heads of a kv head in pairs
@@ -375,10 +380,8 @@ static void run_chunk(const dec_call *a, int c) {
             float *oh = o + (size_t)h * a->D;
             if (a->dp)
                 values_dp(a, oh, (size_t)a->D, h, n, j0, j1);
-            else if (a->isa == DEC_AVX512)
-                values_avx512(a, oh, (size_t)a->D, h, n, j0, j1);
             else
-                values_avx2(a, oh, (size_t)a->D, h, n, j0, j1);
+                values_avx512(a, oh, (size_t)a->D, h, n, j0, j1);
             h += n - 1;
             continue;
         }
