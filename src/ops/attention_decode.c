@@ -193,17 +193,15 @@ INLINE AVX2 __m256 sum8(const __m256 r[8]) {
                          _mm256_permute2f128_ps(b[0], b[1], 0x31));
 }
 
-// Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on, and
-// (vrow not NULL) the row's values for values_rows, into L2. Not paced (Zen 4's plan): the keys
-// prefetched into L1. Paced (Zen 3's): into L2, 9% less time than into L1 (docs/performance.md).
-// In asm: GCC 12's dead-code pass removes a loop of nothing but _mm_prefetch.
+// Lines [from, from + n) of a row (up to its `lines`): the key row DEC_AHEAD positions on into
+// L1, and (vrow not NULL) the row's values for values_rows into L2. (On Zen 3, while the scores
+// also loaded the values, the keys into L2 took 9% less time; with the values out of the scores,
+// L1 takes 2-4% less: docs/performance.md.) In asm: GCC 12's dead-code pass removes a loop of
+// nothing but _mm_prefetch.
 static inline void prefetch_lines(const char *kahead, const char *vrow, size_t from, size_t n,
-                                  size_t lines, bool paced) {
+                                  size_t lines) {
     for (size_t line = from; line < from + n && line < lines; line++) {
-        if (kahead && paced)
-            __asm__ volatile("prefetcht1 %0" : : "m"(kahead[64 * line]));
-        else if (kahead)
-            __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
+        if (kahead) __asm__ volatile("prefetcht0 %0" : : "m"(kahead[64 * line]));
         if (vrow) __asm__ volatile("prefetcht1 %0" : : "m"(vrow[64 * line]));
     }
 }

@@ -60,7 +60,7 @@ INLINE WIDE_DP_TARGET void WIDE(scores_rows)(const dec_call *a, int j0, int j1, 
             UNROLL
             for (int x = 0; x < VW; x++) r[x] = V_ZERO();
             for (size_t i = 0; i < D; i += W) {
-                if (bf16 || PACED) prefetch_lines(kahead, vrow, step * per, per, lines, PACED);
+                if (bf16 || PACED) prefetch_lines(kahead, vrow, step * per, per, lines);
                 step++;
                 const float *qi = a->qp + (dp ? i / 2 : i) * NH +
                                   (size_t)h0 * (dp ? VW : W); // a head: VW floats, or W
