@@ -119,6 +119,34 @@ static WIDE_DP_TARGET void WIDE(scores)(const dec_call *a, int j0, int j1) {
 #undef SCORES_REP
 
 #if PACED
+// values_stream's step for query head h and, if pair, h + 1 (both of kv head g): rows [j, j +
+// rows) into their outputs o0 and o1, each v row loaded once for both heads.
+INLINE WIDE_TARGET void WIDE(values_stream_heads)(const dec_call *a, float *o0, float *o1, int h,
+                                                  int g, int j, int rows, const bool pair,
+                                                  const bool bf16) {
+    const size_t ldk = a->ldk, NH = (size_t)a->NH, D = (size_t)a->D;
+    const float *p = a->s + (size_t)j * NH + h;
+    VF w0[DEC_VROWS], w1[DEC_VROWS];
+    UNROLL
+    for (int r = 0; r < DEC_VROWS; r++)
+        w0[r] = V_SET1(r < rows ? p[r * NH] : 0.0f),
+        w1[r] = V_SET1(pair && r < rows ? p[r * NH + 1] : 0.0f);
+    for (size_t i = 0; i < D; i += 2 * VW) {
+        VF a0 = V_LOAD(o0 + i), b0 = V_LOAD(o0 + i + VW), a1 = V_ZERO(), b1 = V_ZERO();
+        if (pair) a1 = V_LOAD(o1 + i), b1 = V_LOAD(o1 + i + VW);
+        UNROLL
+        for (int r = 0; r < DEC_VROWS; r++)
+            if (r < rows) {
+                VF lo, hi;
+                V_LOAD_CACHE2(a->v, (size_t)(j + r) * ldk + (size_t)g * D + i, bf16, lo, hi);
+                a0 = V_FMA(w0[r], lo, a0), b0 = V_FMA(w0[r], hi, b0);
+                if (pair) a1 = V_FMA(w1[r], lo, a1), b1 = V_FMA(w1[r], hi, b1);
+            }
+        V_STORE(o0 + i, a0), V_STORE(o0 + i + VW, b0);
+        if (pair) V_STORE(o1 + i, a1), V_STORE(o1 + i + VW, b1);
+    }
+}
+
 // The products with v of positions [j0, j1) into o (every head's D outputs), the values read
 // as they lie, DEC_VROWS rows at a time: o is read and written in L1 once a step (in
 // V_LOAD_CACHE2's order, put back in element order at the end), and each (head, output) sums
@@ -126,43 +154,24 @@ static WIDE_DP_TARGET void WIDE(scores)(const dec_call *a, int j0, int j1) {
 // positions on are prefetched into L1, a kv head's share of their lines at a time.
 INLINE WIDE_TARGET void WIDE(values_stream_rows)(const dec_call *a, float *o, int j0, int j1,
                                                  const bool bf16) {
-    const void *v = a->v;
     const size_t ldk = a->ldk, NH = (size_t)a->NH, D = (size_t)a->D, esize = bf16 ? 2 : 4;
     const int rep = a->rep, NKV = a->NH / a->rep;
     memset(o, 0, NH * D * sizeof *o);
     for (int j = j0; j < j1; j += DEC_VROWS) {
         const int rows = j1 - j < DEC_VROWS ? j1 - j : DEC_VROWS;
         const char *ahead = j + DEC_AHEAD + rows <= a->T
-                                ? (const char *)v + ((size_t)j + DEC_AHEAD) * ldk * esize
+                                ? (const char *)a->v + ((size_t)j + DEC_AHEAD) * ldk * esize
                                 : NULL;
         const size_t lines = ((size_t)rows * ldk * esize + 63) / 64, per = (lines + NKV - 1) / NKV;
         for (int g = 0; g < NKV; g++) {
             for (size_t line = g * per; ahead && line < (g + 1) * per && line < lines; line++)
                 __asm__ volatile("prefetcht0 %0" : : "m"(ahead[64 * line]));
             for (int h = g * rep; h < (g + 1) * rep; h += 2) { // the kv head's heads in pairs
-                const int n = h + 1 < (g + 1) * rep ? 2 : 1;
-                const float *p = a->s + (size_t)j * NH + h;
-                VF w0[DEC_VROWS], w1[DEC_VROWS];
-                UNROLL
-                for (int r = 0; r < DEC_VROWS; r++)
-                    w0[r] = V_SET1(r < rows ? p[r * NH] : 0.0f),
-                    w1[r] = V_SET1(r < rows ? p[r * NH + (n > 1)] : 0.0f);
-                float *o0 = o + (size_t)h * D, *o1 = o0 + (n > 1 ? D : 0);
-                for (size_t i = 0; i < D; i += 2 * VW) {
-                    VF a0 = V_LOAD(o0 + i), b0 = V_LOAD(o0 + i + VW), a1 = V_LOAD(o1 + i),
-                       b1 = V_LOAD(o1 + i + VW);
-                    UNROLL
-                    for (int r = 0; r < DEC_VROWS; r++)
-                        if (r < rows) {
-                            VF lo, hi;
-                            V_LOAD_CACHE2(v, (size_t)(j + r) * ldk + (size_t)g * D + i, bf16, lo,
-                                          hi);
-                            a0 = V_FMA(w0[r], lo, a0), b0 = V_FMA(w0[r], hi, b0);
-                            a1 = V_FMA(w1[r], lo, a1), b1 = V_FMA(w1[r], hi, b1);
-                        }
-                    V_STORE(o1 + i, a1), V_STORE(o1 + i + VW, b1); // o1 is o0 where n is 1
-                    V_STORE(o0 + i, a0), V_STORE(o0 + i + VW, b0);
-                }
+                float *o0 = o + (size_t)h * D;
+                if (h + 1 < (g + 1) * rep)
+                    WIDE(values_stream_heads)(a, o0, o0 + D, h, g, j, rows, true, bf16);
+                else
+                    WIDE(values_stream_heads)(a, o0, NULL, h, g, j, rows, false, bf16);
             }
         }
     }
